@@ -1,0 +1,98 @@
+"""Bob's four kernels as the plan sees them: names, block widths, arguments.
+
+Each pointer declares the bytes the kernel reaches through it as a function
+of the launch (its u32 arguments), so the certificate can check every launch.
+Pointers come first, then 4-byte scalars: the parameter block layout is then
+exactly CUDA's kernel parameter layout for these signatures.
+"""
+
+from __future__ import annotations
+
+from bob.plan.model import Footprint, PointerParam, Region, ScalarParam
+
+GATHER = "bob-row-gather"
+LOSS_HARD = "bob-loss-gradient"
+LOSS_CORPUS = "bob-loss-gradient-corpus"
+ADAMW = "bob-adamw"
+ARGMAX = "bob-greedy-argmax"
+
+BLOCK = 256  # threads per block for every kernel; reductions run over 256 lanes
+
+_ROW = Footprint(4, ("vocab",))
+_TABLE = Footprint(4, ("vocab", "vocab"))
+_ELEMENTS = Footprint(4, ("count",))
+
+SIGNATURES: dict[str, tuple] = {
+    # logits[j] = table[prompt[0]][j]: reads any row of the table.
+    GATHER: (
+        PointerParam("logits", _ROW, "write"),
+        PointerParam("prompt", Footprint(4), "read"),
+        PointerParam("table", _TABLE, "read"),
+        ScalarParam("vocab", "u32"),
+    ),
+    # One block per row: row loss and gradient of the hard-target objective.
+    LOSS_HARD: (
+        PointerParam("parameters", _TABLE, "read"),
+        PointerParam("gradients", _TABLE, "write"),
+        PointerParam("targets", _ROW, "read"),
+        PointerParam("loss", _ROW, "write"),
+        ScalarParam("log2e", "f32"),
+        ScalarParam("ln2", "f32"),
+        ScalarParam("inverse_rows", "f32"),
+        ScalarParam("vocab", "u32"),
+    ),
+    # One block per row: row loss and gradient against weighted targets.
+    LOSS_CORPUS: (
+        PointerParam("parameters", _TABLE, "read"),
+        PointerParam("gradients", _TABLE, "write"),
+        PointerParam("weights", _TABLE, "read"),
+        PointerParam("loss", _ROW, "write"),
+        ScalarParam("log2e", "f32"),
+        ScalarParam("ln2", "f32"),
+        ScalarParam("vocab", "u32"),
+    ),
+    # Elementwise AdamW over `count` parameters; the host writes the scalars.
+    ADAMW: (
+        PointerParam("parameters", _ELEMENTS, "readwrite"),
+        PointerParam("gradients", _ELEMENTS, "read"),
+        PointerParam("first_moment", _ELEMENTS, "readwrite"),
+        PointerParam("second_moment", _ELEMENTS, "readwrite"),
+        ScalarParam("decay", "f32"),
+        ScalarParam("beta1", "f32"),
+        ScalarParam("one_minus_beta1", "f32"),
+        ScalarParam("beta2", "f32"),
+        ScalarParam("one_minus_beta2", "f32"),
+        ScalarParam("step_size", "f32"),
+        ScalarParam("eps_hat", "f32"),
+        ScalarParam("count", "u32"),
+    ),
+    # prediction[0] = lowest j with row[j] maximal.
+    ARGMAX: (
+        PointerParam("prediction", Footprint(4), "write"),
+        PointerParam("row", _ROW, "read"),
+        ScalarParam("vocab", "u32"),
+    ),
+}
+
+# The CUDA entry point of each region.
+ENTRIES = {
+    GATHER: "bob_row_gather",
+    LOSS_HARD: "bob_loss_gradient_hard",
+    LOSS_CORPUS: "bob_loss_gradient_corpus",
+    ADAMW: "bob_adamw",
+    ARGMAX: "bob_greedy_argmax",
+}
+
+
+def declared_region(name: str, code: bytes = b"", registers: int = 32,
+                    shared_bytes: int = 0) -> Region:
+    """A region as declared; code and resources come from a compiled image when there is one."""
+    return Region(
+        name=name,
+        code=code,
+        registers=registers,
+        block_x=BLOCK,
+        shared_bytes=shared_bytes,
+        params=SIGNATURES[name],
+        entry=ENTRIES[name],
+    )

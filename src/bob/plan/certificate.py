@@ -1,0 +1,338 @@
+"""The certificate: a plan is admitted only when no hazard is found.
+
+Each check reports every violation it finds, with the launch, argument,
+tensor and addresses involved, so a user sees all that is wrong at once.
+The kinds, by name:
+
+- ``tensor-overlap``: two tensors share bytes.
+- ``tensor-outside-arena``: a tensor reaches outside the arena window.
+- ``misaligned``: a tensor, region or pointer argument off its alignment.
+- ``region-overlap``: two retained regions share program bytes.
+- ``pointer-outside-tensors``: a pointer argument lies in no tensor.
+- ``footprint-overflow``: the bytes a kernel reaches through a pointer run
+  past the end of the tensor the pointer lies in.
+- ``parameter-block-overflow``: a launch's arguments do not fit its block.
+- ``argument-mismatch``: a launch's arguments do not match its region's list.
+- ``unknown-region``: a launch names a region the plan does not declare.
+- ``pruned-region``: a launch names a region the program component lacks.
+- ``submission-range``: a submission names launches that do not exist.
+- ``submission-order``: the submissions do not cover the launches in order.
+- ``semaphore-order``: semaphore values do not strictly increase.
+- ``geometry``: a launch's block differs from its region's block width, or a
+  dimension is zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bob.plan.model import Address, Launch, Plan, PointerParam, Scalar, ScalarParam
+from bob.plan.placement import argument_bytes_end
+
+HAZARD_KINDS = (
+    "tensor-overlap",
+    "tensor-outside-arena",
+    "misaligned",
+    "region-overlap",
+    "pointer-outside-tensors",
+    "footprint-overflow",
+    "parameter-block-overflow",
+    "argument-mismatch",
+    "unknown-region",
+    "pruned-region",
+    "submission-range",
+    "submission-order",
+    "semaphore-order",
+    "geometry",
+)
+
+
+@dataclass(frozen=True)
+class Hazard:
+    kind: str
+    message: str
+    launch: int | None = None
+    argument: str | None = None
+    tensor: str | None = None
+    addresses: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "launch": self.launch,
+            "argument": self.argument,
+            "tensor": self.tensor,
+            "addresses": [f"0x{a:x}" for a in self.addresses],
+        }
+
+
+@dataclass(frozen=True)
+class Certificate:
+    hazards: tuple[Hazard, ...]
+
+    @property
+    def holds(self) -> bool:
+        return not self.hazards
+
+    def kinds(self) -> set[str]:
+        return {h.kind for h in self.hazards}
+
+
+class CertificateError(Exception):
+    """Raised when a backend or host is handed a plan whose certificate fails."""
+
+    def __init__(self, certificate: Certificate):
+        self.certificate = certificate
+        lines = "; ".join(str(h) for h in certificate.hazards[:5])
+        more = len(certificate.hazards) - 5
+        suffix = f" (and {more} more)" if more > 0 else ""
+        super().__init__(f"the plan is not certified: {lines}{suffix}")
+
+
+def certify(plan: Plan) -> Certificate:
+    hazards: list[Hazard] = []
+    hazards += _check_tensors(plan)
+    hazards += _check_regions(plan)
+    for index, launch in enumerate(plan.launches):
+        hazards += _check_launch(plan, index, launch)
+    hazards += _check_submissions(plan)
+    return Certificate(tuple(hazards))
+
+
+def require_certified(plan: Plan) -> Certificate:
+    certificate = certify(plan)
+    if not certificate.holds:
+        raise CertificateError(certificate)
+    return certificate
+
+
+def _check_tensors(plan: Plan) -> list[Hazard]:
+    hazards = []
+    arena = plan.address_map.arena
+    ordered = sorted(plan.tensors, key=lambda t: t.address)
+    for tensor in plan.tensors:
+        if tensor.address < arena.base or tensor.end > arena.end:
+            hazards.append(Hazard(
+                "tensor-outside-arena",
+                f"tensor {tensor.name!r} [0x{tensor.address:x}, 0x{tensor.end:x}) is outside "
+                f"the arena window [0x{arena.base:x}, 0x{arena.end:x})",
+                tensor=tensor.name, addresses=(tensor.address, tensor.end),
+            ))
+        if tensor.align <= 0 or tensor.address % tensor.align:
+            hazards.append(Hazard(
+                "misaligned",
+                f"tensor {tensor.name!r} at 0x{tensor.address:x} is not {tensor.align}-byte "
+                "aligned",
+                tensor=tensor.name, addresses=(tensor.address,),
+            ))
+    for i, first in enumerate(ordered):
+        for second in ordered[i + 1:]:
+            if second.address >= first.end:
+                break
+            hazards.append(Hazard(
+                "tensor-overlap",
+                f"tensors {first.name!r} [0x{first.address:x}, 0x{first.end:x}) and "
+                f"{second.name!r} [0x{second.address:x}, 0x{second.end:x}) overlap",
+                tensor=f"{first.name},{second.name}",
+                addresses=(first.address, first.end, second.address, second.end),
+            ))
+    return hazards
+
+
+def _check_regions(plan: Plan) -> list[Hazard]:
+    hazards = []
+    program = plan.address_map.program
+    code_end = program.base + plan.code_extent
+    ordered = sorted(plan.placed_regions, key=lambda r: r.address)
+    for placed in plan.placed_regions:
+        if placed.address % plan.region_alignment:
+            hazards.append(Hazard(
+                "misaligned",
+                f"region {placed.name!r} at 0x{placed.address:x} is not "
+                f"{plan.region_alignment}-byte aligned",
+                addresses=(placed.address,),
+            ))
+        if placed.address < program.base or placed.address + placed.bytes > code_end:
+            hazards.append(Hazard(
+                "region-overlap",
+                f"region {placed.name!r} [0x{placed.address:x}, "
+                f"0x{placed.address + placed.bytes:x}) is outside the code extent "
+                f"[0x{program.base:x}, 0x{code_end:x})",
+                addresses=(placed.address, placed.address + placed.bytes),
+            ))
+    for i, first in enumerate(ordered):
+        for second in ordered[i + 1:]:
+            if second.address >= first.address + first.bytes:
+                break
+            hazards.append(Hazard(
+                "region-overlap",
+                f"regions {first.name!r} and {second.name!r} overlap at 0x{second.address:x}",
+                addresses=(first.address, second.address),
+            ))
+    return hazards
+
+
+def _check_launch(plan: Plan, index: int, launch: Launch) -> list[Hazard]:
+    where = f"launch {index} ({launch.label or launch.region})"
+    declared = {r.name: r for r in plan.regions}
+    region = declared.get(launch.region)
+    if region is None:
+        return [Hazard(
+            "unknown-region", f"{where} names region {launch.region!r}, which is not declared",
+            launch=index,
+        )]
+    hazards = []
+    if launch.region not in {p.name for p in plan.placed_regions}:
+        hazards.append(Hazard(
+            "pruned-region",
+            f"{where} names region {launch.region!r}, which is not retained in the program "
+            "component",
+            launch=index,
+        ))
+    if min(launch.grid.x, launch.grid.y, launch.grid.z,
+           launch.block.x, launch.block.y, launch.block.z) < 1:
+        hazards.append(Hazard("geometry", f"{where} has a zero grid or block dimension",
+                              launch=index))
+    if launch.block.x != region.block_x:
+        hazards.append(Hazard(
+            "geometry",
+            f"{where} uses block width {launch.block.x}, region {region.name!r} is built for "
+            f"{region.block_x}",
+            launch=index,
+        ))
+    end = argument_bytes_end(plan.target, region.params)
+    if end > plan.target.parameter_block_bytes:
+        hazards.append(Hazard(
+            "parameter-block-overflow",
+            f"{where}: arguments end at byte {end}, past the {plan.target.parameter_block_bytes}"
+            "-byte parameter block",
+            launch=index, addresses=(plan.parameter_block_address(index) + end,),
+        ))
+    if len(launch.args) != len(region.params):
+        hazards.append(Hazard(
+            "argument-mismatch",
+            f"{where} passes {len(launch.args)} arguments, region {region.name!r} takes "
+            f"{len(region.params)}",
+            launch=index,
+        ))
+        return hazards
+    values: dict[str, int] = {
+        "grid.x": launch.grid.x, "grid.y": launch.grid.y, "grid.z": launch.grid.z,
+        "block.x": launch.block.x, "block.y": launch.block.y, "block.z": launch.block.z,
+    }
+    for param, arg in zip(region.params, launch.args, strict=True):
+        if isinstance(param, ScalarParam):
+            if not isinstance(arg, Scalar) or arg.dtype != param.dtype:
+                hazards.append(Hazard(
+                    "argument-mismatch",
+                    f"{where}: argument {param.name!r} must be a {param.dtype} scalar",
+                    launch=index, argument=param.name,
+                ))
+            elif not 0 <= arg.bits < 1 << 32:
+                hazards.append(Hazard(
+                    "argument-mismatch",
+                    f"{where}: argument {param.name!r} does not fit 32 bits",
+                    launch=index, argument=param.name,
+                ))
+            elif param.dtype == "u32":
+                values[param.name] = arg.bits
+    for param, arg in zip(region.params, launch.args, strict=True):
+        if isinstance(param, PointerParam):
+            if not isinstance(arg, Address):
+                hazards.append(Hazard(
+                    "argument-mismatch", f"{where}: argument {param.name!r} must be a pointer",
+                    launch=index, argument=param.name,
+                ))
+                continue
+            hazards += _check_pointer(plan, index, where, param, arg.address, values)
+    return hazards
+
+
+def _check_pointer(
+    plan: Plan, index: int, where: str, param: PointerParam, address: int,
+    values: dict[str, int],
+) -> list[Hazard]:
+    hazards = []
+    if address % param.align:
+        hazards.append(Hazard(
+            "misaligned",
+            f"{where}: pointer {param.name!r} = 0x{address:x} is not {param.align}-byte aligned",
+            launch=index, argument=param.name, addresses=(address,),
+        ))
+    tensor = plan.tensor_at(address)
+    if tensor is None:
+        hazards.append(Hazard(
+            "pointer-outside-tensors",
+            f"{where}: pointer {param.name!r} = 0x{address:x} lies in no tensor",
+            launch=index, argument=param.name, addresses=(address,),
+        ))
+        return hazards
+    try:
+        reach = param.footprint.evaluate(values)
+    except KeyError as missing:
+        hazards.append(Hazard(
+            "argument-mismatch",
+            f"{where}: footprint of {param.name!r} needs u32 argument {missing}, which the "
+            "launch lacks",
+            launch=index, argument=param.name,
+        ))
+        return hazards
+    if address + reach > tensor.end:
+        hazards.append(Hazard(
+            "footprint-overflow",
+            f"{where}: pointer {param.name!r} reaches [0x{address:x}, 0x{address + reach:x}) "
+            f"({param.footprint.describe()} = {reach} bytes), past the end of tensor "
+            f"{tensor.name!r} at 0x{tensor.end:x}",
+            launch=index, argument=param.name, tensor=tensor.name,
+            addresses=(address, address + reach, tensor.end),
+        ))
+    return hazards
+
+
+def _check_submissions(plan: Plan) -> list[Hazard]:
+    hazards = []
+    launch_count = plan.launch_count
+    expected = 0  # the next launch the first pass must submit
+    previous_semaphore: int | None = None
+    for index, submission in enumerate(plan.submissions):
+        where = f"submission {index}"
+        if (submission.count < 1 or submission.first_launch < 0
+                or submission.first_launch + submission.count > launch_count):
+            hazards.append(Hazard(
+                "submission-range",
+                f"{where} covers launches [{submission.first_launch}, "
+                f"{submission.first_launch + submission.count}), outside the {launch_count} "
+                "launches of the plan",
+            ))
+        elif expected < launch_count:
+            if submission.first_launch != expected:
+                hazards.append(Hazard(
+                    "submission-order",
+                    f"{where} starts at launch {submission.first_launch}; the launches must "
+                    f"first be submitted in order, and launch {expected} is next",
+                    launch=submission.first_launch,
+                ))
+            expected = max(expected, submission.first_launch + submission.count)
+        if previous_semaphore is not None and submission.semaphore <= previous_semaphore:
+            hazards.append(Hazard(
+                "semaphore-order",
+                f"{where} releases semaphore value {submission.semaphore}, not above "
+                f"{previous_semaphore} of the submission before",
+            ))
+        previous_semaphore = submission.semaphore
+    if expected < launch_count and not any(h.kind == "submission-range" for h in hazards):
+        hazards.append(Hazard(
+            "submission-order",
+            f"launches from {expected} on are never submitted",
+            launch=expected,
+        ))
+    if not 0 <= plan.forward_submissions <= len(plan.submissions):
+        hazards.append(Hazard(
+            "submission-range",
+            f"the forward submissions ({plan.forward_submissions}) exceed the schedule",
+        ))
+    return hazards

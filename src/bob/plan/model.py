@@ -1,0 +1,339 @@
+"""The plan as plain data: regions, tensors, launches and submissions.
+
+A *program* (``ProgramSpec``) is what a client declares: regions with their
+parameter lists, tensors by name and size, launches whose pointer arguments
+name a tensor and an offset, and the submission schedule. ``placement.place``
+turns it into a *plan* (``Plan``): every tensor, region and parameter block at
+a virtual address, every pointer argument an absolute address. The certificate
+judges a plan; backends execute one.
+
+Nothing here knows what the kernels compute.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Literal
+
+ScalarType = Literal["f32", "u32"]
+Access = Literal["read", "write", "readwrite"]
+
+# The launch-dependent names a footprint may multiply by, besides the
+# launch's own u32 scalar arguments.
+GEOMETRY_FACTORS = ("grid.x", "grid.y", "grid.z", "block.x", "block.y", "block.z")
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes a kernel reaches through one pointer: scale times the factors.
+
+    Factors name u32 scalar arguments of the launch or its geometry
+    (``grid.x`` ...), so one region declares a footprint that each launch
+    evaluates with its own values (the gather reads any row of the table:
+    ``Footprint(4, ("vocab", "vocab"))``).
+    """
+
+    scale: int
+    factors: tuple[str, ...] = ()
+
+    def evaluate(self, values: dict[str, int]) -> int:
+        return self.scale * math.prod(values[name] for name in self.factors)
+
+    def describe(self) -> str:
+        return " * ".join([str(self.scale), *self.factors])
+
+
+@dataclass(frozen=True)
+class PointerParam:
+    name: str
+    footprint: Footprint
+    access: Access = "read"
+    align: int = 4  # the element size the kernel loads through it
+
+
+@dataclass(frozen=True)
+class ScalarParam:
+    name: str
+    dtype: ScalarType
+
+
+Param = PointerParam | ScalarParam
+
+
+@dataclass(frozen=True)
+class Region:
+    """One kernel: its machine code and the resources and arguments it takes."""
+
+    name: str
+    code: bytes = b""
+    registers: int = 32
+    block_x: int = 256
+    shared_bytes: int = 0
+    params: tuple[Param, ...] = ()
+    entry: str = ""  # the symbol in the compiled image, where there is one
+
+    @property
+    def pointer_params(self) -> tuple[PointerParam, ...]:
+        return tuple(p for p in self.params if isinstance(p, PointerParam))
+
+    @property
+    def scalar_params(self) -> tuple[ScalarParam, ...]:
+        return tuple(p for p in self.params if isinstance(p, ScalarParam))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One arena tensor as declared: name, element type and shape."""
+
+    name: str
+    dtype: str  # "f32" | "u32" | "u8"
+    shape: tuple[int, ...]
+
+    @property
+    def bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype] * math.prod(self.shape)
+
+
+DTYPE_BYTES = {"f32": 4, "u32": 4, "u8": 1}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A placed tensor: its declaration, address and alignment."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    address: int
+    bytes: int
+    align: int
+
+    @property
+    def end(self) -> int:
+        return self.address + self.bytes
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A pointer argument as a program declares it: a tensor and a byte offset."""
+
+    tensor: str
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A scalar argument, held as its 32-bit pattern so JSON round-trips exactly."""
+
+    dtype: ScalarType
+    bits: int
+
+    @staticmethod
+    def f32(value: float) -> Scalar:
+        return Scalar("f32", struct.unpack("<I", struct.pack("<f", value))[0])
+
+    @staticmethod
+    def f32_bits(bits: int) -> Scalar:
+        return Scalar("f32", bits)
+
+    @staticmethod
+    def u32(value: int) -> Scalar:
+        return Scalar("u32", value)
+
+    @property
+    def value(self) -> float | int:
+        if self.dtype == "f32":
+            return struct.unpack("<f", struct.pack("<I", self.bits))[0]
+        return self.bits
+
+
+@dataclass(frozen=True)
+class Address:
+    """A placed pointer argument: an absolute virtual address."""
+
+    address: int
+
+
+@dataclass(frozen=True)
+class Dim3:
+    x: int = 1
+    y: int = 1
+    z: int = 1
+
+    @property
+    def count(self) -> int:
+        return self.x * self.y * self.z
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """A launch as a program declares it."""
+
+    region: str
+    grid: Dim3
+    block: Dim3
+    args: tuple[TensorRef | Scalar, ...]
+    label: str = ""  # what this launch does in the program, for listings
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A placed launch: pointer arguments are addresses."""
+
+    region: str
+    grid: Dim3
+    block: Dim3
+    args: tuple[Address | Scalar, ...]
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A batch of consecutive launches, released to the semaphore with a value."""
+
+    first_launch: int
+    count: int
+    semaphore: int
+
+    @property
+    def launches(self) -> range:
+        return range(self.first_launch, self.first_launch + self.count)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a plan needs to know of an architecture: the parameter block shape.
+
+    The seed's 512-byte block holds Ampere's driver area (0x160 bytes) and the
+    arguments; Hopper's driver area ends at 0x210, past 512, so its blocks are
+    1024 bytes.
+    """
+
+    name: str
+    parameter_base: int
+    parameter_block_bytes: int
+    qmd_record_bytes: int
+    pushbuffer_setup_bytes: int = 4096
+    pushbuffer_bytes_per_submission: int = 256
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    """A whole device program as declared, before placement."""
+
+    regions: tuple[Region, ...]
+    tensors: tuple[TensorSpec, ...]
+    launches: tuple[LaunchSpec, ...]
+    submissions: tuple[Submission, ...]
+    forward_launches: int = 0  # launches a forward-only request runs
+    forward_submissions: int = 0
+    attributes: dict[str, str | int] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Component:
+    """One component of the virtual address map."""
+
+    name: str
+    base: int
+    bytes: int
+
+    @property
+    def end(self) -> int:
+        return self.base + self.bytes
+
+
+@dataclass(frozen=True)
+class AddressMap:
+    program: Component
+    qmd_table: Component
+    pushbuffer: Component
+    semaphores: Component
+    arena: Component
+
+    @property
+    def components(self) -> tuple[Component, ...]:
+        return (self.program, self.qmd_table, self.pushbuffer, self.semaphores, self.arena)
+
+
+@dataclass(frozen=True)
+class PlacedRegion:
+    """A retained region at its place in the program component."""
+
+    name: str
+    address: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placed program: everything a backend needs, at virtual addresses."""
+
+    target: Target
+    address_map: AddressMap
+    region_alignment: int
+    page_bytes: int
+    regions: tuple[Region, ...]
+    placed_regions: tuple[PlacedRegion, ...]
+    code_extent: int
+    tensors: tuple[Tensor, ...]
+    launches: tuple[Launch, ...]
+    submissions: tuple[Submission, ...]
+    forward_launches: int
+    forward_submissions: int
+    attributes: dict[str, str | int] = field(default_factory=dict, compare=False)
+
+    # -- lookups -----------------------------------------------------------
+    def region(self, name: str) -> Region:
+        for region in self.regions:
+            if region.name == name:
+                return region
+        raise KeyError(f"no region named {name!r} in the plan")
+
+    def placed_region(self, name: str) -> PlacedRegion:
+        for placed in self.placed_regions:
+            if placed.name == name:
+                return placed
+        raise KeyError(f"region {name!r} is not retained in the program component")
+
+    def tensor(self, name: str) -> Tensor:
+        for tensor in self.tensors:
+            if tensor.name == name:
+                return tensor
+        raise KeyError(f"no tensor named {name!r} in the plan")
+
+    def tensor_at(self, address: int) -> Tensor | None:
+        for tensor in self.tensors:
+            if tensor.address <= address < tensor.end:
+                return tensor
+        return None
+
+    def parameter_block_address(self, launch_index: int) -> int:
+        return (
+            self.address_map.program.base
+            + self.code_extent
+            + launch_index * self.target.parameter_block_bytes
+        )
+
+    # -- derived figures ---------------------------------------------------
+    @property
+    def launch_count(self) -> int:
+        return len(self.launches)
+
+    @property
+    def submission_count(self) -> int:
+        return len(self.submissions)
+
+    @property
+    def program_bytes(self) -> int:
+        return self.code_extent + self.launch_count * self.target.parameter_block_bytes
+
+    @property
+    def qmd_table_bytes(self) -> int:
+        return self.launch_count * self.target.qmd_record_bytes
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.address_map.arena.bytes

@@ -1,0 +1,212 @@
+"""Placement: from a declared program to a plan at virtual addresses.
+
+- Tensors in declaration order, each after the previous at page alignment.
+- Regions that no launch uses are pruned; the survivors are packed in
+  declaration order at the region alignment.
+- The program component is the retained code, then one parameter block per
+  launch. Each block is the architecture's driver area, then 8-byte pointer
+  words from the parameter base, then 4-byte scalars (two to a word). This is
+  the CUDA kernel parameter layout for a signature of pointers then scalars.
+- The address map lays program, QMD table, pushbuffer, semaphores and arena
+  one after another, each at a 2 MiB boundary.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from bob.plan.model import (
+    Address,
+    AddressMap,
+    Component,
+    Launch,
+    LaunchSpec,
+    Param,
+    PlacedRegion,
+    Plan,
+    PointerParam,
+    ProgramSpec,
+    Region,
+    Scalar,
+    ScalarParam,
+    Target,
+    Tensor,
+    TensorRef,
+)
+
+PAGE_BYTES = 4096
+REGION_ALIGNMENT = 256
+COMPONENT_ALIGNMENT = 2 << 20
+# Far from zero and below 2^40 (the QMD's program and PCAS address limit).
+DEFAULT_VA_BASE = 0x20_0000_0000
+SEMAPHORE_STRIDE = 16
+
+POINTER_WORD_BYTES = 8
+SCALAR_BYTES = 4
+
+SM86 = Target("sm_86", parameter_base=0x160, parameter_block_bytes=512, qmd_record_bytes=256)
+SM90 = Target("sm_90", parameter_base=0x210, parameter_block_bytes=1024, qmd_record_bytes=384)
+TARGETS = {target.name: target for target in (SM86, SM90)}
+
+
+class PlacementError(ValueError):
+    """A program that cannot be placed at all (as opposed to a hazard)."""
+
+
+def align_up(value: int, alignment: int) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+# -- parameter blocks ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArgumentSlot:
+    """Where one argument lives inside a parameter block."""
+
+    param: Param
+    offset: int  # bytes from the start of the block
+    size: int
+
+
+def argument_slots(target: Target, params: tuple[Param, ...]) -> tuple[ArgumentSlot, ...]:
+    """Pointers first, one 8-byte word each; then scalars, 4 bytes each."""
+    slots: list[ArgumentSlot] = []
+    offset = target.parameter_base
+    for param in params:
+        if isinstance(param, PointerParam):
+            slots.append(ArgumentSlot(param, offset, POINTER_WORD_BYTES))
+            offset += POINTER_WORD_BYTES
+    for param in params:
+        if isinstance(param, ScalarParam):
+            slots.append(ArgumentSlot(param, offset, SCALAR_BYTES))
+            offset += SCALAR_BYTES
+    return tuple(slots)
+
+
+def argument_bytes_end(target: Target, params: tuple[Param, ...]) -> int:
+    """The first byte past the last argument, rounded to a whole word."""
+    slots = argument_slots(target, params)
+    end = max((s.offset + s.size for s in slots), default=target.parameter_base)
+    return align_up(end, POINTER_WORD_BYTES)
+
+
+def encode_parameter_block(target: Target, region: Region, launch: Launch) -> bytes:
+    """The parameter block of one launch: driver area zero, arguments after."""
+    end = argument_bytes_end(target, region.params)
+    block = bytearray(max(end, target.parameter_block_bytes))
+    by_name = dict(zip((p.name for p in region.params), launch.args, strict=True))
+    for slot in argument_slots(target, region.params):
+        arg = by_name[slot.param.name]
+        if isinstance(arg, Address):
+            struct.pack_into("<Q", block, slot.offset, arg.address)
+        else:
+            struct.pack_into("<I", block, slot.offset, arg.bits)
+    return bytes(block)
+
+
+def decode_parameter_block(
+    target: Target, region: Region, block: bytes
+) -> dict[str, Address | Scalar]:
+    """The arguments a kernel finds in its parameter block, by parameter name."""
+    args: dict[str, Address | Scalar] = {}
+    for slot in argument_slots(target, region.params):
+        if isinstance(slot.param, PointerParam):
+            (address,) = struct.unpack_from("<Q", block, slot.offset)
+            args[slot.param.name] = Address(address)
+        else:
+            (bits,) = struct.unpack_from("<I", block, slot.offset)
+            args[slot.param.name] = Scalar(slot.param.dtype, bits)
+    return args
+
+
+def scalar_offset(target: Target, region: Region, name: str) -> int:
+    """Byte offset of a named scalar argument inside the parameter block."""
+    for slot in argument_slots(target, region.params):
+        if slot.param.name == name and isinstance(slot.param, ScalarParam):
+            return slot.offset
+    raise KeyError(f"region {region.name!r} has no scalar argument {name!r}")
+
+
+# -- placement -------------------------------------------------------------
+
+
+def place(
+    program: ProgramSpec,
+    target: Target,
+    va_base: int = DEFAULT_VA_BASE,
+    page_bytes: int = PAGE_BYTES,
+    region_alignment: int = REGION_ALIGNMENT,
+) -> Plan:
+    """Place a declared program: the plan every backend executes."""
+    used = {launch.region for launch in program.launches}
+    placed_regions: list[PlacedRegion] = []
+    cursor = 0
+    for region in program.regions:
+        if region.name not in used:
+            continue  # pruned: no launch uses it
+        placed_regions.append(PlacedRegion(region.name, va_base + cursor, len(region.code)))
+        cursor = align_up(cursor + len(region.code), region_alignment)
+    code_extent = cursor
+
+    launch_count = len(program.launches)
+    program_bytes = code_extent + launch_count * target.parameter_block_bytes
+    submissions = len(program.submissions)
+    sizes = (
+        ("program", program_bytes),
+        ("qmd-table", launch_count * target.qmd_record_bytes),
+        (
+            "pushbuffer",
+            target.pushbuffer_setup_bytes + submissions * target.pushbuffer_bytes_per_submission,
+        ),
+        ("semaphores", max(1, submissions) * SEMAPHORE_STRIDE),
+    )
+    components: list[Component] = []
+    base = va_base
+    for name, size in sizes:
+        components.append(Component(name, base, size))
+        base = align_up(base + max(size, 1), COMPONENT_ALIGNMENT)
+    arena_base = base
+
+    tensors: list[Tensor] = []
+    address = arena_base
+    for spec in program.tensors:
+        address = align_up(address, page_bytes)
+        tensors.append(Tensor(spec.name, spec.dtype, spec.shape, address, spec.bytes, page_bytes))
+        address += spec.bytes
+    arena = Component("arena", arena_base, address - arena_base)
+    address_map = AddressMap(*components, arena)
+
+    by_name = {t.name: t for t in tensors}
+    launches = tuple(_place_launch(spec, by_name) for spec in program.launches)
+    return Plan(
+        target=target,
+        address_map=address_map,
+        region_alignment=region_alignment,
+        page_bytes=page_bytes,
+        regions=program.regions,
+        placed_regions=tuple(placed_regions),
+        code_extent=code_extent,
+        tensors=tuple(tensors),
+        launches=launches,
+        submissions=program.submissions,
+        forward_launches=program.forward_launches,
+        forward_submissions=program.forward_submissions,
+        attributes=dict(program.attributes),
+    )
+
+
+def _place_launch(spec: LaunchSpec, tensors: dict[str, Tensor]) -> Launch:
+    args: list[Address | Scalar] = []
+    for arg in spec.args:
+        if isinstance(arg, TensorRef):
+            if arg.tensor not in tensors:
+                raise PlacementError(
+                    f"launch {spec.label or spec.region!r} names tensor {arg.tensor!r}, "
+                    "which the program does not declare"
+                )
+            args.append(Address(tensors[arg.tensor].address + arg.offset))
+        else:
+            args.append(arg)
+    return Launch(spec.region, spec.grid, spec.block, tuple(args), spec.label)

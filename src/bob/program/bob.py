@@ -1,0 +1,234 @@
+"""Bob's device program: the seed's regions, tensors and schedules.
+
+For a configuration (V, P, N, mode) the program is:
+
+- launch 0: the initial loss (loss-gradient into ``initial_loss``);
+- per prompt i: gather its logits row, then its greedy argmax;
+- per update k: AdamW with update k's scalars, then loss-gradient into
+  ``training_loss`` (leaving the next gradients in ``gradients``);
+- every launch submitted alone with its own semaphore value, then the
+  prediction launches again, so the prompts are predicted from the trained
+  table.
+
+A forward-only request (predict) runs the first 1 + 2P submissions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+from bob.kernels import signatures as sig
+from bob.kernels.exact import f32_bits_from_fraction
+from bob.plan.model import (
+    Dim3,
+    LaunchSpec,
+    Plan,
+    ProgramSpec,
+    Region,
+    Scalar,
+    Submission,
+    Target,
+    TensorRef,
+    TensorSpec,
+)
+from bob.plan.placement import SM86, place
+
+Mode = Literal["hard", "corpus"]
+
+# log2(e) and ln(2) correctly rounded to binary32 (proved in the tests).
+LOG2E_BITS = 0x3FB8AA3B
+LN2_BITS = 0x3F317218
+
+TENSOR_NAMES = (
+    "parameters", "first_moment", "second_moment", "gradients", "input",
+    "initial_loss", "training_loss", "logit_rows", "predictions",
+)
+CHECKPOINT_TENSORS = ("parameters", "first_moment", "second_moment")
+
+MAX_VOCAB = 16384  # four 1 GiB tables: larger belongs to a sharded design
+MAX_PROMPTS = 4096
+MAX_UPDATES = 100_000
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """AdamW hyperparameters (torch.optim.AdamW's names and defaults, but lr)."""
+
+    lr: float = 0.1  # a bigram table tolerates a large step; 1000 updates reach the optimum
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+
+@dataclass(frozen=True)
+class BobConfig:
+    vocab: int = 256  # V: one row per previous byte, one column per next byte
+    prompts: int = 1  # P: prompts predicted per invocation
+    updates: int = 100  # N: AdamW updates per invocation
+    mode: Mode = "hard"  # hard targets (the seed's record) or corpus weights
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("vocab", self.vocab, 2, MAX_VOCAB),
+            ("prompts", self.prompts, 0, MAX_PROMPTS),
+            ("updates", self.updates, 0, MAX_UPDATES),
+        )
+        for name, value, low, high in checks:
+            if not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
+        if self.mode not in ("hard", "corpus"):
+            raise ValueError(f"mode must be 'hard' or 'corpus', not {self.mode!r}")
+
+    @property
+    def loss_region(self) -> str:
+        return sig.LOSS_HARD if self.mode == "hard" else sig.LOSS_CORPUS
+
+    @property
+    def input_targets_bytes(self) -> int:
+        """Bytes of the targets (hard) or weights (corpus) at the start of the input."""
+        return 4 * self.vocab if self.mode == "hard" else 4 * self.vocab * self.vocab
+
+    @property
+    def input_bytes(self) -> int:
+        return self.input_targets_bytes + 4 * self.prompts
+
+    # -- derived figures (the seed's formulas) -----------------------------
+    @property
+    def forward_launches(self) -> int:
+        return 1 + 2 * self.prompts
+
+    @property
+    def launch_count(self) -> int:
+        return self.forward_launches + 2 * self.updates
+
+    @property
+    def submission_count(self) -> int:
+        return self.launch_count + 2 * self.prompts
+
+    def adamw_launch(self, k: int) -> int:
+        """Index of update k's AdamW launch (k from 0)."""
+        if not 0 <= k < self.updates:
+            raise IndexError(f"update {k} is outside the {self.updates} updates of a plan")
+        return self.forward_launches + 2 * k
+
+
+def adam_scalars(hyper: Hyper, step: int) -> dict[str, Scalar]:
+    """AdamW's scalars for global update `step` (from 1), computed in float64."""
+    if step < 1:
+        raise ValueError(f"AdamW steps count from 1, not {step}")
+    correction1 = 1.0 - hyper.beta1**step
+    correction2 = 1.0 - hyper.beta2**step
+    values = {
+        "decay": 1.0 - hyper.lr * hyper.weight_decay,
+        "beta1": hyper.beta1,
+        "one_minus_beta1": 1.0 - hyper.beta1,
+        "beta2": hyper.beta2,
+        "one_minus_beta2": 1.0 - hyper.beta2,
+        "step_size": hyper.lr * math.sqrt(correction2) / correction1,
+        "eps_hat": hyper.eps * math.sqrt(correction2),
+    }
+    return {name: Scalar.f32_bits(f32_bits_from_fraction(Fraction(v)))
+            for name, v in values.items()}
+
+
+def inverse_rows_bits(vocab: int) -> int:
+    """1/V correctly rounded to binary32 (0x3b800000 for V = 256)."""
+    return f32_bits_from_fraction(Fraction(1, vocab))
+
+
+def tensor_specs(config: BobConfig) -> tuple[TensorSpec, ...]:
+    v, p = config.vocab, config.prompts
+    return (
+        TensorSpec("parameters", "f32", (v, v)),
+        TensorSpec("first_moment", "f32", (v, v)),
+        TensorSpec("second_moment", "f32", (v, v)),
+        TensorSpec("gradients", "f32", (v, v)),
+        TensorSpec("input", "u8", (config.input_bytes,)),
+        TensorSpec("initial_loss", "f32", (v,)),
+        TensorSpec("training_loss", "f32", (v,)),
+        TensorSpec("logit_rows", "f32", (p, v)),
+        TensorSpec("predictions", "u32", (p,)),
+    )
+
+
+def declared_regions(config: BobConfig, compiled: dict[str, Region] | None = None,
+                     ) -> tuple[Region, ...]:
+    """The four regions of the seed's order; compiled code where it is given."""
+    names = (sig.GATHER, config.loss_region, sig.ADAMW, sig.ARGMAX)
+    compiled = compiled or {}
+    return tuple(compiled.get(name) or sig.declared_region(name) for name in names)
+
+
+def adamw_grid(count: int) -> int:
+    # Enough blocks to fill a large GPU; each thread strides over the rest.
+    return max(1, min(math.ceil(count / sig.BLOCK), 4096))
+
+
+def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1,
+                  compiled: dict[str, Region] | None = None) -> ProgramSpec:
+    """Bob's program; update k's AdamW scalars are those of step first_step + k."""
+    v, block = config.vocab, Dim3(sig.BLOCK)
+    vocab = Scalar.u32(v)
+    log2e, ln2 = Scalar.f32_bits(LOG2E_BITS), Scalar.f32_bits(LN2_BITS)
+    row_bytes = 4 * v
+    prompts_offset = config.input_targets_bytes
+
+    def loss(into: str) -> LaunchSpec:
+        if config.mode == "hard":
+            args = (TensorRef("parameters"), TensorRef("gradients"), TensorRef("input"),
+                    TensorRef(into), log2e, ln2, Scalar.f32_bits(inverse_rows_bits(v)), vocab)
+        else:
+            args = (TensorRef("parameters"), TensorRef("gradients"), TensorRef("input"),
+                    TensorRef(into), log2e, ln2, vocab)
+        return LaunchSpec(config.loss_region, Dim3(v), block, args, f"loss->{into}")
+
+    def predict(i: int) -> tuple[LaunchSpec, LaunchSpec]:
+        row = TensorRef("logit_rows", i * row_bytes)
+        gather = LaunchSpec(sig.GATHER, Dim3(1), block, (
+            row, TensorRef("input", prompts_offset + 4 * i), TensorRef("parameters"), vocab,
+        ), f"gather[{i}]")
+        argmax = LaunchSpec(sig.ARGMAX, Dim3(1), block, (
+            TensorRef("predictions", 4 * i), row, vocab,
+        ), f"argmax[{i}]")
+        return gather, argmax
+
+    def adamw(k: int) -> LaunchSpec:
+        scalars = adam_scalars(hyper, first_step + k)
+        count = v * v
+        return LaunchSpec(sig.ADAMW, Dim3(adamw_grid(count)), block, (
+            TensorRef("parameters"), TensorRef("gradients"), TensorRef("first_moment"),
+            TensorRef("second_moment"),
+            *(scalars[p.name] for p in sig.SIGNATURES[sig.ADAMW][4:11]),
+            Scalar.u32(count),
+        ), f"adamw[{k}]")
+
+    launches: list[LaunchSpec] = [loss("initial_loss")]
+    for i in range(config.prompts):
+        launches.extend(predict(i))
+    for k in range(config.updates):
+        launches.extend((adamw(k), loss("training_loss")))
+
+    submissions = [Submission(i, 1, i + 1) for i in range(len(launches))]
+    for i in range(2 * config.prompts):
+        submissions.append(Submission(1 + i, 1, len(submissions) + 1))
+
+    return ProgramSpec(
+        regions=declared_regions(config, compiled),
+        tensors=tensor_specs(config),
+        launches=tuple(launches),
+        submissions=tuple(submissions),
+        forward_launches=config.forward_launches,
+        forward_submissions=config.forward_launches,
+        attributes={"program": "bob", "vocab": v, "prompts": config.prompts,
+                    "updates": config.updates, "mode": config.mode,
+                    "first_step": first_step},
+    )
+
+
+def build_plan(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper(),
+               first_step: int = 1, compiled: dict[str, Region] | None = None) -> Plan:
+    return place(build_program(config, hyper, first_step, compiled), target)
