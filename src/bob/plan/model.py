@@ -305,10 +305,9 @@ class Plan:
         raise KeyError(f"no tensor named {name!r} in the plan")
 
     def tensor_at(self, address: int) -> Tensor | None:
-        for tensor in self.tensors:
-            if tensor.address <= address < tensor.end:
-                return tensor
-        return None
+        """The tensor holding `address`; where tensors overlap, the one starting last."""
+        holders = [t for t in self.tensors if t.address <= address < t.end]
+        return max(holders, key=lambda t: t.address, default=None)
 
     def parameter_block_address(self, launch_index: int) -> int:
         return (

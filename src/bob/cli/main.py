@@ -1,0 +1,64 @@
+"""The `bob` command line: exit 0 on success, 1 on a failure at run time,
+2 on bad usage or bad input."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from bob.errors import BobError
+
+from . import plan_cmd
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="bob")
+def cli() -> None:
+    """Bob: a byte-level bigram model whose device program is certified data."""
+
+
+cli.add_command(plan_cmd.plan)
+cli.add_command(plan_cmd.certify)
+
+try:  # the commands that run the model; absent pieces must not break `bob plan`
+    from . import run_cmd
+
+    for command in run_cmd.COMMANDS:
+        cli.add_command(command)
+except ImportError as error:  # pragma: no cover - only while a layer is missing
+    _missing = error
+else:
+    _missing = None
+
+try:
+    from . import tools_cmd
+
+    for command in tools_cmd.COMMANDS:
+        cli.add_command(command)
+except ImportError:  # pragma: no cover
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        status = cli.main(args=argv, prog_name="bob", standalone_mode=False)
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    except click.ClickException as error:
+        error.show()
+        return 2
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 1
+    except BobError as error:
+        click.echo(f"bob: {error}", err=True)
+        return error.exit_status
+    except KeyboardInterrupt:
+        click.echo("bob: interrupted", err=True)
+        return 130
+    return status if isinstance(status, int) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""`bob plan` and `bob certify`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+
+from bob.errors import BackendUnavailable
+from bob.plan import TARGETS
+from bob.plan import certify as certify_plan
+from bob.plan.jsonio import dumps, read_plan
+from bob.plan.model import Plan
+from bob.program.bob import build_plan
+
+from .options import config_from, plan_options
+from .render import print_hazards, print_plan
+
+
+def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, arch: str | None) -> Plan:
+    config = config_from(vocab, prompts, updates, mode)
+    if arch is None:
+        return build_plan(config)
+    from bob.kernels.cuda.compile import compiled_regions  # NVRTC: only when asked
+
+    try:
+        regions = compiled_regions(arch)
+    except ImportError as error:
+        raise BackendUnavailable(
+            f"--arch needs NVRTC (pip install 'bob[cuda]'): {error}") from None
+    return build_plan(config, TARGETS[arch], compiled=regions)
+
+
+@click.command()
+@plan_options
+@click.option("--arch", type=click.Choice(sorted(TARGETS)), default=None,
+              help="Compile the kernels for this architecture and show its regions.")
+@click.option("--json", "as_json", is_flag=True, help="Write the whole plan as JSON.")
+@click.option("--disasm", is_flag=True,
+              help="List the encoded command stream: GPFIFO entries, methods, QMD fields.")
+@click.option("--emit", "emit_dir", type=click.Path(file_okay=False),
+              help="Write each encoded component (program, QMD table, ...) to DIR.")
+def plan(vocab: int, prompts: int, updates: int, mode: str, arch: str | None, as_json: bool,
+         disasm: bool, emit_dir: str | None) -> None:
+    """Show Bob's device program: arena, regions, launches, submissions, sizes."""
+    the_plan = _bob_plan(vocab, prompts, updates, mode, arch)
+    certificate = certify_plan(the_plan)
+    if as_json:
+        click.echo(dumps(the_plan))
+        return
+    if disasm or emit_dir:
+        from bob.backends.nv.decoder import disassemble
+        from bob.backends.nv.encoder import emit, encode
+
+        encoded = encode(the_plan)
+        if emit_dir:
+            for path in emit(encoded, emit_dir):
+                click.echo(path)
+        if disasm:
+            click.echo(disassemble(encoded, the_plan))
+        return
+    print_plan(Console(width=None if sys.stdout.isatty() else 160), the_plan, certificate)
+
+
+@click.command()
+@plan_options
+@click.option("--plan", "plan_file", type=click.Path(dir_okay=False),
+              help="Certify this plan (JSON from 'bob plan --json') instead of Bob's own.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def certify(vocab: int, prompts: int, updates: int, mode: str, plan_file: str | None,
+            as_json: bool) -> None:
+    """Certify a plan: exit 0 when it holds, 1 with every hazard listed otherwise."""
+    if plan_file is not None:
+        the_plan = read_plan(plan_file)
+    else:
+        the_plan = build_plan(config_from(vocab, prompts, updates, mode))
+    certificate = certify_plan(the_plan)
+    if as_json:
+        click.echo(json.dumps({
+            "certified": certificate.holds,
+            "plan": plan_file or "bob",
+            "hazards": [h.to_json() for h in certificate.hazards],
+        }, indent=1))
+    else:
+        print_hazards(Console(), certificate)
+    if not certificate.holds:
+        click.get_current_context().exit(1)

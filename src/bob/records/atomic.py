@@ -1,0 +1,149 @@
+"""Safe file I/O: reads that fail with a one-line BadInput, and atomic writes.
+
+An atomic write goes to a temporary file in the target's directory, is flushed
+and fsynced, renamed over the target, and the directory is fsynced, so a crash
+at any moment leaves either the old file or the new one, never a mix. A failed
+write removes its temporary and leaves the old file untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from bob.errors import BadInput, RunFailure
+
+Writer = Callable[[BinaryIO], None]
+StrPath = str | os.PathLike[str]
+
+TEMP_SUFFIX = ".tmp"
+
+
+def read_bytes(path: StrPath, what: str = "file") -> bytes:
+    """The whole file; BadInput naming it when it is missing or unreadable."""
+    path = Path(path)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a directory, not a {what}") from None
+    except PermissionError:
+        raise BadInput(f"{path}: cannot read the {what} (permission denied)") from None
+    except OSError as error:
+        raise BadInput(f"{path}: cannot read the {what} ({error.strerror or error})") from None
+
+
+def atomic_write(path: StrPath, data: bytes | Writer) -> None:
+    """Replace `path` with `data` (bytes, or a function writing to a binary file).
+
+    Raises BadInput when the target cannot be a file (missing directory, a
+    directory in the way) and RunFailure when writing fails; in both cases the
+    old file, if any, is untouched and no temporary is left.
+    """
+    path = Path(path)
+    directory = path.parent
+    if not directory.is_dir():
+        raise BadInput(f"{path}: directory {directory} does not exist")
+    if path.is_dir():
+        raise BadInput(f"{path}: is a directory")
+    _remove_stale_temporaries(path)
+    mode = _file_mode(path)
+    try:
+        fd, temporary = tempfile.mkstemp(
+            prefix=_temp_prefix(path), suffix=TEMP_SUFFIX, dir=directory)
+    except OSError as error:
+        raise RunFailure(f"{path}: cannot write ({error.strerror or error})") from None
+    try:
+        with os.fdopen(fd, "wb") as file:
+            os.fchmod(file.fileno(), mode)  # mkstemp's 0600 would hide the file from others
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                file.write(data)
+            else:
+                data(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        if isinstance(error, OSError):
+            raise RunFailure(
+                f"{path}: cannot write ({error.strerror or error}); the old file is untouched"
+            ) from None
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Makes the rename itself durable; some filesystems cannot open directories.
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # e.g. EINVAL where directories cannot be synced; the rename stands
+    finally:
+        os.close(fd)
+
+
+@functools.lru_cache(maxsize=1)
+def _umask() -> int:
+    # os.umask can only be read by setting it; do it once.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _file_mode(path: Path) -> int:
+    """The mode a replacement keeps: the old file's, else what open() would give."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:32] or "host"
+
+
+def _temp_prefix(path: Path) -> str:
+    # Hidden, and carrying host and pid so a later writer can tell a dead one's leftovers.
+    return f".{path.name}.{_host()}.{os.getpid()}."
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Delete temporaries left by writers on this host that were killed mid-write."""
+    pattern = re.compile(
+        re.escape(f".{path.name}.{_host()}.") + r"(\d+)\.[^.]*" + re.escape(TEMP_SUFFIX))
+    try:
+        siblings = list(path.parent.iterdir())
+    except OSError:
+        return
+    for sibling in siblings:
+        match = pattern.fullmatch(sibling.name)
+        if match and not _alive(int(match.group(1))):
+            with contextlib.suppress(OSError):
+                sibling.unlink()
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists but belongs to someone else
+    return True
+
