@@ -1,0 +1,164 @@
+"""The host: turns requests into certified plans, runs them, keeps the records.
+
+One invocation = one plan run on one backend:
+
+1. build the plan for (V, P, N, mode) and certify it (refusing it otherwise);
+2. load the checkpoint (parameters, both moments) and the input payload into
+   the arena;
+3. write each update's AdamW scalars (global step t = checkpoint step + k + 1)
+   into that update's parameter block;
+4. submit: the forward submissions only (predict) or all of them (train);
+5. read back the result record and the new checkpoint.
+
+Long training runs as several invocations, a checkpoint after each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from bob.backends import Backend, BackendChoice
+from bob.errors import NonFiniteLoss
+from bob.plan.certificate import require_certified
+from bob.plan.model import Plan
+from bob.program.bob import BobConfig, Hyper, adam_scalars, build_plan
+from bob.records.binary import InputRecord, ResultRecord
+from bob.records.checkpoint import Checkpoint
+
+Operation = Literal["predict", "train"]
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What one invocation produced."""
+
+    checkpoint: Checkpoint
+    result: ResultRecord
+    initial_loss: float  # the objective before the first update
+    loss: float  # the objective after the last update (the initial loss when predicting)
+
+
+class Session:
+    """A backend with the plans it has opened, reused across invocations."""
+
+    def __init__(self, choice: BackendChoice, hyper: Hyper = Hyper()):
+        self.choice = choice
+        self.hyper = hyper
+        self._open: dict[BobConfig, tuple[Plan, Backend]] = {}
+
+    @property
+    def backend_name(self) -> str:
+        return self.choice.name
+
+    def plan_for(self, config: BobConfig) -> Plan:
+        return self._backend_for(config)[0]
+
+    def _backend_for(self, config: BobConfig) -> tuple[Plan, Backend]:
+        if config not in self._open:
+            plan = build_plan(config, self.choice.target, self.hyper,
+                              compiled=self.choice.regions)
+            require_certified(plan)  # the host admits nothing uncertified
+            self._open[config] = (plan, self.choice.open(plan))
+        return self._open[config]
+
+    def close(self) -> None:
+        for _, backend in self._open.values():
+            backend.close()
+        self._open.clear()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def invoke(self, config: BobConfig, checkpoint: Checkpoint, record: InputRecord,
+               operation: Operation) -> Invocation:
+        if operation == "predict":
+            config = replace(config, updates=0)
+        plan, backend = self._backend_for(config)
+        self.load(backend, checkpoint, record)
+        for k in range(config.updates):
+            backend.set_scalars(config.adamw_launch(k),
+                                adam_scalars(self.hyper, checkpoint.step + k + 1))
+        submissions = plan.submission_count if operation == "train" else plan.forward_submissions
+        backend.run(range(submissions))
+        return self.collect(config, backend, checkpoint, operation)
+
+    @staticmethod
+    def load(backend: Backend, checkpoint: Checkpoint, record: InputRecord) -> None:
+        backend.write_tensor("parameters", checkpoint.parameters.tobytes())
+        backend.write_tensor("first_moment", checkpoint.first_moment.tobytes())
+        backend.write_tensor("second_moment", checkpoint.second_moment.tobytes())
+        backend.write_tensor("input", record.payload())
+        # Not every request writes every block: clear what could be stale.
+        for name in ("gradients", "training_loss"):
+            backend.write_tensor(name, bytes(backend.plan.tensor(name).bytes))
+
+    def collect(self, config: BobConfig, backend: Backend, checkpoint: Checkpoint,
+                operation: Operation) -> Invocation:
+        v = config.vocab
+
+        def table(name: str) -> np.ndarray:
+            return np.frombuffer(backend.read_tensor(name), np.float32).reshape(v, v).copy()
+
+        result = ResultRecord.from_arena(
+            config.mode, v,
+            **{name: backend.read_tensor(name)
+               for name in ("initial_loss", "training_loss", "logit_rows", "predictions")})
+        initial = result.initial_objective
+        if operation == "predict" or config.updates == 0:
+            return Invocation(checkpoint, result, initial, initial)
+        final = result.training_objective
+        if not (math.isfinite(final) and math.isfinite(initial)):
+            raise NonFiniteLoss(
+                f"the loss became non-finite ({final}) by step {checkpoint.step + config.updates};"
+                " the last good checkpoint is kept (try a smaller --lr)")
+        trained = replace(
+            checkpoint,
+            parameters=table("parameters"),
+            first_moment=table("first_moment"),
+            second_moment=table("second_moment"),
+            step=checkpoint.step + config.updates,
+        )
+        if not all(np.isfinite(t).all() for t in
+                   (trained.parameters, trained.first_moment, trained.second_moment)):
+            raise NonFiniteLoss(
+                f"the table became non-finite by step {trained.step}; the last good checkpoint "
+                "is kept (try a smaller --lr)")
+        return Invocation(trained, result, initial, final)
+
+
+def split_updates(steps: int, per_invocation: int) -> list[int]:
+    """Updates of each invocation: full ones, then the remainder."""
+    if steps < 0 or per_invocation < 1:
+        raise ValueError("steps must be >= 0 and updates per invocation >= 1")
+    full, rest = divmod(steps, per_invocation)
+    return [per_invocation] * full + ([rest] if rest else [])
+
+
+ProgressCallback = Callable[[Invocation, int], None]
+
+
+def train(session: Session, config: BobConfig, checkpoint: Checkpoint, record: InputRecord,
+          steps: int, after_invocation: ProgressCallback | None = None) -> list[Invocation]:
+    """Run `steps` updates as invocations of at most `config.updates` each.
+
+    `after_invocation(invocation, done)` runs after each one (the CLI saves the
+    checkpoint and advances its progress bar there).
+    """
+    invocations = []
+    done = 0
+    for updates in split_updates(steps, max(1, config.updates)):
+        invocation = session.invoke(replace(config, updates=updates), checkpoint, record, "train")
+        checkpoint = invocation.checkpoint
+        done += updates
+        invocations.append(invocation)
+        if after_invocation is not None:
+            after_invocation(invocation, done)
+    return invocations
