@@ -50,6 +50,7 @@ class Session:
         self.choice = choice
         self.hyper = hyper
         self._open: dict[BobConfig, tuple[Plan, Backend]] = {}
+        self.last_backend: Backend | None = None  # the arena of the latest invocation
 
     @property
     def backend_name(self) -> str:
@@ -82,6 +83,7 @@ class Session:
         if operation == "predict":
             config = replace(config, updates=0)
         plan, backend = self._backend_for(config)
+        self.last_backend = backend
         self.load(backend, checkpoint, record)
         for k in range(config.updates):
             backend.set_scalars(config.adamw_launch(k),

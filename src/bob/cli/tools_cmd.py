@@ -1,0 +1,78 @@
+"""`bob check`, `bob doctor`, `bob bench`: comparing and inspecting backends."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from bob.program.bob import BobConfig
+
+_CHOICES = ("cpu", "cuda", "nv-sim", "nv")
+
+
+def _backend_pair(text: str) -> tuple[str, str]:
+    names = tuple(part.strip() for part in text.split(","))
+    if len(names) != 2 or not all(n in _CHOICES for n in names):
+        raise click.BadParameter(f"expected two of {', '.join(_CHOICES)} separated by a comma, "
+                                 f"not {text!r}", param_hint="--backends")
+    return names  # type: ignore[return-value]
+
+
+@click.command()
+@click.option("--backends", default="cpu,nv-sim", show_default=True,
+              help="Two backends to compare, e.g. cpu,cuda.")
+@click.option("--vocab", "-V", type=click.IntRange(2, 16384), default=256, show_default=True)
+@click.option("--prompts", "-P", type=click.IntRange(0, 4096), default=2, show_default=True)
+@click.option("--updates-per-invocation", "-N", type=click.IntRange(1), default=10,
+              show_default=True)
+@click.option("--steps", type=click.IntRange(0), default=25, show_default=True)
+@click.option("--mode", type=click.Choice(["hard", "corpus"]), default="hard", show_default=True)
+@click.option("--arch", type=click.Choice(["sm_86", "sm_90"]), default="sm_90",
+              show_default=True, help="Target of nv-sim.")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def check(backends, vocab, prompts, updates_per_invocation, steps, mode, arch, seed,
+          as_json) -> None:
+    """Run the same invocations on two backends; report the first byte that differs."""
+    from bob.host.check import differential_check
+
+    pair = _backend_pair(backends)
+    config = BobConfig(vocab=vocab, prompts=prompts, updates=updates_per_invocation, mode=mode)
+    report = differential_check(pair, config, steps, seed=seed, arch=arch)
+    if as_json:
+        click.echo(json.dumps({
+            "backends": list(pair), "identical": report.identical,
+            "invocations": report.invocations, "bytes_compared": report.bytes_compared,
+            "difference": None if report.identical else str(report.difference)}))
+    elif report.identical:
+        click.echo(f"{pair[0]} and {pair[1]} agree: every byte of every tensor after each of "
+                   f"{report.invocations} invocations ({report.bytes_compared:,} bytes)")
+    else:
+        click.echo(f"{pair[0]} and {pair[1]} DIFFER: {report.difference}")
+    if not report.identical:
+        click.get_current_context().exit(1)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True)
+def doctor(as_json) -> None:
+    """Which backends can run here, and why not."""
+    from bob.host.doctor import diagnose
+
+    rows = diagnose()
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title="bob doctor")
+    for column in ("backend", "usable", "details"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["backend"], "yes" if row["usable"] else "no", row["details"])
+    Console(width=None if sys.stdout.isatty() else 140).print(table)
+
+
+COMMANDS = (check, doctor)

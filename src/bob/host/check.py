@@ -1,0 +1,111 @@
+"""Differential checking: the same invocations on two backends, compared byte for byte.
+
+After every invocation every tensor of the arena is compared; the first
+difference is reported with the tensor, the element index and both values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from bob.backends import Backend, choose_backend
+from bob.host.session import Session, split_updates
+from bob.program.bob import TENSOR_NAMES, BobConfig, Hyper
+from bob.records.binary import InputRecord
+from bob.records.checkpoint import Checkpoint
+
+_DTYPES = {"f32": np.float32, "u32": np.uint32, "u8": np.uint8}
+
+
+@dataclass(frozen=True)
+class Difference:
+    invocation: int
+    tensor: str
+    index: tuple[int, ...]
+    values: tuple[object, object]
+    differing_elements: int
+
+    def __str__(self) -> str:
+        a, b = self.values
+        return (f"invocation {self.invocation}: tensor {self.tensor!r} first differs at "
+                f"{list(self.index)}: {a!r} vs {b!r} ({self.differing_elements} elements "
+                "differ)")
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    backends: tuple[str, str]
+    invocations: int
+    tensors_compared: int
+    bytes_compared: int
+    difference: Difference | None
+
+    @property
+    def identical(self) -> bool:
+        return self.difference is None
+
+
+def first_difference(plan_tensor, a: bytes, b: bytes, invocation: int) -> Difference | None:
+    """Where two copies of a tensor first differ, element-wise, or None."""
+    if a == b:
+        return None
+    dtype = _DTYPES[plan_tensor.dtype]
+    left = np.frombuffer(a, dtype).reshape(plan_tensor.shape)
+    right = np.frombuffer(b, dtype).reshape(plan_tensor.shape)
+    differ = left.view(np.uint8 if dtype == np.uint8 else np.uint32) != \
+        right.view(np.uint8 if dtype == np.uint8 else np.uint32)
+    index = tuple(int(i) for i in np.argwhere(differ)[0])
+    return Difference(invocation, plan_tensor.name, index,
+                      (left[index].item(), right[index].item()), int(differ.sum()))
+
+
+def compare_backends(left: Backend, right: Backend, invocation: int) -> Difference | None:
+    for name in TENSOR_NAMES:
+        difference = first_difference(left.plan.tensor(name), left.read_tensor(name),
+                                      right.read_tensor(name), invocation)
+        if difference is not None:
+            return difference
+    return None
+
+
+def random_record(config: BobConfig, seed: int) -> InputRecord:
+    """Input for a check: random targets, or random corpus weights, and prompts."""
+    rng = np.random.default_rng(seed)
+    v = config.vocab
+    prompts = rng.integers(0, v, config.prompts, dtype=np.uint32)
+    if config.mode == "hard":
+        return InputRecord.hard(rng.integers(0, v, v, dtype=np.uint32), prompts, source="check")
+    counts = rng.integers(0, 50, (v, v)).astype(np.float64) * (rng.random((v, v)) < 0.2)
+    counts[0, 0] += 1
+    return InputRecord.corpus((counts / counts.sum()).astype(np.float32), prompts,
+                              source="check")
+
+
+def differential_check(backend_names: tuple[str, str], config: BobConfig, steps: int,
+                       seed: int = 0, hyper: Hyper = Hyper(), arch: str = "sm_90",
+                       arenas: tuple[str, str] = ("device", "device")) -> CheckReport:
+    """Train `steps` updates in invocations of `config.updates` on both backends."""
+    record = random_record(config, seed)
+    sessions = [Session(choose_backend(name, arch=arch, arena=arena), hyper)
+                for name, arena in zip(backend_names, arenas, strict=True)]
+    states = [Checkpoint.zeros(config.vocab, hyper, config.mode)] * 2
+    compared = bytes_compared = 0
+    try:
+        for number, updates in enumerate(split_updates(steps, max(config.updates, 1)) or [0]):
+            step_config = replace(config, updates=updates)
+            operation = "train" if updates else "predict"
+            for i, session in enumerate(sessions):
+                states[i] = session.invoke(step_config, states[i], record, operation).checkpoint
+            backends = [session.last_backend for session in sessions]
+            difference = compare_backends(backends[0], backends[1], number)
+            compared += len(TENSOR_NAMES)
+            bytes_compared += sum(backends[0].plan.tensor(n).bytes for n in TENSOR_NAMES)
+            if difference is not None:
+                return CheckReport(backend_names, number + 1, compared, bytes_compared,
+                                   difference)
+        return CheckReport(backend_names, number + 1, compared, bytes_compared, None)
+    finally:
+        for session in sessions:
+            session.close()
