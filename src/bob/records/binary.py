@@ -1,0 +1,461 @@
+"""Bob's binary records: the input record and the result record.
+
+A record file is a 24-byte header, then the payload, all little-endian:
+
+    magic     8 bytes  b"BOBINPUT" (input) or b"BOBRESLT" (result)
+    version   u32      FORMAT_VERSION
+    mode      u32      0 hard targets, 1 corpus weights
+    V         u32      vocabulary: rows and columns of the table, in [2, 16384]
+    P         u32      prompts, in [0, 4096]
+
+Input payload, exactly the arena's ``input`` tensor: hard mode targets u32[V]
+then prompts u32[P]; corpus mode weights f32[V][V] then prompts u32[P].
+Result payload, the arena's result tensors in order: initial_loss f32[V],
+training_loss f32[V], logit_rows f32[P][V], predictions u32[P].
+
+Reading a record checks everything a kernel relies on (sizes, every target and
+prompt below V, finite non-negative weights summing to 1) and raises BadInput
+"<file>: <problem>" otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+import numpy as np
+
+from bob.errors import BadInput
+from bob.program.bob import MAX_PROMPTS, MAX_VOCAB, Mode
+from bob.records.atomic import StrPath, atomic_write, read_bytes
+
+INPUT_MAGIC = b"BOBINPUT"
+RESULT_MAGIC = b"BOBRESLT"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sIIII")  # magic, version, mode, V, P
+MODES: tuple[Mode, ...] = ("hard", "corpus")  # a mode's index is its code on disk
+MIN_VOCAB = 2
+
+U32 = np.dtype("<u4")
+F32 = np.dtype("<f4")
+
+# C/N rounded to binary32 is within 2**-24 of C/N, so exact weights sum to
+# within 6e-8 of 1; the slack admits weights normalized in float32 elsewhere.
+WEIGHT_SUM_TOLERANCE = 1e-5
+
+RESULT_TENSORS = ("initial_loss", "training_loss", "logit_rows", "predictions")
+
+
+# -- helpers shared with the checkpoint ----------------------------------------
+def first_true(mask: np.ndarray) -> tuple[int, ...]:
+    """Index of the first True of a non-empty mask, in C order."""
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
+
+
+def index_text(index: tuple[int, ...]) -> str:
+    return "".join(f"[{i}]" for i in index)
+
+
+def arrays_identical(a: np.ndarray, b: np.ndarray) -> bool:
+    """Same dtype, shape and bytes (so NaN equals the same NaN, and -0.0 differs from 0.0)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a_bytes = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    b_bytes = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    return bool(np.array_equal(a_bytes, b_bytes))
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def _raw(array: np.ndarray) -> memoryview:
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def _as_indices(values: object, name: str) -> np.ndarray:
+    """An integer array (bytes count as byte values); the range is checked by the caller."""
+    if isinstance(values, (bytes, bytearray, memoryview)):
+        return np.frombuffer(bytes(values), dtype=np.uint8)
+    array = np.asarray(values)
+    if array.size == 0:
+        return array.astype(U32)  # np.asarray(()) is float64
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, not {array.dtype}")
+    return array
+
+
+def _check_indices(array: np.ndarray, vocab: int, name: str, source: str) -> None:
+    """Every entry in [0, V): a target or prompt indexes a row or column."""
+    if array.size == 0:
+        return
+    negative = array < 0
+    if negative.any():
+        i = first_true(negative)
+        raise BadInput(f"{source}: {name}{index_text(i)} = {array[i]} is negative")
+    too_big = array >= vocab
+    if too_big.any():
+        i = first_true(too_big)
+        raise BadInput(f"{source}: {name}{index_text(i)} = {array[i]} is not below V={vocab}")
+
+
+def _check_weights(weights: np.ndarray, source: str) -> None:
+    """Finite, non-negative and summing to 1: a distribution over transitions."""
+    finite = np.isfinite(weights)
+    if not finite.all():
+        i = first_true(~finite)
+        raise BadInput(f"{source}: weights{index_text(i)} is {weights[i]} (not finite)")
+    negative = weights < 0
+    if negative.any():
+        i = first_true(negative)
+        raise BadInput(f"{source}: weights{index_text(i)} = {weights[i]} is negative")
+    total = float(weights.sum(dtype=np.float64))
+    if not abs(total - 1.0) <= WEIGHT_SUM_TOLERANCE:
+        raise BadInput(f"{source}: weights sum to {total!r}, not 1 (within "
+                       f"{WEIGHT_SUM_TOLERANCE:g}); they must be C / total")
+
+
+def _check_sizes(mode: Mode, vocab: int, prompts: int) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'hard' or 'corpus', not {mode!r}")
+    if not MIN_VOCAB <= vocab <= MAX_VOCAB:
+        raise ValueError(f"V={vocab} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
+    if not 0 <= prompts <= MAX_PROMPTS:
+        raise ValueError(f"P={prompts} is outside [0, {MAX_PROMPTS}]")
+
+
+def _check_shape(array: np.ndarray, shape: tuple[int, ...], name: str) -> None:
+    if array.shape != shape:
+        raise ValueError(f"{name} has shape {array.shape}, expected {shape}")
+
+
+# -- the header ----------------------------------------------------------------
+def _looks_like_text(data: bytes) -> bool:
+    head = data[:512]
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if error.start < len(head) - 3:  # only a character cut at the end is forgiven
+            return False
+        text = head[: error.start].decode("utf-8")
+    return bool(text) and all(c.isprintable() or c in "\t\n\r\f" for c in text)
+
+
+def _what_it_is(data: bytes) -> str:
+    """A guess at what a file with the wrong magic is, for the error message."""
+    head = data[:8]
+    if head == INPUT_MAGIC:
+        return "this is a Bob input record"
+    if head == RESULT_MAGIC:
+        return "this is a Bob result record"
+    if len(data) >= 9 and data[8:9] == b"{":
+        return "this looks like a safetensors file (a checkpoint?)"
+    if head.startswith(b"\x93NUMPY"):
+        return "this looks like a NumPy .npy file"
+    if _looks_like_text(data):
+        return "this looks like text (a corpus?), not a record"
+    return "this is not a Bob file"
+
+
+def _read_header(data: bytes, source: str, magic: bytes, what: str,
+                 ) -> tuple[Mode, int, int]:
+    """Mode, V and P from a record's header, every field checked."""
+    if not data:
+        raise BadInput(f"{source}: empty file, not a Bob {what}")
+    head = data[:8]
+    if head != magic[: len(head)]:  # a short prefix of the magic is a truncated header
+        raise BadInput(f"{source}: not a Bob {what}: starts with {head!r}, not "
+                       f"{magic!r} ({_what_it_is(data)})")
+    if len(data) < HEADER.size:
+        raise BadInput(f"{source}: truncated header: {len(data)} bytes, a Bob {what} "
+                       f"starts with {HEADER.size}")
+    _, version, mode_code, vocab, prompts = HEADER.unpack_from(data)
+    if version != FORMAT_VERSION:
+        raise BadInput(f"{source}: unsupported format version {version} "
+                       f"(this Bob reads version {FORMAT_VERSION})")
+    if mode_code >= len(MODES):
+        raise BadInput(f"{source}: unknown mode {mode_code} (0 hard, 1 corpus)")
+    if not MIN_VOCAB <= vocab <= MAX_VOCAB:
+        raise BadInput(f"{source}: V={vocab} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
+    if prompts > MAX_PROMPTS:
+        raise BadInput(f"{source}: P={prompts} is outside [0, {MAX_PROMPTS}]")
+    return MODES[mode_code], vocab, prompts
+
+
+def _check_length(data: bytes, source: str, what: str, mode: Mode, vocab: int,
+                  prompts: int, payload_bytes: int) -> None:
+    expected = HEADER.size + payload_bytes
+    shape = f"{mode} {what} with V={vocab}, P={prompts}"
+    if len(data) < expected:
+        raise BadInput(f"{source}: truncated: {len(data)} bytes, a {shape} has {expected}")
+    if len(data) > expected:
+        raise BadInput(f"{source}: {len(data) - expected} trailing bytes after a {shape} "
+                       f"({expected} bytes)")
+
+
+def _header(magic: bytes, mode: Mode, vocab: int, prompts: int) -> bytes:
+    return HEADER.pack(magic, FORMAT_VERSION, MODES.index(mode), vocab, prompts)
+
+
+def _as_bytes(data: bytes | bytearray | memoryview) -> bytes:
+    # Arrays are views into the data: it must not change under them.
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+# -- the input record ----------------------------------------------------------
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
+class InputRecord:
+    """What one invocation reads: the training table and the prompts.
+
+    Build one with `InputRecord.hard(targets, prompts)` or
+    `InputRecord.corpus(weights, prompts)`. Shapes and dtypes that do not fit
+    raise ValueError/TypeError (a caller's mistake); values that do not fit
+    (a target or prompt >= V, bad weights) raise BadInput naming `source`.
+    """
+
+    mode: Mode
+    vocab: int  # V
+    targets: np.ndarray | None = None  # u32[V], hard mode: row r's next byte
+    weights: np.ndarray | None = None  # f32[V][V], corpus mode: C / total
+    prompts: np.ndarray  # u32[P]: rows whose next byte is predicted
+    source: str = field(default="input record", repr=False)  # names the file in errors
+
+    def __post_init__(self) -> None:
+        v = self.vocab
+        prompts = _as_indices(self.prompts, "prompts")
+        if prompts.ndim != 1:
+            raise ValueError(f"prompts must be one-dimensional, not of shape {prompts.shape}")
+        _check_sizes(self.mode, v, len(prompts))
+        _check_indices(prompts, v, "prompts", self.source)
+        object.__setattr__(self, "prompts", _readonly(prompts.astype(U32, copy=False)))
+        if self.mode == "hard":
+            if self.targets is None or self.weights is not None:
+                raise ValueError("a hard-mode record has targets and no weights")
+            targets = _as_indices(self.targets, "targets")
+            _check_shape(targets, (v,), "targets")
+            _check_indices(targets, v, "targets", self.source)
+            object.__setattr__(self, "targets", _readonly(targets.astype(U32, copy=False)))
+        else:
+            if self.weights is None or self.targets is not None:
+                raise ValueError("a corpus-mode record has weights and no targets")
+            weights = np.asarray(self.weights)
+            if weights.dtype.kind != "f":
+                raise TypeError(f"weights must be floating point, not {weights.dtype}")
+            weights = np.ascontiguousarray(weights, dtype=F32)
+            _check_shape(weights, (v, v), "weights")
+            _check_weights(weights, self.source)
+            object.__setattr__(self, "weights", _readonly(weights))
+
+    @classmethod
+    def hard(cls, targets: object, prompts: object = (), source: str = "input record",
+             ) -> InputRecord:
+        """Hard targets: targets[r] is the byte that follows byte r."""
+        targets = _as_indices(targets, "targets")
+        return cls(mode="hard", vocab=len(targets), targets=targets, prompts=prompts,
+                   source=source)
+
+    @classmethod
+    def corpus(cls, weights: object, prompts: object = (), source: str = "input record",
+               ) -> InputRecord:
+        """Corpus weights: weights[r][n] is the share of transitions r -> n."""
+        weights = np.asarray(weights)
+        return cls(mode="corpus", vocab=len(weights), weights=weights, prompts=prompts,
+                   source=source)
+
+    @property
+    def prompt_count(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def table(self) -> np.ndarray:
+        """The training part: targets (hard) or weights (corpus)."""
+        table = self.targets if self.mode == "hard" else self.weights
+        assert table is not None  # __post_init__ guarantees it
+        return table
+
+    @functools.cached_property
+    def data_digest(self) -> str:
+        """sha256 hex of the training part of the payload (prompts do not affect training)."""
+        return hashlib.sha256(_raw(self.table)).hexdigest()
+
+    def payload(self) -> bytes:
+        """Exactly the arena's input tensor."""
+        return b"".join((_raw(self.table), _raw(self.prompts)))
+
+    def header(self) -> bytes:
+        return _header(INPUT_MAGIC, self.mode, self.vocab, self.prompt_count)
+
+    def to_bytes(self) -> bytes:
+        return b"".join((self.header(), _raw(self.table), _raw(self.prompts)))
+
+    def write(self, path: StrPath) -> None:
+        """Write the record atomically."""
+        def write_parts(file: BinaryIO) -> None:
+            # Streamed: a corpus table is up to 1 GiB, no need for a second copy.
+            for part in (self.header(), _raw(self.table), _raw(self.prompts)):
+                file.write(part)
+        atomic_write(path, write_parts)
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview, source_name: str,
+                   ) -> InputRecord:
+        data = _as_bytes(data)
+        mode, v, p = _read_header(data, source_name, INPUT_MAGIC, "input record")
+        table_bytes = 4 * v if mode == "hard" else 4 * v * v
+        _check_length(data, source_name, "input record", mode, v, p, table_bytes + 4 * p)
+        prompts = np.frombuffer(data, U32, p, HEADER.size + table_bytes)
+        if mode == "hard":
+            targets = np.frombuffer(data, U32, v, HEADER.size)
+            return cls(mode=mode, vocab=v, targets=targets, prompts=prompts,
+                       source=source_name)
+        weights = np.frombuffer(data, F32, v * v, HEADER.size).reshape(v, v)
+        return cls(mode=mode, vocab=v, weights=weights, prompts=prompts, source=source_name)
+
+    @classmethod
+    def read(cls, path: StrPath) -> InputRecord:
+        return cls.from_bytes(read_bytes(path), str(path))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, InputRecord):
+            return NotImplemented
+        return (self.mode == other.mode and self.vocab == other.vocab
+                and arrays_identical(self.table, other.table)
+                and arrays_identical(self.prompts, other.prompts))
+
+    __hash__ = None  # type: ignore[assignment]  # holds arrays
+
+    def __repr__(self) -> str:
+        return f"InputRecord(mode={self.mode!r}, V={self.vocab}, P={self.prompt_count})"
+
+
+# -- the result record ---------------------------------------------------------
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
+class ResultRecord:
+    """What one invocation produced, read back from the arena's result tensors."""
+
+    mode: Mode
+    vocab: int  # V
+    initial_loss: np.ndarray  # f32[V]: row losses before the first update
+    training_loss: np.ndarray  # f32[V]: row losses after the last update
+    logit_rows: np.ndarray  # f32[P][V]: each prompt's row of the table
+    predictions: np.ndarray  # u32[P]: each prompt's greedy next byte
+    source: str = field(default="result record", repr=False)  # names the file in errors
+
+    def __post_init__(self) -> None:
+        v = self.vocab
+        predictions = _as_indices(self.predictions, "predictions")
+        if predictions.ndim != 1:
+            raise ValueError(f"predictions must be one-dimensional, not {predictions.shape}")
+        p = len(predictions)
+        _check_sizes(self.mode, v, p)
+        for name, shape in (("initial_loss", (v,)), ("training_loss", (v,)),
+                            ("logit_rows", (p, v))):
+            array = np.asarray(getattr(self, name))
+            if array.dtype.kind != "f":
+                raise TypeError(f"{name} must be floating point, not {array.dtype}")
+            array = np.ascontiguousarray(array, dtype=F32)
+            _check_shape(array, shape, name)
+            object.__setattr__(self, name, _readonly(array))
+        _check_indices(predictions, v, "predictions", self.source)
+        object.__setattr__(self, "predictions", _readonly(predictions.astype(U32, copy=False)))
+
+    @property
+    def prompt_count(self) -> int:
+        return len(self.predictions)
+
+    @staticmethod
+    def objective(mode: Mode, row_losses: np.ndarray) -> float:
+        """The objective from row losses: their mean (hard), their sum (corpus).
+
+        Summed exactly (math.fsum) so every reader gets the same number.
+        """
+        total = math.fsum(row_losses.astype(np.float64))
+        return total / len(row_losses) if mode == "hard" else total
+
+    @property
+    def initial_objective(self) -> float:
+        return self.objective(self.mode, self.initial_loss)
+
+    @property
+    def training_objective(self) -> float:
+        return self.objective(self.mode, self.training_loss)
+
+    def _parts(self) -> tuple[memoryview, ...]:
+        return tuple(_raw(getattr(self, name)) for name in RESULT_TENSORS)
+
+    def payload(self) -> bytes:
+        """The result tensors' bytes, in arena order."""
+        return b"".join(self._parts())
+
+    def header(self) -> bytes:
+        return _header(RESULT_MAGIC, self.mode, self.vocab, self.prompt_count)
+
+    def to_bytes(self) -> bytes:
+        return b"".join((self.header(), *self._parts()))
+
+    def write(self, path: StrPath) -> None:
+        """Write the record atomically."""
+        atomic_write(path, self.to_bytes())
+
+    @classmethod
+    def from_arena(cls, mode: Mode, vocab: int, *, initial_loss: bytes, training_loss: bytes,
+                   logit_rows: bytes, predictions: bytes) -> ResultRecord:
+        """A record from the result tensors' bytes (P follows from the predictions)."""
+        if len(predictions) % 4:
+            raise ValueError(f"predictions are {len(predictions)} bytes, not whole u32s")
+        p = len(predictions) // 4
+        sizes = {"initial_loss": 4 * vocab, "training_loss": 4 * vocab,
+                 "logit_rows": 4 * p * vocab}
+        given = {"initial_loss": initial_loss, "training_loss": training_loss,
+                 "logit_rows": logit_rows}
+        for name, size in sizes.items():
+            if len(given[name]) != size:
+                raise ValueError(f"{name} is {len(given[name])} bytes; V={vocab}, P={p} "
+                                 f"needs {size}")
+        return cls(
+            mode=mode, vocab=vocab,
+            initial_loss=np.frombuffer(_as_bytes(initial_loss), F32),
+            training_loss=np.frombuffer(_as_bytes(training_loss), F32),
+            logit_rows=np.frombuffer(_as_bytes(logit_rows), F32).reshape(p, vocab),
+            predictions=np.frombuffer(_as_bytes(predictions), U32),
+            source="arena")
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview, source_name: str,
+                   ) -> ResultRecord:
+        data = _as_bytes(data)
+        mode, v, p = _read_header(data, source_name, RESULT_MAGIC, "result record")
+        _check_length(data, source_name, "result record", mode, v, p, 4 * (2 * v + p * v + p))
+        offset = HEADER.size
+
+        def take(dtype: np.dtype, count: int) -> np.ndarray:
+            nonlocal offset
+            array = np.frombuffer(data, dtype, count, offset)
+            offset += 4 * count
+            return array
+
+        return cls(mode=mode, vocab=v, initial_loss=take(F32, v), training_loss=take(F32, v),
+                   logit_rows=take(F32, p * v).reshape(p, v), predictions=take(U32, p),
+                   source=source_name)
+
+    @classmethod
+    def read(cls, path: StrPath) -> ResultRecord:
+        return cls.from_bytes(read_bytes(path), str(path))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ResultRecord):
+            return NotImplemented
+        return (self.mode == other.mode and self.vocab == other.vocab
+                and all(arrays_identical(getattr(self, n), getattr(other, n))
+                        for n in RESULT_TENSORS))
+
+    __hash__ = None  # type: ignore[assignment]  # holds arrays
+
+    def __repr__(self) -> str:
+        return f"ResultRecord(mode={self.mode!r}, V={self.vocab}, P={self.prompt_count})"

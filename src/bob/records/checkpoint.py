@@ -1,0 +1,395 @@
+"""Checkpoints: the table and AdamW's moments as safetensors, written atomically.
+
+A checkpoint holds three float32 tensors of shape [V, V], C-contiguous and in
+the arena's order (``parameters``, ``first_moment``, ``second_moment``), and
+string metadata:
+
+    format          "bob-checkpoint"
+    format_version  "1"
+    vocab           V
+    step            global AdamW update count (the next update is step + 1)
+    mode            "hard" or "corpus"
+    lr, beta1, beta2, eps, weight_decay   repr() of the floats: they round-trip
+    data_digest     sha256 hex of the training data ("" before any training)
+    created_by      "bob <version>" (informational)
+    history         optional: JSON [[step, loss], ...], the objective after each invocation
+    optimum         optional: repr() of the data's least reachable loss (corpus mode)
+
+Any safetensors reader loads one. Bob's own loader checks every tensor and
+field and raises BadInput "<file>: <problem>"; saving refuses non-finite values
+so a diverged run never replaces a good checkpoint.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import re
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from numbers import Integral, Real
+from typing import BinaryIO
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+
+from bob.errors import BadInput, RunFailure
+from bob.program.bob import CHECKPOINT_TENSORS, MAX_VOCAB, Hyper, Mode
+from bob.records.atomic import StrPath, atomic_write
+from bob.records.binary import (
+    F32,
+    INPUT_MAGIC,
+    MIN_VOCAB,
+    MODES,
+    RESULT_MAGIC,
+    arrays_identical,
+    first_true,
+    index_text,
+)
+
+FORMAT = "bob-checkpoint"
+FORMAT_VERSION = 1
+HYPER_FIELDS = ("lr", "beta1", "beta2", "eps", "weight_decay")
+REQUIRED_METADATA = ("format", "format_version", "vocab", "step", "mode", *HYPER_FIELDS,
+                     "data_digest")
+DEFAULT_HYPER = Hyper()
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_INTEGER = re.compile(r"0|[1-9][0-9]*")  # plain decimal: no sign, spaces or underscores
+
+
+def bob_version() -> str:
+    try:
+        return importlib.metadata.version("bob")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def hyper_problem(hyper: Hyper) -> str | None:
+    """What is wrong with these hyperparameters (torch.optim.AdamW's checks), or None."""
+    for name in HYPER_FIELDS:
+        value = getattr(hyper, name)
+        if not isinstance(value, Real) or not math.isfinite(value):
+            return f"{name} = {value!r} is not a finite number"
+    if hyper.lr < 0:
+        return f"lr = {hyper.lr!r} is negative"
+    if hyper.eps < 0:
+        return f"eps = {hyper.eps!r} is negative"
+    for name in ("beta1", "beta2"):
+        if not 0.0 <= getattr(hyper, name) < 1.0:
+            return f"{name} = {getattr(hyper, name)!r} is outside [0, 1)"
+    if hyper.weight_decay < 0:
+        return f"weight_decay = {hyper.weight_decay!r} is negative"
+    return None
+
+
+def _digest_problem(digest: object) -> str | None:
+    if not isinstance(digest, str) or not (digest == "" or _DIGEST.fullmatch(digest)):
+        return f"data_digest {digest!r} is not 64 lowercase hex digits (or empty)"
+    return None
+
+
+def _history_problem(history: Iterable[object]) -> str | None:
+    for entry in history:
+        if not (isinstance(entry, tuple | list) and len(entry) == 2
+                and isinstance(entry[0], Integral) and not isinstance(entry[0], bool)
+                and entry[0] >= 0 and isinstance(entry[1], Real)
+                and not isinstance(entry[1], bool) and math.isfinite(entry[1])):
+            return f"history entry {entry!r} is not a [step, finite loss] pair"
+    return None
+
+
+def _optimum_problem(optimum: object) -> str | None:
+    if optimum is None:
+        return None
+    if not isinstance(optimum, Real) or not math.isfinite(optimum) or optimum < 0:
+        return f"optimum {optimum!r} is not a finite number >= 0"
+    return None
+
+
+def _table_problem(name: str, array: np.ndarray) -> str | None:
+    """What makes a table unfit to save or load (a value AdamW cannot continue from)."""
+    finite = np.isfinite(array)
+    if not finite.all():
+        i = first_true(~finite)
+        return f"{name}{index_text(i)} is {array[i]} (not finite)"
+    if name == "second_moment":
+        negative = array < 0
+        if negative.any():
+            i = first_true(negative)
+            return f"{name}{index_text(i)} = {array[i]} is negative (it is a mean of squares)"
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class Checkpoint:
+    """The training state: what the arena's first three tensors hold, plus where it stands."""
+
+    parameters: np.ndarray  # f32[V][V]: the logits table W
+    first_moment: np.ndarray  # f32[V][V]: AdamW's m
+    second_moment: np.ndarray  # f32[V][V]: AdamW's v
+    step: int  # global AdamW update count; it continues across invocations
+    hyper: Hyper
+    mode: Mode
+    data_digest: str  # sha256 hex of the training data; "" before any training
+    history: tuple[tuple[int, float], ...] = ()  # (step, objective) for the loss curve
+    optimum: float | None = None  # the data's least reachable objective, where known
+
+    def __post_init__(self) -> None:
+        shape = None
+        for name in CHECKPOINT_TENSORS:
+            array = getattr(self, name)
+            if not isinstance(array, np.ndarray) or array.dtype != F32:
+                raise TypeError(f"{name} must be a float32 array")
+            if array.ndim != 2 or array.shape[0] != array.shape[1]:
+                raise ValueError(f"{name} has shape {array.shape}, expected [V, V]")
+            if shape is not None and array.shape != shape:
+                raise ValueError(f"{name} has shape {array.shape}, parameters {shape}")
+            shape = array.shape
+            view = np.ascontiguousarray(array).view()
+            view.flags.writeable = False
+            object.__setattr__(self, name, view)
+        if not MIN_VOCAB <= self.vocab <= MAX_VOCAB:
+            raise ValueError(f"V={self.vocab} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
+        if not isinstance(self.step, int) or isinstance(self.step, bool) or self.step < 0:
+            raise ValueError(f"step must be a non-negative integer, not {self.step!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be 'hard' or 'corpus', not {self.mode!r}")
+        problem = (hyper_problem(self.hyper) or _digest_problem(self.data_digest)
+                   or _history_problem(self.history) or _optimum_problem(self.optimum))
+        if problem:
+            raise ValueError(problem)
+        # Tuples of (int, float), so equality does not depend on how they were given.
+        history = tuple((int(step), float(loss)) for step, loss in self.history)
+        object.__setattr__(self, "history", history)
+
+    @property
+    def vocab(self) -> int:
+        return self.parameters.shape[0]
+
+    @classmethod
+    def zeros(cls, vocab: int, hyper: Hyper = DEFAULT_HYPER, mode: Mode = "hard",
+              data_digest: str = "") -> Checkpoint:
+        """The initial state: a zero table and zero moments at step 0."""
+        def table() -> np.ndarray:
+            return np.zeros((vocab, vocab), F32)
+        return cls(table(), table(), table(), 0, hyper, mode, data_digest)
+
+    def with_history(self, history: tuple[tuple[int, float], ...]) -> Checkpoint:
+        return replace(self, history=history)
+
+    # -- the arena -------------------------------------------------------------
+    def arena_bytes(self) -> bytes:
+        """The three tables' bytes, contiguous, in arena order."""
+        return b"".join(memoryview(getattr(self, name).reshape(-1).view(np.uint8))
+                        for name in CHECKPOINT_TENSORS)
+
+    @classmethod
+    def from_arena(cls, data: bytes, vocab: int, *, step: int, hyper: Hyper, mode: Mode,
+                   data_digest: str) -> Checkpoint:
+        """A checkpoint from the three tables' bytes as arena_bytes() lays them out."""
+        table_bytes = 4 * vocab * vocab
+        if len(data) != 3 * table_bytes:
+            raise ValueError(f"the checkpoint tables are {len(data)} bytes; V={vocab} needs "
+                             f"{3 * table_bytes}")
+        data = data if isinstance(data, bytes) else bytes(data)  # the arrays are views
+        tables = [np.frombuffer(data, F32, vocab * vocab, i * table_bytes).reshape(vocab, vocab)
+                  for i in range(3)]
+        return cls(*tables, step=step, hyper=hyper, mode=mode, data_digest=data_digest)
+
+    # -- files -----------------------------------------------------------------
+    def metadata(self) -> dict[str, str]:
+        return {
+            "format": FORMAT,
+            "format_version": str(FORMAT_VERSION),
+            "vocab": str(self.vocab),
+            "step": str(self.step),
+            "mode": self.mode,
+            **{name: repr(float(getattr(self.hyper, name))) for name in HYPER_FIELDS},
+            "data_digest": self.data_digest,
+            "created_by": f"bob {bob_version()}",
+            **({"history": json.dumps([list(p) for p in self.history])} if self.history else {}),
+            **({"optimum": repr(float(self.optimum))} if self.optimum is not None else {}),
+        }
+
+    def _safetensors_header(self) -> bytes:
+        header: dict[str, object] = {"__metadata__": self.metadata()}
+        table_bytes = 4 * self.vocab * self.vocab
+        for i, name in enumerate(CHECKPOINT_TENSORS):
+            header[name] = {"dtype": "F32", "shape": [self.vocab, self.vocab],
+                            "data_offsets": [i * table_bytes, (i + 1) * table_bytes]}
+        text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        text += b" " * (-len(text) % 8)  # safetensors pads with spaces to align the data
+        return struct.pack("<Q", len(text)) + text
+
+    def save(self, path: StrPath) -> None:
+        """Write atomically; refuse (RunFailure) a state that would not load."""
+        for name in CHECKPOINT_TENSORS:
+            problem = _table_problem(name, getattr(self, name))
+            if problem:
+                raise RunFailure(f"{path}: checkpoint not written: {problem}; the previous "
+                                 f"checkpoint is kept")
+
+        def write(file: BinaryIO) -> None:
+            # Streamed as safetensors lays it out: a 1 GiB table is not copied again.
+            file.write(self._safetensors_header())
+            for name in CHECKPOINT_TENSORS:
+                file.write(memoryview(getattr(self, name).reshape(-1).view(np.uint8)))
+        atomic_write(path, write)
+
+    @classmethod
+    def load(cls, path: StrPath) -> Checkpoint:
+        """Read and check a checkpoint; BadInput "<file>: <problem>" when it is not sound."""
+        source = str(path)
+        _check_opening_bytes(path)
+        try:
+            with safe_open(source, framework="numpy") as file:
+                # The metadata first: a foreign safetensors file is "not a Bob checkpoint".
+                fields = _read_metadata(file.metadata() or {}, source)
+                names = set(file.keys())
+                missing = [n for n in CHECKPOINT_TENSORS if n not in names]
+                if missing:
+                    raise BadInput(f"{source}: no tensor {missing[0]!r} (a Bob checkpoint has "
+                                   f"{', '.join(CHECKPOINT_TENSORS)})")
+                extra = sorted(names - set(CHECKPOINT_TENSORS))
+                if extra:
+                    raise BadInput(f"{source}: unexpected tensor {extra[0]!r} (a Bob "
+                                   f"checkpoint has only {', '.join(CHECKPOINT_TENSORS)})")
+                v = fields.vocab
+                for name in CHECKPOINT_TENSORS:
+                    # From the header, before reading: NumPy has no bfloat16, say.
+                    layout = file.get_slice(name)
+                    dtype, shape = layout.get_dtype(), list(layout.get_shape())
+                    if dtype != "F32":
+                        raise BadInput(f"{source}: tensor {name} is {dtype}, not F32 (float32)")
+                    if shape != [v, v]:
+                        raise BadInput(f"{source}: tensor {name} has shape {shape}, expected "
+                                       f"[{v}, {v}] (V={v})")
+                tensors = {name: file.get_tensor(name) for name in CHECKPOINT_TENSORS}
+        except SafetensorError as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise BadInput(f"{source}: not a readable safetensors file ({reason})") from None
+        except OSError as error:
+            raise BadInput(f"{source}: cannot read ({error.strerror or error})") from None
+        for name, array in tensors.items():
+            problem = _table_problem(name, array)
+            if problem:
+                raise BadInput(f"{source}: {problem}")
+        return cls(*(np.ascontiguousarray(tensors[n], F32) for n in CHECKPOINT_TENSORS),
+                   step=fields.step, hyper=fields.hyper, mode=fields.mode,
+                   data_digest=fields.data_digest, history=fields.history,
+                   optimum=fields.optimum)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Checkpoint):
+            return NotImplemented
+        return (self.step == other.step and self.hyper == other.hyper
+                and self.mode == other.mode and self.data_digest == other.data_digest
+                and self.history == other.history and self.optimum == other.optimum
+                and all(arrays_identical(getattr(self, n), getattr(other, n))
+                        for n in CHECKPOINT_TENSORS))
+
+    __hash__ = None  # type: ignore[assignment]  # holds arrays
+
+    def __repr__(self) -> str:
+        return (f"Checkpoint(V={self.vocab}, step={self.step}, mode={self.mode!r}, "
+                f"hyper={self.hyper!r}, data_digest={self.data_digest[:12]!r})")
+
+
+def _check_opening_bytes(path: StrPath) -> None:
+    """Missing, empty, or one of Bob's other files: say so before safetensors does."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(8)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise BadInput(f"{path}: is a directory, not a checkpoint") from None
+    except OSError as error:
+        raise BadInput(f"{path}: cannot read ({error.strerror or error})") from None
+    if not head:
+        raise BadInput(f"{path}: empty file, not a checkpoint")
+    if head == INPUT_MAGIC:
+        raise BadInput(f"{path}: this is a Bob input record, not a checkpoint")
+    if head == RESULT_MAGIC:
+        raise BadInput(f"{path}: this is a Bob result record, not a checkpoint")
+
+
+@dataclass(frozen=True)
+class _Fields:
+    """A checkpoint's metadata, checked and parsed."""
+
+    vocab: int
+    step: int
+    mode: Mode
+    hyper: Hyper
+    data_digest: str
+    history: tuple[tuple[int, float], ...]
+    optimum: float | None
+
+
+def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
+    """Every field present and well formed, or BadInput naming the first that is not."""
+    if metadata.get("format") != FORMAT:
+        found = f"format {metadata['format']!r}" if "format" in metadata else "no format field"
+        raise BadInput(f"{source}: not a Bob checkpoint ({found} in the metadata, expected "
+                       f"{FORMAT!r})")
+    for name in REQUIRED_METADATA:
+        if name not in metadata:
+            raise BadInput(f"{source}: metadata field {name!r} is missing")
+    version = metadata["format_version"]
+    if not _INTEGER.fullmatch(version):
+        raise BadInput(f"{source}: metadata format_version {version!r} is not an integer")
+    if int(version) != FORMAT_VERSION:
+        raise BadInput(f"{source}: unsupported checkpoint format version {version} "
+                       f"(this Bob reads version {FORMAT_VERSION})")
+    integers = {}
+    for name in ("vocab", "step"):
+        if not _INTEGER.fullmatch(metadata[name]):
+            raise BadInput(f"{source}: metadata {name} {metadata[name]!r} is not a "
+                           f"non-negative integer")
+        integers[name] = int(metadata[name])
+    if not MIN_VOCAB <= integers["vocab"] <= MAX_VOCAB:
+        raise BadInput(f"{source}: metadata vocab {integers['vocab']} is outside "
+                       f"[{MIN_VOCAB}, {MAX_VOCAB}]")
+    if metadata["mode"] not in MODES:
+        raise BadInput(f"{source}: metadata mode {metadata['mode']!r} is not 'hard' or "
+                       f"'corpus'")
+    values = {}
+    for name in HYPER_FIELDS:
+        try:
+            values[name] = float(metadata[name])
+        except ValueError:
+            raise BadInput(f"{source}: metadata {name} {metadata[name]!r} is not a "
+                           f"number") from None
+    hyper = Hyper(**values)
+    problem = hyper_problem(hyper) or _digest_problem(metadata["data_digest"])
+    if problem:
+        raise BadInput(f"{source}: metadata {problem}")
+    history: list = []
+    if "history" in metadata:
+        try:
+            history = json.loads(metadata["history"])
+        except ValueError:
+            raise BadInput(f"{source}: metadata history is not JSON") from None
+        if not isinstance(history, list):
+            raise BadInput(f"{source}: metadata history is not a list of [step, loss] pairs")
+        problem = _history_problem(history)
+        if problem:
+            raise BadInput(f"{source}: metadata {problem}")
+    optimum = None
+    if "optimum" in metadata:
+        try:
+            optimum = float(metadata["optimum"])
+        except ValueError:
+            raise BadInput(f"{source}: metadata optimum {metadata['optimum']!r} is not a "
+                           f"number") from None
+        problem = _optimum_problem(optimum)
+        if problem:
+            raise BadInput(f"{source}: metadata {problem}")
+    return _Fields(vocab=integers["vocab"], step=integers["step"],
+                   mode=metadata["mode"],  # type: ignore[arg-type]  # checked against MODES
+                   hyper=hyper, data_digest=metadata["data_digest"],
+                   history=tuple((step, float(loss)) for step, loss in history),
+                   optimum=optimum)
