@@ -135,7 +135,8 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
         if not history:
             history.append((start.step, invocation.initial_loss))
         history.append((invocation.checkpoint.step, invocation.loss))
-        invocation.checkpoint.with_history(tuple(history)).save(checkpoint)
+        replace(invocation.checkpoint.with_history(tuple(history)),
+                optimum=data.optimum).save(checkpoint)
         if progress is not None:
             progress(invocation, done)
 
