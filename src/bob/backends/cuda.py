@@ -1,0 +1,550 @@
+"""The CUDA backend: a certified plan through the driver API, as one CUDA graph.
+
+    backend = CudaBackend(plan)              # device arena; CudaBackend(plan, arena="host")
+    backend.write_tensor("input", record)
+    backend.run(range(plan.submission_count))
+    losses = backend.read_tensor("training_loss")
+
+How the plan maps onto CUDA:
+
+- Kernels: Bob's CUDA C compiled with NVRTC for the device's architecture
+  (cached), loaded with ``cuModuleLoadData``. Before anything is allocated the
+  image is checked against the plan: every retained region's entry exists,
+  reads its parameters at the offsets and sizes the plan writes them, allows
+  the plan's block, and, where the plan carries machine code, carries the
+  same bytes.
+- Arena: ONE allocation of ``plan.arena_bytes``, zeroed: device memory
+  (``cuMemAlloc``) by default, or, as the seed does, one host-mapped
+  system-memory buffer (``cuMemHostAlloc`` with ``DEVICEMAP``). A plan address
+  ``a`` becomes ``arena_device_base + (a - plan arena base)``.
+- Parameters: the bytes of a launch's parameter block from the target's
+  parameter base to the end of its arguments are exactly CUDA's kernel
+  parameter buffer (pointers, then scalars). The backend relocates the pointer
+  words and hands that buffer to the kernel node through ``extra``
+  (``CU_LAUNCH_PARAM_BUFFER_POINTER`` / ``_SIZE``); ``params="pointers"`` passes
+  ``kernelParams`` (one pointer per argument into the same buffer) instead.
+  The driver copies either when a node is added or updated; the backend keeps
+  every host buffer alive as long as it lives anyway.
+- Submission: the launches of a range of submissions, in submission order
+  (a launch submitted twice is two nodes), become one graph of kernel nodes,
+  each depending on the one before; it is instantiated once per distinct range
+  (the host asks for all submissions, or the first ``forward_submissions``) and
+  launched with one ``cuGraphLaunch``, then the stream is synchronized.
+  ``set_scalars`` updates the affected nodes of every executable graph in place
+  (``cuGraphExecKernelNodeSetParams``); nothing is rebuilt.
+
+Every driver result passes ``check``: a ``CudaError`` names the call, the
+status name and the driver's description of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from bob.backends.base import Backend
+from bob.errors import BackendUnavailable, RunFailure
+from bob.kernels import signatures as sig
+from bob.kernels.cuda.compile import (
+    CompiledImage,
+    KernelSource,
+    NvrtcError,
+    compile_source,
+    nvrtc_version,
+    shipped_source,
+)
+from bob.kernels.cuda.cubin import (
+    Cubin,
+    CubinError,
+    Kernel,
+    check_block,
+    check_parameter_layout,
+)
+from bob.plan.model import Plan, PointerParam, Region
+from bob.plan.placement import argument_slots
+
+ArenaKind = Literal["device", "host"]
+ParameterMode = Literal["extra", "pointers"]
+ARENA_KINDS = ("device", "host")
+PARAMETER_MODES = ("extra", "pointers")
+NVIDIA_VERSION_FILE = Path("/proc/driver/nvidia/version")
+
+
+class CudaError(RunFailure):
+    """A driver call failed: the call, the status name and its description."""
+
+    def __init__(self, call: str, status: str, description: str):
+        self.call = call
+        self.status = status
+        self.description = description
+        super().__init__(f"{call} failed: {status} ({description})")
+
+
+class CudaUnavailable(BackendUnavailable):
+    """The CUDA backend cannot run here; the message says why."""
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError as error:
+        raise CudaUnavailable(
+            f"cuda-bindings is not installed ({error}): pip install 'bob[cuda]'"
+        ) from error
+    return driver
+
+
+def _status_text(driver, status) -> tuple[str, str]:
+    """The driver's name and description of a status (numbers where it has none)."""
+    try:
+        named, name = driver.cuGetErrorName(status)
+        described, description = driver.cuGetErrorString(status)
+    except Exception:  # the status is reported by number if the driver cannot name it
+        return f"CUresult {int(status)}", "no description"
+    success = driver.CUresult.CUDA_SUCCESS
+    name = name.decode() if named == success and name else f"CUresult {int(status)}"
+    text = description.decode() if described == success and description else "no description"
+    return name, text
+
+
+def check(call: str, result: tuple) -> Any:
+    """Every driver result passes here: the values on success, CudaError otherwise."""
+    driver = _driver()
+    status, *values = result
+    if status != driver.CUresult.CUDA_SUCCESS:
+        raise CudaError(call, *_status_text(driver, status))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _call(name: str, *args: Any) -> Any:
+    """Call driver function `name` and check its result (looked up at call time)."""
+    driver = _driver()
+    return check(name, getattr(driver, name)(*args))
+
+
+# -- availability and device facts ---------------------------------------------
+
+
+def _initialize() -> None:
+    """cuInit, turning a missing driver library into CudaUnavailable."""
+    driver = _driver()
+    try:
+        result = driver.cuInit(0)
+    except Exception as error:  # cuda-bindings raises when libcuda.so cannot be loaded
+        raise CudaUnavailable(f"no NVIDIA driver library (libcuda.so): {error}") from error
+    status = result[0]
+    if status != driver.CUresult.CUDA_SUCCESS:
+        name, description = _status_text(driver, status)
+        raise CudaUnavailable(f"cuInit failed: {name} ({description})")
+
+
+def cuda_available() -> tuple[bool, str]:
+    """(True, device summary) where the CUDA backend can run, else (False, why not)."""
+    try:
+        _initialize()
+        count = _call("cuDeviceGetCount")
+        if count < 1:
+            return False, "the NVIDIA driver reports no CUDA device"
+        nvrtc_version()
+        info = describe_device()
+    except (CudaUnavailable, CudaError, NvrtcError) as error:
+        return False, str(error)
+    return True, f"{info.name} ({info.arch}), driver {info.driver_version}"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    compute_capability: tuple[int, int]
+    total_memory: int
+    driver_version: str  # the CUDA version the driver supports, "13.0"
+    nvrtc_version: str
+    kernel_module: str | None  # "open", "proprietary", or None where unknown
+    kernel_module_version: str | None  # the first line of /proc/driver/nvidia/version
+
+    @property
+    def arch(self) -> str:
+        major, minor = self.compute_capability
+        return f"sm_{major}{minor}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "compute_capability": f"{self.compute_capability[0]}.{self.compute_capability[1]}",
+            "arch": self.arch,
+            "total_memory": self.total_memory,
+            "driver_version": self.driver_version,
+            "nvrtc_version": self.nvrtc_version,
+            "kernel_module": self.kernel_module,
+            "kernel_module_version": self.kernel_module_version,
+        }
+
+
+def kernel_module(path: Path = NVIDIA_VERSION_FILE) -> tuple[str | None, str | None]:
+    """('open' | 'proprietary', the NVRM line) from /proc/driver/nvidia/version."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None, None
+    if not text.strip():
+        return None, None
+    kind = "open" if "Open Kernel Module" in text else "proprietary"
+    return kind, text.strip().splitlines()[0].strip()
+
+
+def _compute_capability(device: Any) -> tuple[int, int]:
+    driver = _driver()
+    attribute = driver.CUdevice_attribute
+    major = _call("cuDeviceGetAttribute",
+                  attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device)
+    minor = _call("cuDeviceGetAttribute",
+                  attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device)
+    return int(major), int(minor)
+
+
+def device_arch(ordinal: int = 0) -> str:
+    """The architecture of device `ordinal`, as NVRTC names it: 'sm_90'."""
+    _initialize()
+    major, minor = _compute_capability(_call("cuDeviceGet", ordinal))
+    return f"sm_{major}{minor}"
+
+
+def device_info(ordinal: int = 0) -> dict[str, Any]:
+    """What `bob doctor` prints about device `ordinal` (DeviceInfo.to_json's keys)."""
+    return describe_device(ordinal).to_json()
+
+
+def describe_device(ordinal: int = 0) -> DeviceInfo:
+    _initialize()
+    device = _call("cuDeviceGet", ordinal)
+    name = _call("cuDeviceGetName", 256, device)
+    version = int(_call("cuDriverGetVersion"))
+    major, minor = nvrtc_version()
+    module, module_line = kernel_module()
+    return DeviceInfo(
+        name=name.split(b"\0", 1)[0].decode(errors="replace"),
+        compute_capability=_compute_capability(device),
+        total_memory=int(_call("cuDeviceTotalMem", device)),
+        driver_version=f"{version // 1000}.{version % 1000 // 10}",
+        nvrtc_version=f"{major}.{minor}",
+        kernel_module=module,
+        kernel_module_version=module_line,
+    )
+
+
+# -- the plan's parameter blocks as CUDA parameter buffers -----------------------
+
+
+def kernel_parameters(plan: Plan, region: Region, block: bytes, arena_base: int) -> bytes:
+    """The kernel's parameter buffer for one launch, pointers relocated to the arena.
+
+    `block` is the launch's parameter block in the plan; the buffer is its
+    bytes from the target's parameter base to the end of the last argument,
+    with every pointer word moved from the plan's arena to `arena_base`.
+    """
+    base = plan.target.parameter_base
+    slots = argument_slots(plan.target, region.params)
+    end = max((slot.offset + slot.size for slot in slots), default=base)
+    buffer = bytearray(block[base:end])
+    window = plan.address_map.arena
+    for slot in slots:
+        if not isinstance(slot.param, PointerParam):
+            continue
+        (address,) = struct.unpack_from("<Q", block, slot.offset)
+        if not window.base <= address < window.end:
+            raise ValueError(
+                f"region {region.name!r} argument {slot.param.name!r}: 0x{address:x} is "
+                f"outside the arena [0x{window.base:x}, 0x{window.end:x})"
+            )
+        struct.pack_into("<Q", buffer, slot.offset - base, arena_base + address - window.base)
+    return bytes(buffer)
+
+
+def check_image(plan: Plan, cubin: Cubin, arch: str) -> dict[str, Kernel]:
+    """The kernel of every retained region, after checking the image against the plan."""
+    kernels = {}
+    same_arch = plan.target.name == arch
+    for placed in plan.placed_regions:
+        region = plan.region(placed.name)
+        entry = region.entry or sig.ENTRIES.get(region.name, "")
+        kernel = cubin.kernel(entry)
+        # Another architecture puts the parameters elsewhere in constant bank 0,
+        # but the buffer from the base on is the same: only the base is excused.
+        check_parameter_layout(kernel, plan.target, region.params, check_base=same_arch)
+        check_block(kernel, region.block_x)
+        if region.code and region.code != kernel.code:
+            raise CubinError(
+                f"region {region.name!r}: the plan carries {len(region.code)} bytes of machine "
+                f"code that differ from {entry!r} compiled for {arch} "
+                f"({len(kernel.code)} bytes); build the plan from compiled_regions({arch!r})"
+            )
+        kernels[region.name] = kernel
+    return kernels
+
+
+# -- the backend -------------------------------------------------------------------
+
+
+@dataclass
+class _LaunchArguments:
+    """Host storage for one launch's parameters; graph nodes point into it."""
+
+    buffer: ctypes.Array  # the kernel parameter buffer
+    size: ctypes.c_size_t
+    extra: ctypes.Array  # [BUFFER_POINTER, &buffer, BUFFER_SIZE, &size, END]
+    pointers: ctypes.Array  # kernelParams: one pointer per argument into buffer
+    node_params: Any  # CUDA_KERNEL_NODE_PARAMS referring to the arrays above
+
+
+@dataclass
+class _Graph:
+    submissions: range
+    graph: Any  # CUgraph
+    exec: Any  # CUgraphExec
+    nodes: dict[int, list[Any]] = field(default_factory=dict)  # launch -> its nodes
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, plan: Plan, arena: ArenaKind = "device", *, device: int = 0,
+                 params: ParameterMode = "extra", source: KernelSource | None = None):
+        super().__init__(plan)  # refuses an uncertified plan before anything is allocated
+        if arena not in ARENA_KINDS:
+            raise ValueError(f"arena must be one of {ARENA_KINDS}, not {arena!r}")
+        if params not in PARAMETER_MODES:
+            raise ValueError(f"params must be one of {PARAMETER_MODES}, not {params!r}")
+        self.arena_kind = arena
+        self.parameter_mode = params
+        self._context = None
+        self._device = None
+        self._stream = None
+        self._module = None
+        self._arena = 0  # device address of the arena (of the mapping, for host)
+        self._host_arena = 0  # host address of a host arena
+        self._graphs: dict[range, _Graph] = {}
+        self._arguments: dict[int, _LaunchArguments] = {}
+        self._functions: dict[str, Any] = {}
+        self._closed = False
+
+        _initialize()
+        self._device = _call("cuDeviceGet", device)
+        self.arch = "sm_{}{}".format(*_compute_capability(self._device))
+        self.image: CompiledImage = compile_source(source or shipped_source(), self.arch)
+        self.kernels = check_image(plan, Cubin(self.image.image), self.arch)
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup ---------------------------------------------------------------
+    def _open(self) -> None:
+        driver = _driver()
+        self._context = _call("cuDevicePrimaryCtxRetain", self._device)
+        _call("cuCtxSetCurrent", self._context)
+        self._stream = _call("cuStreamCreate", 0)
+        # The image stays referenced by self.image while the driver reads it.
+        image = np.frombuffer(self.image.image, dtype=np.uint8)
+        self._module = _call("cuModuleLoadData", image.ctypes.data)
+        for name, kernel in self.kernels.items():
+            self._functions[name] = _call("cuModuleGetFunction", self._module,
+                                          kernel.entry.encode())
+        size = max(1, self.plan.arena_bytes)
+        if self.arena_kind == "device":
+            self._arena = int(_call("cuMemAlloc", size))
+            _call("cuMemsetD8", self._arena, 0, size)
+            _call("cuCtxSynchronize")
+        else:
+            self._host_arena = int(_call("cuMemHostAlloc", size,
+                                         driver.CU_MEMHOSTALLOC_DEVICEMAP))
+            ctypes.memset(self._host_arena, 0, size)
+            self._arena = int(_call("cuMemHostGetDevicePointer", self._host_arena, 0))
+        for index in range(self.plan.launch_count):
+            self._arguments[index] = self._launch_arguments(index)
+
+    def _launch_arguments(self, index: int) -> _LaunchArguments:
+        driver = _driver()
+        launch = self.launches[index]
+        region = self.plan.region(launch.region)
+        data = kernel_parameters(self.plan, region, self.parameter_block(index), self._arena)
+        buffer = (ctypes.c_char * max(1, len(data))).from_buffer_copy(data.ljust(1, b"\0"))
+        size = ctypes.c_size_t(len(data))
+        extra = (ctypes.c_void_p * 5)(
+            driver.CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(buffer),
+            driver.CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size),
+            driver.CU_LAUNCH_PARAM_END,
+        )
+        base = self.plan.target.parameter_base
+        slots = argument_slots(self.plan.target, region.params)
+        pointers = (ctypes.c_void_p * max(1, len(slots)))(
+            *(ctypes.addressof(buffer) + slot.offset - base for slot in slots)
+        )
+        node = driver.CUDA_KERNEL_NODE_PARAMS()
+        node.func = self._functions[region.name]
+        node.gridDimX, node.gridDimY, node.gridDimZ = launch.grid.x, launch.grid.y, launch.grid.z
+        node.blockDimX, node.blockDimY, node.blockDimZ = (launch.block.x, launch.block.y,
+                                                          launch.block.z)
+        node.sharedMemBytes = 0  # all shared memory is static, declared in the image
+        if self.parameter_mode == "extra":
+            node.extra = ctypes.addressof(extra)
+        else:
+            node.kernelParams = ctypes.addressof(pointers)
+        return _LaunchArguments(buffer, size, extra, pointers, node)
+
+    def _build_graph(self, submissions: range) -> _Graph:
+        graph = _call("cuGraphCreate", 0)
+        built = _Graph(submissions, graph, None)
+        try:
+            previous = None
+            for submission in submissions:
+                for index in self.plan.submissions[submission].launches:
+                    dependencies = [previous] if previous is not None else None
+                    node = _call("cuGraphAddKernelNode", graph, dependencies,
+                                 1 if previous is not None else 0,
+                                 self._arguments[index].node_params)
+                    built.nodes.setdefault(index, []).append(node)
+                    previous = node
+            built.exec = _call("cuGraphInstantiate", graph, 0)
+        except BaseException:
+            with contextlib.suppress(CudaError):  # the first error is the one to report
+                _call("cuGraphDestroy", graph)
+            raise
+        return built
+
+    # -- what the host uses ------------------------------------------------------
+    def run(self, submissions: range) -> None:
+        if not isinstance(submissions, range):
+            raise TypeError(f"run takes a range of submissions, not {type(submissions).__name__}")
+        self._require_open()
+        if len(submissions) == 0:
+            return
+        count = self.plan.submission_count
+        if min(submissions) < 0 or max(submissions) >= count:
+            raise IndexError(f"submissions {submissions} are outside the plan's {count}")
+        _call("cuCtxSetCurrent", self._context)
+        graph = self._graphs.get(submissions)
+        if graph is None:
+            graph = self._graphs[submissions] = self._build_graph(submissions)
+        _call("cuGraphLaunch", graph.exec, self._stream)
+        _call("cuStreamSynchronize", self._stream)
+        self.last_semaphore = self.plan.submissions[submissions[-1]].semaphore
+
+    def write_tensor(self, name: str, data: bytes, offset: int = 0) -> None:
+        self._require_open()
+        source = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        address = self._tensor_offset(name, offset, source.size)
+        if source.size == 0:
+            return
+        if self.arena_kind == "host":
+            ctypes.memmove(self._host_arena + address, source.ctypes.data, source.size)
+            return
+        _call("cuCtxSetCurrent", self._context)
+        _call("cuMemcpyHtoD", self._arena + address, source.ctypes.data, source.size)
+
+    def read_tensor(self, name: str) -> bytes:
+        self._require_open()
+        tensor = self.plan.tensor(name)
+        address = self._tensor_offset(name, 0, tensor.bytes)
+        if self.arena_kind == "host":
+            return ctypes.string_at(self._host_arena + address, tensor.bytes)
+        out = np.empty(tensor.bytes, dtype=np.uint8)
+        if tensor.bytes:
+            _call("cuCtxSetCurrent", self._context)
+            _call("cuMemcpyDtoH", out.ctypes.data, self._arena + address, tensor.bytes)
+        return out.tobytes()
+
+    def _tensor_offset(self, name: str, offset: int, length: int) -> int:
+        """The tensor's byte range [offset, offset+length) as an offset into the arena."""
+        tensor = self.plan.tensor(name)
+        if offset < 0 or offset + length > tensor.bytes:
+            raise ValueError(f"bytes [{offset}, {offset + length}) are outside tensor "
+                             f"{name!r} ({tensor.bytes} bytes)")
+        return tensor.address - self.plan.address_map.arena.base + offset
+
+    def _parameter_block_changed(self, launch_index: int) -> None:
+        self._require_open()
+        arguments = self._arguments[launch_index]
+        region = self.plan.region(self.launches[launch_index].region)
+        data = kernel_parameters(self.plan, region, self.parameter_block(launch_index),
+                                 self._arena)
+        if len(data) != arguments.size.value:
+            raise RunFailure(f"launch {launch_index}: parameter buffer changed size")
+        ctypes.memmove(arguments.buffer, data, len(data))
+        if not self._graphs:
+            return
+        _call("cuCtxSetCurrent", self._context)
+        for graph in self._graphs.values():
+            for node in graph.nodes.get(launch_index, ()):
+                _call("cuGraphExecKernelNodeSetParams", graph.exec, node,
+                      arguments.node_params)
+
+    def driver_attributes(self, region: str) -> dict[str, int]:
+        """What the driver reports for a region's loaded function (to check the reader)."""
+        self._require_open()
+        attribute = _driver().CUfunction_attribute
+        function = self._functions[region]
+        queries = {
+            "registers": attribute.CU_FUNC_ATTRIBUTE_NUM_REGS,
+            "shared_bytes": attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            "max_threads": attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+            "local_bytes": attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+            "constant_bytes": attribute.CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES,
+        }
+        _call("cuCtxSetCurrent", self._context)
+        return {name: int(_call("cuFuncGetAttribute", query, function))
+                for name, query in queries.items()}
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise RunFailure("the CUDA backend is closed")
+
+    # -- teardown ------------------------------------------------------------------
+    def close(self) -> None:
+        """Free graph executables, graphs, module, arena, stream, context; once."""
+        if self._closed:
+            return
+        self._closed = True
+        errors: list[CudaError] = []
+
+        def release(call: str, *args: Any) -> None:
+            try:
+                _call(call, *args)
+            except CudaError as error:
+                errors.append(error)
+
+        if self._context is not None:
+            release("cuCtxSetCurrent", self._context)
+        graphs = list(self._graphs.values())
+        self._graphs.clear()
+        for graph in graphs:
+            if graph.exec is not None:
+                release("cuGraphExecDestroy", graph.exec)
+        for graph in graphs:
+            release("cuGraphDestroy", graph.graph)
+        if self._module is not None:
+            release("cuModuleUnload", self._module)
+            self._module = None
+        if self._host_arena:
+            release("cuMemFreeHost", self._host_arena)
+        elif self._arena:
+            release("cuMemFree", self._arena)
+        self._arena = self._host_arena = 0
+        if self._stream is not None:
+            release("cuStreamDestroy", self._stream)
+            self._stream = None
+        if self._context is not None:
+            release("cuDevicePrimaryCtxRelease", self._device)
+            self._context = None
+        self._functions.clear()
+        self._arguments.clear()
+        if errors:
+            raise errors[0]

@@ -1,0 +1,197 @@
+"""Memory the GPU sees at a chosen address and the CPU sees through a mapping.
+
+One ``Allocation`` is three RM objects:
+
+1. physical memory: video memory (``NV01_MEMORY_LOCAL_USER``) or system
+   memory (``NV01_MEMORY_SYSTEM``);
+2. a reserved GPU VA range in Bob's VA space (``NV50_MEMORY_VIRTUAL`` with
+   ``FIXED_ADDRESS_ALLOCATE`` when the address is chosen);
+3. the mapping of 1 into 2 (``RM_MAP_MEMORY_DMA``, offset 0 of the range),
+   whose returned address is checked against the one asked for;
+
+plus a CPU mapping (``RM_MAP_MEMORY`` on a fresh device file, then mmap).
+Video memory is reached through BAR1; system memory is allocated uncached
+on both sides, so the CPU sees GPU writes (semaphores) without flushes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import threading
+from dataclasses import dataclass, field
+from typing import Literal
+
+from . import structs as s
+from .device import RmDevice
+from .ioctl import RmError, RmIoctlError, check_status, escape
+
+Location = Literal["vidmem", "sysmem"]
+
+VIDMEM_GRANULE = 64 << 10  # big page: sizes and addresses of video memory round to it
+SYSMEM_GRANULE = 4 << 10
+GPU_VA_LIMIT = 1 << 49  # Hopper's VA space is 49 bits wide in RM's default layout
+
+
+def round_up(value: int, granule: int) -> int:
+    return (value + granule - 1) // granule * granule
+
+
+_fence_lock = threading.Lock()
+
+
+def store_fence() -> None:
+    """Drain the CPU's write-combining buffers before the doorbell.
+
+    BAR1 mappings are write-combined: stores may sit in WC buffers past a
+    later uncached store (the doorbell). A locked instruction drains them on
+    x86; taking and releasing a lock executes one.
+    """
+    with _fence_lock:
+        pass
+
+
+@dataclass
+class Allocation:
+    """A block of GPU-visible memory: handles, GPU address, CPU view."""
+
+    name: str
+    location: Location
+    size: int
+    memory: int  # physical memory handle
+    virtual: int = 0  # reserved VA range handle (0 when not GPU-mapped)
+    gpu_va: int | None = None
+    cpu: mmap.mmap | None = None
+    _views: list = field(default_factory=list, repr=False)
+
+    def _check(self, offset: int, size: int) -> None:
+        if self.cpu is None:
+            raise RmError(f"CPU access to {self.name}", "unmapped",
+                          "this allocation has no CPU mapping")
+        if offset < 0 or size < 0 or offset + size > self.size:
+            raise IndexError(f"{size} bytes at +0x{offset:x} are outside {self.name} "
+                             f"({self.size} bytes)")
+
+    def write(self, offset: int, data: bytes) -> None:
+        self._check(offset, len(data))
+        self.cpu[offset:offset + len(data)] = data
+
+    def read(self, offset: int, size: int) -> bytes:
+        self._check(offset, size)
+        return bytes(self.cpu[offset:offset + size])
+
+    def u32(self, offset: int) -> ctypes.c_uint32:
+        """A 32-bit view for single aligned loads and stores (doorbell-style registers)."""
+        self._check(offset, 4)
+        if offset % 4:
+            raise ValueError(f"+0x{offset:x} in {self.name} is not 4-byte aligned")
+        view = ctypes.c_uint32.from_buffer(self.cpu, offset)
+        self._views.append(view)
+        return view
+
+    def u64(self, offset: int) -> ctypes.c_uint64:
+        self._check(offset, 8)
+        if offset % 8:
+            raise ValueError(f"+0x{offset:x} in {self.name} is not 8-byte aligned")
+        view = ctypes.c_uint64.from_buffer(self.cpu, offset)
+        self._views.append(view)
+        return view
+
+    def close(self) -> None:
+        self._views.clear()
+        if self.cpu is not None:
+            self.cpu.close()
+            self.cpu = None
+
+
+def _physical_params(size: int, location: Location, contiguous: bool,
+                     owner: int) -> tuple[int, s.NV_MEMORY_ALLOCATION_PARAMS]:
+    flags = (s.NVOS32_ALLOC_FLAGS_ALIGNMENT_FORCE | s.NVOS32_ALLOC_FLAGS_MAP_NOT_REQUIRED
+             | s.NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED)
+    physicality = (s.NVOS32_ATTR_PHYSICALITY_CONTIGUOUS if contiguous
+                   else s.NVOS32_ATTR_PHYSICALITY_ALLOW_NONCONTIGUOUS)
+    attr = physicality << s.NVOS32_ATTR_PHYSICALITY_SHIFT
+    if location == "vidmem":
+        cls, kind, granule = s.NV01_MEMORY_LOCAL_USER, s.NVOS32_TYPE_IMAGE, VIDMEM_GRANULE
+        flags |= s.NVOS32_ALLOC_FLAGS_PERSISTENT_VIDMEM
+        attr |= s.NVOS32_ATTR_LOCATION_VIDMEM << s.NVOS32_ATTR_LOCATION_SHIFT
+        attr2 = s.NVOS32_ATTR2_GPU_CACHEABLE_YES << s.NVOS32_ATTR2_GPU_CACHEABLE_SHIFT
+    else:
+        cls, kind, granule = s.NV01_MEMORY_SYSTEM, s.NVOS32_TYPE_NOTIFIER, SYSMEM_GRANULE
+        attr |= (s.NVOS32_ATTR_LOCATION_PCI << s.NVOS32_ATTR_LOCATION_SHIFT
+                 | s.NVOS32_ATTR_COHERENCY_UNCACHED << s.NVOS32_ATTR_COHERENCY_SHIFT)
+        attr2 = s.NVOS32_ATTR2_GPU_CACHEABLE_NO << s.NVOS32_ATTR2_GPU_CACHEABLE_SHIFT
+    attr2 |= s.NVOS32_ATTR2_ZBC_PREFER_NO_ZBC
+    if size % granule:
+        raise ValueError(f"{location} allocations are whole {granule}-byte pages, not {size}")
+    return cls, s.NV_MEMORY_ALLOCATION_PARAMS(
+        owner=owner, type=kind, flags=flags, attr=attr, attr2=attr2, format=6,
+        size=size, alignment=granule, offset=0, limit=size - 1)
+
+
+def _map_dma(device: RmDevice, virtual: int, memory: int, size: int, flags: int,
+             name: str) -> int:
+    """RM_MAP_MEMORY_DMA at offset 0 of the reserved range; returns the GPU address."""
+    client = device.client
+    call = f"RM_MAP_MEMORY_DMA({name})"
+    last: RmError | None = None
+    for layout in (s.NVOS46_PARAMETERS, s.NVOS46_PARAMETERS_LEGACY):
+        request = layout(hClient=client.root, hDevice=device.device, hDma=virtual,
+                         hMemory=memory, offset=0, length=size, flags=flags, dmaOffset=0)
+        try:
+            escape(client.transport, client.ctl, s.NV_ESC_RM_MAP_MEMORY_DMA, request, call)
+        except RmIoctlError as error:  # EINVAL: the other parameter block size
+            last = error
+            continue
+        check_status(call, request.status)
+        return request.dmaOffset
+    assert last is not None
+    raise last
+
+
+def allocate(device: RmDevice, size: int, *, location: Location = "vidmem",
+             gpu_va: int | None = None, map_gpu: bool = True, map_cpu: bool = True,
+             contiguous: bool = False, name: str = "buffer") -> Allocation:
+    """Allocate `size` bytes, map them for the GPU (at `gpu_va` if given) and the CPU."""
+    client = device.client
+    cls, params = _physical_params(size, location, contiguous, client.root)
+    memory = client.alloc(device.device, cls, params)
+    block = Allocation(name, location, size, memory)
+    if map_gpu:
+        reserve = s.NV_MEMORY_ALLOCATION_PARAMS(
+            owner=client.root, type=s.NVOS32_TYPE_IMAGE,
+            flags=s.NVOS32_ALLOC_FLAGS_VIRTUAL | s.NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED,
+            size=size, hVASpace=device.vaspace)
+        if gpu_va is not None:
+            if gpu_va % SYSMEM_GRANULE or not 0 < gpu_va < GPU_VA_LIMIT - size:
+                raise ValueError(f"GPU address 0x{gpu_va:x} for {name} is not a page "
+                                 f"address below 2^49")
+            reserve.flags |= (s.NVOS32_ALLOC_FLAGS_FIXED_ADDRESS_ALLOCATE
+                              | s.NVOS32_ALLOC_FLAGS_ALIGNMENT_FORCE)
+            reserve.offset = gpu_va
+            reserve.alignment = SYSMEM_GRANULE
+        block.virtual = client.alloc(device.device, s.NV50_MEMORY_VIRTUAL, reserve)
+        flags = s.NVOS46_FLAGS_ACCESS_READ_WRITE
+        if location == "sysmem":  # GPU writes snoop the CPU caches: semaphores are coherent
+            flags |= s.NVOS46_FLAGS_CACHE_SNOOP_ENABLE
+        block.gpu_va = _map_dma(device, block.virtual, memory, size, flags, name)
+        if gpu_va is not None and block.gpu_va != gpu_va:
+            raise RmError(f"RM_MAP_MEMORY_DMA({name})", "misplaced",
+                          f"asked for GPU address 0x{gpu_va:x}, the driver mapped at "
+                          f"0x{block.gpu_va:x}")
+    if map_cpu:
+        # System memory maps through the control file, video memory through BAR1 on
+        # the GPU file; try the other file if the first one is refused.
+        files = ((client.open_control_file, client.open_gpu_file) if location == "sysmem"
+                 else (client.open_gpu_file,))
+        error: RmError | None = None
+        for open_file in files:
+            try:
+                block.cpu = client.map_cpu(device.device, memory, size, open_file())
+                break
+            except RmError as refused:
+                error = refused
+        if block.cpu is None:
+            assert error is not None
+            raise error
+    return block

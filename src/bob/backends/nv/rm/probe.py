@@ -1,0 +1,348 @@
+"""Bring-up probe: Bob's submission path on a real GPU, one printed step at a time.
+
+    PYTHONPATH=src python3 -m bob.backends.nv.rm.probe --stages 1,2,3 --deadline 10
+
+Stages (each needs the ones before it; the probe stops at the first failure
+and prints what the driver returned):
+
+1. client, device, subdevice, class list, VA space, doorbell; video and
+   system memory allocated, mapped for the CPU and at chosen GPU addresses;
+2. a channel (group, context share, GPFIFO, compute object, work submit
+   token, schedule) and a pushbuffer holding only a host semaphore release;
+3. one compute dispatch: a QMD V04 built here for a trivial kernel;
+4. Bob's plan through ``NvBackend``, compared with the CPU backend.
+
+Every wait has a deadline; a timeout prints GP_GET/GP_PUT and the channel's
+error notifier. Nothing changes GPU settings.
+
+The QMD writer below is a minimal one for bring-up (a dozen fields from
+NVIDIA/open-gpu-doc ``classes/compute/clcbc0qmd.h``, QMD V04_00); Bob's
+plans use the encoder's generated tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import struct
+import sys
+import time
+import traceback
+
+from . import probe_kernel
+from . import structs as s
+from .channel import (
+    LOCAL_MEMORY_WINDOW,
+    SHARED_MEMORY_WINDOW,
+    Channel,
+    bind_compute,
+    gp_entry,
+    launch_qmd,
+    memory_windows,
+    semaphore_release,
+    words_bytes,
+)
+from .device import RmClient, RmDevice
+from .memory import allocate
+
+# Probe addresses: the layout of a placed plan (2 MiB components from 0x20_0000_0000).
+PROGRAM_VA = 0x20_0000_0000
+QMD_VA = 0x20_0020_0000
+PUSHBUFFER_VA = 0x20_0040_0000
+SEMAPHORE_VA = 0x20_0060_0000
+ARENA_VA = 0x20_0080_0000
+PARAMETER_BLOCK_OFFSET = 0x1000  # inside the program component
+PARAMETER_BLOCK_BYTES = 1024  # the sm_90 block (driver area, arguments from 0x210)
+STACK_TOP = 0xFFFDC0  # initial stack pointer the driver area carries at 0x28
+
+# -- a minimal QMD V04_00 (bit ranges hi:lo from clcbc0qmd.h) --------------------
+QMD_V04_BYTES = 384
+QMD_V04 = {
+    "QMD_GROUP_ID": (21, 16),
+    "QMD_TYPE": (25, 23),
+    "RELEASE_ENABLE0": (320, 320),
+    "RELEASE_STRUCTURE_SIZE0": (322, 321),
+    "RELEASE_MEMBAR_TYPE0": (323, 323),
+    "CONSTANT_BUFFER_VALID0": (416, 416),
+    "CONSTANT_BUFFER_INVALIDATE0": (419, 419),
+    "SASS_VERSION": (543, 536),
+    "API_VISIBLE_CALL_LIMIT": (568, 568),
+    "SAMPLER_INDEX": (569, 569),
+    "QMD_MINOR_VERSION": (579, 576),
+    "QMD_MAJOR_VERSION": (583, 580),
+    "SHARED_MEMORY_SIZE": (601, 584),
+    "INVALIDATE_TEXTURE_HEADER_CACHE": (602, 602),
+    "INVALIDATE_TEXTURE_SAMPLER_CACHE": (603, 603),
+    "INVALIDATE_TEXTURE_DATA_CACHE": (604, 604),
+    "INVALIDATE_SHADER_DATA_CACHE": (605, 605),
+    "INVALIDATE_INSTRUCTION_CACHE": (606, 606),
+    "INVALIDATE_SHADER_CONSTANT_CACHE": (607, 607),
+    "MIN_SM_CONFIG_SHARED_MEM_SIZE": (613, 608),
+    "MAX_SM_CONFIG_SHARED_MEM_SIZE": (619, 614),
+    "TARGET_SM_CONFIG_SHARED_MEM_SIZE": (625, 620),
+    "RELEASE_SEMAPHORE0_ADDR_LOWER": (671, 640),
+    "RELEASE_SEMAPHORE0_ADDR_UPPER": (696, 672),
+    "RELEASE_SEMAPHORE0_PAYLOAD_LOWER": (735, 704),
+    "GRID_WIDTH": (1055, 1024),
+    "GRID_HEIGHT": (1071, 1056),
+    "GRID_DEPTH": (1103, 1088),
+    "CWD_MEMBAR_TYPE": (1137, 1136),
+    "CTA_THREAD_DIMENSION0": (1167, 1152),
+    "CTA_THREAD_DIMENSION1": (1183, 1168),
+    "CTA_THREAD_DIMENSION2": (1199, 1184),
+    "REGISTER_COUNT": (1208, 1200),
+    "BARRIER_COUNT": (1215, 1211),
+    "PROGRAM_ADDRESS_LOWER": (1247, 1216),
+    "PROGRAM_ADDRESS_UPPER": (1272, 1248),
+    "CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6_0": (1567, 1536),
+    "CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6_0": (1586, 1568),
+    "CONSTANT_BUFFER_SIZE_SHIFTED4_0": (1599, 1587),
+}
+
+
+def qmd_v04(fields: dict[str, int]) -> bytes:
+    """A QMD V04 image with `fields` set; every value must fit its bit range."""
+    value = 0
+    for name, field_value in fields.items():
+        high, low = QMD_V04[name]
+        width = high - low + 1
+        if not 0 <= field_value < 1 << width:
+            raise ValueError(f"QMD field {name} is {width} bits wide; 0x{field_value:x} does "
+                             "not fit")
+        value |= field_value << low
+    return value.to_bytes(QMD_V04_BYTES, "little")
+
+
+def probe_qmd(program_va: int, cb0_va: int, cb0_bytes: int, grid: int, block: int,
+              release_va: int, release_payload: int) -> bytes:
+    if cb0_va % 64 or cb0_bytes % 16:
+        raise ValueError("constant bank 0 must be 64-byte aligned and a multiple of 16 bytes")
+    shared_config = 32 * 1024 // 4096 + 1  # a 32 KiB carveout, in the (4 KiB + 1) encoding
+    return qmd_v04({
+        "QMD_MAJOR_VERSION": 4, "QMD_MINOR_VERSION": 0, "QMD_TYPE": 2,  # GRID_CTA
+        "QMD_GROUP_ID": 0x3F, "SASS_VERSION": 0x90, "API_VISIBLE_CALL_LIMIT": 1,
+        "SAMPLER_INDEX": 1, "BARRIER_COUNT": 1, "CWD_MEMBAR_TYPE": 1,  # L1_SYSMEMBAR
+        "SHARED_MEMORY_SIZE": 1024 + probe_kernel.SHARED_BYTES,  # 1 KiB reserved on sm_90
+        "MIN_SM_CONFIG_SHARED_MEM_SIZE": shared_config,
+        "TARGET_SM_CONFIG_SHARED_MEM_SIZE": shared_config,
+        "MAX_SM_CONFIG_SHARED_MEM_SIZE": 0x1A,
+        "INVALIDATE_TEXTURE_HEADER_CACHE": 1, "INVALIDATE_TEXTURE_SAMPLER_CACHE": 1,
+        "INVALIDATE_TEXTURE_DATA_CACHE": 1, "INVALIDATE_SHADER_DATA_CACHE": 1,
+        "INVALIDATE_INSTRUCTION_CACHE": 1, "INVALIDATE_SHADER_CONSTANT_CACHE": 1,
+        "REGISTER_COUNT": probe_kernel.REGISTERS,
+        "PROGRAM_ADDRESS_LOWER": program_va & 0xFFFF_FFFF,
+        "PROGRAM_ADDRESS_UPPER": program_va >> 32,
+        "CONSTANT_BUFFER_VALID0": 1, "CONSTANT_BUFFER_INVALIDATE0": 1,
+        "CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6_0": (cb0_va >> 6) & 0xFFFF_FFFF,
+        "CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6_0": cb0_va >> 38,
+        "CONSTANT_BUFFER_SIZE_SHIFTED4_0": cb0_bytes >> 4,
+        "GRID_WIDTH": grid, "GRID_HEIGHT": 1, "GRID_DEPTH": 1,
+        "CTA_THREAD_DIMENSION0": block, "CTA_THREAD_DIMENSION1": 1,
+        "CTA_THREAD_DIMENSION2": 1,
+        "RELEASE_ENABLE0": 1, "RELEASE_STRUCTURE_SIZE0": 1,  # one word: the payload
+        "RELEASE_MEMBAR_TYPE0": 1,  # FE_SYSMEMBAR
+        "RELEASE_SEMAPHORE0_ADDR_LOWER": release_va & 0xFFFF_FFFF,
+        "RELEASE_SEMAPHORE0_ADDR_UPPER": release_va >> 32,
+        "RELEASE_SEMAPHORE0_PAYLOAD_LOWER": release_payload,
+    })
+
+
+def probe_parameter_block(out_va: int, magic: int) -> bytes:
+    """Constant bank 0: the driver area (memory windows, stack top) then the arguments."""
+    block = bytearray(PARAMETER_BLOCK_BYTES)
+    struct.pack_into("<QQQ", block, 0x18, SHARED_MEMORY_WINDOW, LOCAL_MEMORY_WINDOW, STACK_TOP)
+    struct.pack_into("<QI", block, probe_kernel.PARAMETER_BASE, out_va, magic)
+    return bytes(block)
+
+
+# -- the probe ------------------------------------------------------------------------
+
+
+class Probe:
+    def __init__(self, deadline_s: float, transport=None):
+        self.deadline_s = deadline_s
+        self.transport = transport
+        self.client: RmClient | None = None
+        self.device: RmDevice | None = None
+        self.channel: Channel | None = None
+        self.blocks: dict = {}
+        self.push_cursor = 0
+        self.start = time.monotonic()
+
+    def say(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.start:7.3f}s] {message}", flush=True)
+
+    # stage 1 ---------------------------------------------------------------------------
+    def environment(self) -> None:
+        try:
+            with open("/proc/driver/nvidia/version") as version:
+                self.say("driver: " + version.readline().strip())
+        except OSError as error:
+            self.say(f"driver: /proc/driver/nvidia/version unreadable ({error.strerror})")
+        self.say(f"kernel {platform.release()}, python {platform.python_version()}, "
+                 f"uid {os.getuid()}")
+        for path in (s.CONTROL_DEVICE, s.GPU_DEVICE.format(minor=0), s.UVM_DEVICE):
+            try:
+                self.say(f"{path}: mode {oct(os.stat(path).st_mode & 0o777)}")
+            except OSError as error:
+                self.say(f"{path}: {error.strerror}")
+
+    def stage1(self) -> None:
+        self.environment()
+        self.client = RmClient(self.transport, log=lambda message: self.say("  " + message))
+        self.say(f"root client 0x{self.client.root:08x} on {s.CONTROL_DEVICE}")
+        self.device = RmDevice(self.client)
+        device = self.device
+        self.say(f"driver build version (RM control): {device.driver_version}")
+        hopper = [f"{s.CLASS_NAMES[c]} 0x{c:04x}" for c in (
+            s.HOPPER_USERMODE_A, s.HOPPER_CHANNEL_GPFIFO_A, s.HOPPER_COMPUTE_A)]
+        self.say(f"class list: {len(device.classes)} classes; present: {', '.join(hopper)}")
+        compute = sorted(c for c in device.classes if c & 0xFF == 0xC0)
+        self.say("  compute classes: " + ", ".join(f"0x{c:04x}" for c in compute))
+        self.say(f"device 0x{device.device:08x}, subdevice 0x{device.subdevice:08x}, "
+                 f"VA space 0x{device.vaspace:08x}, usermode 0x{device.usermode:08x} mapped")
+        layout = (("program", 2 << 20, "vidmem", PROGRAM_VA),
+                  ("qmd", 64 << 10, "vidmem", QMD_VA),
+                  ("pushbuffer", 64 << 10, "sysmem", PUSHBUFFER_VA),
+                  ("semaphores", 4 << 10, "sysmem", SEMAPHORE_VA),
+                  ("arena", 2 << 20, "vidmem", ARENA_VA))
+        for name, size, location, va in layout:
+            block = allocate(device, size, location=location, gpu_va=va, name=name)
+            pattern = bytes((i * 37 + len(name)) & 0xFF for i in range(4096))
+            block.write(0, pattern)
+            block.write(size - 4096, pattern)
+            same = block.read(0, 4096) == pattern and block.read(size - 4096, 4096) == pattern
+            block.write(0, bytes(4096))
+            block.write(size - 4096, bytes(4096))
+            self.blocks[name] = block
+            self.say(f"{name}: {size} bytes of {location}, memory 0x{block.memory:08x}, "
+                     f"virtual 0x{block.virtual:08x}, GPU VA 0x{block.gpu_va:x}, "
+                     f"CPU write/read {'ok' if same else 'MISMATCH'}")
+            if not same:
+                raise RuntimeError(f"{name}: CPU read-back differs from what was written")
+
+    # stage 2 ---------------------------------------------------------------------------
+    def push(self, words: list[int]) -> int:
+        """Copy `words` into the pushbuffer; return its GP entry."""
+        pushbuffer = self.blocks["pushbuffer"]
+        data = words_bytes(words)
+        offset = self.push_cursor
+        pushbuffer.write(offset, data)
+        self.push_cursor = (offset + len(data) + 255) // 256 * 256
+        return gp_entry(pushbuffer.gpu_va + offset, len(words))
+
+    def semaphore(self, offset: int) -> int:
+        return struct.unpack("<Q", self.blocks["semaphores"].read(offset, 8))[0]
+
+    def stage2(self) -> None:
+        assert self.device is not None
+        self.channel = Channel(self.device)
+        channel = self.channel
+        self.say(f"channel group 0x{channel.group:08x}, context share 0x{channel.context_share:08x}"
+                 f", channel 0x{channel.handle:08x}, compute 0x{channel.compute:08x}")
+        self.say(f"GPFIFO ring at GPU VA 0x{channel.ring.gpu_va:x} ({channel.entries} entries), "
+                 f"USERD at +0x{channel.userd_offset:x}, work submit token 0x{channel.token:x}")
+        self.say("channel state after schedule: " + channel.state().describe())
+        semaphores = self.blocks["semaphores"]
+        words = bind_compute() + memory_windows() + semaphore_release(semaphores.gpu_va, 1)
+        entry = self.push(words)
+        self.say(f"submit: {len(words)} words (SET_OBJECT 0x{s.HOPPER_COMPUTE_A:04x}, windows, "
+                 f"host semaphore release 1), GP entry 0x{entry:016x}")
+        began = time.monotonic()
+        channel.submit([entry])
+        channel.wait(lambda: self.semaphore(0), 1, self.deadline_s, "semaphore[0]")
+        elapsed = (time.monotonic() - began) * 1e6
+        self.say(f"semaphore[0] = {self.semaphore(0)} after {elapsed:.0f} us; "
+                 f"{channel.state().describe()}")
+
+    # stage 3 ---------------------------------------------------------------------------
+    def stage3(self) -> None:
+        assert self.channel is not None
+        channel = self.channel
+        program, qmd_block = self.blocks["program"], self.blocks["qmd"]
+        arena, semaphores = self.blocks["arena"], self.blocks["semaphores"]
+        grid, block, magic = 4, 128, 0xB0B00000
+        threads = grid * block
+        program.write(0, probe_kernel.CODE)
+        cb0_va = program.gpu_va + PARAMETER_BLOCK_OFFSET
+        program.write(PARAMETER_BLOCK_OFFSET, probe_parameter_block(arena.gpu_va, magic))
+        arena.write(0, b"\xff" * (4 * threads))
+        qmd = probe_qmd(program.gpu_va, cb0_va, PARAMETER_BLOCK_BYTES, grid, block,
+                        semaphores.gpu_va + 16, 3)
+        qmd_block.write(0, qmd)
+        self.say(f"kernel {probe_kernel.ENTRY}: {len(probe_kernel.CODE)} bytes at "
+                 f"0x{program.gpu_va:x}, {probe_kernel.REGISTERS} registers, "
+                 f"cb0 at 0x{cb0_va:x}; QMD V04 at "
+                 f"0x{qmd_block.gpu_va:x}: {qmd[:64].hex()}...")
+        words = launch_qmd(qmd_block.gpu_va) + semaphore_release(semaphores.gpu_va + 8, 2)
+        entry = self.push(words)
+        began = time.monotonic()
+        channel.submit([entry])
+        channel.wait(lambda: self.semaphore(8), 2, self.deadline_s, "semaphore[1] (host, WFI)")
+        elapsed = (time.monotonic() - began) * 1e6
+        qmd_release = struct.unpack("<I", semaphores.read(16, 4))[0]
+        out = struct.unpack(f"<{threads}I", arena.read(0, 4 * threads))
+        wrong = [i for i, value in enumerate(out) if value != (magic + i) & 0xFFFF_FFFF]
+        self.say(f"dispatch {grid}x{block}: host semaphore 2 after {elapsed:.0f} us, QMD release "
+                 f"semaphore = {qmd_release} (expected 3); out[0:4] = "
+                 + ", ".join(f"0x{v:08x}" for v in out[:4])
+                 + f"; {threads - len(wrong)}/{threads} correct")
+        if wrong:
+            i = wrong[0]
+            raise RuntimeError(f"out[{i}] = 0x{out[i]:08x}, expected 0x{(magic + i):08x}")
+
+    # stage 4 ---------------------------------------------------------------------------
+    def stage4(self) -> None:
+        from .backend import run_plan_check
+
+        self.close()  # the backend opens its own client
+        for line in run_plan_check(deadline_s=self.deadline_s):
+            self.say(line)
+
+    def close(self) -> None:
+        for block in self.blocks.values():
+            block.close()
+        self.blocks.clear()
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        if self.device is not None:
+            self.device.close()
+            self.device = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+
+def main(argv: list[str] | None = None, transport=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stages", default="1,2,3", help="comma-separated stages to run")
+    parser.add_argument("--deadline", type=float, default=10.0, help="seconds per wait")
+    args = parser.parse_args(argv)
+    stages = sorted({int(x) for x in args.stages.split(",") if x.strip()})
+    probe = Probe(args.deadline, transport)
+    status = 0
+    current = 0
+    try:
+        for stage in range(1, max(stages) + 1):
+            current = stage
+            probe.say(f"== stage {stage} ==")
+            getattr(probe, f"stage{stage}")()
+            probe.say(f"== stage {stage}: ok ==")
+    except Exception as error:  # report, never hang: this is a probe
+        status = 1
+        probe.say(f"!! stage {current} FAILED: {type(error).__name__}: {error}")
+        traceback.print_exc(limit=4, file=sys.stdout)
+        if probe.channel is not None:
+            try:
+                probe.say("channel state: " + probe.channel.state().describe())
+            except Exception as state_error:  # noqa: BLE001 - best effort report
+                probe.say(f"channel state unreadable: {state_error}")
+    finally:
+        probe.close()
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,247 @@
+"""The five kernels in NumPy: the CPU backend's implementation and every backend's oracle.
+
+Each kernel performs the float32 operation sequence of docs/ARITHMETIC.md over
+whole rows at once; the CUDA kernels perform the same sequence one element per
+thread, so the bytes agree. The pure-array helpers (``*_rows``, ``adamw_update``)
+are the kernels without a Memory, for tests and fast paths.
+
+The reference assumes the plan's geometry (one block per row for the loss
+kernels, one block for gather and argmax); the certificate checks footprints,
+Bob's program fixes the geometry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from fractions import Fraction
+
+import numpy as np
+
+from bob.kernels import signatures as sig
+from bob.kernels.arith import (
+    CANONICAL_NAN_BITS,
+    LN2,
+    LOG2E,
+    canonicalize_nan,
+    exp2,
+    log2,
+    row_max,
+    row_sum,
+)
+from bob.kernels.exact import f32_bits_from_fraction, f32_from_bits
+from bob.kernels.memory import Memory
+
+Args = dict[str, int | np.float32]
+Kernel = Callable[[Memory, Args], None]
+
+_ONE = np.float32(1.0)
+
+
+def _f32_fields(instance: object) -> None:
+    # Scalars are binary32 whatever the caller passed: a Python float is rounded once here.
+    for f in fields(instance):  # type: ignore[arg-type]
+        object.__setattr__(instance, f.name, np.float32(getattr(instance, f.name)))
+
+
+@dataclass(frozen=True)
+class LossScalars:
+    """The loss kernels' f32 arguments."""
+
+    log2e: np.float32
+    ln2: np.float32
+    # 1/V scales the hard-target gradient; the corpus kernel has none (NaN shows a misuse)
+    inverse_rows: np.float32 = np.float32(np.nan)
+
+    def __post_init__(self) -> None:
+        _f32_fields(self)
+
+    @staticmethod
+    def for_vocab(vocab: int) -> LossScalars:
+        """The values Bob's program passes for a table of `vocab` rows."""
+        inverse = f32_from_bits(f32_bits_from_fraction(Fraction(1, vocab)))
+        return LossScalars(LOG2E.value, LN2.value, np.float32(inverse))
+
+
+@dataclass(frozen=True)
+class AdamScalars:
+    """AdamW's f32 arguments, as the host computes them for one update."""
+
+    decay: np.float32
+    beta1: np.float32
+    one_minus_beta1: np.float32
+    beta2: np.float32
+    one_minus_beta2: np.float32
+    step_size: np.float32
+    eps_hat: np.float32
+
+    def __post_init__(self) -> None:
+        _f32_fields(self)
+
+    @staticmethod
+    def from_args(args: Args) -> AdamScalars:
+        return AdamScalars(*(args[f.name] for f in fields(AdamScalars)))
+
+
+# -- pure-array helpers -------------------------------------------------------------
+
+
+def _require(array: np.ndarray, dtype: type, ndim: int, what: str) -> None:
+    if array.dtype != dtype or array.ndim != ndim:
+        raise TypeError(f"{what} must be a {ndim}-D {np.dtype(dtype)} array, "
+                        f"not {array.ndim}-D {array.dtype}")
+
+
+def _softmax_parts(table: np.ndarray, log2e: np.float32,
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """z = (W - m) * log2e, e = exp2(z), s = row_sum(e), L = log2(s), per row."""
+    _require(table, np.float32, 2, "the table")
+    m = row_max(table)
+    z = table - m[:, None]
+    z *= log2e
+    e = exp2(z)
+    s = row_sum(e)
+    return z, e, s, log2(s)
+
+
+def loss_gradient_hard_rows(table: np.ndarray, targets: np.ndarray, scalars: LossScalars,
+                            ) -> tuple[np.ndarray, np.ndarray]:
+    """Row losses (nats) and gradients for one target per row.
+
+    loss[r] = ln2 * (L - z[t]); grad[r][j] = (e[j] / s) * (1/V), and for
+    j = t, (e[t] / s - 1) * (1/V). A target >= V (which the host never
+    admits) gives a NaN loss and no -1 term.
+    """
+    _require(targets, np.uint32, 1, "the targets")
+    rows, vocab = table.shape
+    with np.errstate(all="ignore"):
+        z, e, s, big_l = _softmax_parts(table, scalars.log2e)
+        valid = targets < vocab
+        r = np.nonzero(valid)[0]
+        t = targets[valid].astype(np.intp)
+        loss = np.full(rows, np.nan, np.float32)
+        loss[r] = scalars.ln2 * (big_l[r] - z[r, t])
+        p = e
+        p /= s[:, None]
+        hit = p[r, t] - _ONE
+        grad = p
+        grad *= scalars.inverse_rows
+        grad[r, t] = hit * scalars.inverse_rows
+    return canonicalize_nan(loss), canonicalize_nan(grad)
+
+
+def loss_gradient_corpus_rows(table: np.ndarray, weights: np.ndarray, scalars: LossScalars,
+                              ) -> tuple[np.ndarray, np.ndarray]:
+    """Row losses (nats) and gradients against weighted targets T.
+
+    loss[r] = ln2 * row_sum(T[j] * (L - z[j])); grad[r][j] = rs * (e[j] / s) - T[j]
+    with rs = row_sum(T).
+    """
+    _require(weights, np.float32, 2, "the weights")
+    if weights.shape != table.shape:
+        raise ValueError(f"weights {weights.shape} and table {table.shape} differ in shape")
+    with np.errstate(all="ignore"):
+        z, e, s, big_l = _softmax_parts(table, scalars.log2e)
+        terms = big_l[:, None] - z
+        terms *= weights
+        loss = scalars.ln2 * row_sum(terms)
+        weight_sums = row_sum(weights)
+        p = e
+        p /= s[:, None]
+        grad = p
+        grad *= weight_sums[:, None]
+        grad -= weights
+    return canonicalize_nan(loss), canonicalize_nan(grad)
+
+
+def adamw_update(w: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray,
+                 scalars: AdamScalars) -> None:
+    """One AdamW step over flat float32 arrays, in place on w, m and v."""
+    for name, array in (("w", w), ("g", g), ("m", m), ("v", v)):
+        _require(array, np.float32, 1, f"AdamW's {name}")
+    with np.errstate(all="ignore"):
+        w *= scalars.decay
+        m *= scalars.beta1
+        m += scalars.one_minus_beta1 * g
+        g2 = g * g
+        g2 *= scalars.one_minus_beta2
+        v *= scalars.beta2
+        v += g2
+        denominator = np.sqrt(v)  # IEEE correctly rounded in float32
+        denominator += scalars.eps_hat
+        step = scalars.step_size * m
+        step /= denominator
+        w -= step
+    for array in (w, m, v):
+        canonicalize_nan(array)
+
+
+def greedy_argmax_rows(rows: np.ndarray) -> np.ndarray:
+    """Per row, the lowest index of the maximum; NaN counts above every number.
+
+    The CUDA kernel's lanes and tree (ARITHMETIC.md) give exactly this: its
+    comparison is a total order on (value, index), so order does not matter.
+    """
+    _require(rows, np.float32, 2, "the rows")
+    return np.argmax(rows, axis=1).astype(np.uint32)
+
+
+# -- kernels over the arena ------------------------------------------------------------
+
+
+def _u32(args: Args, name: str) -> int:
+    return int(args[name])
+
+
+def row_gather(memory: Memory, args: Args) -> None:
+    """logits[j] = table[prompt[0] * V + j]; a prompt >= V gives a row of NaN."""
+    vocab = _u32(args, "vocab")
+    prompt = int(memory.array(int(args["prompt"]), "u32", 1)[0])
+    logits = memory.array(int(args["logits"]), "f32", vocab)
+    if prompt < vocab:
+        logits[:] = memory.array(int(args["table"]) + 4 * prompt * vocab, "f32", vocab)
+    else:
+        logits.view(np.uint32)[:] = CANONICAL_NAN_BITS
+
+
+def loss_gradient_hard(memory: Memory, args: Args) -> None:
+    vocab = _u32(args, "vocab")
+    table = memory.array(int(args["parameters"]), "f32", vocab * vocab).reshape(vocab, vocab)
+    targets = memory.array(int(args["targets"]), "u32", vocab)
+    scalars = LossScalars(args["log2e"], args["ln2"], args["inverse_rows"])
+    loss, grad = loss_gradient_hard_rows(table, targets, scalars)
+    memory.array(int(args["loss"]), "f32", vocab)[:] = loss
+    memory.array(int(args["gradients"]), "f32", vocab * vocab)[:] = grad.reshape(-1)
+
+
+def loss_gradient_corpus(memory: Memory, args: Args) -> None:
+    vocab = _u32(args, "vocab")
+    table = memory.array(int(args["parameters"]), "f32", vocab * vocab).reshape(vocab, vocab)
+    weights = memory.array(int(args["weights"]), "f32", vocab * vocab).reshape(vocab, vocab)
+    scalars = LossScalars(args["log2e"], args["ln2"])
+    loss, grad = loss_gradient_corpus_rows(table, weights, scalars)
+    memory.array(int(args["loss"]), "f32", vocab)[:] = loss
+    memory.array(int(args["gradients"]), "f32", vocab * vocab)[:] = grad.reshape(-1)
+
+
+def adamw(memory: Memory, args: Args) -> None:
+    count = _u32(args, "count")
+    w = memory.array(int(args["parameters"]), "f32", count)
+    g = memory.array(int(args["gradients"]), "f32", count)
+    m = memory.array(int(args["first_moment"]), "f32", count)
+    v = memory.array(int(args["second_moment"]), "f32", count)
+    adamw_update(w, g, m, v, AdamScalars.from_args(args))
+
+
+def greedy_argmax(memory: Memory, args: Args) -> None:
+    row = memory.array(int(args["row"]), "f32", _u32(args, "vocab"))
+    memory.array(int(args["prediction"]), "u32", 1)[0] = greedy_argmax_rows(row[None, :])[0]
+
+
+KERNELS: dict[str, Kernel] = {
+    sig.GATHER: row_gather,
+    sig.LOSS_HARD: loss_gradient_hard,
+    sig.LOSS_CORPUS: loss_gradient_corpus,
+    sig.ADAMW: adamw,
+    sig.ARGMAX: greedy_argmax,
+}

@@ -1,0 +1,50 @@
+// Bob's five entry points with the signatures of bob.kernels.signatures and
+// placeholder bodies: enough to test reading regions from an image.
+
+extern "C" __global__ void bob_row_gather(float* logits, const unsigned int* prompt,
+                                          const float* table, unsigned int vocab)
+{
+    if (threadIdx.x < vocab) logits[threadIdx.x] = table[prompt[0] * vocab + threadIdx.x];
+}
+
+extern "C" __global__ void bob_loss_gradient_hard(const float* parameters, float* gradients,
+                                                  const unsigned int* targets, float* loss,
+                                                  float log2e, float ln2, float inverse_rows,
+                                                  unsigned int vocab)
+{
+    __shared__ float lanes[256];
+    lanes[threadIdx.x] = parameters[blockIdx.x * vocab] * log2e;
+    __syncthreads();
+    if (threadIdx.x == 0) loss[blockIdx.x] = lanes[targets[blockIdx.x] % 256] * ln2;
+    gradients[blockIdx.x * vocab] = inverse_rows;
+}
+
+extern "C" __global__ void bob_loss_gradient_corpus(const float* parameters, float* gradients,
+                                                    const float* weights, float* loss,
+                                                    float log2e, float ln2, unsigned int vocab)
+{
+    if (threadIdx.x == 0) loss[blockIdx.x] = parameters[blockIdx.x * vocab] * log2e * ln2;
+    gradients[blockIdx.x * vocab] = weights[blockIdx.x * vocab];
+}
+
+extern "C" __global__ void bob_adamw(float* parameters, const float* gradients,
+                                     float* first_moment, float* second_moment, float decay,
+                                     float beta1, float one_minus_beta1, float beta2,
+                                     float one_minus_beta2, float step_size, float eps_hat,
+                                     unsigned int count)
+{
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) {
+        float g = gradients[i];
+        first_moment[i] = beta1 * first_moment[i] + one_minus_beta1 * g;
+        second_moment[i] = beta2 * second_moment[i] + one_minus_beta2 * g * g;
+        parameters[i] = decay * parameters[i] - step_size * first_moment[i] /
+                        (sqrtf(second_moment[i]) + eps_hat);
+    }
+}
+
+extern "C" __global__ void bob_greedy_argmax(unsigned int* prediction, const float* row,
+                                             unsigned int vocab)
+{
+    if (threadIdx.x == 0) prediction[0] = row[0] > row[vocab - 1] ? 0u : vocab - 1;
+}

@@ -1,0 +1,260 @@
+"""NVRTC compilation and cubin reading: runs without a GPU (NVRTC needs none).
+
+    PYTHONPATH=src python -m pytest tests/test_cuda_compile.py
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cuda.bindings.nvrtc")
+
+from bob.kernels import signatures as sig  # noqa: E402
+from bob.kernels.cuda import compile as nv_compile  # noqa: E402
+from bob.kernels.cuda.compile import (  # noqa: E402
+    KernelSource,
+    NvrtcError,
+    cache_key,
+    compile_source,
+    options_for,
+)
+from bob.kernels.cuda.cubin import (  # noqa: E402
+    EIATTR_PARAM_CBANK,
+    EIATTR_REGCOUNT,
+    EIFMT_HVAL,
+    EIFMT_NVAL,
+    EIFMT_SVAL,
+    RESERVED_SHARED_BYTES,
+    Cubin,
+    CubinError,
+    check_parameter_layout,
+    image_regions,
+    parse_attributes,
+)
+from bob.plan.certificate import certify  # noqa: E402
+from bob.plan.placement import TARGETS  # noqa: E402
+from bob.program.bob import BobConfig, build_plan  # noqa: E402
+
+try:
+    NVRTC = nv_compile.nvrtc_version()
+except NvrtcError as why:  # the bindings import, but the NVRTC library does not load
+    pytest.skip(f"NVRTC is not usable here: {why}", allow_module_level=True)
+
+HERE = Path(__file__).parent / "cuda"
+ARCHS = ("sm_86", "sm_90")
+
+
+def source(name: str) -> KernelSource:
+    return KernelSource(name, (HERE / name).read_text())
+
+
+TEST_KERNELS = source("plan_test_kernels.cu")
+STUB = source("bob_signature_stub.cu")
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    return tmp_path / "cubin"
+
+
+# -- compiling -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiles_and_reads_each_entry(arch: str, cache: Path) -> None:
+    compiled = compile_source(TEST_KERNELS, arch, cache_dir=cache)
+    assert compiled.image.startswith(b"\x7fELF")
+    assert compiled.options == (*nv_compile.ARITHMETIC_OPTIONS, f"-arch={arch}")
+    cubin = Cubin(compiled.image)
+    assert cubin.sm == int(arch[3:])
+    kernels = cubin.kernels()
+    assert set(kernels) == {"test_axpy", "test_reverse", "test_iota"}
+    for kernel in kernels.values():
+        assert len(kernel.code) > 0 and len(kernel.code) % 16 == 0, kernel.entry
+        assert 0 < kernel.registers <= 255, kernel.entry
+        assert kernel.parameter_base == TARGETS[arch].parameter_base, kernel.entry
+    assert kernels["test_reverse"].static_shared_bytes == 256 * 4
+    assert kernels["test_reverse"].reserved_shared_bytes in (0, RESERVED_SHARED_BYTES)
+    assert kernels["test_axpy"].shared_bytes == 0
+    assert kernels["test_iota"].max_threads == (256, 1, 1)
+    # pointers at 0 and 8, then 4-byte scalars: CUDA's layout, the plan's layout
+    assert [(p.offset, p.size) for p in kernels["test_axpy"].params] == [
+        (0, 8), (8, 8), (16, 4), (20, 4)]
+    assert kernels["test_axpy"].parameter_bytes == 24
+
+
+def test_parameter_bases_are_the_targets() -> None:
+    # The seed's figures: Ampere's driver area ends at 0x160, Hopper's at 0x210.
+    assert TARGETS["sm_86"].parameter_base == 0x160
+    assert TARGETS["sm_90"].parameter_base == 0x210
+
+
+def test_cache_hits_on_the_second_call(cache: Path) -> None:
+    first = compile_source(TEST_KERNELS, "sm_90", cache_dir=cache)
+    second = compile_source(TEST_KERNELS, "sm_90", cache_dir=cache)
+    assert not first.cached and second.cached
+    assert first.image == second.image and first.key == second.key
+    assert first.path is not None and first.path.read_bytes() == first.image
+    assert list(cache.glob("*.tmp")) == []  # the atomic write left nothing behind
+
+
+def test_cache_is_keyed_by_arch_options_source_and_version(cache: Path) -> None:
+    sm86 = compile_source(TEST_KERNELS, "sm_86", cache_dir=cache)
+    sm90 = compile_source(TEST_KERNELS, "sm_90", cache_dir=cache)
+    assert sm86.key != sm90.key and not sm90.cached
+    keys = {
+        cache_key(TEST_KERNELS, options_for("sm_90"), "sm_90", NVRTC),
+        cache_key(TEST_KERNELS, (*options_for("sm_90"), "-lineinfo"), "sm_90", NVRTC),
+        cache_key(TEST_KERNELS, options_for("sm_90"), "sm_90", (NVRTC[0], NVRTC[1] + 1)),
+        cache_key(KernelSource("k.cu", TEST_KERNELS.text + "\n"), options_for("sm_90"),
+                  "sm_90", NVRTC),
+        cache_key(KernelSource("k.cu", TEST_KERNELS.text, (("h.cuh", "x"),)),
+                  options_for("sm_90"), "sm_90", NVRTC),
+    }
+    assert len(keys) == 5
+    assert sm90.key == cache_key(TEST_KERNELS, options_for("sm_90"), "sm_90", NVRTC)
+
+
+def test_cache_directory_follows_bob_cache_dir(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BOB_CACHE_DIR", str(tmp_path))
+    compiled = compile_source(TEST_KERNELS, "sm_86")
+    assert compiled.path is not None and compiled.path.parent == tmp_path / "cubin"
+    assert compile_source(TEST_KERNELS, "sm_86").cached
+
+
+def test_a_damaged_cache_entry_is_recompiled(cache: Path) -> None:
+    first = compile_source(TEST_KERNELS, "sm_90", cache_dir=cache)
+    assert first.path is not None
+    first.path.write_bytes(b"not an image")
+    again = compile_source(TEST_KERNELS, "sm_90", cache_dir=cache)
+    assert not again.cached and again.image == first.image
+    assert first.path.read_bytes() == first.image
+
+
+def test_compile_error_raises_the_typed_error_with_the_log(cache: Path) -> None:
+    broken = KernelSource("broken.cu", 'extern "C" __global__ void f(float* x) { x[0] = ; }\n')
+    with pytest.raises(NvrtcError) as caught:
+        compile_source(broken, "sm_90", cache_dir=cache)
+    error = caught.value
+    assert error.call == "nvrtcCompileProgram"
+    assert error.status == "NVRTC_ERROR_COMPILATION"
+    assert "broken.cu(1)" in error.log and "error" in error.log
+    assert error.log.strip() in str(error)
+    assert not cache.exists() or list(cache.iterdir()) == []
+
+
+def test_an_unknown_architecture_is_a_typed_error(cache: Path) -> None:
+    with pytest.raises(NvrtcError) as caught:
+        compile_source(TEST_KERNELS, "sm_13", cache_dir=cache)
+    assert caught.value.status == "NVRTC_ERROR_INVALID_OPTION"
+
+
+def test_architecture_spellings() -> None:
+    assert nv_compile.normalize_arch("90") == "sm_90"
+    assert nv_compile.normalize_arch((8, 6)) == "sm_86"
+    assert nv_compile.normalize_arch("SM_90") == "sm_90"
+    with pytest.raises(ValueError):
+        nv_compile.normalize_arch("hopper")
+
+
+# -- reading Bob's regions -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_regions_from_an_image_with_bobs_signatures(arch: str, cache: Path) -> None:
+    target = TARGETS[arch]
+    image = compile_source(STUB, arch, cache_dir=cache).image
+    regions = image_regions(image, target)
+    assert set(regions) == set(sig.SIGNATURES)
+    for name, region in regions.items():
+        assert region.entry == sig.ENTRIES[name]
+        assert region.params == sig.SIGNATURES[name]
+        assert region.block_x == sig.BLOCK
+        assert region.code and 0 < region.registers <= 255
+    assert regions[sig.LOSS_HARD].shared_bytes >= 256 * 4
+    for mode in ("hard", "corpus"):
+        plan = build_plan(BobConfig(vocab=256, prompts=2, updates=2, mode=mode), target,
+                          compiled=regions)
+        assert certify(plan).holds, certify(plan).hazards
+        assert all(p.bytes > 0 for p in plan.placed_regions)
+
+
+def test_an_image_for_another_architecture_is_refused(cache: Path) -> None:
+    image = compile_source(STUB, "sm_86", cache_dir=cache).image
+    with pytest.raises(CubinError, match="sm_86"):
+        image_regions(image, TARGETS["sm_90"])
+    kernel = Cubin(image).kernel(sig.ENTRIES[sig.ADAMW])
+    with pytest.raises(CubinError, match="0x160"):
+        check_parameter_layout(kernel, TARGETS["sm_90"], sig.SIGNATURES[sig.ADAMW])
+
+
+def test_a_signature_that_differs_from_the_plan_is_refused(cache: Path) -> None:
+    # The argmax with its scalar before its pointers: same bytes, other offsets.
+    text = STUB.text.replace(
+        "bob_greedy_argmax(unsigned int* prediction, const float* row,\n"
+        "                                             unsigned int vocab)",
+        "bob_greedy_argmax(unsigned int vocab, unsigned int* prediction, const float* row)")
+    assert text != STUB.text
+    image = compile_source(KernelSource("swapped.cu", text), "sm_90", cache_dir=cache).image
+    with pytest.raises(CubinError, match="bob_greedy_argmax"):
+        image_regions(image, TARGETS["sm_90"])
+
+
+def test_a_missing_entry_is_named(cache: Path) -> None:
+    text = STUB.text.replace("bob_adamw(", "bob_adamw_renamed(")
+    image = compile_source(KernelSource("renamed.cu", text), "sm_90", cache_dir=cache).image
+    with pytest.raises(CubinError, match="'bob_adamw'"):
+        image_regions(image, TARGETS["sm_90"])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_shipped_kernels(arch: str) -> None:
+    """Bob's own kernels, once bob_kernels.cu is in the package."""
+    if not (nv_compile.KERNEL_DIR / nv_compile.SOURCE_NAME).is_file():
+        pytest.skip("src/bob/kernels/cuda/bob_kernels.cu is not in the tree yet")
+    regions = nv_compile.compiled_regions(arch)
+    assert set(regions) == set(sig.SIGNATURES)
+    for region in regions.values():
+        assert region.code and 0 < region.registers <= 255, region.name
+    plan = build_plan(BobConfig(vocab=256, prompts=2, updates=2), TARGETS[arch],
+                      compiled=regions)
+    assert certify(plan).holds, certify(plan).hazards
+
+
+# -- the ELF and .nv.info readers on hand-made bytes ------------------------------------
+
+
+def test_attribute_records_of_every_format() -> None:
+    data = (
+        bytes([EIFMT_NVAL, 0x35, 0, 0])
+        + bytes([EIFMT_HVAL, 0x19]) + struct.pack("<H", 0x18)
+        + bytes([EIFMT_SVAL, EIATTR_PARAM_CBANK]) + struct.pack("<HIHH", 8, 7, 0x210, 0x18)
+        + bytes([EIFMT_SVAL, EIATTR_REGCOUNT]) + struct.pack("<HII", 8, 12, 40)
+    )
+    nval, hval, bank, regs = parse_attributes(data)
+    assert nval.value is None and nval.code == 0x35
+    assert hval.value == 0x18
+    assert bank.value == struct.pack("<IHH", 7, 0x210, 0x18)
+    assert regs.words() == (12, 40)
+
+
+@pytest.mark.parametrize("data, problem", [
+    (bytes([EIFMT_SVAL, 0x0A, 8, 0, 1, 2]), "runs past"),
+    (bytes([9, 0x0A, 0, 0]), "unknown attribute format"),
+    (bytes([EIFMT_HVAL, 0x19]), "truncated"),
+])
+def test_malformed_attributes_are_refused(data: bytes, problem: str) -> None:
+    with pytest.raises(CubinError, match=problem):
+        parse_attributes(data)
+
+
+def test_a_non_cubin_is_refused() -> None:
+    with pytest.raises(CubinError, match="ELF"):
+        Cubin(b"MZ" + bytes(100))
+    elf32 = b"\x7fELF" + bytes([1, 1]) + bytes(58)
+    with pytest.raises(CubinError, match="64-bit"):
+        Cubin(elf32)
