@@ -45,7 +45,8 @@ from bob.errors import BackendUnavailable
     (s.NV_CHANNEL_ALLOC_PARAMS, 368),
     (s.NV0000_CTRL_SYSTEM_GET_BUILD_VERSION_V2_PARAMS, 776),
     (s.NV0080_CTRL_GPU_GET_CLASSLIST_PARAMS, 16),
-    (s.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS, 2),
+    (s.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS, 3),
+    (s.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS_570, 2),
     (s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN_PARAMS, 4),
 ])
 def test_structure_sizes_match_the_580_headers(struct_type, size):
@@ -451,3 +452,139 @@ def test_probe_dispatches_a_kernel_on_hopper(capsys):
     out = capsys.readouterr().out
     assert status == 0, out
     assert "512/512 correct" in out
+
+
+def test_schedule_falls_back_to_the_570_layout():
+    class OldDriver(FakeDriver):
+        def control(self, request):
+            old_size = ctypes.sizeof(s.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS_570)
+            if request.cmd == s.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE and request.paramsSize != old_size:
+                self.controls.append(request.cmd)
+                request.status = 0x1F  # what 580 answered to the other size
+                return
+            super().control(request)
+
+    driver, _, channel = make_channel(OldDriver())
+    assert driver.controls.count(s.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE) == 2
+    assert channel.token == 0x10023
+
+
+# -- the plan image ---------------------------------------------------------------------------
+
+
+def _plan(target_name="sm_90", updates=2):
+    from bob.kernels import signatures as sig
+    from bob.plan.placement import TARGETS
+    from bob.program.bob import BobConfig, build_plan
+
+    code = bytes(range(256)) * 2  # stand-in machine code: the image copies it, nothing runs
+    compiled = {name: sig.declared_region(name, code, registers=24, shared_bytes=2048)
+                for name in sig.SIGNATURES}
+    return build_plan(BobConfig(vocab=256, prompts=1, updates=updates), TARGETS[target_name],
+                      compiled=compiled)
+
+
+def test_driver_area_layout():
+    from bob.backends.nv.rm.backend import STACK_TOP, driver_area
+
+    area = driver_area((256, 1, 1), (64, 2, 1))
+    assert len(area) == 0x30
+    assert struct.unpack_from("<6I", area, 0) == (256, 1, 1, 64, 2, 1)  # blockDim, gridDim
+    assert struct.unpack_from("<3Q", area, 0x18) == (ch.SHARED_MEMORY_WINDOW,
+                                                     ch.LOCAL_MEMORY_WINDOW, STACK_TOP)
+
+
+def test_plan_image_places_code_parameter_blocks_qmds_and_segments():
+    from bob.backends.cpu import CpuBackend
+    from bob.backends.nv import fields_generated as g
+    from bob.backends.nv.rm.backend import QMD_STRIDE, plan_image
+
+    plan = _plan()
+    oracle = CpuBackend(plan)
+    image = plan_image(plan, oracle)
+    amap = plan.address_map
+    assert len(image.program) == plan.program_bytes
+    for placed in plan.placed_regions:
+        start = placed.address - amap.program.base
+        assert image.program[start:start + placed.bytes] == plan.region(placed.name).code
+
+    def qmd_field(record: int, name: str) -> int:
+        high, low = g.QMDV04_00_FIELDS[name]
+        return (record >> low) & ((1 << (high - low + 1)) - 1)
+
+    for index, launch in enumerate(plan.launches):
+        start = plan.parameter_block_address(index) - amap.program.base
+        block = image.program[start:start + plan.target.parameter_block_bytes]
+        assert struct.unpack_from("<6I", block) == (launch.block.x, launch.block.y, launch.block.z,
+                                                    launch.grid.x, launch.grid.y, launch.grid.z)
+        expected = oracle.parameter_block(index)
+        assert block[0x30:] == expected[0x30:]  # the arguments as the plan encodes them
+        record = int.from_bytes(image.qmd_table[index * QMD_STRIDE:][:384], "little")
+        assert qmd_field(record, "QMD_MAJOR_VERSION") == 4
+        address = (qmd_field(record, "PROGRAM_ADDRESS_UPPER") << 32
+                   | qmd_field(record, "PROGRAM_ADDRESS_LOWER"))
+        assert address == plan.placed_region(launch.region).address
+        cb0 = (qmd_field(record, "CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6(0)") << 32
+               | qmd_field(record, "CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6(0)")) << 6
+        assert cb0 == plan.parameter_block_address(index)
+        assert qmd_field(record, "GRID_WIDTH") == launch.grid.x
+        assert qmd_field(record, "SHARED_MEMORY_SIZE") == 1024 + 2048
+
+    pushbuffer = image.pushbuffer()
+    assert image.setup_words == tuple(ch.bind_compute() + ch.memory_windows())
+    for index, (sub, segment) in enumerate(zip(plan.submissions, image.submissions, strict=True)):
+        words = struct.unpack_from(f"<{len(segment.words)}I", pushbuffer,
+                                   segment.pushbuffer_offset)
+        assert words == segment.words
+        qmds = [amap.qmd_table.base + i * QMD_STRIDE for i in sub.launches]
+        expected = sum((ch.launch_qmd(q) for q in qmds), [])
+        expected += ch.semaphore_release(amap.semaphores.base + 16 * index, sub.semaphore)
+        assert list(words) == expected
+        assert segment.pushbuffer_offset + 4 * len(words) <= amap.pushbuffer.bytes
+        assert all(q % 256 == 0 for q in qmds)
+
+
+def test_nv_backend_refuses_a_non_hopper_plan_before_opening_the_driver():
+    from bob.backends.nv.rm.backend import NvBackend
+
+    with pytest.raises(BackendUnavailable, match="sm_90 plans"):
+        NvBackend(_plan("sm_86"), transport=ioctl.FakeTransport({}))
+
+
+def test_nv_backend_without_a_gpu_times_out_and_frees_everything():
+    from bob.backends.nv.rm.backend import NvBackend
+
+    driver = FakeDriver()
+    transport = driver.transport()
+    with pytest.raises(ioctl.SubmissionTimeout, match="channel set-up"):
+        NvBackend(_plan(), transport=transport, deadline_s=0.01)
+    # The last escape frees the client (and with it every object under it).
+    assert transport.calls[-1][1] == s.NV_ESC_RM_FREE
+
+
+def test_nv_available_says_why_not():
+    from bob.backends.nv.rm import backend
+
+    if _nv_present():
+        pytest.skip("a driver is present")
+    usable, why = backend.nv_available()
+    assert not usable and "/dev/nvidiactl" in why
+
+
+def test_regions_file_round_trip_and_refusals(tmp_path):
+    import json
+
+    from bob.backends.nv.rm.regions import FORMAT, VERSION, load_regions
+    from bob.errors import BadInput
+
+    path = tmp_path / "regions.json"
+    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "arch": "sm_90",
+                                "regions": {"bob-adamw": {"code": "00ff", "registers": 24,
+                                                          "shared_bytes": 0}}}))
+    regions = load_regions(path)
+    assert regions["bob-adamw"].code == b"\x00\xff" and regions["bob-adamw"].registers == 24
+    path.write_text(json.dumps({"format": "other", "version": 1}))
+    with pytest.raises(BadInput, match="re-export"):
+        load_regions(path)
+    with pytest.raises(BadInput, match="not a readable"):
+        load_regions(tmp_path / "missing.json")

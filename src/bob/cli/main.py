@@ -40,6 +40,15 @@ except ImportError:  # pragma: no cover
     pass
 
 
+try:
+    from . import bench_cmd
+
+    for command in bench_cmd.COMMANDS:
+        cli.add_command(command)
+except ImportError:  # pragma: no cover
+    pass
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         status = cli.main(args=argv, prog_name="bob", standalone_mode=False)

@@ -118,8 +118,8 @@ def exp2(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """
     x = _require_f32(x)
     result = np.empty_like(x) if out is None else out
-    if result.dtype != np.float32 or result.shape != x.shape:
-        raise ValueError(f"out must be float32 of shape {x.shape}")
+    if result.dtype != np.float32 or result.shape != x.shape or not result.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous float32 array of shape {x.shape}")
     p = result.reshape(-1)
     with np.errstate(all="ignore"):  # NaN casts, underflow and overflow are all intended
         f = np.clip(x.reshape(-1), EXP2_LOW, EXP2_HIGH)  # the two selects; NaN passes through

@@ -92,65 +92,82 @@ def _require(array: np.ndarray, dtype: type, ndim: int, what: str) -> None:
                         f"not {array.ndim}-D {array.dtype}")
 
 
-def _softmax_parts(table: np.ndarray, log2e: np.float32,
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """z = (W - m) * log2e, e = exp2(z), s = row_sum(e), L = log2(s), per row."""
+def _exponents(table: np.ndarray, m: np.ndarray, log2e: np.float32,
+               out: np.ndarray) -> np.ndarray:
+    """z = (W - m) * log2e per row, into `out`."""
+    np.subtract(table, m[:, None], out=out)
+    out *= log2e
+    return out
+
+
+def _gradient_buffer(table: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     _require(table, np.float32, 2, "the table")
-    m = row_max(table)
-    z = table - m[:, None]
-    z *= log2e
-    e = exp2(z)
-    s = row_sum(e)
-    return z, e, s, log2(s)
+    if out is None:
+        return np.empty_like(table)
+    _require(out, np.float32, 2, "the gradient buffer")
+    if out.shape != table.shape or np.may_share_memory(out, table):
+        raise ValueError("the gradient buffer must match the table's shape and not overlap it")
+    return out
 
 
 def loss_gradient_hard_rows(table: np.ndarray, targets: np.ndarray, scalars: LossScalars,
-                            ) -> tuple[np.ndarray, np.ndarray]:
+                            out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Row losses (nats) and gradients for one target per row.
 
     loss[r] = ln2 * (L - z[t]); grad[r][j] = (e[j] / s) * (1/V), and for
     j = t, (e[t] / s - 1) * (1/V). A target >= V (which the host never
-    admits) gives a NaN loss and no -1 term.
+    admits) gives a NaN loss and no -1 term. The gradients go to `out` when
+    given (it then holds z and e on the way: one full-size array fewer).
     """
     _require(targets, np.uint32, 1, "the targets")
     rows, vocab = table.shape
+    grad = _gradient_buffer(table, out)
     with np.errstate(all="ignore"):
-        z, e, s, big_l = _softmax_parts(table, scalars.log2e)
         valid = targets < vocab
         r = np.nonzero(valid)[0]
         t = targets[valid].astype(np.intp)
+        z = _exponents(table, row_max(table), scalars.log2e, out=grad)
+        z_target = z[r, t]  # a copy, before z becomes e
+        e = exp2(z, out=grad)
+        s = row_sum(e)
         loss = np.full(rows, np.nan, np.float32)
-        loss[r] = scalars.ln2 * (big_l[r] - z[r, t])
+        loss[r] = scalars.ln2 * (log2(s)[r] - z_target)
         p = e
         p /= s[:, None]
         hit = p[r, t] - _ONE
-        grad = p
-        grad *= scalars.inverse_rows
+        p *= scalars.inverse_rows
         grad[r, t] = hit * scalars.inverse_rows
     return canonicalize_nan(loss), canonicalize_nan(grad)
 
 
 def loss_gradient_corpus_rows(table: np.ndarray, weights: np.ndarray, scalars: LossScalars,
-                              ) -> tuple[np.ndarray, np.ndarray]:
+                              out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Row losses (nats) and gradients against weighted targets T.
 
-    loss[r] = ln2 * row_sum(T[j] * (L - z[j])); grad[r][j] = rs * (e[j] / s) - T[j]
-    with rs = row_sum(T).
+    loss[r] = ln2 * row_sum((L - z[j]) * T[j]); grad[r][j] = rs * (e[j] / s) - T[j]
+    with rs = row_sum(T). The gradients go to `out` when given.
     """
     _require(weights, np.float32, 2, "the weights")
     if weights.shape != table.shape:
         raise ValueError(f"weights {weights.shape} and table {table.shape} differ in shape")
+    grad = _gradient_buffer(table, out)
+    if np.may_share_memory(grad, weights):
+        raise ValueError("the gradient buffer must not overlap the weights")
     with np.errstate(all="ignore"):
-        z, e, s, big_l = _softmax_parts(table, scalars.log2e)
-        terms = big_l[:, None] - z
+        m = row_max(table)
+        e = exp2(_exponents(table, m, scalars.log2e, out=grad), out=grad)
+        s = row_sum(e)
+        big_l = log2(s)
+        # z again rather than kept: the same operations give the same bits.
+        terms = _exponents(table, m, scalars.log2e, out=np.empty_like(table))
+        np.subtract(big_l[:, None], terms, out=terms)
         terms *= weights
         loss = scalars.ln2 * row_sum(terms)
         weight_sums = row_sum(weights)
         p = e
         p /= s[:, None]
-        grad = p
-        grad *= weight_sums[:, None]
-        grad -= weights
+        p *= weight_sums[:, None]
+        p -= weights
     return canonicalize_nan(loss), canonicalize_nan(grad)
 
 
@@ -209,9 +226,9 @@ def loss_gradient_hard(memory: Memory, args: Args) -> None:
     table = memory.array(int(args["parameters"]), "f32", vocab * vocab).reshape(vocab, vocab)
     targets = memory.array(int(args["targets"]), "u32", vocab)
     scalars = LossScalars(args["log2e"], args["ln2"], args["inverse_rows"])
-    loss, grad = loss_gradient_hard_rows(table, targets, scalars)
+    grad = memory.array(int(args["gradients"]), "f32", vocab * vocab).reshape(vocab, vocab)
+    loss, _ = loss_gradient_hard_rows(table, targets, scalars, out=grad)
     memory.array(int(args["loss"]), "f32", vocab)[:] = loss
-    memory.array(int(args["gradients"]), "f32", vocab * vocab)[:] = grad.reshape(-1)
 
 
 def loss_gradient_corpus(memory: Memory, args: Args) -> None:
@@ -219,9 +236,9 @@ def loss_gradient_corpus(memory: Memory, args: Args) -> None:
     table = memory.array(int(args["parameters"]), "f32", vocab * vocab).reshape(vocab, vocab)
     weights = memory.array(int(args["weights"]), "f32", vocab * vocab).reshape(vocab, vocab)
     scalars = LossScalars(args["log2e"], args["ln2"])
-    loss, grad = loss_gradient_corpus_rows(table, weights, scalars)
+    grad = memory.array(int(args["gradients"]), "f32", vocab * vocab).reshape(vocab, vocab)
+    loss, _ = loss_gradient_corpus_rows(table, weights, scalars, out=grad)
     memory.array(int(args["loss"]), "f32", vocab)[:] = loss
-    memory.array(int(args["gradients"]), "f32", vocab * vocab)[:] = grad.reshape(-1)
 
 
 def adamw(memory: Memory, args: Args) -> None:

@@ -30,7 +30,13 @@ from dataclasses import dataclass
 
 from . import structs as s
 from .device import RmDevice
-from .ioctl import ChannelError, SubmissionTimeout
+from .ioctl import (
+    NV_ERR_INVALID_ARGUMENT,
+    NV_ERR_INVALID_PARAM_STRUCT,
+    ChannelError,
+    RmStatusError,
+    SubmissionTimeout,
+)
 from .memory import Allocation, allocate, round_up, store_fence
 
 RUNTIME_VA_BASE = 0x10_0000_0000  # below every plan (DEFAULT_VA_BASE is 0x20_0000_0000)
@@ -197,11 +203,27 @@ class Channel:
         token = s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN_PARAMS(workSubmitToken=0xFFFF_FFFF)
         client.control(self.handle, s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN, token)
         self.token = token.workSubmitToken
-        client.control(self.group, s.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE,
-                       s.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS(bEnable=1, bSkipSubmit=0))
+        self._schedule()
         self._gp_put = self.ring.u32(self.userd_offset + s.USERD_GP_PUT)
         self._gp_get = self.ring.u32(self.userd_offset + s.USERD_GP_GET)
         self.put_count = 0
+
+    def _schedule(self) -> None:
+        """Put the channel group on the runlist (580 layout first, then 570's)."""
+        client = self.device.client
+        last: RmStatusError | None = None
+        for layout in (s.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS,
+                       s.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS_570):
+            try:
+                client.control(self.group, s.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE,
+                               layout(bEnable=1, bSkipSubmit=0))
+                return
+            except RmStatusError as error:
+                if error.code not in (NV_ERR_INVALID_ARGUMENT, NV_ERR_INVALID_PARAM_STRUCT):
+                    raise
+                last = error
+        assert last is not None
+        raise last
 
     # -- submission ------------------------------------------------------------------
     def submit(self, entries: list[int]) -> None:

@@ -148,9 +148,16 @@ def probe_qmd(program_va: int, cb0_va: int, cb0_bytes: int, grid: int, block: in
     })
 
 
-def probe_parameter_block(out_va: int, magic: int) -> bytes:
-    """Constant bank 0: the driver area (memory windows, stack top) then the arguments."""
+def probe_parameter_block(out_va: int, magic: int, grid: int, block_x: int) -> bytes:
+    """Constant bank 0: the driver area, then the arguments from the parameter base.
+
+    The driver area is not optional: compiled code reads blockDim from
+    c[0][0x0..0x8] and gridDim from c[0][0xc..0x14] (seen on the H200: with
+    zeros there every CTA computed blockIdx.x * 0 + threadIdx.x). Then the
+    shared and local windows and the initial stack pointer.
+    """
     block = bytearray(PARAMETER_BLOCK_BYTES)
+    struct.pack_into("<3I3I", block, 0x0, block_x, 1, 1, grid, 1, 1)
     struct.pack_into("<QQQ", block, 0x18, SHARED_MEMORY_WINDOW, LOCAL_MEMORY_WINDOW, STACK_TOP)
     struct.pack_into("<QI", block, probe_kernel.PARAMETER_BASE, out_va, magic)
     return bytes(block)
@@ -160,8 +167,11 @@ def probe_parameter_block(out_va: int, magic: int) -> bytes:
 
 
 class Probe:
-    def __init__(self, deadline_s: float, transport=None):
+    def __init__(self, deadline_s: float, transport=None, regions: str | None = None,
+                 plans: tuple[tuple[int, int, int, str], ...] = ((256, 2, 3, "hard"),)):
         self.deadline_s = deadline_s
+        self.regions = regions
+        self.plans = plans
         self.transport = transport
         self.client: RmClient | None = None
         self.device: RmDevice | None = None
@@ -266,7 +276,8 @@ class Probe:
         threads = grid * block
         program.write(0, probe_kernel.CODE)
         cb0_va = program.gpu_va + PARAMETER_BLOCK_OFFSET
-        program.write(PARAMETER_BLOCK_OFFSET, probe_parameter_block(arena.gpu_va, magic))
+        program.write(PARAMETER_BLOCK_OFFSET,
+                      probe_parameter_block(arena.gpu_va, magic, grid, block))
         arena.write(0, b"\xff" * (4 * threads))
         qmd = probe_qmd(program.gpu_va, cb0_va, PARAMETER_BLOCK_BYTES, grid, block,
                         semaphores.gpu_va + 16, 3)
@@ -291,14 +302,44 @@ class Probe:
         if wrong:
             i = wrong[0]
             raise RuntimeError(f"out[{i}] = 0x{out[i]:08x}, expected 0x{(magic + i):08x}")
+        self.round_trips(qmd_block.gpu_va, semaphores.gpu_va + 8, first_value=3)
+
+    def round_trips(self, qmd_va: int, semaphore_va: int, first_value: int,
+                    count: int = 50) -> None:
+        """Dispatch + host release + CPU wait, `count` times: the submission round trip."""
+        assert self.channel is not None
+        times = []
+        for value in range(first_value, first_value + count):
+            entry = self.push(launch_qmd(qmd_va) + semaphore_release(semaphore_va, value))
+            began = time.monotonic()
+            self.channel.submit([entry])
+            self.channel.wait(lambda: self.semaphore(8), value, self.deadline_s,
+                              f"semaphore[1] round trip {value}")
+            times.append((time.monotonic() - began) * 1e6)
+            if self.push_cursor > 60 << 10:
+                self.push_cursor = 0  # the entries before have been consumed (waited on)
+        times.sort()
+        self.say(f"{count} dispatch round trips (submit -> host semaphore seen by the CPU): "
+                 f"median {times[count // 2]:.1f} us, min {times[0]:.1f} us, "
+                 f"max {times[-1]:.1f} us")
 
     # stage 4 ---------------------------------------------------------------------------
     def stage4(self) -> None:
         from .backend import run_plan_check
 
         self.close()  # the backend opens its own client
-        for line in run_plan_check(deadline_s=self.deadline_s):
-            self.say(line)
+        failures = []
+        for spec in self.plans:
+            vocab, prompts, updates, mode = spec
+            try:
+                run_plan_check(deadline_s=self.deadline_s, regions_path=self.regions,
+                               vocab=vocab, prompts=prompts, updates=updates, mode=mode,
+                               say=self.say)
+            except Exception as error:  # report, then go on with the next plan
+                failures.append(f"{spec}: {type(error).__name__}: {error}")
+                self.say(f"plan {spec} FAILED: {type(error).__name__}: {error}")
+        if failures:
+            raise RuntimeError("; ".join(failures))
 
     def close(self) -> None:
         for block in self.blocks.values():
@@ -315,13 +356,59 @@ class Probe:
             self.client = None
 
 
+def regenerate_kernel() -> int:
+    """Compile probe_kernel.SOURCE with nvcc and rewrite probe_kernel.py's resources."""
+    import pathlib
+    import subprocess
+    import tempfile
+    import textwrap
+
+    from bob.kernels.cuda.cubin import Cubin
+
+    with tempfile.TemporaryDirectory() as work:
+        source = pathlib.Path(work) / "probe.cu"
+        source.write_text(probe_kernel.SOURCE)
+        image = pathlib.Path(work) / "probe.cubin"
+        subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-o", str(image), str(source)],
+                       check=True)
+        kernel = Cubin(image.read_bytes()).kernel(probe_kernel.ENTRY)
+    path = pathlib.Path(probe_kernel.__file__)
+    text = path.read_text()
+    head = text[:text.index("REGISTERS = ")]
+    code = "\n".join(f'    "{line}"' for line in textwrap.wrap(kernel.code.hex(), 96))
+    path.write_text(head + f"REGISTERS = {kernel.registers}\n"
+                    f"SHARED_BYTES = {kernel.shared_bytes}\n"
+                    f"PARAMETER_BASE = 0x{kernel.parameter_base:x}\n"
+                    f"PARAMETER_BYTES = {kernel.parameter_bytes}\n"
+                    f"CODE = bytes.fromhex(\n{code}\n)\n")
+    print(f"rewrote {path}: {len(kernel.code)} bytes, {kernel.registers} registers")
+    return 0
+
+
 def main(argv: list[str] | None = None, transport=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stages", default="1,2,3", help="comma-separated stages to run")
     parser.add_argument("--deadline", type=float, default=10.0, help="seconds per wait")
+    parser.add_argument("--regions", help="compiled sm_90 regions (JSON) for stage 4")
+    parser.add_argument("--plans", default="256:2:3:hard",
+                        help="stage 4 plans, V:P:N:mode separated by commas")
+    parser.add_argument("--regenerate-kernel", action="store_true",
+                        help="rebuild probe_kernel.py from its CUDA C with nvcc, exit")
+    parser.add_argument("--export-regions", metavar="PATH",
+                        help="compile Bob's regions for sm_90 here, write them to PATH, exit")
     args = parser.parse_args(argv)
+    if args.regenerate_kernel:
+        return regenerate_kernel()
+    if args.export_regions:
+        from .regions import export_regions
+
+        regions = export_regions(args.export_regions)
+        print(f"wrote {len(regions)} sm_90 regions to {args.export_regions}")
+        return 0
     stages = sorted({int(x) for x in args.stages.split(",") if x.strip()})
-    probe = Probe(args.deadline, transport)
+    plans = tuple((int(v), int(p), int(n), mode) for v, p, n, mode in
+                  (spec.split(":") for spec in args.plans.split(",") if spec.strip()))
+    probe = Probe(args.deadline, transport, args.regions, plans)
     status = 0
     current = 0
     try:

@@ -19,9 +19,16 @@ side with the release that introduced them:
 - Allocation parameter blocks are passed with ``paramsSize = 0`` (the driver
   then reads its own size for the class) and a zero tail of ``ALLOC_SLACK``
   bytes, so a field appended in a later release reads as zero.
-- Control parameter blocks are checked by size in the driver
-  (NV_ERR_INVALID_PARAM_STRUCT on a mismatch): only controls whose layout
-  has not changed from 535 to 590 are used.
+- Control parameter blocks are checked by size in the driver: a mismatch is
+  NV_ERR_INVALID_PARAM_STRUCT or NV_ERR_INVALID_ARGUMENT. The one control
+  Bob needs that changed, the channel group schedule, gained ``bSkipEnable``
+  (2 -> 3 bytes): 580.159.04 refused the 2-byte block with
+  NV_ERR_INVALID_ARGUMENT on the H200. ``channel.py`` sends the 3-byte block
+  and falls back to the 2-byte one.
+- The build-version control (NV0000_CTRL_CMD_SYSTEM_GET_BUILD_VERSION_V2)
+  answered NV_ERR_INVALID_ARGUMENT to the 776-byte block on 580.159.04; the
+  version is informational only (the driver file /proc/driver/nvidia/version
+  has it).
 """
 
 from __future__ import annotations
@@ -441,7 +448,11 @@ class NV0080_CTRL_GPU_GET_CLASSLIST_PARAMS(Struct):  # ctrl0080gpu.h
     _fields_ = [("numClasses", NvU32), ("classList", NvP64)]
 
 
-class NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS(Struct):  # ctrla06f/ctrla06fgpfifo.h
+class NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS(Struct):  # ctrla06f/ctrla06fgpfifo.h, 580.159
+    _fields_ = [("bEnable", NvBool), ("bSkipSubmit", NvBool), ("bSkipEnable", NvBool)]
+
+
+class NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS_570(Struct):  # 570.144: no bSkipEnable
     _fields_ = [("bEnable", NvBool), ("bSkipSubmit", NvBool)]
 
 

@@ -1,0 +1,710 @@
+"""An independent decoder and printer for Bob's NVIDIA command streams.
+
+    print(disassemble(encode(plan), plan))   # bob plan --arch sm_90 --disasm
+
+Its tables do not come from the generated module the encoder uses: at import
+time it parses the vendored headers itself, with its own reader, and keeps
+everything in them (every QMD field of both versions, every method and field
+of the class excerpts), so a wrong bit in the generator or the encoder shows
+up as a wrong value here, and a stray bit as an unexplained one.
+
+What it derives, and how:
+
+- classes from the class-number defines (``AMPERE_COMPUTE_B 0xC7C0`` names
+  the ``NVC7C0_`` defines); methods are the numeric defines that are neither a
+  field's named value nor one of the word-format families (DMA_*, GP_ENTRY*);
+- QMD layouts from ``NVxxxx_QMDVaa_bb_`` defines; an indexed field ``X(i)`` has
+  as many instances as fit before the next field (see ``_instance_counts``);
+- shifts from field names (``..._SHIFTED6`` holds the value >> 6) and, for
+  method headers, from the header's own two address formats (the byte offset
+  at DMA_METHOD_ADDRESS_OLD 12:2, the word offset at DMA_METHOD_ADDRESS 11:0).
+
+The one fact it is told: which QMD version a compute class reads
+(``QMD_VERSION_OF_CLASS``), as Mesa NVK does.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bob.plan.model import Plan, PointerParam
+from bob.plan.placement import argument_slots
+
+if TYPE_CHECKING:
+    from bob.backends.nv.encoder import EncodedProgram
+
+HEADERS = Path(__file__).with_name("headers")
+QMD_VERSION_OF_CLASS = {0xC7C0: "03_00", 0xCBC0: "04_00"}  # AMPERE_COMPUTE_B, HOPPER_COMPUTE_A
+HOST_METHOD_LIMIT = 0x100  # methods below run in the channel (host) whatever the subchannel
+
+_DEFINE = re.compile(r"^\s*#\s*define\s+(\w+?)(\(i\))?\s+(.+?)\s*(?://.*)?$")
+_RANGE = re.compile(r"^(?:MW\()?(\d+):(\d+)\)?$")
+_INDEXED = re.compile(r"^MW\(\((\d+)\+\(i\)\*(\d+)\):\((\d+)\+\(i\)\*(\d+)\)\)$")
+_NUMBER = re.compile(r"^\(?(0[xX][0-9a-fA-F]+|\d+)\)?$")
+_QMD_NAME = re.compile(r"^NV[0-9A-F]{4}_QMDV(\d\d_\d\d)_(\w+)$")
+_SHIFT = re.compile(r"_SHIFTED(\d+)(?:\(\d+\))?$")
+_NOT_METHODS = ("DMA_", "GP_ENTRY", "NUMBER_OF_")
+
+
+class DecodeError(ValueError):
+    """Bytes that do not decode as Bob's command stream; the message says where."""
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    high: int
+    low: int
+
+    @property
+    def width(self) -> int:
+        return self.high - self.low + 1
+
+    @property
+    def mask(self) -> int:
+        return ((1 << self.width) - 1) << self.low
+
+    def extract(self, value: int) -> int:
+        return (value & self.mask) >> self.low
+
+    @property
+    def shift(self) -> int:
+        match = _SHIFT.search(self.name)
+        return int(match.group(1)) if match else 0
+
+
+@dataclass
+class ClassInfo:
+    """One class as its header describes it (all of it, not only what Bob uses)."""
+
+    number: int
+    name: str
+    prefix: str
+    fields: dict[str, Field] = field(default_factory=dict)
+    numbers: dict[str, int] = field(default_factory=dict)
+    methods: dict[int, str] = field(default_factory=dict)
+    value_names: dict[str, dict[int, str]] = field(default_factory=dict)
+
+    def method_fields(self, method: str) -> list[Field]:
+        """The fields of a method's data word (not those of a longer method's name)."""
+        others = [m for m in self.methods.values() if m != method and m.startswith(method)]
+        return [
+            f for f in self.fields.values()
+            if f.name.startswith(method + "_")
+            and not any(f.name.startswith(o + "_") for o in others)
+        ]
+
+
+@dataclass
+class QmdLayout:
+    version: str  # "03_00"
+    fields: dict[str, Field] = field(default_factory=dict)  # indexed ones as "X(0)", "X(1)"...
+    families: dict[str, list[Field]] = field(default_factory=dict)  # "X" -> its instances
+    value_names: dict[str, dict[int, str]] = field(default_factory=dict)  # by family/field
+    record_bytes: int = 0
+
+    def field(self, name: str) -> Field:
+        if name not in self.fields:
+            raise DecodeError(f"QMD V{self.version} has no field {name}")
+        return self.fields[name]
+
+
+def _value_owner(name: str, fields: Sequence[str]) -> str | None:
+    """The longest field name `name` extends (`FIELD_VALUE`), if any."""
+    owners = [f for f in fields if name.startswith(f + "_")]
+    return max(owners, key=len) if owners else None
+
+
+def _read_header(path: Path) -> Iterator[tuple[str, bool, str]]:
+    for line in path.read_text().splitlines():
+        match = _DEFINE.match(line)
+        if match:
+            yield match.group(1), bool(match.group(2)), match.group(3)
+
+
+class HeaderTables:
+    """Everything the vendored headers say, parsed by the decoder's own reader."""
+
+    def __init__(self, directory: Path):
+        self.classes: dict[int, ClassInfo] = {}
+        self.qmd: dict[str, QmdLayout] = {}
+        defines = [d for path in sorted(directory.glob("*.h")) for d in _read_header(path)]
+        self._read_classes(defines)
+        self._read_qmds(defines)
+        pbdma = [c for c in self.classes.values() if "DMA_METHOD_ADDRESS" in c.fields]
+        if not pbdma:
+            raise DecodeError("no vendored header defines the pushbuffer method format")
+        self.pbdma = pbdma[0]
+
+    def _read_classes(self, defines: list[tuple[str, bool, str]]) -> None:
+        for name, indexed, value in defines:
+            number = _NUMBER.match(value)
+            if not name.startswith("NV") and not indexed and number:
+                klass = int(number.group(1), 0)
+                prefix = f"NV{klass:04X}_"
+                self.classes[klass] = ClassInfo(klass, name, prefix)
+        by_prefix = {c.prefix: c for c in self.classes.values()}
+        for name, indexed, value in defines:
+            info = by_prefix.get(name[:7])
+            if info is None or _QMD_NAME.match(name) or indexed:
+                continue
+            short = name[len(info.prefix):]
+            bits = _RANGE.match(value)
+            number = _NUMBER.match(value)
+            if bits:
+                info.fields[short] = Field(short, int(bits.group(1)), int(bits.group(2)))
+            elif number:
+                info.numbers[short] = int(number.group(1), 0)
+        for info in self.classes.values():
+            names = list(info.fields)
+            for short, number in info.numbers.items():
+                owner = _value_owner(short, names)
+                if owner is not None:
+                    info.value_names.setdefault(owner, {})[number] = short[len(owner) + 1:]
+                elif not short.startswith(_NOT_METHODS) and "__" not in short:
+                    info.methods[number] = short
+
+    def _read_qmds(self, defines: list[tuple[str, bool, str]]) -> None:
+        families: dict[str, dict[str, tuple[int, int, int]]] = {}
+        numbers: dict[str, dict[str, int]] = {}
+        for name, indexed, value in defines:
+            match = _QMD_NAME.match(name)
+            if not match:
+                continue
+            version, short = match.groups()
+            layout = self.qmd.setdefault(version, QmdLayout(version))
+            bits = _RANGE.match(value)
+            spread = _INDEXED.match(value)
+            number = _NUMBER.match(value)
+            if indexed and spread:
+                high, high_stride, low, low_stride = (int(x) for x in spread.groups())
+                if high_stride != low_stride:
+                    raise DecodeError(f"{name}(i): its two bounds move by different strides")
+                families.setdefault(version, {})[short] = (high, low, high_stride)
+            elif bits:
+                layout.fields[short] = Field(short, int(bits.group(1)), int(bits.group(2)))
+            elif number:
+                numbers.setdefault(version, {})[short] = int(number.group(1), 0)
+        for version, layout in self.qmd.items():
+            top = max(f.high for f in layout.fields.values())
+            layout.record_bytes = (top // 32 + 1) * 4
+            spreads = families.get(version, {})
+            for family, count in _instance_counts(layout, spreads).items():
+                high, low, stride = spreads[family]
+                instances = [Field(f"{family}({i})", high + i * stride, low + i * stride)
+                             for i in range(count)]
+                layout.families[family] = instances
+                layout.fields.update((f.name, f) for f in instances)
+            owners = [n for n in layout.fields if "(" not in n] + list(spreads)
+            for short, number in numbers.get(version, {}).items():
+                owner = _value_owner(short, owners)
+                if owner is not None:
+                    layout.value_names.setdefault(owner, {})[number] = short[len(owner) + 1:]
+
+
+def _instance_counts(layout: QmdLayout, spreads: dict[str, tuple[int, int, int]]
+                     ) -> dict[str, int]:
+    """How many instances each indexed QMD field has.
+
+    Instance i of a family lies `stride * i` bits after instance 0. A family
+    continues while its next instance stays inside the record and clear of
+    every plain field and of instance 0 of every other family; families with
+    the same stride describe one array of structures, so they share the
+    smallest count (eight constant buffers, three releases, two dependent QMDs).
+    """
+    bits = layout.record_bytes * 8
+
+    def mask(high: int, low: int) -> int:
+        return ((1 << (high - low + 1)) - 1) << low
+
+    plain = 0
+    for f in layout.fields.values():
+        plain |= f.mask
+    firsts = {name: mask(high, low) for name, (high, low, _) in spreads.items()}
+    counts: dict[str, int] = {}
+    for name, (high, low, stride) in spreads.items():
+        others = plain
+        for other, first in firsts.items():
+            if other != name:
+                others |= first
+        count = 1
+        while high + count * stride < bits and not (
+            mask(high + count * stride, low + count * stride) & others
+        ):
+            count += 1
+        counts[name] = count
+    by_stride: dict[int, int] = {}
+    for name, (_, _, stride) in spreads.items():
+        by_stride[stride] = min(by_stride.get(stride, counts[name]), counts[name])
+    return {name: by_stride[stride] for name, (_, _, stride) in spreads.items()}
+
+
+TABLES = HeaderTables(HEADERS)
+
+
+# -- GPFIFO entries --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpEntry:
+    index: int
+    address: int
+    words: int
+    fetch: str
+    level: str
+    sync: str
+
+
+def _class(number: int) -> ClassInfo:
+    if number not in TABLES.classes:
+        raise DecodeError(f"class {number:#x} is not in the vendored headers")
+    return TABLES.classes[number]
+
+
+def _name_of(info: ClassInfo, field_name: str, value: int) -> str:
+    return info.value_names.get(field_name, {}).get(value, str(value))
+
+
+def decode_gpfifo(data: bytes, host_class: int) -> list[GpEntry]:
+    host = _class(host_class)
+    size = host.numbers["GP_ENTRY__SIZE"]
+    if len(data) % size:
+        raise DecodeError(f"GPFIFO of {len(data)} bytes is not a whole number of {size}-byte "
+                          "entries")
+    entries = []
+    f = host.fields
+    for index in range(len(data) // size):
+        entry0, entry1 = struct.unpack_from("<II", data, index * size)
+        # GP_ENTRY0_GET holds address bits 31:2 in place; GET_HI holds bits 39:32.
+        address = (entry0 & f["GP_ENTRY0_GET"].mask) | (f["GP_ENTRY1_GET_HI"].extract(entry1)
+                                                          << 32)
+        entries.append(GpEntry(
+            index=index,
+            address=address,
+            words=f["GP_ENTRY1_LENGTH"].extract(entry1),
+            fetch=_name_of(host, "GP_ENTRY0_FETCH", f["GP_ENTRY0_FETCH"].extract(entry0)),
+            level=_name_of(host, "GP_ENTRY1_LEVEL", f["GP_ENTRY1_LEVEL"].extract(entry1)),
+            sync=_name_of(host, "GP_ENTRY1_SYNC", f["GP_ENTRY1_SYNC"].extract(entry1)),
+        ))
+    return entries
+
+
+# -- pushbuffer methods ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodedField:
+    name: str  # relative to its method: OPERATION for SEM_EXECUTE_OPERATION
+    field: Field
+    value: int
+    value_name: str | None
+
+    @property
+    def in_place(self) -> int:
+        """The value at its bit position (an OFFSET 31:2 field gives address bits 31:2)."""
+        return self.value << self.field.low
+
+    @property
+    def unshifted(self) -> int:
+        """The value a ``_SHIFTEDn`` field stands for."""
+        return self.value << self.field.shift
+
+
+@dataclass(frozen=True)
+class MethodCall:
+    address: int  # the virtual address of the word carrying the data (immediate: the header)
+    form: str
+    subchannel: int
+    method: int
+    data: int
+    class_name: str
+    name: str  # relative to its class; "0x...": a method the headers do not name
+    fields: tuple[DecodedField, ...]
+
+    def field(self, name: str) -> DecodedField:
+        for decoded in self.fields:
+            if decoded.name == name:
+                return decoded
+        raise DecodeError(f"{self.class_name} {self.name} at {self.address:#x} has no field "
+                          f"{name}")
+
+    def describe(self) -> str:
+        method = f"{self.class_name}.{self.name}"
+        parts = [f"{self.address:#014x}  sc{self.subchannel} {method:<58} = {self.data:#010x}"
+                 f"  ({self.form})"]
+        for decoded in self.fields:
+            shown = decoded.value_name or f"{decoded.value:#x}"
+            parts.append(f"{decoded.name}={shown}")
+        return "  ".join(parts)
+
+
+_FORMS = {
+    "INC_METHOD": "incrementing",
+    "NON_INC_METHOD": "non-incrementing",
+    "IMMD_DATA_METHOD": "immediate",
+    "ONE_INC": "increment-once",
+}
+
+
+def _method_call(address: int, form: str, subchannel: int, method: int, data: int,
+                 host: ClassInfo, bindings: dict[int, int]) -> MethodCall:
+    if method < HOST_METHOD_LIMIT:
+        info = host
+    elif subchannel in bindings:
+        info = _class(bindings[subchannel])
+    else:
+        raise DecodeError(f"{address:#x}: method {method:#x} on subchannel {subchannel}, which "
+                          "has no class bound (SET_OBJECT)")
+    name = info.methods.get(method, f"{method:#x}")
+    fields = []
+    for f in info.method_fields(name):
+        value = f.extract(data)
+        label = info.value_names.get(f.name, {}).get(value)
+        fields.append(DecodedField(f.name[len(name) + 1:], f, value, label))
+    if method == 0:  # SET_OBJECT binds a class to the subchannel
+        nvclass = host.fields.get("SET_OBJECT_NVCLASS") or TABLES.pbdma.fields["SET_OBJECT_NVCLASS"]
+        number = nvclass.extract(data)
+        bindings[subchannel] = number
+        label = TABLES.classes[number].name if number in TABLES.classes else None
+        fields = [DecodedField("NVCLASS", nvclass, number, label)]
+    return MethodCall(address, form, subchannel, method, data, info.name, name, tuple(fields))
+
+
+def decode_segment(words: Sequence[int], address: int, host_class: int,
+                   bindings: dict[int, int]) -> list[MethodCall]:
+    """The method calls of one pushbuffer segment; `bindings` (subchannel -> class) is
+    updated by SET_OBJECT and carries over from segment to segment, as in a channel.
+    """
+    host = _class(host_class)
+    pb = TABLES.pbdma.fields
+    forms = {number: _FORMS[name] for number, name in
+             TABLES.pbdma.value_names["DMA_SEC_OP"].items() if name in _FORMS}
+    # DMA_METHOD_ADDRESS (11:0) holds the method's offset / 4; the older format
+    # DMA_METHOD_ADDRESS_OLD (12:2) held the byte offset in place: the difference
+    # of their low bits is the shift.
+    address_shift = pb["DMA_METHOD_ADDRESS_OLD"].low - pb["DMA_METHOD_ADDRESS"].low
+    calls: list[MethodCall] = []
+    position = 0
+    while position < len(words):
+        header_address = address + 4 * position
+        header = words[position]
+        opcode = pb["DMA_SEC_OP"].extract(header)
+        if opcode not in forms:
+            raise DecodeError(f"{header_address:#x}: header {header:#010x} has opcode {opcode} "
+                              "(not a method form Bob writes)")
+        form = forms[opcode]
+        subchannel = pb["DMA_METHOD_SUBCHANNEL"].extract(header)
+        method = pb["DMA_METHOD_ADDRESS"].extract(header) << address_shift
+        if form == "immediate":
+            data = pb["DMA_IMMD_DATA"].extract(header)
+            calls.append(_method_call(header_address, form, subchannel, method, data, host,
+                                      bindings))
+            position += 1
+            continue
+        count = pb["DMA_METHOD_COUNT"].extract(header)
+        if count == 0 or position + count >= len(words):
+            raise DecodeError(f"{header_address:#x}: header {header:#010x} announces {count} "
+                              f"data words; the segment has {len(words) - position - 1} left")
+        for k in range(count):
+            step = {"incrementing": k, "non-incrementing": 0, "increment-once": min(k, 1)}[form]
+            calls.append(_method_call(header_address + 4 * (1 + k), form, subchannel,
+                                      method + 4 * step, words[position + 1 + k], host,
+                                      bindings))
+        position += 1 + count
+    return calls
+
+
+# -- QMDs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Release:
+    address: int
+    payload: int
+    structure: str  # the header's name for the structure size, e.g. SEMAPHORE_ONE_WORD
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """What a QMD asks the compute engine to do."""
+
+    major_version: int
+    program_address: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    registers: int
+    barriers: int
+    shared_memory: int
+    constant_buffers: dict[int, tuple[int, int]]  # valid banks: index -> (address, size)
+    releases: tuple[Release, ...]
+
+
+@dataclass(frozen=True)
+class _ReleaseNames:
+    enable: str
+    address: tuple[str, str]
+    payload: tuple[str, str]
+    payload64: str
+    structure: str
+
+
+@dataclass(frozen=True)
+class _Schema:
+    """Which fields of a QMD version carry a dispatch (the versions rename them)."""
+
+    grid: tuple[str, str, str]
+    registers: str
+    program: tuple[str, str]
+    cbuf_valid: str  # families
+    cbuf_address: tuple[str, str]
+    cbuf_size: str
+    releases: tuple[_ReleaseNames, ...]
+    block: tuple[str, str, str] = ("CTA_THREAD_DIMENSION0", "CTA_THREAD_DIMENSION1",
+                                   "CTA_THREAD_DIMENSION2")
+
+
+_SCHEMAS = {
+    "03_00": _Schema(
+        grid=("CTA_RASTER_WIDTH", "CTA_RASTER_HEIGHT", "CTA_RASTER_DEPTH"),
+        registers="REGISTER_COUNT_V",
+        program=("PROGRAM_ADDRESS_LOWER", "PROGRAM_ADDRESS_UPPER"),
+        cbuf_valid="CONSTANT_BUFFER_VALID",
+        cbuf_address=("CONSTANT_BUFFER_ADDR_LOWER", "CONSTANT_BUFFER_ADDR_UPPER"),
+        cbuf_size="CONSTANT_BUFFER_SIZE_SHIFTED4",
+        releases=(
+            _ReleaseNames("RELEASE0_ENABLE", ("RELEASE0_ADDRESS_LOWER", "RELEASE0_ADDRESS_UPPER"),
+                          ("RELEASE0_PAYLOAD_LOWER", "RELEASE0_PAYLOAD_UPPER"),
+                          "RELEASE0_PAYLOAD64B", "RELEASE0_STRUCTURE_SIZE"),
+            _ReleaseNames("RELEASE1_ENABLE", ("RELEASE1_ADDRESS_LOWER", "RELEASE1_ADDRESS_UPPER"),
+                          ("RELEASE1_PAYLOAD_LOWER", "RELEASE1_PAYLOAD_UPPER"),
+                          "RELEASE1_PAYLOAD64B", "RELEASE1_STRUCTURE_SIZE"),
+            _ReleaseNames("RELEASE2_ENABLE", ("RELEASE2_ADDRESS_LOWER", "RELEASE2_ADDRESS_UPPER"),
+                          ("RELEASE2_PAYLOAD_LOWER", "RELEASE2_PAYLOAD_UPPER"),
+                          "RELEASE2_PAYLOAD64B", "RELEASE2_STRUCTURE_SIZE"),
+        ),
+    ),
+    "04_00": _Schema(
+        grid=("GRID_WIDTH", "GRID_HEIGHT", "GRID_DEPTH"),
+        registers="REGISTER_COUNT",
+        program=("PROGRAM_ADDRESS_LOWER", "PROGRAM_ADDRESS_UPPER"),
+        cbuf_valid="CONSTANT_BUFFER_VALID",
+        cbuf_address=("CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6", "CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6"),
+        cbuf_size="CONSTANT_BUFFER_SIZE_SHIFTED4",
+        releases=(
+            _ReleaseNames("RELEASE_ENABLE(0)",
+                          ("RELEASE_SEMAPHORE0_ADDR_LOWER", "RELEASE_SEMAPHORE0_ADDR_UPPER"),
+                          ("RELEASE_SEMAPHORE0_PAYLOAD_LOWER", "RELEASE_SEMAPHORE0_PAYLOAD_UPPER"),
+                          "RELEASE_PAYLOAD64B(0)", "RELEASE_STRUCTURE_SIZE(0)"),
+            _ReleaseNames("RELEASE_ENABLE(1)",
+                          ("RELEASE_SEMAPHORE1_ADDR_LOWER", "RELEASE_SEMAPHORE1_ADDR_UPPER"),
+                          ("RELEASE_SEMAPHORE1_PAYLOAD_LOWER", "RELEASE_SEMAPHORE1_PAYLOAD_UPPER"),
+                          "RELEASE_PAYLOAD64B(1)", "RELEASE_STRUCTURE_SIZE(1)"),
+            _ReleaseNames("RELEASE_ENABLE(2)",
+                          ("RELEASE_SEMAPHORE2_ADDR_LOWER", "RELEASE_SEMAPHORE2_ADDR_UPPER"),
+                          ("RELEASE_SEMAPHORE2_PAYLOAD_LOWER", "RELEASE_SEMAPHORE2_PAYLOAD_UPPER"),
+                          "RELEASE_PAYLOAD64B(2)", "RELEASE_STRUCTURE_SIZE(2)"),
+        ),
+    ),
+}
+
+
+class DecodedQmd:
+    """One QMD record read through the decoder's own layout."""
+
+    def __init__(self, record: bytes, compute_class: int):
+        if compute_class not in QMD_VERSION_OF_CLASS:
+            raise DecodeError(f"no QMD version known for compute class {compute_class:#x}")
+        self.version = QMD_VERSION_OF_CLASS[compute_class]
+        self.layout = TABLES.qmd[self.version]
+        if len(record) != self.layout.record_bytes:
+            raise DecodeError(f"QMD V{self.version} is {self.layout.record_bytes} bytes, not "
+                              f"{len(record)}")
+        self.bits = int.from_bytes(record, "little")
+
+    def get(self, name: str) -> int:
+        return self.layout.field(name).extract(self.bits)
+
+    def value_name(self, name: str, value: int) -> str | None:
+        family = name.partition("(")[0]
+        return self.layout.value_names.get(family, {}).get(value)
+
+    def nonzero(self) -> list[tuple[Field, int]]:
+        """Every field with a nonzero value, by position (aliases included)."""
+        found = [(f, f.extract(self.bits)) for f in self.layout.fields.values()]
+        return sorted(((f, v) for f, v in found if v), key=lambda item: (item[0].low, item[0].name))
+
+    def unexplained(self) -> int:
+        """Set bits that no field of the layout covers."""
+        covered = 0
+        for f in self.layout.fields.values():
+            covered |= f.mask
+        return self.bits & ~covered
+
+    def _join(self, lower: str, upper: str) -> int:
+        low = self.layout.field(lower)
+        return (self.get(lower) | self.get(upper) << low.width) << low.shift
+
+    def dispatch(self) -> Dispatch:
+        s = _SCHEMAS[self.version]
+        banks: dict[int, tuple[int, int]] = {}
+        valid = self.layout.families[s.cbuf_valid]
+        lowers = self.layout.families[s.cbuf_address[0]]
+        uppers = self.layout.families[s.cbuf_address[1]]
+        sizes = self.layout.families[s.cbuf_size]
+        for index, flag in enumerate(valid):
+            if flag.extract(self.bits):
+                size = sizes[index]
+                banks[index] = (self._join(lowers[index].name, uppers[index].name),
+                                size.extract(self.bits) << size.shift)
+        releases = []
+        for names in s.releases:
+            if not self.get(names.enable):
+                continue
+            payload = self.get(names.payload[0])
+            if self.get(names.payload64):
+                payload |= self.get(names.payload[1]) << 32
+            structure = self.get(names.structure)
+            releases.append(Release(
+                self._join(*names.address), payload,
+                self.value_name(names.structure, structure) or str(structure),
+            ))
+        return Dispatch(
+            major_version=self.get("QMD_MAJOR_VERSION"),
+            program_address=self._join(*s.program),
+            grid=(self.get(s.grid[0]), self.get(s.grid[1]), self.get(s.grid[2])),
+            block=(self.get(s.block[0]), self.get(s.block[1]), self.get(s.block[2])),
+            registers=self.get(s.registers),
+            barriers=self.get("BARRIER_COUNT"),
+            shared_memory=self.get("SHARED_MEMORY_SIZE"),
+            constant_buffers=banks,
+            releases=tuple(releases),
+        )
+
+
+def decode_qmd(record: bytes, compute_class: int) -> DecodedQmd:
+    return DecodedQmd(record, compute_class)
+
+
+# -- the listing ---------------------------------------------------------------------------
+
+
+def _component_bytes(encoded: EncodedProgram, address: int, size: int) -> bytes:
+    for component in encoded.components:
+        if component.base is not None and component.base <= address and (
+                address + size <= component.base + len(component.data)):
+            offset = address - component.base
+            return component.data[offset:offset + size]
+    raise DecodeError(f"[{address:#x}, {address + size:#x}) is in no encoded component")
+
+
+def _regions_at(plan: Plan, address: int) -> str:
+    names = [p.name for p in plan.placed_regions if p.address == address]
+    return " | ".join(names) if names else "no region"
+
+
+def _parameter_lines(plan: Plan, program_address: int, block: bytes) -> list[str]:
+    lines = []
+    labelled: set[int] = set()
+    regions = [p.name for p in plan.placed_regions if p.address == program_address]
+    if len(regions) == 1:
+        region = plan.region(regions[0])
+        for slot in argument_slots(plan.target, region.params):
+            labelled.update(range(slot.offset, slot.offset + slot.size, 4))
+            if isinstance(slot.param, PointerParam):
+                (value,) = struct.unpack_from("<Q", block, slot.offset)
+                tensor = plan.tensor_at(value)
+                where = (f"tensor {tensor.name}+{value - tensor.address:#x}" if tensor
+                         else "outside every tensor")
+                lines.append(f"      +{slot.offset:#05x}  {slot.param.name:<16} "
+                             f"{value:#018x}  ({where})")
+            else:
+                (bits,) = struct.unpack_from("<I", block, slot.offset)
+                if slot.param.dtype == "f32":
+                    (real,) = struct.unpack("<f", struct.pack("<I", bits))
+                    text = f"f32 {real!r}"
+                else:
+                    text = f"u32 {bits}"
+                lines.append(f"      +{slot.offset:#05x}  {slot.param.name:<16} "
+                             f"{bits:#010x}  ({text})")
+    for offset in range(0, len(block), 4):
+        (word,) = struct.unpack_from("<I", block, offset)
+        if word and offset not in labelled:
+            lines.append(f"      +{offset:#05x}  (unlabelled)     {word:#010x}")
+    return lines
+
+
+def _qmd_lines(encoded: EncodedProgram, plan: Plan, qmd_address: int) -> list[str]:
+    layout = TABLES.qmd[QMD_VERSION_OF_CLASS[encoded.compute_class]]
+    record = _component_bytes(encoded, qmd_address, layout.record_bytes)
+    qmd = decode_qmd(record, encoded.compute_class)
+    lines = [f"    QMD V{qmd.version} at {qmd_address:#x}:"]
+    for f, value in qmd.nonzero():
+        label = qmd.value_name(f.name, value)
+        shown = f"{value:#x}" + (f" {label}" if label else "")
+        lines.append(f"      [{f.high:4}:{f.low:<4}] {f.name:<40} = {shown}")
+    stray = qmd.unexplained()
+    if stray:
+        lines.append(f"      unexplained bits: {stray:#x}")
+    dispatch = qmd.dispatch()
+    lines.append(f"    program {dispatch.program_address:#x} "
+                 f"({_regions_at(plan, dispatch.program_address)}), grid {dispatch.grid}, "
+                 f"block {dispatch.block}")
+    for bank, (address, size) in dispatch.constant_buffers.items():
+        lines.append(f"    constant buffer {bank} at {address:#x}, {size} bytes:")
+        block = _component_bytes(encoded, address, size)
+        lines += _parameter_lines(plan, dispatch.program_address, block)
+    for release in dispatch.releases:
+        lines.append(f"    on completion: release {release.payload} at {release.address:#x} "
+                     f"({release.structure})")
+    return lines
+
+
+def disassemble(encoded: EncodedProgram, plan: Plan) -> str:
+    """Every GPFIFO entry, method, QMD field set and parameter word, as text."""
+    lines = [
+        f"NVIDIA command stream for {encoded.target}: compute "
+        f"{_class(encoded.compute_class).name} ({encoded.compute_class:#x}), QMD "
+        f"V{QMD_VERSION_OF_CLASS[encoded.compute_class]}, channel "
+        f"{_class(encoded.host_class).name} ({encoded.host_class:#x})",
+        "components:",
+    ]
+    for component in encoded.components:
+        base = "(channel ring)" if component.base is None else f"{component.base:#x}"
+        lines.append(f"  {component.name:<11} {base:>16}  {len(component.data)} bytes")
+    entries = decode_gpfifo(encoded.gpfifo.data, encoded.host_class)
+    bindings: dict[int, int] = {}
+    listed: set[int] = set()
+    for entry in entries:
+        what = ("set-up" if entry.index == 0
+                else _submission_label(plan, entry.index - 1))
+        lines.append(f"GPFIFO entry {entry.index} ({what}): {entry.words} words at "
+                     f"{entry.address:#x}  [{entry.fetch}, {entry.level}, {entry.sync}]")
+        words = struct.unpack(f"<{entry.words}I",
+                              _component_bytes(encoded, entry.address, 4 * entry.words))
+        for call in decode_segment(words, entry.address, encoded.host_class, bindings):
+            lines.append("  " + call.describe())
+            if call.name == "SEND_PCAS_A":
+                qmd_address = call.field("QMD_ADDRESS_SHIFTED8").unshifted
+                launch = (qmd_address - (encoded.qmd_table.base or 0)) // encoded.qmd_stride
+                label = (plan.launches[launch].label or plan.launches[launch].region
+                         if 0 <= launch < plan.launch_count else "not in the table")
+                lines.append(f"    -> QMD of launch {launch} ({label})")
+                if qmd_address in listed:
+                    lines.append("    (listed above)")
+                else:
+                    listed.add(qmd_address)
+                    lines += _qmd_lines(encoded, plan, qmd_address)
+    return "\n".join(lines) + "\n"
+
+
+def _submission_label(plan: Plan, index: int) -> str:
+    if not 0 <= index < plan.submission_count:
+        return f"submission {index}, not in the plan"
+    submission = plan.submissions[index]
+    return (f"submission {index}: launches {submission.first_launch}.."
+            f"{submission.first_launch + submission.count - 1}, semaphore {submission.semaphore}")

@@ -1,0 +1,291 @@
+"""``nv-sim``: run a plan from its encoded command stream alone, on the CPU.
+
+    backend = NvSimBackend(plan)            # encodes the plan, runs the set-up entry
+    backend.write_tensor("input", record)
+    backend.run(range(plan.submission_count))
+
+The simulator is a small GPU channel: it walks GPFIFO entries, decodes their
+pushbuffer words and the QMDs they dispatch with the independent decoder, and
+touches nothing of the plan on the way but one table: program address ->
+region name (the reference kernels are keyed by name), built from the plan's
+placed regions. A launch's arguments come from its constant buffer 0, the
+parameter-block bytes in the program component, read by the region's
+parameter list; its kernel runs on the arena. Semaphore releases (the
+submissions' from the pushbuffer, the launches' from their QMDs) are written
+into the semaphore component and logged in ``releases``.
+
+Channel state persists across ``run`` calls, as on a GPU: GPFIFO entry 0 (the
+set-up) runs once, when the backend opens; ``run(submissions)`` then runs entry
+s + 1 for each submission s and checks that the timeline semaphore holds each
+submission's value once its entry is done.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from bob.backends.base import Backend
+from bob.backends.nv.decoder import (
+    QMD_VERSION_OF_CLASS,
+    TABLES,
+    GpEntry,
+    MethodCall,
+    decode_gpfifo,
+    decode_qmd,
+    decode_segment,
+)
+from bob.backends.nv.encoder import SETUP_ENTRIES, EncodedProgram, encode
+from bob.errors import BackendUnavailable, RunFailure
+from bob.kernels.memory import Memory
+from bob.plan.model import Address, Plan
+from bob.plan.placement import argument_bytes_end, decode_parameter_block
+
+Kernel = Callable[[Memory, dict[str, "int | np.float32"]], None]
+WORD_BYTES = 4
+
+
+class NvSimError(RunFailure):
+    """The encoded stream did something the simulated channel cannot do; says what and where."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """One semaphore write: by the pushbuffer ("host") or a QMD on completion ("qmd")."""
+
+    source: str
+    address: int
+    value: int
+
+
+@dataclass(frozen=True)
+class Launched:
+    """One kernel the simulator ran, as it found it in the bytes."""
+
+    qmd_address: int
+    region: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    arguments: dict[str, int | np.float32]
+
+
+def _reference_kernels() -> dict[str, Kernel]:
+    try:
+        from bob.kernels.reference import KERNELS
+    except ImportError as error:
+        raise BackendUnavailable(
+            f"nv-sim needs the reference kernels (bob.kernels.reference): {error}"
+        ) from None
+    return KERNELS
+
+
+class NvSimBackend(Backend):
+    name = "nv-sim"
+
+    def __init__(self, plan: Plan, kernels: dict[str, Kernel] | None = None):
+        super().__init__(plan)  # certifies the plan
+        self.kernels = _reference_kernels() if kernels is None else kernels
+        self.encoded: EncodedProgram = encode(plan)
+        self._regions = self._region_table(plan)
+        arena = plan.address_map.arena
+        self._arena = np.zeros(arena.bytes, dtype=np.uint8)
+        self.memory = Memory(self._arena, arena.base)
+        self._components = {
+            c.name: (c.base, bytearray(c.data)) for c in self.encoded.components
+            if c.base is not None
+        }
+        self._entries = decode_gpfifo(self.encoded.gpfifo.data, self.encoded.host_class)
+        if len(self._entries) != SETUP_ENTRIES + plan.submission_count:
+            raise NvSimError(f"{len(self._entries)} GPFIFO entries for "
+                             f"{plan.submission_count} submissions")
+        self._bindings: dict[int, int] = {}
+        self._host: dict[str, MethodCall] = {}
+        self._compute: dict[str, int] = {}
+        self._pcas: int | None = None
+        self.releases: list[Release] = []
+        self.launched: list[Launched] = []
+        for entry in self._entries[:SETUP_ENTRIES]:
+            self._execute(entry)
+
+    @staticmethod
+    def _region_table(plan: Plan) -> dict[int, str]:
+        table: dict[int, str] = {}
+        for placed in plan.placed_regions:
+            if placed.address in table:
+                raise NvSimError(
+                    f"regions {table[placed.address]!r} and {placed.name!r} share program "
+                    f"address {placed.address:#x} (their code is empty), so the bytes cannot "
+                    "tell their launches apart; give every retained region its code first"
+                )
+            table[placed.address] = placed.name
+        return table
+
+    # -- the host's side --------------------------------------------------------------
+    def write_tensor(self, name: str, data: bytes, offset: int = 0) -> None:
+        tensor = self.plan.tensor(name)
+        if offset < 0 or offset + len(data) > tensor.bytes:
+            raise ValueError(f"writing {len(data)} bytes at offset {offset} overruns tensor "
+                             f"{name!r} ({tensor.bytes} bytes)")
+        start = tensor.address - self.plan.address_map.arena.base + offset
+        self._arena[start:start + len(data)] = np.frombuffer(data, dtype=np.uint8)
+
+    def read_tensor(self, name: str) -> bytes:
+        tensor = self.plan.tensor(name)
+        start = tensor.address - self.plan.address_map.arena.base
+        return self._arena[start:start + tensor.bytes].tobytes()
+
+    def run(self, submissions: range) -> None:
+        for index in submissions:
+            if not 0 <= index < self.plan.submission_count:
+                raise NvSimError(f"submission {index} is not in the plan's "
+                                 f"{self.plan.submission_count}")
+            self._execute(self._entries[SETUP_ENTRIES + index])
+            expected = self.plan.submissions[index].semaphore
+            reached = self.semaphore(self.encoded.timeline_address)
+            if reached != expected:
+                raise NvSimError(f"after submission {index} the timeline semaphore at "
+                                 f"{self.encoded.timeline_address:#x} holds {reached}, not "
+                                 f"{expected}")
+            self.last_semaphore = reached
+
+    def semaphore(self, address: int) -> int:
+        (value,) = struct.unpack("<I", self._read(address, WORD_BYTES))
+        return value
+
+    def _parameter_block_changed(self, launch_index: int) -> None:
+        block = self.parameter_block(launch_index)
+        self._write(self.plan.parameter_block_address(launch_index), block)
+
+    # -- memory ---------------------------------------------------------------------------
+    def _locate(self, address: int, size: int) -> tuple[bytearray, int]:
+        for base, data in self._components.values():
+            if base <= address and address + size <= base + len(data):
+                return data, address - base
+        raise NvSimError(f"[{address:#x}, {address + size:#x}) is in no mapped component")
+
+    def _read(self, address: int, size: int) -> bytes:
+        data, offset = self._locate(address, size)
+        return bytes(data[offset:offset + size])
+
+    def _write(self, address: int, payload: bytes) -> None:
+        data, offset = self._locate(address, len(payload))
+        data[offset:offset + len(payload)] = payload
+
+    # -- the channel ------------------------------------------------------------------------
+    def _execute(self, entry: GpEntry) -> None:
+        raw = self._read(entry.address, WORD_BYTES * entry.words)
+        words = struct.unpack(f"<{entry.words}I", raw)
+        for call in decode_segment(words, entry.address, self.encoded.host_class, self._bindings):
+            try:
+                self._method(call)
+            except NvSimError as error:
+                raise NvSimError(f"GPFIFO entry {entry.index}, {call.class_name}.{call.name} at "
+                                 f"{call.address:#x}: {error}") from None
+
+    def _method(self, call: MethodCall) -> None:
+        if call.name == "SET_OBJECT":
+            if self._bindings[call.subchannel] != self.encoded.compute_class:
+                raise NvSimError(f"binds class {self._bindings[call.subchannel]:#x}; this "
+                                 f"channel runs {self.encoded.compute_class:#x}")
+        elif call.class_name == TABLES.classes[self.encoded.host_class].name:
+            self._host_method(call)
+        else:
+            self._compute_method(call)
+
+    def _host_method(self, call: MethodCall) -> None:
+        if call.name in ("SEM_ADDR_LO", "SEM_ADDR_HI", "SEM_PAYLOAD_LO", "SEM_PAYLOAD_HI"):
+            self._host[call.name] = call
+            return
+        if call.name != "SEM_EXECUTE":
+            raise NvSimError("a host method the simulator does not implement")
+        operation = call.field("OPERATION").value_name
+        if operation != "RELEASE":
+            raise NvSimError(f"semaphore operation {operation}; only RELEASE is simulated")
+        for name in ("SEM_ADDR_LO", "SEM_ADDR_HI", "SEM_PAYLOAD_LO", "SEM_PAYLOAD_HI"):
+            if name not in self._host:
+                raise NvSimError(f"SEM_EXECUTE before {name}")
+        # SEM_ADDR_LO_OFFSET holds address bits 31:2 in place, SEM_ADDR_HI_OFFSET bits 63:32.
+        address = (self._host["SEM_ADDR_LO"].field("OFFSET").in_place
+                   | self._host["SEM_ADDR_HI"].field("OFFSET").value << 32)
+        size = call.field("PAYLOAD_SIZE").value_name
+        low, high = self._host["SEM_PAYLOAD_LO"].data, self._host["SEM_PAYLOAD_HI"].data
+        if size == "32BIT":
+            value = low
+            self._write(address, struct.pack("<I", value))
+        elif size == "64BIT":
+            value = low | high << 32
+            self._write(address, struct.pack("<Q", value))
+        else:
+            raise NvSimError(f"semaphore payload size {size}")
+        # RELEASE_WFI: the simulator runs launches to completion in order, so every
+        # earlier launch is idle already.
+        self.releases.append(Release("host", address, value))
+
+    def _compute_method(self, call: MethodCall) -> None:
+        if call.name in ("SET_SHADER_SHARED_MEMORY_WINDOW_A", "SET_SHADER_SHARED_MEMORY_WINDOW_B",
+                         "SET_SHADER_LOCAL_MEMORY_WINDOW_A", "SET_SHADER_LOCAL_MEMORY_WINDOW_B"):
+            self._compute[call.name] = call.data
+        elif call.name == "WAIT_FOR_IDLE":
+            pass  # every launch has completed before the next method
+        elif call.name == "SEND_PCAS_A":
+            self._pcas = call.field("QMD_ADDRESS_SHIFTED8").unshifted
+        elif call.name == "SEND_SIGNALING_PCAS2_B":
+            action = call.field("PCAS_ACTION").value_name
+            if action != "INVALIDATE_COPY_SCHEDULE":
+                raise NvSimError(f"PCAS action {action}; only INVALIDATE_COPY_SCHEDULE is "
+                                 "simulated")
+            if self._pcas is None:
+                raise NvSimError("SEND_SIGNALING_PCAS2_B without SEND_PCAS_A")
+            qmd_address, self._pcas = self._pcas, None
+            self._launch(qmd_address)
+        else:
+            raise NvSimError("a compute method the simulator does not implement")
+
+    def _launch(self, qmd_address: int) -> None:
+        for window in ("SET_SHADER_SHARED_MEMORY_WINDOW_A", "SET_SHADER_LOCAL_MEMORY_WINDOW_A"):
+            if window not in self._compute:
+                raise NvSimError(f"a launch before the set-up ({window} never written)")
+        compute_class = self.encoded.compute_class
+        record_bytes = TABLES.qmd[QMD_VERSION_OF_CLASS[compute_class]].record_bytes
+        qmd = decode_qmd(self._read(qmd_address, record_bytes), compute_class)
+        dispatch = qmd.dispatch()
+        if dispatch.major_version != int(qmd.version[:2]):
+            raise NvSimError(f"QMD at {qmd_address:#x} says major version "
+                             f"{dispatch.major_version}, class {compute_class:#x} reads "
+                             f"V{qmd.version}")
+        region_name = self._regions.get(dispatch.program_address)
+        if region_name is None:
+            raise NvSimError(f"QMD at {qmd_address:#x}: program address "
+                             f"{dispatch.program_address:#x} is no region's")
+        region = self.plan.region(region_name)
+        if 0 not in dispatch.constant_buffers:
+            raise NvSimError(f"QMD at {qmd_address:#x}: constant buffer 0 is not valid")
+        address, size = dispatch.constant_buffers[0]
+        needed = argument_bytes_end(self.plan.target, region.params)
+        if size < needed:
+            raise NvSimError(f"QMD at {qmd_address:#x}: constant buffer 0 is {size} bytes; "
+                             f"{region_name} reads {needed}")
+        block = self._read(address, size)
+        arguments: dict[str, int | np.float32] = {}
+        for name, arg in decode_parameter_block(self.plan.target, region, block).items():
+            if isinstance(arg, Address):
+                arguments[name] = arg.address
+            elif arg.dtype == "f32":
+                arguments[name] = np.array(arg.bits, dtype=np.uint32).view(np.float32)[()]
+            else:
+                arguments[name] = arg.bits
+        if region_name not in self.kernels:
+            raise NvSimError(f"no kernel for region {region_name!r}")
+        self.kernels[region_name](self.memory, arguments)
+        self.launched.append(Launched(qmd_address, region_name, dispatch.grid, dispatch.block,
+                                      arguments))
+        for release in dispatch.releases:
+            if release.structure != "SEMAPHORE_ONE_WORD":
+                raise NvSimError(f"QMD release structure {release.structure}; only one-word "
+                                 "releases are simulated")
+            self._write(release.address, struct.pack("<I", release.payload))
+            self.releases.append(Release("qmd", release.address, release.payload))
+

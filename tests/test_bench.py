@@ -1,0 +1,216 @@
+"""`bob bench` on the CPU at tiny sizes: well-formed rows, and contenders that train the same thing.
+
+    .venv/bin/python -m pytest -q tests/test_bench.py
+
+No test asserts a time: timings are for reading, never for gates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from bob.backends import choose_backend
+from bob.cli.main import cli, main
+from bob.host.bench import (
+    BYTES_PER_PARAMETER,
+    BenchTable,
+    NumpyPeer,
+    Peer,
+    Row,
+    Unavailable,
+    bench_targets,
+    bob_configs,
+    measure_peer,
+    numpy_objective,
+    numpy_train,
+    run_bench,
+)
+from bob.host.session import Session
+from bob.program.bob import BobConfig, Hyper
+from bob.records.binary import InputRecord
+from bob.records.checkpoint import Checkpoint
+
+BOB_ROWS = ("bob cpu invocation", "bob cpu run")
+HOST_ROWS = ("adam_scalars", "set_scalars", "load", "collect")
+
+
+def _row(table: BenchTable, name: str) -> Row:
+    matches = [row for row in table.rows if row.contender == name]
+    assert len(matches) == 1, f"expected one row {name!r} in {[r.contender for r in table.rows]}"
+    return matches[0]
+
+
+def test_cpu_bench_produces_well_formed_rows() -> None:
+    report = run_bench(("cpu",), (8,), updates=3, repeats=2)
+    (table,) = report.tables
+    assert (table.device, table.vocab, table.updates, table.repeats) == ("cpu", 8, 3, 2)
+    names = [row.contender for row in table.rows]
+    for name in (*BOB_ROWS, "numpy loop"):
+        assert name in names
+    for piece in HOST_ROWS:
+        assert any(piece in name and name.startswith("bob cpu host") for name in names), piece
+    for row in table.rows:
+        if row.error is not None:  # only a missing package may skip a peer; nothing fails
+            assert row.kind == "peer" and row.error.startswith("skipped: "), row
+            continue
+        assert row.updates == 3
+        assert len(row.samples) == 2 and all(s > 0 for s in row.samples), row
+        assert row.seconds is not None and min(row.samples) <= row.seconds <= max(row.samples)
+        assert row.us_per_update is not None and math.isfinite(row.us_per_update)
+        if row.kind in ("bob", "peer"):
+            assert row.loss is not None and math.isfinite(row.loss)
+            ratio = table.ratio(row, "run")
+            assert ratio is not None and ratio > 0
+        else:
+            assert table.ratio(row, "run") is None
+    assert table.ratio(_row(table, "bob cpu run"), "run") == 1.0
+    assert not table.shows_bandwidth  # V = 8 lives in the caches
+    assert not report.bob_failed
+
+
+def test_report_json_is_complete() -> None:
+    report = run_bench(("cpu",), (4,), updates=2, repeats=1)
+    document = json.loads(json.dumps(report.to_json()))
+    assert document["format"] == "bob-bench"
+    assert document["bytes_per_parameter"] == BYTES_PER_PARAMETER == 24
+    assert document["hyper"] == {"lr": 0.1, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
+                                 "weight_decay": 0.01}
+    (table,) = document["tables"]
+    keys = {"contender", "kind", "updates", "seconds", "samples", "us_per_update", "spread",
+            "gb_per_s", "ratio_to_bob_run", "ratio_to_bob_invocation", "loss", "note", "error"}
+    for row in table["rows"]:
+        assert set(row) == keys
+
+
+def test_contenders_end_at_the_same_loss() -> None:
+    report = run_bench(("cpu",), (16,), updates=10, repeats=1)
+    (table,) = report.tables
+    bob = _row(table, "bob cpu invocation").loss
+    assert bob is not None
+    for row in table.rows:
+        if row.loss is not None:
+            assert row.loss == pytest.approx(bob, rel=1e-4), row.contender
+
+
+def test_numpy_loop_follows_bobs_trajectory() -> None:
+    """The NumPy contender computes the objective Bob computes, update after update."""
+    vocab, steps, hyper = 16, 40, Hyper()
+    targets = bench_targets(vocab)
+    record = InputRecord.hard(targets)
+    checkpoint = Checkpoint.zeros(vocab, hyper)
+    config = BobConfig(vocab=vocab, prompts=0, updates=1)
+    bob = []
+    with Session(choose_backend("cpu"), hyper) as session:
+        for _ in range(steps):
+            invocation = session.invoke(config, checkpoint, record, "train")
+            bob.append(invocation.initial_loss)
+            checkpoint = invocation.checkpoint
+        bob.append(invocation.loss)
+
+    w, m, v = (np.zeros((vocab, vocab), np.float32) for _ in range(3))
+    plain = numpy_train(w, m, v, targets, steps, hyper)
+    plain.append(numpy_objective(w, targets))
+
+    assert bob[0] == pytest.approx(math.log(vocab), rel=1e-6)
+    assert bob[-1] < 0.5 * bob[0]  # it learned
+    np.testing.assert_allclose(plain, bob, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(w, checkpoint.parameters, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(m, checkpoint.first_moment, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(v, checkpoint.second_moment, rtol=1e-4, atol=1e-10)
+
+
+def test_numpy_loop_continues_from_a_step() -> None:
+    """first_step carries the bias correction: 2 + 3 updates equal 5."""
+    vocab, targets = 8, bench_targets(8)
+    whole = [np.zeros((vocab, vocab), np.float32) for _ in range(3)]
+    split = [np.zeros((vocab, vocab), np.float32) for _ in range(3)]
+    numpy_train(*whole, targets, 5)
+    numpy_train(*split, targets, 2)
+    numpy_train(*split, targets, 3, first_step=3)
+    for a, b in zip(whole, split, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_torch_cpu_peer_trains_the_same_objective() -> None:
+    pytest.importorskip("torch")
+    from bob.host.bench import TorchEager
+
+    vocab, updates, hyper = 16, 20, Hyper()
+    targets = bench_targets(vocab)
+    torch_peer = TorchEager(vocab, updates, targets, hyper, "cpu")
+    numpy_peer = NumpyPeer(vocab, updates, targets, hyper)
+    for peer in (torch_peer, numpy_peer):
+        peer.reset()
+        peer.run()
+    assert torch_peer.loss() == pytest.approx(numpy_peer.loss(), rel=1e-5)
+    torch_peer.reset()
+    assert torch_peer.loss() == pytest.approx(math.log(vocab), rel=1e-6)
+
+
+class _Broken(Peer):
+    name = "broken"
+
+    def reset(self) -> None:
+        pass
+
+    def run(self) -> None:
+        raise RuntimeError("the device fell over\nsecond line")
+
+    def loss(self) -> float:
+        return 0.0
+
+
+def test_a_missing_or_failing_peer_is_reported_not_raised() -> None:
+    def missing() -> Peer:
+        raise Unavailable("JAX is not installed")
+
+    skipped = measure_peer(missing, "jax jit(fori_loop)", 5, 2)
+    assert skipped.contender == "jax jit(fori_loop)"
+    assert skipped.error == "skipped: JAX is not installed"
+    assert skipped.seconds is None and skipped.us_per_update is None
+    failed = measure_peer(_Broken, "broken", 5, 2)
+    assert failed.error == "failed: RuntimeError: the device fell over"
+
+
+def test_the_seed_schedule_comes_first_and_a_fused_one_only_where_it_exists() -> None:
+    configs = list(bob_configs(8, 3))
+    assert configs[0] == ("", BobConfig(vocab=8, prompts=0, updates=3, mode="hard"))
+    has_schedule = "schedule" in BobConfig.__dataclass_fields__
+    assert len(configs) == (2 if has_schedule else 1)
+    if has_schedule:
+        label, fused = configs[1]
+        assert label == " fused" and fused.schedule == "fused"  # type: ignore[attr-defined]
+
+
+def test_bench_command_prints_json() -> None:
+    result = CliRunner().invoke(
+        cli, ["bench", "--backend", "cpu", "-V", "4", "-V", "8", "-N", "2", "-r", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [t["vocab"] for t in document["tables"]] == [4, 8]
+    assert all(t["device"] == "cpu" for t in document["tables"])
+
+
+def test_bench_command_prints_tables_and_saves(tmp_path) -> None:
+    saved = tmp_path / "bench.json"
+    result = CliRunner().invoke(
+        cli, ["bench", "--backend", "cpu", "-V", "8", "-N", "2", "-r", "1", "--save", str(saved)])
+    assert result.exit_code == 0, result.output
+    assert "bob cpu run" in result.stdout and "numpy loop" in result.stdout
+    assert json.loads(saved.read_text())["tables"][0]["vocab"] == 8
+
+
+def test_bench_on_cuda_without_a_gpu_fails_with_a_reason(capsys) -> None:
+    try:
+        choose_backend("cuda")
+    except Exception:  # noqa: BLE001 - whatever keeps cuda from running here
+        pass
+    else:
+        pytest.skip("a GPU is usable here")
+    assert main(["bench", "--backend", "cuda", "-V", "4", "-N", "1", "-r", "1"]) == 1
+    assert "cuda" in capsys.readouterr().err
