@@ -588,3 +588,20 @@ def test_regions_file_round_trip_and_refusals(tmp_path):
         load_regions(path)
     with pytest.raises(BadInput, match="not a readable"):
         load_regions(tmp_path / "missing.json")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _nv_present(), reason="no NVIDIA kernel driver here")
+def test_bob_plan_on_hopper_is_bit_identical_to_cpu(capsys):
+    """Stage 4: regions from BOB_NV_REGIONS (an exported file) or compiled with NVRTC."""
+    from bob.backends.nv.rm import probe
+
+    regions = os.environ.get("BOB_NV_REGIONS")
+    if regions is None:
+        pytest.importorskip("cuda.bindings.nvrtc", reason="no NVRTC and no BOB_NV_REGIONS file")
+    argv = ["--stages", "1,2,3,4", "--plans", "256:2:3:hard,256:1:2:corpus"]
+    status = probe.main(argv + (["--regions", regions] if regions else []))
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert out.count("all tensors bit-identical") == 2
+

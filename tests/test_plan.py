@@ -47,7 +47,8 @@ def test_figures_follow_the_seed_formulas(vocab, prompts, updates, mode):
         assert plan.launch_count == launches == config.launch_count
         assert plan.submission_count == launches + 2 * prompts == config.submission_count
         assert plan.program_bytes == plan.code_extent + target.parameter_block_bytes * launches
-        assert plan.qmd_table_bytes == launches * target.qmd_record_bytes
+        assert plan.qmd_table_bytes == launches * target.qmd_stride_bytes
+        assert target.qmd_stride_bytes == {"sm_86": 256, "sm_90": 512}[target.name]
         assert plan.forward_launches == 1 + 2 * prompts
         for k in range(updates):
             assert plan.launches[config.adamw_launch(k)].region == "bob-adamw"

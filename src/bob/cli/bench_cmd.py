@@ -6,12 +6,16 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from bob.program.bob import MAX_UPDATES, MAX_VOCAB
+
+if TYPE_CHECKING:
+    from bob.host.bench import BenchTable
 
 BENCH_BACKENDS = ("auto", "cpu", "cuda")
 
@@ -24,7 +28,7 @@ def _ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
 
 
-def render_table(table) -> Table:
+def render_table(table: BenchTable) -> Table:
     """One rich table: a device at one V."""
     from bob.host.bench import BYTES_PER_PARAMETER
 
@@ -95,7 +99,13 @@ def bench(vocabs, updates, repeats, backends, as_json, save) -> None:
     def progress(text: str) -> None:
         errors.print(f"[dim]bench: {text}[/dim]", highlight=False)
 
-    command = shlex.join(["bob", *sys.argv[1:]]) if sys.argv else "bob bench"
+    words = ["bob", "bench"]
+    words += [word for name in backends for word in ("--backend", name)]
+    words += [word for vocab in vocabs for word in ("--vocab", str(vocab))]
+    if updates is not None:
+        words += ["--updates", str(updates)]
+    words += ["--repeats", str(repeats)]
+    command = shlex.join(words)
     report = run_bench(backends, vocabs, updates, repeats, progress=progress, command=command)
     document = json.dumps(report.to_json(), indent=1)
     if save is not None:

@@ -57,6 +57,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from bob.backends import BackendChoice, choose_backend
 from bob.program.bob import BobConfig, Hyper, adam_scalars
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
@@ -544,22 +545,22 @@ def bob_configs(vocab: int, updates: int) -> Iterator[tuple[str, BobConfig]]:
     yield " fused", fused
 
 
-def measure_bob(choice: Any, config: BobConfig, hyper: Hyper, repeats: int,
+def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats: int,
                 label: str = "") -> list[Row]:
-    """Bob's invocation, its run alone, and the host's pieces of an invocation."""
-    from bob.host.session import Session
+    """Bob's invocation, its run alone, and the host's pieces of an invocation.
 
-    device = choice.name
+    Only the seed schedule's rows ("bob cuda run", label "") are the ratios'
+    reference; another schedule's rows carry its label ("bob cuda fused run").
+    """
+    from bob.host.session import Invocation, Session
+
     n = config.updates
-    name = f"bob {device}{label}"
-    # Only the seed schedule's rows ("bob cuda run") are the ratios' reference.
-    names = {"invocation": f"{name} invocation", "run": f"{name} run"}
+    name = f"bob {choice.name}{label}"
     record = InputRecord.hard(bench_targets(config.vocab), (), source="bench targets")
     zero = Checkpoint.zeros(config.vocab, hyper, "hard")
-    rows: list[Row] = []
     session = Session(choice, hyper)
     try:
-        last: list[Any] = []
+        last: list[Invocation] = []
 
         def invoke() -> None:
             last[:] = [session.invoke(config, zero, record, "train")]
@@ -567,58 +568,55 @@ def measure_bob(choice: Any, config: BobConfig, hyper: Hyper, repeats: int,
         try:
             samples = time_runs(invoke, lambda: None, repeats)
         except Exception as error:  # noqa: BLE001 - reported as Bob's failure
-            return [_failed(names["invocation"], "bob", n, error)]
+            return [_failed(f"{name} invocation", "bob", n, error)]
         loss = last[0].loss
-        rows.append(Row(names["invocation"], "bob", n, statistics.median(samples), samples,
-                        loss, "Session.invoke: load, scalars, run, read back and check"))
-
+        rows = [Row(f"{name} invocation", "bob", n, statistics.median(samples), samples, loss,
+                    "Session.invoke: load, scalars, run, read back and check")]
         backend = session.last_backend
         assert backend is not None
         plan = session.plan_for(config)
-        everything = range(plan.submission_count)
-        launches = [config.adamw_launch(k) for k in range(n)]
-        scalars = [adam_scalars(hyper, k + 1) for k in range(n)]
 
         def load() -> None:
             Session.load(backend, zero, record)
 
-        def set_scalars() -> None:
-            for launch, values in zip(launches, scalars, strict=True):
-                backend.set_scalars(launch, values)
+        def run() -> None:
+            backend.run(range(plan.submission_count))
 
-        def collect() -> None:
-            session.collect(config, backend, zero, "train")
-
-        what = ("one graph launch + stream synchronize" if device == "cuda"
-                else "backend.run over every submission")
-        try:
-            samples = time_runs(lambda: backend.run(everything), load, repeats)
-            rows.append(Row(names["run"], "bob", n, statistics.median(samples), samples,
-                            loss, f"{what}; {plan.launch_count} launches"))
-        except Exception as error:  # noqa: BLE001
-            rows.append(_failed(names["run"], "bob", n, error))
         def compute_scalars() -> None:
             for k in range(n):
                 adam_scalars(hyper, k + 1)
 
-        pieces = (
-            (f"{name} host: adam_scalars x{n}", compute_scalars,
+        def set_scalars() -> None:
+            for k in range(n):
+                backend.set_scalars(config.adamw_launch(k), step_scalars[k])
+
+        def collect() -> None:
+            session.collect(config, backend, zero, "train")
+
+        step_scalars = [adam_scalars(hyper, k + 1) for k in range(n)]
+        what = ("one graph launch + stream synchronize" if choice.name == "cuda"
+                else "backend.run over every submission")
+        timed = (
+            (f"{name} run", "bob", run, load, f"{what}; {plan.launch_count} launches"),
+            (f"{name} host: adam_scalars x{n}", "host", compute_scalars, None,
              "N updates' AdamW scalars (float64 -> binary32 via Fraction)"),
-            (f"{name} host: set_scalars x{n}", set_scalars,
+            (f"{name} host: set_scalars x{n}", "host", set_scalars, None,
              "patching N AdamW launches' parameter blocks"),
-            (f"{name} host: load", load, "checkpoint + input into the arena"),
-            (f"{name} host: collect", collect, "results + checkpoint out, finiteness checks"),
+            (f"{name} host: load", "host", load, None, "checkpoint + input into the arena"),
+            (f"{name} host: collect", "host", collect, None,
+             "results + checkpoint out, finiteness checks"),
         )
-        for piece, run, note in pieces:
+        for row_name, kind, work, reset, note in timed:
             try:
-                samples = time_runs(run, lambda: None, repeats)
-                rows.append(Row(piece, "host", n, statistics.median(samples), samples,
-                                None, note))
-            except Exception as error:  # noqa: BLE001
-                rows.append(_failed(piece, "host", n, error))
+                samples = time_runs(work, reset or (lambda: None), repeats)
+            except Exception as error:  # noqa: BLE001 - one failing piece is reported
+                rows.append(_failed(row_name, kind, n, error))
+                continue
+            rows.append(Row(row_name, kind, n, statistics.median(samples), samples,
+                            loss if kind == "bob" else None, note))
+        return rows
     finally:
         session.close()
-    return rows
 
 
 # -- one table per device and V -------------------------------------------------------------
@@ -680,7 +678,7 @@ Progress = Callable[[str], None]
 
 
 def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: Hyper,
-                 choice: Any, device_name: str, progress: Progress,
+                 choice: BackendChoice, device_name: str, progress: Progress,
                  copy: float | None = None) -> BenchTable:
     targets = bench_targets(vocab)
     rows: list[Row] = []
@@ -711,11 +709,10 @@ def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: 
     return BenchTable(device, device_name, vocab, updates, repeats, tuple(rows))
 
 
-def resolve_devices(backends: Sequence[str]) -> tuple[list[Device], dict[Device, Any]]:
+def resolve_devices(backends: Sequence[str],
+                    ) -> tuple[list[Device], dict[Device, BackendChoice]]:
     """The devices to bench and Bob's backend choice for each; `auto` as choose_backend."""
-    from bob.backends import choose_backend
-
-    choices: dict[Device, Any] = {}
+    choices: dict[Device, BackendChoice] = {}
     devices: list[Device] = []
     for name in backends or ("auto",):
         choice = choose_backend(name)  # raises BackendUnavailable for an unusable cuda

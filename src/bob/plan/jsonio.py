@@ -65,6 +65,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "parameter_base": _hex(plan.target.parameter_base),
             "parameter_block_bytes": plan.target.parameter_block_bytes,
             "qmd_record_bytes": plan.target.qmd_record_bytes,
+            "qmd_stride_bytes": plan.target.qmd_stride_bytes,
             "pushbuffer_setup_bytes": plan.target.pushbuffer_setup_bytes,
             "pushbuffer_bytes_per_submission": plan.target.pushbuffer_bytes_per_submission,
         },
@@ -178,6 +179,7 @@ def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
         parameter_base=r.integer(t, "parameter_base", "target"),
         parameter_block_bytes=r.integer(t, "parameter_block_bytes", "target"),
         qmd_record_bytes=r.integer(t, "qmd_record_bytes", "target"),
+        qmd_stride_bytes=r.integer(t, "qmd_stride_bytes", "target"),
         pushbuffer_setup_bytes=r.integer(t, "pushbuffer_setup_bytes", "target"),
         pushbuffer_bytes_per_submission=r.integer(t, "pushbuffer_bytes_per_submission", "target"),
     )

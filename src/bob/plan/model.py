@@ -215,8 +215,15 @@ class Target:
     parameter_base: int
     parameter_block_bytes: int
     qmd_record_bytes: int
+    # QMDs are dispatched by address >> 8, so records sit at a 256-byte multiple.
+    qmd_stride_bytes: int = 0
     pushbuffer_setup_bytes: int = 4096
     pushbuffer_bytes_per_submission: int = 256
+
+    def __post_init__(self) -> None:
+        if self.qmd_stride_bytes == 0:
+            stride = -(-self.qmd_record_bytes // 256) * 256
+            object.__setattr__(self, "qmd_stride_bytes", stride)
 
 
 @dataclass(frozen=True)
@@ -331,7 +338,7 @@ class Plan:
 
     @property
     def qmd_table_bytes(self) -> int:
-        return self.launch_count * self.target.qmd_record_bytes
+        return self.launch_count * self.target.qmd_stride_bytes
 
     @property
     def arena_bytes(self) -> int:

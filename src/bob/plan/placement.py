@@ -147,7 +147,8 @@ def place(
         if region.name not in used:
             continue  # pruned: no launch uses it
         placed_regions.append(PlacedRegion(region.name, va_base + cursor, len(region.code)))
-        cursor = align_up(cursor + len(region.code), region_alignment)
+        # Even a region without code yet takes a slot: its address names it.
+        cursor = align_up(cursor + max(len(region.code), 1), region_alignment)
     code_extent = cursor
 
     launch_count = len(program.launches)
@@ -155,7 +156,7 @@ def place(
     submissions = len(program.submissions)
     sizes = (
         ("program", program_bytes),
-        ("qmd-table", launch_count * target.qmd_record_bytes),
+        ("qmd-table", launch_count * target.qmd_stride_bytes),
         (
             "pushbuffer",
             target.pushbuffer_setup_bytes + submissions * target.pushbuffer_bytes_per_submission,

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 HEADERS = Path(__file__).with_name("headers")
 QMD_VERSION_OF_CLASS = {0xC7C0: "03_00", 0xCBC0: "04_00"}  # AMPERE_COMPUTE_B, HOPPER_COMPUTE_A
 HOST_METHOD_LIMIT = 0x100  # methods below run in the channel (host) whatever the subchannel
+WORD_BITS = 32
 
 _DEFINE = re.compile(r"^\s*#\s*define\s+(\w+?)(\(i\))?\s+(.+?)\s*(?://.*)?$")
 _RANGE = re.compile(r"^(?:MW\()?(\d+):(\d+)\)?$")
@@ -281,8 +282,8 @@ def decode_gpfifo(data: bytes, host_class: int) -> list[GpEntry]:
     for index in range(len(data) // size):
         entry0, entry1 = struct.unpack_from("<II", data, index * size)
         # GP_ENTRY0_GET holds address bits 31:2 in place; GET_HI holds bits 39:32.
-        address = (entry0 & f["GP_ENTRY0_GET"].mask) | (f["GP_ENTRY1_GET_HI"].extract(entry1)
-                                                          << 32)
+        address = (entry0 & f["GP_ENTRY0_GET"].mask
+                   | f["GP_ENTRY1_GET_HI"].extract(entry1) << WORD_BITS)
         entries.append(GpEntry(
             index=index,
             address=address,
@@ -567,7 +568,7 @@ class DecodedQmd:
                 continue
             payload = self.get(names.payload[0])
             if self.get(names.payload64):
-                payload |= self.get(names.payload[1]) << 32
+                payload |= self.get(names.payload[1]) << WORD_BITS
             structure = self.get(names.structure)
             releases.append(Release(
                 self._join(*names.address), payload,

@@ -62,13 +62,17 @@ EMIT_VERSION = 1
 # SEND_PCAS_A_QMD_ADDRESS_SHIFTED8: a QMD must be 256-byte aligned.
 QMD_ALIGNMENT = 1 << field_shift("SEND_PCAS_A_QMD_ADDRESS_SHIFTED8")
 SHARED_MEMORY_ALIGNMENT = 256  # NVK rounds a launch's shared memory up to 0x100
-MINIMUM_CARVEOUT_KIB = 8  # the smallest SM shared-memory carve-out NVK and CUDA ask for
+# From sm_80 on, CUDA reserves 1 KiB of shared memory per block for the system;
+# compiled kernels expect it (the rm backend adds it on the H200 too).
+SYSTEM_SHARED_BYTES = 1024
+MINIMUM_CARVEOUT_KIB = 8  # the smallest SM shared-memory carve-out NVK asks for
 BARRIERS = 1  # Bob's kernels synchronise their blocks with __syncthreads (barrier 0)
-# Generic-address windows for shared and local memory: 4 GiB aligned (Hopper's
-# requirement), below 2^40, far above the plan's components (the default plan
-# base is 0x20_0000_0000); the encoder refuses a plan that reaches into them.
-SHARED_MEMORY_WINDOW = 0xFE_0000_0000
-LOCAL_MEMORY_WINDOW = 0xFF_0000_0000
+# Generic-address windows for shared and local memory: tinygrad's Hopper values,
+# which the rm backend also runs with on the H200; 4 GiB aligned (Hopper's
+# requirement) and far above the plan's components (the default plan base is
+# 0x20_0000_0000). The encoder refuses a plan that reaches into them.
+SHARED_MEMORY_WINDOW = 0x7294_0000_0000
+LOCAL_MEMORY_WINDOW = 0x7293_0000_0000
 WINDOW_BYTES = 4 << 30
 TIMELINE_OFFSET = 0
 LAUNCH_PROGRESS_OFFSET = 8
@@ -180,8 +184,13 @@ def architecture(plan: Plan) -> Architecture:
 
 
 def qmd_stride(plan: Plan) -> int:
-    """Bytes from one QMD to the next: the record rounded up to the PCAS alignment."""
-    return align_up(architecture(plan).qmd.record_bytes, QMD_ALIGNMENT)
+    """Bytes from one QMD to the next: the plan's stride, checked against the version."""
+    stride = plan.target.qmd_stride_bytes
+    record = architecture(plan).qmd.record_bytes
+    if stride < record or stride % QMD_ALIGNMENT:
+        raise EncodeError(f"target {plan.target.name}: a QMD stride of {stride} bytes cannot "
+                          f"hold {record}-byte records at {QMD_ALIGNMENT}-byte alignment")
+    return stride
 
 
 # -- the components ---------------------------------------------------------------
@@ -224,7 +233,7 @@ def encode_qmd(plan: Plan, index: int) -> Qmd:
     launch = plan.launches[index]
     region = plan.region(launch.region)
     placed = plan.placed_region(launch.region)
-    shared = align_up(region.shared_bytes, SHARED_MEMORY_ALIGNMENT)
+    shared = align_up(SYSTEM_SHARED_BYTES + region.shared_bytes, SHARED_MEMORY_ALIGNMENT)
     qmd = arch.qmd()
     try:
         qmd.set_program_address(placed.address)

@@ -6,13 +6,15 @@
 
 The simulator is a small GPU channel: it walks GPFIFO entries, decodes their
 pushbuffer words and the QMDs they dispatch with the independent decoder, and
-touches nothing of the plan on the way but one table: program address ->
-region name (the reference kernels are keyed by name), built from the plan's
-placed regions. A launch's arguments come from its constant buffer 0, the
-parameter-block bytes in the program component, read by the region's
-parameter list; its kernel runs on the arena. Semaphore releases (the
+takes from the plan only what a host knows: which region sits at which
+program address (the reference kernels are keyed by name), each region's
+parameter list (to read constant buffer 0, the parameter-block bytes in the
+program component) and the semaphore value each submission must reach. Which
+kernel runs, in what order, with which arguments, comes from the bytes; the
+kernel runs on the arena. Semaphore releases (the
 submissions' from the pushbuffer, the launches' from their QMDs) are written
-into the semaphore component and logged in ``releases``.
+into the semaphore component and logged in ``releases`` (the latest
+``LOG_LIMIT``, as ``launched`` keeps the latest kernels run).
 
 Channel state persists across ``run`` calls, as on a GPU: GPFIFO entry 0 (the
 set-up) runs once, when the backend opens; ``run(submissions)`` then runs entry
@@ -23,6 +25,7 @@ submission's value once its entry is done.
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,6 +49,8 @@ from bob.plan.placement import argument_bytes_end, decode_parameter_block
 
 Kernel = Callable[[Memory, dict[str, "int | np.float32"]], None]
 WORD_BYTES = 4
+WORD_BITS = 32
+LOG_LIMIT = 4096  # releases and launches kept for inspection (the latest)
 
 
 class NvSimError(RunFailure):
@@ -105,8 +110,8 @@ class NvSimBackend(Backend):
         self._host: dict[str, MethodCall] = {}
         self._compute: dict[str, int] = {}
         self._pcas: int | None = None
-        self.releases: list[Release] = []
-        self.launched: list[Launched] = []
+        self.releases: deque[Release] = deque(maxlen=LOG_LIMIT)
+        self.launched: deque[Launched] = deque(maxlen=LOG_LIMIT)
         for entry in self._entries[:SETUP_ENTRIES]:
             self._execute(entry)
 
@@ -209,14 +214,14 @@ class NvSimBackend(Backend):
                 raise NvSimError(f"SEM_EXECUTE before {name}")
         # SEM_ADDR_LO_OFFSET holds address bits 31:2 in place, SEM_ADDR_HI_OFFSET bits 63:32.
         address = (self._host["SEM_ADDR_LO"].field("OFFSET").in_place
-                   | self._host["SEM_ADDR_HI"].field("OFFSET").value << 32)
+                   | self._host["SEM_ADDR_HI"].field("OFFSET").value << WORD_BITS)
         size = call.field("PAYLOAD_SIZE").value_name
         low, high = self._host["SEM_PAYLOAD_LO"].data, self._host["SEM_PAYLOAD_HI"].data
         if size == "32BIT":
             value = low
             self._write(address, struct.pack("<I", value))
         elif size == "64BIT":
-            value = low | high << 32
+            value = low | high << WORD_BITS
             self._write(address, struct.pack("<Q", value))
         else:
             raise NvSimError(f"semaphore payload size {size}")

@@ -38,6 +38,7 @@ def round_up(value: int, granule: int) -> int:
 
 
 _fence_lock = threading.Lock()
+_layouts_reported: set[type] = set()  # which NVOS46 layout the driver took, said once
 
 
 def store_fence() -> None:
@@ -144,6 +145,10 @@ def _map_dma(device: RmDevice, virtual: int, memory: int, size: int, flags: int,
             last = error
             continue
         check_status(call, request.status)
+        if layout not in _layouts_reported:
+            _layouts_reported.add(layout)
+            client.log(f"{call}: the driver took {layout.__name__} "
+                       f"({ctypes.sizeof(layout)} bytes)")
         return request.dmaOffset
     assert last is not None
     raise last
