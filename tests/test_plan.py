@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from bob.cli.main import main
@@ -295,3 +297,24 @@ def test_scalar_args_keep_their_bits():
     adam = plan.launches[5]
     assert isinstance(adam.args[0], Address)
     assert all(isinstance(a, Scalar) for a in adam.args[4:])
+
+
+def test_adam_scalars_are_the_float64_values_rounded_exactly():
+    from fractions import Fraction
+
+    from bob.kernels.exact import f32_bits_from_fraction
+    from bob.program.bob import Hyper, adam_scalars
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        hyper = Hyper(lr=float(10 ** rng.uniform(-6, 1)), beta1=float(rng.uniform(0, 0.99)),
+                      beta2=float(rng.uniform(0.9, 0.99999)), eps=float(10 ** rng.uniform(-12, -3)),
+                      weight_decay=float(rng.uniform(0, 0.1)))
+        step = int(rng.integers(1, 100_000))
+        scalars = adam_scalars(hyper, step)
+        c1, c2 = 1.0 - hyper.beta1**step, 1.0 - hyper.beta2**step
+        expected = {"step_size": hyper.lr * math.sqrt(c2) / c1,
+                    "eps_hat": hyper.eps * math.sqrt(c2),
+                    "decay": 1.0 - hyper.lr * hyper.weight_decay}
+        for name, value in expected.items():
+            assert scalars[name].bits == f32_bits_from_fraction(Fraction(value)), name

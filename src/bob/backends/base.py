@@ -9,7 +9,6 @@ back. Backends know the plan, never the host.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import replace
 
 from bob.plan.certificate import require_certified
 from bob.plan.model import Launch, Plan, PointerParam, Scalar, ScalarParam
@@ -27,7 +26,8 @@ class Backend(ABC):
 
     # -- what the host uses ----------------------------------------------
     @abstractmethod
-    def write_tensor(self, name: str, data: bytes, offset: int = 0) -> None: ...
+    def write_tensor(self, name: str, data: bytes, offset: int = 0) -> None:
+        """Copy `data` (any bytes-like object: bytes, memoryview, a uint8 array) in."""
 
     @abstractmethod
     def read_tensor(self, name: str) -> bytes: ...
@@ -52,24 +52,32 @@ class Backend(ABC):
         certificate still holds for the patched launch.
         """
         launch = self.launches[launch_index]
-        region = self.plan.region(launch.region)
-        footprint_names = {
-            name for p in region.params if isinstance(p, PointerParam)
-            for name in p.footprint.factors
-        }
+        patchable = self._patchable_scalars(launch.region)
         args = list(launch.args)
         for name, value in values.items():
-            positions = [i for i, p in enumerate(region.params) if p.name == name]
-            if not positions or not isinstance(region.params[positions[0]], ScalarParam):
-                raise KeyError(f"region {region.name!r} has no scalar argument {name!r}")
-            param = region.params[positions[0]]
-            if name in footprint_names:
-                raise ValueError(f"argument {name!r} sizes a footprint and cannot be patched")
-            if value.dtype != param.dtype:
-                raise TypeError(f"argument {name!r} is {param.dtype}, not {value.dtype}")
-            args[positions[0]] = value
-        self.launches[launch_index] = replace(launch, args=tuple(args))
+            if name not in patchable:
+                raise KeyError(f"region {launch.region!r} has no patchable scalar argument "
+                               f"{name!r} (pointers and footprint sizes are fixed by the plan)")
+            position, dtype = patchable[name]
+            if value.dtype != dtype:
+                raise TypeError(f"argument {name!r} is {dtype}, not {value.dtype}")
+            args[position] = value
+        self.launches[launch_index] = Launch(launch.region, launch.grid, launch.block,
+                                             tuple(args), launch.label)
         self._parameter_block_changed(launch_index)
+
+    def _patchable_scalars(self, region_name: str) -> dict[str, tuple[int, str]]:
+        """Scalar arguments no footprint depends on: name -> (position, dtype)."""
+        cache = self.__dict__.setdefault("_patchable_cache", {})
+        if region_name not in cache:
+            region = self.plan.region(region_name)
+            sizing = {factor for p in region.params if isinstance(p, PointerParam)
+                      for factor in p.footprint.factors}
+            cache[region_name] = {
+                p.name: (i, p.dtype) for i, p in enumerate(region.params)
+                if isinstance(p, ScalarParam) and p.name not in sizing
+            }
+        return cache[region_name]
 
     def parameter_block(self, launch_index: int) -> bytes:
         launch = self.launches[launch_index]

@@ -43,6 +43,11 @@ class Invocation:
     loss: float  # the objective after the last update (the initial loss when predicting)
 
 
+def _bytes_view(array: np.ndarray) -> np.ndarray:
+    """A flat byte view of a table, so writing it to the arena copies it once."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
 class Session:
     """A backend with the plans it has opened, reused across invocations."""
 
@@ -94,9 +99,9 @@ class Session:
 
     @staticmethod
     def load(backend: Backend, checkpoint: Checkpoint, record: InputRecord) -> None:
-        backend.write_tensor("parameters", checkpoint.parameters.tobytes())
-        backend.write_tensor("first_moment", checkpoint.first_moment.tobytes())
-        backend.write_tensor("second_moment", checkpoint.second_moment.tobytes())
+        backend.write_tensor("parameters", _bytes_view(checkpoint.parameters))
+        backend.write_tensor("first_moment", _bytes_view(checkpoint.first_moment))
+        backend.write_tensor("second_moment", _bytes_view(checkpoint.second_moment))
         backend.write_tensor("input", record.payload())
         # Not every request writes every block: clear what could be stale.
         for name in ("gradients", "training_loss"):
@@ -107,7 +112,8 @@ class Session:
         v = config.vocab
 
         def table(name: str) -> np.ndarray:
-            return np.frombuffer(backend.read_tensor(name), np.float32).reshape(v, v).copy()
+            # read-only over the bytes read back: no second copy of a large table
+            return np.frombuffer(backend.read_tensor(name), np.float32).reshape(v, v)
 
         result = ResultRecord.from_arena(
             config.mode, v,

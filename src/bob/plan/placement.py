@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -70,6 +71,7 @@ class ArgumentSlot:
     size: int
 
 
+@functools.lru_cache(maxsize=256)
 def argument_slots(target: Target, params: tuple[Param, ...]) -> tuple[ArgumentSlot, ...]:
     """Pointers first, one 8-byte word each; then scalars, 4 bytes each."""
     slots: list[ArgumentSlot] = []

