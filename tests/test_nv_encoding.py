@@ -32,6 +32,7 @@ from bob.backends.nv.pushbuffer import (
 )
 from bob.backends.nv.qmd import Qmd, QmdFieldError, QmdV03, QmdV04, SharedMemoryConfig
 from bob.kernels import signatures as sig
+from bob.plan.model import Scalar
 from bob.plan.placement import SM86, SM90, encode_parameter_block, place
 from bob.program.bob import BobConfig, build_plan, build_program, declared_regions
 
@@ -151,6 +152,31 @@ def test_every_field_the_encoder_sets_decodes_to_its_value(plan):
         ]
 
 
+def test_qmd_shared_memory_and_carveouts_are_what_ran_on_hardware(plan):
+    """1 KiB of system shared memory on top of the region's; carve-outs 32 / 100 / 32 KiB."""
+    encoded = encode(plan)
+    for index, launch in enumerate(plan.launches):
+        record = encoded.qmd_table.data[index * encoded.qmd_stride:][:plan.target.qmd_record_bytes]
+        decoded = decoder.decode_qmd(record, encoded.compute_class)
+        shared = plan.region(launch.region).shared_bytes
+        assert decoded.dispatch().shared_memory == 1024 + shared
+        # (KiB / 4) + 1: 32 KiB -> 9, 100 KiB -> 0x1a
+        assert decoded.get("MIN_SM_CONFIG_SHARED_MEM_SIZE") == 9
+        assert decoded.get("TARGET_SM_CONFIG_SHARED_MEM_SIZE") == 9
+        assert decoded.get("MAX_SM_CONFIG_SHARED_MEM_SIZE") == 0x1A
+
+
+@pytest.mark.parametrize("size, expected", [(0, (32, 100, 32)), (33 * 1024, (64, 100, 64)),
+                                            (100 * 1024, (100, 100, 100))])
+def test_carveout_choice(size, expected):
+    config = encoder.shared_memory_config(encoder.ARCHITECTURES["sm_86"], size, "k")
+    assert (config.minimum_kib, config.maximum_kib, config.target_kib) == expected
+    hopper = encoder.shared_memory_config(encoder.ARCHITECTURES["sm_90"], 130 * 1024, "k")
+    assert (hopper.minimum_kib, hopper.maximum_kib, hopper.target_kib) == (132, 132, 132)
+    with pytest.raises(EncodeError, match="at most 100 KiB"):
+        encoder.shared_memory_config(encoder.ARCHITECTURES["sm_86"], 101 * 1024, "k")
+
+
 def test_qmd_sets_the_minimal_dispatch_fields():
     v03, v04 = QmdV03(), QmdV04()
     for qmd in (v03, v04):
@@ -226,8 +252,46 @@ def test_program_component_holds_code_then_parameter_blocks(plan):
         assert data[placed.address - base:][:len(code)] == code
     for index, launch in enumerate(plan.launches):
         offset = plan.parameter_block_address(index) - base
-        block = encode_parameter_block(plan.target, plan.region(launch.region), launch)
-        assert data[offset:offset + plan.target.parameter_block_bytes] == block
+        arguments = encode_parameter_block(plan.target, plan.region(launch.region), launch)
+        block = data[offset:offset + plan.target.parameter_block_bytes]
+        area = encoder.DRIVER_AREA_BYTES
+        assert block[area:] == arguments[area:]  # the arguments as the plan encodes them
+        assert block == encoder.parameter_block(plan, index)
+        # The driver area, read back by the decoder's own layout.
+        driver = decoder.decode_driver_area(block)
+        assert driver.block == (launch.block.x, launch.block.y, launch.block.z)
+        assert driver.grid == (launch.grid.x, launch.grid.y, launch.grid.z)
+        assert driver.shared_window == encoded.shared_memory_window == 0x7294_0000_0000
+        assert driver.local_window == encoded.local_memory_window == 0x7293_0000_0000
+        assert driver.stack_top == encoder.STACK_TOP == 0xFFFDC0
+
+
+def test_driver_area_layout():
+    area = encoder.driver_area((256, 1, 1), (64, 2, 1))
+    assert len(area) == 0x30 == encoder.DRIVER_AREA_BYTES
+    assert struct.unpack_from("<6I", area, 0) == (256, 1, 1, 64, 2, 1)  # blockDim, gridDim
+    assert struct.unpack_from("<3Q", area, 0x18) == (encoder.SHARED_MEMORY_WINDOW,
+                                                     encoder.LOCAL_MEMORY_WINDOW, 0xFFFDC0)
+    assert [(name, offset) for name, offset, _ in decoder.DRIVER_AREA_WORDS] == [
+        ("blockDim.x", 0x0), ("blockDim.y", 0x4), ("blockDim.z", 0x8), ("gridDim.x", 0xC),
+        ("gridDim.y", 0x10), ("gridDim.z", 0x14), ("shared_window", 0x18),
+        ("local_window", 0x20), ("stack_top", 0x28)]
+
+
+def test_patched_parameter_block_keeps_the_driver_area(plan):
+    from dataclasses import replace
+
+    index = next(i for i, launch in enumerate(plan.launches) if launch.region == "bob-adamw")
+    launch = plan.launches[index]
+    position = [p.name for p in plan.region(launch.region).params].index("step_size")
+    args = list(launch.args)
+    args[position] = Scalar.f32(-0.25)
+    patched = replace(launch, args=tuple(args))
+    block = encoder.parameter_block(plan, index, patched)
+    assert block[:encoder.DRIVER_AREA_BYTES] == encoder.parameter_block(plan, index)[:0x30]
+    assert block != encoder.parameter_block(plan, index)
+    with pytest.raises(EncodeError, match="only scalar arguments"):
+        encoder.parameter_block(plan, index, replace(launch, grid=replace(launch.grid, x=7)))
 
 
 def test_qmd_table_has_one_record_per_launch(plan):
@@ -280,7 +344,7 @@ def test_gpfifo_has_the_setup_then_one_entry_per_submission(plan):
     entries, segments = _segments(encoded)
     assert len(entries) == 1 + plan.submission_count
     assert len(encoded.gpfifo.data) == 8 * len(entries)
-    assert all((e.fetch, e.level, e.sync) == ("UNCONDITIONAL", "MAIN", "PROCEED")
+    assert all((e.fetch, e.level, e.sync) == ("UNCONDITIONAL", "SUBROUTINE", "PROCEED")
                for e in entries)
     assert entries[0].address == plan.address_map.pushbuffer.base
     setup = [(c.name, c.subchannel) for c in segments[0]]
@@ -301,7 +365,8 @@ def test_gpfifo_has_the_setup_then_one_entry_per_submission(plan):
 def test_each_submission_dispatches_its_launches_then_releases_its_value(plan):
     encoded = encode(plan)
     _, segments = _segments(encoded)
-    for submission, calls in zip(plan.submissions, segments[1:], strict=True):
+    for index, (submission, calls) in enumerate(zip(plan.submissions, segments[1:],
+                                                    strict=True)):
         expected = []
         for position, launch in enumerate(submission.launches):
             if position:
@@ -319,15 +384,20 @@ def test_each_submission_dispatches_its_launches_then_releases_its_value(plan):
                 detail = call.field("PCAS_ACTION").value_name
             elif call.name == "SEM_EXECUTE":
                 detail = call.field("OPERATION").value_name
-                assert call.field("RELEASE_WFI").value == 1
-                assert call.field("PAYLOAD_SIZE").value_name == "32BIT"
+                assert call.field("RELEASE_WFI").value_name == "EN"
+                assert call.field("PAYLOAD_SIZE").value_name == "64BIT"
             seen.append((call.name, detail))
         assert seen == expected
         by_name = {call.name: call for call in calls}
         address = (by_name["SEM_ADDR_LO"].field("OFFSET").in_place
                    | by_name["SEM_ADDR_HI"].field("OFFSET").value << 32)
-        assert address == encoded.timeline_address
+        # Each submission its own 16-byte slot, a 64-bit payload.
+        assert address == encoded.submission_semaphore(index)
+        assert address == plan.address_map.semaphores.base + 16 * index
         assert by_name["SEM_PAYLOAD_LO"].data == submission.semaphore
+        assert by_name["SEM_PAYLOAD_HI"].data == 0
+        entry = decoder.decode_gpfifo(encoded.submission_entry(index), encoded.host_class)[0]
+        assert entry.address == calls[0].address - 4  # the segment starts with a header
 
 
 def test_method_headers_have_the_published_layout():
@@ -409,7 +479,9 @@ def test_emit_writes_every_component_and_an_index(plan, tmp_path):
     encoded = encode(plan)
     paths = emit(encoded, tmp_path / "out")
     index = json.loads((tmp_path / "out" / "index.json").read_text())
-    assert index["format"] == "bob-nv-components" and index["version"] == 1
+    assert index["format"] == "bob-nv-components" and index["version"] == 2
+    assert index["semaphores"]["submission_slots"] == f"0x{encoded.submission_semaphore(0):x}"
+    assert index["semaphores"]["slot_bytes"] == 16
     assert index["target"] == plan.target.name
     assert {p.name for p in paths} == {"program.bin", "qmd-table.bin", "pushbuffer.bin",
                                        "gpfifo.bin", "semaphores.bin", "index.json"}
@@ -430,6 +502,8 @@ def test_disassembly_lists_entries_methods_qmds_and_parameters(plan):
     assert "(tensor parameters+0x0)" in text
     assert "step_size" in text and "unexplained" not in text
     assert "(unlabelled)" not in text
+    assert text.count("blockDim.x") == plan.launch_count  # every driver area, labelled
+    assert "DISAGREES" not in text
 
 
 def test_disassembly_is_deterministic(plan):

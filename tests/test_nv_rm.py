@@ -12,10 +12,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import struct
 
 import pytest
 
+from bob.backends.nv.pushbuffer import HOPPER_CHANNEL_GPFIFO_A, gpfifo_entry
 from bob.backends.nv.rm import channel as ch
 from bob.backends.nv.rm import ioctl
 from bob.backends.nv.rm import structs as s
@@ -334,11 +336,15 @@ def test_channel_objects_and_parameters():
                                     s.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE]
 
 
+def _entry(address: int, words: int) -> bytes:
+    return gpfifo_entry(HOPPER_CHANNEL_GPFIFO_A, address, words)
+
+
 def test_submit_writes_the_entry_gp_put_and_doorbell():
     _, device, channel = make_channel()
-    entry = ch.gp_entry(0x20_0040_0000, 12)
+    entry = _entry(0x20_0040_0000, 12)
     channel.submit([entry])
-    assert struct.unpack("<Q", channel.ring.read(0, 8))[0] == entry
+    assert channel.ring.read(0, 8) == entry  # the encoder's bytes, as they are
     gp_put = channel.userd_offset + s.USERD_GP_PUT
     assert struct.unpack("<I", channel.ring.read(gp_put, 4))[0] == 1
     doorbell = struct.unpack_from("<I", device.usermode_map, s.NVC361_NOTIFY_CHANNEL_PENDING)
@@ -347,7 +353,7 @@ def test_submit_writes_the_entry_gp_put_and_doorbell():
 
 def test_a_wait_past_its_deadline_reports_the_channel():
     _, _, channel = make_channel()
-    channel.submit([ch.gp_entry(0x20_0040_0000, 6)])
+    channel.submit([_entry(0x20_0040_0000, 6)])
     with pytest.raises(ioctl.SubmissionTimeout, match=r"semaphore\[0\] is 0, not 1.*"
                        r"GP_GET=0 GP_PUT=1.*notifier\[error\]"):
         channel.wait(lambda: 0, 1, 0.01, "semaphore[0]")
@@ -363,64 +369,38 @@ def test_an_error_notifier_stops_the_wait():
 def test_the_ring_refuses_more_than_it_holds():
     _, _, channel = make_channel()
     with pytest.raises(ValueError, match="do not fit"):
-        channel.submit([ch.gp_entry(0x1000, 1)] * 16)
+        channel.submit([_entry(0x1000, 1)] * 16)
+    with pytest.raises(ValueError, match="8 bytes, not 4"):
+        channel.submit([bytes(4)])
 
 
-# -- pushbuffer words ------------------------------------------------------------------------
+# -- the probe's words come from the shared builders ------------------------------------------
 
 
-def test_method_header_fields():
-    assert ch.method_header(1, 0x2B4, 1) == 0x200120AD
-    for bad in ((8, 0, 1), (0, 0x2B6, 1), (0, 0, 0), (0, 0, 0x2000), (0, 0x8000, 1)):
-        with pytest.raises(ValueError):
-            ch.method_header(*bad)
-
-
-def test_gp_entry_fields():
-    entry = ch.gp_entry(0x20_0040_0100, 20)
-    assert entry & 0xFFFF_FFFF == 0x0040_0100  # address 31:2 in place
-    assert (entry >> 32) & 0xFF == 0x20  # GET_HI
-    assert (entry >> 41) & 1 == 1  # LEVEL
-    assert (entry >> 42) & 0x1F_FFFF == 20  # LENGTH
-    with pytest.raises(ValueError):
-        ch.gp_entry(1 << 40, 1)
-    with pytest.raises(ValueError):
-        ch.gp_entry(0x1002, 1)
-
-
-def test_semaphore_release_words():
-    words = ch.semaphore_release(0x20_0060_0008, 0x1_0000_0002)
-    assert words == [0x20050017, 0x0060_0008, 0x20, 2, 1, 0x0110_0001]
-    with pytest.raises(ValueError):
-        ch.semaphore_release(0x20_0060_0004, 1)
-
-
-def test_launch_and_windows_words():
-    assert ch.launch_qmd(0x20_0020_0000) == [0x200120AD, 0x20_0020_00, 0x200120B0, 3]
-    with pytest.raises(ValueError, match="256-byte"):
-        ch.launch_qmd(0x20_0020_0080)
-    with pytest.raises(ValueError, match="4 GiB"):
-        ch.memory_windows(shared=0x7294_1000_0000)
-
-
-def test_probe_qmd_fields_fit_and_land():
+def test_probe_qmd_decodes_to_its_dispatch():
+    from bob.backends.nv import decoder
     from bob.backends.nv.rm import probe
 
     image = probe.probe_qmd(0x20_0000_0000, 0x20_0000_1000, 1024, 4, 128, 0x20_0060_0010, 3)
-    value = int.from_bytes(image, "little")
+    qmd = decoder.decode_qmd(image, s.HOPPER_COMPUTE_A)
+    dispatch = qmd.dispatch()
+    assert dispatch.major_version == 4 and qmd.unexplained() == 0
+    assert dispatch.program_address == 0x20_0000_0000
+    assert dispatch.constant_buffers == {0: (0x20_0000_1000, 1024)}
+    assert dispatch.grid == (4, 1, 1) and dispatch.block == (128, 1, 1)
+    assert dispatch.shared_memory == 1024  # the system's 1 KiB; the kernel declares none
+    assert [(r.address, r.payload) for r in dispatch.releases] == [(0x20_0060_0010, 3)]
 
-    def field(name):
-        high, low = probe.QMD_V04[name]
-        return (value >> low) & ((1 << (high - low + 1)) - 1)
 
-    assert len(image) == 384
-    assert field("QMD_MAJOR_VERSION") == 4
-    assert field("PROGRAM_ADDRESS_UPPER") == 0x20 and field("PROGRAM_ADDRESS_LOWER") == 0
-    assert field("CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6_0") == (0x20_0000_1000 >> 6) & 0xFFFF_FFFF
-    assert field("CONSTANT_BUFFER_SIZE_SHIFTED4_0") == 64
-    assert field("GRID_WIDTH") == 4 and field("CTA_THREAD_DIMENSION0") == 128
-    with pytest.raises(ValueError, match="GRID_HEIGHT is 16 bits"):
-        probe.qmd_v04({"GRID_HEIGHT": 1 << 16})
+def test_probe_parameter_block_has_the_driver_area():
+    from bob.backends.nv import decoder
+    from bob.backends.nv.rm import probe, probe_kernel
+
+    block = probe.probe_parameter_block(0x20_0080_0000, 0xB0B0_0000, 4, 128)
+    area = decoder.decode_driver_area(block)
+    assert area.block == (128, 1, 1) and area.grid == (4, 1, 1)
+    assert struct.unpack_from("<QI", block, probe_kernel.PARAMETER_BASE) == (0x20_0080_0000,
+                                                                          0xB0B0_0000)
 
 
 def test_probe_stages_one_and_two_against_the_fake_driver(capsys):
@@ -469,7 +449,7 @@ def test_schedule_falls_back_to_the_570_layout():
     assert channel.token == 0x10023
 
 
-# -- the plan image ---------------------------------------------------------------------------
+# -- NvBackend: the encoder's bytes at the plan's addresses ----------------------------------
 
 
 def _plan(target_name="sm_90", updates=2):
@@ -484,64 +464,105 @@ def _plan(target_name="sm_90", updates=2):
                       compiled=compiled)
 
 
-def test_driver_area_layout():
-    from bob.backends.nv.rm.backend import STACK_TOP, driver_area
+def _open_on_fake_driver(monkeypatch, plan):
+    """NvBackend on the scripted driver, with every Channel.wait met at once (no GPU)."""
+    from bob.backends.nv.rm.backend import NvBackend
 
-    area = driver_area((256, 1, 1), (64, 2, 1))
-    assert len(area) == 0x30
-    assert struct.unpack_from("<6I", area, 0) == (256, 1, 1, 64, 2, 1)  # blockDim, gridDim
-    assert struct.unpack_from("<3Q", area, 0x18) == (ch.SHARED_MEMORY_WINDOW,
-                                                     ch.LOCAL_MEMORY_WINDOW, STACK_TOP)
+    waits: list[tuple[int, str]] = []
+
+    def completes(channel, read_value, target, deadline_s, what):
+        waits.append((target, what))
+        return target
+
+    monkeypatch.setattr(ch.Channel, "wait", completes)
+    backend = NvBackend(plan, transport=FakeDriver().transport(), deadline_s=0.01)
+    return backend, waits
 
 
-def test_plan_image_places_code_parameter_blocks_qmds_and_segments():
-    from bob.backends.cpu import CpuBackend
-    from bob.backends.nv import fields_generated as g
-    from bob.backends.nv.rm.backend import QMD_STRIDE, plan_image
+def _component_bytes(backend, encoded):
+    block = backend.blocks[encoded.name]
+    return block.read(encoded.base - block.gpu_va, len(encoded.data))
+
+
+def test_nv_backend_uploads_the_encoders_bytes_at_the_plans_addresses(monkeypatch):
+    from bob.backends.nv.encoder import encode
 
     plan = _plan()
-    oracle = CpuBackend(plan)
-    image = plan_image(plan, oracle)
-    amap = plan.address_map
-    assert len(image.program) == plan.program_bytes
-    for placed in plan.placed_regions:
-        start = placed.address - amap.program.base
-        assert image.program[start:start + placed.bytes] == plan.region(placed.name).code
+    backend, completes = _open_on_fake_driver(monkeypatch, plan)
+    encoded = encode(plan)
+    assert backend.encoded == encoded
+    for component in encoded.components:
+        if component.base is None:
+            continue
+        block = backend.blocks[component.name]
+        assert block.gpu_va == getattr(plan.address_map, component.name.replace("-", "_")).base
+        assert _component_bytes(backend, component) == component.data, component.name
+    # The set-up entry went to the ring first, as encoded.
+    assert backend.channel.ring.read(0, 8) == encoded.entry(0)
+    assert completes == [(1, "channel set-up")]
+    backend.close()
 
-    def qmd_field(record: int, name: str) -> int:
-        high, low = g.QMDV04_00_FIELDS[name]
-        return (record >> low) & ((1 << (high - low + 1)) - 1)
 
-    for index, launch in enumerate(plan.launches):
-        start = plan.parameter_block_address(index) - amap.program.base
-        block = image.program[start:start + plan.target.parameter_block_bytes]
-        assert struct.unpack_from("<6I", block) == (launch.block.x, launch.block.y, launch.block.z,
-                                                    launch.grid.x, launch.grid.y, launch.grid.z)
-        expected = oracle.parameter_block(index)
-        assert block[0x30:] == expected[0x30:]  # the arguments as the plan encodes them
-        record = int.from_bytes(image.qmd_table[index * QMD_STRIDE:][:384], "little")
-        assert qmd_field(record, "QMD_MAJOR_VERSION") == 4
-        address = (qmd_field(record, "PROGRAM_ADDRESS_UPPER") << 32
-                   | qmd_field(record, "PROGRAM_ADDRESS_LOWER"))
-        assert address == plan.placed_region(launch.region).address
-        cb0 = (qmd_field(record, "CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6(0)") << 32
-               | qmd_field(record, "CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6(0)")) << 6
-        assert cb0 == plan.parameter_block_address(index)
-        assert qmd_field(record, "GRID_WIDTH") == launch.grid.x
-        assert qmd_field(record, "SHARED_MEMORY_SIZE") == 1024 + 2048
+def test_nv_backend_run_submits_the_encoded_entries_and_waits_for_the_last_slot(monkeypatch):
+    plan = _plan()
+    backend, completes = _open_on_fake_driver(monkeypatch, plan)
+    semaphores = backend.blocks["semaphores"]
+    semaphores.write(0, b"\xff" * semaphores.size)  # stale values from an earlier run
+    backend.run(range(2, 5))
+    ring = backend.channel.ring
+    assert [ring.read(8 * slot, 8) for slot in (1, 2, 3)] == [
+        backend.encoded.submission_entry(i) for i in (2, 3, 4)]
+    assert completes[-1] == (plan.submissions[4].semaphore, "submission 4's semaphore")
+    assert [backend.semaphore(i) for i in (2, 3, 4)] == [0, 0, 0]  # zeroed before submitting
+    assert backend.semaphore(1) == 2**64 - 1  # not submitted, not touched
+    assert backend.last_semaphore == plan.submissions[4].semaphore
+    with pytest.raises(ValueError, match="not in the plan"):
+        backend.run(range(plan.submission_count, plan.submission_count + 1))
+    backend.close()
 
-    pushbuffer = image.pushbuffer()
-    assert image.setup_words == tuple(ch.bind_compute() + ch.memory_windows())
-    for index, (sub, segment) in enumerate(zip(plan.submissions, image.submissions, strict=True)):
-        words = struct.unpack_from(f"<{len(segment.words)}I", pushbuffer,
-                                   segment.pushbuffer_offset)
-        assert words == segment.words
-        qmds = [amap.qmd_table.base + i * QMD_STRIDE for i in sub.launches]
-        expected = sum((ch.launch_qmd(q) for q in qmds), [])
-        expected += ch.semaphore_release(amap.semaphores.base + 16 * index, sub.semaphore)
-        assert list(words) == expected
-        assert segment.pushbuffer_offset + 4 * len(words) <= amap.pushbuffer.bytes
-        assert all(q % 256 == 0 for q in qmds)
+
+def test_nv_backend_set_scalars_reencodes_the_parameter_block(monkeypatch):
+    from bob.backends.nv import encoder
+    from bob.program.bob import BobConfig, Hyper, adam_scalars
+
+    plan = _plan()
+    backend, _ = _open_on_fake_driver(monkeypatch, plan)
+    index = BobConfig(vocab=256, prompts=1, updates=2).adamw_launch(1)
+    backend.set_scalars(index, adam_scalars(Hyper(lr=0.05), 2))
+    program = backend.blocks["program"]
+    offset = plan.parameter_block_address(index) - program.gpu_va
+    block = program.read(offset, plan.target.parameter_block_bytes)
+    assert block == encoder.parameter_block(plan, index, backend.launches[index])
+    assert block != encoder.parameter_block(plan, index)  # the scalars did change
+    assert block[:encoder.DRIVER_AREA_BYTES] == encoder.parameter_block(plan, index)[:0x30]
+    backend.close()
+
+
+def test_nv_backend_timeout_names_the_last_launch_completed(monkeypatch):
+    plan = _plan()
+    backend, _ = _open_on_fake_driver(monkeypatch, plan)
+    monkeypatch.undo()  # the real wait: no GPU moves the semaphore
+    with pytest.raises(ioctl.SubmissionTimeout, match="submission 0's semaphore is 0, not 1.*"
+                       "no launch has completed"):
+        backend.run(range(1))
+    progress = backend.encoded.launch_progress_address - backend.blocks["semaphores"].gpu_va
+    backend.blocks["semaphores"].write(progress, struct.pack("<I", 3))
+    label = plan.launches[2].label or plan.launches[2].region
+    with pytest.raises(ioctl.SubmissionTimeout,
+                       match=re.escape(f"last launch completed is 2 ({label})")):
+        backend.run(range(1))
+    backend.close()
+
+
+def test_nv_backend_refuses_regions_without_code():
+    from bob.backends.nv.rm.backend import NvBackend
+    from bob.errors import RunFailure
+    from bob.plan.placement import SM90
+    from bob.program.bob import BobConfig, build_plan
+
+    with pytest.raises(RunFailure, match="no machine code"):
+        NvBackend(build_plan(BobConfig(vocab=256, prompts=1, updates=1), SM90),
+                  transport=ioctl.FakeTransport({}))
 
 
 def test_nv_backend_refuses_a_non_hopper_plan_before_opening_the_driver():
@@ -605,3 +626,93 @@ def test_bob_plan_on_hopper_is_bit_identical_to_cpu(capsys):
     assert status == 0, out
     assert out.count("all tensors bit-identical") == 2
 
+
+
+# -- a submission of two launches (WAIT_FOR_IDLE between them), on the probe kernel ------------
+
+
+def _two_launch_plan():
+    """The probe kernel (out[i] = magic + i) as a region: a, then b, in one submission;
+    then a again alone."""
+    from bob.backends.nv.rm import probe_kernel
+    from bob.plan.model import (
+        Dim3,
+        Footprint,
+        LaunchSpec,
+        PointerParam,
+        ProgramSpec,
+        Region,
+        Scalar,
+        ScalarParam,
+        Submission,
+        TensorRef,
+        TensorSpec,
+    )
+    from bob.plan.placement import SM90, place
+
+    region = Region("probe", code=probe_kernel.CODE, registers=probe_kernel.REGISTERS,
+                    block_x=128, shared_bytes=probe_kernel.SHARED_BYTES,
+                    params=(PointerParam("out", Footprint(4, ("grid.x", "block.x")), "write"),
+                            ScalarParam("magic", "u32")),
+                    entry=probe_kernel.ENTRY)
+    launches = tuple(
+        LaunchSpec("probe", Dim3(4), Dim3(128), (TensorRef(name), Scalar.u32(magic)), name)
+        for name, magic in (("a", 0xA000_0000), ("b", 0xB000_0000), ("a", 0xC000_0000)))
+    program = ProgramSpec(regions=(region,),
+                          tensors=(TensorSpec("a", "u32", (512,)), TensorSpec("b", "u32", (512,))),
+                          launches=launches,
+                          submissions=(Submission(0, 2, 1), Submission(2, 1, 2)))
+    return place(program, SM90)
+
+
+def _probe_reference(memory, args):
+    import numpy as np
+
+    out = memory.array(args["out"], "u32", 512)
+    out[:] = (np.arange(512, dtype=np.uint64) + args["magic"]).astype(np.uint32)
+
+
+def _check_two_launches(backend, first_a: int, b: int):
+    import numpy as np
+
+    index = np.arange(512, dtype=np.uint64)
+    for name, magic in (("a", first_a), ("b", b)):
+        got = np.frombuffer(backend.read_tensor(name), np.uint32)
+        assert got.tolist() == ((index + magic) % 2**32).astype(np.uint32).tolist(), name
+
+
+def _exercise_two_launches(backend):
+    from bob.plan.model import Scalar
+
+    plan = backend.plan
+    encoded = backend.encoded
+    assert [s.count for s in plan.submissions] == [2, 1]
+    backend.run(range(1))  # a and b, a WAIT_FOR_IDLE between them
+    _check_two_launches(backend, 0xA000_0000, 0xB000_0000)
+    backend.run(range(1, 2))  # a again, alone
+    _check_two_launches(backend, 0xC000_0000, 0xB000_0000)
+    backend.set_scalars(0, {"magic": Scalar.u32(0x1234_0000)})
+    backend.set_scalars(1, {"magic": Scalar.u32(0x5678_0000)})
+    backend.run(range(1))  # patched parameter blocks; slot 0 zeroed and released again
+    _check_two_launches(backend, 0x1234_0000, 0x5678_0000)
+    return encoded
+
+
+def test_two_launch_submission_on_nv_sim():
+    from bob.backends.nv.decoder import disassemble
+    from bob.backends.nv.sim import NvSimBackend
+
+    backend = NvSimBackend(_two_launch_plan(), kernels={"probe": _probe_reference})
+    encoded = _exercise_two_launches(backend)
+    assert "WAIT_FOR_IDLE" in disassemble(encoded, backend.plan)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _nv_present(), reason="no NVIDIA kernel driver here")
+def test_two_launch_submission_on_hopper():
+    """WAIT_FOR_IDLE between launches, a re-run, patched scalars: all from encode(plan)."""
+    from bob.backends.nv.rm.backend import NvBackend
+
+    with NvBackend(_two_launch_plan(), deadline_s=10) as backend:
+        _exercise_two_launches(backend)
+        assert backend.launch_progress() == 2  # launch 1 (b) completed last

@@ -9,10 +9,12 @@ patches.
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from bob.backends.nv import encoder
 from bob.backends.nv.decoder import TABLES
 from bob.backends.nv.sim import NvSimBackend, NvSimError
 from bob.kernels import signatures as sig
@@ -104,14 +106,30 @@ def test_runs_launches_in_order_and_releases_semaphores(target):
                                                               "axpy"]
     assert _f32(backend, "x").tolist() == [2.0] * N
     assert _f32(backend, "y").tolist() == [1.0 + 6.0 + 1.0 + 1.0] * N
-    timeline = backend.encoded.timeline_address
+    slots = [backend.encoded.submission_semaphore(i) for i in range(plan.submission_count)]
     progress = backend.encoded.launch_progress_address
     host = [(r.address, r.value) for r in backend.releases if r.source == "host"]
     qmd = [(r.address, r.value) for r in backend.releases if r.source == "qmd"]
-    assert host == [(timeline, s.semaphore) for s in plan.submissions]
+    assert host == [(slot, s.semaphore) for slot, s in zip(slots, plan.submissions, strict=True)]
     assert qmd == [(progress, 1), (progress, 2), (progress, 3), (progress, 4), (progress, 4)]
-    assert backend.semaphore(timeline) == 9 and backend.last_semaphore == 9
-    assert backend.semaphore(progress) == 4
+    assert [backend.semaphore(slot) for slot in slots] == [1, 2, 5, 9]
+    assert backend.last_semaphore == 9
+    assert backend.word(progress) == 4
+    assert progress == slots[0] + 8  # the spare half of slot 0
+
+
+def test_a_rerun_waits_for_fresh_releases(target):
+    """The slots are zeroed before each run, so an old value cannot pass for a new one."""
+    plan = tiny_plan(target)
+    backend = NvSimBackend(plan, kernels=KERNELS)
+    backend.run(range(plan.submission_count))
+    backend.run(range(plan.submission_count))
+    assert _f32(backend, "y").tolist() == [9.0] * N
+    # Submission 0's entry cut short of its release (a header and five data words):
+    entry = backend._entries[1]
+    backend._entries[1] = replace(entry, words=entry.words - 6)
+    with pytest.raises(NvSimError, match="holds 0, not 1"):
+        backend.run(range(1))
 
 
 def test_arguments_come_from_constant_buffer_zero(target):
@@ -146,7 +164,10 @@ def test_set_scalars_rewrites_the_parameter_block_bytes(target):
     program = backend._components["program"]
     offset = plan.parameter_block_address(2) - plan.address_map.program.base
     patched = bytes(program[1][offset:offset + plan.target.parameter_block_bytes])
-    assert patched == backend.parameter_block(2)
+    area = encoder.DRIVER_AREA_BYTES
+    assert patched[area:] == backend.parameter_block(2)[area:]
+    assert patched[:area] == backend.encoded.program.data[offset:offset + area]  # kept
+    assert patched == encoder.parameter_block(plan, 2, backend.launches[2])
     assert patched != backend.encoded.program.data[offset:offset + len(patched)]
     backend.run(range(plan.submission_count))
     assert _f32(backend, "y").tolist() == [1.0 - 2.0 + 1.0 + 1.0] * N
@@ -180,6 +201,19 @@ def test_a_corrupt_program_address_is_caught(target):
     word = lower.low // 32 * 4
     table[word:word + 4] = struct.pack("<I", 0x1234_5600)  # QMD 0's program address
     with pytest.raises(NvSimError, match="no region's"):
+        backend.run(range(1))
+
+
+@pytest.mark.parametrize("offset, what", [(0x0, "blockDim"), (0xC, "gridDim"),
+                                          (0x18, "shared window"), (0x20, "local window")])
+def test_a_wrong_driver_area_is_caught(target, offset, what):
+    """The GPU's compiled code reads these; the simulator refuses what would mislead it."""
+    plan = tiny_plan(target)
+    backend = NvSimBackend(plan, kernels=KERNELS)
+    _, program = backend._components["program"]
+    start = plan.parameter_block_address(0) - plan.address_map.program.base + offset
+    program[start:start + 4] = struct.pack("<I", 3)
+    with pytest.raises(NvSimError, match=f"driver area holds {what}"):
         backend.run(range(1))
 
 

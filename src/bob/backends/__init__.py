@@ -75,7 +75,7 @@ def _nv_sim(arch: str) -> BackendChoice:
     return BackendChoice("nv-sim", TARGETS[arch], None, NvSimBackend)
 
 
-def _nv() -> BackendChoice:
+def _nv(arena: str) -> BackendChoice:
     try:
         from .nv.rm.backend import NvBackend, nv_available
     except ImportError as error:
@@ -85,7 +85,8 @@ def _nv() -> BackendChoice:
         raise BackendUnavailable(f"the nv backend cannot run here: {why}")
     from bob.kernels.cuda.compile import compiled_regions
 
-    return BackendChoice("nv", TARGETS["sm_90"], compiled_regions("sm_90"), NvBackend)
+    return BackendChoice("nv", TARGETS["sm_90"], compiled_regions("sm_90"),
+                         lambda plan: NvBackend(plan, arena=arena))
 
 
 def choose_backend(name: str, arch: str = "sm_90", arena: str = "device") -> BackendChoice:
@@ -103,7 +104,7 @@ def choose_backend(name: str, arch: str = "sm_90", arena: str = "device") -> Bac
     if name == "nv-sim":
         return _nv_sim(arch)
     if name == "nv":
-        return _nv()
+        return _nv(arena)
     try:
         choice = _cuda(arena)
     except BackendUnavailable as why:

@@ -365,8 +365,7 @@ def _method_call(address: int, form: str, subchannel: int, method: int, data: in
     fields = []
     for f in info.method_fields(name):
         value = f.extract(data)
-        label = info.value_names.get(f.name, {}).get(value)
-        fields.append(DecodedField(f.name[len(name) + 1:], f, value, label))
+        fields.append(DecodedField(f.name[len(name) + 1:], f, value, _value_label(info, f, value)))
     if method == 0:  # SET_OBJECT binds a class to the subchannel
         nvclass = host.fields.get("SET_OBJECT_NVCLASS") or TABLES.pbdma.fields["SET_OBJECT_NVCLASS"]
         number = nvclass.extract(data)
@@ -374,6 +373,23 @@ def _method_call(address: int, form: str, subchannel: int, method: int, data: in
         label = TABLES.classes[number].name if number in TABLES.classes else None
         fields = [DecodedField("NVCLASS", nvclass, number, label)]
     return MethodCall(address, form, subchannel, method, data, info.name, name, tuple(fields))
+
+
+def _value_label(info: ClassInfo, f: Field, value: int) -> str | None:
+    """A field value's name in its class's header.
+
+    A channel class may leave a value of a host field unnamed where the PBDMA's
+    header names it (clc86f.h has SEM_EXECUTE_PAYLOAD_SIZE_32BIT but not _64BIT,
+    RELEASE_WFI_DIS but not _EN); the PBDMA's name is used when its header places
+    the field at the very same bits.
+    """
+    label = info.value_names.get(f.name, {}).get(value)
+    pbdma = TABLES.pbdma
+    if label is None and info is not pbdma and f.name.startswith("SEM_"):
+        same = pbdma.fields.get(f.name)
+        if same is not None and (same.high, same.low) == (f.high, f.low):
+            label = pbdma.value_names.get(f.name, {}).get(value)
+    return label
 
 
 def decode_segment(words: Sequence[int], address: int, host_class: int,
@@ -591,6 +607,49 @@ def decode_qmd(record: bytes, compute_class: int) -> DecodedQmd:
     return DecodedQmd(record, compute_class)
 
 
+# -- constant bank 0's driver area ----------------------------------------------------------
+
+# Not in NVIDIA's headers: the words compiled code reads below the parameter base,
+# as the CUDA driver fills them (seen on the H200, docs/RAW-HOPPER.md): name,
+# byte offset, size.
+DRIVER_AREA_WORDS = (
+    ("blockDim.x", 0x00, 4), ("blockDim.y", 0x04, 4), ("blockDim.z", 0x08, 4),
+    ("gridDim.x", 0x0C, 4), ("gridDim.y", 0x10, 4), ("gridDim.z", 0x14, 4),
+    ("shared_window", 0x18, 8), ("local_window", 0x20, 8), ("stack_top", 0x28, 8),
+)
+_SIZE_FORMATS = {4: "<I", 8: "<Q"}
+
+
+@dataclass(frozen=True)
+class DriverArea:
+    block: tuple[int, int, int]
+    grid: tuple[int, int, int]
+    shared_window: int
+    local_window: int
+    stack_top: int
+
+
+def _driver_words(block: bytes) -> dict[str, int]:
+    end = max(offset + size for _, offset, size in DRIVER_AREA_WORDS)
+    if len(block) < end:
+        raise DecodeError(f"a constant buffer of {len(block)} bytes cannot hold the "
+                          f"{end}-byte driver area")
+    return {name: struct.unpack_from(_SIZE_FORMATS[size], block, offset)[0]
+            for name, offset, size in DRIVER_AREA_WORDS}
+
+
+def decode_driver_area(block: bytes) -> DriverArea:
+    """The driver area at the start of a constant bank 0."""
+    words = _driver_words(block)
+    return DriverArea(
+        block=(words["blockDim.x"], words["blockDim.y"], words["blockDim.z"]),
+        grid=(words["gridDim.x"], words["gridDim.y"], words["gridDim.z"]),
+        shared_window=words["shared_window"],
+        local_window=words["local_window"],
+        stack_top=words["stack_top"],
+    )
+
+
 # -- the listing ---------------------------------------------------------------------------
 
 
@@ -611,6 +670,11 @@ def _regions_at(plan: Plan, address: int) -> str:
 def _parameter_lines(plan: Plan, program_address: int, block: bytes) -> list[str]:
     lines = []
     labelled: set[int] = set()
+    words = _driver_words(block)
+    for name, offset, size in DRIVER_AREA_WORDS:
+        labelled.update(range(offset, offset + size, 4))
+        lines.append(f"      +{offset:#05x}  {name:<16} {words[name]:#0{2 + 2 * size}x}  "
+                     "(driver area)")
     regions = [p.name for p in plan.placed_regions if p.address == program_address]
     if len(regions) == 1:
         region = plan.region(regions[0])
@@ -659,6 +723,10 @@ def _qmd_lines(encoded: EncodedProgram, plan: Plan, qmd_address: int) -> list[st
         lines.append(f"    constant buffer {bank} at {address:#x}, {size} bytes:")
         block = _component_bytes(encoded, address, size)
         lines += _parameter_lines(plan, dispatch.program_address, block)
+        area = decode_driver_area(block)
+        if bank == 0 and (area.block, area.grid) != (dispatch.block, dispatch.grid):
+            lines.append(f"    DRIVER AREA DISAGREES with the QMD: blockDim {area.block}, "
+                         f"gridDim {area.grid}")
     for release in dispatch.releases:
         lines.append(f"    on completion: release {release.payload} at {release.address:#x} "
                      f"({release.structure})")

@@ -3,39 +3,52 @@
     encoded = encode(plan)          # deterministic bytes, at the plan's virtual addresses
     emit(encoded, Path("out/"))     # one file per component and index.json
 
-The components, at the addresses of ``plan.address_map``:
+These bytes are the only command stream Bob has: the simulator (``nv-sim``),
+the disassembler (``bob plan --disasm``), ``bob plan --emit`` and the GPU (the
+``nv`` backend uploads them unchanged) all read them. The components, at the
+addresses of ``plan.address_map``:
 
 - program: each retained region's code at its placed address, then one
   parameter block per launch at ``plan.parameter_block_address(i)`` (the
-  launch's constant buffer 0), exactly ``plan.program_bytes`` long.
+  launch's constant buffer 0), exactly ``plan.program_bytes`` long. A block
+  starts with the driver area compiled code reads (``driver_area``: blockDim,
+  gridDim, the shared and local memory windows, the stack top), then the
+  arguments from the target's parameter base.
 - QMD table: one QMD per launch (V03_00 on sm_86, V04_00 on sm_90). QMD i is
   at ``qmd_table.base + i * qmd_stride``; the stride is the record size rounded
-  up to 256 bytes because SEND_PCAS_A takes the address >> 8. That is the
-  record size on sm_86 (256) but 512 on sm_90 (384-byte records), more than
-  the plan's QMD table component reserves: see ``qmd_stride``.
+  up to 256 bytes because SEND_PCAS_A takes the address >> 8: 256 on sm_86,
+  512 on sm_90 (384-byte records; the target says so, see ``qmd_stride``).
 - pushbuffer: a set-up segment at the component's base (bind the compute
   class on subchannel 1, set the shared and local memory windows), then from
   ``base + target.pushbuffer_setup_bytes`` one segment per submission: each
   launch dispatched (SEND_PCAS_A, SEND_SIGNALING_PCAS2_B), a WAIT_FOR_IDLE
   between consecutive launches of one submission, then a host semaphore
-  release (with wait-for-idle) of the submission's value.
+  release (with wait-for-idle) of the submission's value into its own slot.
 - GPFIFO: entry 0 fetches the set-up segment; entry s + 1 fetches submission
-  s. The set-up is its own entry so that any range of submissions can run
-  after it, in any later call. The entries have no plan address: the ring is
-  the channel's, and a host copies them into it.
-- semaphores: two 32-bit words, zero at start. At ``base + 0`` the submission
-  timeline: the pushbuffer releases each submission's value there (values
-  strictly increase, so one word tells which submission completed last). At
-  ``base + 8`` launch progress: each QMD releases ``launch index + 1`` there
-  when its grid completes. A QMD belongs to a launch, and a launch may be in
-  several submissions (Bob predicts twice), so the QMD cannot carry a
-  submission's value; the submission's release lives in the pushbuffer.
+  s (LEVEL = SUBROUTINE). The set-up is its own entry so that any range of
+  submissions can run after it, in any later call. The entries point into the
+  pushbuffer at the plan's addresses; they have no address of their own: the
+  ring is the channel's, and a host copies them into it.
+- semaphores: one 16-byte slot per submission, zero at start. Submission s
+  releases its 64-bit value at ``base + 16 * s`` (``submission_semaphore``):
+  a host zeroes the slots it is about to run and waits for the last one.
+  The spare second half of slot 0, ``base + 8``, is launch progress: each QMD
+  releases ``launch index + 1`` there (one word) when its grid completes,
+  which names the last kernel finished when something hangs. A QMD belongs to
+  a launch, and a launch may be in several submissions (Bob predicts twice),
+  so the QMD cannot carry a submission's value.
+
+The choices where two were possible follow what ran on the H200
+(docs/RAW-HOPPER.md, docs/NV-FIELDS.md): SUBROUTINE GPFIFO entries, 64-bit
+per-submission slots, 32 KiB / 100 KiB shared-memory carve-outs, 1 KiB of
+system shared memory, the driver area in constant bank 0.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +57,7 @@ from bob.backends.nv.pushbuffer import (
     AMPERE_COMPUTE_B,
     HOPPER_CHANNEL_GPFIFO_A,
     HOPPER_COMPUTE_A,
+    SEMAPHORE_BYTES,
     WORD_BYTES,
     ClassTable,
     CommandError,
@@ -53,29 +67,43 @@ from bob.backends.nv.pushbuffer import (
 )
 from bob.backends.nv.qmd import Qmd, QmdFieldError, QmdV03, QmdV04, SharedMemoryConfig, field_shift
 from bob.plan.certificate import require_certified
-from bob.plan.model import Component, Plan
-from bob.plan.placement import align_up, encode_parameter_block
+from bob.plan.model import Component, Launch, Plan
+from bob.plan.placement import SEMAPHORE_STRIDE, align_up
+from bob.plan.placement import encode_parameter_block as encode_arguments
 
 EMIT_FORMAT = "bob-nv-components"
-EMIT_VERSION = 1
+EMIT_VERSION = 2  # 2: per-submission 64-bit semaphore slots, driver areas, SUBROUTINE entries
 
 # SEND_PCAS_A_QMD_ADDRESS_SHIFTED8: a QMD must be 256-byte aligned.
 QMD_ALIGNMENT = 1 << field_shift("SEND_PCAS_A_QMD_ADDRESS_SHIFTED8")
 SHARED_MEMORY_ALIGNMENT = 256  # NVK rounds a launch's shared memory up to 0x100
-# From sm_80 on, CUDA reserves 1 KiB of shared memory per block for the system;
-# compiled kernels expect it (the rm backend adds it on the H200 too).
+# From sm_80 on, CUDA reserves 1 KiB of shared memory per block for the system.
+# Bob asks for it on top of the region's shared bytes, as the plans that ran on
+# the H200 did. (NVRTC 13 already counts it in an sm_90 kernel that declares
+# shared memory, so such a kernel gets 1 KiB more than it needs: harmless.)
 SYSTEM_SHARED_BYTES = 1024
-MINIMUM_CARVEOUT_KIB = 8  # the smallest SM shared-memory carve-out NVK asks for
+# SM shared-memory carve-outs: the smallest one that holds the block and is at
+# least 32 KiB, with 100 KiB as the most the SM may configure: tinygrad's values,
+# and what Bob's plans ran with on the H200 (sm_90 could offer 228 KiB).
+MINIMUM_CARVEOUT_KIB = 32
+MAXIMUM_CARVEOUT_KIB = 100
 BARRIERS = 1  # Bob's kernels synchronise their blocks with __syncthreads (barrier 0)
 # Generic-address windows for shared and local memory: tinygrad's Hopper values,
-# which the rm backend also runs with on the H200; 4 GiB aligned (Hopper's
-# requirement) and far above the plan's components (the default plan base is
+# which Bob's plans run with on the H200; 4 GiB aligned (Hopper's requirement)
+# and far above the plan's components (the default plan base is
 # 0x20_0000_0000). The encoder refuses a plan that reaches into them.
 SHARED_MEMORY_WINDOW = 0x7294_0000_0000
 LOCAL_MEMORY_WINDOW = 0x7293_0000_0000
 WINDOW_BYTES = 4 << 30
-TIMELINE_OFFSET = 0
-LAUNCH_PROGRESS_OFFSET = 8
+# The driver area at the start of constant bank 0, as the CUDA driver fills it and
+# compiled code reads it (seen on the H200: without blockDim and gridDim there,
+# every CTA computed blockIdx.x * 0 + threadIdx.x). The initial stack pointer is
+# tinygrad's value; Bob's regions use no stack.
+DRIVER_AREA = struct.Struct("<3I3IQQQ")  # blockDim, gridDim, shared, local window, stack top
+DRIVER_AREA_BYTES = DRIVER_AREA.size  # 0x30
+STACK_TOP = 0xFFFDC0
+SEMAPHORE_SLOT_BYTES = SEMAPHORE_STRIDE  # the plan reserves one slot per submission
+LAUNCH_PROGRESS_OFFSET = 8  # the spare half of slot 0
 SETUP_ENTRIES = 1  # GPFIFO entry 0 is the set-up; submission s is entry s + 1
 
 
@@ -137,9 +165,9 @@ class EncodedProgram:
     def components(self) -> tuple[EncodedComponent, ...]:
         return (self.program, self.qmd_table, self.pushbuffer, self.gpfifo, self.semaphores)
 
-    @property
-    def timeline_address(self) -> int:
-        return _base(self.semaphores) + TIMELINE_OFFSET
+    def submission_semaphore(self, submission: int) -> int:
+        """The address of submission `submission`'s 64-bit semaphore slot."""
+        return _base(self.semaphores) + submission * SEMAPHORE_SLOT_BYTES
 
     @property
     def launch_progress_address(self) -> int:
@@ -156,6 +184,15 @@ class EncodedProgram:
     def entry_bytes(self) -> int:
         host = _host_table(self.host_class)
         return host.constants["GP_ENTRY__SIZE"]
+
+    def entry(self, index: int) -> bytes:
+        """GPFIFO entry `index` as the ring holds it (0: set-up; s + 1: submission s)."""
+        if not 0 <= index < self.gpfifo_entries:
+            raise IndexError(f"GPFIFO entry {index} is not among the {self.gpfifo_entries}")
+        return self.gpfifo.data[index * self.entry_bytes:(index + 1) * self.entry_bytes]
+
+    def submission_entry(self, submission: int) -> bytes:
+        return self.entry(SETUP_ENTRIES + submission)
 
 
 def _base(component: EncodedComponent) -> int:
@@ -193,6 +230,45 @@ def qmd_stride(plan: Plan) -> int:
     return stride
 
 
+# -- constant bank 0 ----------------------------------------------------------------
+
+
+def driver_area(block: tuple[int, int, int], grid: tuple[int, int, int]) -> bytes:
+    """The first 0x30 bytes of constant bank 0, as the CUDA driver fills them."""
+    return DRIVER_AREA.pack(*block, *grid, SHARED_MEMORY_WINDOW, LOCAL_MEMORY_WINDOW, STACK_TOP)
+
+
+def _dims(dim) -> tuple[int, int, int]:
+    return (dim.x, dim.y, dim.z)
+
+
+def parameter_block(plan: Plan, index: int, launch: Launch | None = None) -> bytes:
+    """Launch `index`'s constant bank 0: the driver area, then its arguments.
+
+    `launch` replaces the plan's launch (a host that patched its scalars); its
+    grid and block must stay the plan's.
+    """
+    planned = plan.launches[index]
+    launch = planned if launch is None else launch
+    if (launch.region, launch.grid, launch.block) != (planned.region, planned.grid,
+                                                       planned.block):
+        raise EncodeError(f"launch {index}: only scalar arguments may change, not the region, "
+                          "grid or block the QMD holds")
+    region = plan.region(launch.region)
+    if DRIVER_AREA_BYTES > plan.target.parameter_base:
+        raise EncodeError(f"target {plan.target.name}: the {DRIVER_AREA_BYTES}-byte driver area "
+                          f"overlaps the arguments at {plan.target.parameter_base:#x}")
+    block = bytearray(encode_arguments(plan.target, region, launch))
+    if len(block) != plan.target.parameter_block_bytes:
+        raise EncodeError(f"launch {index}: parameter block is {len(block)} bytes, not "
+                          f"{plan.target.parameter_block_bytes}")
+    if any(block[:DRIVER_AREA_BYTES]):
+        raise EncodeError(f"launch {index}: the plan's parameter block is not zero where the "
+                          "driver area goes")
+    block[:DRIVER_AREA_BYTES] = driver_area(_dims(launch.block), _dims(launch.grid))
+    return bytes(block)
+
+
 # -- the components ---------------------------------------------------------------
 
 
@@ -204,11 +280,8 @@ def encode_program(plan: Plan) -> bytes:
         code = plan.region(placed.name).code
         offset = placed.address - program.base
         data[offset:offset + len(code)] = code
-    for index, launch in enumerate(plan.launches):
-        block = encode_parameter_block(plan.target, plan.region(launch.region), launch)
-        if len(block) != plan.target.parameter_block_bytes:
-            raise EncodeError(f"launch {index}: parameter block is {len(block)} bytes, not "
-                              f"{plan.target.parameter_block_bytes}")
+    for index in range(plan.launch_count):
+        block = parameter_block(plan, index)
         offset = plan.parameter_block_address(index) - program.base
         data[offset:offset + len(block)] = block
     if len(data) != plan.program_bytes:
@@ -217,14 +290,44 @@ def encode_program(plan: Plan) -> bytes:
     return bytes(data)
 
 
-def shared_memory_config(arch: Architecture, size: int, region: str) -> SharedMemoryConfig:
-    """The smallest carve-out (at least 8 KiB) that holds `size` bytes, up to the SM's maximum."""
+def shared_memory_config(arch: Architecture, size: int, what: str) -> SharedMemoryConfig:
+    """The smallest carve-out of at least 32 KiB that holds `size` bytes; 100 KiB at most
+    unless the block needs more."""
     needed = max(size, MINIMUM_CARVEOUT_KIB * 1024)
     for kib in arch.carveouts_kib:
         if kib * 1024 >= needed:
-            return SharedMemoryConfig(kib, arch.carveouts_kib[-1], kib)
-    raise EncodeError(f"region {region!r} needs {size} bytes of shared memory; {arch.target} "
+            return SharedMemoryConfig(kib, max(kib, MAXIMUM_CARVEOUT_KIB), kib)
+    raise EncodeError(f"{what} needs {size} bytes of shared memory; {arch.target} "
                       f"offers at most {arch.carveouts_kib[-1]} KiB")
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One grid, as a QMD describes it: what a plan's launch (or the probe) fills in."""
+
+    program_address: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    registers: int
+    shared_bytes: int  # the kernel's own static shared memory (the region's)
+    constant_buffer: tuple[int, int]  # bank 0: (address, bytes)
+    release: tuple[int, int] | None  # a one-word release on completion: (address, payload)
+
+
+def build_qmd(arch: Architecture, dispatch: Dispatch) -> Qmd:
+    """The QMD of one dispatch, with the log of every field set."""
+    shared = align_up(SYSTEM_SHARED_BYTES + dispatch.shared_bytes, SHARED_MEMORY_ALIGNMENT)
+    qmd = arch.qmd()
+    qmd.set_program_address(dispatch.program_address)
+    qmd.set_grid(*dispatch.grid)
+    qmd.set_block(*dispatch.block)
+    qmd.set_registers(dispatch.registers)
+    qmd.set_barriers(BARRIERS)
+    qmd.set_shared_memory(shared, shared_memory_config(arch, shared, "the kernel"))
+    qmd.set_constant_buffer(0, *dispatch.constant_buffer)
+    if dispatch.release is not None:
+        qmd.set_release_semaphore(*dispatch.release)
+    return qmd
 
 
 def encode_qmd(plan: Plan, index: int) -> Qmd:
@@ -232,23 +335,20 @@ def encode_qmd(plan: Plan, index: int) -> Qmd:
     arch = architecture(plan)
     launch = plan.launches[index]
     region = plan.region(launch.region)
-    placed = plan.placed_region(launch.region)
-    shared = align_up(SYSTEM_SHARED_BYTES + region.shared_bytes, SHARED_MEMORY_ALIGNMENT)
-    qmd = arch.qmd()
+    dispatch = Dispatch(
+        program_address=plan.placed_region(launch.region).address,
+        grid=_dims(launch.grid),
+        block=_dims(launch.block),
+        registers=region.registers,
+        shared_bytes=region.shared_bytes,
+        constant_buffer=(plan.parameter_block_address(index), plan.target.parameter_block_bytes),
+        release=(plan.address_map.semaphores.base + LAUNCH_PROGRESS_OFFSET, index + 1),
+    )
     try:
-        qmd.set_program_address(placed.address)
-        qmd.set_grid(launch.grid.x, launch.grid.y, launch.grid.z)
-        qmd.set_block(launch.block.x, launch.block.y, launch.block.z)
-        qmd.set_registers(region.registers)
-        qmd.set_barriers(BARRIERS)
-        qmd.set_shared_memory(shared, shared_memory_config(arch, shared, region.name))
-        qmd.set_constant_buffer(0, plan.parameter_block_address(index),
-                                plan.target.parameter_block_bytes)
-        qmd.set_release_semaphore(plan.address_map.semaphores.base + LAUNCH_PROGRESS_OFFSET,
-                                  index + 1)
-    except QmdFieldError as error:
-        raise EncodeError(f"launch {index} ({launch.label or launch.region}): {error}") from None
-    return qmd
+        return build_qmd(arch, dispatch)
+    except (QmdFieldError, EncodeError) as error:
+        raise EncodeError(f"launch {index} ({launch.label or launch.region}, region "
+                          f"{region.name!r}): {error}") from None
 
 
 def encode_qmd_table(plan: Plan) -> bytes:
@@ -260,7 +360,8 @@ def encode_qmd_table(plan: Plan) -> bytes:
 
 
 def _check_layout(plan: Plan, stride: int) -> None:
-    """The QMD table fits before the next component; no component meets a window."""
+    """The QMD table and the semaphore slots fit their components; no component meets a
+    window."""
     amap = plan.address_map
     qmd_end = amap.qmd_table.base + plan.launch_count * stride
     if amap.qmd_table.base % QMD_ALIGNMENT:
@@ -273,6 +374,11 @@ def _check_layout(plan: Plan, stride: int) -> None:
             f"component at {min(following):#x}; placement must reserve "
             f"{plan.launch_count * stride} bytes for the QMD table"
         )
+    slots = max(plan.submission_count, 1) * SEMAPHORE_SLOT_BYTES
+    if amap.semaphores.base % SEMAPHORE_BYTES or amap.semaphores.bytes < slots:
+        raise EncodeError(f"the semaphore component ({amap.semaphores.bytes} bytes at "
+                          f"{amap.semaphores.base:#x}) cannot hold {plan.submission_count} "
+                          f"{SEMAPHORE_SLOT_BYTES}-byte slots at {SEMAPHORE_BYTES}-byte alignment")
     for window, name in ((SHARED_MEMORY_WINDOW, "shared"), (LOCAL_MEMORY_WINDOW, "local")):
         for component in amap.components:
             if component.base < window + WINDOW_BYTES and window < component.end:
@@ -287,7 +393,7 @@ def _encode_commands(plan: Plan, arch: Architecture, stride: int) -> tuple[bytes
     pushbuffer = Pushbuffer(component.base, component.end)
     writer = CommandWriter(pushbuffer, arch.compute, arch.host)
     entries: list[bytes] = []
-    timeline = plan.address_map.semaphores.base + TIMELINE_OFFSET
+    semaphores = plan.address_map.semaphores.base
     try:
         writer.bind_compute()
         writer.shared_memory_window(SHARED_MEMORY_WINDOW)
@@ -298,13 +404,14 @@ def _encode_commands(plan: Plan, arch: Architecture, stride: int) -> tuple[bytes
                               " bytes")
         entries.append(gpfifo_entry(arch.host, component.base, setup_words))
         pushbuffer.pad_to(component.base + plan.target.pushbuffer_setup_bytes)
-        for submission in plan.submissions:
+        for index, submission in enumerate(plan.submissions):
             start = pushbuffer.address
             for position, launch in enumerate(submission.launches):
                 if position:
                     writer.wait_for_idle()
                 writer.dispatch(plan.address_map.qmd_table.base + launch * stride)
-            writer.release_semaphore(timeline, submission.semaphore)
+            writer.release_semaphore(semaphores + index * SEMAPHORE_SLOT_BYTES,
+                                     submission.semaphore)
             words = (pushbuffer.address - start) // WORD_BYTES
             entries.append(gpfifo_entry(arch.host, start, words))
     except CommandError as error:
@@ -372,7 +479,11 @@ def emit(encoded: EncodedProgram, directory: Path) -> list[Path]:
             "submission_entry": "submission s is entry s + setup_entries",
         },
         "semaphores": {
-            "timeline": f"0x{encoded.timeline_address:x}",
+            "submission_slots": f"0x{encoded.submission_semaphore(0):x}",
+            "slot_bytes": SEMAPHORE_SLOT_BYTES,
+            "payload_bytes": SEMAPHORE_BYTES,
+            "submission_slot": "submission s releases its value at submission_slots + "
+                               "slot_bytes * s",
             "launch_progress": f"0x{encoded.launch_progress_address:x}",
         },
         "windows": {

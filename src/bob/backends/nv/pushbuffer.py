@@ -25,6 +25,10 @@ Bits = tuple[int, int]
 
 WORD_BITS = 32
 WORD_BYTES = 4
+# Host semaphore releases carry 64-bit payloads (PAYLOAD_SIZE_64BIT), as Bob's plans
+# ran on the H200: one 8-byte slot per submission (see encoder.py).
+SEMAPHORE_BITS = 64
+SEMAPHORE_BYTES = 8
 # Method headers name a method by its byte offset / 4 (NVIDIA's headers give
 # byte offsets: SEND_PCAS_A is 0x02b4, so its header holds 0xad).
 METHOD_ADDRESS_SHIFT = 2
@@ -183,7 +187,12 @@ def immediate_header(subchannel: int, method: int, value: int) -> int:
 
 
 def gpfifo_entry(host: ClassTable, address: int, words: int) -> bytes:
-    """One GPFIFO entry: fetch `words` pushbuffer words from `address`, unconditionally."""
+    """One GPFIFO entry: fetch `words` pushbuffer words from `address`, unconditionally.
+
+    LEVEL is SUBROUTINE, as tinygrad submits and as Bob's plans ran on the H200
+    (docs/RAW-HOPPER.md); every segment Bob writes is self-contained, with no
+    call or return, so nothing depends on the main level's fetch state.
+    """
     if words < 1:
         raise CommandError(f"a GPFIFO entry must cover at least one word, not {words}")
     get = split_address(host, "GP_ENTRY0_GET", "GP_ENTRY1_GET_HI", address,
@@ -194,7 +203,7 @@ def gpfifo_entry(host: ClassTable, address: int, words: int) -> bytes:
     })
     entry1 = host.pack({
         "GP_ENTRY1_GET_HI": get["GP_ENTRY1_GET_HI"],
-        "GP_ENTRY1_LEVEL": host.value("GP_ENTRY1_LEVEL_MAIN"),
+        "GP_ENTRY1_LEVEL": host.value("GP_ENTRY1_LEVEL_SUBROUTINE"),
         "GP_ENTRY1_LENGTH": words,
         "GP_ENTRY1_SYNC": host.value("GP_ENTRY1_SYNC_PROCEED"),
     })
@@ -261,6 +270,10 @@ class Pushbuffer:
 class CommandWriter:
     """Named builders for Bob's commands on one channel: a compute class bound on
     `COMPUTE_SUBCHANNEL`, semaphores through the channel (host) class.
+
+    Every method goes in an incrementing packet, the one form Bob's plans ran
+    with on the H200 (NVK sends WAIT_FOR_IDLE and SEND_SIGNALING_PCAS2_B as
+    immediates, tinygrad as incrementing packets).
     """
 
     def __init__(self, pushbuffer: Pushbuffer, compute: ClassTable, host: ClassTable):
@@ -305,7 +318,8 @@ class CommandWriter:
     def wait_for_idle(self) -> None:
         """Let every earlier launch finish before the next starts."""
         value = self.compute.pack({"WAIT_FOR_IDLE_V": 0})
-        self.pushbuffer.immediate(COMPUTE_SUBCHANNEL, self.compute.method("WAIT_FOR_IDLE"), value)
+        self.pushbuffer.incrementing(COMPUTE_SUBCHANNEL, self.compute.method("WAIT_FOR_IDLE"),
+                                     [value])
 
     def dispatch(self, qmd_address: int) -> None:
         """SEND_PCAS_A with the QMD's address, then SEND_SIGNALING_PCAS2_B to schedule it."""
@@ -319,13 +333,16 @@ class CommandWriter:
                                      [pcas_a])
         action = self.compute.value("SEND_SIGNALING_PCAS2_B_PCAS_ACTION_INVALIDATE_COPY_SCHEDULE")
         pcas_b = self.compute.pack({"SEND_SIGNALING_PCAS2_B_PCAS_ACTION": action})
-        self.pushbuffer.immediate(COMPUTE_SUBCHANNEL,
-                                  self.compute.method("SEND_SIGNALING_PCAS2_B"), pcas_b)
+        self.pushbuffer.incrementing(COMPUTE_SUBCHANNEL,
+                                     self.compute.method("SEND_SIGNALING_PCAS2_B"), [pcas_b])
 
     def release_semaphore(self, address: int, payload: int) -> None:
-        """Write `payload` (32 bits) at `address` once all earlier work is idle."""
-        if not 0 <= payload < 1 << WORD_BITS:
-            raise CommandError(f"semaphore payload {payload} does not fit 32 bits")
+        """Write `payload` (64 bits) at `address` once all earlier work is idle."""
+        if isinstance(payload, bool) or not 0 <= payload < 1 << SEMAPHORE_BITS:
+            raise CommandError(f"semaphore payload {payload!r} does not fit 64 bits")
+        if address % SEMAPHORE_BYTES:
+            raise CommandError(f"a 64-bit semaphore at {address:#x} is not "
+                               f"{SEMAPHORE_BYTES}-byte aligned")
         host = self.host
         split = split_address(host, "SEM_ADDR_LO_OFFSET", "SEM_ADDR_HI_OFFSET", address,
                               "semaphore address")
@@ -333,13 +350,14 @@ class CommandWriter:
             "SEM_EXECUTE_OPERATION": host.value("SEM_EXECUTE_OPERATION_RELEASE"),
             "SEM_EXECUTE_RELEASE_WFI": host_value(host, "SEM_EXECUTE_RELEASE_WFI",
                                                   "SEM_EXECUTE_RELEASE_WFI_EN"),
-            "SEM_EXECUTE_PAYLOAD_SIZE": host.value("SEM_EXECUTE_PAYLOAD_SIZE_32BIT"),
+            "SEM_EXECUTE_PAYLOAD_SIZE": host_value(host, "SEM_EXECUTE_PAYLOAD_SIZE",
+                                                   "SEM_EXECUTE_PAYLOAD_SIZE_64BIT"),
         })
         data = [
             host.pack({"SEM_ADDR_LO_OFFSET": split["SEM_ADDR_LO_OFFSET"]}),
             host.pack({"SEM_ADDR_HI_OFFSET": split["SEM_ADDR_HI_OFFSET"]}),
-            payload,  # SEM_PAYLOAD_LO: the whole word is the payload
-            0,  # SEM_PAYLOAD_HI: unused by a 32-bit release
+            payload % (1 << WORD_BITS),  # SEM_PAYLOAD_LO: the whole word, payload bits 31:0
+            payload >> WORD_BITS,  # SEM_PAYLOAD_HI: payload bits 63:32
             execute,
         ]
         first = host.consecutive(["SEM_ADDR_LO", "SEM_ADDR_HI", "SEM_PAYLOAD_LO",
@@ -351,9 +369,11 @@ def host_value(host: ClassTable, field_name: str, value_name: str) -> int:
     """A named value of a channel-class field, with one documented fallback.
 
     clc86f.h (HOPPER_CHANNEL_GPFIFO_A, vendored release) defines
-    SEM_EXECUTE_RELEASE_WFI (20:20) with only its _DIS value; the enabling value
-    is clc56f.h's SEM_EXECUTE_RELEASE_WFI_EN for the very same field. The
-    fallback is taken only when both classes place the field identically.
+    SEM_EXECUTE_RELEASE_WFI (20:20) with only its _DIS value and
+    SEM_EXECUTE_PAYLOAD_SIZE (24:24) with only _32BIT; the other values are
+    clc56f.h's SEM_EXECUTE_RELEASE_WFI_EN and SEM_EXECUTE_PAYLOAD_SIZE_64BIT for
+    the very same fields. The fallback is taken only when both classes place the
+    field identically.
     """
     if value_name in host.values:
         return host.values[value_name]

@@ -16,10 +16,14 @@ submissions' from the pushbuffer, the launches' from their QMDs) are written
 into the semaphore component and logged in ``releases`` (the latest
 ``LOG_LIMIT``, as ``launched`` keeps the latest kernels run).
 
+What the GPU needs that a reference kernel does not is checked all the same:
+each launch's driver area (constant bank 0 below the parameters) must carry
+the QMD's block and grid and the memory windows the set-up segment set.
+
 Channel state persists across ``run`` calls, as on a GPU: GPFIFO entry 0 (the
-set-up) runs once, when the backend opens; ``run(submissions)`` then runs entry
-s + 1 for each submission s and checks that the timeline semaphore holds each
-submission's value once its entry is done.
+set-up) runs once, when the backend opens; ``run(submissions)`` then, as the
+``nv`` backend does, zeroes each submission's semaphore slot, runs entry s + 1
+and checks that the slot holds the submission's value once the entry is done.
 """
 
 from __future__ import annotations
@@ -37,11 +41,12 @@ from bob.backends.nv.decoder import (
     TABLES,
     GpEntry,
     MethodCall,
+    decode_driver_area,
     decode_gpfifo,
     decode_qmd,
     decode_segment,
 )
-from bob.backends.nv.encoder import SETUP_ENTRIES, EncodedProgram, encode
+from bob.backends.nv.encoder import SETUP_ENTRIES, EncodedProgram, encode, parameter_block
 from bob.errors import BackendUnavailable, RunFailure
 from bob.kernels.memory import Memory
 from bob.plan.model import Address, Plan
@@ -50,6 +55,7 @@ from bob.plan.placement import argument_bytes_end, decode_parameter_block
 Kernel = Callable[[Memory, dict[str, "int | np.float32"]], None]
 WORD_BYTES = 4
 WORD_BITS = 32
+SEMAPHORE_BYTES = 8
 LOG_LIMIT = 4096  # releases and launches kept for inspection (the latest)
 
 
@@ -147,21 +153,28 @@ class NvSimBackend(Backend):
             if not 0 <= index < self.plan.submission_count:
                 raise NvSimError(f"submission {index} is not in the plan's "
                                  f"{self.plan.submission_count}")
+            slot = self.encoded.submission_semaphore(index)
+            self._write(slot, bytes(SEMAPHORE_BYTES))
             self._execute(self._entries[SETUP_ENTRIES + index])
             expected = self.plan.submissions[index].semaphore
-            reached = self.semaphore(self.encoded.timeline_address)
+            reached = self.semaphore(slot)
             if reached != expected:
-                raise NvSimError(f"after submission {index} the timeline semaphore at "
-                                 f"{self.encoded.timeline_address:#x} holds {reached}, not "
-                                 f"{expected}")
+                raise NvSimError(f"after submission {index} its semaphore at {slot:#x} holds "
+                                 f"{reached}, not {expected}")
             self.last_semaphore = reached
 
     def semaphore(self, address: int) -> int:
+        """A submission's 64-bit semaphore slot."""
+        (value,) = struct.unpack("<Q", self._read(address, SEMAPHORE_BYTES))
+        return value
+
+    def word(self, address: int) -> int:
+        """One 32-bit word (the launch-progress word the QMDs release)."""
         (value,) = struct.unpack("<I", self._read(address, WORD_BYTES))
         return value
 
     def _parameter_block_changed(self, launch_index: int) -> None:
-        block = self.parameter_block(launch_index)
+        block = parameter_block(self.plan, launch_index, self.launches[launch_index])
         self._write(self.plan.parameter_block_address(launch_index), block)
 
     # -- memory ---------------------------------------------------------------------------
@@ -232,7 +245,8 @@ class NvSimBackend(Backend):
     def _compute_method(self, call: MethodCall) -> None:
         if call.name in ("SET_SHADER_SHARED_MEMORY_WINDOW_A", "SET_SHADER_SHARED_MEMORY_WINDOW_B",
                          "SET_SHADER_LOCAL_MEMORY_WINDOW_A", "SET_SHADER_LOCAL_MEMORY_WINDOW_B"):
-            self._compute[call.name] = call.data
+            part = "BASE_ADDRESS_UPPER" if call.name.endswith("_A") else "BASE_ADDRESS"
+            self._compute[call.name] = call.field(part).value
         elif call.name == "WAIT_FOR_IDLE":
             pass  # every launch has completed before the next method
         elif call.name == "SEND_PCAS_A":
@@ -274,6 +288,7 @@ class NvSimBackend(Backend):
             raise NvSimError(f"QMD at {qmd_address:#x}: constant buffer 0 is {size} bytes; "
                              f"{region_name} reads {needed}")
         block = self._read(address, size)
+        self._check_driver_area(qmd_address, block, dispatch.grid, dispatch.block)
         arguments: dict[str, int | np.float32] = {}
         for name, arg in decode_parameter_block(self.plan.target, region, block).items():
             if isinstance(arg, Address):
@@ -294,3 +309,21 @@ class NvSimBackend(Backend):
             self._write(release.address, struct.pack("<I", release.payload))
             self.releases.append(Release("qmd", release.address, release.payload))
 
+    def _window(self, name: str) -> int:
+        """A window base the set-up set: A holds bits 63:32, B bits 31:0."""
+        return self._compute[f"{name}_A"] << WORD_BITS | self._compute[f"{name}_B"]
+
+    def _check_driver_area(self, qmd_address: int, block: bytes,
+                           grid: tuple[int, int, int], dims: tuple[int, int, int]) -> None:
+        """Compiled code reads blockDim, gridDim and the windows from constant bank 0."""
+        area = decode_driver_area(block)
+        expected = {
+            "blockDim": (area.block, dims),
+            "gridDim": (area.grid, grid),
+            "shared window": (area.shared_window, self._window("SET_SHADER_SHARED_MEMORY_WINDOW")),
+            "local window": (area.local_window, self._window("SET_SHADER_LOCAL_MEMORY_WINDOW")),
+        }
+        for what, (found, wanted) in expected.items():
+            if found != wanted:
+                raise NvSimError(f"QMD at {qmd_address:#x}: constant buffer 0's driver area "
+                                 f"holds {what} {found}, the launch has {wanted}")

@@ -5,172 +5,44 @@
     backend.run(range(plan.submission_count))
     backend.read_tensor("predictions")
 
-Each component of the plan's address map (program, QMD table, pushbuffer,
-semaphores, arena) becomes one allocation mapped at exactly the plan's
-address, so the encoded bytes need no relocation: the pointer words in the
-parameter blocks, the QMDs' program and constant-bank addresses and the
-GPFIFO entries are already right. Program, QMD table and arena sit in video
-memory (the arena in system memory with ``arena="host"``); pushbuffer and
-semaphores in uncached system memory, so the CPU sees releases without
-flushes.
+What the GPU runs is Bob's command stream, ``encoder.encode(plan)``: the same
+bytes ``nv-sim`` executes, ``bob plan --disasm`` lists and ``bob plan --emit``
+writes. Each component of the plan's address map (program, QMD table,
+pushbuffer, semaphores, arena) becomes one allocation mapped at exactly the
+plan's address, and the encoded components are copied there unchanged: the
+driver areas and pointer words in the parameter blocks, the QMDs' program,
+constant-bank and release addresses and the GPFIFO entries are already right.
+Program, QMD table and arena sit in video memory (the arena in system memory
+with ``arena="host"``); pushbuffer and semaphores in uncached system memory,
+so the CPU sees releases without flushes.
 
-What is submitted comes from a ``PlanImage``: the bytes of program and QMD
-table, the channel set-up words and one pushbuffer segment per submission
-ending in a semaphore release. ``plan_image`` builds it with the QMD V04
-class of ``bob.backends.nv.qmd``; an image from elsewhere (the command-stream
-encoder) can be passed as ``NvBackend(plan, image=...)``.
+Opening runs GPFIFO entry 0 (the set-up: compute class, memory windows) once.
+``run(submissions)`` zeroes each submission's 64-bit semaphore slot, copies
+the submissions' encoded GPFIFO entries into the channel's ring and waits for
+the last slot to reach its value. ``set_scalars`` re-encodes the launch's
+parameter block (driver area included) into the mapped program component.
 
 Checked on an H200 (580.159.04): Bob's plans run bit-identical to the CPU
 backend (docs/RAW-HOPPER.md).
-
-Every launch's constant bank 0 starts with the driver area the compiled code
-reads (blockDim at 0x0, gridDim at 0xc, the shared and local windows at 0x18
-and 0x20, the stack top at 0x28); the plan's parameter blocks leave it zero,
-so it is filled here (see ``driver_area``).
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from bob.backends.base import Backend
+from bob.backends.nv.encoder import SETUP_ENTRIES, EncodedProgram, encode, parameter_block
 from bob.errors import BackendUnavailable, RunFailure
 from bob.plan.model import Component, Plan
 
-from .channel import (
-    LOCAL_MEMORY_WINDOW,
-    SHARED_MEMORY_WINDOW,
-    Channel,
-    bind_compute,
-    gp_entry,
-    launch_qmd,
-    memory_windows,
-    semaphore_release,
-    words_bytes,
-)
+from .channel import Channel
 from .device import RmClient, RmDevice
-from .ioctl import RmError, Transport
-from .memory import VIDMEM_GRANULE, Allocation, allocate, round_up
+from .ioctl import ChannelError, RmError, SubmissionTimeout, Transport
+from .memory import SYSMEM_GRANULE, VIDMEM_GRANULE, Allocation, allocate, round_up
 
 SUPPORTED_TARGET = "sm_90"
-STACK_TOP = 0xFFFDC0  # the initial stack pointer CUDA's driver area carries (tinygrad's value)
-DRIVER_AREA_BYTES = 0x30
-RESERVED_SHARED_BYTES = 1024  # sm_80+ reserve 1 KiB of shared memory per CTA for the system
-SHARED_CARVEOUT_KIB = 32  # every Bob region fits (the largest uses 3 KiB)
-MAX_CARVEOUT_KIB = 100
-SEMAPHORE_SLOT_BYTES = 16
-# SEND_PCAS_A takes the QMD address >> 8: every QMD must start on 256 bytes. A V04
-# record is 384 bytes, so records are laid at a 512-byte stride, not at the plan's
-# qmd_record_bytes (the table then needs launches * 512 bytes; _map checks it
-# still ends before the next component).
-QMD_STRIDE = 512
 DEFAULT_DEADLINE_S = 30.0  # without progress; the clock restarts whenever GP_GET moves
-
-
-def driver_area(block: tuple[int, int, int], grid: tuple[int, int, int]) -> bytes:
-    """The first 0x30 bytes of constant bank 0, as the CUDA driver fills them."""
-    return (struct.pack("<3I3I", *block, *grid)
-            + struct.pack("<QQQ", SHARED_MEMORY_WINDOW, LOCAL_MEMORY_WINDOW, STACK_TOP))
-
-
-@dataclass(frozen=True)
-class SubmissionImage:
-    pushbuffer_offset: int  # bytes into the pushbuffer component
-    words: tuple[int, ...]
-    semaphore_offset: int  # bytes into the semaphores component (a 64-bit slot)
-    value: int
-
-
-@dataclass(frozen=True)
-class PlanImage:
-    """Everything the GPU reads, at offsets of the plan's components."""
-
-    program: bytes
-    qmd_table: bytes
-    setup_words: tuple[int, ...]  # run once per channel, from pushbuffer offset 0
-    submissions: tuple[SubmissionImage, ...]
-
-    def pushbuffer(self) -> bytes:
-        end = max([len(self.setup_words) * 4]
-                  + [x.pushbuffer_offset + 4 * len(x.words) for x in self.submissions])
-        data = bytearray(end)
-        data[:4 * len(self.setup_words)] = words_bytes(list(self.setup_words))
-        for sub in self.submissions:
-            data[sub.pushbuffer_offset:sub.pushbuffer_offset + 4 * len(sub.words)] = \
-                words_bytes(list(sub.words))
-        return bytes(data)
-
-
-def parameter_block_with_driver_area(plan: Plan, backend: Backend, index: int) -> bytes:
-    launch = backend.launches[index]
-    block = bytearray(backend.parameter_block(index))
-    block[:DRIVER_AREA_BYTES] = driver_area(
-        (launch.block.x, launch.block.y, launch.block.z),
-        (launch.grid.x, launch.grid.y, launch.grid.z))
-    return bytes(block)
-
-
-def launch_qmd_record(plan: Plan, index: int) -> bytes:
-    """One launch's QMD V04 from ``bob.backends.nv.qmd`` (generated field tables).
-
-    Checked on the H200 (580.159.04): these records run Bob's plan bit-identical
-    to the CPU backend. The probe's own QMD additionally sets QMD_GROUP_ID,
-    SASS_VERSION and the instruction/constant cache invalidations; neither set
-    of fields made a difference there.
-    """
-    from bob.backends.nv.qmd import QmdV04, SharedMemoryConfig
-
-    launch = plan.launches[index]
-    region = plan.region(launch.region)
-    qmd = QmdV04()
-    qmd.set_program_address(plan.placed_region(launch.region).address)
-    qmd.set_grid(launch.grid.x, launch.grid.y, launch.grid.z)
-    qmd.set_block(launch.block.x, launch.block.y, launch.block.z)
-    qmd.set_registers(region.registers)
-    qmd.set_barriers(1)
-    qmd.set_shared_memory(RESERVED_SHARED_BYTES + region.shared_bytes,
-                          SharedMemoryConfig(SHARED_CARVEOUT_KIB, MAX_CARVEOUT_KIB,
-                                             SHARED_CARVEOUT_KIB))
-    qmd.set_constant_buffer(0, plan.parameter_block_address(index),
-                            plan.target.parameter_block_bytes)
-    return qmd.to_bytes()
-
-
-def plan_image(plan: Plan, backend: Backend) -> PlanImage:
-    """The bring-up image of a plan: program, QMDs, one segment per submission."""
-    target = plan.target
-    amap = plan.address_map
-    program = bytearray(plan.program_bytes)
-    for placed in plan.placed_regions:
-        code = plan.region(placed.name).code
-        if not code:
-            raise RunFailure(f"region {placed.name!r} has no machine code: build the plan with "
-                             "compiled sm_90 regions (bob.kernels.cuda.compile.compiled_regions)")
-        start = placed.address - amap.program.base
-        program[start:start + len(code)] = code
-    for index in range(plan.launch_count):
-        start = plan.parameter_block_address(index) - amap.program.base
-        program[start:start + target.parameter_block_bytes] = \
-            parameter_block_with_driver_area(plan, backend, index)
-    qmds = b"".join(launch_qmd_record(plan, i).ljust(QMD_STRIDE, b"\0")
-                    for i in range(plan.launch_count))
-    setup = tuple(bind_compute() + memory_windows())
-    if len(setup) * 4 > target.pushbuffer_setup_bytes:
-        raise RunFailure("the channel set-up words overflow the plan's pushbuffer set-up area")
-    submissions = []
-    for index, submission in enumerate(plan.submissions):
-        words: list[int] = []
-        for launch_index in submission.launches:
-            words += launch_qmd(amap.qmd_table.base + launch_index * QMD_STRIDE)
-        slot = index * SEMAPHORE_SLOT_BYTES
-        words += semaphore_release(amap.semaphores.base + slot, submission.semaphore)
-        offset = target.pushbuffer_setup_bytes + index * target.pushbuffer_bytes_per_submission
-        if 4 * len(words) > target.pushbuffer_bytes_per_submission:
-            raise RunFailure(f"submission {index} needs {4 * len(words)} pushbuffer bytes, the "
-                             f"plan reserves {target.pushbuffer_bytes_per_submission}")
-        submissions.append(SubmissionImage(offset, tuple(words), slot, submission.semaphore))
-    return PlanImage(bytes(program), qmds, setup, tuple(submissions))
+SEMAPHORE_BYTES = 8  # each submission releases a 64-bit value into its slot
 
 
 def nv_available() -> tuple[bool, str]:
@@ -188,46 +60,50 @@ def nv_available() -> tuple[bool, str]:
             client.close()
 
 
+def _require_code(plan: Plan) -> None:
+    for placed in plan.placed_regions:
+        if not plan.region(placed.name).code:
+            raise RunFailure(f"region {placed.name!r} has no machine code: build the plan with "
+                             "compiled sm_90 regions (bob.kernels.cuda.compile.compiled_regions)")
+
+
 class NvBackend(Backend):
     name = "nv"
 
     def __init__(self, plan: Plan, arena: str = "device", *, transport: Transport | None = None,
-                 deadline_s: float = DEFAULT_DEADLINE_S, image: PlanImage | None = None):
+                 deadline_s: float = DEFAULT_DEADLINE_S):
         super().__init__(plan)
         if plan.target.name != SUPPORTED_TARGET:
             raise BackendUnavailable(f"the nv backend submits sm_90 plans (QMD V04, "
                                      f"HOPPER_COMPUTE_A); this plan targets {plan.target.name}")
         if arena not in ("device", "host"):
             raise ValueError(f"arena must be 'device' or 'host', not {arena!r}")
+        _require_code(plan)
         self.deadline_s = deadline_s
-        self.image = image or plan_image(plan, self)
+        self.encoded: EncodedProgram = encode(plan)
         self.client = RmClient(transport)
         self.blocks: dict[str, Allocation] = {}
         self.channel: Channel | None = None
         try:
             self.device = RmDevice(self.client)
-            amap = plan.address_map
             where = {"program": "vidmem", "qmd-table": "vidmem", "pushbuffer": "sysmem",
                      "semaphores": "sysmem", "arena": "vidmem" if arena == "device" else "sysmem"}
-            for component in amap.components:
+            for component in plan.address_map.components:
                 self.blocks[component.name] = self._map(component, where[component.name])
-            self.blocks["program"].write(0, self.image.program)
-            self.blocks["qmd-table"].write(0, self.image.qmd_table)
-            self.blocks["pushbuffer"].write(0, self.image.pushbuffer())
+            for encoded in self.encoded.components:
+                if encoded.base is not None:  # the GPFIFO entries go to the channel's ring
+                    self._upload(encoded.name, encoded.base, encoded.data)
             self.channel = Channel(self.device)
-            setup = gp_entry(amap.pushbuffer.base, len(self.image.setup_words))
-            self.channel.submit([setup])
-            self.channel.wait(lambda: self.channel.gp_get, 1, deadline_s, "channel set-up")
+            self.channel.submit([self.encoded.entry(i) for i in range(SETUP_ENTRIES)])
+            self.channel.wait(lambda: self.channel.gp_get, SETUP_ENTRIES, deadline_s,
+                              "channel set-up")
         except BaseException:
             self.close()
             raise
 
     def _map(self, component: Component, location: str) -> Allocation:
-        granule = VIDMEM_GRANULE if location == "vidmem" else 4096
-        needed = component.bytes
-        if component.name == "qmd-table":
-            needed = len(self.image.qmd_table)
-        size = round_up(max(needed, 1), granule)
+        granule = VIDMEM_GRANULE if location == "vidmem" else SYSMEM_GRANULE
+        size = round_up(max(component.bytes, 1), granule)
         later = [c.base for c in self.plan.address_map.components if c.base > component.base]
         if later and component.base + size > min(later):
             raise RunFailure(f"the {component.name} component needs {size} bytes at "
@@ -235,6 +111,12 @@ class NvBackend(Backend):
                              f"0x{min(later):x}")
         return allocate(self.device, size, location=location, gpu_va=component.base,
                         name=component.name)
+
+    def _upload(self, name: str, address: int, data: bytes) -> None:
+        """Copy encoded bytes to their plan address inside the component `name`."""
+        block = self.blocks[name]
+        assert block.gpu_va is not None
+        block.write(address - block.gpu_va, data)
 
     # -- tensors ------------------------------------------------------------------------
     def _arena_offset(self, name: str, offset: int, size: int) -> int:
@@ -256,41 +138,61 @@ class NvBackend(Backend):
         if len(submissions) == 0:
             return
         assert self.channel is not None
-        semaphores = self.blocks["semaphores"]
-        pushbuffer_base = self.plan.address_map.pushbuffer.base
+        for index in submissions:
+            if not 0 <= index < self.plan.submission_count:
+                raise ValueError(f"submission {index} is not in the plan's "
+                                 f"{self.plan.submission_count}")
         room = self.channel.entries // 2
         for start in range(0, len(submissions), room):
             batch = submissions[start:start + room]
-            entries = []
-            for index in batch:
-                sub = self.image.submissions[index]
-                semaphores.write(sub.semaphore_offset, bytes(8))  # a slot from an earlier run
-                entries.append(gp_entry(pushbuffer_base + sub.pushbuffer_offset, len(sub.words)))
-            self.channel.submit(entries)
-            last = self.image.submissions[batch[-1]]
-            self._wait(last, f"submission {batch[-1]}'s semaphore")
+            for index in batch:  # a slot may hold its value from an earlier run
+                self._upload("semaphores", self.encoded.submission_semaphore(index),
+                             bytes(SEMAPHORE_BYTES))
+            self.channel.submit([self.encoded.submission_entry(index) for index in batch])
+            self._wait(batch[-1])
         self.last_semaphore = self.plan.submissions[submissions[-1]].semaphore
 
-    def _wait(self, sub: SubmissionImage, what: str) -> None:
+    def semaphore(self, submission: int) -> int:
+        """The 64-bit value in submission `submission`'s semaphore slot."""
+        block = self.blocks["semaphores"]
+        assert block.gpu_va is not None
+        offset = self.encoded.submission_semaphore(submission) - block.gpu_va
+        return struct.unpack("<Q", block.read(offset, SEMAPHORE_BYTES))[0]
+
+    def launch_progress(self) -> int:
+        """Launch index + 1 of the last grid that completed (its QMD's release)."""
+        block = self.blocks["semaphores"]
+        assert block.gpu_va is not None
+        offset = self.encoded.launch_progress_address - block.gpu_va
+        return struct.unpack("<I", block.read(offset, 4))[0]
+
+    def _wait(self, submission: int) -> None:
         assert self.channel is not None
-        semaphores = self.blocks["semaphores"]
-
-        def value() -> int:
-            return struct.unpack("<Q", semaphores.read(sub.semaphore_offset, 8))[0]
-
+        target = self.plan.submissions[submission].semaphore
+        what = f"submission {submission}'s semaphore"
         while True:  # the deadline restarts while the channel makes progress
             before = self.channel.gp_get
             try:
-                self.channel.wait(value, sub.value, self.deadline_s, what)
+                self.channel.wait(lambda: self.semaphore(submission), target, self.deadline_s,
+                                  what)
                 return
-            except RunFailure:
-                if self.channel.gp_get == before or self.channel.state().error:
-                    raise
+            except ChannelError as error:
+                raise ChannelError(f"{error}; {self._progress()}") from None
+            except SubmissionTimeout as error:
+                if self.channel.gp_get == before:
+                    raise SubmissionTimeout(f"{error}; {self._progress()}") from None
+
+    def _progress(self) -> str:
+        done = self.launch_progress()
+        if done == 0:
+            return "no launch has completed"
+        launch = self.plan.launches[done - 1] if done <= self.plan.launch_count else None
+        label = (launch.label or launch.region) if launch else "not in the plan"
+        return f"the last launch completed is {done - 1} ({label})"
 
     def _parameter_block_changed(self, launch_index: int) -> None:
-        address = self.plan.parameter_block_address(launch_index)
-        block = parameter_block_with_driver_area(self.plan, self, launch_index)
-        self.blocks["program"].write(address - self.plan.address_map.program.base, block)
+        block = parameter_block(self.plan, launch_index, self.launches[launch_index])
+        self._upload("program", self.plan.parameter_block_address(launch_index), block)
 
     def close(self) -> None:
         if self.channel is not None:
@@ -343,6 +245,9 @@ def run_plan_check(deadline_s: float = 10.0, regions_path: str | None = None,
     began = time.monotonic()
     backends["nv"] = NvBackend(plan, deadline_s=deadline_s)
     say(f"NvBackend opened in {(time.monotonic() - began) * 1e3:.1f} ms")
+    say("uploaded, read back from the GPU's memory: " + ", ".join(
+        f"{name} {size} bytes {'= encode(plan)' if same else 'DIFFERS from encode(plan)'}"
+        for name, size, same in _read_back(backends["nv"])))
     try:
         for backend in backends.values():
             backend.write_tensor("input", record)
@@ -370,6 +275,10 @@ def run_plan_check(deadline_s: float = 10.0, regions_path: str | None = None,
             cv, gv = (struct.unpack_from("<I", x, first)[0] for x in (cpu, gpu))
             say(f"  {tensor.name}: DIFFERS, first at byte {first}: cpu 0x{cv:08x}, "
                          f"nv 0x{gv:08x} ({int((a != b).sum())} bytes differ)")
+        nv = backends["nv"]
+        last = plan.submission_count - 1
+        say(f"semaphores: submission {last}'s slot = {nv.semaphore(last)} (plan: "
+            f"{plan.submissions[last].semaphore}); launch progress = {nv.launch_progress()}")
         predictions = np.frombuffer(backends["nv"].read_tensor("predictions"), np.uint32)
         say(f"predictions (nv): {predictions.tolist()}; "
                      f"{'all tensors bit-identical' if not mismatches else f'{mismatches} differ'}")
@@ -380,5 +289,17 @@ def run_plan_check(deadline_s: float = 10.0, regions_path: str | None = None,
             backend.close()
 
 
-__all__ = ["NvBackend", "PlanImage", "SubmissionImage", "driver_area", "nv_available",
-           "plan_image", "run_plan_check"]
+def _read_back(backend: NvBackend) -> list[tuple[str, int, bool]]:
+    """Each encoded component as the GPU's memory holds it, against the encoder's bytes."""
+    found = []
+    for encoded in backend.encoded.components:
+        if encoded.base is None:
+            continue
+        block = backend.blocks[encoded.name]
+        assert block.gpu_va is not None
+        data = block.read(encoded.base - block.gpu_va, len(encoded.data))
+        found.append((encoded.name, len(data), data == encoded.data))
+    return found
+
+
+__all__ = ["NvBackend", "nv_available", "run_plan_check"]

@@ -15,9 +15,10 @@ and prints what the driver returned):
 Every wait has a deadline; a timeout prints GP_GET/GP_PUT and the channel's
 error notifier. Nothing changes GPU settings.
 
-The QMD writer below is a minimal one for bring-up (a dozen fields from
-NVIDIA/open-gpu-doc ``classes/compute/clcbc0qmd.h``, QMD V04_00); Bob's
-plans use the encoder's generated tables.
+Every word the probe submits comes from Bob's command-stream builders: the
+pushbuffer packets and GPFIFO entries from ``bob.backends.nv.pushbuffer``, the
+QMD from ``encoder.build_qmd`` (the recipe of every plan launch) and constant
+bank 0's driver area from ``encoder.driver_area``.
 """
 
 from __future__ import annotations
@@ -30,21 +31,21 @@ import sys
 import time
 import traceback
 
-from . import probe_kernel
-from . import structs as s
-from .channel import (
+from bob.backends.nv.encoder import (
+    ARCHITECTURES,
     LOCAL_MEMORY_WINDOW,
     SHARED_MEMORY_WINDOW,
-    Channel,
-    bind_compute,
-    gp_entry,
-    launch_qmd,
-    memory_windows,
-    semaphore_release,
-    words_bytes,
+    Dispatch,
+    build_qmd,
+    driver_area,
 )
+from bob.backends.nv.pushbuffer import WORD_BYTES, CommandWriter, Pushbuffer, gpfifo_entry
+
+from . import probe_kernel
+from . import structs as s
+from .channel import Channel
 from .device import RmClient, RmDevice
-from .memory import allocate
+from .memory import allocate, round_up
 
 # Probe addresses: the layout of a placed plan (2 MiB components from 0x20_0000_0000).
 PROGRAM_VA = 0x20_0000_0000
@@ -54,98 +55,18 @@ SEMAPHORE_VA = 0x20_0060_0000
 ARENA_VA = 0x20_0080_0000
 PARAMETER_BLOCK_OFFSET = 0x1000  # inside the program component
 PARAMETER_BLOCK_BYTES = 1024  # the sm_90 block (driver area, arguments from 0x210)
-STACK_TOP = 0xFFFDC0  # initial stack pointer the driver area carries at 0x28
-
-# -- a minimal QMD V04_00 (bit ranges hi:lo from clcbc0qmd.h) --------------------
-QMD_V04_BYTES = 384
-QMD_V04 = {
-    "QMD_GROUP_ID": (21, 16),
-    "QMD_TYPE": (25, 23),
-    "RELEASE_ENABLE0": (320, 320),
-    "RELEASE_STRUCTURE_SIZE0": (322, 321),
-    "RELEASE_MEMBAR_TYPE0": (323, 323),
-    "CONSTANT_BUFFER_VALID0": (416, 416),
-    "CONSTANT_BUFFER_INVALIDATE0": (419, 419),
-    "SASS_VERSION": (543, 536),
-    "API_VISIBLE_CALL_LIMIT": (568, 568),
-    "SAMPLER_INDEX": (569, 569),
-    "QMD_MINOR_VERSION": (579, 576),
-    "QMD_MAJOR_VERSION": (583, 580),
-    "SHARED_MEMORY_SIZE": (601, 584),
-    "INVALIDATE_TEXTURE_HEADER_CACHE": (602, 602),
-    "INVALIDATE_TEXTURE_SAMPLER_CACHE": (603, 603),
-    "INVALIDATE_TEXTURE_DATA_CACHE": (604, 604),
-    "INVALIDATE_SHADER_DATA_CACHE": (605, 605),
-    "INVALIDATE_INSTRUCTION_CACHE": (606, 606),
-    "INVALIDATE_SHADER_CONSTANT_CACHE": (607, 607),
-    "MIN_SM_CONFIG_SHARED_MEM_SIZE": (613, 608),
-    "MAX_SM_CONFIG_SHARED_MEM_SIZE": (619, 614),
-    "TARGET_SM_CONFIG_SHARED_MEM_SIZE": (625, 620),
-    "RELEASE_SEMAPHORE0_ADDR_LOWER": (671, 640),
-    "RELEASE_SEMAPHORE0_ADDR_UPPER": (696, 672),
-    "RELEASE_SEMAPHORE0_PAYLOAD_LOWER": (735, 704),
-    "GRID_WIDTH": (1055, 1024),
-    "GRID_HEIGHT": (1071, 1056),
-    "GRID_DEPTH": (1103, 1088),
-    "CWD_MEMBAR_TYPE": (1137, 1136),
-    "CTA_THREAD_DIMENSION0": (1167, 1152),
-    "CTA_THREAD_DIMENSION1": (1183, 1168),
-    "CTA_THREAD_DIMENSION2": (1199, 1184),
-    "REGISTER_COUNT": (1208, 1200),
-    "BARRIER_COUNT": (1215, 1211),
-    "PROGRAM_ADDRESS_LOWER": (1247, 1216),
-    "PROGRAM_ADDRESS_UPPER": (1272, 1248),
-    "CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6_0": (1567, 1536),
-    "CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6_0": (1586, 1568),
-    "CONSTANT_BUFFER_SIZE_SHIFTED4_0": (1599, 1587),
-}
-
-
-def qmd_v04(fields: dict[str, int]) -> bytes:
-    """A QMD V04 image with `fields` set; every value must fit its bit range."""
-    value = 0
-    for name, field_value in fields.items():
-        high, low = QMD_V04[name]
-        width = high - low + 1
-        if not 0 <= field_value < 1 << width:
-            raise ValueError(f"QMD field {name} is {width} bits wide; 0x{field_value:x} does "
-                             "not fit")
-        value |= field_value << low
-    return value.to_bytes(QMD_V04_BYTES, "little")
+SEGMENT_ALIGNMENT = 256  # where the probe starts each pushbuffer segment
+HOPPER = ARCHITECTURES["sm_90"]
 
 
 def probe_qmd(program_va: int, cb0_va: int, cb0_bytes: int, grid: int, block: int,
               release_va: int, release_payload: int) -> bytes:
-    if cb0_va % 64 or cb0_bytes % 16:
-        raise ValueError("constant bank 0 must be 64-byte aligned and a multiple of 16 bytes")
-    shared_config = 32 * 1024 // 4096 + 1  # a 32 KiB carveout, in the (4 KiB + 1) encoding
-    return qmd_v04({
-        "QMD_MAJOR_VERSION": 4, "QMD_MINOR_VERSION": 0, "QMD_TYPE": 2,  # GRID_CTA
-        "QMD_GROUP_ID": 0x3F, "SASS_VERSION": 0x90, "API_VISIBLE_CALL_LIMIT": 1,
-        "SAMPLER_INDEX": 1, "BARRIER_COUNT": 1, "CWD_MEMBAR_TYPE": 1,  # L1_SYSMEMBAR
-        "SHARED_MEMORY_SIZE": 1024 + probe_kernel.SHARED_BYTES,  # 1 KiB reserved on sm_90
-        "MIN_SM_CONFIG_SHARED_MEM_SIZE": shared_config,
-        "TARGET_SM_CONFIG_SHARED_MEM_SIZE": shared_config,
-        "MAX_SM_CONFIG_SHARED_MEM_SIZE": 0x1A,
-        "INVALIDATE_TEXTURE_HEADER_CACHE": 1, "INVALIDATE_TEXTURE_SAMPLER_CACHE": 1,
-        "INVALIDATE_TEXTURE_DATA_CACHE": 1, "INVALIDATE_SHADER_DATA_CACHE": 1,
-        "INVALIDATE_INSTRUCTION_CACHE": 1, "INVALIDATE_SHADER_CONSTANT_CACHE": 1,
-        "REGISTER_COUNT": probe_kernel.REGISTERS,
-        "PROGRAM_ADDRESS_LOWER": program_va & 0xFFFF_FFFF,
-        "PROGRAM_ADDRESS_UPPER": program_va >> 32,
-        "CONSTANT_BUFFER_VALID0": 1, "CONSTANT_BUFFER_INVALIDATE0": 1,
-        "CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6_0": (cb0_va >> 6) & 0xFFFF_FFFF,
-        "CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6_0": cb0_va >> 38,
-        "CONSTANT_BUFFER_SIZE_SHIFTED4_0": cb0_bytes >> 4,
-        "GRID_WIDTH": grid, "GRID_HEIGHT": 1, "GRID_DEPTH": 1,
-        "CTA_THREAD_DIMENSION0": block, "CTA_THREAD_DIMENSION1": 1,
-        "CTA_THREAD_DIMENSION2": 1,
-        "RELEASE_ENABLE0": 1, "RELEASE_STRUCTURE_SIZE0": 1,  # one word: the payload
-        "RELEASE_MEMBAR_TYPE0": 1,  # FE_SYSMEMBAR
-        "RELEASE_SEMAPHORE0_ADDR_LOWER": release_va & 0xFFFF_FFFF,
-        "RELEASE_SEMAPHORE0_ADDR_UPPER": release_va >> 32,
-        "RELEASE_SEMAPHORE0_PAYLOAD_LOWER": release_payload,
-    })
+    """The probe kernel's QMD V04, built as every plan launch's is."""
+    qmd = build_qmd(HOPPER, Dispatch(
+        program_address=program_va, grid=(grid, 1, 1), block=(block, 1, 1),
+        registers=probe_kernel.REGISTERS, shared_bytes=probe_kernel.SHARED_BYTES,
+        constant_buffer=(cb0_va, cb0_bytes), release=(release_va, release_payload)))
+    return qmd.to_bytes()
 
 
 def probe_parameter_block(out_va: int, magic: int, grid: int, block_x: int) -> bytes:
@@ -157,8 +78,8 @@ def probe_parameter_block(out_va: int, magic: int, grid: int, block_x: int) -> b
     shared and local windows and the initial stack pointer.
     """
     block = bytearray(PARAMETER_BLOCK_BYTES)
-    struct.pack_into("<3I3I", block, 0x0, block_x, 1, 1, grid, 1, 1)
-    struct.pack_into("<QQQ", block, 0x18, SHARED_MEMORY_WINDOW, LOCAL_MEMORY_WINDOW, STACK_TOP)
+    area = driver_area((block_x, 1, 1), (grid, 1, 1))
+    block[:len(area)] = area
     struct.pack_into("<QI", block, probe_kernel.PARAMETER_BASE, out_va, magic)
     return bytes(block)
 
@@ -233,14 +154,16 @@ class Probe:
                 raise RuntimeError(f"{name}: CPU read-back differs from what was written")
 
     # stage 2 ---------------------------------------------------------------------------
-    def push(self, words: list[int]) -> int:
-        """Copy `words` into the pushbuffer; return its GP entry."""
-        pushbuffer = self.blocks["pushbuffer"]
-        data = words_bytes(words)
-        offset = self.push_cursor
-        pushbuffer.write(offset, data)
-        self.push_cursor = (offset + len(data) + 255) // 256 * 256
-        return gp_entry(pushbuffer.gpu_va + offset, len(words))
+    def push(self, build) -> bytes:
+        """Write the commands `build(writer)` emits as one segment; return its GPFIFO entry."""
+        block = self.blocks["pushbuffer"]
+        base = block.gpu_va + self.push_cursor
+        segment = Pushbuffer(base, block.gpu_va + block.size)
+        build(CommandWriter(segment, HOPPER.compute, HOPPER.host))
+        data = segment.to_bytes()
+        block.write(self.push_cursor, data)
+        self.push_cursor = round_up(self.push_cursor + len(data), SEGMENT_ALIGNMENT)
+        return gpfifo_entry(HOPPER.host, base, len(data) // WORD_BYTES)
 
     def semaphore(self, offset: int) -> int:
         return struct.unpack("<Q", self.blocks["semaphores"].read(offset, 8))[0]
@@ -255,10 +178,16 @@ class Probe:
                  f"USERD at +0x{channel.userd_offset:x}, work submit token 0x{channel.token:x}")
         self.say("channel state after schedule: " + channel.state().describe())
         semaphores = self.blocks["semaphores"]
-        words = bind_compute() + memory_windows() + semaphore_release(semaphores.gpu_va, 1)
-        entry = self.push(words)
-        self.say(f"submit: {len(words)} words (SET_OBJECT 0x{s.HOPPER_COMPUTE_A:04x}, windows, "
-                 f"host semaphore release 1), GP entry 0x{entry:016x}")
+
+        def setup(writer: CommandWriter) -> None:
+            writer.bind_compute()
+            writer.shared_memory_window(SHARED_MEMORY_WINDOW)
+            writer.local_memory_window(LOCAL_MEMORY_WINDOW)
+            writer.release_semaphore(semaphores.gpu_va, 1)
+
+        entry = self.push(setup)
+        self.say(f"submit: SET_OBJECT 0x{s.HOPPER_COMPUTE_A:04x}, windows, host semaphore "
+                 f"release 1; GP entry {entry.hex()}")
         began = time.monotonic()
         channel.submit([entry])
         channel.wait(lambda: self.semaphore(0), 1, self.deadline_s, "semaphore[0]")
@@ -286,8 +215,7 @@ class Probe:
                  f"0x{program.gpu_va:x}, {probe_kernel.REGISTERS} registers, "
                  f"cb0 at 0x{cb0_va:x}; QMD V04 at "
                  f"0x{qmd_block.gpu_va:x}: {qmd[:64].hex()}...")
-        words = launch_qmd(qmd_block.gpu_va) + semaphore_release(semaphores.gpu_va + 8, 2)
-        entry = self.push(words)
+        entry = self.push(self._dispatch_and_release(qmd_block.gpu_va, semaphores.gpu_va + 8, 2))
         began = time.monotonic()
         channel.submit([entry])
         channel.wait(lambda: self.semaphore(8), 2, self.deadline_s, "semaphore[1] (host, WFI)")
@@ -310,7 +238,7 @@ class Probe:
         assert self.channel is not None
         times = []
         for value in range(first_value, first_value + count):
-            entry = self.push(launch_qmd(qmd_va) + semaphore_release(semaphore_va, value))
+            entry = self.push(self._dispatch_and_release(qmd_va, semaphore_va, value))
             began = time.monotonic()
             self.channel.submit([entry])
             self.channel.wait(lambda: self.semaphore(8), value, self.deadline_s,
@@ -322,6 +250,13 @@ class Probe:
         self.say(f"{count} dispatch round trips (submit -> host semaphore seen by the CPU): "
                  f"median {times[count // 2]:.1f} us, min {times[0]:.1f} us, "
                  f"max {times[-1]:.1f} us")
+
+    @staticmethod
+    def _dispatch_and_release(qmd_va: int, semaphore_va: int, value: int):
+        def build(writer: CommandWriter) -> None:
+            writer.dispatch(qmd_va)
+            writer.release_semaphore(semaphore_va, value)
+        return build
 
     # stage 4 ---------------------------------------------------------------------------
     def stage4(self) -> None:
