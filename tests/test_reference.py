@@ -15,7 +15,7 @@ from bob.kernels import reference as ref
 from bob.kernels import signatures as sig
 from bob.kernels.memory import Memory
 from bob.plan.model import PointerParam, ScalarParam
-from bob.program.bob import Hyper, adam_scalars
+from bob.program.bob import Hyper, adam_scalar_table, adam_scalars
 
 F32 = np.float32
 CUDA_SOURCE = Path(ref.__file__).parent / "cuda" / "bob_kernels.cu"
@@ -293,10 +293,13 @@ def test_argmax_equals_the_cuda_lanes_and_tree(v):
 U32_POINTERS = {"prompt", "targets", "prediction"}
 
 
-def arena_for(region: str, vocab: int, count: int, rng: np.random.Generator):
+FUSED_UPDATES = 3
+
+
+def arena_for(region: str, vocab: int, count: int, rng: np.random.Generator, finish: int = 1):
     """Every pointer of `region` in its own tensor, separated by poisoned gaps."""
     params = sig.SIGNATURES[region]
-    values = {"vocab": vocab, "count": count}
+    values = {"vocab": vocab, "count": count, "updates": FUSED_UPDATES, "finish": finish}
     base, gap = 0x40000, 512
     spans, address = {}, base + gap
     for p in params:
@@ -321,25 +324,35 @@ def arena_for(region: str, vocab: int, count: int, rng: np.random.Generator):
     return memory, args, spans
 
 
-@pytest.mark.parametrize("region", list(sig.SIGNATURES))
+FOOTPRINT_CASES = [(region, 1) for region in sig.SIGNATURES] + [
+    (sig.FUSED_HARD, 0), (sig.FUSED_CORPUS, 0)]  # finish 0: no gradients, no loss
+
+
+@pytest.mark.parametrize("region,finish", FOOTPRINT_CASES)
 @pytest.mark.parametrize("vocab", [256, 300])
-def test_kernels_write_only_their_declared_footprints(region, vocab):
+def test_kernels_write_only_their_declared_footprints(region, finish, vocab):
     rng = np.random.default_rng(vocab)
     count = vocab * vocab - 5
-    memory, args, spans = arena_for(region, vocab, count, rng)
-    if region in (sig.LOSS_HARD, sig.LOSS_CORPUS):
+    memory, args, spans = arena_for(region, vocab, count, rng, finish)
+    fused = region in (sig.FUSED_HARD, sig.FUSED_CORPUS)
+    if region in (sig.LOSS_HARD, sig.LOSS_CORPUS) or fused:
         scalars = ref.LossScalars.for_vocab(vocab)
         args.update(log2e=scalars.log2e, ln2=scalars.ln2)
-        if region == sig.LOSS_HARD:
+        if "inverse_rows" in args:
             args["inverse_rows"] = scalars.inverse_rows
-        else:
+        if "weights" in args:
             weights = memory.array(int(args["weights"]), "f32", vocab * vocab)
             weights[:] = np.abs(weights) / np.abs(weights).sum()
+    if region == sig.ADAMW or fused:
+        n = count if region == sig.ADAMW else vocab * vocab
+        second = memory.array(int(args["second_moment"]), "f32", n)
+        second[:] = np.abs(second)
     if region == sig.ADAMW:
         scalars = adam_scalars_for(4)
         args.update({name: getattr(scalars, name) for name in scalars.__dataclass_fields__})
-        second = memory.array(int(args["second_moment"]), "f32", count)
-        second[:] = np.abs(second)
+    if fused:
+        rows = memory.array(int(args["adam_scalars"]), "f32", 8 * FUSED_UPDATES)
+        rows[:] = adam_scalar_table(Hyper(), 4, FUSED_UPDATES).reshape(-1)
     before = memory.buffer.copy()
     ref.KERNELS[region](memory, args)
     writable = np.zeros(memory.buffer.size, bool)
@@ -430,7 +443,7 @@ def test_cuda_entries_take_the_signature_parameters_in_order():
     code = cuda_code()
     for region, params in sig.SIGNATURES.items():
         entry = sig.ENTRIES[region]
-        found = re.search(r'extern "C" __global__ void ' + entry + r"\(([^)]*)\)", code)
+        found = re.search(r'extern "C" __global__ (?:\w+ )?void ' + entry + r"\(([^)]*)\)", code)
         assert found, f"no entry {entry} in {CUDA_SOURCE.name}"
         declared = [" ".join(part.split()) for part in found.group(1).split(",")]
         expected = []

@@ -1,4 +1,4 @@
-// Bob's five entry points with the signatures of bob.kernels.signatures and
+// Bob's entry points with the signatures of bob.kernels.signatures and
 // placeholder bodies: enough to test reading regions from an image.
 
 extern "C" __global__ void bob_row_gather(float* logits, const unsigned int* prompt,
@@ -47,4 +47,30 @@ extern "C" __global__ void bob_greedy_argmax(unsigned int* prediction, const flo
                                              unsigned int vocab)
 {
     if (threadIdx.x == 0) prediction[0] = row[0] > row[vocab - 1] ? 0u : vocab - 1;
+}
+
+extern "C" __global__ void bob_fused_train_hard(float* parameters, float* first_moment,
+                                                float* second_moment, float* gradients,
+                                                const unsigned int* targets, float* loss,
+                                                const float* adam_scalars, float log2e,
+                                                float ln2, float inverse_rows,
+                                                unsigned int vocab, unsigned int updates,
+                                                unsigned int finish)
+{
+    __shared__ float lanes[512];
+    lanes[threadIdx.x] = parameters[blockIdx.x * vocab] * adam_scalars[updates];
+    __syncthreads();
+    first_moment[blockIdx.x] = second_moment[blockIdx.x] = lanes[targets[0] % 256] * log2e;
+    if (finish) loss[blockIdx.x] = gradients[blockIdx.x] = ln2 * inverse_rows;
+}
+
+extern "C" __global__ void bob_fused_train_corpus(float* parameters, float* first_moment,
+                                                  float* second_moment, float* gradients,
+                                                  const float* weights, float* loss,
+                                                  const float* adam_scalars, float log2e,
+                                                  float ln2, unsigned int vocab,
+                                                  unsigned int updates, unsigned int finish)
+{
+    first_moment[blockIdx.x] = second_moment[blockIdx.x] = weights[vocab] * adam_scalars[updates];
+    if (finish) loss[blockIdx.x] = gradients[blockIdx.x] = parameters[0] * ln2 * log2e;
 }

@@ -2,11 +2,16 @@
 
 One NumPy byte buffer laid out exactly as the plan's arena. Each launch
 decodes its own parameter block (the bytes a GPU would read from constant
-bank 0) and runs its kernel's reference implementation on the arena.
+bank 0; decoded again only when the block changes) and runs its kernel on the
+arena: the Numba-compiled kernels of ``bob.kernels.fast`` where Numba is
+installed, else the NumPy reference (``bob.kernels.reference``). The two are
+bit-identical (tests/test_cpu_fast.py); ``BOB_CPU_KERNELS=reference`` picks
+the reference anyway.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -33,13 +38,39 @@ def kernel_arguments(decoded: Mapping[str, Address | Scalar]) -> dict[str, int |
     return args
 
 
+KERNEL_SETS = ("fast", "reference")
+
+
+def default_kernels() -> tuple[str, Mapping[str, Kernel]]:
+    """("fast", Numba kernels) where Numba imports, else ("reference", NumPy kernels).
+
+    ``BOB_CPU_KERNELS`` (fast or reference) asks for one; fast falls back to the
+    reference where Numba is missing.
+    """
+    wanted = os.environ.get("BOB_CPU_KERNELS", "fast")
+    if wanted not in KERNEL_SETS:
+        raise ValueError(f"BOB_CPU_KERNELS must be one of {KERNEL_SETS}, not {wanted!r}")
+    if wanted == "fast":
+        try:
+            from bob.kernels.fast import KERNELS as fast
+        except ImportError:  # numba is an optional dependency
+            pass
+        else:
+            return "fast", fast
+    from bob.kernels.reference import KERNELS as reference
+
+    return "reference", reference
+
+
 class CpuBackend(Backend):
     name = "cpu"
 
     def __init__(self, plan: Plan, kernels: Mapping[str, Kernel] | None = None):
         super().__init__(plan)
         if kernels is None:
-            from bob.kernels.reference import KERNELS as kernels
+            self.kernel_set, kernels = default_kernels()
+        else:
+            self.kernel_set = "given"
         missing = {launch.region for launch in plan.launches} - set(kernels)
         if missing:
             raise KeyError(f"no CPU implementation for regions {sorted(missing)}")
@@ -47,6 +78,13 @@ class CpuBackend(Backend):
         self.arena = np.zeros(plan.arena_bytes, dtype=np.uint8)
         self.memory = Memory(self.arena, plan.address_map.arena.base)
         self.blocks = [self.parameter_block(i) for i in range(plan.launch_count)]
+        self._arguments = [self._decode(i) for i in range(plan.launch_count)]
+
+    def _decode(self, launch_index: int) -> dict[str, int | np.float32]:
+        """What launch `launch_index`'s kernel reads from its parameter block."""
+        region = self.plan.region(self.launches[launch_index].region)
+        decoded = decode_parameter_block(self.plan.target, region, self.blocks[launch_index])
+        return kernel_arguments(decoded)
 
     def _tensor_slice(self, name: str, offset: int, size: int) -> slice:
         tensor = self.plan.tensor(name)
@@ -64,14 +102,13 @@ class CpuBackend(Backend):
         return self.arena[self._tensor_slice(name, 0, self.plan.tensor(name).bytes)].tobytes()
 
     def run(self, submissions: range) -> None:
-        target = self.plan.target
         for index in submissions:
             submission = self.plan.submissions[index]
             for launch_index in submission.launches:
-                region = self.plan.region(self.launches[launch_index].region)
-                decoded = decode_parameter_block(target, region, self.blocks[launch_index])
-                self.kernels[region.name](self.memory, kernel_arguments(decoded))
+                region = self.launches[launch_index].region
+                self.kernels[region](self.memory, self._arguments[launch_index])
             self.last_semaphore = submission.semaphore
 
     def _parameter_block_changed(self, launch_index: int) -> None:
         self.blocks[launch_index] = self.parameter_block(launch_index)
+        self._arguments[launch_index] = self._decode(launch_index)

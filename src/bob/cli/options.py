@@ -6,9 +6,13 @@ import click
 
 from bob.program.bob import MAX_PROMPTS, MAX_UPDATES, MAX_VOCAB, BobConfig
 
+SCHEDULE_OPTION = click.option(
+    "--schedule", type=click.Choice(["seed", "fused"]), default="seed", show_default=True,
+    help="The seed's launches (the reference), or the fused kernel: the same bytes, faster.")
+
 
 def plan_options(function):
-    """--vocab, --prompts, --updates, --mode: the shape of Bob's program."""
+    """--vocab, --prompts, --updates, --mode, --schedule: the shape of Bob's program."""
     options = (
         click.option("--vocab", "-V", type=click.IntRange(2, MAX_VOCAB), default=256,
                      show_default=True, help="V: rows and columns of the table."),
@@ -18,11 +22,14 @@ def plan_options(function):
                      show_default=True, help="N: AdamW updates per invocation."),
         click.option("--mode", type=click.Choice(["hard", "corpus"]), default="hard",
                      show_default=True, help="Hard targets (the seed's record) or corpus weights."),
+        SCHEDULE_OPTION,
     )
     for option in reversed(options):
         function = option(function)
     return function
 
 
-def config_from(vocab: int, prompts: int, updates: int, mode: str) -> BobConfig:
-    return BobConfig(vocab=vocab, prompts=prompts, updates=updates, mode=mode)  # type: ignore[arg-type]
+def config_from(vocab: int, prompts: int, updates: int, mode: str,
+                schedule: str = "seed") -> BobConfig:
+    return BobConfig(vocab=vocab, prompts=prompts, updates=updates,  # type: ignore[arg-type]
+                     mode=mode, schedule=schedule)  # type: ignore[arg-type]

@@ -19,8 +19,9 @@ from .options import config_from, plan_options
 from .render import print_hazards, print_plan
 
 
-def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, arch: str | None) -> Plan:
-    config = config_from(vocab, prompts, updates, mode)
+def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
+              arch: str | None) -> Plan:
+    config = config_from(vocab, prompts, updates, mode, schedule)
     if arch is None:
         return build_plan(config)
     from bob.kernels.cuda.compile import compiled_regions  # NVRTC: only when asked
@@ -42,10 +43,10 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, arch: str | Non
               help="List the encoded command stream: GPFIFO entries, methods, QMD fields.")
 @click.option("--emit", "emit_dir", type=click.Path(file_okay=False),
               help="Write each encoded component (program, QMD table, ...) to DIR.")
-def plan(vocab: int, prompts: int, updates: int, mode: str, arch: str | None, as_json: bool,
-         disasm: bool, emit_dir: str | None) -> None:
+def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, arch: str | None,
+         as_json: bool, disasm: bool, emit_dir: str | None) -> None:
     """Show Bob's device program: arena, regions, launches, submissions, sizes."""
-    the_plan = _bob_plan(vocab, prompts, updates, mode, arch)
+    the_plan = _bob_plan(vocab, prompts, updates, mode, schedule, arch)
     certificate = certify_plan(the_plan)
     if as_json:
         click.echo(dumps(the_plan))
@@ -69,13 +70,13 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, arch: str | None, as
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False),
               help="Certify this plan (JSON from 'bob plan --json') instead of Bob's own.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
-def certify(vocab: int, prompts: int, updates: int, mode: str, plan_file: str | None,
-            as_json: bool) -> None:
+def certify(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
+            plan_file: str | None, as_json: bool) -> None:
     """Certify a plan: exit 0 when it holds, 1 with every hazard listed otherwise."""
     if plan_file is not None:
         the_plan = read_plan(plan_file)
     else:
-        the_plan = build_plan(config_from(vocab, prompts, updates, mode))
+        the_plan = build_plan(config_from(vocab, prompts, updates, mode, schedule))
     certificate = certify_plan(the_plan)
     if as_json:
         click.echo(json.dumps({

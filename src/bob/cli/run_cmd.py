@@ -16,6 +16,8 @@ from bob.backends import BACKEND_NAMES
 from bob.host import api
 from bob.program.bob import Hyper
 
+from .options import SCHEDULE_OPTION
+
 _BACKEND = click.option("--backend", type=click.Choice(BACKEND_NAMES), default="auto",
                         show_default=True, help="Where the plan runs.")
 _ARCH = click.option("--arch", type=click.Choice(["sm_86", "sm_90"]), default="sm_90",
@@ -58,9 +60,10 @@ def _byte_text(value: int) -> str:
 @click.option("--weight-decay", type=float, default=Hyper.weight_decay, show_default=True)
 @click.option("--result", "result_path", type=click.Path(dir_okay=False),
               help="Write the last invocation's result record here.")
+@SCHEDULE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary as the last line.")
 def train(texts, input_record, steps, checkpoint, resume, overwrite, backend, arch, arena,
-          updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path,
+          updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path, schedule,
           as_json) -> None:
     """Train the bigram table with AdamW, a checkpoint after every invocation."""
     hyper = Hyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
@@ -81,7 +84,7 @@ def train(texts, input_record, steps, checkpoint, resume, overwrite, backend, ar
             backend=backend, hyper=None if resume and _defaults(hyper) else hyper,
             updates_per_invocation=updates_per_invocation, input_record=input_record,
             overwrite=overwrite, arch=arch, arena=arena, result_path=result_path,
-            progress=advance)
+            schedule=schedule, progress=advance)
     table = Table(title=f"bob train ({report.backend} backend, {report.mode} mode)")
     table.add_column("")
     table.add_column("value", justify="right")

@@ -11,6 +11,8 @@ from rich.table import Table
 
 from bob.program.bob import BobConfig
 
+from .options import SCHEDULE_OPTION
+
 _CHOICES = ("cpu", "cuda", "nv-sim", "nv")
 
 
@@ -34,14 +36,16 @@ def _backend_pair(text: str) -> tuple[str, str]:
 @click.option("--arch", type=click.Choice(["sm_86", "sm_90"]), default="sm_90",
               show_default=True, help="Target of nv-sim.")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
+@SCHEDULE_OPTION
 @click.option("--json", "as_json", is_flag=True)
-def check(backends, vocab, prompts, updates_per_invocation, steps, mode, arch, seed,
+def check(backends, vocab, prompts, updates_per_invocation, steps, mode, arch, seed, schedule,
           as_json) -> None:
     """Run the same invocations on two backends; report the first byte that differs."""
     from bob.host.check import differential_check
 
     pair = _backend_pair(backends)
-    config = BobConfig(vocab=vocab, prompts=prompts, updates=updates_per_invocation, mode=mode)
+    config = BobConfig(vocab=vocab, prompts=prompts, updates=updates_per_invocation, mode=mode,
+                       schedule=schedule)
     report = differential_check(pair, config, steps, seed=seed, arch=arch)
     if as_json:
         click.echo(json.dumps({

@@ -587,6 +587,9 @@ def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats:
                 adam_scalars(hyper, k + 1)
 
         def set_scalars() -> None:
+            if config.schedule == "fused":  # the scalars are a tensor: write it
+                session.write_update_scalars(config, backend, 1)
+                return
             for k in range(n):
                 backend.set_scalars(config.adamw_launch(k), step_scalars[k])
 
@@ -599,7 +602,7 @@ def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats:
         timed = (
             (f"{name} run", "bob", run, load, f"{what}; {plan.launch_count} launches"),
             (f"{name} host: adam_scalars x{n}", "host", compute_scalars, None,
-             "N updates' AdamW scalars (float64 -> binary32 via Fraction)"),
+             "N updates' AdamW scalars (float64, rounded to binary32)"),
             (f"{name} host: set_scalars x{n}", "host", set_scalars, None,
              "patching N AdamW launches' parameter blocks"),
             (f"{name} host: load", "host", load, None, "checkpoint + input into the arena"),
@@ -676,6 +679,23 @@ def floor_rows(vocab: int, updates: int, measured: float | None) -> list[Row]:
 
 Progress = Callable[[str], None]
 
+# Bob's own command stream through the kernel driver reads tensors back through
+# BAR1 (slow for large tables); beyond this V it would time the copies, not Bob.
+NV_MAX_VOCAB = 1024
+
+
+def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
+            progress: Progress) -> list[Row]:
+    """The same invocation on the `nv` backend (no CUDA runtime), where it can run."""
+    try:
+        choice = choose_backend("nv")
+    except Exception as error:  # noqa: BLE001 - nv is optional: say why it is absent
+        return [Row("bob nv invocation", "peer", updates,
+                    error=f"skipped: {_error_text(error)}")]
+    progress(f"cuda V={vocab}: bob nv ({updates} updates per invocation)")
+    config = BobConfig(vocab=vocab, prompts=0, updates=updates, mode="hard")
+    return measure_bob(choice, config, hyper, repeats)
+
 
 def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: Hyper,
                  choice: BackendChoice, device_name: str, progress: Progress,
@@ -688,6 +708,9 @@ def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: 
             rows.extend(measure_bob(choice, config, hyper, repeats, label))
         except Exception as error:  # noqa: BLE001 - a failing variant must not end the bench
             rows.append(_failed(f"bob {device}{label} invocation", "bob", updates, error))
+
+    if device == "cuda" and vocab <= NV_MAX_VOCAB:
+        rows.extend(nv_rows(vocab, updates, repeats, hyper, progress))
 
     peers: list[tuple[str, Callable[[], Peer]]]
     if device == "cuda":

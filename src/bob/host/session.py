@@ -5,8 +5,9 @@ One invocation = one plan run on one backend:
 1. build the plan for (V, P, N, mode) and certify it (refusing it otherwise);
 2. load the checkpoint (parameters, both moments) and the input payload into
    the arena;
-3. write each update's AdamW scalars (global step t = checkpoint step + k + 1)
-   into that update's parameter block;
+3. write each update's AdamW scalars (global step t = checkpoint step + k + 1):
+   into that update's parameter block (seed schedule), or as the rows of the
+   ``adam_scalars`` tensor (fused schedule);
 4. submit: the forward submissions only (predict) or all of them (train);
 5. read back the result record and the new checkpoint.
 
@@ -26,7 +27,14 @@ from bob.backends import Backend, BackendChoice
 from bob.errors import NonFiniteLoss
 from bob.plan.certificate import require_certified
 from bob.plan.model import Plan
-from bob.program.bob import BobConfig, Hyper, adam_scalars, build_plan
+from bob.program.bob import (
+    ADAM_SCALARS_TENSOR,
+    BobConfig,
+    Hyper,
+    adam_scalar_table,
+    adam_scalars,
+    build_plan,
+)
 from bob.records.binary import InputRecord, ResultRecord
 from bob.records.checkpoint import Checkpoint
 
@@ -90,12 +98,19 @@ class Session:
         plan, backend = self._backend_for(config)
         self.last_backend = backend
         self.load(backend, checkpoint, record)
-        for k in range(config.updates):
-            backend.set_scalars(config.adamw_launch(k),
-                                adam_scalars(self.hyper, checkpoint.step + k + 1))
+        self.write_update_scalars(config, backend, checkpoint.step + 1)
         submissions = plan.submission_count if operation == "train" else plan.forward_submissions
         backend.run(range(submissions))
         return self.collect(config, backend, checkpoint, operation)
+
+    def write_update_scalars(self, config: BobConfig, backend: Backend, first_step: int) -> None:
+        """Update k's AdamW scalars, for global step first_step + k, where the plan reads them."""
+        if config.schedule == "fused":
+            table = adam_scalar_table(self.hyper, first_step, config.updates)
+            backend.write_tensor(ADAM_SCALARS_TENSOR, table.tobytes())
+            return
+        for k in range(config.updates):
+            backend.set_scalars(config.adamw_launch(k), adam_scalars(self.hyper, first_step + k))
 
     @staticmethod
     def load(backend: Backend, checkpoint: Checkpoint, record: InputRecord) -> None:

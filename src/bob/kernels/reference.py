@@ -1,4 +1,4 @@
-"""The five kernels in NumPy: the CPU backend's implementation and every backend's oracle.
+"""Bob's kernels in NumPy: every backend's oracle.
 
 Each kernel performs the float32 operation sequence of docs/ARITHMETIC.md over
 whole rows at once; the CUDA kernels perform the same sequence one element per
@@ -193,6 +193,32 @@ def adamw_update(w: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray,
         canonicalize_nan(array)
 
 
+def fused_train_rows(table: np.ndarray, first: np.ndarray, second: np.ndarray,
+                     loss_gradient: Callable[[np.ndarray, np.ndarray], tuple],
+                     steps: np.ndarray, gradients: np.ndarray | None) -> np.ndarray | None:
+    """The fused kernel over whole tables: per update, the gradient of the table, then AdamW.
+
+    `loss_gradient(table, out)` is the mode's loss-gradient helper with its data bound
+    (it writes the gradients into `out`); `steps` is f32[updates][8], one row of AdamW
+    scalars per update. This is exactly the seed schedule's AdamW, loss-gradient, AdamW,
+    ..., with the gradient of the table before the first update recomputed rather than
+    read (the same operations give the same bits) and the losses in between never
+    stored. Given `gradients` (the launch that finishes an invocation), the loss and
+    gradients of the final table are computed, the gradients into `gradients`, and the
+    row losses returned; otherwise None.
+    """
+    scratch = np.empty_like(table)
+    flat = (table.reshape(-1), first.reshape(-1), second.reshape(-1))
+    for row in steps:
+        _, grad = loss_gradient(table, scratch)
+        adamw_update(flat[0], grad.reshape(-1), flat[1], flat[2],
+                     AdamScalars(*row[:len(fields(AdamScalars))]))
+    if gradients is None:
+        return None
+    loss, _ = loss_gradient(table, gradients)
+    return loss
+
+
 def greedy_argmax_rows(rows: np.ndarray) -> np.ndarray:
     """Per row, the lowest index of the maximum; NaN counts above every number.
 
@@ -255,10 +281,62 @@ def greedy_argmax(memory: Memory, args: Args) -> None:
     memory.array(int(args["prediction"]), "u32", 1)[0] = greedy_argmax_rows(row[None, :])[0]
 
 
+def _fused_tables(memory: Memory, args: Args) -> tuple[np.ndarray, ...]:
+    """Parameters, both moments and the gradients as V x V views; the scalar rows."""
+    vocab = _u32(args, "vocab")
+    tables = tuple(
+        memory.array(int(args[name]), "f32", vocab * vocab).reshape(vocab, vocab)
+        for name in ("parameters", "first_moment", "second_moment")
+    )
+    updates = _u32(args, "updates")
+    steps = memory.array(int(args["adam_scalars"]), "f32", 8 * updates).reshape(updates, 8)
+    return (*tables, steps)
+
+
+def _fused_outputs(memory: Memory, args: Args) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The gradients and loss views, only when this launch finishes (footprints are 0 else)."""
+    if not _u32(args, "finish"):
+        return None, None
+    vocab = _u32(args, "vocab")
+    gradients = memory.array(int(args["gradients"]), "f32", vocab * vocab)
+    return gradients.reshape(vocab, vocab), memory.array(int(args["loss"]), "f32", vocab)
+
+
+def fused_train_hard(memory: Memory, args: Args) -> None:
+    table, first, second, steps = _fused_tables(memory, args)
+    targets = memory.array(int(args["targets"]), "u32", table.shape[0])
+    scalars = LossScalars(args["log2e"], args["ln2"], args["inverse_rows"])
+    gradients, loss = _fused_outputs(memory, args)
+
+    def loss_gradient(w: np.ndarray, out: np.ndarray) -> tuple:
+        return loss_gradient_hard_rows(w, targets, scalars, out=out)
+
+    row_losses = fused_train_rows(table, first, second, loss_gradient, steps, gradients)
+    if loss is not None:
+        loss[:] = row_losses
+
+
+def fused_train_corpus(memory: Memory, args: Args) -> None:
+    table, first, second, steps = _fused_tables(memory, args)
+    vocab = table.shape[0]
+    weights = memory.array(int(args["weights"]), "f32", vocab * vocab).reshape(vocab, vocab)
+    scalars = LossScalars(args["log2e"], args["ln2"])
+    gradients, loss = _fused_outputs(memory, args)
+
+    def loss_gradient(w: np.ndarray, out: np.ndarray) -> tuple:
+        return loss_gradient_corpus_rows(w, weights, scalars, out=out)
+
+    row_losses = fused_train_rows(table, first, second, loss_gradient, steps, gradients)
+    if loss is not None:
+        loss[:] = row_losses
+
+
 KERNELS: dict[str, Kernel] = {
     sig.GATHER: row_gather,
     sig.LOSS_HARD: loss_gradient_hard,
     sig.LOSS_CORPUS: loss_gradient_corpus,
     sig.ADAMW: adamw,
     sig.ARGMAX: greedy_argmax,
+    sig.FUSED_HARD: fused_train_hard,
+    sig.FUSED_CORPUS: fused_train_corpus,
 }

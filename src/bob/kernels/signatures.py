@@ -1,9 +1,11 @@
-"""Bob's four kernels as the plan sees them: names, block widths, arguments.
+"""Bob's kernels as the plan sees them: names, block widths, arguments.
 
-Each pointer declares the bytes the kernel reaches through it as a function
-of the launch (its u32 arguments), so the certificate can check every launch.
-Pointers come first, then 4-byte scalars: the parameter block layout is then
-exactly CUDA's kernel parameter layout for these signatures.
+The seed's four (the loss-gradient in two modes) and the fused schedule's
+training kernel (in two modes). Each pointer declares the bytes the kernel
+reaches through it as a function of the launch (its u32 arguments), so the
+certificate can check every launch. Pointers come first, then 4-byte scalars:
+the parameter block layout is then exactly CUDA's kernel parameter layout for
+these signatures.
 """
 
 from __future__ import annotations
@@ -15,12 +17,19 @@ LOSS_HARD = "bob-loss-gradient"
 LOSS_CORPUS = "bob-loss-gradient-corpus"
 ADAMW = "bob-adamw"
 ARGMAX = "bob-greedy-argmax"
+FUSED_HARD = "bob-fused-train"
+FUSED_CORPUS = "bob-fused-train-corpus"
 
 BLOCK = 256  # threads per block for every kernel; reductions run over 256 lanes
 
 _ROW = Footprint(4, ("vocab",))
 _TABLE = Footprint(4, ("vocab", "vocab"))
 _ELEMENTS = Footprint(4, ("count",))
+# The fused kernel writes gradients and row losses only when `finish` is 1 (the last
+# launch of an invocation), so a launch with finish 0 reaches none of those bytes.
+_FINISHED_TABLE = Footprint(4, ("vocab", "vocab", "finish"))
+_FINISHED_ROW = Footprint(4, ("vocab", "finish"))
+_ADAM_ROWS = Footprint(32, ("updates",))  # one 8-float row of AdamW scalars per update
 
 SIGNATURES: dict[str, tuple] = {
     # logits[j] = table[prompt[0]][j]: reads any row of the table.
@@ -72,6 +81,37 @@ SIGNATURES: dict[str, tuple] = {
         PointerParam("row", _ROW, "read"),
         ScalarParam("vocab", "u32"),
     ),
+    # One block per row, `updates` updates: AdamW with the gradient of the row (recomputed
+    # from the parameters, never read), then with finish 1 the row's loss and gradient.
+    FUSED_HARD: (
+        PointerParam("parameters", _TABLE, "readwrite"),
+        PointerParam("first_moment", _TABLE, "readwrite"),
+        PointerParam("second_moment", _TABLE, "readwrite"),
+        PointerParam("gradients", _FINISHED_TABLE, "write"),
+        PointerParam("targets", _ROW, "read"),
+        PointerParam("loss", _FINISHED_ROW, "write"),
+        PointerParam("adam_scalars", _ADAM_ROWS, "read"),
+        ScalarParam("log2e", "f32"),
+        ScalarParam("ln2", "f32"),
+        ScalarParam("inverse_rows", "f32"),
+        ScalarParam("vocab", "u32"),
+        ScalarParam("updates", "u32"),
+        ScalarParam("finish", "u32"),
+    ),
+    FUSED_CORPUS: (
+        PointerParam("parameters", _TABLE, "readwrite"),
+        PointerParam("first_moment", _TABLE, "readwrite"),
+        PointerParam("second_moment", _TABLE, "readwrite"),
+        PointerParam("gradients", _FINISHED_TABLE, "write"),
+        PointerParam("weights", _TABLE, "read"),
+        PointerParam("loss", _FINISHED_ROW, "write"),
+        PointerParam("adam_scalars", _ADAM_ROWS, "read"),
+        ScalarParam("log2e", "f32"),
+        ScalarParam("ln2", "f32"),
+        ScalarParam("vocab", "u32"),
+        ScalarParam("updates", "u32"),
+        ScalarParam("finish", "u32"),
+    ),
 }
 
 # The CUDA entry point of each region.
@@ -81,6 +121,8 @@ ENTRIES = {
     LOSS_CORPUS: "bob_loss_gradient_corpus",
     ADAMW: "bob_adamw",
     ARGMAX: "bob_greedy_argmax",
+    FUSED_HARD: "bob_fused_train_hard",
+    FUSED_CORPUS: "bob_fused_train_corpus",
 }
 
 

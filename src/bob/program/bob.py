@@ -1,16 +1,40 @@
 """Bob's device program: the seed's regions, tensors and schedules.
 
-For a configuration (V, P, N, mode) the program is:
+For a configuration (V, P, N, mode, schedule) the program is:
 
 - launch 0: the initial loss (loss-gradient into ``initial_loss``);
 - per prompt i: gather its logits row, then its greedy argmax;
-- per update k: AdamW with update k's scalars, then loss-gradient into
-  ``training_loss`` (leaving the next gradients in ``gradients``);
+- the N training updates, by schedule:
+
+  - ``seed`` (the default and the reference): per update k, AdamW with update
+    k's scalars (in its parameter block), then loss-gradient into
+    ``training_loss`` (leaving the next gradients in ``gradients``);
+  - ``fused``: the fused region (``bob-fused-train``, or its corpus twin) runs
+    AdamW then the loss-gradient of each row, block by block, with update k's
+    scalars read from the ``adam_scalars`` tensor (the host writes it each
+    invocation). Rows are independent, so a block can run many updates of its
+    row without any grid-wide synchronization. For V <= ONE_LAUNCH_MAX_VOCAB
+    (8192) one launch runs all N updates; above, one streaming launch per
+    update reads and writes each parameter and both moments once, and only the
+    last writes the gradients and the training loss. After the invocation
+    every tensor the seed schedule has holds the seed schedule's bytes;
+
 - every launch submitted alone with its own semaphore value, then the
   prediction launches again, so the prompts are predicted from the trained
   table.
 
 A forward-only request (predict) runs the first 1 + 2P submissions.
+
+Derived figures (F = 1 + 2P forward launches):
+
+| schedule | training launches T | launches | submissions |
+| --- | --- | --- | --- |
+| seed | 2N | F + T | F + T + 2P |
+| fused, V <= ONE_LAUNCH_MAX_VOCAB | 1 if N > 0, else 0 | F + T | F + T + 2P |
+| fused, larger V | N | F + T | F + T + 2P |
+
+Program bytes = retained code + launches x parameter block; QMD table bytes =
+launches x the target's QMD stride (``Plan.program_bytes``, ``Plan.qmd_table_bytes``).
 """
 
 from __future__ import annotations
@@ -39,6 +63,8 @@ from bob.plan.model import (
 from bob.plan.placement import SM86, place
 
 Mode = Literal["hard", "corpus"]
+Schedule = Literal["seed", "fused"]
+SCHEDULES = ("seed", "fused")
 
 # log2(e) and ln(2) correctly rounded to binary32 (proved in the tests).
 LOG2E_BITS = 0x3FB8AA3B
@@ -48,11 +74,25 @@ TENSOR_NAMES = (
     "parameters", "first_moment", "second_moment", "gradients", "input",
     "initial_loss", "training_loss", "logit_rows", "predictions",
 )
+# The fused schedule's one more tensor, placed last so the seed's nine keep their addresses.
+ADAM_SCALARS_TENSOR = "adam_scalars"
+# A row of adam_scalars: update k's AdamW scalars in the order of bob-adamw's arguments,
+# then one float of padding so a row is 32 bytes.
+ADAM_SCALAR_NAMES = ("decay", "beta1", "one_minus_beta1", "beta2", "one_minus_beta2",
+                     "step_size", "eps_hat")
+ADAM_SCALAR_STRIDE = 8  # floats per row
 CHECKPOINT_TENSORS = ("parameters", "first_moment", "second_moment")
 
 MAX_VOCAB = 16384  # four 1 GiB tables: larger belongs to a sharded design
 MAX_PROMPTS = 4096
 MAX_UPDATES = 100_000
+# The fused schedule runs all N updates in one launch up to this V: each block keeps its
+# row on chip (registers up to V = 1024, then L1/L2) for every update. Above, one
+# streaming launch per update moves 24 bytes per parameter through DRAM. Measured on an
+# H200 (bench/bench_fused.py --experiments, 100 updates): one launch 27.6, 102 and 441
+# us/update at V = 2048, 4096, 8192; one launch per update 38.4, 139 and 528. Past 8192
+# the rows of the resident blocks (4 per SM, 96 KiB each at V = 8192) outgrow the L2.
+ONE_LAUNCH_MAX_VOCAB = 8192
 
 
 @dataclass(frozen=True)
@@ -72,6 +112,7 @@ class BobConfig:
     prompts: int = 1  # P: prompts predicted per invocation
     updates: int = 100  # N: AdamW updates per invocation
     mode: Mode = "hard"  # hard targets (the seed's record) or corpus weights
+    schedule: Schedule = "seed"  # the seed's launches (the reference), or the fused region
 
     def __post_init__(self) -> None:
         checks = (
@@ -84,10 +125,16 @@ class BobConfig:
                 raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
         if self.mode not in ("hard", "corpus"):
             raise ValueError(f"mode must be 'hard' or 'corpus', not {self.mode!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be 'seed' or 'fused', not {self.schedule!r}")
 
     @property
     def loss_region(self) -> str:
         return sig.LOSS_HARD if self.mode == "hard" else sig.LOSS_CORPUS
+
+    @property
+    def fused_region(self) -> str:
+        return sig.FUSED_HARD if self.mode == "hard" else sig.FUSED_CORPUS
 
     @property
     def input_targets_bytes(self) -> int:
@@ -98,33 +145,51 @@ class BobConfig:
     def input_bytes(self) -> int:
         return self.input_targets_bytes + 4 * self.prompts
 
-    # -- derived figures (the seed's formulas) -----------------------------
+    # -- derived figures (the table in the module docstring) -----------------
     @property
     def forward_launches(self) -> int:
         return 1 + 2 * self.prompts
 
     @property
+    def updates_per_fused_launch(self) -> int:
+        """Updates each fused launch runs: all N while V is small, else one."""
+        if self.vocab <= ONE_LAUNCH_MAX_VOCAB:
+            return self.updates
+        return min(1, self.updates)
+
+    @property
+    def training_launches(self) -> int:
+        if self.schedule == "seed":
+            return 2 * self.updates
+        if self.updates == 0:
+            return 0
+        return self.updates // self.updates_per_fused_launch
+
+    @property
     def launch_count(self) -> int:
-        return self.forward_launches + 2 * self.updates
+        return self.forward_launches + self.training_launches
 
     @property
     def submission_count(self) -> int:
         return self.launch_count + 2 * self.prompts
 
     def adamw_launch(self, k: int) -> int:
-        """Index of update k's AdamW launch (k from 0)."""
+        """Index of update k's AdamW launch (k from 0); the seed schedule only."""
+        if self.schedule != "seed":
+            raise ValueError("the fused schedule has no AdamW launches: its scalars are the "
+                             f"{ADAM_SCALARS_TENSOR!r} tensor (adam_scalar_table)")
         if not 0 <= k < self.updates:
             raise IndexError(f"update {k} is outside the {self.updates} updates of a plan")
         return self.forward_launches + 2 * k
 
 
-def adam_scalars(hyper: Hyper, step: int) -> dict[str, Scalar]:
-    """AdamW's scalars for global update `step` (from 1), computed in float64."""
+def _adam_values(hyper: Hyper, step: int) -> dict[str, float]:
+    """AdamW's scalars for global update `step` (from 1) in float64, by ADAM_SCALAR_NAMES."""
     if step < 1:
         raise ValueError(f"AdamW steps count from 1, not {step}")
     correction1 = 1.0 - hyper.beta1**step
     correction2 = 1.0 - hyper.beta2**step
-    values = {
+    return {
         "decay": 1.0 - hyper.lr * hyper.weight_decay,
         "beta1": hyper.beta1,
         "one_minus_beta1": 1.0 - hyper.beta1,
@@ -133,11 +198,29 @@ def adam_scalars(hyper: Hyper, step: int) -> dict[str, Scalar]:
         "step_size": hyper.lr * math.sqrt(correction2) / correction1,
         "eps_hat": hyper.eps * math.sqrt(correction2),
     }
+
+
+def adam_scalars(hyper: Hyper, step: int) -> dict[str, Scalar]:
+    """AdamW's scalars for global update `step` (from 1), computed in float64."""
+    values = _adam_values(hyper, step)
     # NumPy's float64 -> float32 cast rounds to nearest even, as exact rounding
     # of the float64 value does (tested against fractions); it is 10x faster.
     with np.errstate(over="ignore"):
         bits = np.array(list(values.values()), np.float64).astype(np.float32).view(np.uint32)
     return {name: Scalar("f32", int(b)) for name, b in zip(values, bits, strict=True)}
+
+
+def adam_scalar_table(hyper: Hyper, first_step: int, updates: int) -> np.ndarray:
+    """The ``adam_scalars`` tensor: f32[updates][8], row k for global step first_step + k.
+
+    Row k holds the values ``adam_scalars(hyper, first_step + k)`` gives, in the order
+    of ADAM_SCALAR_NAMES, then 0 (padding).
+    """
+    table = np.zeros((updates, ADAM_SCALAR_STRIDE), np.float64)
+    for k in range(updates):
+        table[k, :len(ADAM_SCALAR_NAMES)] = tuple(_adam_values(hyper, first_step + k).values())
+    with np.errstate(over="ignore"):  # a huge lr rounds to inf, as in adam_scalars
+        return table.astype(np.float32)
 
 
 def inverse_rows_bits(vocab: int) -> int:
@@ -147,7 +230,7 @@ def inverse_rows_bits(vocab: int) -> int:
 
 def tensor_specs(config: BobConfig) -> tuple[TensorSpec, ...]:
     v, p = config.vocab, config.prompts
-    return (
+    seed = (
         TensorSpec("parameters", "f32", (v, v)),
         TensorSpec("first_moment", "f32", (v, v)),
         TensorSpec("second_moment", "f32", (v, v)),
@@ -158,12 +241,17 @@ def tensor_specs(config: BobConfig) -> tuple[TensorSpec, ...]:
         TensorSpec("logit_rows", "f32", (p, v)),
         TensorSpec("predictions", "u32", (p,)),
     )
+    if config.schedule == "seed":
+        return seed
+    scalars = TensorSpec(ADAM_SCALARS_TENSOR, "f32", (config.updates, ADAM_SCALAR_STRIDE))
+    return (*seed, scalars)
 
 
 def declared_regions(config: BobConfig, compiled: dict[str, Region] | None = None,
                      ) -> tuple[Region, ...]:
-    """The four regions of the seed's order; compiled code where it is given."""
-    names = (sig.GATHER, config.loss_region, sig.ADAMW, sig.ARGMAX)
+    """The four regions of the seed's order (the fused one in AdamW's place)."""
+    training = sig.ADAMW if config.schedule == "seed" else config.fused_region
+    names = (sig.GATHER, config.loss_region, training, sig.ARGMAX)
     compiled = compiled or {}
     return tuple(compiled.get(name) or sig.declared_region(name) for name in names)
 
@@ -175,7 +263,12 @@ def adamw_grid(count: int) -> int:
 
 def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1,
                   compiled: dict[str, Region] | None = None) -> ProgramSpec:
-    """Bob's program; update k's AdamW scalars are those of step first_step + k."""
+    """Bob's program; update k's AdamW scalars are those of step first_step + k.
+
+    The seed schedule carries them in its AdamW launches; the fused schedule reads
+    them from the ``adam_scalars`` tensor, which the host writes
+    (``adam_scalar_table(hyper, first_step, N)``).
+    """
     v, block = config.vocab, Dim3(sig.BLOCK)
     vocab = Scalar.u32(v)
     log2e, ln2 = Scalar.f32_bits(LOG2E_BITS), Scalar.f32_bits(LN2_BITS)
@@ -211,11 +304,29 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
             Scalar.u32(count),
         ), f"adamw[{k}]")
 
+    def fused(first: int, updates: int) -> LaunchSpec:
+        # Updates [first, first + updates); the last launch writes gradients and loss.
+        finish = Scalar.u32(int(first + updates == config.updates))
+        data = (log2e, ln2, Scalar.f32_bits(inverse_rows_bits(v)))
+        if config.mode == "corpus":
+            data = (log2e, ln2)
+        scalars_row = TensorRef(ADAM_SCALARS_TENSOR, 4 * ADAM_SCALAR_STRIDE * first)
+        label = f"fused[{first}]" if updates == 1 else f"fused[{first}:{first + updates}]"
+        return LaunchSpec(config.fused_region, Dim3(v), block, (
+            TensorRef("parameters"), TensorRef("first_moment"), TensorRef("second_moment"),
+            TensorRef("gradients"), TensorRef("input"), TensorRef("training_loss"),
+            scalars_row, *data, vocab, Scalar.u32(updates), finish,
+        ), label)
+
     launches: list[LaunchSpec] = [loss("initial_loss")]
     for i in range(config.prompts):
         launches.extend(predict(i))
-    for k in range(config.updates):
-        launches.extend((adamw(k), loss("training_loss")))
+    if config.schedule == "seed":
+        for k in range(config.updates):
+            launches.extend((adamw(k), loss("training_loss")))
+    elif config.updates:
+        step = config.updates_per_fused_launch
+        launches.extend(fused(first, step) for first in range(0, config.updates, step))
 
     submissions = [Submission(i, 1, i + 1) for i in range(len(launches))]
     for i in range(2 * config.prompts):
@@ -230,7 +341,7 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
         forward_submissions=config.forward_launches,
         attributes={"program": "bob", "vocab": v, "prompts": config.prompts,
                     "updates": config.updates, "mode": config.mode,
-                    "first_step": first_step},
+                    "schedule": config.schedule, "first_step": first_step},
     )
 
 

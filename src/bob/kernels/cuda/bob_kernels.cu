@@ -285,3 +285,410 @@ extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, 
     }
     if (lane == 0 && blockIdx.x == 0) prediction[0] = indices[0];
 }
+
+// ---------------------------------------------------------------------------------------
+// The fused schedule (docs/ARITHMETIC.md, "bob-fused-train"): one block per row runs
+// `updates` updates of its row, each the row's gradient from the current parameters (the
+// operations of bob_loss_gradient_*) then AdamW with update k's scalars (those of
+// bob_adamw, read from row k of adam_scalars); with `finish`, the loss and gradient of the
+// final row are stored. A row's loss and gradient depend on that row alone, so blocks
+// never wait for each other: one launch can run every update of an invocation.
+//
+// Two paths, chosen by V, store the same bits:
+// - rows of V <= RESIDENT_VOCAB keep parameters, moments (and weights) in registers for
+//   all the launch's updates;
+// - longer rows live in global memory: per update w is read three times (the row max, the
+//   row sum, the update: from DRAM the first time, then mostly from L1), m and v once, and
+//   w, m, v written once. When the plan gives a launch one update that is 24 bytes per
+//   parameter from DRAM; when it gives all of them, a block's row stays in L1/L2 between
+//   updates. The exponentials of the row sum are kept in shared memory for the update
+//   (the first KEPT_EXPONENTIALS of a row) rather than computed twice.
+// Stored NaNs are canonical; values kept in registers between updates are not, which
+// changes no result: every operation maps a NaN to a NaN, whatever its payload, and the
+// max select skips NaN.
+//
+// The tuning macros (KEPT_EXPONENTIALS, BATCH, FUSED_BOUNDS) change speed, never bits;
+// their values are the fastest measured at V = 8192 on an H200 (bench/bench_fused.py
+// --experiments: 528 us per update streamed; no launch bounds 752, BATCH 2 623, BATCH 8
+// 637, no kept exponentials 558).
+
+#define WARP 32u
+#define FULL_WARP 0xFFFFFFFFu
+#define ADAM_STRIDE 8u  // floats per row of adam_scalars: 7 scalars and padding
+#define RESIDENT_SLOTS 4u  // row elements per lane in registers on the resident path
+#define RESIDENT_VOCAB (RESIDENT_SLOTS * LANES)
+#ifndef KEPT_EXPONENTIALS
+#define KEPT_EXPONENTIALS 8192u  // e_j of a streamed row kept in shared memory (32 KiB)
+#endif
+#ifndef BATCH
+#define BATCH 4u  // elements per lane loaded together on the streaming path
+#endif
+#ifndef FUSED_BOUNDS
+// At most 64 registers, so 4 blocks of 256 lanes fit an SM: more warps hide memory latency.
+#define FUSED_BOUNDS __launch_bounds__(LANES, 4)
+#endif
+
+struct SumOp {
+    __device__ float operator()(float held, float incoming) const { return add(held, incoming); }
+};
+struct MaxOp {
+    __device__ float operator()(float held, float incoming) const {
+        return select_max(held, incoming);
+    }
+};
+
+// The 256-lane tree of ARITHMETIC.md section 6 after a single barrier: every warp reads
+// the 256 partials and runs the whole tree itself. Lane t holds partials t, t + 32, ...,
+// t + 224, so levels 128, 64 and 32 combine values it holds; levels 16 ... 1 are
+// shuffles (lane t < s takes lane t + s). Every thread returns the result. `buffer` may
+// be written again only after another barrier, so callers alternate two (Lanes).
+template <typename Op>
+static __device__ float tree(float partial, float* buffer, Op op) {
+    buffer[threadIdx.x] = partial;
+    __syncthreads();
+    const u32 t = threadIdx.x % WARP;
+    float a[8];
+#pragma unroll
+    for (u32 i = 0; i < 8; ++i) a[i] = buffer[t + WARP * i];
+#pragma unroll
+    for (u32 i = 0; i < 4; ++i) a[i] = op(a[i], a[i + 4]);  // s = 128
+    a[0] = op(a[0], a[2]);  // s = 64
+    a[1] = op(a[1], a[3]);
+    float x = op(a[0], a[1]);  // s = 32
+#pragma unroll
+    for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_down_sync(FULL_WARP, x, s));
+    return __shfl_sync(FULL_WARP, x, 0);
+}
+
+// Block reductions over two shared buffers used in turn.
+struct Lanes {
+    float (*buffers)[LANES];
+    u32 turn;
+    __device__ float sum(float partial) { return tree(partial, next(), SumOp()); }
+    __device__ float max(float partial) { return tree(partial, next(), MaxOp()); }
+    __device__ float* next() {
+        float* buffer = buffers[turn];
+        turn ^= 1u;
+        return buffer;
+    }
+};
+
+struct AdamStep {
+    float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat;
+};
+
+static __device__ __forceinline__ AdamStep adam_step(const float* row) {
+    return AdamStep{row[0], row[1], row[2], row[3], row[4], row[5], row[6]};
+}
+
+// bob_adamw on one element, in place.
+static __device__ __forceinline__ void adamw_element(const AdamStep& a, float g, float& w,
+                                                     float& m, float& v) {
+    const float decayed = mul(w, a.decay);
+    m = add(mul(m, a.beta1), mul(a.one_minus_beta1, g));
+    v = add(mul(v, a.beta2), mul(mul(g, g), a.one_minus_beta2));
+    w = sub(decayed, dvd(mul(a.step_size, m), add(__fsqrt_rn(v), a.eps_hat)));
+}
+
+struct FusedArgs {
+    float* parameters;
+    float* first_moment;
+    float* second_moment;
+    float* gradients;
+    const u32* targets;  // hard targets, or
+    const float* weights;  // corpus weights
+    float* loss;
+    const float* adam_scalars;
+    float log2e, ln2, inverse_rows;
+    u32 vocab, updates, finish;
+};
+
+// Element j's gradient from p_j = e_j / s: hard p (1/V), and (p - 1) (1/V) at the
+// target; corpus rowsum(T) p - T_j.
+template <bool CORPUS>
+static __device__ __forceinline__ float gradient(const FusedArgs& a, float p, u32 j,
+                                                 u32 target, float weight_sum, float weight) {
+    if (CORPUS) return sub(mul(weight_sum, p), weight);
+    return j == target ? mul(sub(p, 1.0f), a.inverse_rows) : mul(p, a.inverse_rows);
+}
+
+// The row's loss from the final row, element by element: hard, the lane holding the
+// target stores it (a target >= V, never admitted, gives NaN); corpus, a sum.
+template <bool CORPUS>
+struct RowLoss {
+    float partial;
+    __device__ void add_element(const FusedArgs& a, float big_l, float z, u32 j, u32 target,
+                                float weight) {
+        if (CORPUS) {
+            partial = add(partial, mul(sub(big_l, z), weight));
+        } else if (j == target) {
+            a.loss[blockIdx.x] = canonical(mul(a.ln2, sub(big_l, z)));
+        }
+    }
+    __device__ void store(const FusedArgs& a, u32 target, Lanes& lanes) {
+        if (CORPUS) {
+            const float total = lanes.sum(partial);
+            if (threadIdx.x == 0) a.loss[blockIdx.x] = canonical(mul(a.ln2, total));
+        } else if (target >= a.vocab && threadIdx.x == 0) {
+            a.loss[blockIdx.x] = f32(CANONICAL_NAN);
+        }
+    }
+};
+
+// -- resident: the row in registers, element j = lane + 256 i in slot i ---------------------
+
+// Row max m, e_i = exp2((w_i - m) log2e) into e, and the row sum s, returned.
+static __device__ float resident_exponentials(const FusedArgs& a, const float* w, float* e,
+                                              float& m, Lanes& lanes) {
+    float held = f32(NEG_INF);
+#pragma unroll
+    for (u32 i = 0; i < RESIDENT_SLOTS; ++i) {
+        if (threadIdx.x + LANES * i < a.vocab) held = select_max(held, w[i]);
+    }
+    m = lanes.max(held);
+    float partial = 0.0f;
+#pragma unroll
+    for (u32 i = 0; i < RESIDENT_SLOTS; ++i) {
+        if (threadIdx.x + LANES * i < a.vocab) {
+            e[i] = bob_exp2(exponent(w[i], m, a.log2e));
+            partial = add(partial, e[i]);
+        }
+    }
+    return lanes.sum(partial);
+}
+
+template <bool CORPUS>
+static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes) {
+    const u64 base = (u64)blockIdx.x * a.vocab;
+    float w[RESIDENT_SLOTS], m[RESIDENT_SLOTS], v[RESIDENT_SLOTS];
+    float t[RESIDENT_SLOTS], e[RESIDENT_SLOTS];
+    float weight_partial = 0.0f;
+#pragma unroll
+    for (u32 i = 0; i < RESIDENT_SLOTS; ++i) {
+        const u32 j = threadIdx.x + LANES * i;
+        w[i] = m[i] = v[i] = t[i] = e[i] = 0.0f;
+        if (j < a.vocab) {
+            w[i] = a.parameters[base + j];
+            m[i] = a.first_moment[base + j];
+            v[i] = a.second_moment[base + j];
+            if (CORPUS) {
+                t[i] = a.weights[base + j];
+                weight_partial = add(weight_partial, t[i]);
+            }
+        }
+    }
+    const float weight_sum = CORPUS ? lanes.sum(weight_partial) : 0.0f;
+    const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
+
+    for (u32 k = 0; k < a.updates; ++k) {
+        const AdamStep step = adam_step(a.adam_scalars + ADAM_STRIDE * k);
+        float row_max;
+        const float s = resident_exponentials(a, w, e, row_max, lanes);
+#pragma unroll
+        for (u32 i = 0; i < RESIDENT_SLOTS; ++i) {
+            const u32 j = threadIdx.x + LANES * i;
+            if (j < a.vocab) {
+                const float g = gradient<CORPUS>(a, dvd(e[i], s), j, target, weight_sum, t[i]);
+                adamw_element(step, g, w[i], m[i], v[i]);
+            }
+        }
+    }
+
+    if (a.finish) {
+        float row_max;
+        const float s = resident_exponentials(a, w, e, row_max, lanes);
+        const float big_l = bob_log2(s);
+        RowLoss<CORPUS> loss{0.0f};
+#pragma unroll
+        for (u32 i = 0; i < RESIDENT_SLOTS; ++i) {
+            const u32 j = threadIdx.x + LANES * i;
+            if (j < a.vocab) {
+                const float g = gradient<CORPUS>(a, dvd(e[i], s), j, target, weight_sum, t[i]);
+                a.gradients[base + j] = canonical(g);
+                loss.add_element(a, big_l, exponent(w[i], row_max, a.log2e), j, target, t[i]);
+            }
+        }
+        loss.store(a, target, lanes);
+    }
+#pragma unroll
+    for (u32 i = 0; i < RESIDENT_SLOTS; ++i) {
+        const u32 j = threadIdx.x + LANES * i;
+        if (j < a.vocab) {
+            a.parameters[base + j] = canonical(w[i]);
+            a.first_moment[base + j] = canonical(m[i]);
+            a.second_moment[base + j] = canonical(v[i]);
+        }
+    }
+}
+
+// -- streaming: the row in global memory, its exponentials in shared memory ----------------
+//
+// Lane l visits its elements j = l + 256 i in batches of BATCH: a batch's loads are issued
+// together, so each warp keeps several requests to memory in flight.
+
+// Row max m of w.
+static __device__ float streaming_max(const FusedArgs& a, const float* w, Lanes& lanes) {
+    float held = f32(NEG_INF);
+    for (u32 first = threadIdx.x; first < a.vocab; first += LANES * BATCH) {
+        float x[BATCH];
+#pragma unroll
+        for (u32 b = 0; b < BATCH; ++b) {
+            const u32 j = first + LANES * b;
+            if (j < a.vocab) x[b] = w[j];
+        }
+#pragma unroll
+        for (u32 b = 0; b < BATCH; ++b) {
+            if (first + LANES * b < a.vocab) held = select_max(held, x[b]);
+        }
+    }
+    return lanes.max(held);
+}
+
+// e_j = exp2((w_j - m) log2e), the first KEPT_EXPONENTIALS into `kept`; the row sum.
+static __device__ float streaming_sum(const FusedArgs& a, const float* w, float m, float* kept,
+                                      Lanes& lanes) {
+    float partial = 0.0f;
+    for (u32 first = threadIdx.x; first < a.vocab; first += LANES * BATCH) {
+        float x[BATCH];
+#pragma unroll
+        for (u32 b = 0; b < BATCH; ++b) {
+            const u32 j = first + LANES * b;
+            if (j < a.vocab) x[b] = w[j];
+        }
+#pragma unroll
+        for (u32 b = 0; b < BATCH; ++b) {
+            const u32 j = first + LANES * b;
+            if (j < a.vocab) {
+                const float e = bob_exp2(exponent(x[b], m, a.log2e));
+                if (j < KEPT_EXPONENTIALS) kept[j] = e;
+                partial = add(partial, e);
+            }
+        }
+    }
+    return lanes.sum(partial);
+}
+
+// e_j again: kept (each lane reads only what it wrote), or past them the same operations.
+static __device__ __forceinline__ float exponential_again(const FusedArgs& a, const float* kept,
+                                                          float w, u32 j, float m) {
+    return j < KEPT_EXPONENTIALS ? kept[j] : bob_exp2(exponent(w, m, a.log2e));
+}
+
+template <bool CORPUS>
+static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* kept) {
+    const u64 base = (u64)blockIdx.x * a.vocab;
+    float* w = a.parameters + base;
+    float* m = a.first_moment + base;
+    float* v = a.second_moment + base;
+    const float* t = CORPUS ? a.weights + base : nullptr;
+    float weight_sum = 0.0f;
+    if (CORPUS) {
+        float partial = 0.0f;
+        for (u32 j = threadIdx.x; j < a.vocab; j += LANES) partial = add(partial, t[j]);
+        weight_sum = lanes.sum(partial);
+    }
+    const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
+
+    for (u32 k = 0; k < a.updates; ++k) {
+        const AdamStep step = adam_step(a.adam_scalars + ADAM_STRIDE * k);
+        const float row_max = streaming_max(a, w, lanes);
+        const float s = streaming_sum(a, w, row_max, kept, lanes);
+        for (u32 first = threadIdx.x; first < a.vocab; first += LANES * BATCH) {
+            float wb[BATCH], mb[BATCH], vb[BATCH], tb[BATCH];
+#pragma unroll
+            for (u32 b = 0; b < BATCH; ++b) {
+                const u32 j = first + LANES * b;
+                if (j < a.vocab) {
+                    wb[b] = w[j];
+                    mb[b] = m[j];
+                    vb[b] = v[j];
+                    tb[b] = CORPUS ? t[j] : 0.0f;
+                }
+            }
+#pragma unroll
+            for (u32 b = 0; b < BATCH; ++b) {
+                const u32 j = first + LANES * b;
+                if (j < a.vocab) {
+                    const float p = dvd(exponential_again(a, kept, wb[b], j, row_max), s);
+                    const float g = gradient<CORPUS>(a, p, j, target, weight_sum, tb[b]);
+                    adamw_element(step, g, wb[b], mb[b], vb[b]);
+                    w[j] = canonical(wb[b]);
+                    m[j] = canonical(mb[b]);
+                    v[j] = canonical(vb[b]);
+                }
+            }
+        }
+    }
+
+    if (a.finish) {
+        const float row_max = streaming_max(a, w, lanes);
+        const float s = streaming_sum(a, w, row_max, kept, lanes);
+        const float big_l = bob_log2(s);
+        RowLoss<CORPUS> loss{0.0f};
+        for (u32 first = threadIdx.x; first < a.vocab; first += LANES * BATCH) {
+            float wb[BATCH], tb[BATCH];
+#pragma unroll
+            for (u32 b = 0; b < BATCH; ++b) {
+                const u32 j = first + LANES * b;
+                if (j < a.vocab) {
+                    wb[b] = w[j];
+                    tb[b] = CORPUS ? t[j] : 0.0f;
+                }
+            }
+#pragma unroll
+            for (u32 b = 0; b < BATCH; ++b) {
+                const u32 j = first + LANES * b;
+                if (j < a.vocab) {
+                    const float p = dvd(exponential_again(a, kept, wb[b], j, row_max), s);
+                    a.gradients[base + j] = canonical(gradient<CORPUS>(a, p, j, target,
+                                                                       weight_sum, tb[b]));
+                    loss.add_element(a, big_l, exponent(wb[b], row_max, a.log2e), j, target,
+                                     tb[b]);
+                }
+            }
+        }
+        loss.store(a, target, lanes);
+    }
+}
+
+// Shared memory of a fused block: the reductions' two buffers, the kept exponentials.
+struct FusedShared {
+    float buffers[2][LANES];
+    float kept[KEPT_EXPONENTIALS > 0 ? KEPT_EXPONENTIALS : 1];
+};
+
+template <bool CORPUS>
+static __device__ void fused_train(const FusedArgs& a, FusedShared& shared) {
+    if (blockDim.x != LANES) __trap();
+    if (blockIdx.x >= a.vocab) return;  // the whole block: no barrier is left waiting
+    Lanes lanes{shared.buffers, 0u};
+    if (a.vocab <= RESIDENT_VOCAB) {
+        fused_resident<CORPUS>(a, lanes);
+    } else {
+        fused_streaming<CORPUS>(a, lanes, shared.kept);
+    }
+}
+
+extern "C" __global__ FUSED_BOUNDS void bob_fused_train_hard(float* parameters, float* first_moment,
+                                                float* second_moment, float* gradients,
+                                                const u32* targets, float* loss,
+                                                const float* adam_scalars, float log2e,
+                                                float ln2, float inverse_rows, u32 vocab,
+                                                u32 updates, u32 finish) {
+    __shared__ FusedShared shared;
+    const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
+                      loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
+    fused_train<false>(a, shared);
+}
+
+extern "C" __global__ FUSED_BOUNDS void bob_fused_train_corpus(float* parameters, float* first_moment,
+                                                  float* second_moment, float* gradients,
+                                                  const float* weights, float* loss,
+                                                  const float* adam_scalars, float log2e,
+                                                  float ln2, u32 vocab, u32 updates,
+                                                  u32 finish) {
+    __shared__ FusedShared shared;
+    const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
+                      loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
+    fused_train<true>(a, shared);
+}

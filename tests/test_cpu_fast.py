@@ -1,0 +1,200 @@
+"""The Numba kernels (bob.kernels.fast) against the NumPy reference, bit for bit.
+
+Every kernel on random inputs salted with edge values (NaN, infinities, signed
+zeros, subnormals, huge and tiny numbers), exp2 and log2 on every 61st binary32,
+and whole invocations of both schedules through the CPU backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from numba import njit  # noqa: E402
+
+from bob.backends import choose_backend  # noqa: E402
+from bob.backends.cpu import CpuBackend, default_kernels  # noqa: E402
+from bob.host.check import compare_backends, random_record  # noqa: E402
+from bob.host.session import Session, split_updates  # noqa: E402
+from bob.kernels import arith, fast  # noqa: E402
+from bob.kernels import reference as ref  # noqa: E402
+from bob.kernels import signatures as sig  # noqa: E402
+from bob.program.bob import BobConfig, Hyper, adam_scalar_table  # noqa: E402
+from bob.records.checkpoint import Checkpoint  # noqa: E402
+
+F32 = np.float32
+EDGES = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 1e-40, 1.17549435e-38,
+                  3.4e38, -3.4e38, 1e-30, 88.0, -104.0, 150.0, -150.0, 1.0, -1.0], F32)
+
+
+def bits(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x).view(np.uint32)
+
+
+def assert_same_bits(name: str, got: np.ndarray, want: np.ndarray) -> None:
+    differ = bits(got) != bits(want)
+    if differ.any():
+        first = np.unravel_index(int(np.flatnonzero(differ)[0]), got.shape)
+        pytest.fail(f"{name}: {int(differ.sum())} of {differ.size} differ, first at {first}: "
+                    f"fast {got[first]!r} (0x{bits(got)[first]:08x}), reference "
+                    f"{want[first]!r} (0x{bits(want)[first]:08x})")
+
+
+def salted(rng: np.random.Generator, shape: tuple[int, ...], scale: float,
+           fraction: float = 0.02) -> np.ndarray:
+    """Normal values with a fraction of them replaced by edge values."""
+    x = (rng.standard_normal(shape) * scale).astype(F32)
+    where = rng.random(shape) < fraction
+    x[where] = rng.choice(EDGES, int(where.sum()))
+    return x
+
+
+@njit(error_model="numpy")
+def _exp2_all(x, out):  # type: ignore[no-untyped-def]
+    for i in range(x.size):
+        out[i] = fast._exp2(x[i])
+
+
+@njit(error_model="numpy")
+def _log2_all(x, out):  # type: ignore[no-untyped-def]
+    for i in range(x.size):
+        out[i] = fast._log2(x[i])
+
+
+def every_61st_f32(start: int) -> np.ndarray:
+    return (np.arange(start, 1 << 32, 61, dtype=np.uint64).astype(np.uint32)).view(F32)
+
+
+def test_the_backend_picks_the_fast_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert default_kernels()[0] == "fast"
+    monkeypatch.setenv("BOB_CPU_KERNELS", "reference")
+    assert default_kernels() == ("reference", ref.KERNELS)
+    monkeypatch.setenv("BOB_CPU_KERNELS", "quick")
+    with pytest.raises(ValueError, match="BOB_CPU_KERNELS"):
+        default_kernels()
+    assert set(fast.KERNELS) == set(ref.KERNELS) == set(sig.SIGNATURES)
+
+
+@pytest.mark.parametrize("start", [0, 17, 40])
+def test_exp2_and_log2_on_every_61st_binary32(start: int) -> None:
+    x = np.concatenate([every_61st_f32(start), EDGES])
+    got = np.empty_like(x)
+    _exp2_all(x, got)
+    assert_same_bits("exp2", arith.canonicalize_nan(got), arith.canonicalize_nan(arith.exp2(x)))
+    _log2_all(x, got)
+    assert_same_bits("log2", arith.canonicalize_nan(got), arith.canonicalize_nan(arith.log2(x)))
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 256, 300, 700])
+@pytest.mark.parametrize("scale", [0.5, 30.0])
+def test_loss_gradients_equal_the_reference(vocab: int, scale: float) -> None:
+    rng = np.random.default_rng(vocab)
+    rows = 37
+    table = salted(rng, (rows, vocab), scale)
+    table[0] = 0.0  # all ties, +0
+    table[1] = -0.0
+    table[2, :] = -np.inf
+    targets = rng.integers(0, vocab + 2, rows).astype(np.uint32)  # some never admitted
+    weights = np.abs(salted(rng, (rows, vocab), 1.0 / vocab, 0.01))
+    weights[3] = 0.0
+    scalars = ref.LossScalars.for_vocab(vocab)
+    grad, loss = np.empty_like(table), np.empty(rows, F32)
+
+    want_loss, want_grad = ref.loss_gradient_hard_rows(table, targets, scalars)
+    fast.loss_gradient_hard_rows(table, targets, scalars.log2e, scalars.ln2,
+                                 scalars.inverse_rows, grad, loss)
+    assert_same_bits("hard gradients", grad, want_grad)
+    assert_same_bits("hard loss", loss, want_loss)
+
+    want_loss, want_grad = ref.loss_gradient_corpus_rows(table, weights, scalars)
+    fast.loss_gradient_corpus_rows(table, weights, scalars.log2e, scalars.ln2, grad, loss)
+    assert_same_bits("corpus gradients", grad, want_grad)
+    assert_same_bits("corpus loss", loss, want_loss)
+
+
+@pytest.mark.parametrize("count", [3, 1000, 65536 + 17])
+def test_adamw_equals_the_reference(count: int) -> None:
+    rng = np.random.default_rng(count)
+    w, g, m = (salted(rng, (count,), 1.0) for _ in range(3))
+    v = np.abs(salted(rng, (count,), 1e-3))
+    edges = np.array([0.0, -0.0, 1e-45, np.inf, np.nan], F32)
+    v[:5] = edges[:min(5, count)]
+    for hyper, step in ((Hyper(), 1), (Hyper(), 1000), (Hyper(eps=0.0), 3)):  # eps 0: 0 / 0
+        row = adam_scalar_table(hyper, step, 1)[0]
+        want = [a.copy() for a in (w, m, v)]
+        ref.adamw_update(want[0], g, want[1], want[2], ref.AdamScalars(*row[:7]))
+        got = [a.copy() for a in (w, m, v)]
+        fast.adamw_update(got[0], g, got[1], got[2], row[:7].copy())
+        for name, a, b in zip(("w", "m", "v"), got, want, strict=True):
+            assert_same_bits(f"AdamW {name} (step {step})", a, b)
+
+
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+@pytest.mark.parametrize("vocab,updates", [(5, 3), (256, 4), (300, 2), (513, 1)])
+@pytest.mark.parametrize("finish", [True, False])
+def test_the_fused_kernel_equals_the_reference(mode: str, vocab: int, updates: int,
+                                               finish: bool) -> None:
+    rng = np.random.default_rng(vocab + updates)
+    table = salted(rng, (vocab, vocab), 2.0, 0.005)
+    table[0] = 0.0
+    first = salted(rng, (vocab, vocab), 0.01, 0.005)
+    second = np.abs(salted(rng, (vocab, vocab), 1e-4, 0.005))
+    steps = adam_scalar_table(Hyper(), 7, updates)
+    scalars = ref.LossScalars.for_vocab(vocab)
+    targets = rng.integers(0, vocab + 1, vocab).astype(np.uint32)
+    weights = np.abs(salted(rng, (vocab, vocab), 1.0 / vocab**2, 0.002))
+    sentinel = np.full((vocab, vocab), 7.0, F32)
+
+    want = [a.copy() for a in (table, first, second)]
+    want_grad = sentinel.copy()
+    if mode == "hard":
+        def loss_gradient(w: np.ndarray, out: np.ndarray) -> tuple:
+            return ref.loss_gradient_hard_rows(w, targets, scalars, out=out)
+    else:
+        def loss_gradient(w: np.ndarray, out: np.ndarray) -> tuple:
+            return ref.loss_gradient_corpus_rows(w, weights, scalars, out=out)
+    want_loss = ref.fused_train_rows(*want, loss_gradient, steps,
+                                     want_grad if finish else None)
+
+    got = [a.copy() for a in (table, first, second)]
+    rows = vocab if finish else 0
+    got_grad = sentinel.copy()
+    grad, loss = got_grad[:rows], np.full(rows, 7.0, F32)
+    if mode == "hard":
+        fast.fused_hard_rows(*got, targets, steps, scalars.log2e, scalars.ln2,
+                             scalars.inverse_rows, finish, grad, loss)
+    else:
+        fast.fused_corpus_rows(*got, weights, steps, scalars.log2e, scalars.ln2, finish, grad,
+                               loss)
+    for name, a, b in zip(("parameters", "first moment", "second moment"), got, want,
+                          strict=True):
+        assert_same_bits(name, a, b)
+    assert_same_bits("gradients", got_grad, want_grad)  # untouched without finish
+    if finish:
+        assert want_loss is not None
+        assert_same_bits("loss", loss, want_loss)
+
+
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_invocations_with_fast_and_reference_kernels_agree(schedule: str, mode: str) -> None:
+    config = BobConfig(vocab=256, prompts=3, updates=4, mode=mode, schedule=schedule)
+    record = random_record(config, 11)
+    choices = (choose_backend("cpu"),
+               replace(choose_backend("cpu"),
+                       opener=lambda plan: CpuBackend(plan, ref.KERNELS)))
+    with Session(choices[0]) as fast_session, Session(choices[1]) as reference_session:
+        states = [Checkpoint.zeros(256, Hyper(), mode)] * 2
+        for number, updates in enumerate(split_updates(10, config.updates)):
+            for i, session in enumerate((fast_session, reference_session)):
+                states[i] = session.invoke(replace(config, updates=updates), states[i], record,
+                                           "train").checkpoint
+            assert fast_session.last_backend.kernel_set == "fast"
+            assert reference_session.last_backend.kernel_set == "given"
+            difference = compare_backends(fast_session.last_backend,
+                                          reference_session.last_backend, number)
+            assert difference is None, str(difference)

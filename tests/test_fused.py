@@ -1,0 +1,219 @@
+"""The fused schedule on the CPU: its plan, its certificate, and the seed's bytes exactly.
+
+After an invocation every tensor the seed schedule has (parameters, moments,
+gradients, input, both loss blocks, logit rows, predictions) must hold the
+seed schedule's bytes, in both modes, for one launch per invocation and one
+launch per update, across invocation splits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import bob.program.bob as program
+from bob.backends import choose_backend
+from bob.backends.cpu import CpuBackend
+from bob.host.check import compare_backends, random_record
+from bob.host.session import Session, split_updates
+from bob.kernels import reference
+from bob.kernels import signatures as sig
+from bob.plan.certificate import certify
+from bob.plan.model import Address, Scalar
+from bob.plan.placement import SM86, SM90
+from bob.program.bob import (
+    ADAM_SCALARS_TENSOR,
+    TENSOR_NAMES,
+    BobConfig,
+    Hyper,
+    adam_scalar_table,
+    adam_scalars,
+    build_plan,
+)
+from bob.records.checkpoint import Checkpoint
+
+
+def run_schedule(config: BobConfig, steps: int, kernels: str = "fast",
+                 seed: int = 5) -> list[dict[str, bytes]]:
+    """Train `steps` updates in invocations of config.updates; the arena after each."""
+    record = random_record(config, seed)
+    rng = np.random.default_rng(seed)
+    start = Checkpoint.zeros(config.vocab, Hyper(), config.mode)
+    parameters = rng.standard_normal((config.vocab, config.vocab), dtype=np.float32)
+    parameters[1] = 0.0  # a row of ties
+    state = replace(start, parameters=parameters)
+    choice = choose_backend("cpu")
+    if kernels == "reference":
+        choice = replace(choice, opener=lambda plan: CpuBackend(plan, reference.KERNELS))
+    arenas = []
+    with Session(choice) as session:
+        for updates in split_updates(steps, config.updates):
+            state = session.invoke(replace(config, updates=updates), state, record,
+                                   "train").checkpoint
+            backend = session.last_backend
+            assert backend is not None
+            arenas.append({name: backend.read_tensor(name) for name in TENSOR_NAMES})
+    return arenas
+
+
+def assert_same_arenas(seed: list[dict[str, bytes]], fused: list[dict[str, bytes]]) -> None:
+    assert len(seed) == len(fused)
+    for number, (want, got) in enumerate(zip(seed, fused, strict=True)):
+        for name in TENSOR_NAMES:
+            if want[name] != got[name]:
+                a = np.frombuffer(want[name], np.uint32)
+                b = np.frombuffer(got[name], np.uint32)
+                where = int(np.flatnonzero(a != b)[0])
+                pytest.fail(f"invocation {number}: tensor {name!r} differs first at element "
+                            f"{where}: seed 0x{a[where]:08x}, fused 0x{b[where]:08x}")
+
+
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+@pytest.mark.parametrize("vocab,prompts,steps,per_invocation", [
+    (256, 2, 9, 9), (256, 1, 9, 4), (300, 3, 5, 2), (40, 0, 6, 6), (1100, 1, 3, 2),
+])
+def test_fused_equals_seed_after_every_invocation(mode, vocab, prompts, steps, per_invocation):
+    config = BobConfig(vocab=vocab, prompts=prompts, updates=per_invocation, mode=mode)
+    seed = run_schedule(config, steps)
+    fused = run_schedule(replace(config, schedule="fused"), steps)
+    assert_same_arenas(seed, fused)
+
+
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+@pytest.mark.parametrize("one_launch_max", [16, 16384])
+def test_either_launch_split_gives_the_seed_bytes(monkeypatch, mode, one_launch_max):
+    """One launch per update, or every update in one launch, whatever V."""
+    monkeypatch.setattr(program, "ONE_LAUNCH_MAX_VOCAB", one_launch_max)
+    config = BobConfig(vocab=64, prompts=2, updates=3, mode=mode)
+    assert_same_arenas(run_schedule(config, 7), run_schedule(replace(config, schedule="fused"),
+                                                              7))
+
+
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_the_reference_fused_kernel_equals_the_seed(mode):
+    config = BobConfig(vocab=96, prompts=1, updates=3, mode=mode)
+    assert_same_arenas(run_schedule(config, 5, "reference"),
+                       run_schedule(replace(config, schedule="fused"), 5, "reference"))
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vocab,updates,training", [
+    (256, 100, 1), (1025, 7, 1), (8192, 3, 1), (8193, 7, 7), (16384, 3, 3), (256, 0, 0),
+    (16384, 0, 0),
+])
+@pytest.mark.parametrize("prompts", [0, 3])
+def test_figures_follow_the_documented_formulas(vocab, updates, training, prompts):
+    for mode in ("hard", "corpus"):
+        config = BobConfig(vocab=vocab, prompts=prompts, updates=updates, mode=mode,
+                           schedule="fused")
+        plan = build_plan(config, SM90)
+        forward = 1 + 2 * prompts
+        assert config.training_launches == training
+        assert plan.launch_count == config.launch_count == forward + training
+        assert plan.submission_count == config.submission_count == forward + training + 2 * prompts
+        assert plan.program_bytes == plan.code_extent + plan.launch_count * 1024
+        assert certify(plan).holds, certify(plan).hazards
+        seed = build_plan(replace(config, schedule="seed"), SM90)
+        assert seed.launch_count == forward + 2 * updates
+        # one QMD record per launch, whatever the schedule
+        assert plan.qmd_table_bytes * seed.launch_count == seed.qmd_table_bytes * plan.launch_count
+        # the fused plan adds one tensor, last: the seed's nine keep their addresses
+        assert [t.name for t in plan.tensors] == [*TENSOR_NAMES, ADAM_SCALARS_TENSOR]
+        for name in TENSOR_NAMES:
+            assert plan.tensor(name) == seed.tensor(name)
+        assert plan.tensor(ADAM_SCALARS_TENSOR).shape == (updates, 8)
+
+
+def test_the_fused_launches_and_their_footprints():
+    config = BobConfig(vocab=9000, prompts=1, updates=3, mode="hard", schedule="fused")
+    plan = build_plan(config, SM86)
+    fused = [launch for launch in plan.launches if launch.region == sig.FUSED_HARD]
+    assert [launch.label for launch in fused] == ["fused[0]", "fused[1]", "fused[2]"]
+    region = plan.region(sig.FUSED_HARD)
+    names = [p.name for p in region.params]
+    scalars_base = plan.tensor(ADAM_SCALARS_TENSOR).address
+    for k, launch in enumerate(fused):
+        args = dict(zip(names, launch.args, strict=True))
+        assert args["updates"] == Scalar.u32(1)
+        assert args["finish"] == Scalar.u32(int(k == 2))  # only the last writes gradients
+        assert args["adam_scalars"] == Address(scalars_base + 32 * k)
+        assert launch.grid.x == 9000
+    assert {p.name for p in plan.placed_regions} == {
+        sig.GATHER, sig.LOSS_HARD, sig.FUSED_HARD, sig.ARGMAX}
+    small = build_plan(replace(config, vocab=256, updates=50), SM86)
+    (launch,) = [launch for launch in small.launches if launch.region == sig.FUSED_HARD]
+    args = dict(zip(names, launch.args, strict=True))
+    assert (args["updates"], args["finish"]) == (Scalar.u32(50), Scalar.u32(1))
+
+
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_the_certificate_catches_a_fused_launch_reaching_too_far(mode):
+    config = BobConfig(vocab=1100, prompts=0, updates=2, mode=mode, schedule="fused")
+    plan = build_plan(config)
+    index = next(i for i, launch in enumerate(plan.launches)
+                 if launch.region == config.fused_region)
+    region = plan.region(config.fused_region)
+    position = [p.name for p in region.params].index("updates")
+    launch = plan.launches[index]
+    args = list(launch.args)
+    args[position] = Scalar.u32(3)  # one more row of scalars than the tensor holds
+    planted = replace(plan, launches=(*plan.launches[:index], replace(launch, args=tuple(args)),
+                                      *plan.launches[index + 1:]))
+    hazards = certify(planted).hazards
+    assert [h.kind for h in hazards] == ["footprint-overflow"]
+    assert hazards[0].argument == "adam_scalars" and hazards[0].tensor == ADAM_SCALARS_TENSOR
+    with pytest.raises(ValueError, match="no AdamW launches"):
+        config.adamw_launch(0)
+
+
+def test_the_scalar_table_holds_the_seed_scalars():
+    for hyper in (Hyper(), Hyper(lr=3e-4, beta1=0.5, beta2=0.95, eps=1e-12, weight_decay=0.3),
+                  Hyper(lr=1e38), Hyper(lr=1e39, eps=1e-45)):
+        table = adam_scalar_table(hyper, 997, 40)
+        assert table.dtype == np.float32 and table.shape == (40, 8)
+        assert (table[:, 7] == 0).all()
+        for k in range(40):
+            want = [s.bits for s in adam_scalars(hyper, 997 + k).values()]
+            assert list(table[k, :7].view(np.uint32)) == want, (hyper, k)
+
+
+def test_the_session_writes_the_scalars_of_the_global_steps():
+    config = BobConfig(vocab=32, prompts=0, updates=4, mode="hard", schedule="fused")
+    record = random_record(config, 1)
+    start = replace(Checkpoint.zeros(32, Hyper(), "hard"), step=10)
+    with Session(choose_backend("cpu")) as session:
+        session.invoke(config, start, record, "train")
+        backend = session.last_backend
+        assert backend is not None
+        written = backend.read_tensor(ADAM_SCALARS_TENSOR)
+    assert written == adam_scalar_table(Hyper(), 11, 4).tobytes()
+
+
+def test_fused_and_seed_checkpoints_agree_through_the_api(tmp_path):
+    """A whole training run through the host: the checkpoints are the same bytes."""
+    config = BobConfig(vocab=256, prompts=0, updates=25, mode="corpus")
+    runs = {schedule: run_schedule(replace(config, schedule=schedule), 50)
+            for schedule in ("seed", "fused")}
+    assert_same_arenas(runs["seed"], runs["fused"])
+    record = random_record(config, 2)
+    with Session(choose_backend("cpu")) as a, Session(choose_backend("cpu")) as b:
+        for session, schedule in ((a, "seed"), (b, "fused")):
+            session.invoke(replace(config, schedule=schedule), Checkpoint.zeros(
+                256, Hyper(), "corpus"), record, "train")
+        assert compare_backends(a.last_backend, b.last_backend, 0) is None
+
+
+def test_bob_train_with_either_schedule_writes_the_same_checkpoint(tmp_path):
+    from bob.cli.main import main
+
+    paths = {schedule: tmp_path / f"{schedule}.safetensors" for schedule in ("seed", "fused")}
+    for schedule, path in paths.items():
+        assert main(["train", "--steps", "60", "-N", "25", "-c", str(path), "--backend", "cpu",
+                     "--schedule", schedule]) == 0
+    assert paths["seed"].read_bytes() == paths["fused"].read_bytes()
+    assert main(["check", "--backends", "cpu,nv-sim", "--schedule", "fused", "-V", "40",
+                 "--steps", "5", "-N", "3"]) == 0

@@ -1,0 +1,100 @@
+"""The fused schedule on the GPU against the seed schedule on the CPU, byte for byte.
+
+    PYTHONPATH=src python -m pytest -m gpu tests/test_fused_gpu.py     # on a GPU machine
+
+Training runs through ``Session`` on both sides, so the host's writing of the
+``adam_scalars`` tensor is covered too. After every invocation every tensor the
+seed schedule has (parameters, moments, gradients, input, both loss blocks,
+logit rows, predictions) must hold the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import bob.program.bob as program
+from bob.backends import BackendChoice, choose_backend
+from bob.host.check import compare_backends, random_record
+from bob.host.session import Session, split_updates
+from bob.plan.certificate import certify
+from bob.plan.placement import TARGETS
+from bob.program.bob import BobConfig, Hyper
+from bob.records.checkpoint import Checkpoint
+
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cuda_choice() -> BackendChoice:
+    from bob.backends.cuda import cuda_available, device_arch
+
+    usable, why = cuda_available()
+    if not usable:
+        pytest.skip(f"no usable CUDA device: {why}")
+    if device_arch() not in TARGETS:
+        pytest.skip(f"the device is {device_arch()}; plans are built for {', '.join(TARGETS)}")
+    return choose_backend("cuda")
+
+
+def train_both(cuda: BackendChoice, config: BobConfig, steps: int, seed: int = 3) -> None:
+    """`steps` updates in invocations of config.updates: seed on the CPU, fused on the GPU."""
+    record = random_record(config, seed)
+    seed_config = replace(config, schedule="seed")
+    fused_config = replace(config, schedule="fused")
+    start = Checkpoint.zeros(config.vocab, Hyper(), config.mode)
+    # a table that is not zero: rows with distinct maxima, and row 0 all equal (ties)
+    rng = np.random.default_rng(seed)
+    parameters = rng.standard_normal((config.vocab, config.vocab), dtype=np.float32)
+    parameters[0] = 0.0
+    start = replace(start, parameters=parameters)
+    states = [start, start]
+    with Session(choose_backend("cpu")) as cpu, Session(cuda) as gpu_session:
+        plan = gpu_session.plan_for(fused_config)
+        assert certify(plan).holds, certify(plan).hazards
+        for number, updates in enumerate(split_updates(steps, config.updates)):
+            for i, (session, schedule_config) in enumerate(
+                    ((cpu, seed_config), (gpu_session, fused_config))):
+                step_config = replace(schedule_config, updates=updates)
+                states[i] = session.invoke(step_config, states[i], record, "train").checkpoint
+            assert cpu.last_backend is not None and gpu_session.last_backend is not None
+            difference = compare_backends(cpu.last_backend, gpu_session.last_backend, number)
+            assert difference is None, f"{config}: {difference}"
+        for session in (cpu, gpu_session):  # and a forward-only invocation afterwards
+            session.invoke(replace(fused_config, updates=0), states[0], record, "predict")
+        difference = compare_backends(cpu.last_backend, gpu_session.last_backend, -1)
+        assert difference is None, f"{config} predict: {difference}"
+    print(f"{config}: {steps} updates in {split_updates(steps, config.updates)}, "
+          f"{plan.launch_count} launches per invocation: identical")
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+@pytest.mark.parametrize("vocab,steps,per_invocation", [
+    (256, 12, 12), (256, 12, 5), (300, 7, 3), (1024, 6, 4), (1100, 4, 3), (8192, 3, 2),
+])
+def test_fused_on_the_gpu_equals_the_seed_on_the_cpu(cuda_choice: BackendChoice, mode: str,
+                                                      vocab: int, steps: int,
+                                                      per_invocation: int) -> None:
+    config = BobConfig(vocab=vocab, prompts=2, updates=per_invocation, mode=mode)
+    train_both(cuda_choice, config, steps)
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+@pytest.mark.parametrize("vocab,one_launch_max,steps,per_invocation", [
+    (256, 16, 6, 4), (1100, 1024, 6, 4), (8192, 1024, 3, 2),
+])
+def test_either_launch_split_on_either_kernel_path(cuda_choice: BackendChoice,
+                                                   monkeypatch: pytest.MonkeyPatch, mode: str,
+                                                   vocab: int, one_launch_max: int, steps: int,
+                                                   per_invocation: int) -> None:
+    """One launch per update, on the resident path and on the streaming path.
+
+    (Bob's default runs every update in one launch up to V = 8192.)
+    """
+    monkeypatch.setattr(program, "ONE_LAUNCH_MAX_VOCAB", one_launch_max)
+    config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
+    train_both(cuda_choice, config, steps)
