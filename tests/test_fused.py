@@ -217,3 +217,16 @@ def test_bob_train_with_either_schedule_writes_the_same_checkpoint(tmp_path):
     assert paths["seed"].read_bytes() == paths["fused"].read_bytes()
     assert main(["check", "--backends", "cpu,nv-sim", "--schedule", "fused", "-V", "40",
                  "--steps", "5", "-N", "3"]) == 0
+
+
+def test_the_scalar_table_equals_the_per_step_scalars_bit_for_bit():
+    """The fused schedule's scalars are exactly the seed schedule's parameter-block scalars."""
+    from bob.program.bob import ADAM_SCALAR_NAMES, adam_scalar_table, adam_scalars
+
+    hyper = Hyper(lr=0.37, beta1=0.81, beta2=0.9973, eps=3e-7, weight_decay=0.02)
+    table = adam_scalar_table(hyper, 17, 300).view(np.uint32)
+    for k in range(300):
+        scalars = adam_scalars(hyper, 17 + k)
+        assert [int(b) for b in table[k, :len(ADAM_SCALAR_NAMES)]] == \
+            [scalars[name].bits for name in ADAM_SCALAR_NAMES]
+        assert table[k, -1] == 0

@@ -216,9 +216,19 @@ def adam_scalar_table(hyper: Hyper, first_step: int, updates: int) -> np.ndarray
     Row k holds the values ``adam_scalars(hyper, first_step + k)`` gives, in the order
     of ADAM_SCALAR_NAMES, then 0 (padding).
     """
+    if updates == 0:
+        return np.zeros((0, ADAM_SCALAR_STRIDE), np.float32)
     table = np.zeros((updates, ADAM_SCALAR_STRIDE), np.float64)
-    for k in range(updates):
-        table[k, :len(ADAM_SCALAR_NAMES)] = tuple(_adam_values(hyper, first_step + k).values())
+    # The constant columns once, then the two that depend on the step: the same
+    # float64 expressions as _adam_values, without a dict per step.
+    table[:, :len(ADAM_SCALAR_NAMES)] = tuple(_adam_values(hyper, first_step).values())
+    step_size = ADAM_SCALAR_NAMES.index("step_size")
+    eps_hat = ADAM_SCALAR_NAMES.index("eps_hat")
+    lr, eps, beta1, beta2 = hyper.lr, hyper.eps, hyper.beta1, hyper.beta2
+    for k, step in enumerate(range(first_step, first_step + updates)):
+        root = math.sqrt(1.0 - beta2**step)
+        table[k, step_size] = lr * root / (1.0 - beta1**step)
+        table[k, eps_hat] = eps * root
     with np.errstate(over="ignore"):  # a huge lr rounds to inf, as in adam_scalars
         return table.astype(np.float32)
 
