@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(BIN)/bob train
+	$(BIN)/bob train --overwrite  # the main job, from scratch each time
 
 lint: setup
 	$(BIN)/ruff check src tests bench tools
