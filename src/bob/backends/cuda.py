@@ -293,6 +293,43 @@ def check_image(plan: Plan, cubin: Cubin, arch: str) -> dict[str, Kernel]:
 # -- the backend -------------------------------------------------------------------
 
 
+class _NativeKernelNodeParams(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS_v2 (cuda.h, CUDA 12+) as the C ABI lays it out."""
+
+    _fields_ = (
+        ("func", ctypes.c_void_p),
+        ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("kernelParams", ctypes.c_void_p),
+        ("extra", ctypes.c_void_p),
+        ("kern", ctypes.c_void_p),
+        ("ctx", ctypes.c_void_p),
+    )
+
+
+_NATIVE_SET_PARAMS: list[Any] = []  # [function or None], looked up once
+
+
+def _native_node_update() -> Any:
+    """libcuda's cuGraphExecKernelNodeSetParams_v2 through ctypes, or None.
+
+    Patching an update's AdamW scalars is one node update per launch per
+    invocation; through cuda-bindings each costs tens of microseconds of
+    argument conversion, through ctypes about one. Where the symbol cannot be
+    found the bindings are used.
+    """
+    if not _NATIVE_SET_PARAMS:
+        function = None
+        with contextlib.suppress(OSError, AttributeError):
+            function = ctypes.CDLL("libcuda.so.1").cuGraphExecKernelNodeSetParams_v2
+            function.argtypes = (ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.POINTER(_NativeKernelNodeParams))
+            function.restype = ctypes.c_int
+        _NATIVE_SET_PARAMS.append(function)
+    return _NATIVE_SET_PARAMS[0]
+
+
 @dataclass
 class _LaunchArguments:
     """Host storage for one launch's parameters; graph nodes point into it."""
@@ -302,6 +339,7 @@ class _LaunchArguments:
     extra: ctypes.Array  # [BUFFER_POINTER, &buffer, BUFFER_SIZE, &size, END]
     pointers: ctypes.Array  # kernelParams: one pointer per argument into buffer
     node_params: Any  # CUDA_KERNEL_NODE_PARAMS referring to the arrays above
+    native_params: _NativeKernelNodeParams  # the same, for the ctypes node update
 
 
 @dataclass
@@ -398,7 +436,12 @@ class CudaBackend(Backend):
             node.extra = ctypes.addressof(extra)
         else:
             node.kernelParams = ctypes.addressof(pointers)
-        return _LaunchArguments(buffer, size, extra, pointers, node)
+        native = _NativeKernelNodeParams(
+            int(node.func), launch.grid.x, launch.grid.y, launch.grid.z,
+            launch.block.x, launch.block.y, launch.block.z, 0,
+            ctypes.addressof(pointers) if self.parameter_mode == "pointers" else None,
+            ctypes.addressof(extra) if self.parameter_mode == "extra" else None, None, None)
+        return _LaunchArguments(buffer, size, extra, pointers, node, native)
 
     def _build_graph(self, submissions: range) -> _Graph:
         graph = _call("cuGraphCreate", 0)
@@ -482,10 +525,18 @@ class CudaBackend(Backend):
         if not self._graphs:
             return
         _call("cuCtxSetCurrent", self._context)
+        native = _native_node_update()
         for graph in self._graphs.values():
             for node in graph.nodes.get(launch_index, ()):
-                _call("cuGraphExecKernelNodeSetParams", graph.exec, node,
-                      arguments.node_params)
+                if native is None:
+                    _call("cuGraphExecKernelNodeSetParams", graph.exec, node,
+                          arguments.node_params)
+                    continue
+                status = native(int(graph.exec), int(node), ctypes.byref(arguments.native_params))
+                if status:
+                    driver = _driver()
+                    raise CudaError("cuGraphExecKernelNodeSetParams",
+                                    *_status_text(driver, driver.CUresult(status)))
 
     def driver_attributes(self, region: str) -> dict[str, int]:
         """What the driver reports for a region's loaded function (to check the reader)."""

@@ -100,20 +100,8 @@ static __device__ float bob_log2(float x) {
     return add((float)e, mul(t, q));  // (float)e is exact
 }
 
-// The tree over 256 lanes: for s = 128, 64, ..., 1, lane l < s combines lane l + s
-// into itself. Every lane gets the result.
-static __device__ float block_sum(float partial, float* shared) {
-    const u32 lane = threadIdx.x;
-    shared[lane] = partial;
-    __syncthreads();
-    for (u32 s = LANES / 2; s > 0; s >>= 1) {
-        if (lane < s) shared[lane] = add(shared[lane], shared[lane + s]);
-        __syncthreads();
-    }
-    const float total = shared[0];
-    __syncthreads();  // the caller may reuse `shared` at once
-    return total;
-}
+#define WARP 32u
+#define FULL_WARP 0xFFFFFFFFu
 
 // max as the select `b > a ? b : a` (a held, b newcomer): NaN newcomers are skipped
 // and of equal values the held one stays; spelled out so no fmaxf is used.
@@ -121,15 +109,48 @@ static __device__ __forceinline__ float select_max(float held, float newcomer) {
     return newcomer > held ? newcomer : held;
 }
 
-static __device__ float block_max(float partial, float* shared) {
-    const u32 lane = threadIdx.x;
-    shared[lane] = partial;
-    __syncthreads();
-    for (u32 s = LANES / 2; s > 0; s >>= 1) {
-        if (lane < s) shared[lane] = select_max(shared[lane], shared[lane + s]);
-        __syncthreads();
+struct SumOp {
+    __device__ float operator()(float held, float incoming) const { return add(held, incoming); }
+};
+struct MaxOp {
+    __device__ float operator()(float held, float incoming) const {
+        return select_max(held, incoming);
     }
-    const float total = shared[0];
+};
+
+// The 256-lane tree of ARITHMETIC.md section 6 after a single barrier: every warp reads
+// the 256 partials and runs the whole tree itself. Lane t holds partials t, t + 32, ...,
+// t + 224, so levels 128, 64 and 32 combine values it holds; levels 16 ... 1 are
+// shuffles (lane t < s takes lane t + s). Every thread returns the result. `buffer` may
+// be written again only after another barrier, so callers alternate two (Lanes).
+template <typename Op>
+static __device__ float tree(float partial, float* buffer, Op op) {
+    buffer[threadIdx.x] = partial;
+    __syncthreads();
+    const u32 t = threadIdx.x % WARP;
+    float a[8];
+#pragma unroll
+    for (u32 i = 0; i < 8; ++i) a[i] = buffer[t + WARP * i];
+#pragma unroll
+    for (u32 i = 0; i < 4; ++i) a[i] = op(a[i], a[i + 4]);  // s = 128
+    a[0] = op(a[0], a[2]);  // s = 64
+    a[1] = op(a[1], a[3]);
+    float x = op(a[0], a[1]);  // s = 32
+#pragma unroll
+    for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_down_sync(FULL_WARP, x, s));
+    return __shfl_sync(FULL_WARP, x, 0);
+}
+
+// The seed kernels' block reductions: the tree above, then a barrier so the caller
+// may write `shared` again at once. Every lane gets the result.
+static __device__ float block_sum(float partial, float* shared) {
+    const float total = tree(partial, shared, SumOp());
+    __syncthreads();
+    return total;
+}
+
+static __device__ float block_max(float partial, float* shared) {
+    const float total = tree(partial, shared, MaxOp());
     __syncthreads();
     return total;
 }
@@ -312,8 +333,6 @@ extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, 
 // --experiments: 528 us per update streamed; no launch bounds 752, BATCH 2 623, BATCH 8
 // 637, no kept exponentials 558).
 
-#define WARP 32u
-#define FULL_WARP 0xFFFFFFFFu
 #define ADAM_STRIDE 8u  // floats per row of adam_scalars: 7 scalars and padding
 #define RESIDENT_SLOTS 4u  // row elements per lane in registers on the resident path
 #define RESIDENT_VOCAB (RESIDENT_SLOTS * LANES)
@@ -327,38 +346,6 @@ extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, 
 // At most 64 registers, so 4 blocks of 256 lanes fit an SM: more warps hide memory latency.
 #define FUSED_BOUNDS __launch_bounds__(LANES, 4)
 #endif
-
-struct SumOp {
-    __device__ float operator()(float held, float incoming) const { return add(held, incoming); }
-};
-struct MaxOp {
-    __device__ float operator()(float held, float incoming) const {
-        return select_max(held, incoming);
-    }
-};
-
-// The 256-lane tree of ARITHMETIC.md section 6 after a single barrier: every warp reads
-// the 256 partials and runs the whole tree itself. Lane t holds partials t, t + 32, ...,
-// t + 224, so levels 128, 64 and 32 combine values it holds; levels 16 ... 1 are
-// shuffles (lane t < s takes lane t + s). Every thread returns the result. `buffer` may
-// be written again only after another barrier, so callers alternate two (Lanes).
-template <typename Op>
-static __device__ float tree(float partial, float* buffer, Op op) {
-    buffer[threadIdx.x] = partial;
-    __syncthreads();
-    const u32 t = threadIdx.x % WARP;
-    float a[8];
-#pragma unroll
-    for (u32 i = 0; i < 8; ++i) a[i] = buffer[t + WARP * i];
-#pragma unroll
-    for (u32 i = 0; i < 4; ++i) a[i] = op(a[i], a[i + 4]);  // s = 128
-    a[0] = op(a[0], a[2]);  // s = 64
-    a[1] = op(a[1], a[3]);
-    float x = op(a[0], a[1]);  // s = 32
-#pragma unroll
-    for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_down_sync(FULL_WARP, x, s));
-    return __shfl_sync(FULL_WARP, x, 0);
-}
 
 // Block reductions over two shared buffers used in turn.
 struct Lanes {
