@@ -109,6 +109,11 @@ class CpuBackend(Backend):
                 self.kernels[region](self.memory, self._arguments[launch_index])
             self.last_semaphore = submission.semaphore
 
+    def _scalars_patched(self, launch_index: int, values: dict[str, Scalar],
+                         patches: list[tuple[int, bytes]]) -> None:
+        self.blocks[launch_index] = self.parameter_block(launch_index)
+        self._arguments[launch_index].update(kernel_arguments(values))
+
     def _parameter_block_changed(self, launch_index: int) -> None:
         self.blocks[launch_index] = self.parameter_block(launch_index)
         self._arguments[launch_index] = self._decode(launch_index)

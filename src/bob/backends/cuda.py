@@ -66,7 +66,7 @@ from bob.kernels.cuda.cubin import (
     check_block,
     check_parameter_layout,
 )
-from bob.plan.model import Plan, PointerParam, Region
+from bob.plan.model import Plan, PointerParam, Region, Scalar
 from bob.plan.placement import argument_slots
 
 ArenaKind = Literal["device", "host"]
@@ -513,6 +513,19 @@ class CudaBackend(Backend):
                              f"{name!r} ({tensor.bytes} bytes)")
         return tensor.address - self.plan.address_map.arena.base + offset
 
+    def _scalars_patched(self, launch_index: int, values: dict[str, Scalar],
+                         patches: list[tuple[int, bytes]]) -> None:
+        """Scalars are not relocated: their words go straight into the kernel's buffer."""
+        self._require_open()
+        arguments = self._arguments[launch_index]
+        base = self.plan.target.parameter_base
+        for offset, word in patches:
+            if not 0 <= offset - base <= arguments.size.value - len(word):
+                raise RunFailure(f"launch {launch_index}: scalar at block offset {offset} is "
+                                 "outside its parameter buffer")
+            ctypes.memmove(ctypes.addressof(arguments.buffer) + offset - base, word, len(word))
+        self._update_nodes(launch_index)
+
     def _parameter_block_changed(self, launch_index: int) -> None:
         self._require_open()
         arguments = self._arguments[launch_index]
@@ -522,6 +535,11 @@ class CudaBackend(Backend):
         if len(data) != arguments.size.value:
             raise RunFailure(f"launch {launch_index}: parameter buffer changed size")
         ctypes.memmove(arguments.buffer, data, len(data))
+        self._update_nodes(launch_index)
+
+    def _update_nodes(self, launch_index: int) -> None:
+        """Carry the launch's parameter buffer into every instantiated graph's nodes."""
+        arguments = self._arguments[launch_index]
         if not self._graphs:
             return
         _call("cuCtxSetCurrent", self._context)
