@@ -26,13 +26,13 @@ import numpy as np
 from bob.backends import Backend, BackendChoice
 from bob.errors import NonFiniteLoss
 from bob.plan.certificate import require_certified
-from bob.plan.model import Plan
+from bob.plan.model import Plan, Scalar
 from bob.program.bob import (
+    ADAM_SCALAR_NAMES,
     ADAM_SCALARS_TENSOR,
     BobConfig,
     Hyper,
     adam_scalar_table,
-    adam_scalars,
     build_plan,
 )
 from bob.records.binary import InputRecord, ResultRecord
@@ -109,8 +109,12 @@ class Session:
             table = adam_scalar_table(self.hyper, first_step, config.updates)
             backend.write_tensor(ADAM_SCALARS_TENSOR, table.tobytes())
             return
-        for k in range(config.updates):
-            backend.set_scalars(config.adamw_launch(k), adam_scalars(self.hyper, first_step + k))
+        # The same table, its rows patched into each update's AdamW parameter block.
+        bits = adam_scalar_table(self.hyper, first_step, config.updates).view(np.uint32)
+        for k, row in enumerate(bits.tolist()):
+            backend.set_scalars(config.adamw_launch(k), {
+                name: Scalar("f32", word) for name, word in zip(ADAM_SCALAR_NAMES, row,
+                                                                 strict=False)})
 
     @staticmethod
     def load(backend: Backend, checkpoint: Checkpoint, record: InputRecord) -> None:
