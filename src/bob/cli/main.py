@@ -9,7 +9,7 @@ import click
 
 from bob.errors import BobError
 
-from . import plan_cmd
+from . import bench_cmd, plan_cmd, run_cmd, tools_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,35 +18,9 @@ def cli() -> None:
     """Bob: a byte-level bigram model whose device program is certified data."""
 
 
-cli.add_command(plan_cmd.plan)
-cli.add_command(plan_cmd.certify)
-
-try:  # the commands that run the model; absent pieces must not break `bob plan`
-    from . import run_cmd
-
-    for command in run_cmd.COMMANDS:
+for module in (plan_cmd, run_cmd, tools_cmd, bench_cmd):
+    for command in module.COMMANDS:
         cli.add_command(command)
-except ImportError as error:  # pragma: no cover - only while a layer is missing
-    _missing = error
-else:
-    _missing = None
-
-try:
-    from . import tools_cmd
-
-    for command in tools_cmd.COMMANDS:
-        cli.add_command(command)
-except ImportError:  # pragma: no cover
-    pass
-
-
-try:
-    from . import bench_cmd
-
-    for command in bench_cmd.COMMANDS:
-        cli.add_command(command)
-except ImportError:  # pragma: no cover
-    pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,3 +88,6 @@ def certify(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
         print_hazards(Console(), certificate)
     if not certificate.holds:
         click.get_current_context().exit(1)
+
+
+COMMANDS = (plan, certify)
