@@ -190,3 +190,25 @@ def test_an_uncertified_plan_is_refused_before_allocation(monkeypatch):
     with pytest.raises(CertificateError, match="footprint-overflow"):
         CpuBackend(plan_from_json(data))
     assert allocations == []
+
+
+def test_text_commands_refuse_a_table_that_is_not_bytes(tmp_path, capsys):
+    path = tmp_path / "tokens.safetensors"
+    Checkpoint.zeros(300, Hyper(), "hard").save(path)
+    (tmp_path / "text.txt").write_bytes(b"abc")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for argv in (["predict", "-c", str(path), "a"],
+                 ["generate", "-c", str(path), "-p", "a", "-n", "3"],
+                 ["eval", "-c", str(path), "--text", str(tmp_path / "text.txt")]):
+        assert main([*argv, "--backend", "cpu"]) == 2
+        assert "V=300; text needs a byte table (V=256)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_plan_emit_refuses_a_file_for_a_directory(tmp_path, capsys):
+    target = tmp_path / "plain-file"
+    target.write_text("keep me")
+    status = main(["plan", "-N", "1", "--emit", str(target)])
+    assert status == 2
+    assert "is a file" in capsys.readouterr().err
+    assert target.read_text() == "keep me"
