@@ -305,7 +305,8 @@ class QmdV04(Qmd):
     shifted by 6 (64-byte aligned); SM_GLOBAL_CACHING_ENABLE is gone.
     QMD_TYPE is new: Bob writes GRID_CTA, a plain grid of CTAs, because its
     zero value names a queue; NVK writes GRID_CTA from V05 on and leaves V04's
-    at zero, so this choice is unverified on hardware (docs/NV-FIELDS.md).
+    at zero. Bob's choice ran on an H200 (the nv backend, 2026-11-29; see
+    docs/RAW-HOPPER.md).
     """
 
     version = "V04_00"
