@@ -8,13 +8,12 @@ import numpy as np
 
 
 def _kernel_module() -> str:
-    try:
-        with open("/proc/driver/nvidia/version", encoding="utf-8") as handle:
-            first = handle.readline().strip()
-    except OSError:
+    from bob.backends.cuda import kernel_module
+
+    kind, line = kernel_module()
+    if kind is None:
         return "no NVIDIA kernel module loaded (/proc/driver/nvidia/version absent)"
-    kind = "open" if "Open Kernel Module" in first else "proprietary"
-    return f"{kind} kernel module: {first}"
+    return f"{kind} kernel module: {line}"
 
 
 def _nvrtc() -> tuple[bool, str]:
