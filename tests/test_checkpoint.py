@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from bob import files
 from bob.errors import BadInput, RunFailure
 from bob.program.bob import Hyper
-from bob.records import atomic
 from bob.records.checkpoint import Checkpoint
 
 DIGEST = "ab" * 32
@@ -317,7 +317,7 @@ def test_a_disk_full_midway_keeps_the_old_checkpoint(tmp_path: Path,
             return super().write(data)  # type: ignore[arg-type]
 
     real_fdopen = os.fdopen
-    monkeypatch.setattr(atomic.os, "fdopen",
+    monkeypatch.setattr(files.os, "fdopen",
                         lambda fd, mode: FullDisk(real_fdopen(fd, mode, buffering=0)))
     with pytest.raises(RunFailure, match="No space left on device"):
         sample(step=2, seed=5).save(path)
@@ -352,7 +352,7 @@ def expected_state(step: int, v: int) -> Checkpoint:
 
 def _kill_while_writing(child: subprocess.Popen[str], directory: Path, deadline: float) -> None:
     """SIGKILL as soon as the child's temporary appears: it is mid-write then."""
-    prefix = f".model.safetensors.{atomic._host()}.{child.pid}."
+    prefix = f".model.safetensors.{files._host()}.{child.pid}."
     while time.monotonic() < deadline:
         if any(name.startswith(prefix) for name in os.listdir(directory)):
             break
@@ -372,7 +372,7 @@ def test_sigkill_while_saving_keeps_a_loadable_checkpoint(tmp_path: Path) -> Non
     expected_state(0, v).save(path)
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    env = {**os.environ, "PYTHONPATH": str(Path(atomic.__file__).parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(files.__file__).parents[1])}
     rng = random.Random(20240601)
     step = 0
     killed_mid_write = 0

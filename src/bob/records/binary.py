@@ -30,8 +30,8 @@ from typing import BinaryIO
 import numpy as np
 
 from bob.errors import BadInput
+from bob.files import StrPath, atomic_write, read_bytes
 from bob.program.bob import MAX_PROMPTS, MAX_VOCAB, Mode
-from bob.records.atomic import StrPath, atomic_write, read_bytes
 
 INPUT_MAGIC = b"BOBINPUT"
 RESULT_MAGIC = b"BOBRESLT"

@@ -36,8 +36,8 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from bob.errors import BadInput, RunFailure
+from bob.files import StrPath, atomic_write, reading
 from bob.program.bob import CHECKPOINT_TENSORS, MAX_VOCAB, Hyper, Mode
-from bob.records.atomic import StrPath, atomic_write
 from bob.records.binary import (
     F32,
     INPUT_MAGIC,
@@ -299,15 +299,8 @@ class Checkpoint:
 
 def _check_opening_bytes(path: StrPath) -> None:
     """Missing, empty, or one of Bob's other files: say so before safetensors does."""
-    try:
-        with open(path, "rb") as file:
-            head = file.read(8)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, not a checkpoint") from None
-    except OSError as error:
-        raise BadInput(f"{path}: cannot read ({error.strerror or error})") from None
+    with reading(path, "checkpoint") as file:
+        head = file.read(8)
     if not head:
         raise BadInput(f"{path}: empty file, not a checkpoint")
     if head == INPUT_MAGIC:
