@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bob.config import MAX_VOCAB, MIN_VOCAB
 from bob.errors import BadInput, RunFailure
 from bob.files import StrPath, reading
-from bob.program.bob import MAX_VOCAB
-from bob.records.binary import MIN_VOCAB, InputRecord
+from bob.records.binary import InputRecord
 
 BYTE_VOCAB = 256  # one row and column per byte value
 CHUNK_BYTES = 1 << 24  # a file is counted 16 MiB at a time: bincount's indices take 8x that
