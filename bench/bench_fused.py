@@ -14,7 +14,7 @@ warm-up; the state is reloaded before each timing, untimed):
   row ends with a digest of the trained state: equal digests, equal bytes.
 - CPU (cpu backend, V = 256, 100 updates): the run with the fast kernels and
   with the NumPy reference, seed and fused, beside the plain NumPy loop a user
-  would write (``bob.host.bench.numpy_train``).
+  would write (``bob.bench.peers.numpy_train``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ import numpy as np
 import bob.program.bob as program
 from bob.backends import BackendChoice, choose_backend
 from bob.backends.cpu import CpuBackend
+from bob.bench.peers import bench_targets, numpy_train
+from bob.bench.suite import copy_bandwidth
 from bob.config import Hyper
-from bob.host.bench import bench_targets, copy_bandwidth, numpy_train
 from bob.host.session import Session
 from bob.kernels import reference
 from bob.program.bob import BobConfig

@@ -1,4 +1,8 @@
-"""Errors a user can act on. The CLI maps them to exit statuses."""
+"""Errors a user can act on, one family: the CLI prints the one-line message after "bob: "
+and exits with the error's status (2 for bad input, 1 for a failure at run time).
+
+Ground floor: it imports nothing of Bob's.
+"""
 
 from __future__ import annotations
 

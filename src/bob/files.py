@@ -53,6 +53,17 @@ def read_bytes(path: StrPath, what: str = "file") -> bytes:
         return file.read()
 
 
+def make_directory(path: StrPath) -> None:
+    """`path` and its parents as directories; BadInput naming it when that cannot be."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        raise BadInput(f"{path}: is a file, not a directory") from None
+    except OSError as error:
+        raise BadInput(f"{path}: cannot create the directory "
+                       f"({error.strerror or error})") from None
+
+
 def atomic_write(path: StrPath, data: bytes | Writer) -> None:
     """Replace `path` with `data` (bytes, or a function writing to a binary file).
 

@@ -12,12 +12,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from bob.program.bob import MAX_UPDATES, MAX_VOCAB
+from bob.config import MAX_UPDATES, MAX_VOCAB, MIN_VOCAB
+from bob.files import atomic_write
 
 if TYPE_CHECKING:
-    from bob.host.bench import BenchTable
+    from bob.bench.tables import BenchTable
 
-BENCH_BACKENDS = ("auto", "cpu", "cuda")
+BENCH_BACKENDS = ("auto", "cpu", "cuda")  # the bench's devices; auto: cuda where usable
 
 
 def _number(value: float | None, digits: int = 1) -> str:
@@ -30,7 +31,7 @@ def _ratio(value: float | None) -> str:
 
 def render_table(table: BenchTable) -> Table:
     """One rich table: a device at one V."""
-    from bob.host.bench import BYTES_PER_PARAMETER
+    from bob.bench.tables import BYTES_PER_PARAMETER
 
     title = (f"{table.device}: {table.device_name} - V={table.vocab}, {table.updates} updates "
              f"per timing, median of {table.repeats}")
@@ -71,7 +72,7 @@ def render_table(table: BenchTable) -> Table:
 
 
 @click.command()
-@click.option("--vocab", "-V", "vocabs", type=click.IntRange(2, MAX_VOCAB), multiple=True,
+@click.option("--vocab", "-V", "vocabs", type=click.IntRange(MIN_VOCAB, MAX_VOCAB), multiple=True,
               help="Table size V (repeat for several). Default: 256 and 8192 on the GPU, "
                    "256 on the CPU.")
 @click.option("--updates", "-N", type=click.IntRange(1, MAX_UPDATES), default=None,
@@ -92,7 +93,7 @@ def bench(vocabs, updates, repeats, backends, as_json, save) -> None:
     lr 0.1, betas 0.9/0.999, eps 1e-8, weight decay 0.01 on the same random
     targets. No timing is asserted anywhere: the numbers are for reading.
     """
-    from bob.host.bench import run_bench
+    from bob.bench.suite import run_bench
 
     errors = Console(stderr=True)
 
@@ -109,7 +110,7 @@ def bench(vocabs, updates, repeats, backends, as_json, save) -> None:
     report = run_bench(backends, vocabs, updates, repeats, progress=progress, command=command)
     document = json.dumps(report.to_json(), indent=1)
     if save is not None:
-        save.write_text(document + "\n", encoding="utf-8")
+        atomic_write(save, (document + "\n").encode("utf-8"))
     if as_json:
         click.echo(document)
     else:

@@ -171,12 +171,13 @@ def eval_(checkpoint, texts, backend, as_json) -> None:
               type=click.Path(file_okay=False), help="Directory for the PNG files.")
 def plot(checkpoint, out_dir) -> None:
     """Draw the loss curve and the learned transition heat map as PNG."""
+    from bob.files import make_directory
     from bob.host.plot import loss_curve, transition_heat_map
     from bob.records.checkpoint import Checkpoint
     from bob.records.png import write_png
 
     state = Checkpoint.load(checkpoint)
-    os.makedirs(out_dir, exist_ok=True)
+    make_directory(out_dir)
     written = []
     if state.history:
         steps, losses = zip(*state.history, strict=True)

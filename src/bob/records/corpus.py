@@ -92,7 +92,7 @@ def counts_from_bytes(text: bytes, source: str = "corpus", vocab: int = BYTE_VOC
 def counts_from_files(paths: Sequence[StrPath], vocab: int = BYTE_VOCAB) -> np.ndarray:
     """C[r][n] over the files' bytes, pairs within each file; BadInput naming a bad file."""
     if not paths:
-        raise ValueError("a corpus needs at least one file")
+        raise BadInput("a corpus needs at least one text file")
     counter = _Counter(vocab)
     for path in paths:
         counter.add_text(_file_chunks(Path(path)), str(path))

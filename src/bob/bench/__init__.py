@@ -1,0 +1,47 @@
+"""Bob beside its peers, per AdamW update, in one process.
+
+    bob bench                                  # the tables for the hardware present
+    bob bench --backend cuda --backend cpu --vocab 256 --vocab 8192 --repeats 5 --json
+
+Every contender trains the same thing: the hard-target objective (mean over
+the V rows of the cross-entropy of one random target per row) from a zero
+table and zero moments, with AdamW at lr 0.1, betas (0.9, 0.999), eps 1e-8,
+weight decay 0.01. A timing is N updates from that state; it is repeated and
+the median kept, after one untimed warm-up (compilation, graph capture, plan
+building and certification stay out of the numbers). Each contender runs as
+its users would run it:
+
+- Bob (``cuda`` or ``cpu``): ``Session.invoke`` of an N-update plan (load
+  the checkpoint and input, write N updates' AdamW scalars, run, read back and
+  check), and, separately, the run alone (``backend.run`` over all
+  submissions: on ``cuda`` one graph launch and a stream synchronize). The
+  host's share of an invocation is timed piece by piece: ``set_scalars`` of the
+  N AdamW launches, loading the checkpoint and input, collecting the results.
+- PyTorch eager: ``F.cross_entropy(W, targets)``, ``backward()``,
+  ``torch.optim.AdamW.step()`` (default implementation) per update.
+- PyTorch with a CUDA graph: that step captured once (``capturable=True``)
+  and replayed N times.
+- JAX: ``jit`` of a ``fori_loop`` over N updates, AdamW written in ``jnp``
+  as torch.optim.AdamW computes it, state buffers donated.
+- NumPy: the float32 loop a user would write (``numpy_train``).
+- PyTorch on the CPU: the eager loop above.
+
+A row's ratio is its time over Bob's: over Bob's run (the device program
+alone, comparable with the peers' training loops, which read and write no
+checkpoint) and over Bob's whole invocation. Bandwidth counts 24 bytes per
+parameter per update: one read and one write of W, m and v, the least any
+AdamW step moves (a fused step computes the gradient on the fly). Bob's seed
+schedule itself moves 36: the loss-gradient launch reads W and writes the
+gradient, then AdamW reads W, g, m, v and writes W, m, v.
+
+A contender that cannot run here (no torch, no JAX, no GPU) is reported as
+skipped; one that fails is reported with its error and the others still run.
+
+The package sits beside the product, not in it: nothing in Bob imports it but
+the ``bob bench`` command (``bob.cli.bench_cmd``) and the scripts in ``bench/``.
+
+- ``tables``: rows, tables and the report (JSON);
+- ``peers``: the objective, the plain NumPy loop, the PyTorch and JAX contenders;
+- ``measurement``: timing, Bob's rows (invocation, run, host pieces), the memory floor;
+- ``suite``: which tables for which devices and V, and ``run_bench``.
+"""

@@ -1,0 +1,172 @@
+"""Timing in ``bob bench``: a contender's N updates, repeated, the median kept.
+
+A timing runs N updates from the zero state, after one untimed warm-up
+(compilation, graph capture, plan building and certification stay out of the
+numbers). Bob is timed as its users run it (``Session.invoke``), then its run
+alone and the host's share piece by piece. A contender that cannot run is a
+row with its reason; one that fails is a row with its error, and the others
+still run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+
+from bob.backends import BackendChoice
+from bob.bench.peers import Peer, Unavailable, bench_targets
+from bob.bench.tables import BYTES_PER_PARAMETER, Row, RowKind
+from bob.config import SCHEDULES, Hyper
+from bob.program.bob import BobConfig, adam_scalars
+from bob.records.binary import InputRecord
+from bob.records.checkpoint import Checkpoint
+
+# The H200 copy bandwidth Bob's V = 8192 goal is set against (docs/BENCHMARKS.md, "Against
+# the goals"): the second memory-floor row, beside the copy measured at the start of the run.
+GOAL_COPY_BANDWIDTH = 4.27e12  # bytes/s
+
+
+def time_runs(run: Callable[[], None], reset: Callable[[], None], repeats: int,
+              ) -> tuple[float, ...]:
+    """One untimed warm-up, then `repeats` timings of run(), each after an untimed reset()."""
+    reset()
+    run()
+    samples = []
+    for _ in range(repeats):
+        reset()
+        start = time.perf_counter()
+        run()  # returns only when the device is done
+        samples.append(time.perf_counter() - start)
+    return tuple(samples)
+
+
+def error_text(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def failed(name: str, kind: RowKind, updates: int, error: BaseException) -> Row:
+    if isinstance(error, Unavailable):
+        return Row(name, kind, updates, error=f"skipped: {error}")
+    if os.environ.get("BOB_BENCH_TRACEBACK"):
+        traceback.print_exception(error, file=sys.stderr)
+    return Row(name, kind, updates, error=f"failed: {error_text(error)}")
+
+
+
+def measure_peer(make: Callable[[], Peer], name: str, updates: int, repeats: int) -> Row:
+    try:
+        peer = make()
+    except Exception as error:  # noqa: BLE001 - a peer that cannot start is reported
+        return failed(name, "peer", updates, error)
+    try:
+        samples = time_runs(peer.run, peer.reset, repeats)
+        return Row(peer.name, "peer", updates, statistics.median(samples), samples,
+                   peer.loss(), peer.note)
+    except Exception as error:  # noqa: BLE001 - one failing peer must not end the bench
+        return failed(peer.name, "peer", updates, error)
+    finally:
+        with contextlib.suppress(Exception):
+            peer.close()
+
+
+
+def bob_configs(vocab: int, updates: int) -> Iterator[tuple[str, BobConfig]]:
+    """Bob's configuration for each schedule and its row label, the seed's ("") first."""
+    for schedule in SCHEDULES:
+        label = "" if schedule == "seed" else f" {schedule}"
+        yield label, BobConfig(vocab=vocab, prompts=0, updates=updates, mode="hard",
+                               schedule=schedule)
+
+
+def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats: int,
+                label: str = "") -> list[Row]:
+    """Bob's invocation, its run alone, and the host's pieces of an invocation.
+
+    Only the seed schedule's rows ("bob cuda run", label "") are the ratios'
+    reference; another schedule's rows carry its label ("bob cuda fused run").
+    """
+    from bob.host.session import Invocation, Session
+
+    n = config.updates
+    name = f"bob {choice.name}{label}"
+    record = InputRecord.hard(bench_targets(config.vocab), (), source="bench targets")
+    zero = Checkpoint.zeros(config.vocab, hyper, "hard")
+    session = Session(choice, hyper)
+    try:
+        last: list[Invocation] = []
+
+        def invoke() -> None:
+            last[:] = [session.invoke(config, zero, record, "train")]
+
+        try:
+            samples = time_runs(invoke, lambda: None, repeats)
+        except Exception as error:  # noqa: BLE001 - reported as Bob's failure
+            return [failed(f"{name} invocation", "bob", n, error)]
+        loss = last[0].loss
+        rows = [Row(f"{name} invocation", "bob", n, statistics.median(samples), samples, loss,
+                    "Session.invoke: load, scalars, run, read back and check")]
+        backend = session.last_backend
+        assert backend is not None
+        plan = session.plan_for(config)
+
+        def load() -> None:
+            Session.load(backend, zero, record)
+
+        def run() -> None:
+            backend.run(range(plan.submission_count))
+
+        def compute_scalars() -> None:
+            for k in range(n):
+                adam_scalars(hyper, k + 1)
+
+        def set_scalars() -> None:
+            if config.schedule == "fused":  # the scalars are a tensor: write it
+                session.write_update_scalars(config, backend, 1)
+                return
+            for k in range(n):
+                backend.set_scalars(config.adamw_launch(k), step_scalars[k])
+
+        def collect() -> None:
+            session.collect(config, backend, zero, "train")
+
+        step_scalars = [adam_scalars(hyper, k + 1) for k in range(n)]
+        what = ("one graph launch + stream synchronize" if choice.name == "cuda"
+                else "backend.run over every submission")
+        timed = (
+            (f"{name} run", "bob", run, load, f"{what}; {plan.launch_count} launches"),
+            (f"{name} host: adam_scalars x{n}", "host", compute_scalars, None,
+             "N updates' AdamW scalars (float64, rounded to binary32)"),
+            (f"{name} host: set_scalars x{n}", "host", set_scalars, None,
+             "patching N AdamW launches' parameter blocks"),
+            (f"{name} host: load", "host", load, None, "checkpoint + input into the arena"),
+            (f"{name} host: collect", "host", collect, None,
+             "results + checkpoint out, finiteness checks"),
+        )
+        for row_name, kind, work, reset, note in timed:
+            try:
+                samples = time_runs(work, reset or (lambda: None), repeats)
+            except Exception as error:  # noqa: BLE001 - one failing piece is reported
+                rows.append(failed(row_name, kind, n, error))
+                continue
+            rows.append(Row(row_name, kind, n, statistics.median(samples), samples,
+                            loss if kind == "bob" else None, note))
+        return rows
+    finally:
+        session.close()
+
+
+def floor_rows(vocab: int, updates: int, measured: float | None) -> list[Row]:
+    rows = []
+    for bandwidth, source in ((measured, "measured copy"), (GOAL_COPY_BANDWIDTH, "goal")):
+        if bandwidth is None:
+            continue
+        seconds = BYTES_PER_PARAMETER * vocab * vocab / bandwidth * updates
+        rows.append(Row(f"memory floor ({source} {bandwidth / 1e12:.2f} TB/s)", "floor",
+                        updates, seconds, (), None, "24 B/param / bandwidth (computed)"))
+    return rows

@@ -1,0 +1,197 @@
+"""``bob bench``'s tables: for each device and V, Bob and its peers side by side.
+
+On the GPU: Bob's cuda backend (and ``nv`` where it can run), PyTorch eager,
+PyTorch with a CUDA graph, JAX ``jit(fori_loop)``, and the memory floor. On the
+CPU: Bob's cpu backend, the plain NumPy loop and PyTorch's eager loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from bob.backends import BackendChoice, choose_backend
+from bob.bench.measurement import (
+    bob_configs,
+    error_text,
+    failed,
+    floor_rows,
+    measure_bob,
+    measure_peer,
+)
+from bob.bench.peers import (
+    JaxLoop,
+    NumpyPeer,
+    Peer,
+    TorchEager,
+    TorchGraph,
+    bench_targets,
+    torch_modules,
+)
+from bob.bench.tables import BANDWIDTH_MIN_VOCAB, BenchReport, BenchTable, Device, Row
+from bob.config import Hyper
+from bob.program.bob import BobConfig
+
+DEFAULT_HYPER = Hyper()
+
+
+def default_vocabs(device: Device) -> tuple[int, ...]:
+    """The byte vocabulary everywhere; a token-sized, memory-bound table on the GPU."""
+    return (256, 8192) if device == "cuda" else (256,)
+
+
+def default_updates(device: Device, vocab: int) -> int:
+    """Updates per timing: enough that one timing lasts tens of milliseconds."""
+    if device == "cuda":
+        return 1000 if vocab <= 1024 else 100  # ~3 us vs ~1 ms per update
+    return 100 if vocab <= 1024 else 5  # ~0.4 ms vs ~0.5 s per update
+
+
+
+def cpu_name() -> str:
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as info:
+        for line in info:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def gpu_name() -> str:
+    from bob.backends.cuda import describe_device
+
+    info = describe_device()
+    return f"{info.name} ({info.arch}), driver {info.driver_version}"
+
+
+def copy_bandwidth() -> float | None:
+    """Device-to-device copy bandwidth (bytes read + written per second) through torch."""
+    try:
+        torch, _ = torch_modules()
+        if not torch.cuda.is_available():
+            return None
+        source = torch.empty(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
+        target = torch.empty_like(source)
+        target.copy_(source)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(10):
+            start.record()
+            target.copy_(source)
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) * 1e-3)
+        del source, target
+        torch.cuda.empty_cache()
+        return 2 * (1 << 30) / statistics.median(times)
+    except Exception:  # noqa: BLE001 - the floor row is a courtesy
+        return None
+
+
+
+Progress = Callable[[str], None]
+
+# Bob's own command stream through the kernel driver reads tensors back through
+# BAR1 (slow for large tables); beyond this V it would time the copies, not Bob.
+NV_MAX_VOCAB = 1024
+
+
+def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
+            progress: Progress) -> list[Row]:
+    """The same invocation on the `nv` backend (no CUDA runtime), where it can run."""
+    try:
+        choice = choose_backend("nv")
+    except Exception as error:  # noqa: BLE001 - nv is optional: say why it is absent
+        return [Row("bob nv invocation", "peer", updates,
+                    error=f"skipped: {error_text(error)}")]
+    progress(f"cuda V={vocab}: bob nv ({updates} updates per invocation)")
+    config = BobConfig(vocab=vocab, prompts=0, updates=updates, mode="hard")
+    return measure_bob(choice, config, hyper, repeats)
+
+
+def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: Hyper,
+                 choice: BackendChoice, device_name: str, progress: Progress,
+                 copy: float | None = None) -> BenchTable:
+    targets = bench_targets(vocab)
+    rows: list[Row] = []
+    for label, config in bob_configs(vocab, updates):
+        progress(f"{device} V={vocab}: bob{label} ({updates} updates per invocation)")
+        try:
+            rows.extend(measure_bob(choice, config, hyper, repeats, label))
+        except Exception as error:  # noqa: BLE001 - a failing variant must not end the bench
+            rows.append(failed(f"bob {device}{label} invocation", "bob", updates, error))
+
+    if device == "cuda" and vocab <= NV_MAX_VOCAB:
+        rows.extend(nv_rows(vocab, updates, repeats, hyper, progress))
+
+    peers: list[tuple[str, Callable[[], Peer]]]
+    if device == "cuda":
+        peers = [
+            ("pytorch eager", lambda: TorchEager(vocab, updates, targets, hyper, "cuda")),
+            ("pytorch cuda graph", lambda: TorchGraph(vocab, updates, targets, hyper)),
+            ("jax jit(fori_loop)", lambda: JaxLoop(vocab, updates, targets, hyper)),
+        ]
+    else:
+        peers = [
+            ("numpy loop", lambda: NumpyPeer(vocab, updates, targets, hyper)),
+            ("pytorch cpu eager", lambda: TorchEager(vocab, updates, targets, hyper, "cpu")),
+        ]
+    for name, make in peers:
+        progress(f"{device} V={vocab}: {name}")
+        rows.append(measure_peer(make, name, updates, repeats))
+    if device == "cuda" and vocab >= BANDWIDTH_MIN_VOCAB:
+        rows.extend(floor_rows(vocab, updates, copy))
+    return BenchTable(device, device_name, vocab, updates, repeats, tuple(rows))
+
+
+def resolve_devices(backends: Sequence[str],
+                    ) -> tuple[list[Device], dict[Device, BackendChoice]]:
+    """The devices to bench and Bob's backend choice for each; `auto` as choose_backend."""
+    choices: dict[Device, BackendChoice] = {}
+    devices: list[Device] = []
+    for name in backends or ("auto",):
+        choice = choose_backend(name)  # raises BackendUnavailable for an unusable cuda
+        device: Device = "cuda" if choice.name == "cuda" else "cpu"
+        if device not in choices:
+            choices[device] = choice
+            devices.append(device)
+    return devices, choices
+
+
+def environment() -> dict[str, str]:
+    found = {"python": platform.python_version(), "numpy": np.__version__}
+    for module in ("torch", "jax"):
+        if module in sys.modules:
+            found[module] = str(getattr(sys.modules[module], "__version__", "?"))
+    for variable in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS"):
+        if variable in os.environ:
+            found[variable] = os.environ[variable]
+    return found
+
+
+def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
+              updates: int | None = None, repeats: int = 5, hyper: Hyper = DEFAULT_HYPER,
+              progress: Progress | None = None, command: str = "") -> BenchReport:
+    """Every table: for each device, for each V, Bob and its peers side by side."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, not {repeats}")
+    say = progress or (lambda text: None)
+    devices, choices = resolve_devices(backends)
+    tables = []
+    for device in devices:
+        name = gpu_name() if device == "cuda" else cpu_name()
+        copy = copy_bandwidth() if device == "cuda" else None
+        for vocab in vocabs or default_vocabs(device):
+            n = updates or default_updates(device, vocab)
+            tables.append(bench_device(device, vocab, n, repeats, hyper, choices[device],
+                                       name, say, copy))
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return BenchReport(tuple(tables), hyper, date, command, environment())
