@@ -7,11 +7,14 @@ import json
 import pytest
 
 from bob.cli.main import main
+from bob.config import TARGET_NAMES
 from bob.plan.jsonio import loads
 from bob.program.bob import BobConfig, build_plan
+from conftest import needs_nvrtc
 
 
-@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
+@needs_nvrtc
+@pytest.mark.parametrize("arch", TARGET_NAMES)
 def test_plan_arch_shows_compiled_regions(arch, capsys):
     assert main(["plan", "--arch", arch, "-N", "1", "--json"]) == 0
     plan = loads(capsys.readouterr().out)
@@ -34,6 +37,7 @@ def test_plan_disasm_lists_every_gpfifo_entry_and_qmd(capsys):
         assert name in out
 
 
+@needs_nvrtc
 def test_plan_emit_writes_each_component(tmp_path, capsys):
     out_dir = tmp_path / "components"
     assert main(["plan", "-N", "3", "-P", "2", "--arch", "sm_90", "--emit", str(out_dir)]) == 0

@@ -30,23 +30,15 @@ from bob.program.bob import (  # noqa: E402
     adam_scalar_table,
 )
 from bob.records.checkpoint import Checkpoint  # noqa: E402
+from conftest import assert_same_bits as shared_assert_same_bits  # noqa: E402
 
 F32 = np.float32
 EDGES = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 1e-40, 1.17549435e-38,
                   3.4e38, -3.4e38, 1e-30, 88.0, -104.0, 150.0, -150.0, 1.0, -1.0], F32)
 
 
-def bits(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x).view(np.uint32)
-
-
 def assert_same_bits(name: str, got: np.ndarray, want: np.ndarray) -> None:
-    differ = bits(got) != bits(want)
-    if differ.any():
-        first = np.unravel_index(int(np.flatnonzero(differ)[0]), got.shape)
-        pytest.fail(f"{name}: {int(differ.sum())} of {differ.size} differ, first at {first}: "
-                    f"fast {got[first]!r} (0x{bits(got)[first]:08x}), reference "
-                    f"{want[first]!r} (0x{bits(want)[first]:08x})")
+    shared_assert_same_bits(name, got, want, ("fast", "reference"))
 
 
 def salted(rng: np.random.Generator, shape: tuple[int, ...], scale: float,

@@ -15,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bob.backends.base import Backend
 from bob.backends.cpu import CpuBackend
 from bob.backends.cuda import CudaBackend, CudaError, kernel_module, kernel_parameters
-from bob.kernels.cuda.compile import KERNEL_DIR, SOURCE_NAME, KernelSource
+from bob.kernels.cuda.compile import KernelSource
 from bob.plan.certificate import CertificateError
 from bob.plan.model import (
     Dim3,
@@ -36,40 +35,9 @@ from bob.plan.model import (
 )
 from bob.plan.placement import SM86, TARGETS, argument_slots, place
 from bob.program.bob import BobConfig, Hyper, adam_scalars, build_plan
+from conftest import assert_same_tensors
 
 HERE = Path(__file__).parent / "cuda"
-DTYPES = {"f32": np.float32, "u32": np.uint32, "u8": np.uint8}
-BITS = {"f32": np.uint32, "u32": np.uint32, "u8": np.uint8}
-
-
-# -- comparison -----------------------------------------------------------------------------
-
-
-def first_difference(plan: Plan, reference: Backend, candidate: Backend) -> str | None:
-    """None when every tensor is byte-identical, else where the first difference is."""
-    for tensor in plan.tensors:
-        want = reference.read_tensor(tensor.name)
-        got = candidate.read_tensor(tensor.name)
-        if want == got:
-            continue
-        want_bits = np.frombuffer(want, BITS[tensor.dtype])
-        got_bits = np.frombuffer(got, BITS[tensor.dtype])
-        flat = int(np.flatnonzero(want_bits != got_bits)[0])
-        differing = int(np.count_nonzero(want_bits != got_bits))
-        index = np.unravel_index(flat, tensor.shape) if tensor.dtype != "u8" else (flat,)
-        want_value = np.frombuffer(want, DTYPES[tensor.dtype])[flat]
-        got_value = np.frombuffer(got, DTYPES[tensor.dtype])[flat]
-        return (f"tensor {tensor.name!r} differs at index {tuple(int(i) for i in index)} "
-                f"({differing} of {want_bits.size} elements): {reference.name} "
-                f"{want_value!r} (0x{int(want_bits[flat]):x}), {candidate.name} {got_value!r} "
-                f"(0x{int(got_bits[flat]):x})")
-    return None
-
-
-def assert_same_tensors(plan: Plan, reference: Backend, candidate: Backend, when: str) -> None:
-    difference = first_difference(plan, reference, candidate)
-    if difference is not None:
-        pytest.fail(f"after {when}: {difference}")
 
 
 # -- runs anywhere --------------------------------------------------------------------------
@@ -154,25 +122,8 @@ gpu = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def arch() -> str:
-    from bob.backends.cuda import cuda_available, device_arch
-
-    usable, why = cuda_available()
-    if not usable:
-        pytest.skip(f"no usable CUDA device: {why}")
-    name = device_arch()
-    if name not in TARGETS:
-        pytest.skip(f"the device is {name}; plans are built for {', '.join(TARGETS)}")
-    return name
-
-
-@pytest.fixture(scope="module")
-def bob_regions(arch: str) -> dict[str, Region]:
-    if not (KERNEL_DIR / SOURCE_NAME).is_file():
-        pytest.skip("src/bob/kernels/cuda/bob_kernels.cu is not in the tree yet")
-    from bob.kernels.cuda.compile import compiled_regions
-
-    return compiled_regions(arch)
+def arch(cuda_arch: str) -> str:
+    return cuda_arch
 
 
 # A program of three small kernels (tests/cuda/plan_test_kernels.cu): the backend's

@@ -33,6 +33,7 @@ from bob.program.bob import (
     build_plan,
 )
 from bob.records.checkpoint import Checkpoint
+from conftest import assert_same_bits
 
 
 def run_schedule(config: BobConfig, steps: int, kernels: str = "fast",
@@ -62,12 +63,9 @@ def assert_same_arenas(seed: list[dict[str, bytes]], fused: list[dict[str, bytes
     assert len(seed) == len(fused)
     for number, (want, got) in enumerate(zip(seed, fused, strict=True)):
         for name in TENSOR_NAMES:
-            if want[name] != got[name]:
-                a = np.frombuffer(want[name], np.uint32)
-                b = np.frombuffer(got[name], np.uint32)
-                where = int(np.flatnonzero(a != b)[0])
-                pytest.fail(f"invocation {number}: tensor {name!r} differs first at element "
-                            f"{where}: seed 0x{a[where]:08x}, fused 0x{b[where]:08x}")
+            got_words, want_words = (np.frombuffer(a[name], np.uint32) for a in (got, want))
+            assert_same_bits(f"invocation {number}: tensor {name!r}", got_words, want_words,
+                             ("fused", "seed"))
 
 
 @pytest.mark.parametrize("mode", ["hard", "corpus"])

@@ -20,23 +20,10 @@ from bob.backends import BackendChoice, choose_backend
 from bob.host.check import compare_backends, random_record
 from bob.host.session import Session, split_updates
 from bob.plan.certificate import certify
-from bob.plan.placement import TARGETS
 from bob.program.bob import BobConfig, Hyper
 from bob.records.checkpoint import Checkpoint
 
 gpu = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def cuda_choice() -> BackendChoice:
-    from bob.backends.cuda import cuda_available, device_arch
-
-    usable, why = cuda_available()
-    if not usable:
-        pytest.skip(f"no usable CUDA device: {why}")
-    if device_arch() not in TARGETS:
-        pytest.skip(f"the device is {device_arch()}; plans are built for {', '.join(TARGETS)}")
-    return choose_backend("cuda")
 
 
 def train_both(cuda: BackendChoice, config: BobConfig, steps: int, seed: int = 3) -> None:

@@ -31,26 +31,19 @@ from bob.backends.nv.pushbuffer import (
     pack_word,
 )
 from bob.backends.nv.qmd import Qmd, QmdFieldError, QmdV03, QmdV04, SharedMemoryConfig
-from bob.kernels import signatures as sig
 from bob.plan.model import Scalar
 from bob.plan.placement import SM86, SM90, encode_parameter_block, place
-from bob.program.bob import BobConfig, build_plan, build_program, declared_regions
+from bob.program.bob import BobConfig, build_plan, build_program
+from conftest import stand_in_regions
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = (SM86, SM90)
 CONFIG = BobConfig(vocab=256, prompts=2, updates=3)
 
 
-def _compiled(config: BobConfig) -> dict:
-    """Stand-in machine code, distinct per region, so every region has its own address."""
-    names = [r.name for r in declared_regions(config)]
-    return {name: sig.declared_region(name, code=bytes([i + 1]) * (96 + 160 * i))
-            for i, name in enumerate(names)}
-
-
 @pytest.fixture(params=TARGETS, ids=lambda t: t.name)
 def plan(request):
-    return build_plan(CONFIG, request.param, compiled=_compiled(CONFIG))
+    return build_plan(CONFIG, request.param, compiled=stand_in_regions(CONFIG))
 
 
 @pytest.fixture(params=TARGETS, ids=lambda t: t.name)
@@ -320,7 +313,7 @@ def test_bare_plan_encodes_too(bare_plan):
 def test_encoding_is_deterministic(plan):
     first, second = encode(plan), encode(plan)
     assert first == second
-    rebuilt = build_plan(CONFIG, plan.target, compiled=_compiled(CONFIG))
+    rebuilt = build_plan(CONFIG, plan.target, compiled=stand_in_regions(CONFIG))
     assert encode(rebuilt) == first
 
 
@@ -469,7 +462,7 @@ def test_hopper_semaphore_address_may_exceed_40_bits():
 
 
 def test_encoder_refuses_a_plan_inside_a_memory_window():
-    program = build_program(CONFIG, compiled=_compiled(CONFIG))
+    program = build_program(CONFIG, compiled=stand_in_regions(CONFIG))
     plan = place(program, SM86, va_base=encoder.SHARED_MEMORY_WINDOW)
     with pytest.raises(EncodeError, match="shared memory window"):
         encode(plan)
@@ -519,7 +512,8 @@ def test_nv_fields_doc_lists_every_qmd_field_with_its_bits():
     rows = re.findall(r"^\| (V0[34]_00) \| `([A-Z0-9_()]+)` \| (\d+):(\d+) \|", text, re.M)
     documented = {(version, name): (int(high), int(low)) for version, name, high, low in rows}
     for version, cls in (("V03_00", QmdV03), ("V04_00", QmdV04)):
-        plan = build_plan(CONFIG, SM86 if cls is QmdV03 else SM90, compiled=_compiled(CONFIG))
+        target = SM86 if cls is QmdV03 else SM90
+        plan = build_plan(CONFIG, target, compiled=stand_in_regions(CONFIG))
         qmd: Qmd = encode_qmd(plan, 0)
         for name in qmd.fields_set:
             assert documented.get((version, name)) == cls.FIELDS[name], (version, name)

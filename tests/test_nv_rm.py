@@ -23,6 +23,7 @@ from bob.backends.nv.rm import ioctl
 from bob.backends.nv.rm import structs as s
 from bob.backends.nv.rm.device import RmClient, RmDevice
 from bob.errors import BackendUnavailable
+from conftest import bob_plan
 
 # -- ABI layouts (hand-summed from the headers, not from our own definitions) ------
 
@@ -453,15 +454,11 @@ def test_schedule_falls_back_to_the_570_layout():
 
 
 def _plan(target_name="sm_90", updates=2):
-    from bob.kernels import signatures as sig
     from bob.plan.placement import TARGETS
-    from bob.program.bob import BobConfig, build_plan
 
-    code = bytes(range(256)) * 2  # stand-in machine code: the image copies it, nothing runs
-    compiled = {name: sig.declared_region(name, code, registers=24, shared_bytes=2048)
-                for name in sig.SIGNATURES}
-    return build_plan(BobConfig(vocab=256, prompts=1, updates=updates), TARGETS[target_name],
-                      compiled=compiled)
+    # Stand-in machine code: the image copies it, nothing runs.
+    return bob_plan(1, updates, target=TARGETS[target_name], compiled=True, registers=24,
+                    shared_bytes=2048)
 
 
 def _open_on_fake_driver(monkeypatch, plan):

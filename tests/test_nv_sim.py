@@ -17,7 +17,6 @@ import pytest
 from bob.backends.nv import encoder
 from bob.backends.nv.decoder import TABLES
 from bob.backends.nv.sim import NvSimBackend, NvSimError
-from bob.kernels import signatures as sig
 from bob.kernels.memory import Memory
 from bob.plan.model import (
     Address,
@@ -34,7 +33,8 @@ from bob.plan.model import (
     TensorSpec,
 )
 from bob.plan.placement import SM86, SM90, place
-from bob.program.bob import BobConfig, Hyper, adam_scalars, build_plan, declared_regions
+from bob.program.bob import BobConfig, Hyper, adam_scalars, build_plan
+from conftest import stand_in_regions
 
 TARGETS = (SM86, SM90)
 N = 16
@@ -228,15 +228,9 @@ def test_missing_kernel_is_reported(target):
 # -- Bob's own plan, with stand-in code and kernels that record what they got ------------------
 
 
-def _compiled(config):
-    names = [r.name for r in declared_regions(config)]
-    return {name: sig.declared_region(name, code=bytes([i + 1]) * (64 + 64 * i))
-            for i, name in enumerate(names)}
-
-
 def test_bobs_plan_runs_every_launch_with_its_arguments(target):
     config = BobConfig(vocab=64, prompts=2, updates=3)
-    plan = build_plan(config, target, compiled=_compiled(config))
+    plan = build_plan(config, target, compiled=stand_in_regions(config))
     calls: list[tuple[str, dict]] = []
 
     def recorder(name):
@@ -267,7 +261,7 @@ def test_bobs_plan_matches_the_cpu_backend_byte_for_byte(target):
     from bob.backends.cpu import CpuBackend
 
     config = BobConfig(vocab=32, prompts=3, updates=4)
-    plan = build_plan(config, target, compiled=_compiled(config))
+    plan = build_plan(config, target, compiled=stand_in_regions(config))
     rng = np.random.default_rng(7)
     record = np.concatenate([rng.integers(0, config.vocab, config.vocab),
                              rng.integers(0, config.vocab, config.prompts)]).astype("<u4")

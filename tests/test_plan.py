@@ -29,11 +29,7 @@ from bob.plan.model import (
 )
 from bob.plan.placement import decode_parameter_block, encode_parameter_block
 from bob.program.bob import BobConfig, build_plan, build_program
-
-
-def bob_plan(prompts: int = 2, updates: int = 3, mode: str = "hard", target=SM86):
-    return build_plan(BobConfig(vocab=256, prompts=prompts, updates=updates, mode=mode), target)
-
+from conftest import bob_plan
 
 # -- derived figures ---------------------------------------------------------
 

@@ -1,0 +1,154 @@
+"""What several test modules share: the GPU fixtures, plan builders and the first-difference check.
+
+Fixtures are found by name; the plain helpers are imported (``from conftest import ...``:
+pytest puts this directory on the path of the modules in it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pytest
+
+from bob.backends import Backend, BackendChoice, choose_backend
+from bob.kernels import signatures as sig
+from bob.plan.model import Plan, Region, Target
+from bob.plan.placement import SM86, TARGETS
+from bob.program.bob import BobConfig, build_plan, declared_regions
+
+_DTYPES = {"f32": np.float32, "u32": np.uint32, "u8": np.uint8}
+
+
+# -- the first difference ----------------------------------------------------------------
+
+
+def first_bit_difference(name: str, got: np.ndarray, want: np.ndarray,
+                         labels: tuple[str, str] = ("got", "want")) -> str | None:
+    """None when the two arrays hold the same bits, else the first element that differs.
+
+    Bits, not values: NaN equals the same NaN and -0.0 differs from 0.0. The message
+    names the element's index, how many differ, and both values with their bits.
+    """
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return (f"{name}: {labels[0]} is {got.dtype}{list(got.shape)}, {labels[1]} "
+                f"{want.dtype}{list(want.shape)}")
+    unsigned = np.dtype(f"u{got.dtype.itemsize}")
+    got_bits = np.ascontiguousarray(got).view(unsigned)
+    want_bits = np.ascontiguousarray(want).view(unsigned)
+    differ = got_bits != want_bits
+    if not differ.any():
+        return None
+    index = tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(differ)[0]), got.shape))
+    width = 2 * got.dtype.itemsize
+    return (f"{name}: {int(differ.sum())} of {differ.size} elements differ, the first at "
+            f"{list(index)}: {labels[0]} {got[index]!r} (0x{int(got_bits[index]):0{width}x}), "
+            f"{labels[1]} {want[index]!r} (0x{int(want_bits[index]):0{width}x})")
+
+
+def assert_same_bits(name: str, got: np.ndarray, want: np.ndarray,
+                     labels: tuple[str, str] = ("got", "want")) -> None:
+    difference = first_bit_difference(name, got, want, labels)
+    if difference is not None:
+        pytest.fail(difference)
+
+
+def tensor_array(plan: Plan, name: str, data: bytes) -> np.ndarray:
+    """A tensor's bytes as the array its dtype and shape say (u8 tensors stay flat)."""
+    tensor = plan.tensor(name)
+    array = np.frombuffer(data, _DTYPES[tensor.dtype])
+    return array if tensor.dtype == "u8" else array.reshape(tensor.shape)
+
+
+def first_difference(plan: Plan, reference: Backend, candidate: Backend,
+                     names: Iterable[str] | None = None) -> str | None:
+    """None when every tensor (or each of `names`) is byte-identical on both backends."""
+    for name in names or [t.name for t in plan.tensors]:
+        difference = first_bit_difference(
+            f"tensor {name!r}", tensor_array(plan, name, candidate.read_tensor(name)),
+            tensor_array(plan, name, reference.read_tensor(name)),
+            (candidate.name, reference.name))
+        if difference is not None:
+            return difference
+    return None
+
+
+def assert_same_tensors(plan: Plan, reference: Backend, candidate: Backend, when: str) -> None:
+    difference = first_difference(plan, reference, candidate)
+    if difference is not None:
+        pytest.fail(f"after {when}: {difference}")
+
+
+# -- plans -----------------------------------------------------------------------------
+
+
+def stand_in_regions(config: BobConfig, **resources: int) -> dict[str, Region]:
+    """Bob's regions with stand-in machine code, distinct in content and length per region.
+
+    Nothing runs the code: it gives each region its own bytes and address, as
+    compiled regions have. `resources` (registers, shared_bytes, ...) go to every region.
+    """
+    names = [region.name for region in declared_regions(config)]
+    return {name: sig.declared_region(name, code=bytes([i + 1]) * (96 + 160 * i), **resources)
+            for i, name in enumerate(names)}
+
+
+def bob_plan(prompts: int = 2, updates: int = 3, mode: str = "hard", target: Target = SM86,
+             *, vocab: int = 256, schedule: str = "seed", compiled: bool = False,
+             **resources: int) -> Plan:
+    """Bob's plan for a small configuration; with stand-in code where `compiled`."""
+    config = BobConfig(vocab=vocab, prompts=prompts, updates=updates,
+                       mode=mode, schedule=schedule)  # type: ignore[arg-type]
+    regions = stand_in_regions(config, **resources) if compiled else None
+    return build_plan(config, target, compiled=regions)
+
+
+# -- on a GPU ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def cuda_arch() -> str:
+    """The GPU's architecture, where the cuda backend can run; the test skips otherwise."""
+    try:
+        from bob.backends.cuda import cuda_available, device_arch
+    except ImportError as error:
+        pytest.skip(f"the cuda backend is not installed: {error}")
+    usable, why = cuda_available()
+    if not usable:
+        pytest.skip(f"no usable CUDA device: {why}")
+    name = device_arch()
+    if name not in TARGETS:
+        pytest.skip(f"the device is {name}; plans are built for {', '.join(TARGETS)}")
+    return name
+
+
+@pytest.fixture(scope="session")
+def cuda_choice(cuda_arch: str) -> BackendChoice:
+    return choose_backend("cuda")
+
+
+@pytest.fixture(scope="session")
+def bob_regions(cuda_arch: str) -> dict[str, Region]:
+    """Bob's kernels compiled for the GPU present."""
+    from bob.kernels.cuda.compile import compiled_regions
+
+    return compiled_regions(cuda_arch)
+
+
+def nvrtc_problem() -> str | None:
+    """Why NVRTC cannot compile here, or None where it can."""
+    try:
+        from bob.kernels.cuda.compile import NvrtcError, nvrtc_version
+    except ImportError as error:
+        return f"the NVRTC bindings are not installed ({error})"
+    try:
+        nvrtc_version()
+    except NvrtcError as error:
+        return f"NVRTC is not usable here ({error})"
+    except ImportError as error:
+        return f"the NVRTC bindings are not installed ({error})"
+    return None
+
+
+needs_nvrtc = pytest.mark.skipif(nvrtc_problem() is not None,
+                                 reason=str(nvrtc_problem()))
