@@ -213,3 +213,16 @@ def test_plan_emit_refuses_a_file_for_a_directory(tmp_path, capsys):
     assert status == 2
     assert "is a file" in capsys.readouterr().err
     assert target.read_text() == "keep me"
+
+
+def test_plot_and_bench_refuse_an_output_they_cannot_write(tmp_path, capsys):
+    path = tmp_path / "model.safetensors"
+    Checkpoint.zeros(4, Hyper(), "hard").save(path)
+    (tmp_path / "plain").write_text("keep me")
+    before = {p: p.read_bytes() for p in tmp_path.iterdir()}
+    assert main(["plot", "-c", str(path), "--out", str(tmp_path / "plain" / "plots")]) == 2
+    assert "plain/plots: cannot create the directory" in capsys.readouterr().err
+    assert main(["bench", "--backend", "cpu", "-V", "4", "-N", "1", "-r", "1", "--save",
+                 str(tmp_path / "missing" / "bench.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before

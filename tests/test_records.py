@@ -317,3 +317,50 @@ def test_stale_temporaries_of_dead_writers_are_removed(tmp_path: Path) -> None:
         (tmp_path / name).write_bytes(b"partial")
     atomic_write(path, b"new")
     assert listing(tmp_path) == sorted(["file", mine, "unrelated.tmp"])
+
+
+# -- one ladder for every input file ---------------------------------------------
+@pytest.mark.parametrize(("error", "message"), [
+    (FileNotFoundError(2, "No such file or directory"), "no such file"),
+    (IsADirectoryError(21, "Is a directory"), "is a directory, not a checkpoint"),
+    (PermissionError(13, "Permission denied"), "cannot read the file (permission denied)"),
+    (OSError(5, "Input/output error"), "cannot read the file (Input/output error)"),
+])
+def test_every_reader_meets_the_same_ladder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            error: OSError, message: str) -> None:
+    from bob.records.checkpoint import Checkpoint
+    from bob.records.corpus import counts_from_files
+
+    path = tmp_path / "input"
+    path.write_bytes(GOOD_HARD)
+
+    def fail(self: Path, *args: object) -> None:
+        raise error
+
+    monkeypatch.setattr(Path, "open", fail)
+    kinds = {"checkpoint": lambda: Checkpoint.load(path),
+             "file": lambda: InputRecord.read(path),
+             "text file": lambda: counts_from_files([path])}
+    for kind, read in kinds.items():
+        with pytest.raises(BadInput) as caught:
+            read()
+        expected = message.replace("checkpoint", kind)
+        assert str(caught.value) == f"{path}: {expected}", kind
+
+
+def test_make_directory_names_what_is_in_the_way(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("keep me")
+    files.make_directory(tmp_path / "new" / "deeper")
+    assert (tmp_path / "new" / "deeper").is_dir()
+    with pytest.raises(BadInput, match=r"plain: is a file, not a directory$"):
+        files.make_directory(tmp_path / "plain")
+    with pytest.raises(BadInput, match=r"plain/below: cannot create the directory \(Not a "):
+        files.make_directory(tmp_path / "plain" / "below")
+    assert (tmp_path / "plain").read_text() == "keep me"
+
+
+def test_a_corpus_needs_a_file() -> None:
+    from bob.records.corpus import counts_from_files
+
+    with pytest.raises(BadInput, match="^a corpus needs at least one text file$"):
+        counts_from_files([])

@@ -4,52 +4,42 @@ from __future__ import annotations
 
 import click
 
-from bob.config import (
-    ARENA_KINDS,
-    BACKEND_NAMES,
-    DEFAULT_TARGET,
-    HYPER_FIELDS,
-    MAX_PROMPTS,
-    MAX_UPDATES,
-    MAX_VOCAB,
-    MIN_VOCAB,
-    MODES,
-    SCHEDULES,
-    TARGET_NAMES,
-    Hyper,
-)
+from bob import config
+from bob.config import Hyper
 from bob.errors import BadInput
 from bob.program.bob import BobConfig
 
 SCHEDULE_OPTION = click.option(
-    "--schedule", type=click.Choice(SCHEDULES), default=SCHEDULES[0], show_default=True,
+    "--schedule", type=click.Choice(config.SCHEDULES), default=config.SCHEDULES[0],
+    show_default=True,
     help="The seed's launches (the reference), or the fused kernel: the same bytes, faster.")
 MODE_OPTION = click.option(
-    "--mode", type=click.Choice(MODES), default=MODES[0], show_default=True,
+    "--mode", type=click.Choice(config.MODES), default=config.MODES[0], show_default=True,
     help="Hard targets (the seed's record) or corpus weights.")
 BACKEND_OPTION = click.option(
-    "--backend", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True,
+    "--backend", type=click.Choice(config.BACKEND_NAMES), default="auto", show_default=True,
     help="Where the plan runs.")
 ARENA_OPTION = click.option(
-    "--arena", type=click.Choice(ARENA_KINDS), default=ARENA_KINDS[0], show_default=True,
-    help="cuda: arena in device memory or mapped host memory.")
+    "--arena", type=click.Choice(config.ARENA_KINDS), default=config.ARENA_KINDS[0],
+    show_default=True, help="cuda: arena in device memory or mapped host memory.")
 
 
 def arch_option(help: str) -> click.Option:
     """--arch: one of the targets a plan is placed for."""
-    return click.option("--arch", type=click.Choice(TARGET_NAMES), default=DEFAULT_TARGET,
-                        show_default=True, help=help)
+    return click.option("--arch", type=click.Choice(config.TARGET_NAMES),
+                        default=config.DEFAULT_TARGET, show_default=True, help=help)
 
 
 def vocab_option(default: int) -> click.Option:
-    return click.option("--vocab", "-V", type=click.IntRange(MIN_VOCAB, MAX_VOCAB),
+    return click.option("--vocab", "-V", type=click.IntRange(config.MIN_VOCAB, config.MAX_VOCAB),
                         default=default, show_default=True,
                         help="V: rows and columns of the table.")
 
 
 def prompts_option(default: int) -> click.Option:
-    return click.option("--prompts", "-P", type=click.IntRange(0, MAX_PROMPTS), default=default,
-                        show_default=True, help="P: prompts predicted per invocation.")
+    return click.option("--prompts", "-P", type=click.IntRange(0, config.MAX_PROMPTS),
+                        default=default, show_default=True,
+                        help="P: prompts predicted per invocation.")
 
 
 def plan_options(function):
@@ -57,7 +47,7 @@ def plan_options(function):
     options = (
         vocab_option(256),
         prompts_option(1),
-        click.option("--updates", "-N", type=click.IntRange(0, MAX_UPDATES), default=100,
+        click.option("--updates", "-N", type=click.IntRange(0, config.MAX_UPDATES), default=100,
                      show_default=True, help="N: AdamW updates per invocation."),
         MODE_OPTION,
         SCHEDULE_OPTION,
@@ -84,7 +74,7 @@ def hyper_options(function):
         click.option(f"--{name.replace('_', '-')}", name, type=float,
                      default=getattr(defaults, name), show_default=True,
                      callback=_check_hyperparameter)
-        for name in HYPER_FIELDS
+        for name in config.HYPER_FIELDS
     ]
     for option in reversed(options):
         function = option(function)
