@@ -106,3 +106,41 @@ def test_the_names_are_the_ones_the_layers_use() -> None:
     assert config.BACKEND_NAMES == BACKEND_NAMES
     assert config.DEFAULT_TARGET in config.TARGET_NAMES
     assert config.HYPER_FIELDS == ("lr", "beta1", "beta2", "eps", "weight_decay")
+
+
+def _imported_packages(package: str) -> set[str]:
+    """The packages of Bob that the modules of `package` (a package or a module) import."""
+    root = Path(config.__file__).parent
+    paths = [root / f"{package}.py"] if (root / f"{package}.py").exists() else \
+        list((root / package).rglob("*.py"))
+    found = set()
+    for path in paths:
+        for line in path.read_text().splitlines():
+            words = line.replace(",", " ").split()
+            if len(words) < 2 or words[0] not in ("from", "import"):
+                continue
+            if words[1].startswith("bob."):
+                found.add(words[1].split(".")[1])
+            elif words[:3] == ["from", "bob", "import"]:  # from bob import config, files
+                found.update(word for word in words[3:] if word != "(")
+    return found - {package}
+
+
+@pytest.mark.parametrize(("package", "allowed"), [
+    ("errors", set()),
+    ("config", {"errors"}),
+    ("files", {"errors"}),
+    ("records", {"config", "files", "errors"}),
+    ("host", {"backends", "records", "program", "kernels", "plan", "config", "files",
+              "errors"}),
+])
+def test_imports_point_down(package: str, allowed: set[str]) -> None:
+    assert _imported_packages(package) <= allowed
+
+
+def test_only_the_cli_imports_the_bench() -> None:
+    root = Path(config.__file__).parent
+    importers = {path.relative_to(root).parts[0]
+                 for path in root.rglob("*.py")
+                 if "from bob.bench" in path.read_text() or "import bob.bench" in path.read_text()}
+    assert importers <= {"cli", "bench"}
