@@ -12,13 +12,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from bob.bench.tables import DEVICES
 from bob.config import MAX_UPDATES, MAX_VOCAB, MIN_VOCAB
 from bob.files import atomic_write
 
 if TYPE_CHECKING:
     from bob.bench.tables import BenchTable
 
-BENCH_BACKENDS = ("auto", "cpu", "cuda")  # the bench's devices; auto: cuda where usable
+BENCH_BACKENDS = ("auto", *DEVICES)  # auto: cuda where usable, else cpu
 
 
 def _number(value: float | None, digits: int = 1) -> str:

@@ -1,8 +1,9 @@
 """The `bob` command line: exit 0 on success, 1 on a failure at run time,
-2 on bad usage or bad input."""
+2 on bad usage or bad input; a message of one line, never a traceback."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -40,6 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("bob: interrupted", err=True)
         return 130
+    except Exception as error:  # noqa: BLE001 - a bug still ends in one line, not a traceback
+        if os.environ.get("BOB_TRACEBACK"):
+            raise
+        first = str(error).strip().splitlines()
+        click.echo(f"bob: internal error: {type(error).__name__}: {first[0] if first else ''} "
+                   "(a bug in Bob: BOB_TRACEBACK=1 shows where)", err=True)
+        return 1
     return status if isinstance(status, int) else 0
 
 
