@@ -1,11 +1,6 @@
-"""Timing in ``bob bench``: a contender's N updates, repeated, the median kept.
+"""Timing: a contender's N updates, repeated after a warm-up, the median kept; Bob's rows.
 
-A timing runs N updates from the zero state, after one untimed warm-up
-(compilation, graph capture, plan building and certification stay out of the
-numbers). Bob is timed as its users run it (``Session.invoke``), then its run
-alone and the host's share piece by piece. A contender that cannot run is a
-row with its reason; one that fails is a row with its error, and the others
-still run.
+A contender that cannot run is a row with its reason, one that fails a row with its error.
 """
 
 from __future__ import annotations

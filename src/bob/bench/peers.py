@@ -1,9 +1,6 @@
-"""Bob's peers in ``bob bench``: the same objective trained by NumPy, PyTorch and JAX.
+"""The peers: the objective trained by NumPy, PyTorch and JAX as their users would write it.
 
-Every peer trains the hard-target objective (mean over the V rows of the
-cross-entropy of one random target per row) from a zero table and zero
-moments with torch.optim.AdamW's formula, as its users would write it. A peer
-whose package or device is missing raises Unavailable when it is made.
+A peer whose package or device is missing raises Unavailable when it is made.
 """
 
 from __future__ import annotations
@@ -16,8 +13,6 @@ import numpy as np
 
 from bob.bench.tables import TARGET_SEED, Device
 from bob.config import Hyper
-
-DEFAULT_HYPER = Hyper()
 
 
 class Unavailable(Exception):
@@ -39,7 +34,7 @@ def numpy_objective(table: np.ndarray, targets: np.ndarray) -> float:
 
 
 def numpy_train(w: np.ndarray, m: np.ndarray, v: np.ndarray, targets: np.ndarray,
-                updates: int, hyper: Hyper = DEFAULT_HYPER, first_step: int = 1) -> list[float]:
+                updates: int, hyper: Hyper = Hyper(), first_step: int = 1) -> list[float]:
     """The plain float32 NumPy loop: `updates` AdamW steps on (w, m, v), in place.
 
     Written the straightforward way a user would (a new array per operation),

@@ -1,9 +1,4 @@
-"""``bob bench``'s tables: for each device and V, Bob and its peers side by side.
-
-On the GPU: Bob's cuda backend (and ``nv`` where it can run), PyTorch eager,
-PyTorch with a CUDA graph, JAX ``jit(fori_loop)``, and the memory floor. On the
-CPU: Bob's cpu backend, the plain NumPy loop and PyTorch's eager loop.
-"""
+"""The tables of ``bob bench``: for each device and V, Bob and its peers side by side."""
 
 from __future__ import annotations
 
@@ -38,8 +33,6 @@ from bob.bench.peers import (
 from bob.bench.tables import BANDWIDTH_MIN_VOCAB, BenchReport, BenchTable, Device, Row
 from bob.config import Hyper
 from bob.program.bob import BobConfig
-
-DEFAULT_HYPER = Hyper()
 
 
 def default_vocabs(device: Device) -> tuple[int, ...]:
@@ -178,7 +171,7 @@ def environment() -> dict[str, str]:
 
 
 def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
-              updates: int | None = None, repeats: int = 5, hyper: Hyper = DEFAULT_HYPER,
+              updates: int | None = None, repeats: int = 5, hyper: Hyper = Hyper(),
               progress: Progress | None = None, command: str = "") -> BenchReport:
     """Every table: for each device, for each V, Bob and its peers side by side."""
     if repeats < 1:
