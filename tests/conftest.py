@@ -7,6 +7,7 @@ pytest puts this directory on the path of the modules in it).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,6 +78,11 @@ def assert_same_tensors(plan: Plan, reference: Backend, candidate: Backend, when
     difference = first_difference(plan, reference, candidate)
     if difference is not None:
         pytest.fail(f"after {when}: {difference}")
+
+
+def listing(directory: Path) -> list[str]:
+    """The names in a directory, sorted: to show that a refusal wrote nothing."""
+    return sorted(p.name for p in directory.iterdir())
 
 
 # -- plans -----------------------------------------------------------------------------

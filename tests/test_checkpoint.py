@@ -24,12 +24,9 @@ from bob import files
 from bob.config import Hyper
 from bob.errors import BadInput, RunFailure
 from bob.records.checkpoint import Checkpoint
+from conftest import listing
 
 DIGEST = "ab" * 32
-
-
-def listing(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir())
 
 
 def sample(v: int = 8, step: int = 7, seed: int = 0) -> Checkpoint:

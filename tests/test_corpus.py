@@ -24,13 +24,10 @@ from bob.records.corpus import (
     optimum,
     weights,
 )
+from conftest import listing
 
 TEXTS = [b"abracadabra", b"the cat sat on the mat\n", b"aaaa", b"ab" * 50 + b"c",
          bytes(range(256)) * 3, "na\u00efve caf\u00e9 \u2014 r\u00e9sum\u00e9".encode()]
-
-
-def listing(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir())
 
 
 def brute_pairs(texts: list[bytes]) -> Counter[tuple[int, int]]:

@@ -21,10 +21,7 @@ from bob.records.binary import (
     InputRecord,
     ResultRecord,
 )
-
-
-def listing(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir())
+from conftest import listing
 
 
 def hard_record(v: int = 256, prompts: tuple[int, ...] = (104, 105)) -> InputRecord:
