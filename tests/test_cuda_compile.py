@@ -30,9 +30,12 @@ from bob.kernels.cuda.cubin import (  # noqa: E402
     RESERVED_SHARED_BYTES,
     Cubin,
     CubinError,
-    check_parameter_layout,
-    image_regions,
     parse_attributes,
+)
+from bob.kernels.cuda.regions import (  # noqa: E402
+    check_parameter_layout,
+    compiled_regions,
+    image_regions,
 )
 from bob.plan.certificate import certify  # noqa: E402
 from bob.plan.placement import TARGETS  # noqa: E402
@@ -213,11 +216,10 @@ def test_a_missing_entry_is_named(cache: Path) -> None:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_shipped_kernels(arch: str) -> None:
-    """Bob's own kernels, once bob_kernels.cu is in the package."""
-    if not (nv_compile.KERNEL_DIR / nv_compile.SOURCE_NAME).is_file():
-        pytest.skip("src/bob/kernels/cuda/bob_kernels.cu is not in the tree yet")
-    regions = nv_compile.compiled_regions(arch)
+    """Bob's own kernels: compiled, read, and the image carried with the regions."""
+    regions = compiled_regions(arch)
     assert set(regions) == set(sig.SIGNATURES)
+    assert Cubin(regions.image).sm == int(arch.removeprefix("sm_"))
     for region in regions.values():
         assert region.code and 0 < region.registers <= 255, region.name
     plan = build_plan(BobConfig(vocab=256, prompts=2, updates=2), TARGETS[arch],

@@ -1,18 +1,18 @@
 """The CUDA backend: a certified plan through the driver API, as one CUDA graph.
 
-    backend = CudaBackend(plan)              # device arena; CudaBackend(plan, arena="host")
+    regions = compiled_regions(device_arch())     # bob.kernels.cuda.regions
+    backend = CudaBackend(build_plan(config, target, compiled=regions), regions)
     backend.write_tensor("input", record)
     backend.run(range(plan.submission_count))
     losses = backend.read_tensor("training_loss")
 
 How the plan maps onto CUDA:
 
-- Kernels: Bob's CUDA C compiled with NVRTC for the device's architecture
-  (cached), loaded with ``cuModuleLoadData``. Before anything is allocated the
-  image is checked against the plan: every retained region's entry exists,
-  reads its parameters at the offsets and sizes the plan writes them, allows
-  the plan's block, and, where the plan carries machine code, carries the
-  same bytes.
+- Kernels: the compiled image the plan's regions were read from
+  (``CompiledRegions``, checked against the declared regions when it was
+  composed), loaded with ``cuModuleLoadData``. The backend compiles and
+  checks nothing again: before anything is allocated it only refuses a plan
+  whose retained regions are not the ones read from that image.
 - Arena: ONE allocation of ``plan.arena_bytes``, zeroed: device memory
   (``cuMemAlloc``) by default, or, as the seed does, one host-mapped
   system-memory buffer (``cuMemHostAlloc`` with ``DEVICEMAP``). A plan address
@@ -48,24 +48,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from bob.backends.base import Backend
+from bob.backends.base import Backend, Patch
 from bob.errors import BackendUnavailable, RunFailure
-from bob.kernels import signatures as sig
-from bob.kernels.cuda.compile import (
-    CompiledImage,
-    KernelSource,
-    NvrtcError,
-    compile_source,
-    nvrtc_version,
-    shipped_source,
-)
-from bob.kernels.cuda.cubin import (
-    Cubin,
-    CubinError,
-    Kernel,
-    check_block,
-    check_parameter_layout,
-)
+from bob.kernels.cuda.compile import NvrtcError, nvrtc_version
+from bob.kernels.cuda.regions import CompiledRegions
+from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Plan, PointerParam, Region, Scalar
 from bob.plan.placement import argument_slots
 
@@ -268,29 +255,16 @@ def kernel_parameters(plan: Plan, region: Region, block: bytes, arena_base: int)
     return bytes(buffer)
 
 
-def check_image(plan: Plan, cubin: Cubin, arch: str) -> dict[str, Kernel]:
-    """The kernel of every retained region, after checking the image against the plan."""
-    kernels = {}
-    same_arch = plan.target.name == arch
-    for placed in plan.placed_regions:
-        region = plan.region(placed.name)
-        entry = region.entry or sig.ENTRIES.get(region.name, "")
-        kernel = cubin.kernel(entry)
-        # Another architecture puts the parameters elsewhere in constant bank 0,
-        # but the buffer from the base on is the same: only the base is excused.
-        check_parameter_layout(kernel, plan.target, region.params, check_base=same_arch)
-        check_block(kernel, region.block_x)
-        if region.code and region.code != kernel.code:
-            raise CubinError(
-                f"region {region.name!r}: the plan carries {len(region.code)} bytes of machine "
-                f"code that differ from {entry!r} compiled for {arch} "
-                f"({len(kernel.code)} bytes); build the plan from compiled_regions({arch!r})"
-            )
-        kernels[region.name] = kernel
-    return kernels
-
-
 # -- the backend -------------------------------------------------------------------
+
+
+def _require_regions_of(plan: Plan, compiled: CompiledRegions) -> None:
+    """Refuse a plan whose retained regions were not read from this image: the code the
+    plan places is the code that runs."""
+    for placed in plan.placed_regions:
+        if plan.region(placed.name) != compiled.get(placed.name):
+            raise RunFailure(f"region {placed.name!r} of the plan differs from the compiled "
+                             "image's; build the plan from the regions the backend is given")
 
 
 class _NativeKernelNodeParams(ctypes.Structure):
@@ -353,9 +327,11 @@ class _Graph:
 class CudaBackend(Backend):
     name = "cuda"
 
-    def __init__(self, plan: Plan, arena: ArenaKind = "device", *, device: int = 0,
-                 params: ParameterMode = "extra", source: KernelSource | None = None):
+    def __init__(self, plan: Plan | CertifiedPlan, compiled: CompiledRegions,
+                 arena: ArenaKind = "device", *, device: int = 0,
+                 params: ParameterMode = "extra"):
         super().__init__(plan)  # refuses an uncertified plan before anything is allocated
+        _require_regions_of(self.plan, compiled)
         if arena not in ARENA_KINDS:
             raise ValueError(f"arena must be one of {ARENA_KINDS}, not {arena!r}")
         if params not in PARAMETER_MODES:
@@ -373,11 +349,12 @@ class CudaBackend(Backend):
         self._functions: dict[str, Any] = {}
         self._closed = False
 
+        self.image = compiled.image  # referenced while the driver reads it
+        self.entries = {placed.name: self.plan.region(placed.name).entry
+                        for placed in self.plan.placed_regions}
         _initialize()
         self._device = _call("cuDeviceGet", device)
         self.arch = "sm_{}{}".format(*_compute_capability(self._device))
-        self.image: CompiledImage = compile_source(source or shipped_source(), self.arch)
-        self.kernels = check_image(plan, Cubin(self.image.image), self.arch)
         try:
             self._open()
         except BaseException:
@@ -390,12 +367,10 @@ class CudaBackend(Backend):
         self._context = _call("cuDevicePrimaryCtxRetain", self._device)
         _call("cuCtxSetCurrent", self._context)
         self._stream = _call("cuStreamCreate", 0)
-        # The image stays referenced by self.image while the driver reads it.
-        image = np.frombuffer(self.image.image, dtype=np.uint8)
+        image = np.frombuffer(self.image, dtype=np.uint8)
         self._module = _call("cuModuleLoadData", image.ctypes.data)
-        for name, kernel in self.kernels.items():
-            self._functions[name] = _call("cuModuleGetFunction", self._module,
-                                          kernel.entry.encode())
+        for name, entry in self.entries.items():
+            self._functions[name] = _call("cuModuleGetFunction", self._module, entry.encode())
         size = max(1, self.plan.arena_bytes)
         if self.arena_kind == "device":
             self._arena = int(_call("cuMemAlloc", size))
@@ -411,7 +386,7 @@ class CudaBackend(Backend):
 
     def _launch_arguments(self, index: int) -> _LaunchArguments:
         driver = _driver()
-        launch = self.launches[index]
+        launch = self.plan.launches[index]
         region = self.plan.region(launch.region)
         data = kernel_parameters(self.plan, region, self.parameter_block(index), self._arena)
         buffer = (ctypes.c_char * max(1, len(data))).from_buffer_copy(data.ljust(1, b"\0"))
@@ -463,58 +438,37 @@ class CudaBackend(Backend):
             raise
         return built
 
-    # -- what the host uses ------------------------------------------------------
-    def run(self, submissions: range) -> None:
-        if not isinstance(submissions, range):
-            raise TypeError(f"run takes a range of submissions, not {type(submissions).__name__}")
+    # -- what the base class asks of a backend -------------------------------------------
+    def _run(self, submissions: range) -> None:
         self._require_open()
-        if len(submissions) == 0:
-            return
-        count = self.plan.submission_count
-        if min(submissions) < 0 or max(submissions) >= count:
-            raise IndexError(f"submissions {submissions} are outside the plan's {count}")
         _call("cuCtxSetCurrent", self._context)
         graph = self._graphs.get(submissions)
         if graph is None:
             graph = self._graphs[submissions] = self._build_graph(submissions)
         _call("cuGraphLaunch", graph.exec, self._stream)
         _call("cuStreamSynchronize", self._stream)
-        self.last_semaphore = self.plan.submissions[submissions[-1]].semaphore
 
-    def write_tensor(self, name: str, data: bytes, offset: int = 0) -> None:
+    def _write_arena(self, offset: int, data: memoryview) -> None:
         self._require_open()
-        source = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-        address = self._tensor_offset(name, offset, source.size)
-        if source.size == 0:
-            return
+        source = np.frombuffer(data, dtype=np.uint8)
         if self.arena_kind == "host":
-            ctypes.memmove(self._host_arena + address, source.ctypes.data, source.size)
+            ctypes.memmove(self._host_arena + offset, source.ctypes.data, source.size)
             return
         _call("cuCtxSetCurrent", self._context)
-        _call("cuMemcpyHtoD", self._arena + address, source.ctypes.data, source.size)
+        _call("cuMemcpyHtoD", self._arena + offset, source.ctypes.data, source.size)
 
-    def read_tensor(self, name: str) -> bytes:
+    def _read_arena(self, offset: int, size: int) -> bytes:
         self._require_open()
-        tensor = self.plan.tensor(name)
-        address = self._tensor_offset(name, 0, tensor.bytes)
         if self.arena_kind == "host":
-            return ctypes.string_at(self._host_arena + address, tensor.bytes)
-        out = np.empty(tensor.bytes, dtype=np.uint8)
-        if tensor.bytes:
+            return ctypes.string_at(self._host_arena + offset, size)
+        out = np.empty(size, dtype=np.uint8)
+        if size:
             _call("cuCtxSetCurrent", self._context)
-            _call("cuMemcpyDtoH", out.ctypes.data, self._arena + address, tensor.bytes)
+            _call("cuMemcpyDtoH", out.ctypes.data, self._arena + offset, size)
         return out.tobytes()
 
-    def _tensor_offset(self, name: str, offset: int, length: int) -> int:
-        """The tensor's byte range [offset, offset+length) as an offset into the arena."""
-        tensor = self.plan.tensor(name)
-        if offset < 0 or offset + length > tensor.bytes:
-            raise ValueError(f"bytes [{offset}, {offset + length}) are outside tensor "
-                             f"{name!r} ({tensor.bytes} bytes)")
-        return tensor.address - self.plan.address_map.arena.base + offset
-
-    def _scalars_patched(self, launch_index: int, values: dict[str, Scalar],
-                         patches: list[tuple[int, bytes]]) -> None:
+    def _carry_patches(self, launch_index: int, values: dict[str, Scalar],
+                       patches: list[Patch]) -> None:
         """Scalars are not relocated: their words go straight into the kernel's buffer."""
         self._require_open()
         arguments = self._arguments[launch_index]
@@ -524,17 +478,6 @@ class CudaBackend(Backend):
                 raise RunFailure(f"launch {launch_index}: scalar at block offset {offset} is "
                                  "outside its parameter buffer")
             ctypes.memmove(ctypes.addressof(arguments.buffer) + offset - base, word, len(word))
-        self._update_nodes(launch_index)
-
-    def _parameter_block_changed(self, launch_index: int) -> None:
-        self._require_open()
-        arguments = self._arguments[launch_index]
-        region = self.plan.region(self.launches[launch_index].region)
-        data = kernel_parameters(self.plan, region, self.parameter_block(launch_index),
-                                 self._arena)
-        if len(data) != arguments.size.value:
-            raise RunFailure(f"launch {launch_index}: parameter buffer changed size")
-        ctypes.memmove(arguments.buffer, data, len(data))
         self._update_nodes(launch_index)
 
     def _update_nodes(self, launch_index: int) -> None:

@@ -2,10 +2,10 @@
 
     python -m bob.kernels.cuda.compile sm_90      # compile (or hit the cache), print a summary
 
-The options pin the arithmetic of SPEC section 3: no fused multiply-add,
-IEEE division and square root, subnormals kept. The output is a cubin (SASS
-for one architecture), never PTX: the machine code the plan retains is the
-code that runs. NVRTC needs no GPU, so CI compiles for every target.
+The options pin Bob's binary32 arithmetic (docs/ARITHMETIC.md): no fused
+multiply-add, IEEE division and square root, subnormals kept. The output is a
+cubin (SASS for one architecture), never PTX: the machine code the plan
+retains is the code that runs. NVRTC needs no GPU, so CI compiles for every target.
 
 Compiled images are cached under ``$BOB_CACHE_DIR/cubin`` (or
 ``~/.cache/bob/cubin``), keyed by the SHA-256 of everything that decides the
@@ -30,7 +30,7 @@ KERNEL_DIR = Path(__file__).resolve().parent
 ELF_MAGIC = b"\x7fELF"
 CACHE_FORMAT = b"bob-cubin-cache 1"
 
-# SPEC section 3: binary32 exactly as written. Order is part of the cache key.
+# Binary32 exactly as written. Order is part of the cache key.
 ARITHMETIC_OPTIONS = ("--fmad=false", "-prec-div=true", "-prec-sqrt=true", "-ftz=false")
 
 # What NVRTC's status names mean for someone compiling Bob's kernels.
@@ -138,12 +138,6 @@ def nvrtc_version() -> tuple[int, int]:
             f"{error}; install the NVRTC wheel: pip install nvidia-cuda-nvrtc",
         ) from error
     return int(major), int(minor)
-
-
-def supported_archs() -> tuple[str, ...]:
-    nvrtc = _nvrtc()
-    archs = check("nvrtcGetSupportedArchs", nvrtc.nvrtcGetSupportedArchs())
-    return tuple(f"sm_{int(a)}" for a in archs)
 
 
 def normalize_arch(arch: str | int | tuple[int, int]) -> str:
@@ -287,17 +281,6 @@ def compile_kernels(arch: str | int | tuple[int, int], *, use_cache: bool = True
                     cache_dir: Path | None = None) -> CompiledImage:
     """Bob's shipped kernels for `arch`."""
     return compile_source(shipped_source(), arch, use_cache=use_cache, cache_dir=cache_dir)
-
-
-def compiled_regions(arch: str | int | tuple[int, int], **compile_options):
-    """Bob's regions read from its kernels compiled for `arch`: name -> Region.
-
-    The reading and checking live in ``cubin.compiled_regions``; this is the
-    same function, reachable from the compiler's module.
-    """
-    from bob.kernels.cuda.cubin import compiled_regions as read_regions
-
-    return read_regions(normalize_arch(arch), **compile_options)
 
 
 def main(argv: list[str] | None = None) -> int:
