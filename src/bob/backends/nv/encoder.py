@@ -66,6 +66,7 @@ from bob.backends.nv.pushbuffer import (
     gpfifo_entry,
 )
 from bob.backends.nv.qmd import Qmd, QmdFieldError, QmdV03, QmdV04, SharedMemoryConfig, field_shift
+from bob.errors import BadInput
 from bob.plan.certificate import CertifiedPlan, require_certified
 from bob.plan.model import Component, Launch, Plan
 from bob.plan.placement import SEMAPHORE_STRIDE, align_up
@@ -107,7 +108,7 @@ LAUNCH_PROGRESS_OFFSET = 8  # the spare half of slot 0
 SETUP_ENTRIES = 1  # GPFIFO entry 0 is the set-up; submission s is entry s + 1
 
 
-class EncodeError(ValueError):
+class EncodeError(BadInput):
     """A plan that cannot be encoded for its target; the message says what and where."""
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from bob.backends.nv import fields_generated as g
+from bob.errors import BadInput
 
 Bits = tuple[int, int]
 
@@ -47,8 +48,9 @@ WORD_BITS = 32
 _SHIFTED = re.compile(r"_SHIFTED(\d+)(?:\(\d+\))?$")
 
 
-class QmdFieldError(ValueError):
-    """A QMD field write that cannot be encoded; the message names the field."""
+class QmdFieldError(BadInput):
+    """A QMD field write that cannot be encoded (a plan value the QMD cannot hold); the
+    message names the field."""
 
 
 def field_shift(name: str) -> int:
@@ -66,6 +68,18 @@ class SharedMemoryConfig:
     target_kib: int
 
 
+# Fields every Bob launch sets the same way in both versions: (field, the header's value name).
+_COMMON_VALUES = (
+    ("API_VISIBLE_CALL_LIMIT", "API_VISIBLE_CALL_LIMIT_NO_CHECK"),
+    ("SAMPLER_INDEX", "SAMPLER_INDEX_INDEPENDENTLY"),
+    ("INVALIDATE_TEXTURE_HEADER_CACHE", "INVALIDATE_TEXTURE_HEADER_CACHE_TRUE"),
+    ("INVALIDATE_TEXTURE_SAMPLER_CACHE", "INVALIDATE_TEXTURE_SAMPLER_CACHE_TRUE"),
+    ("INVALIDATE_TEXTURE_DATA_CACHE", "INVALIDATE_TEXTURE_DATA_CACHE_TRUE"),
+    ("INVALIDATE_SHADER_DATA_CACHE", "INVALIDATE_SHADER_DATA_CACHE_TRUE"),
+    ("CWD_MEMBAR_TYPE", "CWD_MEMBAR_TYPE_L1_SYSMEMBAR"),
+)
+
+
 class Qmd(ABC):
     """One QMD record under construction. Subclasses are the QMD versions."""
 
@@ -74,6 +88,8 @@ class Qmd(ABC):
     record_bytes: ClassVar[int]
     FIELDS: ClassVar[Mapping[str, Bits]]
     VALUES: ClassVar[Mapping[str, int]]
+    MINOR_VERSION_FIELD: ClassVar[str]  # the version's minor number is named differently
+    VERSION_FIELDS: ClassVar[tuple[tuple[str, int | str], ...]]  # set by one version only
 
     def __init__(self) -> None:
         self._record = 0
@@ -156,9 +172,15 @@ class Qmd(ABC):
         return self._record.to_bytes(self.record_bytes, "little")
 
     # -- the typed interface -------------------------------------------------
-    @abstractmethod
     def _initialise(self) -> None:
         """Write the version and the fields every Bob launch sets the same way."""
+        self.write("QMD_MAJOR_VERSION", self.major_version)
+        self.write(self.MINOR_VERSION_FIELD, 0)
+        for name, value in (*self.VERSION_FIELDS, *_COMMON_VALUES):
+            if isinstance(value, str):
+                self.write_value(name, value)
+            else:
+                self.write(name, value)
 
     @abstractmethod
     def set_program_address(self, address: int) -> None: ...
@@ -251,18 +273,8 @@ class QmdV03(Qmd):
     FIELDS = g.QMDV03_00_FIELDS
     VALUES = g.QMDV03_00_VALUES
 
-    def _initialise(self) -> None:
-        self.write("QMD_MAJOR_VERSION", self.major_version)
-        self.write("QMD_VERSION", 0)
-        self.write_value("API_VISIBLE_CALL_LIMIT", "API_VISIBLE_CALL_LIMIT_NO_CHECK")
-        self.write_value("SAMPLER_INDEX", "SAMPLER_INDEX_INDEPENDENTLY")
-        self.write("SM_GLOBAL_CACHING_ENABLE", 1)
-        self.write_value("INVALIDATE_TEXTURE_HEADER_CACHE", "INVALIDATE_TEXTURE_HEADER_CACHE_TRUE")
-        self.write_value("INVALIDATE_TEXTURE_SAMPLER_CACHE",
-                         "INVALIDATE_TEXTURE_SAMPLER_CACHE_TRUE")
-        self.write_value("INVALIDATE_TEXTURE_DATA_CACHE", "INVALIDATE_TEXTURE_DATA_CACHE_TRUE")
-        self.write_value("INVALIDATE_SHADER_DATA_CACHE", "INVALIDATE_SHADER_DATA_CACHE_TRUE")
-        self.write_value("CWD_MEMBAR_TYPE", "CWD_MEMBAR_TYPE_L1_SYSMEMBAR")
+    MINOR_VERSION_FIELD = "QMD_VERSION"
+    VERSION_FIELDS = (("SM_GLOBAL_CACHING_ENABLE", 1),)
 
     def set_program_address(self, address: int) -> None:
         self.write_address("PROGRAM_ADDRESS_LOWER", "PROGRAM_ADDRESS_UPPER", address,
@@ -315,18 +327,8 @@ class QmdV04(Qmd):
     FIELDS = g.QMDV04_00_FIELDS
     VALUES = g.QMDV04_00_VALUES
 
-    def _initialise(self) -> None:
-        self.write("QMD_MAJOR_VERSION", self.major_version)
-        self.write("QMD_MINOR_VERSION", 0)
-        self.write_value("QMD_TYPE", "QMD_TYPE_GRID_CTA")
-        self.write_value("API_VISIBLE_CALL_LIMIT", "API_VISIBLE_CALL_LIMIT_NO_CHECK")
-        self.write_value("SAMPLER_INDEX", "SAMPLER_INDEX_INDEPENDENTLY")
-        self.write_value("INVALIDATE_TEXTURE_HEADER_CACHE", "INVALIDATE_TEXTURE_HEADER_CACHE_TRUE")
-        self.write_value("INVALIDATE_TEXTURE_SAMPLER_CACHE",
-                         "INVALIDATE_TEXTURE_SAMPLER_CACHE_TRUE")
-        self.write_value("INVALIDATE_TEXTURE_DATA_CACHE", "INVALIDATE_TEXTURE_DATA_CACHE_TRUE")
-        self.write_value("INVALIDATE_SHADER_DATA_CACHE", "INVALIDATE_SHADER_DATA_CACHE_TRUE")
-        self.write_value("CWD_MEMBAR_TYPE", "CWD_MEMBAR_TYPE_L1_SYSMEMBAR")
+    MINOR_VERSION_FIELD = "QMD_MINOR_VERSION"
+    VERSION_FIELDS = (("QMD_TYPE", "QMD_TYPE_GRID_CTA"),)
 
     def set_program_address(self, address: int) -> None:
         self.write_address("PROGRAM_ADDRESS_LOWER", "PROGRAM_ADDRESS_UPPER", address,
