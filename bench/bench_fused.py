@@ -31,10 +31,11 @@ import numpy as np
 import bob.program.bob as program
 from bob.backends import BackendChoice, choose_backend
 from bob.backends.cpu import CpuBackend
+from bob.config import Hyper
 from bob.host.bench import bench_targets, copy_bandwidth, numpy_train
 from bob.host.session import Session
 from bob.kernels import reference
-from bob.program.bob import BobConfig, Hyper
+from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from bob.backends import choose_backend
 from bob.cli.main import cli, main
+from bob.config import Hyper
 from bob.host.bench import (
     BYTES_PER_PARAMETER,
     BenchTable,
@@ -31,7 +32,7 @@ from bob.host.bench import (
     run_bench,
 )
 from bob.host.session import Session
-from bob.program.bob import BobConfig, Hyper
+from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from bob import files
+from bob.config import Hyper
 from bob.errors import BadInput, RunFailure
-from bob.program.bob import Hyper
-from bob.records import atomic
 from bob.records.checkpoint import Checkpoint
 
 DIGEST = "ab" * 32
@@ -139,8 +139,8 @@ def test_construction_checks() -> None:
         Checkpoint(table, np.zeros((5, 5), np.float32), table, 0, Hyper(), "hard", "")
     with pytest.raises(ValueError, match="step"):
         Checkpoint(table, table, table, -1, Hyper(), "hard", "")
-    with pytest.raises(ValueError, match="beta2"):
-        Checkpoint(table, table, table, 0, Hyper(beta2=1.0), "hard", "")
+    with pytest.raises(TypeError, match="hyper must be a Hyper"):
+        Checkpoint(table, table, table, 0, {"lr": 0.1}, "hard", "")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="data_digest"):
         Checkpoint(table, table, table, 0, Hyper(), "hard", "ABC")
 
@@ -228,6 +228,10 @@ BAD_CHECKPOINTS: dict[str, tuple[object, str]] = {
     "lr nan": (_with(lr="nan"), "metadata lr = nan is not a finite number"),
     "beta1": (_with(beta1="1.0"), "metadata beta1 = 1.0 is outside [0, 1)"),
     "eps": (_with(eps="-1e-8"), "metadata eps = -1e-08 is negative"),
+    # The CLI refuses --lr 0 and --eps 0; a checkpoint is held to the same rule.
+    "lr zero": (_with(lr="0.0"), "metadata lr = 0.0 is zero (it must be positive)"),
+    "eps zero": (_with(eps="0"), "metadata eps = 0.0 is zero (it must be positive)"),
+    "weight decay": (_with(weight_decay="-0.5"), "metadata weight_decay = -0.5 is negative"),
     "digest": (_with(data_digest="xyz"), "metadata data_digest 'xyz' is not 64 lowercase hex"),
     "history json": (_with(history="[[0, 1.0]"), "metadata history is not JSON"),
     "history shape": (_with(history='{"0": 1.0}'),
@@ -317,7 +321,7 @@ def test_a_disk_full_midway_keeps_the_old_checkpoint(tmp_path: Path,
             return super().write(data)  # type: ignore[arg-type]
 
     real_fdopen = os.fdopen
-    monkeypatch.setattr(atomic.os, "fdopen",
+    monkeypatch.setattr(files.os, "fdopen",
                         lambda fd, mode: FullDisk(real_fdopen(fd, mode, buffering=0)))
     with pytest.raises(RunFailure, match="No space left on device"):
         sample(step=2, seed=5).save(path)
@@ -330,7 +334,7 @@ def test_a_disk_full_midway_keeps_the_old_checkpoint(tmp_path: Path,
 CHILD = textwrap.dedent("""
     import sys
     import numpy as np
-    from bob.program.bob import Hyper
+    from bob.config import Hyper
     from bob.records.checkpoint import Checkpoint
 
     def state(step, v):
@@ -352,7 +356,7 @@ def expected_state(step: int, v: int) -> Checkpoint:
 
 def _kill_while_writing(child: subprocess.Popen[str], directory: Path, deadline: float) -> None:
     """SIGKILL as soon as the child's temporary appears: it is mid-write then."""
-    prefix = f".model.safetensors.{atomic._host()}.{child.pid}."
+    prefix = f".model.safetensors.{files._host()}.{child.pid}."
     while time.monotonic() < deadline:
         if any(name.startswith(prefix) for name in os.listdir(directory)):
             break
@@ -372,7 +376,7 @@ def test_sigkill_while_saving_keeps_a_loadable_checkpoint(tmp_path: Path) -> Non
     expected_state(0, v).save(path)
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    env = {**os.environ, "PYTHONPATH": str(Path(atomic.__file__).parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(files.__file__).parents[1])}
     rng = random.Random(20240601)
     step = 0
     killed_mid_write = 0

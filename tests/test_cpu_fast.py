@@ -23,7 +23,12 @@ from bob.host.session import Session, split_updates  # noqa: E402
 from bob.kernels import arith, fast  # noqa: E402
 from bob.kernels import reference as ref  # noqa: E402
 from bob.kernels import signatures as sig  # noqa: E402
-from bob.program.bob import BobConfig, Hyper, adam_scalar_table  # noqa: E402
+from bob.program.bob import (  # noqa: E402
+    ADAM_SCALAR_NAMES,
+    BobConfig,
+    Hyper,
+    adam_scalar_table,
+)
 from bob.records.checkpoint import Checkpoint  # noqa: E402
 
 F32 = np.float32
@@ -123,8 +128,10 @@ def test_adamw_equals_the_reference(count: int) -> None:
     v = np.abs(salted(rng, (count,), 1e-3))
     edges = np.array([0.0, -0.0, 1e-45, np.inf, np.nan], F32)
     v[:5] = edges[:min(5, count)]
-    for hyper, step in ((Hyper(), 1), (Hyper(), 1000), (Hyper(eps=0.0), 3)):  # eps 0: 0 / 0
-        row = adam_scalar_table(hyper, step, 1)[0]
+    for step, zero_eps in ((1, False), (1000, False), (3, True)):
+        row = adam_scalar_table(Hyper(), step, 1)[0]
+        if zero_eps:  # 0 / 0 where v is 0 (Hyper refuses eps 0; the kernels must still agree)
+            row[ADAM_SCALAR_NAMES.index("eps_hat")] = 0.0
         want = [a.copy() for a in (w, m, v)]
         ref.adamw_update(want[0], g, want[1], want[2], ref.AdamScalars(*row[:7]))
         got = [a.copy() for a in (w, m, v)]

@@ -12,12 +12,13 @@ import pytest
 from bob.backends import choose_backend
 from bob.backends.cpu import CpuBackend
 from bob.cli.main import main
+from bob.config import Hyper
 from bob.host import api
 from bob.host.check import random_record
 from bob.host.session import Session, split_updates, train
 from bob.plan.certificate import CertificateError
 from bob.plan.jsonio import plan_from_json, plan_to_json
-from bob.program.bob import BobConfig, Hyper, build_plan
+from bob.program.bob import BobConfig, build_plan
 from bob.records.checkpoint import Checkpoint
 
 

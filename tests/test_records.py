@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bob import files
 from bob.errors import BadInput, RunFailure
+from bob.files import atomic_write
 from bob.program.bob import BobConfig
-from bob.records import atomic
-from bob.records.atomic import atomic_write
 from bob.records.binary import (
     HEADER,
     INPUT_MAGIC,
@@ -231,10 +231,10 @@ def test_unreadable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "secret.bob"
     path.write_bytes(GOOD_HARD)
 
-    def denied(self: Path) -> bytes:
+    def denied(self: Path, *args: object) -> bytes:
         raise PermissionError(13, "Permission denied")  # as for root-owned 0600, even as root
 
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    monkeypatch.setattr(Path, "open", denied)
     with pytest.raises(BadInput, match=r"^.*secret.bob: cannot read the file \(permission "
                                        r"denied\)$"):
         InputRecord.read(path)
@@ -282,10 +282,10 @@ def test_an_os_failure_leaves_the_old_file(step: str, tmp_path: Path,
         raise OSError(28, "No space left on device")
 
     if step == "fsync":
-        monkeypatch.setattr(atomic.os, "fsync", fail)
+        monkeypatch.setattr(files.os, "fsync", fail)
         data: object = b"new contents"
     elif step == "replace":
-        monkeypatch.setattr(atomic.os, "replace", fail)
+        monkeypatch.setattr(files.os, "replace", fail)
         data = b"new contents"
     else:
         def data(file: io.BufferedWriter) -> None:
@@ -310,9 +310,9 @@ def test_atomic_write_into_a_missing_directory(tmp_path: Path) -> None:
 
 def test_stale_temporaries_of_dead_writers_are_removed(tmp_path: Path) -> None:
     path = tmp_path / "file"
-    prefix = atomic._temp_prefix(path)
-    dead = prefix.replace(f".{os.getpid()}.", ".999999999.") + "abc123" + atomic.TEMP_SUFFIX
-    mine = prefix + "xyz" + atomic.TEMP_SUFFIX  # a write of this process in flight
+    prefix = files._temp_prefix(path)
+    dead = prefix.replace(f".{os.getpid()}.", ".999999999.") + "abc123" + files.TEMP_SUFFIX
+    mine = prefix + "xyz" + files.TEMP_SUFFIX  # a write of this process in flight
     for name in (dead, mine, "unrelated.tmp"):
         (tmp_path / name).write_bytes(b"partial")
     atomic_write(path, b"new")

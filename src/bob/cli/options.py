@@ -1,29 +1,91 @@
-"""Options shared by several commands."""
+"""Options shared by several commands; every choice is read from bob.config."""
 
 from __future__ import annotations
 
 import click
 
-from bob.program.bob import MAX_PROMPTS, MAX_UPDATES, MAX_VOCAB, BobConfig
+from bob.config import (
+    ARENA_KINDS,
+    BACKEND_NAMES,
+    DEFAULT_TARGET,
+    HYPER_FIELDS,
+    MAX_PROMPTS,
+    MAX_UPDATES,
+    MAX_VOCAB,
+    MIN_VOCAB,
+    MODES,
+    SCHEDULES,
+    TARGET_NAMES,
+    Hyper,
+)
+from bob.errors import BadInput
+from bob.program.bob import BobConfig
 
 SCHEDULE_OPTION = click.option(
-    "--schedule", type=click.Choice(["seed", "fused"]), default="seed", show_default=True,
+    "--schedule", type=click.Choice(SCHEDULES), default=SCHEDULES[0], show_default=True,
     help="The seed's launches (the reference), or the fused kernel: the same bytes, faster.")
+MODE_OPTION = click.option(
+    "--mode", type=click.Choice(MODES), default=MODES[0], show_default=True,
+    help="Hard targets (the seed's record) or corpus weights.")
+BACKEND_OPTION = click.option(
+    "--backend", type=click.Choice(BACKEND_NAMES), default="auto", show_default=True,
+    help="Where the plan runs.")
+ARENA_OPTION = click.option(
+    "--arena", type=click.Choice(ARENA_KINDS), default=ARENA_KINDS[0], show_default=True,
+    help="cuda: arena in device memory or mapped host memory.")
+
+
+def arch_option(help: str) -> click.Option:
+    """--arch: one of the targets a plan is placed for."""
+    return click.option("--arch", type=click.Choice(TARGET_NAMES), default=DEFAULT_TARGET,
+                        show_default=True, help=help)
+
+
+def vocab_option(default: int) -> click.Option:
+    return click.option("--vocab", "-V", type=click.IntRange(MIN_VOCAB, MAX_VOCAB),
+                        default=default, show_default=True,
+                        help="V: rows and columns of the table.")
+
+
+def prompts_option(default: int) -> click.Option:
+    return click.option("--prompts", "-P", type=click.IntRange(0, MAX_PROMPTS), default=default,
+                        show_default=True, help="P: prompts predicted per invocation.")
 
 
 def plan_options(function):
     """--vocab, --prompts, --updates, --mode, --schedule: the shape of Bob's program."""
     options = (
-        click.option("--vocab", "-V", type=click.IntRange(2, MAX_VOCAB), default=256,
-                     show_default=True, help="V: rows and columns of the table."),
-        click.option("--prompts", "-P", type=click.IntRange(0, MAX_PROMPTS), default=1,
-                     show_default=True, help="P: prompts predicted per invocation."),
+        vocab_option(256),
+        prompts_option(1),
         click.option("--updates", "-N", type=click.IntRange(0, MAX_UPDATES), default=100,
                      show_default=True, help="N: AdamW updates per invocation."),
-        click.option("--mode", type=click.Choice(["hard", "corpus"]), default="hard",
-                     show_default=True, help="Hard targets (the seed's record) or corpus weights."),
+        MODE_OPTION,
         SCHEDULE_OPTION,
     )
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def _check_hyperparameter(context: click.Context, parameter: click.Parameter,
+                          value: float) -> float:
+    # Hyper's own rule, one option at a time, so the message names the flag.
+    try:
+        Hyper(**{parameter.name: value})
+    except BadInput as error:
+        raise click.BadParameter(str(error)) from None
+    return value
+
+
+def hyper_options(function):
+    """--lr, --beta1, --beta2, --eps, --weight-decay, each checked by Hyper's rule."""
+    defaults = Hyper()
+    options = [
+        click.option(f"--{name.replace('_', '-')}", name, type=float,
+                     default=getattr(defaults, name), show_default=True,
+                     callback=_check_hyperparameter)
+        for name in HYPER_FIELDS
+    ]
     for option in reversed(options):
         function = option(function)
     return function

@@ -8,6 +8,7 @@ import sys
 import click
 from rich.console import Console
 
+from bob.config import TARGET_NAMES
 from bob.errors import BackendUnavailable
 from bob.plan import TARGETS
 from bob.plan import certify as certify_plan
@@ -36,7 +37,7 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
 
 @click.command()
 @plan_options
-@click.option("--arch", type=click.Choice(sorted(TARGETS)), default=None,
+@click.option("--arch", type=click.Choice(TARGET_NAMES), default=None,
               help="Compile the kernels for this architecture and show its regions.")
 @click.option("--json", "as_json", is_flag=True, help="Write the whole plan as JSON.")
 @click.option("--disasm", is_flag=True,

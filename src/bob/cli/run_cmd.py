@@ -12,16 +12,19 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from bob.backends import BACKEND_NAMES
+from bob.config import MAX_UPDATES, Hyper
+from bob.errors import BadInput
 from bob.host import api
-from bob.program.bob import Hyper
 
-from .options import SCHEDULE_OPTION
+from .options import (
+    ARENA_OPTION,
+    BACKEND_OPTION,
+    SCHEDULE_OPTION,
+    arch_option,
+    hyper_options,
+)
 
-_BACKEND = click.option("--backend", type=click.Choice(BACKEND_NAMES), default="auto",
-                        show_default=True, help="Where the plan runs.")
-_ARCH = click.option("--arch", type=click.Choice(["sm_86", "sm_90"]), default="sm_90",
-                     show_default=True, help="Target of the nv-sim backend.")
+_ARCH = arch_option("Target of the nv-sim backend.")
 _CHECKPOINT = click.option("--checkpoint", "-c", default=api.DEFAULT_CHECKPOINT,
                            show_default=True, type=click.Path(dir_okay=False),
                            help="The safetensors checkpoint.")
@@ -46,18 +49,13 @@ def _byte_text(value: int) -> str:
 @_CHECKPOINT
 @click.option("--resume", is_flag=True, help="Continue the checkpoint's run.")
 @click.option("--overwrite", is_flag=True, help="Start again over an existing checkpoint.")
-@_BACKEND
+@BACKEND_OPTION
 @_ARCH
-@click.option("--arena", type=click.Choice(["device", "host"]), default="device",
-              show_default=True, help="cuda: arena in device memory or mapped host memory.")
-@click.option("--updates-per-invocation", "-N", type=click.IntRange(1, 100_000),
+@ARENA_OPTION
+@click.option("--updates-per-invocation", "-N", type=click.IntRange(1, MAX_UPDATES),
               default=api.DEFAULT_UPDATES_PER_INVOCATION, show_default=True,
               help="Updates in one plan; a checkpoint is written after each invocation.")
-@click.option("--lr", type=float, default=Hyper.lr, show_default=True)
-@click.option("--beta1", type=float, default=Hyper.beta1, show_default=True)
-@click.option("--beta2", type=float, default=Hyper.beta2, show_default=True)
-@click.option("--eps", type=float, default=Hyper.eps, show_default=True)
-@click.option("--weight-decay", type=float, default=Hyper.weight_decay, show_default=True)
+@hyper_options
 @click.option("--result", "result_path", type=click.Path(dir_okay=False),
               help="Write the last invocation's result record here.")
 @SCHEDULE_OPTION
@@ -66,8 +64,13 @@ def train(texts, input_record, steps, checkpoint, resume, overwrite, backend, ar
           updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path, schedule,
           as_json) -> None:
     """Train the bigram table with AdamW, a checkpoint after every invocation."""
+    # The API's refusals in its own words; here in the command's.
+    if texts and input_record is not None:
+        raise BadInput("give either --text files or an --input record, not both")
+    if not resume and not overwrite and os.path.exists(checkpoint):
+        raise BadInput(f"{checkpoint}: exists; pass --resume to continue it or --overwrite "
+                       "to start again")
     hyper = Hyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
-    _check_hyper(hyper)
     progress = Progress(TextColumn("[bold]training"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} updates"),
                         TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
@@ -105,25 +108,10 @@ def _defaults(hyper: Hyper) -> bool:
     return hyper == Hyper()
 
 
-def _check_hyper(hyper: Hyper) -> None:
-    problems = []
-    if not (math.isfinite(hyper.lr) and hyper.lr > 0):
-        problems.append("--lr must be a positive number")
-    for name in ("beta1", "beta2"):
-        if not 0 <= getattr(hyper, name) < 1:
-            problems.append(f"--{name} must be in [0, 1)")
-    if not (math.isfinite(hyper.eps) and hyper.eps > 0):
-        problems.append("--eps must be a positive number")
-    if not (math.isfinite(hyper.weight_decay) and hyper.weight_decay >= 0):
-        problems.append("--weight-decay must be >= 0")
-    if problems:
-        raise click.BadParameter("; ".join(problems))
-
-
 @click.command()
 @_CHECKPOINT
 @click.argument("prompts", nargs=-1, required=True)
-@_BACKEND
+@BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
 def predict(checkpoint, prompts, backend, as_json) -> None:
     """Predict the byte after each PROMPT (greedy argmax of its last byte's row)."""
@@ -147,7 +135,7 @@ def predict(checkpoint, prompts, backend, as_json) -> None:
               help="0 is greedy; above 0 samples.")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
               help="Sampling seed: the same seed gives the same text on every backend.")
-@_BACKEND
+@BACKEND_OPTION
 def generate(checkpoint, prompt, length, temperature, seed, backend) -> None:
     """Continue a prompt, greedily or by sampling."""
     text = api.generate(checkpoint, prompt.encode(), length, temperature, seed, backend)
@@ -158,7 +146,7 @@ def generate(checkpoint, prompt, length, temperature, seed, backend) -> None:
 @_CHECKPOINT
 @click.option("--text", "texts", multiple=True, required=True, type=click.Path(dir_okay=False),
               help="Text file to evaluate on (repeat for several).")
-@_BACKEND
+@BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True)
 def eval_(checkpoint, texts, backend, as_json) -> None:
     """Loss of the model on text: nats per transition, bits per byte, and the optimum."""

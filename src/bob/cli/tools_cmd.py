@@ -9,11 +9,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from bob.config import BACKENDS, MAX_UPDATES
 from bob.program.bob import BobConfig
 
-from .options import SCHEDULE_OPTION
+from .options import MODE_OPTION, SCHEDULE_OPTION, arch_option, prompts_option, vocab_option
 
-_CHOICES = ("cpu", "cuda", "nv-sim", "nv")
+_CHOICES = BACKENDS  # two named backends: "auto" would compare a backend with itself
 
 
 def _backend_pair(text: str) -> tuple[str, str]:
@@ -27,14 +28,13 @@ def _backend_pair(text: str) -> tuple[str, str]:
 @click.command()
 @click.option("--backends", default="cpu,nv-sim", show_default=True,
               help="Two backends to compare, e.g. cpu,cuda.")
-@click.option("--vocab", "-V", type=click.IntRange(2, 16384), default=256, show_default=True)
-@click.option("--prompts", "-P", type=click.IntRange(0, 4096), default=2, show_default=True)
-@click.option("--updates-per-invocation", "-N", type=click.IntRange(1), default=10,
+@vocab_option(256)
+@prompts_option(2)
+@click.option("--updates-per-invocation", "-N", type=click.IntRange(1, MAX_UPDATES), default=10,
               show_default=True)
 @click.option("--steps", type=click.IntRange(0), default=25, show_default=True)
-@click.option("--mode", type=click.Choice(["hard", "corpus"]), default="hard", show_default=True)
-@click.option("--arch", type=click.Choice(["sm_86", "sm_90"]), default="sm_90",
-              show_default=True, help="Target of nv-sim.")
+@MODE_OPTION
+@arch_option("Target of nv-sim.")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
 @SCHEDULE_OPTION
 @click.option("--json", "as_json", is_flag=True)

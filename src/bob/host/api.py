@@ -15,11 +15,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from bob.backends import choose_backend
+from bob.config import ARENA_KINDS, DEFAULT_TARGET, Hyper
 from bob.errors import BadInput
 from bob.host import sampling
 from bob.host.session import Invocation, Session
 from bob.host.session import train as train_invocations
-from bob.program.bob import SCHEDULES, BobConfig, Hyper
+from bob.program.bob import BobConfig
 from bob.records import corpus
 from bob.records.binary import InputRecord, ResultRecord
 from bob.records.checkpoint import Checkpoint
@@ -44,7 +45,7 @@ def training_data(texts: Sequence[str] | None = None, input_record: str | None =
     """The training data: text files (corpus mode), an input record, or the built-in corpus."""
     if input_record is not None:
         if texts:
-            raise BadInput("give either --text files or an --input record, not both")
+            raise BadInput("give either texts or an input_record, not both")
         record = InputRecord.read(input_record)
         counts = None
         return TrainingData(replace_prompts(record, ()), counts, input_record)
@@ -100,17 +101,17 @@ class TrainReport:
 def train(texts: Sequence[str] | None = None, steps: int = 1000,
           checkpoint: str = DEFAULT_CHECKPOINT, resume: bool = False, backend: str = "auto",
           hyper: Hyper | None = None, updates_per_invocation: int = DEFAULT_UPDATES_PER_INVOCATION,
-          input_record: str | None = None, overwrite: bool = False, arch: str = "sm_90",
-          arena: str = "device", result_path: str | None = None, schedule: str = "seed",
+          input_record: str | None = None, overwrite: bool = False, arch: str = DEFAULT_TARGET,
+          arena: str = ARENA_KINDS[0], result_path: str | None = None, schedule: str = "seed",
           progress: Callable[[Invocation, int], None] | None = None) -> TrainReport:
     """Train for `steps` updates, saving the checkpoint after every invocation.
 
     `schedule` "fused" runs the fused kernel: the same bytes as "seed", faster.
     """
     if steps < 0:
-        raise BadInput(f"--steps must be >= 0, not {steps}")
+        raise BadInput(f"steps must be >= 0, not {steps}")
     if updates_per_invocation < 1:
-        raise BadInput("updates per invocation must be at least 1")
+        raise BadInput(f"updates_per_invocation must be at least 1, not {updates_per_invocation}")
     data = training_data(texts, input_record)
     exists = os.path.exists(checkpoint)
     if resume:
@@ -124,13 +125,11 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
                            f"V={data.record.vocab}")
     else:
         if exists and not overwrite:
-            raise BadInput(f"{checkpoint}: exists; pass --resume to continue it or --overwrite "
-                           "to start again")
+            raise BadInput(f"{checkpoint}: exists; resume it to continue its run, or "
+                           "overwrite it to start again")
         start = Checkpoint.zeros(data.record.vocab, hyper or Hyper(), data.record.mode,
                                  data_digest=data.record.data_digest)
     hyper = start.hyper
-    if schedule not in SCHEDULES:
-        raise BadInput(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     config = BobConfig(vocab=data.record.vocab, prompts=0,
                        updates=min(updates_per_invocation, max(steps, 1)),
                        mode=data.record.mode, schedule=schedule)  # type: ignore[arg-type]
@@ -165,7 +164,8 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
     )
 
 
-def _forward(checkpoint: Checkpoint, prompts: Sequence[int], backend: str, arch: str = "sm_90",
+def _forward(checkpoint: Checkpoint, prompts: Sequence[int], backend: str,
+             arch: str = DEFAULT_TARGET,
              record: InputRecord | None = None) -> ResultRecord:
     """One forward invocation: the prompts' logit rows and greedy predictions."""
     if record is None:
@@ -204,9 +204,9 @@ def generate(checkpoint: str, prompt: bytes, length: int, temperature: float = 0
     if not prompt:
         raise BadInput("the prompt must have at least one byte")
     if length < 0:
-        raise BadInput(f"--length must be >= 0, not {length}")
+        raise BadInput(f"length must be >= 0, not {length}")
     if not math.isfinite(temperature) or temperature < 0:
-        raise BadInput(f"--temperature must be a finite number >= 0, not {temperature}")
+        raise BadInput(f"temperature must be a finite number >= 0, not {temperature}")
     state = Checkpoint.load(checkpoint)
     _require_bytes(state, checkpoint)
     # Every row at once: one forward invocation with all 256 bytes as prompts.

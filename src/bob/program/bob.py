@@ -42,10 +42,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
 
 import numpy as np
 
+from bob.config import (
+    MAX_PROMPTS,
+    MAX_UPDATES,
+    MAX_VOCAB,
+    MIN_VOCAB,
+    MODES,
+    SCHEDULES,
+    Hyper,
+    Mode,
+    Schedule,
+)
+from bob.errors import BadInput
 from bob.kernels import signatures as sig
 from bob.kernels.exact import f32_bits_from_fraction
 from bob.plan.model import (
@@ -62,10 +73,6 @@ from bob.plan.model import (
 )
 from bob.plan.placement import SM86, place
 
-Mode = Literal["hard", "corpus"]
-Schedule = Literal["seed", "fused"]
-SCHEDULES = ("seed", "fused")
-
 # log2(e) and ln(2) correctly rounded to binary32 (proved in the tests).
 LOG2E_BITS = 0x3FB8AA3B
 LN2_BITS = 0x3F317218
@@ -81,11 +88,7 @@ ADAM_SCALARS_TENSOR = "adam_scalars"
 ADAM_SCALAR_NAMES = ("decay", "beta1", "one_minus_beta1", "beta2", "one_minus_beta2",
                      "step_size", "eps_hat")
 ADAM_SCALAR_STRIDE = 8  # floats per row
-CHECKPOINT_TENSORS = ("parameters", "first_moment", "second_moment")
 
-MAX_VOCAB = 16384  # four 1 GiB tables: larger belongs to a sharded design
-MAX_PROMPTS = 4096
-MAX_UPDATES = 100_000
 # The fused schedule runs all N updates in one launch up to this V: each block keeps its
 # row on chip (registers up to V = 1024, then L1/L2) for every update. Above, one
 # streaming launch per update moves 24 bytes per parameter through DRAM. Measured on an
@@ -93,17 +96,6 @@ MAX_UPDATES = 100_000
 # us/update at V = 2048, 4096, 8192; one launch per update 38.4, 139 and 528. Past 8192
 # the rows of the resident blocks (4 per SM, 96 KiB each at V = 8192) outgrow the L2.
 ONE_LAUNCH_MAX_VOCAB = 8192
-
-
-@dataclass(frozen=True)
-class Hyper:
-    """AdamW hyperparameters (torch.optim.AdamW's names and defaults, but lr)."""
-
-    lr: float = 0.1  # a bigram table tolerates a large step; 1000 updates reach the optimum
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -116,17 +108,18 @@ class BobConfig:
 
     def __post_init__(self) -> None:
         checks = (
-            ("vocab", self.vocab, 2, MAX_VOCAB),
+            ("vocab", self.vocab, MIN_VOCAB, MAX_VOCAB),
             ("prompts", self.prompts, 0, MAX_PROMPTS),
             ("updates", self.updates, 0, MAX_UPDATES),
         )
         for name, value, low, high in checks:
-            if not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r}")
-        if self.mode not in ("hard", "corpus"):
-            raise ValueError(f"mode must be 'hard' or 'corpus', not {self.mode!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise BadInput(f"{name} must be an integer in [{low}, {high}], not {value!r}")
+        if self.mode not in MODES:
+            raise BadInput(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be 'seed' or 'fused', not {self.schedule!r}")
+            raise BadInput(f"schedule must be one of {', '.join(SCHEDULES)}, not "
+                           f"{self.schedule!r}")
 
     @property
     def loss_region(self) -> str:

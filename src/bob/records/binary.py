@@ -29,16 +29,14 @@ from typing import BinaryIO
 
 import numpy as np
 
+from bob.config import MAX_PROMPTS, MAX_VOCAB, MIN_VOCAB, MODES, Mode
 from bob.errors import BadInput
-from bob.program.bob import MAX_PROMPTS, MAX_VOCAB, Mode
-from bob.records.atomic import StrPath, atomic_write, read_bytes
+from bob.files import StrPath, atomic_write, read_bytes
 
 INPUT_MAGIC = b"BOBINPUT"
 RESULT_MAGIC = b"BOBRESLT"
 FORMAT_VERSION = 1
 HEADER = struct.Struct("<8sIIII")  # magic, version, mode, V, P
-MODES: tuple[Mode, ...] = ("hard", "corpus")  # a mode's index is its code on disk
-MIN_VOCAB = 2
 
 U32 = np.dtype("<u4")
 F32 = np.dtype("<f4")

@@ -35,14 +35,20 @@ from typing import BinaryIO
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from bob.config import (
+    CHECKPOINT_TENSORS,
+    HYPER_FIELDS,
+    MAX_VOCAB,
+    MIN_VOCAB,
+    MODES,
+    Hyper,
+    Mode,
+)
 from bob.errors import BadInput, RunFailure
-from bob.program.bob import CHECKPOINT_TENSORS, MAX_VOCAB, Hyper, Mode
-from bob.records.atomic import StrPath, atomic_write
+from bob.files import StrPath, atomic_write, reading
 from bob.records.binary import (
     F32,
     INPUT_MAGIC,
-    MIN_VOCAB,
-    MODES,
     RESULT_MAGIC,
     arrays_identical,
     first_true,
@@ -51,7 +57,6 @@ from bob.records.binary import (
 
 FORMAT = "bob-checkpoint"
 FORMAT_VERSION = 1
-HYPER_FIELDS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 REQUIRED_METADATA = ("format", "format_version", "vocab", "step", "mode", *HYPER_FIELDS,
                      "data_digest")
 DEFAULT_HYPER = Hyper()
@@ -64,24 +69,6 @@ def bob_version() -> str:
         return importlib.metadata.version("bob")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-def hyper_problem(hyper: Hyper) -> str | None:
-    """What is wrong with these hyperparameters (torch.optim.AdamW's checks), or None."""
-    for name in HYPER_FIELDS:
-        value = getattr(hyper, name)
-        if not isinstance(value, Real) or not math.isfinite(value):
-            return f"{name} = {value!r} is not a finite number"
-    if hyper.lr < 0:
-        return f"lr = {hyper.lr!r} is negative"
-    if hyper.eps < 0:
-        return f"eps = {hyper.eps!r} is negative"
-    for name in ("beta1", "beta2"):
-        if not 0.0 <= getattr(hyper, name) < 1.0:
-            return f"{name} = {getattr(hyper, name)!r} is outside [0, 1)"
-    if hyper.weight_decay < 0:
-        return f"weight_decay = {hyper.weight_decay!r} is negative"
-    return None
 
 
 def _digest_problem(digest: object) -> str | None:
@@ -156,8 +143,10 @@ class Checkpoint:
             raise ValueError(f"step must be a non-negative integer, not {self.step!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be 'hard' or 'corpus', not {self.mode!r}")
-        problem = (hyper_problem(self.hyper) or _digest_problem(self.data_digest)
-                   or _history_problem(self.history) or _optimum_problem(self.optimum))
+        if not isinstance(self.hyper, Hyper):  # a Hyper checks its own values
+            raise TypeError(f"hyper must be a Hyper, not {type(self.hyper).__name__}")
+        problem = (_digest_problem(self.data_digest) or _history_problem(self.history)
+                   or _optimum_problem(self.optimum))
         if problem:
             raise ValueError(problem)
         # Tuples of (int, float), so equality does not depend on how they were given.
@@ -299,15 +288,8 @@ class Checkpoint:
 
 def _check_opening_bytes(path: StrPath) -> None:
     """Missing, empty, or one of Bob's other files: say so before safetensors does."""
-    try:
-        with open(path, "rb") as file:
-            head = file.read(8)
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, not a checkpoint") from None
-    except OSError as error:
-        raise BadInput(f"{path}: cannot read ({error.strerror or error})") from None
+    with reading(path, "checkpoint") as file:
+        head = file.read(8)
     if not head:
         raise BadInput(f"{path}: empty file, not a checkpoint")
     if head == INPUT_MAGIC:
@@ -363,8 +345,11 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
         except ValueError:
             raise BadInput(f"{source}: metadata {name} {metadata[name]!r} is not a "
                            f"number") from None
-    hyper = Hyper(**values)
-    problem = hyper_problem(hyper) or _digest_problem(metadata["data_digest"])
+    try:
+        hyper = Hyper(**values)
+    except BadInput as problem:
+        raise BadInput(f"{source}: metadata {problem}") from None
+    problem = _digest_problem(metadata["data_digest"])
     if problem:
         raise BadInput(f"{source}: metadata {problem}")
     history: list = []

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bob.config import MAX_VOCAB, MIN_VOCAB
 from bob.errors import BadInput, RunFailure
-from bob.program.bob import MAX_VOCAB
-from bob.records.atomic import StrPath
-from bob.records.binary import MIN_VOCAB, InputRecord
+from bob.files import StrPath, reading
+from bob.records.binary import InputRecord
 
 BYTE_VOCAB = 256  # one row and column per byte value
 CHUNK_BYTES = 1 << 24  # a file is counted 16 MiB at a time: bincount's indices take 8x that
@@ -74,18 +74,9 @@ def _no_pairs(sources: Sequence[str]) -> BadInput:
 
 
 def _file_chunks(path: Path) -> Iterator[bytes]:
-    try:
-        with path.open("rb") as file:
-            while chunk := file.read(CHUNK_BYTES):
-                yield chunk
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, not a text file") from None
-    except PermissionError:
-        raise BadInput(f"{path}: cannot read the file (permission denied)") from None
-    except OSError as error:
-        raise BadInput(f"{path}: cannot read the file ({error.strerror or error})") from None
+    with reading(path, "text file") as file:
+        while chunk := file.read(CHUNK_BYTES):
+            yield chunk
 
 
 def counts_from_bytes(text: bytes, source: str = "corpus", vocab: int = BYTE_VOCAB,

@@ -8,7 +8,7 @@ from os import PathLike
 
 import numpy as np
 
-from bob.records.atomic import atomic_write
+from bob.files import atomic_write
 
 _SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -1,4 +1,6 @@
-"""Safe file I/O: reads that fail with a one-line BadInput, and atomic writes.
+"""Files Bob reads and writes: reads that fail with a one-line BadInput, atomic writes.
+
+Ground floor: it imports only ``bob.errors``, so any layer may use it.
 
 An atomic write goes to a temporary file in the target's directory, is flushed
 and fsynced, renamed over the target, and the directory is fsynced, so a crash
@@ -14,7 +16,7 @@ import os
 import re
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -26,19 +28,29 @@ StrPath = str | os.PathLike[str]
 TEMP_SUFFIX = ".tmp"
 
 
-def read_bytes(path: StrPath, what: str = "file") -> bytes:
-    """The whole file; BadInput naming it when it is missing or unreadable."""
-    path = Path(path)
+@contextlib.contextmanager
+def reading(path: StrPath, what: str = "file") -> Iterator[BinaryIO]:
+    """`path` open for binary reading; a failure to open or read it is a BadInput naming it.
+
+    `what` names the expected kind where a directory stands in its place.
+    """
     try:
-        return path.read_bytes()
+        with Path(path).open("rb") as file:
+            yield file
     except FileNotFoundError:
-        raise BadInput(f"{path}: no such {what}") from None
+        raise BadInput(f"{path}: no such file") from None
     except IsADirectoryError:
         raise BadInput(f"{path}: is a directory, not a {what}") from None
     except PermissionError:
-        raise BadInput(f"{path}: cannot read the {what} (permission denied)") from None
+        raise BadInput(f"{path}: cannot read the file (permission denied)") from None
     except OSError as error:
-        raise BadInput(f"{path}: cannot read the {what} ({error.strerror or error})") from None
+        raise BadInput(f"{path}: cannot read the file ({error.strerror or error})") from None
+
+
+def read_bytes(path: StrPath, what: str = "file") -> bytes:
+    """The whole file; BadInput naming it when it is missing or unreadable."""
+    with reading(path, what) as file:
+        return file.read()
 
 
 def atomic_write(path: StrPath, data: bytes | Writer) -> None:

@@ -1,0 +1,79 @@
+"""Bob's configuration facts, kept once: every layer and the command line read them here.
+
+Ground floor: it imports only ``bob.errors``. The program, the records, the
+host and the CLI take their names, limits and rules from this module; the CLI's
+choices are these tuples, never literals of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from numbers import Real
+from typing import Literal
+
+from bob.errors import BadInput
+
+# -- the program's shape ----------------------------------------------------------
+Mode = Literal["hard", "corpus"]
+MODES: tuple[Mode, ...] = ("hard", "corpus")  # a mode's index is its code in a record
+Schedule = Literal["seed", "fused"]
+SCHEDULES: tuple[Schedule, ...] = ("seed", "fused")
+
+MIN_VOCAB = 2  # a softmax over one column learns nothing
+MAX_VOCAB = 16384  # four 1 GiB tables: larger belongs to a sharded design
+MAX_PROMPTS = 4096
+MAX_UPDATES = 100_000
+
+# The arena's first three tensors, in arena order: what a checkpoint holds.
+CHECKPOINT_TENSORS = ("parameters", "first_moment", "second_moment")
+
+# -- where a plan runs -----------------------------------------------------------
+TARGET_NAMES = ("sm_86", "sm_90")  # the parameter-block layouts a plan is placed for
+DEFAULT_TARGET = "sm_90"  # the nv-sim backend's default: the H200's architecture
+ARENA_KINDS = ("device", "host")  # cuda and nv: arena in device memory or mapped host memory
+BACKENDS = ("cpu", "cuda", "nv-sim", "nv")
+BACKEND_NAMES = (*BACKENDS, "auto")  # auto: cuda where a GPU is usable, else cpu
+
+
+# -- AdamW -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Hyper:
+    """AdamW hyperparameters (torch.optim.AdamW's names and defaults, but lr).
+
+    One rule set, checked on construction wherever the values come from (the
+    command line, the API, a checkpoint's metadata): every value a finite real
+    number, lr > 0 (lr 0 never moves the table), 0 <= beta < 1 (beta 1 freezes a
+    moment and its bias correction divides by zero), eps > 0 (the update divides
+    by sqrt(v) + eps, and v is 0 where a gradient has been 0), weight_decay >= 0.
+    As in torch, lr * weight_decay above 1 is allowed: a run that diverges stops
+    with a non-finite loss and keeps its last good checkpoint.
+    """
+
+    lr: float = 0.1  # a bigram table tolerates a large step; 1000 updates reach the optimum
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+    def __post_init__(self) -> None:
+        for name in HYPER_FIELDS:
+            problem = _hyper_problem(name, getattr(self, name))
+            if problem:
+                raise BadInput(f"{name} = {getattr(self, name)!r} {problem}")
+
+
+def _hyper_problem(name: str, value: object) -> str | None:
+    """What is wrong with one hyperparameter's value, or None."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        return "is not a finite number"
+    if name in ("beta1", "beta2"):
+        return None if 0 <= value < 1 else "is outside [0, 1)"
+    if value < 0:
+        return "is negative"
+    if value == 0 and name in ("lr", "eps"):
+        return "is zero (it must be positive)"
+    return None
+
+
+HYPER_FIELDS = tuple(f.name for f in fields(Hyper))

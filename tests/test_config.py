@@ -1,0 +1,108 @@
+"""bob.config: one rule for AdamW's hyperparameters, one home for the names and limits."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bob import config
+from bob.backends import BACKEND_NAMES
+from bob.cli.main import main
+from bob.config import Hyper
+from bob.errors import BadInput
+from bob.host import api
+from bob.plan import TARGETS
+from bob.program.bob import BobConfig
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"lr": 0.0}, "lr = 0.0 is zero (it must be positive)"),
+    ({"lr": -1.0}, "lr = -1.0 is negative"),
+    ({"lr": math.inf}, "lr = inf is not a finite number"),
+    ({"lr": "0.1"}, "lr = '0.1' is not a finite number"),
+    ({"lr": True}, "lr = True is not a finite number"),
+    ({"beta1": 1.0}, "beta1 = 1.0 is outside [0, 1)"),
+    ({"beta2": -0.1}, "beta2 = -0.1 is outside [0, 1)"),
+    ({"beta2": math.nan}, "beta2 = nan is not a finite number"),
+    ({"eps": 0}, "eps = 0 is zero (it must be positive)"),
+    ({"eps": -1e-8}, "eps = -1e-08 is negative"),
+    ({"weight_decay": -0.01}, "weight_decay = -0.01 is negative"),
+])
+def test_hyper_refuses_with_one_line(values: dict, message: str) -> None:
+    with pytest.raises(BadInput) as caught:
+        Hyper(**values)
+    assert str(caught.value) == message
+    assert caught.value.exit_status == 2
+
+
+def test_hyper_accepts_the_edges_of_its_rule() -> None:
+    Hyper(lr=1e-30, beta1=0.0, beta2=0.0, eps=1e-300, weight_decay=0.0)
+    Hyper(lr=1e39, weight_decay=1.0)  # diverges, as torch would: caught as a non-finite loss
+    assert Hyper() == Hyper(lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--lr", "0", "lr = 0.0 is zero (it must be positive)"),
+    ("--eps", "0", "eps = 0.0 is zero (it must be positive)"),
+    ("--beta2", "1", "beta2 = 1.0 is outside [0, 1)"),
+    ("--weight-decay", "-1", "weight_decay = -1.0 is negative"),
+    ("--lr", "nan", "lr = nan is not a finite number"),
+])
+def test_the_cli_applies_the_same_rule(tmp_path: Path, capsys, flag: str, value: str,
+                                       message: str) -> None:
+    status = main(["train", flag, value, "--backend", "cpu", "-c",
+                   str(tmp_path / "model.safetensors")])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    error = err.strip().splitlines()[-1]  # after click's usage lines
+    assert error == f"Error: Invalid value for '{flag}': {message}"
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda path: api.train(steps=-1, checkpoint=path, backend="cpu"),
+     "steps must be >= 0, not -1"),
+    (lambda path: api.train(steps=1, checkpoint=path, backend="cpu", updates_per_invocation=0),
+     "updates_per_invocation must be at least 1, not 0"),
+    (lambda path: api.train(steps=1, checkpoint=path, backend="cpu", schedule="turbo"),
+     "schedule must be one of seed, fused, not 'turbo'"),
+    (lambda path: api.train(texts=["a.txt"], input_record="b.bob", checkpoint=path),
+     "give either texts or an input_record, not both"),
+])
+def test_the_api_speaks_its_own_words(tmp_path: Path, call, message: str) -> None:
+    with pytest.raises(BadInput) as caught:
+        call(str(tmp_path / "model.safetensors"))
+    assert str(caught.value) == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cli_speaks_in_flags_where_the_api_does_not(tmp_path: Path, capsys) -> None:
+    (tmp_path / "a.txt").write_bytes(b"abc")
+    argv = ["train", "--text", str(tmp_path / "a.txt"), "--input", str(tmp_path / "b.bob"),
+            "-c", str(tmp_path / "model.safetensors")]
+    assert main(argv) == 2
+    assert "give either --text files or an --input record" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"vocab": 1}, "vocab must be an integer in [2, 16384], not 1"),
+    ({"updates": True}, "updates must be an integer in [0, 100000], not True"),
+    ({"mode": "soft"}, "mode must be one of hard, corpus, not 'soft'"),
+])
+def test_a_bad_program_configuration_is_bad_input(values: dict, message: str) -> None:
+    with pytest.raises(BadInput) as caught:
+        BobConfig(**values)
+    assert str(caught.value) == message
+
+
+def test_the_names_are_the_ones_the_layers_use() -> None:
+    # Targets are placed by the plan layer and backends resolved by the backends package;
+    # both must offer exactly the names the CLI and the records take from bob.config.
+    assert config.TARGET_NAMES == tuple(TARGETS)
+    assert config.BACKEND_NAMES == BACKEND_NAMES
+    assert config.DEFAULT_TARGET in config.TARGET_NAMES
+    assert config.HYPER_FIELDS == ("lr", "beta1", "beta2", "eps", "weight_decay")
