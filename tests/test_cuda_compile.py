@@ -104,6 +104,15 @@ def test_cache_hits_on_the_second_call(cache: Path) -> None:
     assert list(cache.glob("*.tmp")) == []  # the atomic write left nothing behind
 
 
+def test_an_unwritable_cache_compiles_and_writes_nothing(cache: Path) -> None:
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text("a file where the cache directory should be")
+    compiled = compile_source(TEST_KERNELS, "sm_90", cache_dir=cache)
+    assert not compiled.cached and compiled.path is None
+    assert compiled.image.startswith(b"\x7fELF")
+    assert cache.read_text() == "a file where the cache directory should be"
+
+
 def test_cache_is_keyed_by_arch_options_source_and_version(cache: Path) -> None:
     sm86 = compile_source(TEST_KERNELS, "sm_86", cache_dir=cache)
     sm90 = compile_source(TEST_KERNELS, "sm_90", cache_dir=cache)

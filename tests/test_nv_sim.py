@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from bob.backends.base import ArenaRangeError
+from bob.backends.cpu import CpuBackend
 from bob.backends.nv import encoder
 from bob.backends.nv.decoder import TABLES
 from bob.backends.nv.sim import NvSimBackend, NvSimError
@@ -192,6 +193,25 @@ def test_tensors_round_trip_and_refuse_overruns(target):
     assert _f32(backend, "x")[-1] == 7.0
     with pytest.raises(ArenaRangeError, match=f"do not fit tensor 'x' \\({4 * N} bytes\\)"):
         backend.write_tensor("x", data, offset=4)
+
+
+@pytest.mark.parametrize("backend_class", [CpuBackend, NvSimBackend])
+def test_every_backend_refuses_what_the_plan_lacks_in_one_way(target, backend_class):
+    """The range checks live in the base class: one error type, one message each."""
+    backend = backend_class(tiny_plan(target), kernels=KERNELS)
+    with pytest.raises(ArenaRangeError, match=rf"^8 bytes at offset {4 * N - 4} do not fit "
+                                              rf"tensor 'y' \({4 * N} bytes\)$"):
+        backend.write_tensor("y", bytes(8), offset=4 * N - 4)
+    with pytest.raises(ArenaRangeError, match="at offset -4 do not fit"):
+        backend.write_tensor("y", bytes(4), offset=-4)
+    with pytest.raises(ArenaRangeError, match=r"^submission -1 is not in the plan's 4$"):
+        backend.run(range(-1, 2))
+    with pytest.raises(TypeError, match="range of submissions"):
+        backend.run([0])  # type: ignore[arg-type]
+    assert backend.read_tensor("y") == bytes(4 * N)  # nothing was written, nothing ran
+    assert backend.last_semaphore == 0
+    backend.run(range(0))  # an empty range runs nothing
+    assert backend.last_semaphore == 0
 
 
 def test_regions_without_code_still_have_their_own_addresses(target):

@@ -10,7 +10,7 @@ retains is the code that runs. NVRTC needs no GPU, so CI compiles for every targ
 Compiled images are cached under ``$BOB_CACHE_DIR/cubin`` (or
 ``~/.cache/bob/cubin``), keyed by the SHA-256 of everything that decides the
 bytes: the source and its headers, the options, the architecture and the NVRTC
-version. Entries are written atomically (temporary file, fsync, rename); an
+version. Entries are written with ``bob.files.atomic_write``; an
 entry that is not an ELF image is ignored and rewritten.
 """
 
@@ -19,11 +19,11 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bob.errors import RunFailure
+from bob.errors import BobError, RunFailure
+from bob.files import atomic_write
 
 SOURCE_NAME = "bob_kernels.cu"
 KERNEL_DIR = Path(__file__).resolve().parent
@@ -211,18 +211,8 @@ def _write_cache(path: Path, image: bytes) -> bool:
     """Write atomically; False (and no entry) where the cache cannot be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(prefix=path.name, suffix=".tmp",
-                                                 dir=path.parent)
-    except OSError:
-        return False
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(image)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except OSError:
-        Path(temporary).unlink(missing_ok=True)
+        atomic_write(path, image)
+    except (OSError, BobError):
         return False
     return True
 
