@@ -23,15 +23,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bob.config import ARENA_KINDS, BACKEND_NAMES
 from bob.errors import BackendUnavailable, BadInput, BobError
 from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Region, Target
 from bob.plan.placement import SM86, TARGETS
 
 from .base import ArenaRangeError, Backend
-
-BACKEND_NAMES = ("cpu", "cuda", "nv-sim", "nv", "auto")
-ARENA_KINDS = ("device", "host")
 
 
 @dataclass(frozen=True)
@@ -144,7 +142,7 @@ def choose_backend(name: str, arch: str = "sm_90", arena: str = "device") -> Bac
     if arch not in TARGETS:
         raise BadInput(f"unknown architecture {arch!r}; choose one of {', '.join(TARGETS)}")
     if arena not in ARENA_KINDS:
-        raise BadInput(f"unknown arena placement {arena!r}; choose 'device' or 'host'")
+        raise BadInput(f"unknown arena placement {arena!r}; choose {' or '.join(ARENA_KINDS)}")
     return _CHOOSERS[name](arch, arena)
 
 

@@ -49,6 +49,7 @@ from typing import Any, Literal
 import numpy as np
 
 from bob.backends.base import Backend, Patch
+from bob.config import ARENA_KINDS
 from bob.errors import BackendUnavailable, RunFailure
 from bob.kernels.cuda.compile import NvrtcError, nvrtc_version
 from bob.kernels.cuda.regions import CompiledRegions
@@ -58,7 +59,6 @@ from bob.plan.placement import argument_slots
 
 ArenaKind = Literal["device", "host"]
 ParameterMode = Literal["extra", "pointers"]
-ARENA_KINDS = ("device", "host")
 PARAMETER_MODES = ("extra", "pointers")
 NVIDIA_VERSION_FILE = Path("/proc/driver/nvidia/version")
 
@@ -151,28 +151,12 @@ def cuda_available() -> tuple[bool, str]:
 class DeviceInfo:
     name: str
     compute_capability: tuple[int, int]
-    total_memory: int
     driver_version: str  # the CUDA version the driver supports, "13.0"
-    nvrtc_version: str
-    kernel_module: str | None  # "open", "proprietary", or None where unknown
-    kernel_module_version: str | None  # the first line of /proc/driver/nvidia/version
 
     @property
     def arch(self) -> str:
         major, minor = self.compute_capability
         return f"sm_{major}{minor}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "compute_capability": f"{self.compute_capability[0]}.{self.compute_capability[1]}",
-            "arch": self.arch,
-            "total_memory": self.total_memory,
-            "driver_version": self.driver_version,
-            "nvrtc_version": self.nvrtc_version,
-            "kernel_module": self.kernel_module,
-            "kernel_module_version": self.kernel_module_version,
-        }
 
 
 def kernel_module(path: Path = NVIDIA_VERSION_FILE) -> tuple[str | None, str | None]:
@@ -204,26 +188,15 @@ def device_arch(ordinal: int = 0) -> str:
     return f"sm_{major}{minor}"
 
 
-def device_info(ordinal: int = 0) -> dict[str, Any]:
-    """What `bob doctor` prints about device `ordinal` (DeviceInfo.to_json's keys)."""
-    return describe_device(ordinal).to_json()
-
-
 def describe_device(ordinal: int = 0) -> DeviceInfo:
     _initialize()
     device = _call("cuDeviceGet", ordinal)
     name = _call("cuDeviceGetName", 256, device)
     version = int(_call("cuDriverGetVersion"))
-    major, minor = nvrtc_version()
-    module, module_line = kernel_module()
     return DeviceInfo(
         name=name.split(b"\0", 1)[0].decode(errors="replace"),
         compute_capability=_compute_capability(device),
-        total_memory=int(_call("cuDeviceTotalMem", device)),
         driver_version=f"{version // 1000}.{version % 1000 // 10}",
-        nvrtc_version=f"{major}.{minor}",
-        kernel_module=module,
-        kernel_module_version=module_line,
     )
 
 

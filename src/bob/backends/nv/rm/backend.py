@@ -32,6 +32,7 @@ import struct
 
 from bob.backends.base import Backend, Patch
 from bob.backends.nv.encoder import SETUP_ENTRIES, EncodedProgram, encode
+from bob.config import ARENA_KINDS
 from bob.errors import BackendUnavailable, RunFailure
 from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Component, Plan, Scalar
@@ -78,8 +79,8 @@ class NvBackend(Backend):
         if plan.target.name != SUPPORTED_TARGET:
             raise BackendUnavailable(f"the nv backend submits sm_90 plans (QMD V04, "
                                      f"HOPPER_COMPUTE_A); this plan targets {plan.target.name}")
-        if arena not in ("device", "host"):
-            raise ValueError(f"arena must be 'device' or 'host', not {arena!r}")
+        if arena not in ARENA_KINDS:
+            raise ValueError(f"arena must be one of {ARENA_KINDS}, not {arena!r}")
         _require_code(plan)
         self.deadline_s = deadline_s
         self.encoded: EncodedProgram = encode(self.certified)
