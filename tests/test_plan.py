@@ -357,3 +357,32 @@ def test_adam_scalars_are_the_float64_values_rounded_exactly():
                     "decay": 1.0 - hyper.lr * hyper.weight_decay}
         for name, value in expected.items():
             assert scalars[name].bits == f32_bits_from_fraction(Fraction(value)), name
+
+
+# Which of Bob's packages each layer may import (docs/ARCHITECTURE.md): downwards only.
+ALLOWED_IMPORTS = {
+    "plan": {"plan", "errors", "config"},
+    "kernels": {"kernels", "plan", "errors", "config", "files"},
+    "backends": {"backends", "kernels", "plan", "errors", "config", "files"},
+}
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED_IMPORTS))
+def test_layers_import_downwards_only(layer):
+    """No backend imports the program, the host or the bring-up tools (at any depth)."""
+    import ast
+    from pathlib import Path
+
+    import bob
+
+    root = Path(bob.__file__).parent
+    found = {}
+    for path in (root / layer).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                parts = node.module.split(".")
+                if parts[0] == "bob" and len(parts) > 1:
+                    found.setdefault(parts[1], set()).add(path.name)
+    assert set(found) <= ALLOWED_IMPORTS[layer], {
+        package: files for package, files in found.items()
+        if package not in ALLOWED_IMPORTS[layer]}

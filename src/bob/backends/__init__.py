@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -123,10 +123,8 @@ def _choose_auto(arch: str, arena: str) -> BackendChoice:
     try:
         choice = _choose_cuda(arch, arena)
     except BackendUnavailable as why:
-        cpu = _choose_cpu(arch, arena)
-        return BackendChoice(cpu.name, cpu.target, cpu.regions, cpu.opener, str(why))
-    return BackendChoice(choice.name, choice.target, choice.regions, choice.opener,
-                         "a GPU is usable")
+        return replace(_choose_cpu(arch, arena), reason=str(why))
+    return replace(choice, reason="a GPU is usable")
 
 
 _CHOOSERS: dict[str, Callable[[str, str], BackendChoice]] = {
