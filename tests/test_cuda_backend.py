@@ -18,6 +18,7 @@ import pytest
 from bob.backends.base import Backend
 from bob.backends.cpu import CpuBackend
 from bob.backends.cuda import CudaBackend, CudaError, kernel_module, kernel_parameters
+from bob.errors import RunFailure
 from bob.kernels.cuda.compile import KernelSource
 from bob.kernels.cuda.cubin import Cubin, Kernel
 from bob.kernels.cuda.regions import CompiledRegions, compiled_regions
@@ -100,6 +101,22 @@ def test_an_uncertified_plan_is_refused_before_any_driver_call(
     with pytest.raises(CertificateError, match="tensor-overlap"):
         CudaBackend(overlapping, CompiledRegions(b"", {}))
     assert driver.calls == []  # no cuInit, no cuMemAlloc, nothing
+
+
+def test_a_plan_not_built_from_the_given_image_is_refused_before_any_driver_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import bob.backends.cuda as cuda_module
+    from bob.kernels import signatures as sig
+
+    driver = _RecordingDriver()
+    monkeypatch.setattr(cuda_module, "_driver", lambda: driver)
+    plan = build_plan(BobConfig(vocab=256, prompts=1, updates=1))  # declared regions, no code
+    compiled = CompiledRegions(b"", {
+        name: sig.declared_region(name, code=b"\x01" * 16) for name in sig.ENTRIES})
+    with pytest.raises(RunFailure, match=r"^region '[a-z-]+' of the plan differs from the "
+                                         "compiled image's"):
+        CudaBackend(plan, compiled)
+    assert driver.calls == []
 
 
 @pytest.mark.parametrize("target", [TARGETS["sm_86"], TARGETS["sm_90"]])
