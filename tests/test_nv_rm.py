@@ -505,6 +505,34 @@ def test_nv_backend_uploads_the_encoders_bytes_at_the_plans_addresses(monkeypatc
     backend.close()
 
 
+def test_the_plan_check_names_what_differs_on_a_driver_that_runs_nothing(monkeypatch, tmp_path):
+    """Stage 4 end to end on the scripted driver: no kernel runs there, so what the CPU's
+    kernels wrote differs and the input written to both agrees."""
+    import json
+
+    from bob.bringup.plan_check import run_plan_check
+    from bob.errors import RunFailure
+    from bob.kernels import signatures as sig
+    from bob.kernels.cuda.regions import REGIONS_FORMAT, REGIONS_VERSION
+
+    regions = tmp_path / "regions.json"
+    regions.write_text(json.dumps({
+        "format": REGIONS_FORMAT, "version": REGIONS_VERSION, "arch": "sm_90",
+        "regions": {name: {"code": "00" * 256, "registers": 24, "shared_bytes": 2048}
+                    for name in sig.SIGNATURES}}))
+    monkeypatch.setattr(ch.Channel, "wait", lambda channel, read, target, deadline, what: target)
+    said: list[str] = []
+    with pytest.raises(RunFailure, match=r"^\d+ tensors differ between nv and cpu$"):
+        run_plan_check(regions_path=str(regions), prompts=1, updates=1, say=said.append,
+                       transport=FakeDriver().transport())
+    verdicts = {line.split(":")[0].strip(): line for line in said if line.startswith("  ")}
+    assert verdicts["input"] == "  input: 1028 bytes identical"
+    for trained in ("parameters", "first_moment", "second_moment"):
+        assert "DIFFERS, first at [0, 0]: cpu " in verdicts[trained]
+    assert any("= encode(plan)" in line and "DIFFERS" not in line for line in said
+               if line.startswith("uploaded"))
+
+
 def test_nv_backend_run_submits_the_encoded_entries_and_waits_for_the_last_slot(monkeypatch):
     plan = _plan()
     backend, completes = _open_on_fake_driver(monkeypatch, plan)

@@ -13,6 +13,7 @@ import numpy as np
 
 from bob.backends.cpu import CpuBackend
 from bob.backends.nv.rm.backend import NvBackend
+from bob.backends.nv.rm.ioctl import Transport
 from bob.errors import RunFailure
 from bob.host.check import first_difference
 from bob.kernels.cuda.regions import load_regions
@@ -38,8 +39,10 @@ def _inputs(vocab: int, prompts: int, mode: str) -> Mapping[str, bytes]:
 
 def run_plan_check(deadline_s: float = 10.0, regions_path: str | None = None,
                    vocab: int = 256, prompts: int = 2, updates: int = 3, mode: str = "hard",
-                   say: Say = print) -> None:
-    """Bob's plan on the GPU and on the CPU backend, every tensor compared bit for bit."""
+                   say: Say = print, transport: Transport | None = None) -> None:
+    """Bob's plan on the GPU and on the CPU backend, every tensor compared bit for bit.
+
+    `transport` replaces the device files (a scripted driver, in tests)."""
     config = BobConfig(vocab=vocab, prompts=prompts, updates=updates, mode=mode)
     plan = require_certified(build_plan(config, SM90, compiled=load_regions(regions_path)))
     placed = plan.plan
@@ -47,7 +50,8 @@ def run_plan_check(deadline_s: float = 10.0, regions_path: str | None = None,
         f"{placed.submission_count} submissions, program {placed.program_bytes} bytes, "
         f"arena {placed.arena_bytes} bytes at 0x{placed.address_map.arena.base:x}")
     began = time.monotonic()
-    with CpuBackend(plan) as cpu, NvBackend(plan, deadline_s=deadline_s) as nv:
+    with CpuBackend(plan) as cpu, NvBackend(plan, deadline_s=deadline_s,
+                                                      transport=transport) as nv:
         say(f"NvBackend opened in {(time.monotonic() - began) * 1e3:.1f} ms")
         say("uploaded, read back from the GPU's memory: " + ", ".join(
             f"{name} {size} bytes {'= encode(plan)' if same else 'DIFFERS from encode(plan)'}"

@@ -268,7 +268,7 @@ class Probe:
             try:
                 run_plan_check(deadline_s=self.deadline_s, regions_path=self.regions,
                                vocab=vocab, prompts=prompts, updates=updates, mode=mode,
-                               say=self.say)
+                               say=self.say, transport=self.transport)
             except Exception as error:  # report, then go on with the next plan
                 failures.append(f"{spec}: {type(error).__name__}: {error}")
                 self.say(f"plan {spec} FAILED: {type(error).__name__}: {error}")
