@@ -133,16 +133,16 @@ def bench_cpu() -> None:
 def variant_choice(macros: str) -> BackendChoice:
     """The cuda backend on Bob's kernels compiled with these #defines in front."""
     from bob.backends.cuda import CudaBackend, device_arch
-    from bob.kernels.cuda.compile import KernelSource, compile_source, shipped_source
-    from bob.kernels.cuda.cubin import image_regions
+    from bob.kernels.cuda.compile import KernelSource, shipped_source
+    from bob.kernels.cuda.regions import compiled_regions
     from bob.plan.placement import TARGETS
 
     shipped = shipped_source()
     source = KernelSource(shipped.name, macros + shipped.text, shipped.headers)
     arch = device_arch()
-    regions = image_regions(compile_source(source, arch).image, TARGETS[arch])
+    regions = compiled_regions(arch, source)
     return BackendChoice("cuda", TARGETS[arch], regions,
-                         lambda plan: CudaBackend(plan, source=source))
+                         lambda plan: CudaBackend(plan, regions))
 
 
 VARIANTS = {

@@ -134,9 +134,9 @@ def cuda_choice(cuda_arch: str) -> BackendChoice:
 
 
 @pytest.fixture(scope="session")
-def bob_regions(cuda_arch: str) -> dict[str, Region]:
+def bob_regions(cuda_arch: str):
     """Bob's kernels compiled for the GPU present."""
-    from bob.kernels.cuda.compile import compiled_regions
+    from bob.kernels.cuda.regions import compiled_regions
 
     return compiled_regions(cuda_arch)
 

@@ -17,7 +17,10 @@ import pytest
 
 from bob.backends.cpu import CpuBackend
 from bob.backends.cuda import CudaBackend, CudaError, kernel_module, kernel_parameters
+from bob.errors import RunFailure
 from bob.kernels.cuda.compile import KernelSource
+from bob.kernels.cuda.cubin import Cubin, Kernel
+from bob.kernels.cuda.regions import CompiledRegions, compiled_regions
 from bob.plan.certificate import CertificateError
 from bob.plan.model import (
     Dim3,
@@ -64,8 +67,24 @@ def test_an_uncertified_plan_is_refused_before_any_driver_call(
     first, second, *rest = plan.tensors
     overlapping = replace(plan, tensors=(first, replace(second, address=first.address), *rest))
     with pytest.raises(CertificateError, match="tensor-overlap"):
-        CudaBackend(overlapping)
+        CudaBackend(overlapping, CompiledRegions(b"", {}))
     assert driver.calls == []  # no cuInit, no cuMemAlloc, nothing
+
+
+def test_a_plan_not_built_from_the_given_image_is_refused_before_any_driver_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import bob.backends.cuda as cuda_module
+    from bob.kernels import signatures as sig
+
+    driver = _RecordingDriver()
+    monkeypatch.setattr(cuda_module, "_driver", lambda: driver)
+    plan = build_plan(BobConfig(vocab=256, prompts=1, updates=1))  # declared regions, no code
+    compiled = CompiledRegions(b"", {
+        name: sig.declared_region(name, code=b"\x01" * 16) for name in sig.ENTRIES})
+    with pytest.raises(RunFailure, match=r"^region '[a-z-]+' of the plan differs from the "
+                                         "compiled image's"):
+        CudaBackend(plan, compiled)
+    assert driver.calls == []
 
 
 @pytest.mark.parametrize("target", [TARGETS["sm_86"], TARGETS["sm_90"]])
@@ -165,13 +184,12 @@ TEST_CPU_KERNELS = {"test-axpy": _cpu_axpy, "test-reverse": _cpu_reverse,
                     "test-iota": _cpu_iota}
 
 
-def build_test_program(arch: str) -> Plan:
-    from bob.kernels.cuda.compile import compile_source
-    from bob.kernels.cuda.cubin import Cubin, region_from_kernel
-
+def build_test_program(arch: str, source: KernelSource = TEST_SOURCE,
+                       ) -> tuple[Plan, CompiledRegions]:
+    """The test program's plan, and the compiled regions (with their image) it is built from."""
     target = TARGETS[arch]
-    cubin = Cubin(compile_source(TEST_SOURCE, arch).image)
-    regions = tuple(region_from_kernel(cubin.kernel(r.entry), r, target) for r in TEST_REGIONS)
+    compiled = compiled_regions(arch, source, TEST_REGIONS)
+    regions = tuple(compiled.values())
     grid, block, n = Dim3(N // 256), Dim3(256), Scalar.u32(N)
     launches = (
         LaunchSpec("test-axpy", grid, block, (TensorRef("y"), TensorRef("x"), Scalar.f32(0.5), n)),
@@ -185,7 +203,13 @@ def build_test_program(arch: str) -> Plan:
     tensors = (TensorSpec("x", "f32", (N,)), TensorSpec("y", "f32", (N,)),
                TensorSpec("r", "f32", (N,)), TensorSpec("k", "u32", (N,)))
     return place(ProgramSpec(regions, tensors, launches, submissions, forward_launches=2,
-                             forward_submissions=2), target)
+                             forward_submissions=2), target), compiled
+
+
+def image_kernels(compiled: CompiledRegions) -> dict[str, Kernel]:
+    """Each region's kernel as the ELF reader finds it in the image."""
+    cubin = Cubin(compiled.image)
+    return {name: cubin.kernel(region.entry) for name, region in compiled.items()}
 
 
 
@@ -194,11 +218,11 @@ def build_test_program(arch: str) -> Plan:
 @pytest.mark.parametrize("arena", ["device", "host"])
 @pytest.mark.parametrize("params", ["extra", "pointers"])
 def test_the_test_program_matches_the_cpu(arch: str, arena: str, params: str) -> None:
-    plan = build_test_program(arch)
+    plan, compiled = build_test_program(arch)
     rng = np.random.default_rng(7)
     cpu = CpuBackend(plan, kernels=TEST_CPU_KERNELS)
     x = rng.standard_normal(N).astype(np.float32).tobytes()
-    with CudaBackend(plan, arena=arena, params=params, source=TEST_SOURCE) as cuda:
+    with CudaBackend(plan, compiled, arena=arena, params=params) as cuda:
         for backend in (cpu, cuda):
             backend.write_tensor("x", x)
             backend.write_tensor("y", x[: 4 * N // 2], offset=4 * N // 2)  # a write at an offset
@@ -220,15 +244,16 @@ def test_the_test_program_matches_the_cpu(arch: str, arena: str, params: str) ->
 
 @gpu
 def test_the_reader_agrees_with_the_driver(arch: str) -> None:
-    plan = build_test_program(arch)
-    with CudaBackend(plan, source=TEST_SOURCE) as cuda:
-        for name, kernel in cuda.kernels.items():
+    plan, compiled = build_test_program(arch)
+    kernels = image_kernels(compiled)
+    with CudaBackend(plan, compiled) as cuda:
+        for name, kernel in kernels.items():
             reported = cuda.driver_attributes(name)
             print(name, reported, "read:", kernel.registers, kernel.shared_bytes,
                   kernel.reserved_shared_bytes)
             assert reported["registers"] == kernel.registers, name
             assert reported["shared_bytes"] == kernel.static_shared_bytes, name
-        assert cuda.kernels["test-reverse"].static_shared_bytes == 256 * 4
+        assert kernels["test-reverse"].static_shared_bytes == 256 * 4
         from bob.backends.cuda import _call, _driver
         from bob.kernels.cuda.cubin import RESERVED_SHARED_BYTES
 
@@ -239,14 +264,15 @@ def test_the_reader_agrees_with_the_driver(arch: str) -> None:
 
 @gpu
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
-def test_bobs_kernels_as_read_agree_with_the_driver(arch: str, bob_regions: dict[str, Region],
+def test_bobs_kernels_as_read_agree_with_the_driver(arch: str, bob_regions: CompiledRegions,
                                                     mode: str) -> None:
     plan = build_plan(BobConfig(vocab=256, prompts=1, updates=1, mode=mode), TARGETS[arch],
                       compiled=bob_regions)
-    with CudaBackend(plan) as cuda:
+    kernels = image_kernels(bob_regions)
+    with CudaBackend(plan, bob_regions) as cuda:
         for placed in plan.placed_regions:
             region = plan.region(placed.name)
-            kernel = cuda.kernels[region.name]
+            kernel = kernels[region.name]
             reported = cuda.driver_attributes(region.name)
             print(region.name, reported, "read:", region.registers, region.shared_bytes,
                   kernel.reserved_shared_bytes)
@@ -259,8 +285,8 @@ def test_bobs_kernels_as_read_agree_with_the_driver(arch: str, bob_regions: dict
 def test_close_is_idempotent_and_errors_are_typed(arch: str) -> None:
     from bob.backends.cuda import _call
 
-    plan = build_test_program(arch)
-    cuda = CudaBackend(plan, source=TEST_SOURCE)
+    plan, compiled = build_test_program(arch)
+    cuda = CudaBackend(plan, compiled)
     cuda.run(range(plan.submission_count))
     with pytest.raises(CudaError) as caught:
         _call("cuMemAlloc", 1 << 60)
@@ -275,10 +301,11 @@ def test_close_is_idempotent_and_errors_are_typed(arch: str) -> None:
 
 @gpu
 def test_an_image_that_differs_from_the_plan_is_refused(arch: str) -> None:
-    plan = build_test_program(arch)
+    plan, _ = build_test_program(arch)
     other = KernelSource("other.cu", TEST_SOURCE.text.replace("3u * i", "5u * i"))
+    _, other_compiled = build_test_program(arch, other)
     with pytest.raises(Exception, match="differ"):
-        CudaBackend(plan, source=other)
+        CudaBackend(plan, other_compiled)
 
 
 # -- Bob against the CPU ------------------------------------------------------------------------
@@ -313,11 +340,11 @@ def _invocations(config: BobConfig, plan: Plan, split: str) -> Iterator[tuple[st
         yield "second-piece", range(middle, total)
 
 
-def _run_bob(config: BobConfig, regions: dict[str, Region], arch: str, split: str,
+def _run_bob(config: BobConfig, regions: CompiledRegions, arch: str, split: str,
              arena: str = "device") -> None:
     plan = build_plan(config, TARGETS[arch], compiled=regions)
     cpu = CpuBackend(plan)
-    with CudaBackend(plan, arena=arena) as cuda:
+    with CudaBackend(plan, regions, arena=arena) as cuda:
         for name, data in _bob_inputs(config, seed=config.vocab).items():
             cpu.write_tensor(name, data)
             cuda.write_tensor(name, data)
@@ -336,7 +363,7 @@ def _run_bob(config: BobConfig, regions: dict[str, Region], arch: str, split: st
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 @pytest.mark.parametrize("vocab", [256, 1024])
 @pytest.mark.parametrize("split", ["forward-then-all", "two-invocations", "pieces"])
-def test_bob_matches_the_cpu(arch: str, bob_regions: dict[str, Region], vocab: int, mode: str,
+def test_bob_matches_the_cpu(arch: str, bob_regions: CompiledRegions, vocab: int, mode: str,
                              split: str) -> None:
     config = BobConfig(vocab=vocab, prompts=3, updates=3, mode=mode)
     _run_bob(config, bob_regions, arch, split)
@@ -344,7 +371,7 @@ def test_bob_matches_the_cpu(arch: str, bob_regions: dict[str, Region], vocab: i
 
 @gpu
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
-def test_bob_matches_the_cpu_at_vocab_8192(arch: str, bob_regions: dict[str, Region],
+def test_bob_matches_the_cpu_at_vocab_8192(arch: str, bob_regions: CompiledRegions,
                                            mode: str) -> None:
     config = BobConfig(vocab=8192, prompts=2, updates=1, mode=mode)
     _run_bob(config, bob_regions, arch, "forward-then-all")
@@ -352,11 +379,12 @@ def test_bob_matches_the_cpu_at_vocab_8192(arch: str, bob_regions: dict[str, Reg
 
 @gpu
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
-def test_host_mapped_and_device_arenas_agree(arch: str, bob_regions: dict[str, Region],
+def test_host_mapped_and_device_arenas_agree(arch: str, bob_regions: CompiledRegions,
                                              mode: str) -> None:
     config = BobConfig(vocab=1024, prompts=2, updates=2, mode=mode)
     plan = build_plan(config, TARGETS[arch], compiled=bob_regions)
-    with CudaBackend(plan, arena="device") as device, CudaBackend(plan, arena="host") as host:
+    with CudaBackend(plan, bob_regions, arena="device") as device, \
+            CudaBackend(plan, bob_regions, arena="host") as host:
         for name, data in _bob_inputs(config, seed=5).items():
             device.write_tensor(name, data)
             host.write_tensor(name, data)

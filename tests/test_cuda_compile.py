@@ -30,9 +30,12 @@ from bob.kernels.cuda.cubin import (  # noqa: E402
     RESERVED_SHARED_BYTES,
     Cubin,
     CubinError,
-    check_parameter_layout,
-    image_regions,
     parse_attributes,
+)
+from bob.kernels.cuda.regions import (  # noqa: E402
+    check_parameter_layout,
+    compiled_regions,
+    image_regions,
 )
 from bob.plan.certificate import certify  # noqa: E402
 from bob.plan.placement import TARGETS  # noqa: E402
@@ -99,6 +102,15 @@ def test_cache_hits_on_the_second_call(cache: Path) -> None:
     assert first.image == second.image and first.key == second.key
     assert first.path is not None and first.path.read_bytes() == first.image
     assert list(cache.glob("*.tmp")) == []  # the atomic write left nothing behind
+
+
+def test_an_unwritable_cache_compiles_and_writes_nothing(cache: Path) -> None:
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text("a file where the cache directory should be")
+    compiled = compile_source(TEST_KERNELS, "sm_90", cache_dir=cache)
+    assert not compiled.cached and compiled.path is None
+    assert compiled.image.startswith(b"\x7fELF")
+    assert cache.read_text() == "a file where the cache directory should be"
 
 
 def test_cache_is_keyed_by_arch_options_source_and_version(cache: Path) -> None:
@@ -213,9 +225,10 @@ def test_a_missing_entry_is_named(cache: Path) -> None:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_shipped_kernels(arch: str) -> None:
-    """Bob's own kernels: every region compiles, and the plan built from them holds."""
-    regions = nv_compile.compiled_regions(arch)
+    """Bob's own kernels: compiled, read, and the image carried with the regions."""
+    regions = compiled_regions(arch)
     assert set(regions) == set(sig.SIGNATURES)
+    assert Cubin(regions.image).sm == int(arch.removeprefix("sm_"))
     for region in regions.values():
         assert region.code and 0 < region.registers <= 255, region.name
     plan = build_plan(BobConfig(vocab=256, prompts=2, updates=2), TARGETS[arch],

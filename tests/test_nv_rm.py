@@ -14,9 +14,11 @@ import errno
 import os
 import re
 import struct
+from dataclasses import replace
 
 import pytest
 
+from bob.backends.base import ArenaRangeError
 from bob.backends.nv.pushbuffer import HOPPER_CHANNEL_GPFIFO_A, gpfifo_entry
 from bob.backends.nv.rm import channel as ch
 from bob.backends.nv.rm import ioctl
@@ -380,7 +382,7 @@ def test_the_ring_refuses_more_than_it_holds():
 
 def test_probe_qmd_decodes_to_its_dispatch():
     from bob.backends.nv import decoder
-    from bob.backends.nv.rm import probe
+    from bob.bringup import probe
 
     image = probe.probe_qmd(0x20_0000_0000, 0x20_0000_1000, 1024, 4, 128, 0x20_0060_0010, 3)
     qmd = decoder.decode_qmd(image, s.HOPPER_COMPUTE_A)
@@ -395,7 +397,7 @@ def test_probe_qmd_decodes_to_its_dispatch():
 
 def test_probe_parameter_block_has_the_driver_area():
     from bob.backends.nv import decoder
-    from bob.backends.nv.rm import probe, probe_kernel
+    from bob.bringup import probe, probe_kernel
 
     block = probe.probe_parameter_block(0x20_0080_0000, 0xB0B0_0000, 4, 128)
     area = decoder.decode_driver_area(block)
@@ -405,7 +407,7 @@ def test_probe_parameter_block_has_the_driver_area():
 
 
 def test_probe_stages_one_and_two_against_the_fake_driver(capsys):
-    from bob.backends.nv.rm import probe
+    from bob.bringup import probe
 
     status = probe.main(["--stages", "1,2", "--deadline", "0.05"],
                         transport=FakeDriver().transport())
@@ -427,7 +429,7 @@ def _nv_present() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _nv_present(), reason="no NVIDIA kernel driver here")
 def test_probe_dispatches_a_kernel_on_hopper(capsys):
-    from bob.backends.nv.rm import probe
+    from bob.bringup import probe
 
     status = probe.main(["--stages", "1,2,3", "--deadline", "10"])
     out = capsys.readouterr().out
@@ -500,6 +502,34 @@ def test_nv_backend_uploads_the_encoders_bytes_at_the_plans_addresses(monkeypatc
     backend.close()
 
 
+def test_the_plan_check_names_what_differs_on_a_driver_that_runs_nothing(monkeypatch, tmp_path):
+    """Stage 4 end to end on the scripted driver: no kernel runs there, so what the CPU's
+    kernels wrote differs and the input written to both agrees."""
+    import json
+
+    from bob.bringup.plan_check import run_plan_check
+    from bob.errors import RunFailure
+    from bob.kernels import signatures as sig
+    from bob.kernels.cuda.regions import REGIONS_FORMAT, REGIONS_VERSION
+
+    regions = tmp_path / "regions.json"
+    regions.write_text(json.dumps({
+        "format": REGIONS_FORMAT, "version": REGIONS_VERSION, "arch": "sm_90",
+        "regions": {name: {"code": "00" * 256, "registers": 24, "shared_bytes": 2048}
+                    for name in sig.SIGNATURES}}))
+    monkeypatch.setattr(ch.Channel, "wait", lambda channel, read, target, deadline, what: target)
+    said: list[str] = []
+    with pytest.raises(RunFailure, match=r"^\d+ tensors differ between nv and cpu$"):
+        run_plan_check(regions_path=str(regions), prompts=1, updates=1, say=said.append,
+                       transport=FakeDriver().transport())
+    verdicts = {line.split(":")[0].strip(): line for line in said if line.startswith("  ")}
+    assert verdicts["input"] == "  input: 1028 bytes identical"
+    for trained in ("parameters", "first_moment", "second_moment"):
+        assert "DIFFERS, first at [0, 0]: cpu " in verdicts[trained]
+    assert any("= encode(plan)" in line and "DIFFERS" not in line for line in said
+               if line.startswith("uploaded"))
+
+
 def test_nv_backend_run_submits_the_encoded_entries_and_waits_for_the_last_slot(monkeypatch):
     plan = _plan()
     backend, completes = _open_on_fake_driver(monkeypatch, plan)
@@ -513,23 +543,29 @@ def test_nv_backend_run_submits_the_encoded_entries_and_waits_for_the_last_slot(
     assert [backend.semaphore(i) for i in (2, 3, 4)] == [0, 0, 0]  # zeroed before submitting
     assert backend.semaphore(1) == 2**64 - 1  # not submitted, not touched
     assert backend.last_semaphore == plan.submissions[4].semaphore
-    with pytest.raises(ValueError, match="not in the plan"):
-        backend.run(range(plan.submission_count, plan.submission_count + 1))
+    count = plan.submission_count
+    with pytest.raises(ArenaRangeError, match=f"submission {count} is not in the plan's {count}"):
+        backend.run(range(count, count + 1))
     backend.close()
 
 
-def test_nv_backend_set_scalars_reencodes_the_parameter_block(monkeypatch):
+def test_nv_backend_set_scalars_writes_the_patched_words_into_the_block(monkeypatch):
     from bob.backends.nv import encoder
     from bob.program.bob import BobConfig, Hyper, adam_scalars
 
     plan = _plan()
     backend, _ = _open_on_fake_driver(monkeypatch, plan)
     index = BobConfig(vocab=256, prompts=1, updates=2).adamw_launch(1)
-    backend.set_scalars(index, adam_scalars(Hyper(lr=0.05), 2))
+    values = adam_scalars(Hyper(lr=0.05), 2)
+    backend.set_scalars(index, values)
     program = backend.blocks["program"]
     offset = plan.parameter_block_address(index) - program.gpu_va
     block = program.read(offset, plan.target.parameter_block_bytes)
-    assert block == encoder.parameter_block(plan, index, backend.launches[index])
+    launch = plan.launches[index]
+    names = [p.name for p in plan.region(launch.region).params]
+    patched = replace(launch, args=tuple(values.get(name, arg)
+                                         for name, arg in zip(names, launch.args, strict=True)))
+    assert block == encoder.parameter_block(plan, index, patched)
     assert block != encoder.parameter_block(plan, index)  # the scalars did change
     assert block[:encoder.DRIVER_AREA_BYTES] == encoder.parameter_block(plan, index)[:0x30]
     backend.close()
@@ -592,8 +628,10 @@ def test_nv_available_says_why_not():
 def test_regions_file_round_trip_and_refusals(tmp_path):
     import json
 
-    from bob.backends.nv.rm.regions import FORMAT, VERSION, load_regions
     from bob.errors import BadInput
+    from bob.kernels.cuda.regions import REGIONS_FORMAT as FORMAT
+    from bob.kernels.cuda.regions import REGIONS_VERSION as VERSION
+    from bob.kernels.cuda.regions import load_regions
 
     path = tmp_path / "regions.json"
     path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "arch": "sm_90",
@@ -612,7 +650,7 @@ def test_regions_file_round_trip_and_refusals(tmp_path):
 @pytest.mark.skipif(not _nv_present(), reason="no NVIDIA kernel driver here")
 def test_bob_plan_on_hopper_is_bit_identical_to_cpu(capsys):
     """Stage 4: regions from BOB_NV_REGIONS (an exported file) or compiled with NVRTC."""
-    from bob.backends.nv.rm import probe
+    from bob.bringup import probe
 
     regions = os.environ.get("BOB_NV_REGIONS")
     if regions is None:
@@ -631,7 +669,7 @@ def test_bob_plan_on_hopper_is_bit_identical_to_cpu(capsys):
 def _two_launch_plan():
     """The probe kernel (out[i] = magic + i) as a region: a, then b, in one submission;
     then a again alone."""
-    from bob.backends.nv.rm import probe_kernel
+    from bob.bringup import probe_kernel
     from bob.plan.model import (
         Dim3,
         Footprint,

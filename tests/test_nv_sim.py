@@ -14,6 +14,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from bob.backends.base import ArenaRangeError
+from bob.backends.cpu import CpuBackend
 from bob.backends.nv import encoder
 from bob.backends.nv.decoder import TABLES
 from bob.backends.nv.sim import NvSimBackend, NvSimError
@@ -87,6 +89,13 @@ def tiny_plan(target):
     return place(program, target)
 
 
+def with_scalars(plan, launch, values):
+    """The launch with these scalar arguments replaced: what a patched block must encode."""
+    names = [p.name for p in plan.region(launch.region).params]
+    return replace(launch, args=tuple(values.get(name, arg)
+                                      for name, arg in zip(names, launch.args, strict=True)))
+
+
 def _f32(backend, name):
     return np.frombuffer(backend.read_tensor(name), dtype=np.float32)
 
@@ -153,7 +162,7 @@ def test_submissions_run_in_separate_calls(target):
     assert backend.last_semaphore == 5 and _f32(backend, "y").tolist() == [8.0] * N
     backend.run(range(3, 4))
     assert backend.last_semaphore == 9 and _f32(backend, "y").tolist() == [9.0] * N
-    with pytest.raises(NvSimError, match="not in the plan"):
+    with pytest.raises(ArenaRangeError, match="submission 4 is not in the plan's 4"):
         backend.run(range(4, 5))
 
 
@@ -167,7 +176,8 @@ def test_set_scalars_rewrites_the_parameter_block_bytes(target):
     area = encoder.DRIVER_AREA_BYTES
     assert patched[area:] == backend.parameter_block(2)[area:]
     assert patched[:area] == backend.encoded.program.data[offset:offset + area]  # kept
-    assert patched == encoder.parameter_block(plan, 2, backend.launches[2])
+    assert patched == encoder.parameter_block(
+        plan, 2, with_scalars(plan, plan.launches[2], {"a": Scalar.f32(-1.0)}))
     assert patched != backend.encoded.program.data[offset:offset + len(patched)]
     backend.run(range(plan.submission_count))
     assert _f32(backend, "y").tolist() == [1.0 - 2.0 + 1.0 + 1.0] * N
@@ -181,8 +191,27 @@ def test_tensors_round_trip_and_refuse_overruns(target):
     assert backend.read_tensor("x") == data
     backend.write_tensor("x", struct.pack("<f", 7.0), offset=4 * (N - 1))
     assert _f32(backend, "x")[-1] == 7.0
-    with pytest.raises(ValueError, match="overruns tensor 'x'"):
+    with pytest.raises(ArenaRangeError, match=f"do not fit tensor 'x' \\({4 * N} bytes\\)"):
         backend.write_tensor("x", data, offset=4)
+
+
+@pytest.mark.parametrize("backend_class", [CpuBackend, NvSimBackend])
+def test_every_backend_refuses_what_the_plan_lacks_in_one_way(target, backend_class):
+    """The range checks live in the base class: one error type, one message each."""
+    backend = backend_class(tiny_plan(target), kernels=KERNELS)
+    with pytest.raises(ArenaRangeError, match=rf"^8 bytes at offset {4 * N - 4} do not fit "
+                                              rf"tensor 'y' \({4 * N} bytes\)$"):
+        backend.write_tensor("y", bytes(8), offset=4 * N - 4)
+    with pytest.raises(ArenaRangeError, match="at offset -4 do not fit"):
+        backend.write_tensor("y", bytes(4), offset=-4)
+    with pytest.raises(ArenaRangeError, match=r"^submission -1 is not in the plan's 4$"):
+        backend.run(range(-1, 2))
+    with pytest.raises(TypeError, match="range of submissions"):
+        backend.run([0])  # type: ignore[arg-type]
+    assert backend.read_tensor("y") == bytes(4 * N)  # nothing was written, nothing ran
+    assert backend.last_semaphore == 0
+    backend.run(range(0))  # an empty range runs nothing
+    assert backend.last_semaphore == 0
 
 
 def test_regions_without_code_still_have_their_own_addresses(target):
@@ -239,12 +268,15 @@ def test_bobs_plan_runs_every_launch_with_its_arguments(target):
         return kernel
 
     backend = NvSimBackend(plan, kernels={r.name: recorder(r.name) for r in plan.regions})
-    backend.set_scalars(config.adamw_launch(1), adam_scalars(Hyper(lr=0.05), 2))
+    patched = adam_scalars(Hyper(lr=0.05), 2)
+    backend.set_scalars(config.adamw_launch(1), patched)
     backend.run(range(plan.submission_count))
     expected = [launch for s in plan.submissions for launch in s.launches]
     assert len(calls) == len(expected)
     for (name, args), index in zip(calls, expected, strict=True):
-        launch = backend.launches[index]
+        launch = plan.launches[index]
+        if index == config.adamw_launch(1):
+            launch = with_scalars(plan, launch, patched)
         region = plan.region(launch.region)
         assert name == launch.region
         for param, arg in zip(region.params, launch.args, strict=True):

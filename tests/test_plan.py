@@ -10,8 +10,14 @@ import numpy as np
 import pytest
 
 from bob.cli.main import main
+from bob.errors import BadInput
 from bob.plan import SM86, SM90, certify, place
-from bob.plan.certificate import HAZARD_KINDS, CertificateError, require_certified
+from bob.plan.certificate import (
+    HAZARD_KINDS,
+    CertificateError,
+    CertifiedPlan,
+    require_certified,
+)
 from bob.plan.jsonio import dumps, loads, plan_from_json, plan_to_json
 from bob.plan.model import (
     Address,
@@ -27,7 +33,7 @@ from bob.plan.model import (
     TensorRef,
     TensorSpec,
 )
-from bob.plan.placement import decode_parameter_block, encode_parameter_block
+from bob.plan.placement import PlacementError, decode_parameter_block, encode_parameter_block
 from bob.program.bob import BobConfig, build_plan, build_program
 from conftest import bob_plan
 
@@ -197,6 +203,24 @@ def test_planted_hazard_is_reported_alone_through_the_api(kind):
         require_certified(plan_from_json(data))
 
 
+def test_a_certified_plan_comes_only_from_certifying():
+    plan = bob_plan()
+    certified = require_certified(plan)
+    assert certified.plan is plan
+    assert require_certified(certified) is certified  # certified once, never again
+    with pytest.raises(TypeError, match="only from require_certified"):
+        CertifiedPlan(plan)
+
+
+def test_a_failed_certificate_is_bad_input_in_one_line():
+    data = _edit(plan_to_json(bob_plan()), PLANTED["tensor-overlap"])
+    with pytest.raises(CertificateError) as caught:
+        require_certified(plan_from_json(data))
+    assert isinstance(caught.value, BadInput) and caught.value.exit_status == 2
+    assert "\n" not in str(caught.value)
+    assert str(caught.value).startswith("the plan is not certified: tensor-overlap: ")
+
+
 @pytest.mark.parametrize("kind", sorted(PLANTED))
 def test_planted_hazard_is_reported_by_bob_certify(kind, tmp_path, capsys):
     path = tmp_path / "edited.json"
@@ -234,6 +258,21 @@ def test_every_hazard_of_a_plan_is_listed():
         PLANTED[kind](data)
     assert certify(plan_from_json(data)).kinds() == {
         "tensor-overlap", "unknown-region", "semaphore-order"}
+
+
+def test_a_launch_naming_an_undeclared_tensor_cannot_be_placed():
+    region = Region("touch", params=(PointerParam("x", Footprint(4, ("n",))),
+                                     ScalarParam("n", "u32")))
+    program = ProgramSpec(
+        regions=(region,), tensors=(TensorSpec("x", "f32", (4,)),),
+        launches=(LaunchSpec("touch", Dim3(1), Dim3(256), (TensorRef("y"), Scalar.u32(4)),
+                             "touch y"),),
+        submissions=(Submission(0, 1, 1),))
+    with pytest.raises(PlacementError) as caught:
+        place(program, SM90)
+    assert isinstance(caught.value, BadInput) and caught.value.exit_status == 2
+    assert str(caught.value) == ("launch 'touch y' names tensor 'y', which the program "
+                                 "does not declare")
 
 
 def test_a_generic_program_with_its_own_regions():
@@ -314,3 +353,32 @@ def test_adam_scalars_are_the_float64_values_rounded_exactly():
                     "decay": 1.0 - hyper.lr * hyper.weight_decay}
         for name, value in expected.items():
             assert scalars[name].bits == f32_bits_from_fraction(Fraction(value)), name
+
+
+# Which of Bob's packages each layer may import (docs/ARCHITECTURE.md): downwards only.
+ALLOWED_IMPORTS = {
+    "plan": {"plan", "errors", "config"},
+    "kernels": {"kernels", "plan", "errors", "config", "files"},
+    "backends": {"backends", "kernels", "plan", "errors", "config", "files"},
+}
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED_IMPORTS))
+def test_layers_import_downwards_only(layer):
+    """No backend imports the program, the host or the bring-up tools (at any depth)."""
+    import ast
+    from pathlib import Path
+
+    import bob
+
+    root = Path(bob.__file__).parent
+    found = {}
+    for path in (root / layer).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                parts = node.module.split(".")
+                if parts[0] == "bob" and len(parts) > 1:
+                    found.setdefault(parts[1], set()).add(path.name)
+    assert set(found) <= ALLOWED_IMPORTS[layer], {
+        package: files for package, files in found.items()
+        if package not in ALLOWED_IMPORTS[layer]}

@@ -17,10 +17,11 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from bob.kernels.memory import Memory
+from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Address, Plan, Scalar
 from bob.plan.placement import decode_parameter_block
 
-from .base import Backend
+from .base import Backend, Patch
 
 Kernel = Callable[[Memory, dict], None]
 
@@ -65,8 +66,9 @@ def default_kernels() -> tuple[str, Mapping[str, Kernel]]:
 class CpuBackend(Backend):
     name = "cpu"
 
-    def __init__(self, plan: Plan, kernels: Mapping[str, Kernel] | None = None):
+    def __init__(self, plan: Plan | CertifiedPlan, kernels: Mapping[str, Kernel] | None = None):
         super().__init__(plan)
+        plan = self.plan
         if kernels is None:
             self.kernel_set, kernels = default_kernels()
         else:
@@ -77,43 +79,27 @@ class CpuBackend(Backend):
         self.kernels = kernels
         self.arena = np.zeros(plan.arena_bytes, dtype=np.uint8)
         self.memory = Memory(self.arena, plan.address_map.arena.base)
-        self.blocks = [self.parameter_block(i) for i in range(plan.launch_count)]
         self._arguments = [self._decode(i) for i in range(plan.launch_count)]
 
     def _decode(self, launch_index: int) -> dict[str, int | np.float32]:
         """What launch `launch_index`'s kernel reads from its parameter block."""
-        region = self.plan.region(self.launches[launch_index].region)
-        decoded = decode_parameter_block(self.plan.target, region, self.blocks[launch_index])
-        return kernel_arguments(decoded)
+        region = self.plan.region(self.plan.launches[launch_index].region)
+        block = self.parameter_block(launch_index)
+        return kernel_arguments(decode_parameter_block(self.plan.target, region, block))
 
-    def _tensor_slice(self, name: str, offset: int, size: int) -> slice:
-        tensor = self.plan.tensor(name)
-        if offset < 0 or offset + size > tensor.bytes:
-            raise ValueError(
-                f"{size} bytes at offset {offset} do not fit tensor {name!r} ({tensor.bytes} bytes)"
-            )
-        start = tensor.address - self.plan.address_map.arena.base + offset
-        return slice(start, start + size)
+    def _write_arena(self, offset: int, data: memoryview) -> None:
+        self.arena[offset:offset + data.nbytes] = np.frombuffer(data, np.uint8)
 
-    def write_tensor(self, name: str, data: bytes, offset: int = 0) -> None:
-        self.arena[self._tensor_slice(name, offset, len(data))] = np.frombuffer(data, np.uint8)
+    def _read_arena(self, offset: int, size: int) -> bytes:
+        return self.arena[offset:offset + size].tobytes()
 
-    def read_tensor(self, name: str) -> bytes:
-        return self.arena[self._tensor_slice(name, 0, self.plan.tensor(name).bytes)].tobytes()
-
-    def run(self, submissions: range) -> None:
+    def _run(self, submissions: range) -> None:
         for index in submissions:
-            submission = self.plan.submissions[index]
-            for launch_index in submission.launches:
-                region = self.launches[launch_index].region
+            for launch_index in self.plan.submissions[index].launches:
+                region = self.plan.launches[launch_index].region
                 self.kernels[region](self.memory, self._arguments[launch_index])
-            self.last_semaphore = submission.semaphore
 
-    def _scalars_patched(self, launch_index: int, values: dict[str, Scalar],
-                         patches: list[tuple[int, bytes]]) -> None:
-        self.blocks[launch_index] = self.parameter_block(launch_index)
+    def _carry_patches(self, launch_index: int, values: dict[str, Scalar],
+                       patches: list[Patch]) -> None:
+        """The kernel reads its arguments decoded: the patched values replace theirs."""
         self._arguments[launch_index].update(kernel_arguments(values))
-
-    def _parameter_block_changed(self, launch_index: int) -> None:
-        self.blocks[launch_index] = self.parameter_block(launch_index)
-        self._arguments[launch_index] = self._decode(launch_index)

@@ -1,18 +1,18 @@
 """The CUDA backend: a certified plan through the driver API, as one CUDA graph.
 
-    backend = CudaBackend(plan)              # device arena; CudaBackend(plan, arena="host")
+    regions = compiled_regions(device_arch())     # bob.kernels.cuda.regions
+    backend = CudaBackend(build_plan(config, target, compiled=regions), regions)
     backend.write_tensor("input", record)
     backend.run(range(plan.submission_count))
     losses = backend.read_tensor("training_loss")
 
 How the plan maps onto CUDA:
 
-- Kernels: Bob's CUDA C compiled with NVRTC for the device's architecture
-  (cached), loaded with ``cuModuleLoadData``. Before anything is allocated the
-  image is checked against the plan: every retained region's entry exists,
-  reads its parameters at the offsets and sizes the plan writes them, allows
-  the plan's block, and, where the plan carries machine code, carries the
-  same bytes.
+- Kernels: the compiled image the plan's regions were read from
+  (``CompiledRegions``, checked against the declared regions when it was
+  composed), loaded with ``cuModuleLoadData``. The backend compiles and
+  checks nothing again: before anything is allocated it only refuses a plan
+  whose retained regions are not the ones read from that image.
 - Arena: ONE allocation of ``plan.arena_bytes``, zeroed: device memory
   (``cuMemAlloc``) by default, or, as the seed does, one host-mapped
   system-memory buffer (``cuMemHostAlloc`` with ``DEVICEMAP``). A plan address
@@ -48,30 +48,17 @@ from typing import Any, Literal
 
 import numpy as np
 
-from bob.backends.base import Backend
+from bob.backends.base import Backend, Patch
+from bob.config import ARENA_KINDS
 from bob.errors import BackendUnavailable, RunFailure
-from bob.kernels import signatures as sig
-from bob.kernels.cuda.compile import (
-    CompiledImage,
-    KernelSource,
-    NvrtcError,
-    compile_source,
-    nvrtc_version,
-    shipped_source,
-)
-from bob.kernels.cuda.cubin import (
-    Cubin,
-    CubinError,
-    Kernel,
-    check_block,
-    check_parameter_layout,
-)
+from bob.kernels.cuda.compile import NvrtcError, nvrtc_version
+from bob.kernels.cuda.regions import CompiledRegions
+from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Plan, PointerParam, Region, Scalar
 from bob.plan.placement import argument_slots
 
 ArenaKind = Literal["device", "host"]
 ParameterMode = Literal["extra", "pointers"]
-ARENA_KINDS = ("device", "host")
 PARAMETER_MODES = ("extra", "pointers")
 NVIDIA_VERSION_FILE = Path("/proc/driver/nvidia/version")
 
@@ -164,28 +151,12 @@ def cuda_available() -> tuple[bool, str]:
 class DeviceInfo:
     name: str
     compute_capability: tuple[int, int]
-    total_memory: int
     driver_version: str  # the CUDA version the driver supports, "13.0"
-    nvrtc_version: str
-    kernel_module: str | None  # "open", "proprietary", or None where unknown
-    kernel_module_version: str | None  # the first line of /proc/driver/nvidia/version
 
     @property
     def arch(self) -> str:
         major, minor = self.compute_capability
         return f"sm_{major}{minor}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "compute_capability": f"{self.compute_capability[0]}.{self.compute_capability[1]}",
-            "arch": self.arch,
-            "total_memory": self.total_memory,
-            "driver_version": self.driver_version,
-            "nvrtc_version": self.nvrtc_version,
-            "kernel_module": self.kernel_module,
-            "kernel_module_version": self.kernel_module_version,
-        }
 
 
 def kernel_module(path: Path = NVIDIA_VERSION_FILE) -> tuple[str | None, str | None]:
@@ -217,26 +188,15 @@ def device_arch(ordinal: int = 0) -> str:
     return f"sm_{major}{minor}"
 
 
-def device_info(ordinal: int = 0) -> dict[str, Any]:
-    """What `bob doctor` prints about device `ordinal` (DeviceInfo.to_json's keys)."""
-    return describe_device(ordinal).to_json()
-
-
 def describe_device(ordinal: int = 0) -> DeviceInfo:
     _initialize()
     device = _call("cuDeviceGet", ordinal)
     name = _call("cuDeviceGetName", 256, device)
     version = int(_call("cuDriverGetVersion"))
-    major, minor = nvrtc_version()
-    module, module_line = kernel_module()
     return DeviceInfo(
         name=name.split(b"\0", 1)[0].decode(errors="replace"),
         compute_capability=_compute_capability(device),
-        total_memory=int(_call("cuDeviceTotalMem", device)),
         driver_version=f"{version // 1000}.{version % 1000 // 10}",
-        nvrtc_version=f"{major}.{minor}",
-        kernel_module=module,
-        kernel_module_version=module_line,
     )
 
 
@@ -268,29 +228,16 @@ def kernel_parameters(plan: Plan, region: Region, block: bytes, arena_base: int)
     return bytes(buffer)
 
 
-def check_image(plan: Plan, cubin: Cubin, arch: str) -> dict[str, Kernel]:
-    """The kernel of every retained region, after checking the image against the plan."""
-    kernels = {}
-    same_arch = plan.target.name == arch
-    for placed in plan.placed_regions:
-        region = plan.region(placed.name)
-        entry = region.entry or sig.ENTRIES.get(region.name, "")
-        kernel = cubin.kernel(entry)
-        # Another architecture puts the parameters elsewhere in constant bank 0,
-        # but the buffer from the base on is the same: only the base is excused.
-        check_parameter_layout(kernel, plan.target, region.params, check_base=same_arch)
-        check_block(kernel, region.block_x)
-        if region.code and region.code != kernel.code:
-            raise CubinError(
-                f"region {region.name!r}: the plan carries {len(region.code)} bytes of machine "
-                f"code that differ from {entry!r} compiled for {arch} "
-                f"({len(kernel.code)} bytes); build the plan from compiled_regions({arch!r})"
-            )
-        kernels[region.name] = kernel
-    return kernels
-
-
 # -- the backend -------------------------------------------------------------------
+
+
+def _require_regions_of(plan: Plan, compiled: CompiledRegions) -> None:
+    """Refuse a plan whose retained regions were not read from this image: the code the
+    plan places is the code that runs."""
+    for placed in plan.placed_regions:
+        if plan.region(placed.name) != compiled.get(placed.name):
+            raise RunFailure(f"region {placed.name!r} of the plan differs from the compiled "
+                             "image's; build the plan from the regions the backend is given")
 
 
 class _NativeKernelNodeParams(ctypes.Structure):
@@ -353,9 +300,11 @@ class _Graph:
 class CudaBackend(Backend):
     name = "cuda"
 
-    def __init__(self, plan: Plan, arena: ArenaKind = "device", *, device: int = 0,
-                 params: ParameterMode = "extra", source: KernelSource | None = None):
+    def __init__(self, plan: Plan | CertifiedPlan, compiled: CompiledRegions,
+                 arena: ArenaKind = "device", *, device: int = 0,
+                 params: ParameterMode = "extra"):
         super().__init__(plan)  # refuses an uncertified plan before anything is allocated
+        _require_regions_of(self.plan, compiled)
         if arena not in ARENA_KINDS:
             raise ValueError(f"arena must be one of {ARENA_KINDS}, not {arena!r}")
         if params not in PARAMETER_MODES:
@@ -373,11 +322,12 @@ class CudaBackend(Backend):
         self._functions: dict[str, Any] = {}
         self._closed = False
 
+        self.image = compiled.image  # referenced while the driver reads it
+        self.entries = {placed.name: self.plan.region(placed.name).entry
+                        for placed in self.plan.placed_regions}
         _initialize()
         self._device = _call("cuDeviceGet", device)
         self.arch = "sm_{}{}".format(*_compute_capability(self._device))
-        self.image: CompiledImage = compile_source(source or shipped_source(), self.arch)
-        self.kernels = check_image(plan, Cubin(self.image.image), self.arch)
         try:
             self._open()
         except BaseException:
@@ -390,12 +340,10 @@ class CudaBackend(Backend):
         self._context = _call("cuDevicePrimaryCtxRetain", self._device)
         _call("cuCtxSetCurrent", self._context)
         self._stream = _call("cuStreamCreate", 0)
-        # The image stays referenced by self.image while the driver reads it.
-        image = np.frombuffer(self.image.image, dtype=np.uint8)
+        image = np.frombuffer(self.image, dtype=np.uint8)
         self._module = _call("cuModuleLoadData", image.ctypes.data)
-        for name, kernel in self.kernels.items():
-            self._functions[name] = _call("cuModuleGetFunction", self._module,
-                                          kernel.entry.encode())
+        for name, entry in self.entries.items():
+            self._functions[name] = _call("cuModuleGetFunction", self._module, entry.encode())
         size = max(1, self.plan.arena_bytes)
         if self.arena_kind == "device":
             self._arena = int(_call("cuMemAlloc", size))
@@ -411,7 +359,7 @@ class CudaBackend(Backend):
 
     def _launch_arguments(self, index: int) -> _LaunchArguments:
         driver = _driver()
-        launch = self.launches[index]
+        launch = self.plan.launches[index]
         region = self.plan.region(launch.region)
         data = kernel_parameters(self.plan, region, self.parameter_block(index), self._arena)
         buffer = (ctypes.c_char * max(1, len(data))).from_buffer_copy(data.ljust(1, b"\0"))
@@ -463,58 +411,37 @@ class CudaBackend(Backend):
             raise
         return built
 
-    # -- what the host uses ------------------------------------------------------
-    def run(self, submissions: range) -> None:
-        if not isinstance(submissions, range):
-            raise TypeError(f"run takes a range of submissions, not {type(submissions).__name__}")
+    # -- what the base class asks of a backend -------------------------------------------
+    def _run(self, submissions: range) -> None:
         self._require_open()
-        if len(submissions) == 0:
-            return
-        count = self.plan.submission_count
-        if min(submissions) < 0 or max(submissions) >= count:
-            raise IndexError(f"submissions {submissions} are outside the plan's {count}")
         _call("cuCtxSetCurrent", self._context)
         graph = self._graphs.get(submissions)
         if graph is None:
             graph = self._graphs[submissions] = self._build_graph(submissions)
         _call("cuGraphLaunch", graph.exec, self._stream)
         _call("cuStreamSynchronize", self._stream)
-        self.last_semaphore = self.plan.submissions[submissions[-1]].semaphore
 
-    def write_tensor(self, name: str, data: bytes, offset: int = 0) -> None:
+    def _write_arena(self, offset: int, data: memoryview) -> None:
         self._require_open()
-        source = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-        address = self._tensor_offset(name, offset, source.size)
-        if source.size == 0:
-            return
+        source = np.frombuffer(data, dtype=np.uint8)
         if self.arena_kind == "host":
-            ctypes.memmove(self._host_arena + address, source.ctypes.data, source.size)
+            ctypes.memmove(self._host_arena + offset, source.ctypes.data, source.size)
             return
         _call("cuCtxSetCurrent", self._context)
-        _call("cuMemcpyHtoD", self._arena + address, source.ctypes.data, source.size)
+        _call("cuMemcpyHtoD", self._arena + offset, source.ctypes.data, source.size)
 
-    def read_tensor(self, name: str) -> bytes:
+    def _read_arena(self, offset: int, size: int) -> bytes:
         self._require_open()
-        tensor = self.plan.tensor(name)
-        address = self._tensor_offset(name, 0, tensor.bytes)
         if self.arena_kind == "host":
-            return ctypes.string_at(self._host_arena + address, tensor.bytes)
-        out = np.empty(tensor.bytes, dtype=np.uint8)
-        if tensor.bytes:
+            return ctypes.string_at(self._host_arena + offset, size)
+        out = np.empty(size, dtype=np.uint8)
+        if size:
             _call("cuCtxSetCurrent", self._context)
-            _call("cuMemcpyDtoH", out.ctypes.data, self._arena + address, tensor.bytes)
+            _call("cuMemcpyDtoH", out.ctypes.data, self._arena + offset, size)
         return out.tobytes()
 
-    def _tensor_offset(self, name: str, offset: int, length: int) -> int:
-        """The tensor's byte range [offset, offset+length) as an offset into the arena."""
-        tensor = self.plan.tensor(name)
-        if offset < 0 or offset + length > tensor.bytes:
-            raise ValueError(f"bytes [{offset}, {offset + length}) are outside tensor "
-                             f"{name!r} ({tensor.bytes} bytes)")
-        return tensor.address - self.plan.address_map.arena.base + offset
-
-    def _scalars_patched(self, launch_index: int, values: dict[str, Scalar],
-                         patches: list[tuple[int, bytes]]) -> None:
+    def _carry_patches(self, launch_index: int, values: dict[str, Scalar],
+                       patches: list[Patch]) -> None:
         """Scalars are not relocated: their words go straight into the kernel's buffer."""
         self._require_open()
         arguments = self._arguments[launch_index]
@@ -524,17 +451,6 @@ class CudaBackend(Backend):
                 raise RunFailure(f"launch {launch_index}: scalar at block offset {offset} is "
                                  "outside its parameter buffer")
             ctypes.memmove(ctypes.addressof(arguments.buffer) + offset - base, word, len(word))
-        self._update_nodes(launch_index)
-
-    def _parameter_block_changed(self, launch_index: int) -> None:
-        self._require_open()
-        arguments = self._arguments[launch_index]
-        region = self.plan.region(self.launches[launch_index].region)
-        data = kernel_parameters(self.plan, region, self.parameter_block(launch_index),
-                                 self._arena)
-        if len(data) != arguments.size.value:
-            raise RunFailure(f"launch {launch_index}: parameter buffer changed size")
-        ctypes.memmove(arguments.buffer, data, len(data))
         self._update_nodes(launch_index)
 
     def _update_nodes(self, launch_index: int) -> None:

@@ -25,7 +25,7 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
     config = config_from(vocab, prompts, updates, mode, schedule)
     if arch is None:
         return build_plan(config)
-    from bob.kernels.cuda.compile import compiled_regions  # NVRTC: only when asked
+    from bob.kernels.cuda.regions import compiled_regions  # NVRTC: only when asked
 
     try:
         regions = compiled_regions(arch)

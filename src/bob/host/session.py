@@ -65,10 +65,6 @@ class Session:
         self._open: dict[BobConfig, tuple[Plan, Backend]] = {}
         self.last_backend: Backend | None = None  # the arena of the latest invocation
 
-    @property
-    def backend_name(self) -> str:
-        return self.choice.name
-
     def plan_for(self, config: BobConfig) -> Plan:
         return self._backend_for(config)[0]
 
@@ -76,8 +72,8 @@ class Session:
         if config not in self._open:
             plan = build_plan(config, self.choice.target, self.hyper,
                               compiled=self.choice.regions)
-            require_certified(plan)  # the host admits nothing uncertified
-            self._open[config] = (plan, self.choice.open(plan))
+            certified = require_certified(plan)  # once: the backend takes it as certified
+            self._open[config] = (plan, self.choice.open(certified))
         return self._open[config]
 
     def close(self) -> None:

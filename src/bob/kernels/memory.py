@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from bob.errors import RunFailure
+
 _DTYPES = {"f32": np.float32, "u32": np.uint32, "u8": np.uint8}
 
 
-class OutOfArena(IndexError):
+class OutOfArena(RunFailure):
     """A kernel reached bytes outside the arena (a certified plan never does)."""
 
 

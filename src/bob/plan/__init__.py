@@ -7,6 +7,7 @@ from bob.plan.certificate import (
     HAZARD_KINDS,
     Certificate,
     CertificateError,
+    CertifiedPlan,
     Hazard,
     certify,
     require_certified,
@@ -15,6 +16,7 @@ from bob.plan.model import Plan, ProgramSpec, Target
 from bob.plan.placement import SM86, SM90, TARGETS, place
 
 __all__ = [
-    "HAZARD_KINDS", "SM86", "SM90", "TARGETS", "Certificate", "CertificateError", "Hazard",
+    "HAZARD_KINDS", "SM86", "SM90", "TARGETS", "Certificate", "CertificateError", "CertifiedPlan",
+    "Hazard",
     "Plan", "ProgramSpec", "Target", "certify", "place", "require_certified",
 ]

@@ -24,8 +24,9 @@ The kinds, by name:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from bob.errors import BadInput
 from bob.plan.model import Address, Launch, Plan, PointerParam, Scalar, ScalarParam
 from bob.plan.placement import argument_bytes_end
 
@@ -82,7 +83,7 @@ class Certificate:
         return {h.kind for h in self.hazards}
 
 
-class CertificateError(Exception):
+class CertificateError(BadInput):
     """Raised when a backend or host is handed a plan whose certificate fails."""
 
     def __init__(self, certificate: Certificate):
@@ -91,6 +92,22 @@ class CertificateError(Exception):
         more = len(certificate.hazards) - 5
         suffix = f" (and {more} more)" if more > 0 else ""
         super().__init__(f"the plan is not certified: {lines}{suffix}")
+
+
+_ISSUED = object()  # only require_certified holds it
+
+
+@dataclass(frozen=True)
+class CertifiedPlan:
+    """A plan whose certificate holds. Only ``require_certified`` makes one, so a
+    backend or the encoder handed one knows the plan was checked, and checks nothing again."""
+
+    plan: Plan
+    _issuer: object = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self._issuer is not _ISSUED:
+            raise TypeError("a CertifiedPlan comes only from require_certified(plan)")
 
 
 def certify(plan: Plan) -> Certificate:
@@ -103,11 +120,14 @@ def certify(plan: Plan) -> Certificate:
     return Certificate(tuple(hazards))
 
 
-def require_certified(plan: Plan) -> Certificate:
+def require_certified(plan: Plan | CertifiedPlan) -> CertifiedPlan:
+    """The plan, certified (once: a CertifiedPlan passes through), or CertificateError."""
+    if isinstance(plan, CertifiedPlan):
+        return plan
     certificate = certify(plan)
     if not certificate.holds:
         raise CertificateError(certificate)
-    return certificate
+    return CertifiedPlan(plan, _ISSUED)
 
 
 def _check_tensors(plan: Plan) -> list[Hazard]:

@@ -74,14 +74,6 @@ class Region:
     params: tuple[Param, ...] = ()
     entry: str = ""  # the symbol in the compiled image, where there is one
 
-    @property
-    def pointer_params(self) -> tuple[PointerParam, ...]:
-        return tuple(p for p in self.params if isinstance(p, PointerParam))
-
-    @property
-    def scalar_params(self) -> tuple[ScalarParam, ...]:
-        return tuple(p for p in self.params if isinstance(p, ScalarParam))
-
 
 @dataclass(frozen=True)
 class TensorSpec:

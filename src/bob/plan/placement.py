@@ -17,6 +17,7 @@ import functools
 import struct
 from dataclasses import dataclass
 
+from bob.errors import BadInput
 from bob.plan.model import (
     Address,
     AddressMap,
@@ -51,8 +52,8 @@ SM90 = Target("sm_90", parameter_base=0x210, parameter_block_bytes=1024, qmd_rec
 TARGETS = {target.name: target for target in (SM86, SM90)}
 
 
-class PlacementError(ValueError):
-    """A program that cannot be placed at all (as opposed to a hazard)."""
+class PlacementError(BadInput):
+    """A program that cannot be placed at all (as opposed to a hazard): bad input."""
 
 
 def align_up(value: int, alignment: int) -> int:
@@ -121,14 +122,6 @@ def decode_parameter_block(
             (bits,) = struct.unpack_from("<I", block, slot.offset)
             args[slot.param.name] = Scalar(slot.param.dtype, bits)
     return args
-
-
-def scalar_offset(target: Target, region: Region, name: str) -> int:
-    """Byte offset of a named scalar argument inside the parameter block."""
-    for slot in argument_slots(target, region.params):
-        if slot.param.name == name and isinstance(slot.param, ScalarParam):
-            return slot.offset
-    raise KeyError(f"region {region.name!r} has no scalar argument {name!r}")
 
 
 # -- placement -------------------------------------------------------------

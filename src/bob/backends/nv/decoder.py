@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bob.errors import RunFailure
 from bob.plan.model import Plan, PointerParam
 from bob.plan.placement import argument_slots
 
@@ -52,7 +53,7 @@ _SHIFT = re.compile(r"_SHIFTED(\d+)(?:\(\d+\))?$")
 _NOT_METHODS = ("DMA_", "GP_ENTRY", "NUMBER_OF_")
 
 
-class DecodeError(ValueError):
+class DecodeError(RunFailure):
     """Bytes that do not decode as Bob's command stream; the message says where."""
 
 

@@ -66,7 +66,8 @@ from bob.backends.nv.pushbuffer import (
     gpfifo_entry,
 )
 from bob.backends.nv.qmd import Qmd, QmdFieldError, QmdV03, QmdV04, SharedMemoryConfig, field_shift
-from bob.plan.certificate import require_certified
+from bob.errors import BadInput
+from bob.plan.certificate import CertifiedPlan, require_certified
 from bob.plan.model import Component, Launch, Plan
 from bob.plan.placement import SEMAPHORE_STRIDE, align_up
 from bob.plan.placement import encode_parameter_block as encode_arguments
@@ -107,7 +108,7 @@ LAUNCH_PROGRESS_OFFSET = 8  # the spare half of slot 0
 SETUP_ENTRIES = 1  # GPFIFO entry 0 is the set-up; submission s is entry s + 1
 
 
-class EncodeError(ValueError):
+class EncodeError(BadInput):
     """A plan that cannot be encoded for its target; the message says what and where."""
 
 
@@ -419,9 +420,10 @@ def _encode_commands(plan: Plan, arch: Architecture, stride: int) -> tuple[bytes
     return pushbuffer.to_bytes(component.bytes), b"".join(entries)
 
 
-def encode(plan: Plan) -> EncodedProgram:
-    """Every component of a certified plan, deterministically."""
-    require_certified(plan)
+def encode(certified: CertifiedPlan | Plan) -> EncodedProgram:
+    """Every component of a certified plan, deterministically (a bare plan is certified
+    first; a CertifiedPlan is not checked again)."""
+    plan = require_certified(certified).plan
     arch = architecture(plan)
     stride = qmd_stride(plan)
     _check_layout(plan, stride)

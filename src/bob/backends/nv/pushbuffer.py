@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from bob.backends.nv import fields_generated as g
 from bob.backends.nv.qmd import field_shift
+from bob.errors import BadInput
 
 Bits = tuple[int, int]
 
@@ -39,8 +40,9 @@ COMPUTE_SUBCHANNEL = 1
 HOST_SUBCHANNEL = 0
 
 
-class CommandError(ValueError):
-    """A pushbuffer word or GPFIFO entry that cannot be encoded; the message says why."""
+class CommandError(BadInput):
+    """A pushbuffer word or GPFIFO entry that cannot be encoded (the plan asks for what the
+    command stream cannot say); the message says why."""
 
 
 def pack_word(where: str, table: Mapping[str, Bits], values: Mapping[str, int]) -> int:
@@ -246,9 +248,6 @@ class Pushbuffer:
 
     def incrementing(self, subchannel: int, method: int, data: Sequence[int]) -> None:
         self._append([incrementing_header(subchannel, method, len(data)), *data])
-
-    def non_incrementing(self, subchannel: int, method: int, data: Sequence[int]) -> None:
-        self._append([non_incrementing_header(subchannel, method, len(data)), *data])
 
     def immediate(self, subchannel: int, method: int, value: int) -> None:
         self._append([immediate_header(subchannel, method, value)])

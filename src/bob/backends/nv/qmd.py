@@ -27,12 +27,12 @@ Version quirks live on the classes below.
 from __future__ import annotations
 
 import re
-from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from bob.backends.nv import fields_generated as g
+from bob.errors import BadInput
 
 Bits = tuple[int, int]
 
@@ -47,8 +47,9 @@ WORD_BITS = 32
 _SHIFTED = re.compile(r"_SHIFTED(\d+)(?:\(\d+\))?$")
 
 
-class QmdFieldError(ValueError):
-    """A QMD field write that cannot be encoded; the message names the field."""
+class QmdFieldError(BadInput):
+    """A QMD field write that cannot be encoded (a plan value the QMD cannot hold); the
+    message names the field."""
 
 
 def field_shift(name: str) -> int:
@@ -66,7 +67,19 @@ class SharedMemoryConfig:
     target_kib: int
 
 
-class Qmd(ABC):
+# Fields every Bob launch sets the same way in both versions: (field, the header's value name).
+_COMMON_VALUES = (
+    ("API_VISIBLE_CALL_LIMIT", "API_VISIBLE_CALL_LIMIT_NO_CHECK"),
+    ("SAMPLER_INDEX", "SAMPLER_INDEX_INDEPENDENTLY"),
+    ("INVALIDATE_TEXTURE_HEADER_CACHE", "INVALIDATE_TEXTURE_HEADER_CACHE_TRUE"),
+    ("INVALIDATE_TEXTURE_SAMPLER_CACHE", "INVALIDATE_TEXTURE_SAMPLER_CACHE_TRUE"),
+    ("INVALIDATE_TEXTURE_DATA_CACHE", "INVALIDATE_TEXTURE_DATA_CACHE_TRUE"),
+    ("INVALIDATE_SHADER_DATA_CACHE", "INVALIDATE_SHADER_DATA_CACHE_TRUE"),
+    ("CWD_MEMBAR_TYPE", "CWD_MEMBAR_TYPE_L1_SYSMEMBAR"),
+)
+
+
+class Qmd:
     """One QMD record under construction. Subclasses are the QMD versions."""
 
     version: ClassVar[str]
@@ -74,6 +87,14 @@ class Qmd(ABC):
     record_bytes: ClassVar[int]
     FIELDS: ClassVar[Mapping[str, Bits]]
     VALUES: ClassVar[Mapping[str, int]]
+    # Where the versions name the same thing differently (each version's docstring says how).
+    MINOR_VERSION_FIELD: ClassVar[str]
+    VERSION_FIELDS: ClassVar[tuple[tuple[str, int | str], ...]]  # set by one version only
+    GRID_FIELDS: ClassVar[tuple[str, str, str]]
+    REGISTER_FIELD: ClassVar[str]
+    CONSTANT_BUFFER_ADDRESS_FIELDS: ClassVar[tuple[str, str]]  # lower, upper
+    RELEASE_FIELDS: ClassVar[tuple[str, str, str]]  # address lower, upper, payload
+    RELEASE_VALUES: ClassVar[tuple[tuple[str, str], ...]]  # one-word, membar, enable
 
     def __init__(self) -> None:
         self._record = 0
@@ -156,15 +177,24 @@ class Qmd(ABC):
         return self._record.to_bytes(self.record_bytes, "little")
 
     # -- the typed interface -------------------------------------------------
-    @abstractmethod
     def _initialise(self) -> None:
         """Write the version and the fields every Bob launch sets the same way."""
+        self.write("QMD_MAJOR_VERSION", self.major_version)
+        self.write(self.MINOR_VERSION_FIELD, 0)
+        for name, value in (*self.VERSION_FIELDS, *_COMMON_VALUES):
+            if isinstance(value, str):
+                self.write_value(name, value)
+            else:
+                self.write(name, value)
 
-    @abstractmethod
-    def set_program_address(self, address: int) -> None: ...
+    def set_program_address(self, address: int) -> None:
+        self.write_address("PROGRAM_ADDRESS_LOWER", "PROGRAM_ADDRESS_UPPER", address,
+                           "program address")
 
-    @abstractmethod
-    def set_grid(self, x: int, y: int, z: int) -> None: ...
+    def set_grid(self, x: int, y: int, z: int) -> None:
+        self._positive("grid", (x, y, z))
+        for name, value in zip(self.GRID_FIELDS, (x, y, z), strict=True):
+            self.write(name, value)
 
     def set_block(self, x: int, y: int, z: int) -> None:
         self._positive("block", (x, y, z))
@@ -172,8 +202,9 @@ class Qmd(ABC):
         self.write("CTA_THREAD_DIMENSION1", y)
         self.write("CTA_THREAD_DIMENSION2", z)
 
-    @abstractmethod
-    def set_registers(self, count: int) -> None: ...
+    def set_registers(self, count: int) -> None:
+        self._check_registers(count)
+        self.write(self.REGISTER_FIELD, count)
 
     def set_barriers(self, count: int) -> None:
         self.write("BARRIER_COUNT", count)
@@ -192,11 +223,22 @@ class Qmd(ABC):
         self.write("MAX_SM_CONFIG_SHARED_MEM_SIZE", self._sm_config(config.maximum_kib))
         self.write("TARGET_SM_CONFIG_SHARED_MEM_SIZE", self._sm_config(config.target_kib))
 
-    @abstractmethod
-    def set_constant_buffer(self, index: int, address: int, size: int) -> None: ...
+    def set_constant_buffer(self, index: int, address: int, size: int) -> None:
+        self._check_bank(index)
+        self.write_address(*self.CONSTANT_BUFFER_ADDRESS_FIELDS, address,
+                           "constant buffer 0 address")
+        self.write_shifted("CONSTANT_BUFFER_SIZE_SHIFTED4(0)", size, "constant buffer 0 size")
+        self.write_value("CONSTANT_BUFFER_VALID(0)", "CONSTANT_BUFFER_VALID_TRUE")
+        self.write_value("CONSTANT_BUFFER_INVALIDATE(0)", "CONSTANT_BUFFER_INVALIDATE_TRUE")
 
-    @abstractmethod
-    def set_release_semaphore(self, address: int, payload: int) -> None: ...
+    def set_release_semaphore(self, address: int, payload: int) -> None:
+        """A one-word release of `payload` at `address` when the grid completes."""
+        self._check_release(address, payload)
+        lower, upper, payload_field = self.RELEASE_FIELDS
+        self.write_address(lower, upper, address, "release semaphore address")
+        self.write(payload_field, payload)
+        for name, value in self.RELEASE_VALUES:
+            self.write_value(name, value)
 
     # -- shared checks ---------------------------------------------------------
     def _positive(self, what: str, dims: tuple[int, int, int]) -> None:
@@ -251,49 +293,18 @@ class QmdV03(Qmd):
     FIELDS = g.QMDV03_00_FIELDS
     VALUES = g.QMDV03_00_VALUES
 
-    def _initialise(self) -> None:
-        self.write("QMD_MAJOR_VERSION", self.major_version)
-        self.write("QMD_VERSION", 0)
-        self.write_value("API_VISIBLE_CALL_LIMIT", "API_VISIBLE_CALL_LIMIT_NO_CHECK")
-        self.write_value("SAMPLER_INDEX", "SAMPLER_INDEX_INDEPENDENTLY")
-        self.write("SM_GLOBAL_CACHING_ENABLE", 1)
-        self.write_value("INVALIDATE_TEXTURE_HEADER_CACHE", "INVALIDATE_TEXTURE_HEADER_CACHE_TRUE")
-        self.write_value("INVALIDATE_TEXTURE_SAMPLER_CACHE",
-                         "INVALIDATE_TEXTURE_SAMPLER_CACHE_TRUE")
-        self.write_value("INVALIDATE_TEXTURE_DATA_CACHE", "INVALIDATE_TEXTURE_DATA_CACHE_TRUE")
-        self.write_value("INVALIDATE_SHADER_DATA_CACHE", "INVALIDATE_SHADER_DATA_CACHE_TRUE")
-        self.write_value("CWD_MEMBAR_TYPE", "CWD_MEMBAR_TYPE_L1_SYSMEMBAR")
-
-    def set_program_address(self, address: int) -> None:
-        self.write_address("PROGRAM_ADDRESS_LOWER", "PROGRAM_ADDRESS_UPPER", address,
-                           "program address")
-
-    def set_grid(self, x: int, y: int, z: int) -> None:
-        self._positive("grid", (x, y, z))
-        self.write("CTA_RASTER_WIDTH", x)
-        self.write("CTA_RASTER_HEIGHT", y)
-        self.write("CTA_RASTER_DEPTH", z)
-
-    def set_registers(self, count: int) -> None:
-        self._check_registers(count)
-        self.write("REGISTER_COUNT_V", count)
-
-    def set_constant_buffer(self, index: int, address: int, size: int) -> None:
-        self._check_bank(index)
-        self.write_address("CONSTANT_BUFFER_ADDR_LOWER(0)", "CONSTANT_BUFFER_ADDR_UPPER(0)",
-                           address, "constant buffer 0 address")
-        self.write_shifted("CONSTANT_BUFFER_SIZE_SHIFTED4(0)", size, "constant buffer 0 size")
-        self.write_value("CONSTANT_BUFFER_VALID(0)", "CONSTANT_BUFFER_VALID_TRUE")
-        self.write_value("CONSTANT_BUFFER_INVALIDATE(0)", "CONSTANT_BUFFER_INVALIDATE_TRUE")
-
-    def set_release_semaphore(self, address: int, payload: int) -> None:
-        self._check_release(address, payload)
-        self.write_address("RELEASE0_ADDRESS_LOWER", "RELEASE0_ADDRESS_UPPER", address,
-                           "release semaphore address")
-        self.write("RELEASE0_PAYLOAD_LOWER", payload)
-        self.write_value("RELEASE0_STRUCTURE_SIZE", "RELEASE0_STRUCTURE_SIZE_SEMAPHORE_ONE_WORD")
-        self.write_value("RELEASE0_MEMBAR_TYPE", "RELEASE0_MEMBAR_TYPE_FE_SYSMEMBAR")
-        self.write_value("RELEASE0_ENABLE", "RELEASE0_ENABLE_TRUE")
+    MINOR_VERSION_FIELD = "QMD_VERSION"
+    VERSION_FIELDS = (("SM_GLOBAL_CACHING_ENABLE", 1),)
+    GRID_FIELDS = ("CTA_RASTER_WIDTH", "CTA_RASTER_HEIGHT", "CTA_RASTER_DEPTH")
+    REGISTER_FIELD = "REGISTER_COUNT_V"
+    CONSTANT_BUFFER_ADDRESS_FIELDS = ("CONSTANT_BUFFER_ADDR_LOWER(0)",
+                                      "CONSTANT_BUFFER_ADDR_UPPER(0)")
+    RELEASE_FIELDS = ("RELEASE0_ADDRESS_LOWER", "RELEASE0_ADDRESS_UPPER", "RELEASE0_PAYLOAD_LOWER")
+    RELEASE_VALUES = (
+        ("RELEASE0_STRUCTURE_SIZE", "RELEASE0_STRUCTURE_SIZE_SEMAPHORE_ONE_WORD"),
+        ("RELEASE0_MEMBAR_TYPE", "RELEASE0_MEMBAR_TYPE_FE_SYSMEMBAR"),
+        ("RELEASE0_ENABLE", "RELEASE0_ENABLE_TRUE"),
+    )
 
 
 class QmdV04(Qmd):
@@ -315,50 +326,19 @@ class QmdV04(Qmd):
     FIELDS = g.QMDV04_00_FIELDS
     VALUES = g.QMDV04_00_VALUES
 
-    def _initialise(self) -> None:
-        self.write("QMD_MAJOR_VERSION", self.major_version)
-        self.write("QMD_MINOR_VERSION", 0)
-        self.write_value("QMD_TYPE", "QMD_TYPE_GRID_CTA")
-        self.write_value("API_VISIBLE_CALL_LIMIT", "API_VISIBLE_CALL_LIMIT_NO_CHECK")
-        self.write_value("SAMPLER_INDEX", "SAMPLER_INDEX_INDEPENDENTLY")
-        self.write_value("INVALIDATE_TEXTURE_HEADER_CACHE", "INVALIDATE_TEXTURE_HEADER_CACHE_TRUE")
-        self.write_value("INVALIDATE_TEXTURE_SAMPLER_CACHE",
-                         "INVALIDATE_TEXTURE_SAMPLER_CACHE_TRUE")
-        self.write_value("INVALIDATE_TEXTURE_DATA_CACHE", "INVALIDATE_TEXTURE_DATA_CACHE_TRUE")
-        self.write_value("INVALIDATE_SHADER_DATA_CACHE", "INVALIDATE_SHADER_DATA_CACHE_TRUE")
-        self.write_value("CWD_MEMBAR_TYPE", "CWD_MEMBAR_TYPE_L1_SYSMEMBAR")
-
-    def set_program_address(self, address: int) -> None:
-        self.write_address("PROGRAM_ADDRESS_LOWER", "PROGRAM_ADDRESS_UPPER", address,
-                           "program address")
-
-    def set_grid(self, x: int, y: int, z: int) -> None:
-        self._positive("grid", (x, y, z))
-        self.write("GRID_WIDTH", x)
-        self.write("GRID_HEIGHT", y)
-        self.write("GRID_DEPTH", z)
-
-    def set_registers(self, count: int) -> None:
-        self._check_registers(count)
-        self.write("REGISTER_COUNT", count)
-
-    def set_constant_buffer(self, index: int, address: int, size: int) -> None:
-        self._check_bank(index)
-        self.write_address("CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6(0)",
-                           "CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6(0)", address,
-                           "constant buffer 0 address")
-        self.write_shifted("CONSTANT_BUFFER_SIZE_SHIFTED4(0)", size, "constant buffer 0 size")
-        self.write_value("CONSTANT_BUFFER_VALID(0)", "CONSTANT_BUFFER_VALID_TRUE")
-        self.write_value("CONSTANT_BUFFER_INVALIDATE(0)", "CONSTANT_BUFFER_INVALIDATE_TRUE")
-
-    def set_release_semaphore(self, address: int, payload: int) -> None:
-        self._check_release(address, payload)
-        self.write_address("RELEASE_SEMAPHORE0_ADDR_LOWER", "RELEASE_SEMAPHORE0_ADDR_UPPER",
-                           address, "release semaphore address")
-        self.write("RELEASE_SEMAPHORE0_PAYLOAD_LOWER", payload)
-        self.write_value("RELEASE_STRUCTURE_SIZE(0)", "RELEASE_STRUCTURE_SIZE_SEMAPHORE_ONE_WORD")
-        self.write_value("RELEASE_MEMBAR_TYPE(0)", "RELEASE_MEMBAR_TYPE_FE_SYSMEMBAR")
-        self.write_value("RELEASE_ENABLE(0)", "RELEASE_ENABLE_TRUE")
+    MINOR_VERSION_FIELD = "QMD_MINOR_VERSION"
+    VERSION_FIELDS = (("QMD_TYPE", "QMD_TYPE_GRID_CTA"),)
+    GRID_FIELDS = ("GRID_WIDTH", "GRID_HEIGHT", "GRID_DEPTH")
+    REGISTER_FIELD = "REGISTER_COUNT"
+    CONSTANT_BUFFER_ADDRESS_FIELDS = ("CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6(0)",
+                                      "CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6(0)")
+    RELEASE_FIELDS = ("RELEASE_SEMAPHORE0_ADDR_LOWER", "RELEASE_SEMAPHORE0_ADDR_UPPER",
+                      "RELEASE_SEMAPHORE0_PAYLOAD_LOWER")
+    RELEASE_VALUES = (
+        ("RELEASE_STRUCTURE_SIZE(0)", "RELEASE_STRUCTURE_SIZE_SEMAPHORE_ONE_WORD"),
+        ("RELEASE_MEMBAR_TYPE(0)", "RELEASE_MEMBAR_TYPE_FE_SYSMEMBAR"),
+        ("RELEASE_ENABLE(0)", "RELEASE_ENABLE_TRUE"),
+    )
 
 
 QMD_VERSIONS: dict[str, type[Qmd]] = {cls.version: cls for cls in (QmdV03, QmdV04)}

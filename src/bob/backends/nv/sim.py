@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bob.backends.base import Backend
+from bob.backends.base import Backend, Patch
+from bob.backends.cpu import kernel_arguments
 from bob.backends.nv.decoder import (
     QMD_VERSION_OF_CLASS,
     TABLES,
@@ -46,10 +47,11 @@ from bob.backends.nv.decoder import (
     decode_qmd,
     decode_segment,
 )
-from bob.backends.nv.encoder import SETUP_ENTRIES, EncodedProgram, encode, parameter_block
+from bob.backends.nv.encoder import SETUP_ENTRIES, EncodedProgram, encode
 from bob.errors import BackendUnavailable, RunFailure
 from bob.kernels.memory import Memory
-from bob.plan.model import Address, Plan
+from bob.plan.certificate import CertifiedPlan
+from bob.plan.model import Plan, Scalar
 from bob.plan.placement import argument_bytes_end, decode_parameter_block
 
 Kernel = Callable[[Memory, dict[str, "int | np.float32"]], None]
@@ -96,10 +98,11 @@ def _reference_kernels() -> dict[str, Kernel]:
 class NvSimBackend(Backend):
     name = "nv-sim"
 
-    def __init__(self, plan: Plan, kernels: dict[str, Kernel] | None = None):
-        super().__init__(plan)  # certifies the plan
+    def __init__(self, plan: Plan | CertifiedPlan, kernels: dict[str, Kernel] | None = None):
+        super().__init__(plan)
+        plan = self.plan
         self.kernels = _reference_kernels() if kernels is None else kernels
-        self.encoded: EncodedProgram = encode(plan)
+        self.encoded: EncodedProgram = encode(self.certified)
         self._regions = self._region_table(plan)
         arena = plan.address_map.arena
         self._arena = np.zeros(arena.bytes, dtype=np.uint8)
@@ -135,24 +138,14 @@ class NvSimBackend(Backend):
         return table
 
     # -- the host's side --------------------------------------------------------------
-    def write_tensor(self, name: str, data: bytes, offset: int = 0) -> None:
-        tensor = self.plan.tensor(name)
-        if offset < 0 or offset + len(data) > tensor.bytes:
-            raise ValueError(f"writing {len(data)} bytes at offset {offset} overruns tensor "
-                             f"{name!r} ({tensor.bytes} bytes)")
-        start = tensor.address - self.plan.address_map.arena.base + offset
-        self._arena[start:start + len(data)] = np.frombuffer(data, dtype=np.uint8)
+    def _write_arena(self, offset: int, data: memoryview) -> None:
+        self._arena[offset:offset + data.nbytes] = np.frombuffer(data, dtype=np.uint8)
 
-    def read_tensor(self, name: str) -> bytes:
-        tensor = self.plan.tensor(name)
-        start = tensor.address - self.plan.address_map.arena.base
-        return self._arena[start:start + tensor.bytes].tobytes()
+    def _read_arena(self, offset: int, size: int) -> bytes:
+        return self._arena[offset:offset + size].tobytes()
 
-    def run(self, submissions: range) -> None:
+    def _run(self, submissions: range) -> None:
         for index in submissions:
-            if not 0 <= index < self.plan.submission_count:
-                raise NvSimError(f"submission {index} is not in the plan's "
-                                 f"{self.plan.submission_count}")
             slot = self.encoded.submission_semaphore(index)
             self._write(slot, bytes(SEMAPHORE_BYTES))
             self._execute(self._entries[SETUP_ENTRIES + index])
@@ -161,7 +154,6 @@ class NvSimBackend(Backend):
             if reached != expected:
                 raise NvSimError(f"after submission {index} its semaphore at {slot:#x} holds "
                                  f"{reached}, not {expected}")
-            self.last_semaphore = reached
 
     def semaphore(self, address: int) -> int:
         """A submission's 64-bit semaphore slot."""
@@ -173,9 +165,13 @@ class NvSimBackend(Backend):
         (value,) = struct.unpack("<I", self._read(address, WORD_BYTES))
         return value
 
-    def _parameter_block_changed(self, launch_index: int) -> None:
-        block = parameter_block(self.plan, launch_index, self.launches[launch_index])
-        self._write(self.plan.parameter_block_address(launch_index), block)
+    def _carry_patches(self, launch_index: int, values: dict[str, Scalar],
+                       patches: list[Patch]) -> None:
+        """The patched words go into the program component, where the QMD's constant
+        buffer 0 points: the simulator reads the bytes, as a GPU would."""
+        block = self.plan.parameter_block_address(launch_index)
+        for offset, word in patches:
+            self._write(block + offset, word)
 
     # -- memory ---------------------------------------------------------------------------
     def _locate(self, address: int, size: int) -> tuple[bytearray, int]:
@@ -289,14 +285,7 @@ class NvSimBackend(Backend):
                              f"{region_name} reads {needed}")
         block = self._read(address, size)
         self._check_driver_area(qmd_address, block, dispatch.grid, dispatch.block)
-        arguments: dict[str, int | np.float32] = {}
-        for name, arg in decode_parameter_block(self.plan.target, region, block).items():
-            if isinstance(arg, Address):
-                arguments[name] = arg.address
-            elif arg.dtype == "f32":
-                arguments[name] = np.array(arg.bits, dtype=np.uint32).view(np.float32)[()]
-            else:
-                arguments[name] = arg.bits
+        arguments = kernel_arguments(decode_parameter_block(self.plan.target, region, block))
         if region_name not in self.kernels:
             raise NvSimError(f"no kernel for region {region_name!r}")
         self.kernels[region_name](self.memory, arguments)

@@ -513,16 +513,22 @@ static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes) {
 // Lane l visits its elements j = l + 256 i in batches of BATCH: a batch's loads are issued
 // together, so each warp keeps several requests to memory in flight.
 
+// x[b] = w[first + LANES b] for each b inside the row: BATCH loads in flight before any use.
+static __device__ __forceinline__ void load_batch(const FusedArgs& a, const float* w, u32 first,
+                                                  float (&x)[BATCH]) {
+#pragma unroll
+    for (u32 b = 0; b < BATCH; ++b) {
+        const u32 j = first + LANES * b;
+        if (j < a.vocab) x[b] = w[j];
+    }
+}
+
 // Row max m of w.
 static __device__ float streaming_max(const FusedArgs& a, const float* w, Lanes& lanes) {
     float held = f32(NEG_INF);
     for (u32 first = threadIdx.x; first < a.vocab; first += LANES * BATCH) {
         float x[BATCH];
-#pragma unroll
-        for (u32 b = 0; b < BATCH; ++b) {
-            const u32 j = first + LANES * b;
-            if (j < a.vocab) x[b] = w[j];
-        }
+        load_batch(a, w, first, x);
 #pragma unroll
         for (u32 b = 0; b < BATCH; ++b) {
             if (first + LANES * b < a.vocab) held = select_max(held, x[b]);
@@ -537,11 +543,7 @@ static __device__ float streaming_sum(const FusedArgs& a, const float* w, float 
     float partial = 0.0f;
     for (u32 first = threadIdx.x; first < a.vocab; first += LANES * BATCH) {
         float x[BATCH];
-#pragma unroll
-        for (u32 b = 0; b < BATCH; ++b) {
-            const u32 j = first + LANES * b;
-            if (j < a.vocab) x[b] = w[j];
-        }
+        load_batch(a, w, first, x);
 #pragma unroll
         for (u32 b = 0; b < BATCH; ++b) {
             const u32 j = first + LANES * b;

@@ -2,15 +2,15 @@
 
     python -m bob.kernels.cuda.compile sm_90      # compile (or hit the cache), print a summary
 
-The options pin the arithmetic of SPEC section 3: no fused multiply-add,
-IEEE division and square root, subnormals kept. The output is a cubin (SASS
-for one architecture), never PTX: the machine code the plan retains is the
-code that runs. NVRTC needs no GPU, so CI compiles for every target.
+The options pin Bob's binary32 arithmetic (docs/ARITHMETIC.md): no fused
+multiply-add, IEEE division and square root, subnormals kept. The output is a
+cubin (SASS for one architecture), never PTX: the machine code the plan
+retains is the code that runs. NVRTC needs no GPU, so CI compiles for every target.
 
 Compiled images are cached under ``$BOB_CACHE_DIR/cubin`` (or
 ``~/.cache/bob/cubin``), keyed by the SHA-256 of everything that decides the
 bytes: the source and its headers, the options, the architecture and the NVRTC
-version. Entries are written atomically (temporary file, fsync, rename); an
+version. Entries are written with ``bob.files.atomic_write``; an
 entry that is not an ELF image is ignored and rewritten.
 """
 
@@ -19,18 +19,18 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bob.errors import RunFailure
+from bob.errors import BobError, RunFailure
+from bob.files import atomic_write
 
 SOURCE_NAME = "bob_kernels.cu"
 KERNEL_DIR = Path(__file__).resolve().parent
 ELF_MAGIC = b"\x7fELF"
 CACHE_FORMAT = b"bob-cubin-cache 1"
 
-# SPEC section 3: binary32 exactly as written. Order is part of the cache key.
+# Binary32 exactly as written. Order is part of the cache key.
 ARITHMETIC_OPTIONS = ("--fmad=false", "-prec-div=true", "-prec-sqrt=true", "-ftz=false")
 
 # What NVRTC's status names mean for someone compiling Bob's kernels.
@@ -140,12 +140,6 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def supported_archs() -> tuple[str, ...]:
-    nvrtc = _nvrtc()
-    archs = check("nvrtcGetSupportedArchs", nvrtc.nvrtcGetSupportedArchs())
-    return tuple(f"sm_{int(a)}" for a in archs)
-
-
 def normalize_arch(arch: str | int | tuple[int, int]) -> str:
     """'sm_90', '90', 90 or (9, 0) -> 'sm_90'."""
     if isinstance(arch, tuple):
@@ -217,18 +211,8 @@ def _write_cache(path: Path, image: bytes) -> bool:
     """Write atomically; False (and no entry) where the cache cannot be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(prefix=path.name, suffix=".tmp",
-                                                 dir=path.parent)
-    except OSError:
-        return False
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(image)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except OSError:
-        Path(temporary).unlink(missing_ok=True)
+        atomic_write(path, image)
+    except (OSError, BobError):
         return False
     return True
 
@@ -287,17 +271,6 @@ def compile_kernels(arch: str | int | tuple[int, int], *, use_cache: bool = True
                     cache_dir: Path | None = None) -> CompiledImage:
     """Bob's shipped kernels for `arch`."""
     return compile_source(shipped_source(), arch, use_cache=use_cache, cache_dir=cache_dir)
-
-
-def compiled_regions(arch: str | int | tuple[int, int], **compile_options):
-    """Bob's regions read from its kernels compiled for `arch`: name -> Region.
-
-    The reading and checking live in ``cubin.compiled_regions``; this is the
-    same function, reachable from the compiler's module.
-    """
-    from bob.kernels.cuda.cubin import compiled_regions as read_regions
-
-    return read_regions(normalize_arch(arch), **compile_options)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """Read a compiled CUDA image (cubin, an ELF64 file): the facts a region carries.
 
-    python -m bob.kernels.cuda.cubin sm_90      # print each entry of Bob's compiled kernels
+Only reading: checking an image against a plan and composing regions from it
+is ``bob.kernels.cuda.regions``'s work.
 
 Per kernel entry the image holds:
 
@@ -28,12 +29,9 @@ was checked against NVRTC 13.5 output for sm_86 and sm_90.
 from __future__ import annotations
 
 import struct
-import sys
 from dataclasses import dataclass
 
 from bob.errors import RunFailure
-from bob.plan.model import Param, Region, Target
-from bob.plan.placement import TARGETS, argument_slots
 
 # -- ELF ---------------------------------------------------------------------
 ELF_MAGIC = b"\x7fELF"
@@ -383,100 +381,6 @@ def _dim3(info: tuple[Attribute, ...], code: int) -> tuple[int, int, int] | None
     return None
 
 
-# -- the image against the plan ----------------------------------------------
-
-
-def check_parameter_layout(kernel: Kernel, target: Target, params: tuple[Param, ...],
-                           *, check_base: bool = True) -> None:
-    """Raise unless the kernel reads its arguments exactly where the plan writes them.
-
-    The plan's parameter block holds pointers (8 bytes) then scalars (4 bytes)
-    from the target's parameter base; the kernel's parameters, by ordinal, must
-    sit at the same offsets with the same sizes, and nothing else. With
-    ``check_base`` the kernel's parameter base must also be the target's (an
-    image for another architecture has another base).
-    """
-    where = f"kernel {kernel.entry!r}"
-    if check_base and kernel.parameter_base != target.parameter_base:
-        raise CubinError(
-            f"{where}: parameters start at 0x{kernel.parameter_base:x} in constant bank 0, "
-            f"but the plan's target {target.name} puts them at 0x{target.parameter_base:x}"
-        )
-    slots = argument_slots(target, params)
-    expected = tuple(
-        KernelParam(ordinal, slot.offset - target.parameter_base, slot.size)
-        for ordinal, slot in enumerate(slots)
-    )
-    expected_bytes = max((p.offset + p.size for p in expected), default=0)
-    if kernel.parameter_bytes != expected_bytes:
-        raise CubinError(f"{where}: takes {kernel.parameter_bytes} parameter bytes, the plan's "
-                         f"signature {expected_bytes}")
-    if kernel.params and kernel.params != expected:
-        found = ", ".join(f"#{p.ordinal}@{p.offset}:{p.size}" for p in kernel.params)
-        wanted = ", ".join(f"{slot.param.name}@{p.offset}:{p.size}"
-                           for slot, p in zip(slots, expected, strict=True))
-        raise CubinError(f"{where}: parameters [{found}] do not match the plan's [{wanted}]")
-
-
-def check_block(kernel: Kernel, block_x: int) -> None:
-    """Raise if the kernel's launch bounds forbid the plan's block width."""
-    if kernel.max_threads is not None:
-        limit = kernel.max_threads[0] * kernel.max_threads[1] * kernel.max_threads[2]
-        if block_x > limit:
-            raise CubinError(f"kernel {kernel.entry!r} allows {limit} threads per block, "
-                             f"the plan launches {block_x}")
-    if kernel.required_block is not None and kernel.required_block != (block_x, 1, 1):
-        raise CubinError(f"kernel {kernel.entry!r} requires block {kernel.required_block}, "
-                         f"the plan launches ({block_x}, 1, 1)")
-
-
-def region_from_kernel(kernel: Kernel, declared: Region, target: Target,
-                       *, check_base: bool = True) -> Region:
-    """The declared region with the image's code and resources, after checking the image."""
-    check_parameter_layout(kernel, target, declared.params, check_base=check_base)
-    check_block(kernel, declared.block_x)
-    return Region(
-        name=declared.name,
-        code=kernel.code,
-        registers=kernel.registers,
-        block_x=declared.block_x,
-        shared_bytes=kernel.shared_bytes,
-        params=declared.params,
-        entry=kernel.entry,
-    )
-
-
-def image_regions(image: bytes, target: Target) -> dict[str, Region]:
-    """Bob's five regions read from a compiled image of its kernels."""
-    from bob.kernels import signatures as sig
-
-    cubin = Cubin(image)
-    expected_sm = int(target.name.removeprefix("sm_"))
-    if cubin.sm != expected_sm:
-        raise CubinError(f"the image is for sm_{cubin.sm}, the plan's target is {target.name}")
-    regions = {}
-    for name, entry in sig.ENTRIES.items():
-        kernel = cubin.kernel(entry)
-        check_parameter_layout(kernel, target, sig.SIGNATURES[name])
-        check_block(kernel, sig.BLOCK)
-        regions[name] = sig.declared_region(
-            name, code=kernel.code, registers=kernel.registers,
-            shared_bytes=kernel.shared_bytes,
-        )
-    return regions
-
-
-def compiled_regions(arch: str, **compile_options) -> dict[str, Region]:
-    """Compile Bob's kernels for `arch` (cached) and read its regions: name -> Region."""
-    from bob.kernels.cuda.compile import compile_kernels, normalize_arch
-
-    arch = normalize_arch(arch)
-    if arch not in TARGETS:
-        raise CubinError(f"no plan target for {arch} (targets: {', '.join(TARGETS)})")
-    compiled = compile_kernels(arch, **compile_options)
-    return image_regions(compiled.image, TARGETS[arch])
-
-
 def describe(kernel: Kernel) -> str:
     params = " ".join(f"{p.offset}:{p.size}" for p in kernel.params)
     bounds = f" max_threads={kernel.max_threads}" if kernel.max_threads else ""
@@ -486,19 +390,3 @@ def describe(kernel: Kernel) -> str:
             f"{kernel.shared_bytes} shared bytes{reserved}, "
             f"parameters at 0x{kernel.parameter_base:x} "
             f"({kernel.parameter_bytes} bytes: {params}){bounds}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    from bob.kernels.cuda.compile import compile_kernels
-
-    args = sys.argv[1:] if argv is None else argv
-    for arch in args or ["sm_86", "sm_90"]:
-        cubin = Cubin(compile_kernels(arch).image)
-        print(f"{arch} (image for sm_{cubin.sm}, ELF ABI {cubin.abi_version}):")
-        for kernel in cubin.kernels().values():
-            print("  " + describe(kernel))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

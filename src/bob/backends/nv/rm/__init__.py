@@ -9,6 +9,7 @@ No CUDA runtime and no libcuda: ioctl and mmap on /dev/nvidiactl and
 - ``device``: client, device, subdevice, class list, VA space, doorbell;
 - ``memory``: allocations at chosen GPU addresses with CPU mappings;
 - ``channel``: channel group, GPFIFO channel, compute object, submission;
-- ``backend``: ``NvBackend``, the ``nv`` backend;
-- ``probe``: the staged bring-up probe (``python -m bob.backends.nv.rm.probe``).
+- ``backend``: ``NvBackend``, the ``nv`` backend.
+
+The staged bring-up probe is tooling, in ``bob.bringup``.
 """

@@ -19,8 +19,8 @@ so the CPU sees releases without flushes.
 Opening runs GPFIFO entry 0 (the set-up: compute class, memory windows) once.
 ``run(submissions)`` zeroes each submission's 64-bit semaphore slot, copies
 the submissions' encoded GPFIFO entries into the channel's ring and waits for
-the last slot to reach its value. ``set_scalars`` re-encodes the launch's
-parameter block (driver area included) into the mapped program component.
+the last slot to reach its value. ``set_scalars`` writes the patched scalar
+words into the launch's parameter block in the mapped program component.
 
 Checked on an H200 (580.159.04): Bob's plans run bit-identical to the CPU
 backend (docs/RAW-HOPPER.md).
@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import struct
 
-from bob.backends.base import Backend
-from bob.backends.nv.encoder import SETUP_ENTRIES, EncodedProgram, encode, parameter_block
+from bob.backends.base import Backend, Patch
+from bob.backends.nv.encoder import SETUP_ENTRIES, EncodedProgram, encode
+from bob.config import ARENA_KINDS
 from bob.errors import BackendUnavailable, RunFailure
-from bob.plan.model import Component, Plan
+from bob.plan.certificate import CertifiedPlan
+from bob.plan.model import Component, Plan, Scalar
 
 from .channel import Channel
 from .device import RmClient, RmDevice
@@ -70,17 +72,18 @@ def _require_code(plan: Plan) -> None:
 class NvBackend(Backend):
     name = "nv"
 
-    def __init__(self, plan: Plan, arena: str = "device", *, transport: Transport | None = None,
-                 deadline_s: float = DEFAULT_DEADLINE_S):
+    def __init__(self, plan: Plan | CertifiedPlan, arena: str = "device", *,
+                 transport: Transport | None = None, deadline_s: float = DEFAULT_DEADLINE_S):
         super().__init__(plan)
+        plan = self.plan
         if plan.target.name != SUPPORTED_TARGET:
             raise BackendUnavailable(f"the nv backend submits sm_90 plans (QMD V04, "
                                      f"HOPPER_COMPUTE_A); this plan targets {plan.target.name}")
-        if arena not in ("device", "host"):
-            raise ValueError(f"arena must be 'device' or 'host', not {arena!r}")
+        if arena not in ARENA_KINDS:
+            raise ValueError(f"arena must be one of {ARENA_KINDS}, not {arena!r}")
         _require_code(plan)
         self.deadline_s = deadline_s
-        self.encoded: EncodedProgram = encode(plan)
+        self.encoded: EncodedProgram = encode(self.certified)
         self.client = RmClient(transport)
         self.blocks: dict[str, Allocation] = {}
         self.channel: Channel | None = None
@@ -118,30 +121,15 @@ class NvBackend(Backend):
         assert block.gpu_va is not None
         block.write(address - block.gpu_va, data)
 
-    # -- tensors ------------------------------------------------------------------------
-    def _arena_offset(self, name: str, offset: int, size: int) -> int:
-        tensor = self.plan.tensor(name)
-        if offset < 0 or offset + size > tensor.bytes:
-            raise ValueError(f"{size} bytes at offset {offset} do not fit tensor {name!r} "
-                             f"({tensor.bytes} bytes)")
-        return tensor.address - self.plan.address_map.arena.base + offset
+    # -- the arena and submission ------------------------------------------------------------
+    def _write_arena(self, offset: int, data: memoryview) -> None:
+        self.blocks["arena"].write(offset, bytes(data))
 
-    def write_tensor(self, name: str, data: bytes, offset: int = 0) -> None:
-        self.blocks["arena"].write(self._arena_offset(name, offset, len(data)), bytes(data))
+    def _read_arena(self, offset: int, size: int) -> bytes:
+        return self.blocks["arena"].read(offset, size)
 
-    def read_tensor(self, name: str) -> bytes:
-        size = self.plan.tensor(name).bytes
-        return self.blocks["arena"].read(self._arena_offset(name, 0, size), size)
-
-    # -- submission ---------------------------------------------------------------------
-    def run(self, submissions: range) -> None:
-        if len(submissions) == 0:
-            return
+    def _run(self, submissions: range) -> None:
         assert self.channel is not None
-        for index in submissions:
-            if not 0 <= index < self.plan.submission_count:
-                raise ValueError(f"submission {index} is not in the plan's "
-                                 f"{self.plan.submission_count}")
         room = self.channel.entries // 2
         for start in range(0, len(submissions), room):
             batch = submissions[start:start + room]
@@ -150,7 +138,6 @@ class NvBackend(Backend):
                              bytes(SEMAPHORE_BYTES))
             self.channel.submit([self.encoded.submission_entry(index) for index in batch])
             self._wait(batch[-1])
-        self.last_semaphore = self.plan.submissions[submissions[-1]].semaphore
 
     def semaphore(self, submission: int) -> int:
         """The 64-bit value in submission `submission`'s semaphore slot."""
@@ -190,9 +177,13 @@ class NvBackend(Backend):
         label = (launch.label or launch.region) if launch else "not in the plan"
         return f"the last launch completed is {done - 1} ({label})"
 
-    def _parameter_block_changed(self, launch_index: int) -> None:
-        block = parameter_block(self.plan, launch_index, self.launches[launch_index])
-        self._upload("program", self.plan.parameter_block_address(launch_index), block)
+    def _carry_patches(self, launch_index: int, values: dict[str, Scalar],
+                       patches: list[Patch]) -> None:
+        """The patched words go straight into the mapped program component, where the
+        launch's QMD points constant buffer 0; the driver area there stays."""
+        block = self.plan.parameter_block_address(launch_index)
+        for offset, word in patches:
+            self._upload("program", block + offset, word)
 
     def close(self) -> None:
         if self.channel is not None:
@@ -210,96 +201,4 @@ class NvBackend(Backend):
             self.client = None
 
 
-# -- the device check the probe's stage 4 runs ---------------------------------------------
-
-
-def run_plan_check(deadline_s: float = 10.0, regions_path: str | None = None,
-                   vocab: int = 256, prompts: int = 2, updates: int = 3, mode: str = "hard",
-                   say=print) -> None:
-    """Bob's plan on the GPU and on the CPU backend, every tensor compared bit for bit."""
-    import numpy as np
-
-    from bob.backends.cpu import CpuBackend
-    from bob.plan.placement import SM90
-    from bob.program.bob import BobConfig, build_plan
-
-    from .regions import load_regions
-
-    regions = load_regions(regions_path)
-    config = BobConfig(vocab=vocab, prompts=prompts, updates=updates, mode=mode)
-    plan = build_plan(config, SM90, compiled=regions)
-    say(f"plan: V={vocab} P={prompts} N={updates} {mode}: {plan.launch_count} launches, "
-                 f"{plan.submission_count} submissions, program {plan.program_bytes} bytes, "
-                 f"arena {plan.arena_bytes} bytes at 0x{plan.address_map.arena.base:x}")
-    rng = np.random.default_rng(7)
-    if mode == "hard":
-        targets = rng.integers(0, vocab, vocab, dtype=np.uint32).tobytes()
-    else:  # corpus weights: a random distribution over transitions
-        weights = rng.random(vocab * vocab)
-        targets = (weights / weights.sum()).astype(np.float32).tobytes()
-    record = targets + rng.integers(0, vocab, prompts, dtype=np.uint32).tobytes()
-    table = (rng.standard_normal(vocab * vocab) * 0.5).astype(np.float32).tobytes()
-    backends = {"cpu": CpuBackend(plan)}
-    import time
-
-    began = time.monotonic()
-    backends["nv"] = NvBackend(plan, deadline_s=deadline_s)
-    say(f"NvBackend opened in {(time.monotonic() - began) * 1e3:.1f} ms")
-    say("uploaded, read back from the GPU's memory: " + ", ".join(
-        f"{name} {size} bytes {'= encode(plan)' if same else 'DIFFERS from encode(plan)'}"
-        for name, size, same in _read_back(backends["nv"])))
-    try:
-        for backend in backends.values():
-            backend.write_tensor("input", record)
-            backend.write_tensor("parameters", table)
-        timings = {}
-        for name, backend in backends.items():
-            began = time.monotonic()
-            backend.run(range(plan.submission_count))
-            timings[name] = (time.monotonic() - began) * 1e3
-        say("run all submissions: " + ", ".join(
-            f"{name} {ms:.2f} ms" for name, ms in timings.items())
-            + (f"; nv per AdamW update {timings['nv'] * 1e3 / updates:.1f} us "
-               "(update = AdamW + loss-gradient, each submitted alone)" if updates else ""))
-        mismatches = 0
-        for tensor in plan.tensors:
-            cpu = backends["cpu"].read_tensor(tensor.name)
-            gpu = backends["nv"].read_tensor(tensor.name)
-            if cpu == gpu:
-                say(f"  {tensor.name}: {len(cpu)} bytes identical")
-                continue
-            mismatches += 1
-            a = np.frombuffer(cpu, np.uint8)
-            b = np.frombuffer(gpu, np.uint8)
-            first = int(np.flatnonzero(a != b)[0]) // 4 * 4
-            cv, gv = (struct.unpack_from("<I", x, first)[0] for x in (cpu, gpu))
-            say(f"  {tensor.name}: DIFFERS, first at byte {first}: cpu 0x{cv:08x}, "
-                         f"nv 0x{gv:08x} ({int((a != b).sum())} bytes differ)")
-        nv = backends["nv"]
-        last = plan.submission_count - 1
-        say(f"semaphores: submission {last}'s slot = {nv.semaphore(last)} (plan: "
-            f"{plan.submissions[last].semaphore}); launch progress = {nv.launch_progress()}")
-        predictions = np.frombuffer(backends["nv"].read_tensor("predictions"), np.uint32)
-        say(f"predictions (nv): {predictions.tolist()}; "
-                     f"{'all tensors bit-identical' if not mismatches else f'{mismatches} differ'}")
-        if mismatches:
-            raise RunFailure(f"{mismatches} tensors differ between nv and cpu")
-    finally:
-        for backend in backends.values():
-            backend.close()
-
-
-def _read_back(backend: NvBackend) -> list[tuple[str, int, bool]]:
-    """Each encoded component as the GPU's memory holds it, against the encoder's bytes."""
-    found = []
-    for encoded in backend.encoded.components:
-        if encoded.base is None:
-            continue
-        block = backend.blocks[encoded.name]
-        assert block.gpu_va is not None
-        data = block.read(encoded.base - block.gpu_va, len(encoded.data))
-        found.append((encoded.name, len(data), data == encoded.data))
-    return found
-
-
-__all__ = ["NvBackend", "nv_available", "run_plan_check"]
+__all__ = ["NvBackend", "nv_available"]

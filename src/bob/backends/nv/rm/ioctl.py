@@ -252,11 +252,6 @@ def escape(transport: Transport, fd: int, number: int,
         raise check_errno(call, error) from None
 
 
-def buffer_address(buffer: mmap.mmap) -> int:
-    """The address of a mapping, for pointers the driver or a ctypes view needs."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-
-
 class FakeTransport(Transport):
     """A scripted stand-in for tests: no device files, no driver.
 

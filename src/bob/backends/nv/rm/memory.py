@@ -83,19 +83,18 @@ class Allocation:
 
     def u32(self, offset: int) -> ctypes.c_uint32:
         """A 32-bit view for single aligned loads and stores (doorbell-style registers)."""
-        self._check(offset, 4)
-        if offset % 4:
-            raise ValueError(f"+0x{offset:x} in {self.name} is not 4-byte aligned")
-        view = ctypes.c_uint32.from_buffer(self.cpu, offset)
-        self._views.append(view)
-        return view
+        return self._view(ctypes.c_uint32, offset)
 
     def u64(self, offset: int) -> ctypes.c_uint64:
-        self._check(offset, 8)
-        if offset % 8:
-            raise ValueError(f"+0x{offset:x} in {self.name} is not 8-byte aligned")
-        view = ctypes.c_uint64.from_buffer(self.cpu, offset)
-        self._views.append(view)
+        return self._view(ctypes.c_uint64, offset)
+
+    def _view(self, ctype, offset: int):
+        size = ctypes.sizeof(ctype)
+        self._check(offset, size)
+        if offset % size:
+            raise ValueError(f"+0x{offset:x} in {self.name} is not {size}-byte aligned")
+        view = ctype.from_buffer(self.cpu, offset)
+        self._views.append(view)  # tracked, so close() drops them before the mapping
         return view
 
     def close(self) -> None:

@@ -240,10 +240,6 @@ class nv_ioctl_nvos33_parameters_with_fd(Struct):
     _fields_ = [("params", NVOS33_PARAMETERS), ("fd", ctypes.c_int)]
 
 
-class nv_ioctl_nvos34_parameters_with_fd(Struct):
-    _fields_ = [("params", NVOS34_PARAMETERS), ("fd", ctypes.c_int)]
-
-
 class nv_ioctl_register_fd_t(Struct):
     _fields_ = [("ctl_fd", ctypes.c_int)]
 

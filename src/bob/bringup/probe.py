@@ -1,6 +1,6 @@
 """Bring-up probe: Bob's submission path on a real GPU, one printed step at a time.
 
-    PYTHONPATH=src python3 -m bob.backends.nv.rm.probe --stages 1,2,3 --deadline 10
+    PYTHONPATH=src python3 -m bob.bringup.probe --stages 1,2,3 --deadline 10
 
 Stages (each needs the ones before it; the probe stops at the first failure
 and prints what the driver returned):
@@ -40,12 +40,11 @@ from bob.backends.nv.encoder import (
     driver_area,
 )
 from bob.backends.nv.pushbuffer import WORD_BYTES, CommandWriter, Pushbuffer, gpfifo_entry
-
-from . import probe_kernel
-from . import structs as s
-from .channel import Channel
-from .device import RmClient, RmDevice
-from .memory import allocate, round_up
+from bob.backends.nv.rm import structs as s
+from bob.backends.nv.rm.channel import Channel
+from bob.backends.nv.rm.device import RmClient, RmDevice
+from bob.backends.nv.rm.memory import allocate, round_up
+from bob.bringup import probe_kernel
 
 # Probe addresses: the layout of a placed plan (2 MiB components from 0x20_0000_0000).
 PROGRAM_VA = 0x20_0000_0000
@@ -260,7 +259,7 @@ class Probe:
 
     # stage 4 ---------------------------------------------------------------------------
     def stage4(self) -> None:
-        from .backend import run_plan_check
+        from bob.bringup.plan_check import run_plan_check
 
         self.close()  # the backend opens its own client
         failures = []
@@ -269,7 +268,7 @@ class Probe:
             try:
                 run_plan_check(deadline_s=self.deadline_s, regions_path=self.regions,
                                vocab=vocab, prompts=prompts, updates=updates, mode=mode,
-                               say=self.say)
+                               say=self.say, transport=self.transport)
             except Exception as error:  # report, then go on with the next plan
                 failures.append(f"{spec}: {type(error).__name__}: {error}")
                 self.say(f"plan {spec} FAILED: {type(error).__name__}: {error}")
@@ -335,7 +334,7 @@ def main(argv: list[str] | None = None, transport=None) -> int:
     if args.regenerate_kernel:
         return regenerate_kernel()
     if args.export_regions:
-        from .regions import export_regions
+        from bob.kernels.cuda.regions import export_regions
 
         regions = export_regions(args.export_regions)
         print(f"wrote {len(regions)} sm_90 regions to {args.export_regions}")
