@@ -208,10 +208,10 @@ REFUSALS = {
                           "parameters in the plan, 3 in Bob's signature"),
     "registers differ": (_set("regions[0].registers", 40),
                          "regions[0]: region 'bob-row-gather' differs from Bob's own: registers "
-                         "is 40 in the plan, 32 in Bob's"),
+                         "is 40 in the plan, 32 in Bob's signature"),
     "entry differs": (_set("regions[0].entry", "main"),
                       "regions[0]: region 'bob-row-gather' differs from Bob's own: entry is "
-                      "'main' in the plan, 'bob_row_gather' in Bob's"),
+                      "'main' in the plan, 'bob_row_gather' in Bob's signature"),
     "shared memory past the target": (_set("regions[0].shared_bytes", 99 * 1024 + 1),
                                       "regions[0].shared_bytes: 101377 is above sm_86's 101376"),
     "foreign region": (_set("regions[1].name", "their-kernel"),
@@ -412,3 +412,30 @@ def test_targets_state_their_limits():
     assert (SM86.max_shared_bytes_per_block, SM90.max_shared_bytes_per_block) == \
         (101376, 232448)
     assert replace(SM86, max_threads_per_block=512) != SM86
+
+
+def test_a_compiled_plan_is_checked_against_bobs_image(tmp_path, capsys):
+    """Code, registers and shared memory come from Bob's image, checked by digest."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    assert main(["plan", "--json", "-P", "1", "-N", "1", "--arch", "sm_86"]) == 0
+    text = capsys.readouterr().out
+    path = tmp_path / "compiled.json"
+    path.write_text(text)
+    assert main(["certify", "--plan", str(path)]) == 0
+    capsys.readouterr()
+    data = json.loads(text)
+    code = bytes.fromhex(data["regions"][0]["code"])
+    assert code and certify(loads(text, regions=catalogue())).holds
+    data["regions"][0]["code"] = (code[:-1] + bytes([code[-1] ^ 1])).hex()
+    path.write_text(json.dumps(data))
+    err = _refused(tmp_path, capsys, path)
+    assert err.startswith(f"bob: {path}: regions[0]: region 'bob-row-gather' differs from "
+                          "Bob's own: code sha256 ")
+    assert err.endswith(" in Bob's sm_86 image\n")
+    data = json.loads(text)
+    data["regions"][1]["registers"] += 1
+    path.write_text(json.dumps(data))
+    registers = json.loads(text)["regions"][1]["registers"]
+    assert _refused(tmp_path, capsys, path) == (
+        f"bob: {path}: regions[1]: region 'bob-loss-gradient' differs from Bob's own: "
+        f"registers is {registers + 1} in the plan, {registers} in Bob's sm_86 image\n")

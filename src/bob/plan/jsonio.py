@@ -501,14 +501,16 @@ def _trusted_region(r: _Reader, fields: dict[str, Any], path: str, name: str,
                                   high=target.max_shared_bytes_per_block,
                                   limit=f"{target.name}'s {target.max_shared_bytes_per_block}"),
     }
-    difference = _params_difference(stated["params"], trusted.params, owner)
+    # A region with code is compared with the compiled image, one without with the signature.
+    origin = f"{owner}'s {target.name} image" if code else f"{owner}'s signature"
+    difference = _params_difference(stated["params"], trusted.params, origin)
     for key in ("entry", "registers", "block_x", "shared_bytes"):
         if difference is None and stated[key] != getattr(trusted, key):
             difference = (f"{key} is {stated[key]!r} in the plan, {getattr(trusted, key)!r} "
-                          f"in {owner}'s")
+                          f"in {origin}")
     if difference is None and _digest(code) != _digest(trusted.code):
-        image = f"{owner}'s {target.name} image" if code else f"{owner}'s signature (no code)"
-        difference = f"code sha256 {_digest(code)} in the plan, {_digest(trusted.code)} in {image}"
+        difference = (f"code sha256 {_digest(code)} in the plan, {_digest(trusted.code)} "
+                      f"in {origin}")
     if difference is not None:
         raise r.fail(path, f"region {_show(name)} differs from {owner}'s own: {difference}")
     return trusted
@@ -559,16 +561,16 @@ def _param_facts(param: Param) -> dict[str, str]:
 
 
 def _params_difference(stated: tuple[Param, ...], trusted: tuple[Param, ...],
-                       owner: str) -> str | None:
+                       origin: str) -> str | None:
     """The first way the plan's parameter list differs from the trusted one, or None."""
     if len(stated) != len(trusted):
-        return f"{len(stated)} parameters in the plan, {len(trusted)} in {owner}'s signature"
+        return f"{len(stated)} parameters in the plan, {len(trusted)} in {origin}"
     for j, (mine, theirs) in enumerate(zip(stated, trusted, strict=True)):
         facts, truth = _param_facts(mine), _param_facts(theirs)
-        for key in truth.keys() | facts.keys():
+        for key in (*truth, *(k for k in facts if k not in truth)):
             if facts.get(key) != truth.get(key):
                 return (f"params[{j}] ({theirs.name!r}) {key} is {facts.get(key)} in the plan, "
-                        f"{truth.get(key)} in {owner}'s signature")
+                        f"{truth.get(key)} in {origin}")
     return None
 
 
