@@ -260,16 +260,21 @@ class _Reader:
     def fields(self, value: Any, path: str, required: tuple[str, ...],
                optional: tuple[str, ...] = ()) -> dict[str, Any]:
         """An object with every required key, perhaps some optional ones, and no other."""
-        if not isinstance(value, dict):
-            raise self.fail(path, f"expected an object, not {_kind(value)}")
-        if isinstance(value, _Repeated):
-            raise self.fail(path, f"key {_show(value.key)} appears twice")
+        value = self.object(value, path)
         for key in value:
             if key not in required and key not in optional:
                 raise self.fail(path, f"unknown key {_show(key)}")
         for key in required:
             if key not in value:
                 raise self.fail(_join(path, key), "missing")
+        return value
+
+    def object(self, value: Any, path: str) -> dict[str, Any]:
+        """A JSON object in which no key appears twice."""
+        if not isinstance(value, dict):
+            raise self.fail(path, f"expected an object, not {_kind(value)}")
+        if isinstance(value, _Repeated):
+            raise self.fail(path, f"key {_show(value.key)} appears twice")
         return value
 
     def integer(self, value: Any, path: str, low: int = 0, high: int = U64_MAX,
@@ -678,10 +683,8 @@ def _submission(r: _Reader, value: Any, path: str) -> Submission:
 
 def _attributes(r: _Reader, value: Any) -> dict[str, str | int]:
     """Free-form facts: names to strings or integers, nothing nested."""
-    attributes = r.fields(value, "attributes", (), tuple(value) if isinstance(value, dict)
-                          else ())
     checked: dict[str, str | int] = {}
-    for key, item in attributes.items():
+    for key, item in r.object(value, "attributes").items():
         path = f"attributes.{key}"
         r.string(key, path)
         if isinstance(item, str):
