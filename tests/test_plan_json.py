@@ -439,3 +439,11 @@ def test_a_compiled_plan_is_checked_against_bobs_image(tmp_path, capsys):
     assert _refused(tmp_path, capsys, path) == (
         f"bob: {path}: regions[1]: region 'bob-loss-gradient' differs from Bob's own: "
         f"registers is {registers + 1} in the plan, {registers} in Bob's sm_86 image\n")
+
+
+def test_a_zero_alignment_in_a_python_plan_is_a_hazard_not_a_crash():
+    plan = _generic(Dim3(32))
+    assert certify(replace(plan, region_alignment=0)).kinds() == {"misaligned"}
+    region = plan.regions[0]
+    unaligned = replace(region, params=(replace(region.params[0], align=0), region.params[1]))
+    assert certify(replace(plan, regions=(unaligned,))).kinds() == {"misaligned"}
