@@ -481,20 +481,39 @@ def _regions(r: _Reader, value: Any, target: Target) -> tuple[Region, ...]:
 def _trusted_region(r: _Reader, fields: dict[str, Any], path: str, name: str,
                     target: Target) -> Region:
     """The catalogue's region of this name, once the file's copy agrees with it."""
+    code = _code(r, fields["code"], f"{path}.code")
+    trusted = _catalogue_region(r, path, name, bool(code), target)
+    stated = _stated_region(r, fields, path, target)
+    # A region with code is compared with the compiled image, one without with the signature.
+    owner = r.catalogue.owner
+    origin = f"{owner}'s {target.name} image" if code else f"{owner}'s signature"
+    difference = _region_difference(stated, code, trusted, origin)
+    if difference is not None:
+        raise r.fail(path, f"region {_show(name)} differs from {owner}'s own: {difference}")
+    return trusted
+
+
+def _catalogue_region(r: _Reader, path: str, name: str, with_code: bool,
+                      target: Target) -> Region:
     owner = r.catalogue.owner
     if name not in r.catalogue.declared:
         known = ", ".join(sorted(r.catalogue.declared))
         raise r.fail(f"{path}.name", f"region {_show(name)} is not one of {owner}'s "
                      f"({known}); a region's footprints, parameters and code come from "
                      f"{owner}'s own signatures, never from the file")
-    code = _code(r, fields["code"], f"{path}.code")
-    trusted = r.catalogue.declared[name]
-    if code:
-        trusted = r.compiled(target).get(name)
-        if trusted is None:
-            raise r.fail(f"{path}.code", f"region {_show(name)} carries code, and {owner} has "
-                         f"no compiled image of it for {target.name} to check it against")
-    stated = {
+    if not with_code:
+        return r.catalogue.declared[name]
+    compiled = r.compiled(target).get(name)
+    if compiled is None:
+        raise r.fail(f"{path}.code", f"region {_show(name)} carries code, and {owner} has "
+                     f"no compiled image of it for {target.name} to check it against")
+    return compiled
+
+
+def _stated_region(r: _Reader, fields: dict[str, Any], path: str,
+                   target: Target) -> dict[str, Any]:
+    """What the file says of a region besides its name and code, each field checked."""
+    return {
         "params": _params(r, fields["params"], f"{path}.params"),
         "entry": r.string(fields["entry"], f"{path}.entry"),
         "registers": r.integer(fields["registers"], f"{path}.registers",
@@ -506,23 +525,22 @@ def _trusted_region(r: _Reader, fields: dict[str, Any], path: str, name: str,
                                   high=target.max_shared_bytes_per_block,
                                   limit=f"{target.name}'s {target.max_shared_bytes_per_block}"),
     }
-    # A region with code is compared with the compiled image, one without with the signature.
-    origin = f"{owner}'s {target.name} image" if code else f"{owner}'s signature"
+
+
+def _region_difference(stated: dict[str, Any], code: bytes, trusted: Region,
+                       origin: str) -> str | None:
+    """The first way the file's region differs from the trusted one, or None."""
     difference = _params_difference(stated["params"], trusted.params, origin)
-    for key in ("entry", "registers", "block_x", "shared_bytes"):
-        if difference is None and stated[key] != getattr(trusted, key):
-            difference = (f"{key} is {stated[key]!r} in the plan, {getattr(trusted, key)!r} "
-                          f"in {origin}")
-    if difference is None and _digest(code) != _digest(trusted.code):
-        difference = (f"code sha256 {_digest(code)} in the plan, {_digest(trusted.code)} "
-                      f"in {origin}")
     if difference is not None:
-        raise r.fail(path, f"region {_show(name)} differs from {owner}'s own: {difference}")
-    return trusted
-
-
-def _digest(code: bytes) -> str:
-    return hashlib.sha256(code).hexdigest()[:16]
+        return difference
+    for key in ("entry", "registers", "block_x", "shared_bytes"):
+        if stated[key] != getattr(trusted, key):
+            return (f"{key} is {stated[key]!r} in the plan, {getattr(trusted, key)!r} "
+                    f"in {origin}")
+    mine, theirs = hashlib.sha256(code).hexdigest(), hashlib.sha256(trusted.code).hexdigest()
+    if mine != theirs:
+        return f"code sha256 {mine[:16]}... in the plan, {theirs[:16]}... in {origin}"
+    return None
 
 
 def _code(r: _Reader, value: Any, path: str) -> bytes:
