@@ -8,6 +8,7 @@ import pytest
 
 from bob.cli.main import main
 from bob.config import TARGET_NAMES
+from bob.kernels.signatures import catalogue
 from bob.plan.jsonio import loads
 from bob.program.bob import BobConfig, build_plan
 from conftest import needs_nvrtc
@@ -17,7 +18,7 @@ from conftest import needs_nvrtc
 @pytest.mark.parametrize("arch", TARGET_NAMES)
 def test_plan_arch_shows_compiled_regions(arch, capsys):
     assert main(["plan", "--arch", arch, "-N", "1", "--json"]) == 0
-    plan = loads(capsys.readouterr().out)
+    plan = loads(capsys.readouterr().out, regions=catalogue())
     assert plan.target.name == arch
     for region in plan.regions:
         assert region.code and 0 < region.registers <= 255, region.name
@@ -45,7 +46,7 @@ def test_plan_emit_writes_each_component(tmp_path, capsys):
     index = json.loads((out_dir / "index.json").read_text())
     assert index  # describes the files
     main(["plan", "-N", "3", "-P", "2", "--arch", "sm_90", "--json"])
-    plan = loads(capsys.readouterr().out)
+    plan = loads(capsys.readouterr().out, regions=catalogue())
     assert (out_dir / "program.bin").stat().st_size == plan.program_bytes
     assert (out_dir / "qmd-table.bin").stat().st_size == plan.qmd_table_bytes
     assert (out_dir / "gpfifo.bin").stat().st_size == 8 * (plan.submission_count + 1)

@@ -16,6 +16,7 @@ from bob.config import Hyper
 from bob.host import api
 from bob.host.check import random_record
 from bob.host.session import Session, split_updates, train
+from bob.kernels.signatures import catalogue
 from bob.plan.certificate import CertificateError
 from bob.plan.jsonio import plan_from_json, plan_to_json
 from bob.program.bob import BobConfig, build_plan
@@ -189,7 +190,7 @@ def test_an_uncertified_plan_is_refused_before_allocation(monkeypatch):
     allocations = []
     monkeypatch.setattr(np, "zeros", lambda *a, **k: allocations.append(a))
     with pytest.raises(CertificateError, match="footprint-overflow"):
-        CpuBackend(plan_from_json(data))
+        CpuBackend(plan_from_json(data, regions=catalogue()))
     assert allocations == []
 
 

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from bob.config import TARGET_NAMES
 from bob.errors import BackendUnavailable
+from bob.kernels.signatures import catalogue
 from bob.plan import TARGETS
 from bob.plan import certify as certify_plan
 from bob.plan.jsonio import dumps, read_plan
@@ -75,7 +76,7 @@ def certify(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
             plan_file: str | None, as_json: bool) -> None:
     """Certify a plan: exit 0 when it holds, 1 with every hazard listed otherwise."""
     if plan_file is not None:
-        the_plan = read_plan(plan_file)
+        the_plan = read_plan(plan_file, regions=catalogue())
     else:
         the_plan = build_plan(config_from(vocab, prompts, updates, mode, schedule))
     certificate = certify_plan(the_plan)

@@ -10,7 +10,14 @@ these signatures.
 
 from __future__ import annotations
 
-from bob.plan.model import Footprint, PointerParam, Region, ScalarParam
+from bob.plan.model import (
+    Footprint,
+    PointerParam,
+    Region,
+    RegionCatalogue,
+    ScalarParam,
+    Target,
+)
 
 GATHER = "bob-row-gather"
 LOSS_HARD = "bob-loss-gradient"
@@ -138,3 +145,19 @@ def declared_region(name: str, code: bytes = b"", registers: int = 32,
         params=SIGNATURES[name],
         entry=ENTRIES[name],
     )
+
+
+def catalogue() -> RegionCatalogue:
+    """Bob's regions for a plan reader: the signatures above and, for plans that
+    carry code, the regions of Bob's kernels compiled for the plan's target."""
+    return RegionCatalogue(
+        declared={name: declared_region(name) for name in SIGNATURES},
+        compiled=_compiled_regions,
+        owner="Bob",
+    )
+
+
+def _compiled_regions(target: Target) -> dict[str, Region]:
+    from bob.kernels.cuda.regions import compiled_regions  # NVRTC: only for plans with code
+
+    return compiled_regions(target.name)

@@ -20,6 +20,8 @@ The kinds, by name:
 - ``semaphore-order``: semaphore values do not strictly increase.
 - ``geometry``: a launch's block differs from its region's block width, or a
   dimension is zero.
+- ``hardware-limit``: a launch's grid or block, or a region's shared memory or
+  registers, exceed what the target's hardware can launch.
 """
 
 from __future__ import annotations
@@ -27,7 +29,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bob.errors import BadInput
-from bob.plan.model import Address, Launch, Plan, PointerParam, Scalar, ScalarParam
+from bob.plan.model import (
+    Address,
+    Launch,
+    Plan,
+    PointerParam,
+    Region,
+    Scalar,
+    ScalarParam,
+    Target,
+)
 from bob.plan.placement import argument_bytes_end
 
 HAZARD_KINDS = (
@@ -45,6 +56,7 @@ HAZARD_KINDS = (
     "submission-order",
     "semaphore-order",
     "geometry",
+    "hardware-limit",
 )
 
 
@@ -117,6 +129,7 @@ def certify(plan: Plan) -> Certificate:
     for index, launch in enumerate(plan.launches):
         hazards += _check_launch(plan, index, launch)
     hazards += _check_submissions(plan)
+    hazards += _check_hardware_limits(plan)
     return Certificate(tuple(hazards))
 
 
@@ -169,7 +182,7 @@ def _check_regions(plan: Plan) -> list[Hazard]:
     code_end = program.base + plan.code_extent
     ordered = sorted(plan.placed_regions, key=lambda r: r.address)
     for placed in plan.placed_regions:
-        if placed.address % plan.region_alignment:
+        if plan.region_alignment < 1 or placed.address % plan.region_alignment:
             hazards.append(Hazard(
                 "misaligned",
                 f"region {placed.name!r} at 0x{placed.address:x} is not "
@@ -277,7 +290,7 @@ def _check_pointer(
     values: dict[str, int],
 ) -> list[Hazard]:
     hazards = []
-    if address % param.align:
+    if param.align < 1 or address % param.align:
         hazards.append(Hazard(
             "misaligned",
             f"{where}: pointer {param.name!r} = 0x{address:x} is not {param.align}-byte aligned",
@@ -356,3 +369,73 @@ def _check_submissions(plan: Plan) -> list[Hazard]:
             f"the forward submissions ({plan.forward_submissions}) exceed the schedule",
         ))
     return hazards
+
+
+# -- hardware limits -------------------------------------------------------------
+
+
+def _check_hardware_limits(plan: Plan) -> list[Hazard]:
+    """Every launch within what the target's hardware launches at all."""
+    hazards = [h for region in plan.regions for h in _region_limits(plan, region)]
+    declared = {r.name: r for r in plan.regions}
+    for index, launch in enumerate(plan.launches):
+        hazards += _launch_limits(plan, index, launch, declared.get(launch.region))
+    return hazards
+
+
+def _region_limits(plan: Plan, region: Region) -> list[Hazard]:
+    target, hazards = plan.target, []
+    if region.shared_bytes > target.max_shared_bytes_per_block:
+        hazards.append(Hazard(
+            "hardware-limit",
+            f"region {region.name!r} uses {region.shared_bytes} bytes of shared memory, "
+            f"{target.name} allows {target.max_shared_bytes_per_block} per block",
+        ))
+    if region.registers > target.max_registers_per_thread:
+        hazards.append(Hazard(
+            "hardware-limit",
+            f"region {region.name!r} uses {region.registers} registers per thread, "
+            f"{target.name} allows {target.max_registers_per_thread}",
+        ))
+    return hazards
+
+
+def _launch_limits(plan: Plan, index: int, launch: Launch, region: Region | None,
+                   ) -> list[Hazard]:
+    target = plan.target
+    where = f"launch {index} ({launch.label or launch.region})"
+    hazards = []
+    dims = (("grid", launch.grid, target.max_grid), ("block", launch.block, target.max_block))
+    for kind, dim, limits in dims:
+        for axis, value, limit in zip("xyz", (dim.x, dim.y, dim.z), limits, strict=True):
+            if value > limit:
+                hazards.append(Hazard(
+                    "hardware-limit",
+                    f"{where}: {kind}.{axis} = {value}, {target.name} allows {limit}",
+                    launch=index,
+                ))
+    threads = launch.block.count
+    if threads > target.max_threads_per_block:
+        hazards.append(Hazard(
+            "hardware-limit",
+            f"{where}: {threads} threads per block, {target.name} allows "
+            f"{target.max_threads_per_block}",
+            launch=index,
+        ))
+    elif region is not None and _block_registers(target, region, threads) > \
+            target.registers_per_block:
+        hazards.append(Hazard(
+            "hardware-limit",
+            f"{where}: {threads} threads of region {region.name!r} need "
+            f"{_block_registers(target, region, threads)} registers, {target.name} has "
+            f"{target.registers_per_block} per block",
+            launch=index,
+        ))
+    return hazards
+
+
+def _block_registers(target: Target, region: Region, threads: int) -> int:
+    """Registers a block takes: whole warps, each thread's count rounded to the unit."""
+    unit = target.register_unit_per_thread
+    per_thread = -(-region.registers // unit) * unit
+    return -(-threads // 32) * 32 * per_thread

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -196,11 +197,17 @@ class Submission:
 
 @dataclass(frozen=True)
 class Target:
-    """What a plan needs to know of an architecture: the parameter block shape.
+    """What a plan needs to know of an architecture: the parameter block shape
+    and the launch limits of the hardware.
 
     The seed's 512-byte block holds Ampere's driver area (0x160 bytes) and the
     arguments; Hopper's driver area ends at 0x210, past 512, so its blocks are
     1024 bytes.
+
+    The limits are facts of the architecture (the CUDA C++ Programming Guide,
+    "Technical Specifications per Compute Capability"): the defaults hold from
+    compute capability 7.0 through 9.0; shared memory per block differs, and
+    each target states its own.
     """
 
     name: str
@@ -211,6 +218,15 @@ class Target:
     qmd_stride_bytes: int = 0
     pushbuffer_setup_bytes: int = 4096
     pushbuffer_bytes_per_submission: int = 256
+    max_block: tuple[int, int, int] = (1024, 1024, 64)  # threads along x, y, z
+    max_threads_per_block: int = 1024
+    max_grid: tuple[int, int, int] = ((1 << 31) - 1, 65535, 65535)  # blocks along x, y, z
+    # Static shared memory alone stops at 48 KiB; a block may opt in to more, up to this.
+    max_shared_bytes_per_block: int = 48 * 1024
+    max_registers_per_thread: int = 255
+    registers_per_block: int = 65536
+    # Registers are allocated per warp, in units of 256 (8 per thread).
+    register_unit_per_thread: int = 8
 
     def __post_init__(self) -> None:
         if self.qmd_stride_bytes == 0:
@@ -335,3 +351,19 @@ class Plan:
     @property
     def arena_bytes(self) -> int:
         return self.address_map.arena.bytes
+
+
+@dataclass(frozen=True)
+class RegionCatalogue:
+    """The regions a plan reader may admit, from the client's own code, never from a file.
+
+    ``declared`` holds each region as its client declares it, before
+    compilation (no code); ``compiled(target)`` gives the regions read from the
+    client's compiled image for a target (code, registers, shared memory). A
+    plan read from JSON names its regions; their footprints, parameters and
+    code are taken from here and the file's copy must agree.
+    """
+
+    declared: Mapping[str, Region]
+    compiled: Callable[[Target], Mapping[str, Region]] | None = None
+    owner: str = "the program"  # whose regions these are, for messages
