@@ -132,14 +132,60 @@ def test_adamw_equals_the_reference(count: int) -> None:
             assert_same_bits(f"AdamW {name} (step {step})", a, b)
 
 
+def edge_rows(rng: np.random.Generator, vocab: int) -> list[np.ndarray]:
+    """Rows that test the reductions' order and the selects: NaN, infinities, signed-zero
+    ties, subnormals, one huge element."""
+    def row(values: list[float]) -> np.ndarray:
+        return np.resize(np.array(values, F32), vocab)
+
+    lone_nan = np.zeros(vocab, F32)
+    lone_nan[vocab // 2] = np.nan
+    one_big = (rng.standard_normal(vocab) * 0.1).astype(F32)
+    one_big[-1] = 100.0  # every other exponential underflows, some to subnormals
+    return [row([0.0]), row([-0.0]), row([-0.0, 0.0]), row([0.0, -0.0, -1.0]), row([np.nan]),
+            row([-np.inf]), row([np.inf, 1.0]), row([1e-45, -1e-45, 1e-40]), lone_nan,
+            one_big, row([1.0, np.nan, -np.inf])]
+
+
+@njit(error_model="numpy")
+def _row_max_all(x, out):  # type: ignore[no-untyped-def]
+    lanes = np.empty(arith.LANES, F32)
+    for r in range(x.shape[0]):
+        out[r] = fast._row_max(x[r], lanes)
+
+
+@njit(error_model="numpy")
+def _row_sum_all(x, out):  # type: ignore[no-untyped-def]
+    lanes = np.empty(arith.LANES, F32)
+    for r in range(x.shape[0]):
+        out[r] = fast._row_sum(x[r], lanes)
+
+
+@pytest.mark.parametrize("vocab", [1, 3, 255, 256, 257, 512, 700])
+def test_the_reductions_keep_the_specified_order(vocab: int) -> None:
+    """row_max in the literal lane-and-tree order (the sign of a zero maximum depends on
+    it) and row_sum, whose rounding depends on it, on rows wider and narrower than 256."""
+    rng = np.random.default_rng(vocab)
+    rows = np.stack([*edge_rows(rng, vocab), *salted(rng, (20, vocab), 1e3, 0.1)])
+    rows[-1] = rng.choice(np.array([0.0, -0.0], F32), vocab)
+    got = np.empty(rows.shape[0], F32)
+    _row_max_all(rows, got)
+    assert_same_bits("row_max", got, arith.row_max_in_order(rows))
+    _row_sum_all(rows, got)
+    assert_same_bits("row_sum", arith.canonicalize_nan(got),
+                     arith.canonicalize_nan(arith.row_sum(rows)))
+
+
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
-@pytest.mark.parametrize("vocab,updates", [(5, 3), (256, 4), (300, 2), (513, 1)])
+@pytest.mark.parametrize("vocab,updates", [(1, 2), (5, 3), (17, 1), (255, 3), (256, 1), (256, 4),
+                                           (300, 2), (512, 2), (513, 1)])
 @pytest.mark.parametrize("finish", [True, False])
 def test_the_fused_kernel_equals_the_reference(mode: str, vocab: int, updates: int,
                                                finish: bool) -> None:
     rng = np.random.default_rng(vocab + updates)
     table = salted(rng, (vocab, vocab), 2.0, 0.005)
-    table[0] = 0.0
+    for r, row in enumerate(edge_rows(rng, vocab)[:vocab]):
+        table[r] = row
     first = salted(rng, (vocab, vocab), 0.01, 0.005)
     second = np.abs(salted(rng, (vocab, vocab), 1e-4, 0.005))
     steps = adam_scalar_table(Hyper(), 7, updates)
