@@ -228,3 +228,17 @@ def test_the_scalar_table_equals_the_per_step_scalars_bit_for_bit():
         assert [int(b) for b in table[k, :len(ADAM_SCALAR_NAMES)]] == \
             [scalars[name].bits for name in ADAM_SCALAR_NAMES]
         assert table[k, -1] == 0
+
+
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_rows_that_fit_on_chip_get_the_wide_kernel(mode):
+    """1024 < V <= 4096: the wide region (the same signature, other resources); else narrow."""
+    narrow = sig.FUSED_HARD if mode == "hard" else sig.FUSED_CORPUS
+    wide = sig.FUSED_WIDE_HARD if mode == "hard" else sig.FUSED_WIDE_CORPUS
+    for vocab, region in ((256, narrow), (1024, narrow), (1025, wide), (4096, wide),
+                          (4097, narrow), (9000, narrow)):
+        config = BobConfig(vocab=vocab, prompts=0, updates=2, mode=mode, schedule="fused")
+        assert config.fused_region == region
+        plan = build_plan(config, SM90)
+        assert {launch.region for launch in plan.launches} >= {region}
+        assert plan.region(region).params == sig.SIGNATURES[narrow]

@@ -324,8 +324,9 @@ def arena_for(region: str, vocab: int, count: int, rng: np.random.Generator, fin
     return memory, args, spans
 
 
+FUSED_REGIONS = (sig.FUSED_HARD, sig.FUSED_CORPUS, sig.FUSED_WIDE_HARD, sig.FUSED_WIDE_CORPUS)
 FOOTPRINT_CASES = [(region, 1) for region in sig.SIGNATURES] + [
-    (sig.FUSED_HARD, 0), (sig.FUSED_CORPUS, 0)]  # finish 0: no gradients, no loss
+    (region, 0) for region in FUSED_REGIONS]  # finish 0: no gradients, no loss
 
 
 @pytest.mark.parametrize("region,finish", FOOTPRINT_CASES)
@@ -334,7 +335,7 @@ def test_kernels_write_only_their_declared_footprints(region, finish, vocab):
     rng = np.random.default_rng(vocab)
     count = vocab * vocab - 5
     memory, args, spans = arena_for(region, vocab, count, rng, finish)
-    fused = region in (sig.FUSED_HARD, sig.FUSED_CORPUS)
+    fused = region in FUSED_REGIONS
     if region in (sig.LOSS_HARD, sig.LOSS_CORPUS) or fused:
         scalars = ref.LossScalars.for_vocab(vocab)
         args.update(log2e=scalars.log2e, ln2=scalars.ln2)

@@ -481,4 +481,6 @@ KERNELS: dict[str, ref.Kernel] = {
     sig.ARGMAX: ref.greedy_argmax,
     sig.FUSED_HARD: fused_train_hard,
     sig.FUSED_CORPUS: fused_train_corpus,
+    sig.FUSED_WIDE_HARD: fused_train_hard,
+    sig.FUSED_WIDE_CORPUS: fused_train_corpus,
 }

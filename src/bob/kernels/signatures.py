@@ -26,6 +26,9 @@ ADAMW = "bob-adamw"
 ARGMAX = "bob-greedy-argmax"
 FUSED_HARD = "bob-fused-train"
 FUSED_CORPUS = "bob-fused-train-corpus"
+# The same kernels for rows that stay on chip (1024 < V <= 4096): other resources, same bits.
+FUSED_WIDE_HARD = "bob-fused-train-wide"
+FUSED_WIDE_CORPUS = "bob-fused-train-wide-corpus"
 
 BLOCK = 256  # threads per block for every kernel; reductions run over 256 lanes
 
@@ -120,6 +123,8 @@ SIGNATURES: dict[str, tuple] = {
         ScalarParam("finish", "u32"),
     ),
 }
+SIGNATURES[FUSED_WIDE_HARD] = SIGNATURES[FUSED_HARD]
+SIGNATURES[FUSED_WIDE_CORPUS] = SIGNATURES[FUSED_CORPUS]
 
 # The CUDA entry point of each region.
 ENTRIES = {
@@ -130,6 +135,8 @@ ENTRIES = {
     ARGMAX: "bob_greedy_argmax",
     FUSED_HARD: "bob_fused_train_hard",
     FUSED_CORPUS: "bob_fused_train_corpus",
+    FUSED_WIDE_HARD: "bob_fused_train_wide_hard",
+    FUSED_WIDE_CORPUS: "bob_fused_train_wide_corpus",
 }
 
 

@@ -96,6 +96,9 @@ ADAM_SCALAR_STRIDE = 8  # floats per row
 # us/update at V = 2048, 4096, 8192; one launch per update 38.4, 139 and 528. Past 8192
 # the rows of the resident blocks (4 per SM, 96 KiB each at V = 8192) outgrow the L2.
 ONE_LAUNCH_MAX_VOCAB = 8192
+# The fused kernels' on-chip rows (bob_kernels.cu: RESIDENT_SLOTS and WIDE_SLOTS x 256).
+RESIDENT_VOCAB = 1024
+WIDE_VOCAB = 4096
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,10 @@ class BobConfig:
 
     @property
     def fused_region(self) -> str:
+        """The narrow kernels (rows to 1024 in registers, longer rows streamed), or the wide
+        ones whose rows up to WIDE_VOCAB stay on chip."""
+        if RESIDENT_VOCAB < self.vocab <= WIDE_VOCAB:
+            return sig.FUSED_WIDE_HARD if self.mode == "hard" else sig.FUSED_WIDE_CORPUS
         return sig.FUSED_HARD if self.mode == "hard" else sig.FUSED_CORPUS
 
     @property

@@ -334,8 +334,22 @@ extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, 
 // 637, no kept exponentials 558).
 
 #define ADAM_STRIDE 8u  // floats per row of adam_scalars: 7 scalars and padding
+#ifndef RESIDENT_SLOTS
 #define RESIDENT_SLOTS 4u  // row elements per lane in registers on the resident path
+#endif
 #define RESIDENT_VOCAB (RESIDENT_SLOTS * LANES)
+// The wide kernels keep rows up to WIDE_VOCAB on chip: 16 elements per lane (w, m, v, e
+// and corpus weights in registers) at up to 128 registers, so 2 blocks share an SM.
+// Measured on an H200 at V = 4096, 100 updates: 72 us per update, against 102 streamed
+// by the narrow kernel (docs/BENCHMARKS.md). Wider rows do not pay: 32 elements per lane
+// leave one block per SM (452 us at V = 8192 against 440 streamed).
+#ifndef WIDE_SLOTS
+#define WIDE_SLOTS 16u
+#endif
+#define WIDE_VOCAB (WIDE_SLOTS * LANES)
+#ifndef WIDE_BOUNDS
+#define WIDE_BOUNDS __launch_bounds__(LANES, 2)
+#endif
 #ifndef KEPT_EXPONENTIALS
 #define KEPT_EXPONENTIALS 8192u  // e_j of a streamed row kept in shared memory (32 KiB)
 #endif
@@ -425,17 +439,18 @@ struct RowLoss {
 // -- resident: the row in registers, element j = lane + 256 i in slot i ---------------------
 
 // Row max m, e_i = exp2((w_i - m) log2e) into e, and the row sum s, returned.
+template <u32 SLOTS>
 static __device__ float resident_exponentials(const FusedArgs& a, const float* w, float* e,
                                               float& m, Lanes& lanes) {
     float held = f32(NEG_INF);
 #pragma unroll
-    for (u32 i = 0; i < RESIDENT_SLOTS; ++i) {
+    for (u32 i = 0; i < SLOTS; ++i) {
         if (threadIdx.x + LANES * i < a.vocab) held = select_max(held, w[i]);
     }
     m = lanes.max(held);
     float partial = 0.0f;
 #pragma unroll
-    for (u32 i = 0; i < RESIDENT_SLOTS; ++i) {
+    for (u32 i = 0; i < SLOTS; ++i) {
         if (threadIdx.x + LANES * i < a.vocab) {
             e[i] = bob_exp2(exponent(w[i], m, a.log2e));
             partial = add(partial, e[i]);
@@ -444,14 +459,14 @@ static __device__ float resident_exponentials(const FusedArgs& a, const float* w
     return lanes.sum(partial);
 }
 
-template <bool CORPUS>
+template <bool CORPUS, u32 SLOTS>
 static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes) {
     const u64 base = (u64)blockIdx.x * a.vocab;
-    float w[RESIDENT_SLOTS], m[RESIDENT_SLOTS], v[RESIDENT_SLOTS];
-    float t[RESIDENT_SLOTS], e[RESIDENT_SLOTS];
+    float w[SLOTS], m[SLOTS], v[SLOTS];
+    float t[SLOTS], e[SLOTS];
     float weight_partial = 0.0f;
 #pragma unroll
-    for (u32 i = 0; i < RESIDENT_SLOTS; ++i) {
+    for (u32 i = 0; i < SLOTS; ++i) {
         const u32 j = threadIdx.x + LANES * i;
         w[i] = m[i] = v[i] = t[i] = e[i] = 0.0f;
         if (j < a.vocab) {
@@ -470,9 +485,9 @@ static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes) {
     for (u32 k = 0; k < a.updates; ++k) {
         const AdamStep step = adam_step(a.adam_scalars + ADAM_STRIDE * k);
         float row_max;
-        const float s = resident_exponentials(a, w, e, row_max, lanes);
+        const float s = resident_exponentials<SLOTS>(a, w, e, row_max, lanes);
 #pragma unroll
-        for (u32 i = 0; i < RESIDENT_SLOTS; ++i) {
+        for (u32 i = 0; i < SLOTS; ++i) {
             const u32 j = threadIdx.x + LANES * i;
             if (j < a.vocab) {
                 const float g = gradient<CORPUS>(a, dvd(e[i], s), j, target, weight_sum, t[i]);
@@ -483,11 +498,11 @@ static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes) {
 
     if (a.finish) {
         float row_max;
-        const float s = resident_exponentials(a, w, e, row_max, lanes);
+        const float s = resident_exponentials<SLOTS>(a, w, e, row_max, lanes);
         const float big_l = bob_log2(s);
         RowLoss<CORPUS> loss{0.0f};
 #pragma unroll
-        for (u32 i = 0; i < RESIDENT_SLOTS; ++i) {
+        for (u32 i = 0; i < SLOTS; ++i) {
             const u32 j = threadIdx.x + LANES * i;
             if (j < a.vocab) {
                 const float g = gradient<CORPUS>(a, dvd(e[i], s), j, target, weight_sum, t[i]);
@@ -498,7 +513,7 @@ static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes) {
         loss.store(a, target, lanes);
     }
 #pragma unroll
-    for (u32 i = 0; i < RESIDENT_SLOTS; ++i) {
+    for (u32 i = 0; i < SLOTS; ++i) {
         const u32 j = threadIdx.x + LANES * i;
         if (j < a.vocab) {
             a.parameters[base + j] = canonical(w[i]);
@@ -646,13 +661,15 @@ struct FusedShared {
     float kept[KEPT_EXPONENTIALS > 0 ? KEPT_EXPONENTIALS : 1];
 };
 
-template <bool CORPUS>
+// Rows up to SLOTS x 256 stay in registers; longer ones stream. Either path gives the
+// same bits for any V, so a kernel is correct whatever V it is launched with.
+template <bool CORPUS, u32 SLOTS>
 static __device__ void fused_train(const FusedArgs& a, FusedShared& shared) {
     if (blockDim.x != LANES) __trap();
     if (blockIdx.x >= a.vocab) return;  // the whole block: no barrier is left waiting
     Lanes lanes{shared.buffers, 0u};
-    if (a.vocab <= RESIDENT_VOCAB) {
-        fused_resident<CORPUS>(a, lanes);
+    if (a.vocab <= SLOTS * LANES) {
+        fused_resident<CORPUS, SLOTS>(a, lanes);
     } else {
         fused_streaming<CORPUS>(a, lanes, shared.kept);
     }
@@ -667,7 +684,7 @@ extern "C" __global__ FUSED_BOUNDS void bob_fused_train_hard(float* parameters, 
     __shared__ FusedShared shared;
     const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
                       loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
-    fused_train<false>(a, shared);
+    fused_train<false, RESIDENT_SLOTS>(a, shared);
 }
 
 extern "C" __global__ FUSED_BOUNDS void bob_fused_train_corpus(float* parameters, float* first_moment,
@@ -679,5 +696,26 @@ extern "C" __global__ FUSED_BOUNDS void bob_fused_train_corpus(float* parameters
     __shared__ FusedShared shared;
     const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
                       loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
-    fused_train<true>(a, shared);
+    fused_train<true, RESIDENT_SLOTS>(a, shared);
+}
+
+// The same kernels for 1024 < V <= WIDE_VOCAB: whole rows on chip, two blocks per SM.
+extern "C" __global__ WIDE_BOUNDS void bob_fused_train_wide_hard(
+        float* parameters, float* first_moment, float* second_moment, float* gradients,
+        const u32* targets, float* loss, const float* adam_scalars, float log2e, float ln2,
+        float inverse_rows, u32 vocab, u32 updates, u32 finish) {
+    __shared__ FusedShared shared;
+    const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
+                      loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
+    fused_train<false, WIDE_SLOTS>(a, shared);
+}
+
+extern "C" __global__ WIDE_BOUNDS void bob_fused_train_wide_corpus(
+        float* parameters, float* first_moment, float* second_moment, float* gradients,
+        const float* weights, float* loss, const float* adam_scalars, float log2e, float ln2,
+        u32 vocab, u32 updates, u32 finish) {
+    __shared__ FusedShared shared;
+    const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
+                      loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
+    fused_train<true, WIDE_SLOTS>(a, shared);
 }
