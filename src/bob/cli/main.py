@@ -21,11 +21,11 @@ from pathlib import Path
 import click
 
 from bob.errors import BobError, Interrupted
+from bob.host.stops import STOP_SIGNALS, request_stop
 
 from . import bench_cmd, plan_cmd, run_cmd, tools_cmd
 
 REPORT_DIR_VARIABLE = "BOB_REPORT_DIR"  # where internal-error reports go (default: temp dir)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -55,7 +55,12 @@ def _run(argv: list[str] | None) -> int:
     except click.ClickException as error:
         error.show()
         return 2
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as abort:
+        # click turns a KeyboardInterrupt (so Interrupted) into Abort: report the signal
+        cause = abort.__cause__ or abort.__context__
+        if isinstance(cause, KeyboardInterrupt):
+            return _report_interrupt(cause if isinstance(cause, Interrupted)
+                                     else Interrupted(signal.SIGINT))
         click.echo("bob: aborted", err=True)
         return 1
     except BobError as error:
@@ -122,7 +127,7 @@ def _stop_signals_raise() -> Iterator[None]:
     def stop(signum: int, frame: object) -> None:
         if not raised:  # a second signal while stopping must not interrupt the cleanup
             raised.append(signum)
-            raise Interrupted(signum)
+            request_stop(signum)  # raises Interrupted, or when a save ends
 
     previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
     try:

@@ -12,7 +12,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from bob.backends import choose_backend
 from bob.errors import BadInput, Interrupted
-from bob.host import sampling
+from bob.host import sampling, stops
 from bob.host.session import Invocation, Session
 from bob.host.session import train as train_invocations
 from bob.program.bob import SCHEDULES, BobConfig, Hyper
@@ -213,17 +213,6 @@ def _continued(start: Checkpoint, record: InputRecord, hyper: Hyper) -> Checkpoi
                    segments=segments)
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT/SIGTERM wait while a checkpoint is saved: the message then names it truly."""
-    signals = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: str,
                 resume: bool, backend: str, updates_per_invocation: int, arch: str, arena: str,
                 result_path: str | None, schedule: str,
@@ -241,7 +230,7 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
         history.append((invocation.checkpoint.step, invocation.loss))
         state = replace(invocation.checkpoint.with_history(tuple(history)),
                         optimum=data.optimum)
-        with _signals_held():
+        with stops.held():  # the message must name the checkpoint on disk
             state.save(checkpoint)
             kept[0] = state.step
             if checkpoint not in written:

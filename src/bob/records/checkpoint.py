@@ -440,7 +440,7 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
     if "history" in metadata:
         try:
             history = json.loads(metadata["history"])
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply
             raise BadInput(f"{source}: metadata history is not JSON") from None
         if not isinstance(history, list):
             raise BadInput(f"{source}: metadata history is not a list of [step, loss] pairs")
