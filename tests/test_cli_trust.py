@@ -156,6 +156,8 @@ def test_a_locked_checkpoint_is_refused_naming_the_holder(tmp_path, text, capsys
     (["--result", "{dir}/missing/r.bin"], "directory {dir}/missing does not exist"),
     (["--result", "{dir}"], "is a directory"),
     (["-c", "{dir}/missing/x.safetensors"], "directory {dir}/missing does not exist"),
+    # a directory that exists but takes no new files, even for root
+    (["--result", "/proc/bob-result"], "/proc/bob-result: cannot write the result record"),
 ])
 def test_bad_output_paths_are_refused_before_training(tmp_path, text, capsys, argv, message):
     args = [a.format(dir=tmp_path) for a in argv]

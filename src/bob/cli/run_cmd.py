@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from bob.backends import BACKEND_NAMES
+from bob.errors import BadInput
 from bob.host import api
 from bob.program.bob import Hyper
 
@@ -263,7 +264,12 @@ def plot(checkpoint, out_dir, as_json) -> None:
             state.history, state.optimum, validation=validation_curve(state),
             changes=[s.first_step for s in state.segments[1:]])
     images = {name: pictures.png_bytes(figure) for name, figure in figures.items()}
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as error:
+        raise BadInput(f"{out_dir}: cannot make the plot directory "
+                       f"({error.strerror or error})") from None
+    api.probe_directory(out_dir, f"{out_dir}: cannot write the plots there")
     written = []
     for name in ("loss.png", "transitions.png"):
         if name in images:
@@ -289,13 +295,10 @@ def validation_curve(state) -> list[tuple[int, float]]:
 
 def _check_plot_directory(out_dir: str, targets) -> None:
     """Before drawing: the directory can be made or used, and no target is a directory."""
-    from bob.errors import BadInput
-
     if os.path.exists(out_dir):
         if not os.path.isdir(out_dir):
             raise BadInput(f"{out_dir}: is a file, not a directory for the plots")
-        if not os.access(out_dir, os.W_OK | os.X_OK):
-            raise BadInput(f"{out_dir}: cannot write the plots there (permission denied)")
+        api.probe_directory(out_dir, f"{out_dir}: cannot write the plots there")
     else:
         parent = os.path.dirname(os.path.abspath(out_dir))
         if not os.path.isdir(parent):

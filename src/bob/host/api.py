@@ -12,6 +12,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -163,8 +164,17 @@ def check_output_file(path: str, what: str) -> None:
         raise BadInput(f"{path}: directory {directory} does not exist (the {what} goes there)")
     if target.is_dir():
         raise BadInput(f"{path}: is a directory, not a {what} file")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise BadInput(f"{path}: cannot write the {what} in {directory} (permission denied)")
+    probe_directory(directory, f"{path}: cannot write the {what} in {directory}")
+
+
+def probe_directory(directory: str | Path, failure: str) -> None:
+    """Create and remove a file in `directory`: the only sure test that writing works there
+    (permissions, read-only mounts, /proc and the like); BadInput `failure (reason)` if not."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".bob-probe-"):
+            pass
+    except OSError as error:
+        raise BadInput(f"{failure} ({error.strerror or error})") from None
 
 
 def _check_hyper_changes(changes: Mapping[str, float] | None) -> None:

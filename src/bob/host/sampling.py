@@ -48,7 +48,8 @@ def sample_row(logits: np.ndarray, temperature: float, u: float, top_k: int | No
 
     With `top_k`, only the k most likely bytes can be drawn (the others weigh 0).
     """
-    scaled = logits.astype(np.float32) / np.float32(temperature)
+    with np.errstate(over="ignore"):  # a temperature beyond float32 is inf: uniform
+        scaled = logits.astype(np.float32) / np.float32(temperature)
     weights = exp2((scaled - scaled.max()) * _LOG2E).astype(np.float64)
     weights[~top_k_mask(logits, top_k)] = 0.0
     cumulative = np.cumsum(weights)  # sequential, in index order
