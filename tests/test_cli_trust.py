@@ -240,6 +240,7 @@ def test_every_json_output_is_only_json(tmp_path, text, capsys):
     runs = [
         ["train", "--text", str(text), "--steps", "10", "-c", str(path), "--backend", "cpu"],
         ["predict", "-c", str(path), "--backend", "cpu", "a"],
+        ["generate", "-c", str(path), "--backend", "cpu", "-p", "t", "-n", "5"],
         ["eval", "-c", str(path), "--text", str(text), "--backend", "cpu"],
         ["plot", "-c", str(path), "--out", str(tmp_path / "plots")],
         ["check", "--steps", "2", "-N", "1"],
