@@ -405,3 +405,41 @@ def test_a_stop_during_a_save_waits_for_the_save():
     assert recorded == ["saved"] and caught.value.exit_status == 143
     with pytest.raises(Interrupted):
         stops.request_stop(signal.SIGINT)  # outside a held block: at once
+
+
+def test_a_killed_runs_lock_does_not_block_the_next(tmp_path, text):
+    path = tmp_path / "bob.safetensors"
+    process = start_training(tmp_path, text)
+    try:
+        wait_for_updates(path, 2, process)
+        process.kill()  # SIGKILL: no cleanup, the lock file stays
+        process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert lock_path(path).exists()
+    step = Checkpoint.load(path).step
+    assert train("--text", str(text), "--resume", "--steps", "5", "-c", str(path)) == 0
+    assert Checkpoint.load(path).step == step + 5 and not lock_path(path).exists()
+
+
+def test_a_fresh_run_stopped_before_its_first_checkpoint_writes_nothing(tmp_path, text):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bob.cli.main", "train", "--text", str(text), "--backend",
+         "cpu", "-N", "100000", "--steps", "100000", "-c", str(tmp_path / "bob.safetensors")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not lock_path(tmp_path / "bob.safetensors").exists():
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.02)
+        time.sleep(0.3)  # into the invocation
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, err
+    assert err.decode().strip().splitlines()[-1] == (
+        "bob: interrupted at update 100000; no checkpoint written by this run")
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]
