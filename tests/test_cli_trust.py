@@ -232,6 +232,9 @@ def test_an_internal_error_prints_one_line_and_keeps_the_report(tmp_path, capsys
     report = reports[0].read_text()
     assert "Traceback" in report and "def broken" not in report and "in broken" in report
     assert report.startswith("bob eval -c x --text y")
+    monkeypatch.setenv("BOB_TRACEBACK", "1")  # a developer asks for the traceback itself
+    with pytest.raises(RuntimeError, match="the unexpected happened"):
+        main(["eval", "-c", "x", "--text", "y"])
 
 
 # -- --json: only JSON on stdout -----------------------------------------------

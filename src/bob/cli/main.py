@@ -26,6 +26,7 @@ from bob.host.stops import STOP_SIGNALS, request_stop
 from . import bench_cmd, plan_cmd, run_cmd, tools_cmd
 
 REPORT_DIR_VARIABLE = "BOB_REPORT_DIR"  # where internal-error reports go (default: temp dir)
+TRACEBACK_VARIABLE = "BOB_TRACEBACK"  # set (to 1): an internal error raises as Python would
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -73,6 +74,8 @@ def _run(argv: list[str] | None) -> int:
     except BrokenPipeError:
         return _reader_went_away()
     except Exception as error:  # noqa: BLE001 - the one place every unexpected error ends
+        if os.environ.get(TRACEBACK_VARIABLE):
+            raise  # for whoever debugs Bob: the traceback right here
         return _report_internal_error(error, argv)
     return status if isinstance(status, int) else 0
 
