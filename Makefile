@@ -1,24 +1,32 @@
 # Bob: `make run` trains on the built-in corpus; `make test` runs the tests.
-# Both create the virtual environment and install what is needed first.
+# Both create the virtual environment and install what they need first: `run` only
+# what running needs, `test` the test tools and PyTorch besides.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: setup run test lint gpu-test bench clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[cuda,fast,test]'
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[cuda,fast,plot]'
+	touch $(RUN_STAMP)
+
+$(TEST_STAMP): $(RUN_STAMP)
+	$(BIN)/python -m pip install -q -e '.[cuda,fast,plot,test]'
 	# CPU PyTorch, for the tests that compare with torch.optim.AdamW only
 	$(BIN)/python -m pip install -q torch==2.13.0
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
-setup: $(STAMP)
+setup: $(TEST_STAMP)
 
-run: setup
+run: $(RUN_STAMP)
 	$(BIN)/bob train --overwrite  # the main job, from scratch each time
 
 lint: setup

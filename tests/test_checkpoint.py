@@ -23,7 +23,7 @@ from safetensors.numpy import load_file, save_file
 from bob import files
 from bob.config import Hyper
 from bob.errors import BadInput, RunFailure
-from bob.records.checkpoint import Checkpoint
+from bob.records.checkpoint import Checkpoint, Segment
 from conftest import listing
 
 DIGEST = "ab" * 32
@@ -81,6 +81,21 @@ def test_history_and_optimum_round_trip(tmp_path: Path) -> None:
         plain.with_history(((1, float("nan")),))
     with pytest.raises(ValueError, match="optimum"):
         replace(plain, optimum=-1.0)
+
+
+def test_segments_round_trip_and_old_checkpoints_have_none(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    other = "cd" * 32
+    segments = (Segment(0, DIGEST, Hyper()), Segment(3, other, Hyper(lr=0.05)),
+                Segment(7, other, Hyper(lr=0.1 + 0.2)))
+    rich = sample().with_segments(segments)
+    rich.save(path)
+    loaded = Checkpoint.load(path)
+    assert loaded == rich and loaded.segments == segments and loaded != sample()
+    save_file(good_tensors(), str(path), metadata=good_metadata())  # no segments field
+    assert Checkpoint.load(path).segments == ()
+    with pytest.raises(ValueError, match="beyond the checkpoint's step 7"):
+        sample().with_segments((Segment(8, DIGEST, Hyper()),))
 
 
 def test_zeros() -> None:
@@ -188,6 +203,9 @@ def _one_value(name: str, index: tuple[int, int], value: float) -> dict[str, np.
     return {name: array}
 
 
+SEGMENT = {"first_step": 0, "data_digest": DIGEST, "lr": 0.1, "beta1": 0.9, "beta2": 0.999,
+           "eps": 1e-8, "weight_decay": 0.01}
+
 BAD_CHECKPOINTS: dict[str, tuple[object, str]] = {
     "missing tensor": (_with(drop_first_moment=1), "no tensor 'first_moment'"),
     "foreign": (({"model.embed": np.ones((4, 4), np.float32)}, {"format": "pt"}),
@@ -231,6 +249,7 @@ BAD_CHECKPOINTS: dict[str, tuple[object, str]] = {
     "weight decay": (_with(weight_decay="-0.5"), "metadata weight_decay = -0.5 is negative"),
     "digest": (_with(data_digest="xyz"), "metadata data_digest 'xyz' is not 64 lowercase hex"),
     "history json": (_with(history="[[0, 1.0]"), "metadata history is not JSON"),
+    "history deep": (_with(history="[" * 100_000), "metadata history is not JSON"),
     "history shape": (_with(history='{"0": 1.0}'),
                       "metadata history is not a list of [step, loss] pairs"),
     "history entry": (_with(history="[[0, 1.0], [-5, 2.0]]"),
@@ -238,6 +257,23 @@ BAD_CHECKPOINTS: dict[str, tuple[object, str]] = {
     "history nan": (_with(history="[[0, NaN]]"), "history entry [0, nan] is not a"),
     "optimum text": (_with(optimum="low"), "metadata optimum 'low' is not a number"),
     "optimum inf": (_with(optimum="inf"), "metadata optimum inf is not a finite number >= 0"),
+    "segments json": (_with(segments="[{"), "metadata segments is not JSON"),
+    "segments deep": (_with(segments="[" * 100_000), "metadata segments is not JSON"),
+    "segments shape": (_with(segments='{"first_step": 0}'), "metadata segments is not a list"),
+    "segment keys": (_with(segments='[{"first_step": 0}]'),
+                     "metadata segment {'first_step': 0} is not an object with exactly"),
+    "segment step": (_with(segments=json.dumps([{**SEGMENT, "first_step": -1}])),
+                     "segment first_step -1 is not a non-negative integer"),
+    "segment order": (_with(segments=json.dumps([SEGMENT, SEGMENT])),
+                      "segment first_step 0 does not follow 0 (steps increase)"),
+    "segment beyond": (_with(segments=json.dumps([{**SEGMENT, "first_step": 4}])),
+                       "segment first_step 4 is beyond the checkpoint's step 3"),
+    "segment lr": (_with(segments=json.dumps([{**SEGMENT, "lr": "fast"}])),
+                   "segment at step 0: a hyperparameter is not a number"),
+    "segment beta": (_with(segments=json.dumps([{**SEGMENT, "beta2": 1.5}])),
+                     "segment at step 0: beta2 = 1.5 is outside [0, 1)"),
+    "segment digest": (_with(segments=json.dumps([{**SEGMENT, "data_digest": "x"}])),
+                       "segment at step 0: data_digest 'x' is not 64 lowercase hex"),
 }
 
 
@@ -332,7 +368,7 @@ CHILD = textwrap.dedent("""
     import sys
     import numpy as np
     from bob.config import Hyper
-    from bob.records.checkpoint import Checkpoint
+    from bob.records.checkpoint import Checkpoint, Segment
 
     def state(step, v):
         table = np.full((v, v), step, np.float32)

@@ -146,16 +146,3 @@ def test_only_the_cli_imports_the_bench() -> None:
     assert importers <= {"cli", "bench"}
 
 
-def test_an_unexpected_error_ends_in_one_line_not_a_traceback(monkeypatch, capsys) -> None:
-    def broken(*args: object, **kwargs: object) -> None:
-        raise ZeroDivisionError("division by zero\nsecond line")
-
-    monkeypatch.setattr(api, "predict", broken)
-    monkeypatch.delenv("BOB_TRACEBACK", raising=False)
-    assert main(["predict", "-c", "model.safetensors", "a"]) == 1
-    err = capsys.readouterr().err
-    assert err == ("bob: internal error: ZeroDivisionError: division by zero (a bug in Bob: "
-                   "BOB_TRACEBACK=1 shows where)\n")
-    monkeypatch.setenv("BOB_TRACEBACK", "1")
-    with pytest.raises(ZeroDivisionError):
-        main(["predict", "-c", "model.safetensors", "a"])

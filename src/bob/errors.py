@@ -31,3 +31,18 @@ class BackendUnavailable(RunFailure):
 
 class NonFiniteLoss(RunFailure):
     """Training produced a non-finite loss; the last good checkpoint is kept."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the command: exit 128 + the signal's number.
+
+    A KeyboardInterrupt, so code that stops cleanly on Ctrl-C stops on it too.
+    """
+
+    def __init__(self, signum: int, message: str = "interrupted") -> None:
+        super().__init__(message)
+        self.signum = int(signum)
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum

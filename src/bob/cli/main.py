@@ -1,16 +1,32 @@
 """The `bob` command line: exit 0 on success, 1 on a failure at run time,
-2 on bad usage or bad input; a message of one line, never a traceback."""
+2 on bad usage or bad input, 128 + N when signal N (SIGINT, SIGTERM) stops it.
+
+No command ends in a Python traceback: an unexpected internal error prints one
+line naming the file that holds the full report, and exits 1.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
+import signal
 import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
 
 import click
 
-from bob.errors import BobError
+from bob.errors import BobError, Interrupted
+from bob.host.stops import STOP_SIGNALS, request_stop
 
 from . import bench_cmd, plan_cmd, run_cmd, tools_cmd
+
+REPORT_DIR_VARIABLE = "BOB_REPORT_DIR"  # where internal-error reports go (default: temp dir)
+TRACEBACK_VARIABLE = "BOB_TRACEBACK"  # set (to 1): an internal error raises as Python would
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,6 +41,14 @@ for module in (plan_cmd, run_cmd, tools_cmd, bench_cmd):
 
 
 def main(argv: list[str] | None = None) -> int:
+    with _stop_signals_raise():
+        try:
+            return _run(argv)
+        except Interrupted as stop:  # arrived while an error was being reported
+            return _report_interrupt(stop)
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         status = cli.main(args=argv, prog_name="bob", standalone_mode=False)
     except click.exceptions.Exit as done:
@@ -32,23 +56,88 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as error:
         error.show()
         return 2
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort as abort:
+        # click turns a KeyboardInterrupt (so Interrupted) into Abort: report the signal
+        cause = abort.__cause__ or abort.__context__
+        if isinstance(cause, KeyboardInterrupt):
+            return _report_interrupt(cause if isinstance(cause, Interrupted)
+                                     else Interrupted(signal.SIGINT))
+        click.echo("bob: aborted", err=True)
         return 1
     except BobError as error:
         click.echo(f"bob: {error}", err=True)
         return error.exit_status
+    except Interrupted as stop:
+        return _report_interrupt(stop)
     except KeyboardInterrupt:
-        click.echo("bob: interrupted", err=True)
-        return 130
-    except Exception as error:  # noqa: BLE001 - a bug still ends in one line, not a traceback
-        if os.environ.get("BOB_TRACEBACK"):
-            raise
-        first = str(error).strip().splitlines()
-        click.echo(f"bob: internal error: {type(error).__name__}: {first[0] if first else ''} "
-                   "(a bug in Bob: BOB_TRACEBACK=1 shows where)", err=True)
-        return 1
+        return _report_interrupt(Interrupted(signal.SIGINT))
+    except BrokenPipeError:
+        return _reader_went_away()
+    except Exception as error:  # noqa: BLE001 - the one place every unexpected error ends
+        if os.environ.get(TRACEBACK_VARIABLE):
+            raise  # for whoever debugs Bob: the traceback right here
+        return _report_internal_error(error, argv)
     return status if isinstance(status, int) else 0
+
+
+def _report_interrupt(stop: Interrupted) -> int:
+    click.echo(f"bob: {stop}", err=True)
+    return stop.exit_status
+
+
+def _reader_went_away() -> int:
+    # `bob ... | head`: the reader closed the pipe. Nothing to say to it; point stdout at
+    # /dev/null so the interpreter's final flush does not fail again.
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 1
+
+
+def _report_internal_error(error: Exception, argv: list[str] | None) -> int:
+    """One line for the user; the traceback in a report file for whoever fixes it."""
+    summary = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+    path = write_error_report(error, argv)
+    where = f"full report in {path}" if path else "no report could be written"
+    click.echo(f"bob: internal error ({summary}); {where}", err=True)
+    return 1
+
+
+def write_error_report(error: BaseException, argv: list[str] | None) -> Path | None:
+    directory = Path(os.environ.get(REPORT_DIR_VARIABLE) or
+                     Path(tempfile.gettempdir()) / "bob-reports")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    path = directory / f"bob-error-{stamp}-{os.getpid()}.txt"
+    words = sys.argv[1:] if argv is None else argv
+    text = (f"bob {' '.join(words)}\n\n"
+            + "".join(traceback.format_exception(type(error), error, error.__traceback__)))
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError:
+        return None
+    return path
+
+
+@contextlib.contextmanager
+def _stop_signals_raise() -> Iterator[None]:
+    """SIGINT and SIGTERM raise Interrupted (once), so every command stops cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    raised = []
+
+    def stop(signum: int, frame: object) -> None:
+        if not raised:  # a second signal while stopping must not interrupt the cleanup
+            raised.append(signum)
+            request_stop(signum)  # raises Interrupted, or when a save ends
+
+    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

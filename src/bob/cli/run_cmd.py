@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import click
 from rich.console import Console
@@ -39,15 +40,18 @@ def _byte_text(value: int) -> str:
 
 
 @click.command()
-@click.option("--text", "texts", multiple=True, type=click.Path(dir_okay=False),
-              help="Train on this text file (repeat for several). Default: the built-in "
-                   "corpus.")
+@click.option("--text", "texts", multiple=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Train on this text file (repeat for several; - reads stdin). Default: the "
+                   "built-in corpus.")
 @click.option("--input", "input_record", type=click.Path(dir_okay=False),
               help="Train on an input record (hard targets or corpus weights) instead.")
 @click.option("--steps", type=click.IntRange(0), default=1000, show_default=True,
               help="AdamW updates to make.")
 @_CHECKPOINT
 @click.option("--resume", is_flag=True, help="Continue the checkpoint's run.")
+@click.option("--new-data", is_flag=True,
+              help="With --resume: continue on other data than the checkpoint's (recorded in "
+                   "its segments).")
 @click.option("--overwrite", is_flag=True, help="Start again over an existing checkpoint.")
 @BACKEND_OPTION
 @_ARCH
@@ -59,35 +63,83 @@ def _byte_text(value: int) -> str:
 @click.option("--result", "result_path", type=click.Path(dir_okay=False),
               help="Write the last invocation's result record here.")
 @SCHEDULE_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary as the last line.")
-def train(texts, input_record, steps, checkpoint, resume, overwrite, backend, arch, arena,
-          updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path, schedule,
-          as_json) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON summary on stdout (the table goes to stderr).")
+def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, backend, arch,
+          arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path,
+          schedule, as_json) -> None:
     """Train the bigram table with AdamW, a checkpoint after every invocation."""
-    # The API's refusals in its own words; here in the command's.
-    if texts and input_record is not None:
+    Hyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)  # checks them
+    if texts and input_record is not None:  # the API says it in its words; here in flags
         raise BadInput("give either --text files or an --input record, not both")
-    if not resume and not overwrite and os.path.exists(checkpoint):
-        raise BadInput(f"{checkpoint}: exists; pass --resume to continue it or --overwrite "
-                       "to start again")
-    hyper = Hyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+    stated = _stated_hyper(click.get_current_context(),
+                           dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                                weight_decay=weight_decay))
+    errors = _err_console()
     progress = Progress(TextColumn("[bold]training"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} updates"),
                         TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
-                        console=_err_console(), transient=True,
-                        disable=not sys.stderr.isatty())
+                        console=errors, transient=True, disable=not errors.is_terminal)
     with progress:
         task = progress.add_task("train", total=steps, loss="-")
+        log = InvocationLog(errors) if not errors.is_terminal else None
 
         def advance(invocation, done) -> None:
             progress.update(task, completed=done, loss=f"{invocation.loss:.6f}")
+            if log is not None:
+                log.line(invocation, done)
 
         report = api.train(
             texts=list(texts) or None, steps=steps, checkpoint=checkpoint, resume=resume,
-            backend=backend, hyper=None if resume and _defaults(hyper) else hyper,
+            backend=backend, hyper_changes=stated, new_data=new_data,
             updates_per_invocation=updates_per_invocation, input_record=input_record,
             overwrite=overwrite, arch=arch, arena=arena, result_path=result_path,
             schedule=schedule, progress=advance)
+    _table_console(errors if as_json else None).print(_train_table(report))
+    if as_json:
+        click.echo(json.dumps(report.to_json()))
+
+
+def _stated_hyper(context: click.Context, values: dict[str, float]) -> dict[str, float]:
+    """The hyperparameters the user gave, even those equal to a default."""
+    from click.core import ParameterSource
+
+    return {name: value for name, value in values.items()
+            if context.get_parameter_source(name) is not ParameterSource.DEFAULT}
+
+
+class InvocationLog:
+    """Without a terminal (nohup, CI): one plain line per invocation, as nanoGPT prints."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.last = time.perf_counter()
+        self.done = 0
+
+    def line(self, invocation, done: int) -> None:
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        updates, self.done = max(done - self.done, 1), done
+        rate = updates / seconds if seconds > 0 else math.inf
+        self.console.print(f"update {invocation.checkpoint.step}: loss {invocation.loss:.6f}, "
+                           f"{1000 * seconds / updates:.3f} ms/update, {rate:,.1f} updates/s",
+                           markup=False, highlight=False, soft_wrap=True)
+
+
+def _table_console(console: Console | None) -> Console:
+    """stdout (or `console`), 100 columns wide when it is not a terminal."""
+    console = console or Console()
+    if not console.is_terminal:
+        console.width = 100
+    return console
+
+
+def _hyper_text(hyper: Hyper) -> str:
+    return (f"lr {hyper.lr:g}, betas {hyper.beta1:g}/{hyper.beta2:g}, eps {hyper.eps:g}, "
+            f"weight decay {hyper.weight_decay:g}")
+
+
+def _train_table(report: api.TrainReport) -> Table:
     table = Table(title=f"bob train ({report.backend} backend, {report.mode} mode)")
     table.add_column("")
     table.add_column("value", justify="right")
@@ -95,17 +147,22 @@ def train(texts, input_record, steps, checkpoint, resume, overwrite, backend, ar
     table.add_row("updates (this run / total)", f"{report.steps} / {report.global_step}")
     table.add_row("initial loss (nats)", f"{report.initial_loss:.6f}")
     table.add_row("loss (nats)", f"{report.loss:.6f}")
+    if report.segments:
+        table.add_row("hyperparameters", _hyper_text(report.segments[-1].hyper))
     if report.optimum is not None:
         table.add_row("optimum (nats)", f"{report.optimum:.6f}")
-        table.add_row("above optimum", f"{100 * report.gap:.3f}%")
-    table.add_row("checkpoint", report.checkpoint)
-    Console(width=None if sys.stdout.isatty() else 100).print(table)
-    if as_json:
-        click.echo(json.dumps(report.to_json()))
-
-
-def _defaults(hyper: Hyper) -> bool:
-    return hyper == Hyper()
+        if report.gap is not None:
+            table.add_row("above optimum", f"{100 * report.gap:.3f}%")
+        else:  # the optimum is 0 (a text with one successor per byte): no relative gap
+            table.add_row("above optimum (nats)", f"{report.loss - report.optimum:.6f}")
+    if report.checkpoint in report.written:
+        table.add_row("checkpoint", report.checkpoint)
+    for path in report.written:
+        if path != report.checkpoint:
+            table.add_row("result record", path)
+    if not report.written:
+        table.add_row("written", "nothing (--steps 0)")
+    return table
 
 
 @click.command()
@@ -115,7 +172,8 @@ def _defaults(hyper: Hyper) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
 def predict(checkpoint, prompts, backend, as_json) -> None:
     """Predict the byte after each PROMPT (greedy argmax of its last byte's row)."""
-    results = api.predict(checkpoint, [p.encode() for p in prompts], backend)
+    # os.fsencode: the argument's own bytes, even where they are not UTF-8
+    results = api.predict(checkpoint, [os.fsencode(p) for p in prompts], backend)
     if as_json:
         click.echo(json.dumps([{"prompt": p.decode(errors="replace"), "next": nxt,
                                 "next_text": bytes([nxt]).decode("latin-1")}
@@ -133,21 +191,42 @@ def predict(checkpoint, prompts, backend, as_json) -> None:
               show_default=True, help="Bytes to generate.")
 @click.option("--temperature", "-t", type=click.FloatRange(0), default=0.0, show_default=True,
               help="0 is greedy; above 0 samples.")
+@click.option("--top-k", "-k", type=click.IntRange(1), default=None,
+              help="Sample only from the K most likely next bytes (default: all).")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
               help="Sampling seed: the same seed gives the same text on every backend.")
+@click.option("--raw", is_flag=True,
+              help="Write the prompt and the generated bytes unchanged (no UTF-8 decoding, "
+                   "no newline).")
 @BACKEND_OPTION
-def generate(checkpoint, prompt, length, temperature, seed, backend) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the prompt and the continuation as JSON (text and byte values).")
+def generate(checkpoint, prompt, length, temperature, top_k, seed, raw, backend,
+             as_json) -> None:
     """Continue a prompt, greedily or by sampling."""
-    text = api.generate(checkpoint, prompt.encode(), length, temperature, seed, backend)
-    sys.stdout.write(prompt + text.decode("utf-8", errors="replace") + "\n")
+    if raw and as_json:
+        raise click.UsageError("--raw and --json are two ways to print: choose one")
+    prompt_bytes = os.fsencode(prompt)
+    text = api.generate(checkpoint, prompt_bytes, length, temperature, seed, backend, top_k)
+    if as_json:
+        click.echo(json.dumps({"prompt": prompt_bytes.decode("utf-8", errors="replace"),
+                               "text": text.decode("utf-8", errors="replace"),
+                               "bytes": list(text)}))
+        return
+    if raw:
+        sys.stdout.buffer.write(prompt_bytes + text)
+        sys.stdout.buffer.flush()
+        return
+    sys.stdout.write((prompt_bytes + text).decode("utf-8", errors="replace") + "\n")
 
 
 @click.command(name="eval")
 @_CHECKPOINT
-@click.option("--text", "texts", multiple=True, required=True, type=click.Path(dir_okay=False),
-              help="Text file to evaluate on (repeat for several).")
+@click.option("--text", "texts", multiple=True, required=True,
+              type=click.Path(dir_okay=False, allow_dash=True),
+              help="Text file to evaluate on (repeat for several; - reads stdin).")
 @BACKEND_OPTION
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def eval_(checkpoint, texts, backend, as_json) -> None:
     """Loss of the model on text: nats per transition, bits per byte, and the optimum."""
     report = api.evaluate(checkpoint, list(texts), backend)
@@ -162,35 +241,72 @@ def eval_(checkpoint, texts, backend, as_json) -> None:
     table.add_row("optimum (bigram)", f"{report.optimum:.6f}",
                   f"{report.optimum / math.log(2):.6f}")
     table.add_row("transitions", f"{report.transitions:,}", "")
-    Console(width=None if sys.stdout.isatty() else 100).print(table)
+    _table_console(None).print(table)
 
 
 @click.command()
 @_CHECKPOINT
 @click.option("--out", "out_dir", default=".", show_default=True,
               type=click.Path(file_okay=False), help="Directory for the PNG files.")
-def plot(checkpoint, out_dir) -> None:
-    """Draw the loss curve and the learned transition heat map as PNG."""
-    from bob.files import make_directory
-    from bob.host.plot import loss_curve, transition_heat_map
+@click.option("--json", "as_json", is_flag=True, help="List the files written as JSON.")
+def plot(checkpoint, out_dir, as_json) -> None:
+    """Draw the loss curve and the learned transition heat map as PNG (matplotlib)."""
+    from bob.files import atomic_write
+    from bob.host import plot as pictures
     from bob.records.checkpoint import Checkpoint
-    from bob.records.png import write_png
 
     state = Checkpoint.load(checkpoint)
-    make_directory(out_dir)
-    written = []
+    targets = {name: os.path.join(out_dir, name) for name in ("loss.png", "transitions.png")}
+    _check_plot_directory(out_dir, targets.values())
+    figures = {"transitions.png": pictures.transitions_figure(state.parameters)}
     if state.history:
-        steps, losses = zip(*state.history, strict=True)
-        path = os.path.join(out_dir, "loss.png")
-        write_png(path, loss_curve(list(steps), list(losses), state.optimum))
-        written.append(path)
-    path = os.path.join(out_dir, "transitions.png")
-    write_png(path, transition_heat_map(state.parameters, 2 if state.vocab <= 512 else 1))
-    written.append(path)
-    for path in written:
-        click.echo(path)
+        figures["loss.png"] = pictures.loss_figure(
+            state.history, state.optimum, validation=validation_curve(state),
+            changes=[s.first_step for s in state.segments[1:]])
+    images = {name: pictures.png_bytes(figure) for name, figure in figures.items()}
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as error:
+        raise BadInput(f"{out_dir}: cannot make the plot directory "
+                       f"({error.strerror or error})") from None
+    api.probe_directory(out_dir, f"{out_dir}: cannot write the plots there")
+    written = []
+    for name in ("loss.png", "transitions.png"):
+        if name in images:
+            atomic_write(targets[name], images[name])
+            written.append(targets[name])
+    if as_json:
+        click.echo(json.dumps({"written": written}))
+    else:
+        for path in written:
+            click.echo(path)
     if not state.history:
         click.echo("(no loss history in this checkpoint: no loss curve)", err=True)
+
+
+def validation_curve(state) -> list[tuple[int, float]]:
+    """(update, validation loss) points for loss.png.
+
+    The hook for validation losses: the checkpoint's history holds training
+    losses only until it records validation losses too; return those here.
+    """
+    return list(getattr(state, "validation_history", ()) or ())
+
+
+def _check_plot_directory(out_dir: str, targets) -> None:
+    """Before drawing: the directory can be made or used, and no target is a directory."""
+    if os.path.exists(out_dir):
+        if not os.path.isdir(out_dir):
+            raise BadInput(f"{out_dir}: is a file, not a directory for the plots")
+        api.probe_directory(out_dir, f"{out_dir}: cannot write the plots there")
+    else:
+        parent = os.path.dirname(os.path.abspath(out_dir))
+        if not os.path.isdir(parent):
+            raise BadInput(f"{out_dir}: directory {parent} does not exist (the plot directory "
+                           "is made only inside an existing one)")
+    for path in targets:
+        if os.path.isdir(path):
+            raise BadInput(f"{path}: is a directory, not a PNG file")
 
 
 COMMANDS = (train, predict, generate, eval_, plot)

@@ -7,6 +7,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bob.config import BACKENDS, MAX_UPDATES
@@ -75,7 +76,8 @@ def doctor(as_json) -> None:
     for column in ("backend", "usable", "details"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["backend"], "yes" if row["usable"] else "no", row["details"])
+        # escape: details such as "pip install 'bob[cuda]'" are text, not rich markup
+        table.add_row(row["backend"], "yes" if row["usable"] else "no", escape(row["details"]))
     Console(width=None if sys.stdout.isatty() else 140).print(table)
 
 

@@ -7,26 +7,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Callable, Sequence
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
 from bob.backends import choose_backend
-from bob.config import ARENA_KINDS, DEFAULT_TARGET, Hyper
-from bob.errors import BadInput
-from bob.host import sampling
+from bob.config import ARENA_KINDS, DEFAULT_TARGET, SCHEDULES, Hyper
+from bob.errors import BadInput, Interrupted
+from bob.host import sampling, stops
 from bob.host.session import Invocation, Session
 from bob.host.session import train as train_invocations
 from bob.program.bob import BobConfig
 from bob.records import corpus
 from bob.records.binary import InputRecord, ResultRecord
-from bob.records.checkpoint import Checkpoint
+from bob.records.checkpoint import HYPER_FIELDS, Checkpoint, Segment, checkpoint_lock
 
 DEFAULT_CHECKPOINT = "bob.safetensors"
 DEFAULT_UPDATES_PER_INVOCATION = 100
+STDIN = "-"  # a --text of "-" reads standard input
 
 
 @dataclass(frozen=True)
@@ -50,13 +56,24 @@ def training_data(texts: Sequence[str] | None = None, input_record: str | None =
         counts = None
         return TrainingData(replace_prompts(record, ()), counts, input_record)
     if texts:
-        counts = corpus.counts_from_files(texts)
-        description = ", ".join(texts)
+        counts = text_counts(texts)
+        description = ", ".join("stdin" if t == STDIN else t for t in texts)
     else:
         counts = corpus.counts_from_bytes(corpus.builtin_corpus(), "the built-in corpus")
         description = "the built-in corpus (CPython's pydoc topics)"
     record = InputRecord.corpus(corpus.weights(counts), (), source=description)
     return TrainingData(record, counts, description)
+
+
+def text_counts(texts: Sequence[str]) -> np.ndarray:
+    """Transition counts of text files, "-" meaning standard input (read once)."""
+    files = [t for t in texts if t != STDIN]
+    counts = corpus.counts_from_files(files) if files else None
+    if STDIN in texts:
+        # Pairs never cross texts, so the counts of each text add up.
+        piped = corpus.counts_from_bytes(sys.stdin.buffer.read(), "stdin")
+        counts = piped if counts is None else counts + piped
+    return counts
 
 
 def replace_prompts(record: InputRecord, prompts: Sequence[int]) -> InputRecord:
@@ -81,6 +98,8 @@ class TrainReport:
     optimum: float | None
     history: tuple[tuple[int, float], ...]
     last_result: ResultRecord | None
+    written: tuple[str, ...] = ()  # the files this run wrote, in order
+    segments: tuple[Segment, ...] = ()  # what trained each step range, this run's last
 
     @property
     def gap(self) -> float | None:
@@ -93,8 +112,9 @@ class TrainReport:
         return {
             "loss": self.loss, "initial_loss": self.initial_loss, "optimum": self.optimum,
             "gap": self.gap, "steps": self.steps, "global_step": self.global_step,
-            "checkpoint": self.checkpoint, "backend": self.backend, "mode": self.mode,
-            "data": self.data,
+            "checkpoint": self.checkpoint if self.checkpoint in self.written else None,
+            "written": list(self.written), "backend": self.backend, "mode": self.mode,
+            "data": self.data, "segments": [segment.to_json() for segment in self.segments],
         }
 
 
@@ -103,65 +123,168 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
           hyper: Hyper | None = None, updates_per_invocation: int = DEFAULT_UPDATES_PER_INVOCATION,
           input_record: str | None = None, overwrite: bool = False, arch: str = DEFAULT_TARGET,
           arena: str = ARENA_KINDS[0], result_path: str | None = None, schedule: str = "seed",
-          progress: Callable[[Invocation, int], None] | None = None) -> TrainReport:
+          progress: Callable[[Invocation, int], None] | None = None,
+          hyper_changes: Mapping[str, float] | None = None,
+          new_data: bool = False) -> TrainReport:
     """Train for `steps` updates, saving the checkpoint after every invocation.
 
     `schedule` "fused" runs the fused kernel: the same bytes as "seed", faster.
+    Hyperparameters: `hyper` in full, or `hyper_changes` (the fields the user
+    stated) over the checkpoint's own on --resume, else over the defaults.
+    A resumed run must train on the checkpoint's data unless `new_data` says
+    the data changes on purpose (a new segment records where).
+    One run holds CKPT.lock while it works; a second is refused.
     """
     if steps < 0:
         raise BadInput(f"steps must be >= 0, not {steps}")
     if updates_per_invocation < 1:
         raise BadInput(f"updates_per_invocation must be at least 1, not {updates_per_invocation}")
+    if schedule not in SCHEDULES:
+        raise BadInput(f"schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}")
+    if new_data and not resume:
+        raise BadInput("--new-data continues a checkpoint on other data: it needs --resume")
+    _check_hyper_changes(hyper_changes)
+    # Every output is checked before any work, so a bad path costs nothing.
+    if steps > 0:
+        check_output_file(checkpoint, "checkpoint")
+    if result_path is not None:
+        check_output_file(result_path, "result record")
     data = training_data(texts, input_record)
+    with checkpoint_lock(checkpoint) if steps > 0 else contextlib.nullcontext():
+        start = _starting_point(checkpoint, data, resume, overwrite, new_data, hyper,
+                                hyper_changes)
+        return _train_from(start, data, steps, checkpoint, resume, backend,
+                           updates_per_invocation, arch, arena, result_path, schedule, progress)
+
+
+def check_output_file(path: str, what: str) -> None:
+    """BadInput unless `path` can be written as a file (its directory exists, writable)."""
+    target = Path(path)
+    directory = target.parent
+    if not directory.is_dir():
+        raise BadInput(f"{path}: directory {directory} does not exist (the {what} goes there)")
+    if target.is_dir():
+        raise BadInput(f"{path}: is a directory, not a {what} file")
+    probe_directory(directory, f"{path}: cannot write the {what} in {directory}")
+
+
+def probe_directory(directory: str | Path, failure: str) -> None:
+    """Create and remove a file in `directory`: the only sure test that writing works there
+    (permissions, read-only mounts, /proc and the like); BadInput `failure (reason)` if not."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".bob-probe-"):
+            pass
+    except OSError as error:
+        raise BadInput(f"{failure} ({error.strerror or error})") from None
+
+
+def _check_hyper_changes(changes: Mapping[str, float] | None) -> None:
+    unknown = sorted(set(changes or ()) - set(HYPER_FIELDS))
+    if unknown:
+        raise BadInput(f"unknown hyperparameter {unknown[0]!r}; Bob's are "
+                       f"{', '.join(HYPER_FIELDS)}")
+
+
+def _starting_point(checkpoint: str, data: TrainingData, resume: bool, overwrite: bool,
+                    new_data: bool, hyper: Hyper | None,
+                    hyper_changes: Mapping[str, float] | None) -> Checkpoint:
+    """The checkpoint the run starts from, carrying this run's data and hyperparameters."""
     exists = os.path.exists(checkpoint)
-    if resume:
-        if not exists:
-            raise BadInput(f"{checkpoint}: no checkpoint to resume from")
-        start = Checkpoint.load(checkpoint)
-        if hyper is not None and hyper != start.hyper:
-            start = replace(start, hyper=hyper)
-        if start.vocab != data.record.vocab:
-            raise BadInput(f"{checkpoint}: the checkpoint has V={start.vocab}, the data "
-                           f"V={data.record.vocab}")
-    else:
+    digest = data.record.data_digest
+    if not resume:
         if exists and not overwrite:
-            raise BadInput(f"{checkpoint}: exists; resume it to continue its run, or "
-                           "overwrite it to start again")
-        start = Checkpoint.zeros(data.record.vocab, hyper or Hyper(), data.record.mode,
-                                 data_digest=data.record.data_digest)
-    hyper = start.hyper
+            raise BadInput(f"{checkpoint}: exists; pass --resume to continue it or --overwrite "
+                           "to start again")
+        chosen = replace(hyper or Hyper(), **(hyper_changes or {}))
+        return Checkpoint.zeros(data.record.vocab, chosen, data.record.mode, data_digest=digest,
+                                ).with_segments((Segment(0, digest, chosen),))
+    if not exists:
+        raise BadInput(f"{checkpoint}: no checkpoint to resume from")
+    start = Checkpoint.load(checkpoint)
+    if start.vocab != data.record.vocab:
+        raise BadInput(f"{checkpoint}: the checkpoint has V={start.vocab}, the data "
+                       f"V={data.record.vocab}")
+    if start.data_digest and start.data_digest != digest and not new_data:
+        raise BadInput(f"{checkpoint}: trained on data {start.data_digest[:12]}, this data "
+                       f"({data.description}) is {digest[:12]}; pass --new-data to continue "
+                       "on other data")
+    chosen = replace(hyper or start.hyper, **(hyper_changes or {}))
+    return _continued(start, data.record, chosen)
+
+
+def _continued(start: Checkpoint, record: InputRecord, hyper: Hyper) -> Checkpoint:
+    """`start` set to train on `record` with `hyper`, a new segment where either changed."""
+    segments = start.segments or (Segment(0, start.data_digest, start.hyper),)
+    now = Segment(start.step, record.data_digest, hyper)
+    last = segments[-1]
+    if (last.data_digest, last.hyper) != (now.data_digest, now.hyper):
+        # A segment that never ran an update is replaced, not kept.
+        segments = (*segments[:-1], now) if last.first_step == start.step else (*segments, now)
+    return replace(start, hyper=hyper, data_digest=record.data_digest, mode=record.mode,
+                   segments=segments)
+
+
+def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: str,
+                resume: bool, backend: str, updates_per_invocation: int, arch: str, arena: str,
+                result_path: str | None, schedule: str,
+                progress: Callable[[Invocation, int], None] | None) -> TrainReport:
     config = BobConfig(vocab=data.record.vocab, prompts=0,
                        updates=min(updates_per_invocation, max(steps, 1)),
                        mode=data.record.mode, schedule=schedule)  # type: ignore[arg-type]
     history = list(start.history)
+    written: list[str] = []
+    kept = [start.step if resume else None]  # the step of the checkpoint on disk
 
     def after(invocation: Invocation, done: int) -> None:
         if not history:
             history.append((start.step, invocation.initial_loss))
         history.append((invocation.checkpoint.step, invocation.loss))
-        replace(invocation.checkpoint.with_history(tuple(history)),
-                optimum=data.optimum).save(checkpoint)
+        state = replace(invocation.checkpoint.with_history(tuple(history)),
+                        optimum=data.optimum)
+        with stops.held():  # the message must name the checkpoint on disk
+            state.save(checkpoint)
+            kept[0] = state.step
+            if checkpoint not in written:
+                written.append(checkpoint)
         if progress is not None:
             progress(invocation, done)
 
     choice = choose_backend(backend, arch=arch, arena=arena)
-    with Session(choice, hyper) as session:
-        if steps == 0:
-            invocation = session.invoke(config, start, data.record, "predict")
-            initial = final = invocation.initial_loss
-            result = invocation.result
-        else:
-            invocations = train_invocations(session, config, start, data.record, steps, after)
-            initial, final = invocations[0].initial_loss, invocations[-1].loss
-            result = invocations[-1].result
-    if result_path is not None and result is not None:
-        result.write(result_path)
+    try:
+        with Session(choice, start.hyper) as session:
+            if steps == 0:
+                invocation = session.invoke(config, start, data.record, "predict")
+                initial = final = invocation.initial_loss
+                result = invocation.result
+            else:
+                invocations = train_invocations(session, config, start, data.record, steps,
+                                                after)
+                initial, final = invocations[0].initial_loss, invocations[-1].loss
+                result = invocations[-1].result
+        if result_path is not None and result is not None:
+            result.write(result_path)
+            written.append(result_path)
+    except KeyboardInterrupt as stop:
+        raise _interrupted(stop, start.step, steps, config.updates, kept[0]) from None
     return TrainReport(
         checkpoint=checkpoint, backend=choice.name, data=data.description,
         mode=data.record.mode, steps=steps, global_step=start.step + steps,
         initial_loss=initial, loss=final, optimum=data.optimum, history=tuple(history),
-        last_result=result,
+        last_result=result, written=tuple(written), segments=start.segments,
     )
+
+
+def _interrupted(stop: KeyboardInterrupt, first: int, steps: int, per_invocation: int,
+                 kept: int | None) -> Interrupted:
+    """Where the run stood: the update its abandoned invocation was reaching, what is kept."""
+    signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
+    done = first if kept is None else kept
+    reached = min(done + per_invocation, first + steps) if steps else done
+    if kept is None:
+        return Interrupted(signum, f"interrupted at update {reached}; no checkpoint written "
+                                   "by this run")
+    return Interrupted(signum, f"interrupted at update {reached}; checkpoint at update {kept} "
+                               "kept")
 
 
 def _forward(checkpoint: Checkpoint, prompts: Sequence[int], backend: str,
@@ -199,20 +322,23 @@ def _require_bytes(state: Checkpoint, path: str) -> None:
 
 
 def generate(checkpoint: str, prompt: bytes, length: int, temperature: float = 0.0,
-             seed: int = 0, backend: str = "auto") -> bytes:
-    """Continue `prompt` by `length` bytes, greedily or sampled with `seed`."""
+             seed: int = 0, backend: str = "auto", top_k: int | None = None) -> bytes:
+    """Continue `prompt` by `length` bytes, greedily or sampled with `seed` (from the
+    `top_k` most likely bytes only, when given)."""
     if not prompt:
         raise BadInput("the prompt must have at least one byte")
     if length < 0:
         raise BadInput(f"length must be >= 0, not {length}")
     if not math.isfinite(temperature) or temperature < 0:
-        raise BadInput(f"temperature must be a finite number >= 0, not {temperature}")
+        raise BadInput(f"--temperature must be a finite number >= 0, not {temperature}")
+    if top_k is not None and top_k < 1:
+        raise BadInput(f"--top-k must be at least 1, not {top_k}")
     state = Checkpoint.load(checkpoint)
     _require_bytes(state, checkpoint)
     # Every row at once: one forward invocation with all 256 bytes as prompts.
     result = _forward(state, range(state.vocab), backend)
     return sampling.generate(result.logit_rows, result.predictions, prompt, length,
-                             temperature, seed)
+                             temperature, seed, top_k)
 
 
 @dataclass(frozen=True)
@@ -239,8 +365,9 @@ def evaluate(checkpoint: str, texts: Sequence[str], backend: str = "auto") -> Ev
     """The model's loss on text files, beside the best any bigram table could reach."""
     state = Checkpoint.load(checkpoint)
     _require_bytes(state, checkpoint)
-    counts = corpus.counts_from_files(texts)
-    record = InputRecord.corpus(corpus.weights(counts), (), source=", ".join(texts))
+    counts = text_counts(texts)
+    description = ", ".join("stdin" if t == STDIN else t for t in texts)
+    record = InputRecord.corpus(corpus.weights(counts), (), source=description)
     result = _forward(state, (), backend, record=record)
-    return EvalReport(checkpoint, ", ".join(texts), int(counts.sum()),
+    return EvalReport(checkpoint, description, int(counts.sum()),
                       result.initial_objective, corpus.optimum(counts))

@@ -1,93 +1,128 @@
-"""Pictures of a run: the loss curve and the learned transition probabilities."""
+"""Pictures of a run through matplotlib (the `plot` extra): the loss curve and the
+learned transition probabilities.
+
+The figures are built by pure functions that return a `Figure` (no pyplot, no
+global state), so a test can read what a figure holds before it is saved.
+"""
 
 from __future__ import annotations
 
+import io
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bob.errors import BackendUnavailable
 from bob.kernels.arith import exp2
 
-# A 3x5 pixel font: enough for axis numbers.
-_GLYPHS = {
-    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111",
-    "3": "111001111001111", "4": "101101111001001", "5": "111100111001111",
-    "6": "111100111101111", "7": "111001010010010", "8": "111101111101111",
-    "9": "111101111001111", ".": "000000000000010", "-": "000000111000000",
-    "e": "000111111100111", " ": "000000000000000",
-}
-_INK = np.array([30, 30, 30], np.uint8)
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+Curve = Sequence[tuple[int, float]]  # (update, loss) points
+
+TRAIN_LABEL = "training loss"
+VALIDATION_LABEL = "validation loss"
+OPTIMUM_LABEL = "optimum (exact bigram entropy)"
 
 
-def _text(image: np.ndarray, x: int, y: int, text: str, scale: int = 2) -> None:
-    for i, char in enumerate(text):
-        bits = _GLYPHS.get(char, _GLYPHS[" "])
-        for k, bit in enumerate(bits):
-            if bit == "1":
-                row, col = divmod(k, 3)
-                y0, x0 = y + row * scale, x + (i * 4 + col) * scale
-                image[y0:y0 + scale, x0:x0 + scale] = _INK
+def _figure_class() -> type[Figure]:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise BackendUnavailable(
+            f"plots need matplotlib ({error}); pip install 'bob[plot]'") from None
+    return Figure
 
 
-def _line(image: np.ndarray, x0: float, y0: float, x1: float, y1: float,
-          colour: tuple[int, int, int]) -> None:
-    steps = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
-    xs = np.linspace(x0, x1, steps).round().astype(int)
-    ys = np.linspace(y0, y1, steps).round().astype(int)
-    height, width, _ = image.shape
-    keep = (xs >= 0) & (xs < width) & (ys >= 0) & (ys < height)
-    image[ys[keep], xs[keep]] = colour
-    image[np.minimum(ys[keep] + 1, height - 1), xs[keep]] = colour
+def loss_figure(training: Curve, optimum: float | None = None,
+                validation: Curve = (), changes: Sequence[int] = ()) -> Figure:
+    """Loss against update; beside it, the excess over the optimum on a log scale.
 
-
-def loss_curve(steps: list[int], losses: list[float], optimum: float | None = None,
-               width: int = 640, height: int = 400) -> np.ndarray:
-    """Loss against update, with the optimum as a dashed line where known."""
-    if len(steps) != len(losses) or not steps:
-        raise ValueError("a loss curve needs as many steps as losses, at least one")
-    image = np.full((height, width, 3), 255, np.uint8)
-    left, right, top, bottom = 70, width - 20, 20, height - 40
-    low = min(losses + ([optimum] if optimum is not None else []))
-    high = max(losses)
-    if high - low < 1e-12:
-        high = low + 1.0
-    first, last = min(steps), max(steps)
-    span = max(last - first, 1)
-
-    def px(step: float, loss: float) -> tuple[float, float]:
-        return (left + (step - first) / span * (right - left),
-                bottom - (loss - low) / (high - low) * (bottom - top))
-
-    for x0, y0, x1, y1 in ((left, top, left, bottom), (left, bottom, right, bottom)):
-        _line(image, x0, y0, x1, y1, (30, 30, 30))
-    for loss in (low, (low + high) / 2, high):
-        _, y = px(first, loss)
-        _line(image, left - 5, y, left, y, (30, 30, 30))
-        _text(image, 4, int(y) - 5, f"{loss:.3f}")
-    for step in (first, last):
-        x, _ = px(step, low)
-        _text(image, int(x) - 10, bottom + 10, str(step))
+    `validation` adds a second curve where the history has one; `changes` are
+    the updates where a resumed run changed its data or hyperparameters.
+    """
+    if not training:
+        raise ValueError("a loss curve needs at least one (update, loss) point")
+    panels = 2 if optimum is not None else 1
+    figure = _figure_class()(figsize=(6.4 * panels, 4.8), layout="constrained")
+    figure.suptitle("Bob: loss per invocation")
+    loss_axes = figure.add_subplot(1, panels, 1)
+    _curves(loss_axes, training, validation, lambda loss: loss)
     if optimum is not None:
-        _, y = px(first, optimum)
-        for x in range(left, right, 12):
-            _line(image, x, y, min(x + 6, right), y, (200, 60, 60))
-    points = [px(s, v) for s, v in zip(steps, losses, strict=True)]
-    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
-        _line(image, x0, y0, x1, y1, (40, 90, 200))
-    if len(points) == 1:
-        x, y = points[0]
-        image[int(y) - 2:int(y) + 3, int(x) - 2:int(x) + 3] = (40, 90, 200)
-    return image
+        loss_axes.axhline(optimum, color="tab:red", linestyle="--", label=OPTIMUM_LABEL)
+    _mark_changes(loss_axes, changes)
+    loss_axes.set(title="loss", xlabel="update", ylabel="loss (nats per transition)")
+    loss_axes.legend()
+    if optimum is not None:
+        excess_axes = figure.add_subplot(1, panels, 2)
+        # The log scale cannot show 0: a loss equal to the optimum is left out.
+        _curves(excess_axes, training, validation,
+                lambda loss: loss - optimum if loss > optimum else math.nan)
+        _mark_changes(excess_axes, changes)
+        excess_axes.set_yscale("log")
+        excess_axes.set(title="excess over the optimum", xlabel="update",
+                        ylabel="loss - optimum (nats, log scale)")
+        excess_axes.legend()
+    return figure
 
 
-def transition_heat_map(table: np.ndarray, pixels_per_cell: int = 2) -> np.ndarray:
-    """Row-softmax of the table (previous byte down, next byte across), sqrt-scaled."""
+def _curves(axes, training: Curve, validation: Curve, value) -> None:
+    for points, label, style in ((training, TRAIN_LABEL, "o-"),
+                                 (validation, VALIDATION_LABEL, "s--")):
+        if points:
+            steps = [step for step, _ in points]
+            axes.plot(steps, [value(loss) for _, loss in points], style, label=label,
+                      markersize=3)
+
+
+def _mark_changes(axes, changes: Sequence[int]) -> None:
+    for i, step in enumerate(changes):
+        axes.axvline(step, color="grey", linewidth=0.8, linestyle=":",
+                     label="data or hyperparameters changed" if i == 0 else None)
+
+
+def transition_probabilities(table: np.ndarray) -> np.ndarray:
+    """Row-softmax of the table with Bob's exp2: P(next | previous) for each row."""
     table = table.astype(np.float32)
     z = (table - table.max(axis=1, keepdims=True)) * np.float32(math.log2(math.e))
     probabilities = exp2(z).astype(np.float64)
-    probabilities /= probabilities.sum(axis=1, keepdims=True)
-    level = np.sqrt(probabilities / max(probabilities.max(), 1e-300))
-    # white -> deep blue
-    colours = np.stack([255 - 225 * level, 255 - 175 * level, 255 - 55 * level], axis=-1)
-    image = colours.round().astype(np.uint8)
-    return image.repeat(pixels_per_cell, axis=0).repeat(pixels_per_cell, axis=1)
+    return probabilities / probabilities.sum(axis=1, keepdims=True)
+
+
+def transitions_figure(table: np.ndarray) -> Figure:
+    """The learned P(next byte | previous byte) as a heat map with a colour bar."""
+    probabilities = transition_probabilities(table)
+    vocab = len(probabilities)
+    figure = _figure_class()(figsize=(7.2, 6.4), layout="constrained")
+    axes = figure.add_subplot()
+    # sqrt-scaled colours: most mass sits in a few cells, the rest would all look white
+    from matplotlib.colors import PowerNorm
+
+    image = axes.imshow(probabilities, cmap="Blues", norm=PowerNorm(0.5, vmin=0, vmax=1),
+                        interpolation="nearest", aspect="equal")
+    axes.set(title=f"Learned transitions (V={vocab})", xlabel="next byte",
+             ylabel="previous byte")
+    ticks = list(range(0, vocab, max(1, vocab // 8)))
+    axes.set_xticks(ticks, [_tick(t, vocab) for t in ticks], fontsize=7)
+    axes.set_yticks(ticks, [_tick(t, vocab) for t in ticks], fontsize=7)
+    colour_bar = figure.colorbar(image, ax=axes)
+    colour_bar.set_label("P(next | previous)")
+    return figure
+
+
+def _tick(value: int, vocab: int) -> str:
+    if vocab == 256 and 0x21 <= value < 0x7F:
+        return f"{value} {chr(value)}"
+    return str(value)
+
+
+def png_bytes(figure: Figure) -> bytes:
+    """The figure as PNG, rendered by Agg (no display needed)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(figure)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()

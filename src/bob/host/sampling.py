@@ -29,33 +29,55 @@ def uniform(seed: int, position: int) -> float:
     return (mixed >> 11) * 2.0**-53
 
 
-def sample_row(logits: np.ndarray, temperature: float, u: float) -> int:
-    """Inverse-CDF sample of softmax(logits / temperature) with the uniform u."""
-    scaled = logits.astype(np.float32) / np.float32(temperature)
+def top_k_mask(logits: np.ndarray, k: int | None) -> np.ndarray:
+    """True for the k largest logits; ties go to the lower index, so the choice is fixed."""
+    if k is None or k >= len(logits):
+        return np.ones(len(logits), bool)
+    if k < 1:
+        raise ValueError(f"top-k must be at least 1, not {k}")
+    # A stable sort of -logits keeps equal logits in index order.
+    order = np.argsort(-logits.astype(np.float32), kind="stable")
+    mask = np.zeros(len(logits), bool)
+    mask[order[:k]] = True
+    return mask
+
+
+def sample_row(logits: np.ndarray, temperature: float, u: float, top_k: int | None = None,
+               ) -> int:
+    """Inverse-CDF sample of softmax(logits / temperature) with the uniform u.
+
+    With `top_k`, only the k most likely bytes can be drawn (the others weigh 0).
+    """
+    with np.errstate(over="ignore"):  # a temperature beyond float32 is inf: uniform
+        scaled = logits.astype(np.float32) / np.float32(temperature)
     weights = exp2((scaled - scaled.max()) * _LOG2E).astype(np.float64)
+    weights[~top_k_mask(logits, top_k)] = 0.0
     cumulative = np.cumsum(weights)  # sequential, in index order
     index = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
     return min(index, len(weights) - 1)
 
 
 def generate(logit_rows: np.ndarray, greedy_next: np.ndarray, prompt: bytes, length: int,
-             temperature: float = 0.0, seed: int = 0) -> bytes:
+             temperature: float = 0.0, seed: int = 0, top_k: int | None = None) -> bytes:
     """Continue `prompt` by `length` bytes.
 
     `logit_rows[r]` are the logits after byte r and `greedy_next[r]` their argmax
-    (both computed by the device program); temperature 0 follows the argmax.
+    (both computed by the device program); temperature 0 follows the argmax
+    (which is always among the top k).
     """
     if not prompt:
         raise ValueError("the prompt must have at least one byte")
     if temperature < 0:
         raise ValueError("the temperature must be >= 0")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top-k must be at least 1, not {top_k}")
     out = bytearray()
     last = prompt[-1]
     for position in range(length):
         if temperature == 0:
             nxt = int(greedy_next[last])
         else:
-            nxt = sample_row(logit_rows[last], temperature, uniform(seed, position))
+            nxt = sample_row(logit_rows[last], temperature, uniform(seed, position), top_k)
         out.append(nxt)
         last = nxt
     return bytes(out)

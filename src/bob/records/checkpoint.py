@@ -14,6 +14,9 @@ string metadata:
     created_by      "bob <version>" (informational)
     history         optional: JSON [[step, loss], ...], the objective after each invocation
     optimum         optional: repr() of the data's least reachable loss (corpus mode)
+    segments        optional: JSON [{"first_step": s, "data_digest": d, "lr": ..., ...}, ...]:
+                    from update s + 1 on, training used data d and those hyperparameters
+                    (absent in checkpoints written before Bob kept it)
 
 Any safetensors reader loads one. Bob's own loader checks every tensor and
 field and raises BadInput "<file>: <problem>"; saving refuses non-finite values
@@ -22,14 +25,19 @@ so a diverged run never replaces a good checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.metadata
 import json
 import math
+import os
 import re
+import socket
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from numbers import Integral, Real
+from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -109,6 +117,62 @@ def _table_problem(name: str, array: np.ndarray) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Segment:
+    """A step range of a run: from update first_step + 1 on, this data and these hyperparameters.
+
+    A resumed run with other data (--new-data) or other hyperparameters starts a new
+    segment, so the checkpoint says what produced every stretch of its loss history.
+    """
+
+    first_step: int  # the checkpoint step the segment starts from
+    data_digest: str  # sha256 hex of the training data
+    hyper: Hyper
+
+    def to_json(self) -> dict[str, object]:
+        return {"first_step": self.first_step, "data_digest": self.data_digest,
+                **{name: float(getattr(self.hyper, name)) for name in HYPER_FIELDS}}
+
+
+_SEGMENT_KEYS = frozenset(("first_step", "data_digest", *HYPER_FIELDS))
+
+
+def _segments_problem(segments: tuple[Segment, ...], step: int) -> str | None:
+    previous = -1
+    for segment in segments:
+        if not isinstance(segment, Segment):
+            return f"segment {segment!r} is not a Segment"
+        first = segment.first_step
+        if not isinstance(first, int) or isinstance(first, bool) or first <= previous:
+            return f"segment first_step {first!r} does not follow {previous} (steps increase)"
+        if first > step:
+            return f"segment first_step {first} is beyond the checkpoint's step {step}"
+        problem = _digest_problem(segment.data_digest) or (
+            None if isinstance(segment.hyper, Hyper) else "hyper is not a Hyper")
+        if problem:
+            return f"segment at step {first}: {problem}"
+        previous = first
+    return None
+
+
+def _segment_from_json(entry: object) -> Segment | str:
+    """A Segment from its JSON object, or what is wrong with the object."""
+    if not isinstance(entry, dict) or set(entry) != _SEGMENT_KEYS:
+        return (f"segment {entry!r} is not an object with exactly "
+                f"{', '.join(sorted(_SEGMENT_KEYS))}")
+    first = entry["first_step"]
+    if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+        return f"segment first_step {first!r} is not a non-negative integer"
+    values = {name: entry[name] for name in HYPER_FIELDS}
+    if not all(isinstance(v, Real) and not isinstance(v, bool) for v in values.values()):
+        return f"segment at step {first}: a hyperparameter is not a number"
+    try:  # a Hyper checks its own values
+        hyper = Hyper(**{k: float(v) for k, v in values.items()})
+    except BadInput as error:
+        return f"segment at step {first}: {error}"
+    return Segment(first, entry["data_digest"], hyper)
+
+
 @dataclass(frozen=True, eq=False)
 class Checkpoint:
     """The training state: what the arena's first three tensors hold, plus where it stands."""
@@ -122,6 +186,7 @@ class Checkpoint:
     data_digest: str  # sha256 hex of the training data; "" before any training
     history: tuple[tuple[int, float], ...] = ()  # (step, objective) for the loss curve
     optimum: float | None = None  # the data's least reachable objective, where known
+    segments: tuple[Segment, ...] = ()  # what trained each step range; () in old checkpoints
 
     def __post_init__(self) -> None:
         shape = None
@@ -146,12 +211,14 @@ class Checkpoint:
         if not isinstance(self.hyper, Hyper):  # a Hyper checks its own values
             raise TypeError(f"hyper must be a Hyper, not {type(self.hyper).__name__}")
         problem = (_digest_problem(self.data_digest) or _history_problem(self.history)
-                   or _optimum_problem(self.optimum))
+                   or _optimum_problem(self.optimum)
+                   or _segments_problem(tuple(self.segments), self.step))
         if problem:
             raise ValueError(problem)
         # Tuples of (int, float), so equality does not depend on how they were given.
         history = tuple((int(step), float(loss)) for step, loss in self.history)
         object.__setattr__(self, "history", history)
+        object.__setattr__(self, "segments", tuple(self.segments))
 
     @property
     def vocab(self) -> int:
@@ -167,6 +234,9 @@ class Checkpoint:
 
     def with_history(self, history: tuple[tuple[int, float], ...]) -> Checkpoint:
         return replace(self, history=history)
+
+    def with_segments(self, segments: tuple[Segment, ...]) -> Checkpoint:
+        return replace(self, segments=segments)
 
     # -- the arena -------------------------------------------------------------
     def arena_bytes(self) -> bytes:
@@ -200,6 +270,8 @@ class Checkpoint:
             "created_by": f"bob {bob_version()}",
             **({"history": json.dumps([list(p) for p in self.history])} if self.history else {}),
             **({"optimum": repr(float(self.optimum))} if self.optimum is not None else {}),
+            **({"segments": json.dumps([s.to_json() for s in self.segments])}
+               if self.segments else {}),
         }
 
     def _safetensors_header(self) -> bytes:
@@ -268,7 +340,7 @@ class Checkpoint:
         return cls(*(np.ascontiguousarray(tensors[n], F32) for n in CHECKPOINT_TENSORS),
                    step=fields.step, hyper=fields.hyper, mode=fields.mode,
                    data_digest=fields.data_digest, history=fields.history,
-                   optimum=fields.optimum)
+                   optimum=fields.optimum, segments=fields.segments)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Checkpoint):
@@ -276,6 +348,7 @@ class Checkpoint:
         return (self.step == other.step and self.hyper == other.hyper
                 and self.mode == other.mode and self.data_digest == other.data_digest
                 and self.history == other.history and self.optimum == other.optimum
+                and self.segments == other.segments
                 and all(arrays_identical(getattr(self, n), getattr(other, n))
                         for n in CHECKPOINT_TENSORS))
 
@@ -309,6 +382,7 @@ class _Fields:
     data_digest: str
     history: tuple[tuple[int, float], ...]
     optimum: float | None
+    segments: tuple[Segment, ...]
 
 
 def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
@@ -356,7 +430,7 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
     if "history" in metadata:
         try:
             history = json.loads(metadata["history"])
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply
             raise BadInput(f"{source}: metadata history is not JSON") from None
         if not isinstance(history, list):
             raise BadInput(f"{source}: metadata history is not a list of [step, loss] pairs")
@@ -373,8 +447,89 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
         problem = _optimum_problem(optimum)
         if problem:
             raise BadInput(f"{source}: metadata {problem}")
+    segments = _read_segments(metadata, source, integers["step"])
     return _Fields(vocab=integers["vocab"], step=integers["step"],
                    mode=metadata["mode"],  # type: ignore[arg-type]  # checked against MODES
                    hyper=hyper, data_digest=metadata["data_digest"],
                    history=tuple((step, float(loss)) for step, loss in history),
-                   optimum=optimum)
+                   optimum=optimum, segments=segments)
+
+
+def _read_segments(metadata: dict[str, str], source: str, step: int) -> tuple[Segment, ...]:
+    if "segments" not in metadata:
+        return ()  # written before Bob kept segments: still a good checkpoint
+    try:
+        entries = json.loads(metadata["segments"])
+    except (ValueError, RecursionError):
+        raise BadInput(f"{source}: metadata segments is not JSON") from None
+    if not isinstance(entries, list):
+        raise BadInput(f"{source}: metadata segments is not a list")
+    segments = []
+    for entry in entries:
+        segment = _segment_from_json(entry)
+        if isinstance(segment, str):
+            raise BadInput(f"{source}: metadata {segment}")
+        segments.append(segment)
+    problem = _segments_problem(tuple(segments), step)
+    if problem:
+        raise BadInput(f"{source}: metadata {problem}")
+    return tuple(segments)
+
+
+# -- one run at a time ---------------------------------------------------------
+def lock_path(path: StrPath) -> Path:
+    return Path(f"{path}.lock")
+
+
+@contextlib.contextmanager
+def checkpoint_lock(path: StrPath) -> Iterator[None]:
+    """Hold CKPT.lock (flock) for a run; BadInput naming the holder when another run has it.
+
+    The lock file says "pid P on host H". It is removed on release; a run that
+    opened it just before the removal finds another inode at the path and retries,
+    so two runs can never both hold the checkpoint.
+    """
+    where = lock_path(path)
+    fd = _acquire(where, path)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(where)
+        os.close(fd)
+
+
+def _acquire(where: Path, path: StrPath) -> int:
+    while True:
+        try:
+            fd = os.open(where, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise BadInput(f"{path}: cannot create the lock file {where} "
+                           f"({error.strerror or error})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise BadInput(f"{path}: in use by another run ({holder}); lock file "
+                           f"{where}") from None
+        if _same_file(fd, where):
+            return fd
+        os.close(fd)  # the holder removed it as we opened it: take the new one
+
+
+def _holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 200, 0).decode("utf-8", errors="replace").strip()
+    except OSError:
+        text = ""
+    return text or "holder unknown"
+
+
+def _same_file(fd: int, where: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(where).st_ino
+    except FileNotFoundError:
+        return False
