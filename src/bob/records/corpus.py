@@ -134,8 +134,15 @@ def optimum(counts: np.ndarray) -> float:
         raise ValueError("the counts are all zero")
     row_sums = counts.sum(axis=1, dtype=np.uint64)
     rows, columns = np.nonzero(counts)
+    return optimum_of_entries(counts[rows, columns], row_sums[rows], total)
+
+
+def optimum_of_entries(values: np.ndarray, row_sums: np.ndarray, total: int) -> float:
+    """H from the non-zero counts, each with its row's sum (dense and sparse tables alike)."""
+    if total == 0:
+        raise ValueError("the counts are all zero")
     terms = [c / total * math.log(c / s) for c, s in
-             zip(counts[rows, columns].tolist(), row_sums[rows].tolist(), strict=True)]
+             zip(values.tolist(), row_sums.tolist(), strict=True)]
     return 0.0 - math.fsum(terms)  # 0.0 - keeps a certain text's optimum at +0.0
 
 
