@@ -268,7 +268,7 @@ def validation_record(spec: CorpusSpec | None, vocab: int) -> InputRecord | None
     """The validation data's corpus record (--val, --val-tokens, --val-counts), or None."""
     if spec is None or not spec.given:
         return None
-    counted = count_corpus(replace(spec, vocab=spec.vocab or vocab))
+    counted = count_corpus(replace(spec, vocab=spec.vocab or (None if spec.counts else vocab)))
     if counted.vocab != vocab:
         raise BadInput(f"{counted.name}: validation data has V={counted.vocab}, the model "
                        f"V={vocab}")
@@ -360,7 +360,8 @@ def evaluate(checkpoint: str, texts: Sequence[str], backend: str = "auto",
         spec = CorpusSpec(texts=tuple(texts))
     elif texts:
         raise BadInput("give one kind of data: text inputs, --tokens files or --counts")
-    counted = count_corpus(replace(spec, vocab=spec.vocab or state.vocab))
+    vocab = spec.vocab or (None if spec.counts else state.vocab)
+    counted = count_corpus(replace(spec, vocab=vocab))
     if counted.vocab != state.vocab:
         raise BadInput(f"{counted.name}: V={counted.vocab}, the checkpoint V={state.vocab}")
     record = corpus_record(counted, counted.name)
