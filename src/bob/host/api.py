@@ -246,10 +246,10 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
     )
 
 
-# The CPU backend's fused kernels make about this many parameter-updates a second
-# (measured on this 2-core machine at V=1024, docs/BENCHMARKS.md); beyond an hour of
-# that, a run belongs on a GPU.
-CPU_PARAMETER_UPDATES_PER_SECOND = 2.0e8
+# The CPU backend makes about this many parameter-updates a second: 20 fused updates
+# at V=1024 took ~5 s beyond start-up on this 2-core machine (2026-11-30, under load).
+# Beyond an hour of that, a run belongs on a GPU.
+CPU_PARAMETER_UPDATES_PER_SECOND = 1.0e7
 CPU_MAX_SECONDS = 3600.0
 
 
