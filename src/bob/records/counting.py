@@ -32,6 +32,7 @@ from bob.records.sources import Piece, Source, read_blocks, split, stdin_blocks
 MIN_VOCAB = 2
 COUNT_MAX_VOCAB = 65536  # keys prev * V + next stay below 2**32
 DENSE_MAX_VOCAB = 2048  # a dense partial is V * V * 8 bytes: 32 MiB here
+KEY = np.uint32  # a sparse key prev * V + next: below V * V <= 2**32
 BLOCK_BYTES = 1 << 23  # 8 MiB read at a time: the reader's memory, whatever the file
 PIECE_BYTES = 1 << 26  # 64 MiB per task: enough to hide a task's start, small to balance
 PARALLEL_MIN_BYTES = 1 << 26  # below this, starting processes costs more than it saves
@@ -46,7 +47,7 @@ class PairCounts:
 
     vocab: int
     dense: np.ndarray | None = None  # u64[V][V], C[prev][next]
-    keys: np.ndarray | None = None  # sparse: sorted unique prev * V + next, u64
+    keys: np.ndarray | None = None  # sparse: sorted unique prev * V + next, u32
     values: np.ndarray | None = None  # sparse: the count of each key, u64, all > 0
 
     @classmethod
@@ -54,7 +55,7 @@ class PairCounts:
         check_vocab(vocab)
         if vocab <= DENSE_MAX_VOCAB:
             return cls(vocab, dense=np.zeros((vocab, vocab), np.uint64))
-        return cls(vocab, keys=np.zeros(0, np.uint64), values=np.zeros(0, np.uint64))
+        return cls(vocab, keys=np.zeros(0, KEY), values=np.zeros(0, np.uint64))
 
     @classmethod
     def from_dense(cls, counts: np.ndarray) -> PairCounts:
@@ -62,8 +63,8 @@ class PairCounts:
         if vocab <= DENSE_MAX_VOCAB:
             return cls(vocab, dense=np.ascontiguousarray(counts, np.uint64))
         flat = counts.reshape(-1)
-        keys = np.flatnonzero(flat).astype(np.uint64)
-        return cls(vocab, keys=keys, values=flat[keys].astype(np.uint64))
+        keys = np.flatnonzero(flat)
+        return cls(vocab, keys=keys.astype(KEY), values=flat[keys].astype(np.uint64))
 
     @property
     def is_sparse(self) -> bool:
@@ -77,7 +78,7 @@ class PairCounts:
     def entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, columns, counts) of the non-zero counts in row-major order."""
         if self.is_sparse:
-            rows, columns = np.divmod(self.keys, np.uint64(self.vocab))
+            rows, columns = np.divmod(self.keys, KEY(self.vocab))
             return rows.astype(np.int64), columns.astype(np.int64), self.values
         rows, columns = np.nonzero(self.dense)
         return rows, columns, self.dense[rows, columns]
@@ -93,7 +94,7 @@ class PairCounts:
     def row_sums(self) -> np.ndarray:
         if not self.is_sparse:
             return self.dense.sum(axis=1, dtype=np.uint64)
-        rows = (self.keys // np.uint64(self.vocab)).astype(np.int64)
+        rows = (self.keys // KEY(self.vocab)).astype(np.int64)
         sums = np.zeros(self.vocab, np.uint64)
         starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if rows.size else rows
         if rows.size:
@@ -124,7 +125,12 @@ def check_vocab(vocab: int) -> None:
 
 def merge_sparse(keys_a: np.ndarray, values_a: np.ndarray, keys_b: np.ndarray,
                  values_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique keys of both and the sums of their counts (exact: u64 reduceat)."""
+    """Sorted unique keys of both (each sorted unique) and the sums of their counts (exact)."""
+    if "numba" in ENGINES:
+        keys = np.empty(keys_a.size + keys_b.size, KEY)
+        values = np.empty(keys.size, np.uint64)
+        n = _merge_numba()(keys_a, values_a, keys_b, values_b, keys, values)
+        return keys[:n].copy(), values[:n].copy()
     keys = np.concatenate((keys_a, keys_b))
     values = np.concatenate((values_a, values_b))
     if keys.size == 0:
@@ -133,6 +139,39 @@ def merge_sparse(keys_a: np.ndarray, values_a: np.ndarray, keys_b: np.ndarray,
     keys, values = keys[order], values[order]
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     return keys[starts], np.add.reduceat(values, starts)
+
+
+@functools.cache
+def _merge_numba():
+    """A linear merge of two sorted unique key lists: no sort, no index array."""
+    import numba
+
+    @numba.njit(nogil=True, cache=True)
+    def merge(ka, va, kb, vb, keys, values):  # pragma: no cover - compiled
+        i = j = n = 0
+        while i < ka.size and j < kb.size:
+            if ka[i] < kb[j]:
+                keys[n], values[n] = ka[i], va[i]
+                i += 1
+            elif kb[j] < ka[i]:
+                keys[n], values[n] = kb[j], vb[j]
+                j += 1
+            else:
+                keys[n], values[n] = ka[i], va[i] + vb[j]
+                i += 1
+                j += 1
+            n += 1
+        while i < ka.size:
+            keys[n], values[n] = ka[i], va[i]
+            i += 1
+            n += 1
+        while j < kb.size:
+            keys[n], values[n] = kb[j], vb[j]
+            j += 1
+            n += 1
+        return n
+
+    return merge
 
 
 # -- the inner loop ------------------------------------------------------------------
@@ -174,8 +213,8 @@ def _sparse_block(tokens: np.ndarray, prev: int, vocab: int) -> tuple[np.ndarray
     if prev >= 0:
         tokens = np.concatenate((np.array([prev], tokens.dtype), tokens))
     if tokens.size < 2:
-        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-    keys = tokens[:-1].astype(np.uint64) * np.uint64(vocab) + tokens[1:]
+        return np.zeros(0, KEY), np.zeros(0, np.uint64)
+    keys = tokens[:-1].astype(KEY) * KEY(vocab) + tokens[1:].astype(KEY)
     unique, counts = np.unique(keys, return_counts=True)
     return unique, counts.astype(np.uint64)
 
@@ -191,8 +230,6 @@ class Tally:
         if self.engine not in ENGINES:
             raise ValueError(f"engine {self.engine!r} is not one of {ENGINES}")
         self.counts = PairCounts.zeros(vocab)
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
-        self._pending_size = 0
 
     def add_block(self, tokens: np.ndarray, prev: int) -> None:
         """The pairs within tokens, and (prev, tokens[0]) when prev >= 0."""
@@ -203,33 +240,20 @@ class Tally:
                 _dense_numpy(tokens, prev, self.counts.dense)
             return
         keys, values = _sparse_block(tokens, prev, self.vocab)
-        self._pending.append((keys, values))
-        self._pending_size += keys.size
-        # Merge when the blocks outgrow what is merged: each key is re-sorted O(log) times.
-        if self._pending_size >= max(self.counts.keys.size, 1 << 22):
-            self._merge_pending()
+        self._merge(keys, values)
 
     def add(self, partial: PairCounts) -> None:
         if not self.counts.is_sparse:
             np.add(self.counts.dense, partial.to_dense(), out=self.counts.dense)
             return
-        self._pending.append((partial.keys, partial.values))
-        self._pending_size += partial.keys.size
-        if self._pending_size >= max(self.counts.keys.size, 1 << 22):
-            self._merge_pending()
+        self._merge(partial.keys, partial.values)
 
-    def _merge_pending(self) -> None:
-        if not self._pending:
-            return
-        keys = np.concatenate([self.counts.keys, *(k for k, _ in self._pending)])
-        values = np.concatenate([self.counts.values, *(v for _, v in self._pending)])
-        merged = merge_sparse(keys, values, keys[:0], values[:0])
+    def _merge(self, keys: np.ndarray, values: np.ndarray) -> None:
+        # Linear in the pairs seen so far: memory is the distinct pairs, twice at most.
+        merged = merge_sparse(self.counts.keys, self.counts.values, keys, values)
         self.counts = PairCounts(self.vocab, keys=merged[0], values=merged[1])
-        self._pending.clear()
-        self._pending_size = 0
 
     def result(self) -> PairCounts:
-        self._merge_pending()
         return self.counts
 
 

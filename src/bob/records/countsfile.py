@@ -40,13 +40,19 @@ from bob.errors import BadInput
 from bob.records.atomic import StrPath, atomic_write
 from bob.records.checkpoint import bob_version
 from bob.records.corpus import optimum_of_entries, weights
-from bob.records.counting import COUNT_MAX_VOCAB, DENSE_MAX_VOCAB, MIN_VOCAB, PairCounts
+from bob.records.counting import (
+    COUNT_MAX_VOCAB,
+    DENSE_MAX_VOCAB,
+    KEY,
+    MIN_VOCAB,
+    PairCounts,
+)
 
 FORMAT = "bob-counts"
 FORMAT_VERSION = 1
 REQUIRED_METADATA = ("format", "format_version", "vocab", "layout", "sources", "transitions",
                      "digest", "optimum")
-DIGEST_ROWS = 1024  # rows of weights hashed at a time: bounded memory for any V
+DIGEST_ELEMENTS = 1 << 22  # weights hashed at a time (32 MiB of float64), whatever V is
 _INTEGER = re.compile(r"0|[1-9][0-9]*")
 
 
@@ -60,13 +66,16 @@ def weights_digest(counts: PairCounts) -> str:
     total = counts.transitions
     rows, columns, values = counts.entries()
     hasher = hashlib.sha256()
-    starts = np.searchsorted(rows, np.arange(0, counts.vocab + DIGEST_ROWS, DIGEST_ROWS))
-    for k, first in enumerate(range(0, counts.vocab, DIGEST_ROWS)):
-        last = min(first + DIGEST_ROWS, counts.vocab)
-        block = np.zeros((last - first, counts.vocab), np.float64)
+    step = max(1, DIGEST_ELEMENTS // counts.vocab)  # rows at a time
+    starts = np.searchsorted(rows, np.arange(0, counts.vocab + step, step))
+    block = np.zeros((step, counts.vocab), "<f4")  # reused: only the counted cells are written
+    for k, first in enumerate(range(0, counts.vocab, step)):
+        last = min(first + step, counts.vocab)
         lo, hi = starts[k], starts[k + 1]
-        block[rows[lo:hi] - first, columns[lo:hi]] = values[lo:hi].astype(np.float64)
-        hasher.update((block / total).astype("<f4").tobytes())
+        at = (rows[lo:hi] - first, columns[lo:hi])
+        block[at] = (values[lo:hi].astype(np.float64) / total).astype(np.float32)
+        hasher.update(memoryview(block[: last - first]).cast("B"))
+        block[at] = 0
     return hasher.hexdigest()
 
 
@@ -239,7 +248,7 @@ def _read_counts(file, fields: _Fields, source: str) -> PairCounts:
                        f"({rows.size}, {columns.size}, {values.size})")
     if rows.size and (rows.max() >= v or columns.max() >= v):
         raise BadInput(f"{source}: an index is not below V={v}")
-    keys = rows * np.uint64(v) + columns
+    keys = (rows * np.uint64(v) + columns).astype(KEY)
     if keys.size > 1 and not (keys[1:] > keys[:-1]).all():
         raise BadInput(f"{source}: entries are not in strictly increasing row-major order")
     if values.size and not values.all():
