@@ -77,8 +77,10 @@ def main() -> None:
 
         from bob.records.dask_count import count_on_dask
         logging.getLogger("distributed").setLevel(logging.ERROR)
-        rows.append(timed(f"dask LocalCluster, {cores} workers", size,
+        rows.append(timed(f"dask LocalCluster, {cores} thread workers", size,
                           lambda: count_on_dask(found, 256, workers=cores)))
+        rows.append(timed(f"dask LocalCluster, {cores} process workers", size,
+                          lambda: count_on_dask(found, 256, workers=cores, processes=True)))
     reference = rows[1][2]
     assert all(r[2].same_as(reference) for r in rows[2:]), "counts differ"
     parallel = rows[2][1]

@@ -226,20 +226,14 @@ def test_a_task_that_keeps_failing_ends_with_one_line(tmp_path: Path) -> None:
     assert len(calls) == dask_count.RETRIES + 1
 
 
-def test_count_command_on_a_local_dask_cluster(tmp_path: Path, dask_corpus, capsys,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_count_command_on_a_local_dask_cluster(tmp_path: Path, dask_corpus, capsys) -> None:
     pytest.importorskip("distributed")
-    from bob.records import dask_count
-
-    real = dask_count.count_on_dask
-
-    def threads(*args, **kwargs):  # worker threads: processes would cost seconds to start
-        return real(*args, **{**kwargs, "processes": False})
-
-    monkeypatch.setattr(dask_count, "count_on_dask", threads)
     out = tmp_path / "d.st"
     status, stdout, err = run(capsys, "count", *dask_corpus, "--dask", "--dask-workers", "2",
                               "-o", str(out), "--json")
+    assert run(capsys, "count", "-", "--dask", "-o", str(tmp_path / "e.st"))[2] == (
+        "bob: -: standard input cannot be counted on a Dask cluster (its workers cannot read "
+        "it); give files\n")
     assert status == 0, err
     loaded = CountsFile.load(out)
     assert loaded.counts.same_as(count_sources(resolve(dask_corpus), 256, workers=1))

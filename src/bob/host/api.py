@@ -113,8 +113,10 @@ def training_data(texts: Sequence[str] | None = None, input_record: str | None =
         counts = None
         return TrainingData(replace_prompts(record, ()), counts, input_record)
     if texts:
-        counts = corpus.counts_from_files(texts)
-        description = ", ".join(texts)
+        # The streamed, parallel engine: directories, globs and URLs work here too.
+        counted = count_corpus(CorpusSpec(texts=tuple(texts)))
+        record = corpus_record(counted, counted.name)
+        return TrainingData(record, None, counted.name, known_optimum=counted.optimum)
     else:
         counts = corpus.counts_from_bytes(corpus.builtin_corpus(), "the built-in corpus")
         description = "the built-in corpus (CPython's pydoc topics)"

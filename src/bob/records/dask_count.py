@@ -68,10 +68,15 @@ def _task_text(task: Sequence[Piece]) -> str:
 
 
 def count_on_dask(sources: Sequence[Source], vocab: int, address: str | None = None,
-                  workers: int = 2, processes: bool = True, engine: str | None = None,
+                  workers: int = 2, processes: bool = False, engine: str | None = None,
                   progress: Progress | None = None, piece_bytes: int = PIECE_BYTES,
                   block_bytes: int = BLOCK_BYTES) -> PairCounts:
-    """The counts of the sources, counted by the scheduler at `address` (None: a LocalCluster)."""
+    """The counts of the sources, counted by the scheduler at `address` (None: a LocalCluster).
+
+    The LocalCluster's workers are threads of this process unless `processes`:
+    the counting loop (Numba, nogil) and file reads release the GIL, so threads
+    count in parallel without the seconds a worker process takes to start.
+    """
     check_vocab(vocab)
     if any(s.is_stdin for s in sources):
         raise BadInput("-: standard input cannot be counted on a Dask cluster (its workers "
