@@ -267,3 +267,27 @@ def test_pairs_never_cross_files_whatever_the_order(tmp_path: Path) -> None:
                for order in itertools.permutations(names)]
     assert all(r.same_as(results[0]) for r in results)
     assert Piece(resolve(names[:1])[0], 0, 11).bytes == 11
+
+
+def test_a_bad_token_found_by_a_worker_process_is_one_line(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    tokens = np.zeros(40_000, "<u2")
+    tokens[30_001] = 999
+    path = tmp_path / "train.bin"
+    tokens.tofile(path)
+    monkeypatch.setattr(counting, "PARALLEL_MIN_BYTES", 0)
+    with pytest.raises(BadInput) as caught:
+        count_sources(resolve([str(path)], "uint16"), 500, workers=2, piece_bytes=20_000)
+    assert str(caught.value) == (f"{path}: token 999 at offset 60002 (token 30001) is not in "
+                                 f"[0, V=500)")
+
+
+def test_the_loss_plot_draws_the_validation_curve() -> None:
+    from bob.host.plot import loss_curve
+
+    orange = np.array([230, 140, 20], np.uint8)
+    plain = loss_curve([0, 10, 20], [5.0, 3.0, 2.5], 2.0)
+    with_val = loss_curve([0, 10, 20], [5.0, 3.0, 2.5], 2.0,
+                          validation=[(0, 5.0), (10, 3.4), (20, 3.1)])
+    assert not (plain == orange).all(axis=-1).any()
+    assert (with_val == orange).all(axis=-1).sum() > 100

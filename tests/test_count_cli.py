@@ -238,3 +238,18 @@ def test_count_command_on_a_local_dask_cluster(tmp_path: Path, dask_corpus, caps
     loaded = CountsFile.load(out)
     assert loaded.counts.same_as(count_sources(resolve(dask_corpus), 256, workers=1))
     assert "LocalCluster" in json.loads(stdout.strip().splitlines()[-1])["where"]
+
+
+def test_count_reads_standard_input(tmp_path: Path, capsys,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    class Stdin:
+        buffer = io.BytesIO(b"hello hello")
+
+    monkeypatch.setattr("sys.stdin", Stdin)
+    out = tmp_path / "s.st"
+    status, stdout, _ = run(capsys, "count", "-", "-o", str(out), "--json")
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert status == 0 and summary["bytes"] == 11 and summary["transitions"] == 10
+    assert CountsFile.load(out).sources == (("-", 11),)

@@ -80,13 +80,22 @@ def count_corpus(spec: CorpusSpec, workers: int | None = None,
     vocab = spec.vocab if spec.vocab is not None else corpus.BYTE_VOCAB
     found = sources.resolve(spec.texts or spec.tokens,
                             spec.token_dtype if spec.tokens else None)
+    seen = [0]  # bytes counted: standard input's size is known only afterwards
+
+    def tracking(done: int) -> None:
+        seen[0] += done
+        if progress is not None:
+            progress(done)
+
     if dask is None:
-        counts = counting.count_sources(found, vocab, workers, progress=progress)
+        counts = counting.count_sources(found, vocab, workers, progress=tracking)
     else:
         from bob.records.dask_count import count_on_dask
         counts = count_on_dask(found, vocab, None if dask == "local" else dask,
-                               workers=dask_workers, progress=progress)
-    return CountsFile.of(counts, [(s.name, max(s.size, 0)) for s in found])
+                               workers=dask_workers, progress=tracking)
+    stdin_bytes = seen[0] - sum(s.tokens * s.itemsize for s in found if not s.is_stdin)
+    return CountsFile.of(counts, [(s.name, stdin_bytes if s.is_stdin else s.size)
+                                  for s in found])
 
 
 def corpus_record(counted: CountsFile, description: str) -> InputRecord:
