@@ -291,3 +291,12 @@ def test_the_loss_plot_draws_the_validation_curve() -> None:
                           validation=[(0, 5.0), (10, 3.4), (20, 3.1)])
     assert not (plain == orange).all(axis=-1).any()
     assert (with_val == orange).all(axis=-1).sum() > 100
+
+
+def test_negative_tokens_in_a_npy_file_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "signed.npy"
+    np.save(path, np.array([3, 4, -1, 2], "<i8"))
+    with pytest.raises(BadInput) as caught:
+        count_sources(resolve([str(path)], "uint16"), 10)
+    assert str(caught.value) == (f"{path}: token -1 at offset 144 (token 2) is not in "
+                                 f"[0, V=10)")

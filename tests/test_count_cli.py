@@ -62,6 +62,10 @@ def test_count_then_train_equals_training_on_the_text(tmp_path: Path, texts, cap
     status, stdout, _ = run(capsys, "eval", "-c", str(tmp_path / "a.st"), "--text", str(val),
                             "--backend", "cpu", "--json")
     assert json.loads(stdout)["loss"] == from_counts["val_loss"]
+    assert run(capsys, "count", str(val), "-o", str(tmp_path / "v.counts"))[0] == 0
+    status, stdout, _ = run(capsys, "eval", "-c", str(tmp_path / "a.st"), "--counts",
+                            str(tmp_path / "v.counts"), "--backend", "cpu", "--json")
+    assert status == 0 and json.loads(stdout)["loss"] == from_counts["val_loss"]
     status, stdout, _ = run(capsys, "plot", "-c", str(tmp_path / "a.st"), "--counts", str(out),
                             "--out", str(tmp_path / "plots"))
     assert status == 0 and (tmp_path / "plots" / "loss.png").exists()
