@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[cuda,fast,test]'
+	$(BIN)/python -m pip install -q -e '.[cuda,fast,test,dask,remote]'
 	# CPU PyTorch, for the tests that compare with torch.optim.AdamW only
 	$(BIN)/python -m pip install -q torch==2.13.0
 	touch $(STAMP)

@@ -10,7 +10,7 @@ import click
 
 from bob.errors import BobError
 
-from . import bench_cmd, plan_cmd, run_cmd, tools_cmd
+from . import bench_cmd, count_cmd, plan_cmd, run_cmd, tools_cmd
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,7 +19,7 @@ def cli() -> None:
     """Bob: a byte-level bigram model whose device program is certified data."""
 
 
-for module in (plan_cmd, run_cmd, tools_cmd, bench_cmd):
+for module in (plan_cmd, run_cmd, tools_cmd, bench_cmd, count_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 

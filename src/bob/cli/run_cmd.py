@@ -30,6 +30,40 @@ _CHECKPOINT = click.option("--checkpoint", "-c", default=api.DEFAULT_CHECKPOINT,
                            help="The safetensors checkpoint.")
 
 
+_TOKEN_DTYPE = click.option("--token-dtype", type=click.Choice(["uint16", "uint32"]),
+                            default="uint16", show_default=True,
+                            help="Type of a raw token in --tokens/--val-tokens files.")
+
+
+def _data_options(function):
+    """--tokens, --vocab, --counts: corpus data beside --text (`bob count` makes counts)."""
+    for option in reversed((
+        click.option("--tokens", "tokens", multiple=True,
+                     help="A token file (raw uint16/uint32 or .npy); needs --vocab."),
+        click.option("--vocab", "-V", "vocab", type=click.IntRange(2),
+                     help="V of the --tokens files."),
+        _TOKEN_DTYPE,
+        click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
+                     help="A counts file from `bob count`: no recount."),
+    )):
+        function = option(function)
+    return function
+
+
+def _spec(tokens, vocab, token_dtype, counts_file, texts=()) -> api.CorpusSpec | None:
+    spec = api.CorpusSpec(texts=tuple(texts), tokens=tuple(tokens), counts=counts_file,
+                          vocab=vocab, token_dtype=token_dtype)
+    return spec if spec.given else None
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(word) for word in text.replace(",", " ").split()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not token ids separated by spaces",
+                                 param_hint="--ids") from None
+
+
 def _err_console() -> Console:
     return Console(stderr=True)
 
@@ -60,9 +94,16 @@ def _byte_text(value: int) -> str:
               help="Write the last invocation's result record here.")
 @SCHEDULE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary as the last line.")
+@_data_options
+@click.option("--val", "val_texts", multiple=True,
+              help="Validation text (repeatable): its exact loss after every invocation.")
+@click.option("--val-tokens", multiple=True, help="Validation token file (repeatable).")
+@click.option("--val-counts", type=click.Path(dir_okay=False),
+              help="Validation counts file from `bob count`.")
 def train(texts, input_record, steps, checkpoint, resume, overwrite, backend, arch, arena,
           updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path, schedule,
-          as_json) -> None:
+          as_json, tokens, vocab, token_dtype, counts_file, val_texts, val_tokens,
+          val_counts) -> None:
     """Train the bigram table with AdamW, a checkpoint after every invocation."""
     # The API's refusals in its own words; here in the command's.
     if texts and input_record is not None:
@@ -87,7 +128,9 @@ def train(texts, input_record, steps, checkpoint, resume, overwrite, backend, ar
             backend=backend, hyper=None if resume and _defaults(hyper) else hyper,
             updates_per_invocation=updates_per_invocation, input_record=input_record,
             overwrite=overwrite, arch=arch, arena=arena, result_path=result_path,
-            schedule=schedule, progress=advance)
+            schedule=schedule, progress=advance,
+            data_spec=_spec(tokens, vocab, token_dtype, counts_file),
+            val_spec=_spec(val_tokens, None, token_dtype, val_counts, val_texts))
     table = Table(title=f"bob train ({report.backend} backend, {report.mode} mode)")
     table.add_column("")
     table.add_column("value", justify="right")
@@ -98,6 +141,8 @@ def train(texts, input_record, steps, checkpoint, resume, overwrite, backend, ar
     if report.optimum is not None:
         table.add_row("optimum (nats)", f"{report.optimum:.6f}")
         table.add_row("above optimum", f"{100 * report.gap:.3f}%")
+    if report.val_loss is not None:
+        table.add_row("validation loss (nats)", f"{report.val_loss:.6f}")
     table.add_row("checkpoint", report.checkpoint)
     Console(width=None if sys.stdout.isatty() else 100).print(table)
     if as_json:
@@ -110,11 +155,20 @@ def _defaults(hyper: Hyper) -> bool:
 
 @click.command()
 @_CHECKPOINT
-@click.argument("prompts", nargs=-1, required=True)
+@click.argument("prompts", nargs=-1)
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
-def predict(checkpoint, prompts, backend, as_json) -> None:
+@click.option("--ids", "id_prompts", multiple=True,
+              help='A prompt of token ids, e.g. "464 3290 318" (token checkpoints; repeatable).')
+def predict(checkpoint, prompts, backend, as_json, id_prompts) -> None:
     """Predict the byte after each PROMPT (greedy argmax of its last byte's row)."""
+    if id_prompts:
+        if prompts:
+            raise click.UsageError("give text PROMPTS or --ids, not both")
+        _predict_ids(checkpoint, [_ids(p) for p in id_prompts], backend, as_json)
+        return
+    if not prompts:
+        raise click.UsageError("give at least one PROMPT (or --ids)")
     results = api.predict(checkpoint, [p.encode() for p in prompts], backend)
     if as_json:
         click.echo(json.dumps([{"prompt": p.decode(errors="replace"), "next": nxt,
@@ -126,9 +180,19 @@ def predict(checkpoint, prompts, backend, as_json) -> None:
                    f"(logit {float(logits[nxt]):.4f})")
 
 
+def _predict_ids(checkpoint, prompts, backend, as_json) -> None:
+    results = api.predict_ids(checkpoint, prompts, backend)
+    if as_json:
+        click.echo(json.dumps([{"prompt": p, "next": nxt} for p, nxt, _ in results]))
+        return
+    for prompt, nxt, logit in results:
+        click.echo(f"{' '.join(map(str, prompt))} -> {nxt} (logit {logit:.4f})")
+
+
 @click.command()
 @_CHECKPOINT
-@click.option("--prompt", "-p", required=True, help="Text to continue.")
+@click.option("--prompt", "-p", help="Text to continue.")
+@click.option("--ids", "id_prompt", help='Token ids to continue, e.g. "464 3290 318".')
 @click.option("--length", "-n", type=click.IntRange(0, 10_000_000), default=200,
               show_default=True, help="Bytes to generate.")
 @click.option("--temperature", "-t", type=click.FloatRange(0), default=0.0, show_default=True,
@@ -136,21 +200,32 @@ def predict(checkpoint, prompts, backend, as_json) -> None:
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
               help="Sampling seed: the same seed gives the same text on every backend.")
 @BACKEND_OPTION
-def generate(checkpoint, prompt, length, temperature, seed, backend) -> None:
-    """Continue a prompt, greedily or by sampling."""
+def generate(checkpoint, prompt, id_prompt, length, temperature, seed, backend) -> None:
+    """Continue a prompt (text, or --ids for token checkpoints), greedily or by sampling."""
+    if (prompt is None) == (id_prompt is None):
+        raise click.UsageError("give --prompt text or --ids, one of them")
+    if id_prompt is not None:
+        ids = _ids(id_prompt)
+        more = api.generate_ids(checkpoint, ids, length, temperature, seed, backend)
+        click.echo(" ".join(map(str, ids + more)))
+        return
     text = api.generate(checkpoint, prompt.encode(), length, temperature, seed, backend)
     sys.stdout.write(prompt + text.decode("utf-8", errors="replace") + "\n")
 
 
 @click.command(name="eval")
 @_CHECKPOINT
-@click.option("--text", "texts", multiple=True, required=True, type=click.Path(dir_okay=False),
+@click.option("--text", "texts", multiple=True, type=click.Path(dir_okay=False),
               help="Text file to evaluate on (repeat for several).")
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True)
-def eval_(checkpoint, texts, backend, as_json) -> None:
+@_data_options
+def eval_(checkpoint, texts, backend, as_json, tokens, vocab, token_dtype, counts_file) -> None:
     """Loss of the model on text: nats per transition, bits per byte, and the optimum."""
-    report = api.evaluate(checkpoint, list(texts), backend)
+    spec = _spec(tokens, vocab, token_dtype, counts_file)
+    if not texts and spec is None:
+        raise click.UsageError("give --text files, --tokens files or --counts")
+    report = api.evaluate(checkpoint, list(texts), backend, spec)
     if as_json:
         click.echo(json.dumps(report.to_json()))
         return
@@ -169,20 +244,25 @@ def eval_(checkpoint, texts, backend, as_json) -> None:
 @_CHECKPOINT
 @click.option("--out", "out_dir", default=".", show_default=True,
               type=click.Path(file_okay=False), help="Directory for the PNG files.")
-def plot(checkpoint, out_dir) -> None:
+@click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
+              help="The training counts file: its optimum on the loss curve.")
+def plot(checkpoint, out_dir, counts_file) -> None:
     """Draw the loss curve and the learned transition heat map as PNG."""
     from bob.files import make_directory
     from bob.host.plot import loss_curve, transition_heat_map
     from bob.records.checkpoint import Checkpoint
+    from bob.records.countsfile import CountsFile
     from bob.records.png import write_png
 
     state = Checkpoint.load(checkpoint)
+    optimum = state.optimum if counts_file is None else CountsFile.load(counts_file).optimum
     make_directory(out_dir)
     written = []
     if state.history:
         steps, losses = zip(*state.history, strict=True)
         path = os.path.join(out_dir, "loss.png")
-        write_png(path, loss_curve(list(steps), list(losses), state.optimum))
+        write_png(path, loss_curve(list(steps), list(losses), optimum,
+                                   validation=list(state.val_history)))
         written.append(path)
     path = os.path.join(out_dir, "transitions.png")
     write_png(path, transition_heat_map(state.parameters, 2 if state.vocab <= 512 else 1))

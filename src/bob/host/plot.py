@@ -41,17 +41,24 @@ def _line(image: np.ndarray, x0: float, y0: float, x1: float, y1: float,
 
 
 def loss_curve(steps: list[int], losses: list[float], optimum: float | None = None,
-               width: int = 640, height: int = 400) -> np.ndarray:
-    """Loss against update, with the optimum as a dashed line where known."""
+               width: int = 640, height: int = 400,
+               validation: list[tuple[int, float]] | None = None) -> np.ndarray:
+    """Loss against update, with the optimum as a dashed line where known.
+
+    `validation` (step, loss) pairs are drawn in orange beside the training loss.
+    """
     if len(steps) != len(losses) or not steps:
         raise ValueError("a loss curve needs as many steps as losses, at least one")
+    validation = validation or []
     image = np.full((height, width, 3), 255, np.uint8)
     left, right, top, bottom = 70, width - 20, 20, height - 40
-    low = min(losses + ([optimum] if optimum is not None else []))
-    high = max(losses)
+    val_losses = [loss for _, loss in validation]
+    low = min(losses + val_losses + ([optimum] if optimum is not None else []))
+    high = max(losses + val_losses)
     if high - low < 1e-12:
         high = low + 1.0
-    first, last = min(steps), max(steps)
+    first = min(steps + [s for s, _ in validation])
+    last = max(steps + [s for s, _ in validation])
     span = max(last - first, 1)
 
     def px(step: float, loss: float) -> tuple[float, float]:
@@ -71,6 +78,9 @@ def loss_curve(steps: list[int], losses: list[float], optimum: float | None = No
         _, y = px(first, optimum)
         for x in range(left, right, 12):
             _line(image, x, y, min(x + 6, right), y, (200, 60, 60))
+    val_points = [px(s, v) for s, v in validation]
+    for (x0, y0), (x1, y1) in zip(val_points, val_points[1:], strict=False):
+        _line(image, x0, y0, x1, y1, (230, 140, 20))
     points = [px(s, v) for s, v in zip(steps, losses, strict=True)]
     for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
         _line(image, x0, y0, x1, y1, (40, 90, 200))

@@ -14,6 +14,7 @@ string metadata:
     created_by      "bob <version>" (informational)
     history         optional: JSON [[step, loss], ...], the objective after each invocation
     optimum         optional: repr() of the data's least reachable loss (corpus mode)
+    val_history     optional: JSON [[step, loss], ...], the validation loss after each invocation
 
 Any safetensors reader loads one. Bob's own loader checks every tensor and
 field and raises BadInput "<file>: <problem>"; saving refuses non-finite values
@@ -122,6 +123,7 @@ class Checkpoint:
     data_digest: str  # sha256 hex of the training data; "" before any training
     history: tuple[tuple[int, float], ...] = ()  # (step, objective) for the loss curve
     optimum: float | None = None  # the data's least reachable objective, where known
+    val_history: tuple[tuple[int, float], ...] = ()  # (step, validation loss), with --val
 
     def __post_init__(self) -> None:
         shape = None
@@ -146,12 +148,14 @@ class Checkpoint:
         if not isinstance(self.hyper, Hyper):  # a Hyper checks its own values
             raise TypeError(f"hyper must be a Hyper, not {type(self.hyper).__name__}")
         problem = (_digest_problem(self.data_digest) or _history_problem(self.history)
-                   or _optimum_problem(self.optimum))
+                   or _optimum_problem(self.optimum) or _history_problem(self.val_history))
         if problem:
             raise ValueError(problem)
         # Tuples of (int, float), so equality does not depend on how they were given.
         history = tuple((int(step), float(loss)) for step, loss in self.history)
         object.__setattr__(self, "history", history)
+        object.__setattr__(self, "val_history",
+                           tuple((int(step), float(loss)) for step, loss in self.val_history))
 
     @property
     def vocab(self) -> int:
@@ -200,6 +204,8 @@ class Checkpoint:
             "created_by": f"bob {bob_version()}",
             **({"history": json.dumps([list(p) for p in self.history])} if self.history else {}),
             **({"optimum": repr(float(self.optimum))} if self.optimum is not None else {}),
+            **({"val_history": json.dumps([list(p) for p in self.val_history])}
+               if self.val_history else {}),
         }
 
     def _safetensors_header(self) -> bytes:
@@ -268,7 +274,7 @@ class Checkpoint:
         return cls(*(np.ascontiguousarray(tensors[n], F32) for n in CHECKPOINT_TENSORS),
                    step=fields.step, hyper=fields.hyper, mode=fields.mode,
                    data_digest=fields.data_digest, history=fields.history,
-                   optimum=fields.optimum)
+                   optimum=fields.optimum, val_history=fields.val_history)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Checkpoint):
@@ -276,6 +282,7 @@ class Checkpoint:
         return (self.step == other.step and self.hyper == other.hyper
                 and self.mode == other.mode and self.data_digest == other.data_digest
                 and self.history == other.history and self.optimum == other.optimum
+                and self.val_history == other.val_history
                 and all(arrays_identical(getattr(self, n), getattr(other, n))
                         for n in CHECKPOINT_TENSORS))
 
@@ -309,6 +316,7 @@ class _Fields:
     data_digest: str
     history: tuple[tuple[int, float], ...]
     optimum: float | None
+    val_history: tuple[tuple[int, float], ...] = ()
 
 
 def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
@@ -352,17 +360,8 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
     problem = _digest_problem(metadata["data_digest"])
     if problem:
         raise BadInput(f"{source}: metadata {problem}")
-    history: list = []
-    if "history" in metadata:
-        try:
-            history = json.loads(metadata["history"])
-        except ValueError:
-            raise BadInput(f"{source}: metadata history is not JSON") from None
-        if not isinstance(history, list):
-            raise BadInput(f"{source}: metadata history is not a list of [step, loss] pairs")
-        problem = _history_problem(history)
-        if problem:
-            raise BadInput(f"{source}: metadata {problem}")
+    history = _read_history(metadata, "history", source)
+    val_history = _read_history(metadata, "val_history", source)
     optimum = None
     if "optimum" in metadata:
         try:
@@ -377,4 +376,21 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
                    mode=metadata["mode"],  # type: ignore[arg-type]  # checked against MODES
                    hyper=hyper, data_digest=metadata["data_digest"],
                    history=tuple((step, float(loss)) for step, loss in history),
-                   optimum=optimum)
+                   optimum=optimum,
+                   val_history=tuple((step, float(loss)) for step, loss in val_history))
+
+
+def _read_history(metadata: dict[str, str], name: str, source: str) -> list:
+    """A [[step, loss], ...] field, checked; [] when absent."""
+    if name not in metadata:
+        return []
+    try:
+        history = json.loads(metadata[name])
+    except ValueError:
+        raise BadInput(f"{source}: metadata {name} is not JSON") from None
+    if not isinstance(history, list):
+        raise BadInput(f"{source}: metadata {name} is not a list of [step, loss] pairs")
+    problem = _history_problem(history)
+    if problem:
+        raise BadInput(f"{source}: metadata {problem}")
+    return history
