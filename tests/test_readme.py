@@ -54,4 +54,4 @@ def test_make_run_installs_only_what_running_needs():
     assert not any("torch" in line or "test" in line for line in installs), plan
     tests = subprocess.run(["make", "-n", "-B", "test"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout
-    assert "'.[cuda,fast,plot,test]'" in tests and "torch==" in tests
+    assert "'.[cuda,fast,plot,test,dask,remote]'" in tests and "torch==" in tests

@@ -31,6 +31,40 @@ _CHECKPOINT = click.option("--checkpoint", "-c", default=api.DEFAULT_CHECKPOINT,
                            help="The safetensors checkpoint.")
 
 
+_TOKEN_DTYPE = click.option("--token-dtype", type=click.Choice(["uint16", "uint32"]),
+                            default="uint16", show_default=True,
+                            help="Type of a raw token in --tokens/--val-tokens files.")
+
+
+def _data_options(function):
+    """--tokens, --vocab, --counts: corpus data beside --text (`bob count` makes counts)."""
+    for option in reversed((
+        click.option("--tokens", "tokens", multiple=True,
+                     help="A token file (raw uint16/uint32 or .npy); needs --vocab."),
+        click.option("--vocab", "-V", "vocab", type=click.IntRange(2),
+                     help="V of the --tokens files."),
+        _TOKEN_DTYPE,
+        click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
+                     help="A counts file from `bob count`: no recount."),
+    )):
+        function = option(function)
+    return function
+
+
+def _spec(tokens, vocab, token_dtype, counts_file, texts=()) -> api.CorpusSpec | None:
+    spec = api.CorpusSpec(texts=tuple(texts), tokens=tuple(tokens), counts=counts_file,
+                          vocab=vocab, token_dtype=token_dtype)
+    return spec if spec.given else None
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(word) for word in text.replace(",", " ").split()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not token ids separated by spaces",
+                                 param_hint="--ids") from None
+
+
 def _err_console() -> Console:
     return Console(stderr=True)
 
@@ -65,9 +99,16 @@ def _byte_text(value: int) -> str:
 @SCHEDULE_OPTION
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON summary on stdout (the table goes to stderr).")
+@_data_options
+@click.option("--val", "val_texts", multiple=True,
+              help="Validation text (repeatable): its exact loss after every invocation.")
+@click.option("--val-tokens", multiple=True, help="Validation token file (repeatable).")
+@click.option("--val-counts", type=click.Path(dir_okay=False),
+              help="Validation counts file from `bob count`.")
 def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, backend, arch,
           arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path,
-          schedule, as_json) -> None:
+          schedule, as_json, tokens, vocab, token_dtype, counts_file, val_texts, val_tokens,
+          val_counts) -> None:
     """Train the bigram table with AdamW, a checkpoint after every invocation."""
     Hyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)  # checks them
     if texts and input_record is not None:  # the API says it in its words; here in flags
@@ -94,7 +135,9 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
             backend=backend, hyper_changes=stated, new_data=new_data,
             updates_per_invocation=updates_per_invocation, input_record=input_record,
             overwrite=overwrite, arch=arch, arena=arena, result_path=result_path,
-            schedule=schedule, progress=advance)
+            schedule=schedule, progress=advance,
+            data_spec=_spec(tokens, vocab, token_dtype, counts_file),
+            val_spec=_spec(val_tokens, None, token_dtype, val_counts, val_texts))
     _table_console(errors if as_json else None).print(_train_table(report))
     if as_json:
         click.echo(json.dumps(report.to_json()))
@@ -155,6 +198,8 @@ def _train_table(report: api.TrainReport) -> Table:
             table.add_row("above optimum", f"{100 * report.gap:.3f}%")
         else:  # the optimum is 0 (a text with one successor per byte): no relative gap
             table.add_row("above optimum (nats)", f"{report.loss - report.optimum:.6f}")
+    if report.val_loss is not None:
+        table.add_row("validation loss (nats)", f"{report.val_loss:.6f}")
     if report.checkpoint in report.written:
         table.add_row("checkpoint", report.checkpoint)
     for path in report.written:
@@ -167,12 +212,20 @@ def _train_table(report: api.TrainReport) -> Table:
 
 @click.command()
 @_CHECKPOINT
-@click.argument("prompts", nargs=-1, required=True)
+@click.argument("prompts", nargs=-1)
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
-def predict(checkpoint, prompts, backend, as_json) -> None:
+@click.option("--ids", "id_prompts", multiple=True,
+              help='A prompt of token ids, e.g. "464 3290 318" (token checkpoints; repeatable).')
+def predict(checkpoint, prompts, backend, as_json, id_prompts) -> None:
     """Predict the byte after each PROMPT (greedy argmax of its last byte's row)."""
-    # os.fsencode: the argument's own bytes, even where they are not UTF-8
+    if id_prompts:
+        if prompts:
+            raise click.UsageError("give text PROMPTS or --ids, not both")
+        _predict_ids(checkpoint, [_ids(p) for p in id_prompts], backend, as_json)
+        return
+    if not prompts:
+        raise click.UsageError("give at least one PROMPT (or --ids)")
     results = api.predict(checkpoint, [os.fsencode(p) for p in prompts], backend)
     if as_json:
         click.echo(json.dumps([{"prompt": p.decode(errors="replace"), "next": nxt,
@@ -184,9 +237,19 @@ def predict(checkpoint, prompts, backend, as_json) -> None:
                    f"(logit {float(logits[nxt]):.4f})")
 
 
+def _predict_ids(checkpoint, prompts, backend, as_json) -> None:
+    results = api.predict_ids(checkpoint, prompts, backend)
+    if as_json:
+        click.echo(json.dumps([{"prompt": p, "next": nxt} for p, nxt, _ in results]))
+        return
+    for prompt, nxt, logit in results:
+        click.echo(f"{' '.join(map(str, prompt))} -> {nxt} (logit {logit:.4f})")
+
+
 @click.command()
 @_CHECKPOINT
-@click.option("--prompt", "-p", required=True, help="Text to continue.")
+@click.option("--prompt", "-p", help="Text to continue.")
+@click.option("--ids", "id_prompt", help='Token ids to continue, e.g. "464 3290 318".')
 @click.option("--length", "-n", type=click.IntRange(0, 10_000_000), default=200,
               show_default=True, help="Bytes to generate.")
 @click.option("--temperature", "-t", type=click.FloatRange(0), default=0.0, show_default=True,
@@ -201,11 +264,18 @@ def predict(checkpoint, prompts, backend, as_json) -> None:
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True,
               help="Print the prompt and the continuation as JSON (text and byte values).")
-def generate(checkpoint, prompt, length, temperature, top_k, seed, raw, backend,
+def generate(checkpoint, prompt, id_prompt, length, temperature, top_k, seed, raw, backend,
              as_json) -> None:
-    """Continue a prompt, greedily or by sampling."""
+    """Continue a prompt (text, or --ids for token checkpoints), greedily or by sampling."""
+    if (prompt is None) == (id_prompt is None):
+        raise click.UsageError("give --prompt text or --ids, one of them")
     if raw and as_json:
         raise click.UsageError("--raw and --json are two ways to print: choose one")
+    if id_prompt is not None:
+        ids = _ids(id_prompt)
+        more = api.generate_ids(checkpoint, ids, length, temperature, seed, backend)
+        click.echo(json.dumps({"ids": ids + more}) if as_json else " ".join(map(str, ids + more)))
+        return
     prompt_bytes = os.fsencode(prompt)
     text = api.generate(checkpoint, prompt_bytes, length, temperature, seed, backend, top_k)
     if as_json:
@@ -222,14 +292,18 @@ def generate(checkpoint, prompt, length, temperature, top_k, seed, raw, backend,
 
 @click.command(name="eval")
 @_CHECKPOINT
-@click.option("--text", "texts", multiple=True, required=True,
+@click.option("--text", "texts", multiple=True,
               type=click.Path(dir_okay=False, allow_dash=True),
               help="Text file to evaluate on (repeat for several; - reads stdin).")
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def eval_(checkpoint, texts, backend, as_json) -> None:
+@_data_options
+def eval_(checkpoint, texts, backend, as_json, tokens, vocab, token_dtype, counts_file) -> None:
     """Loss of the model on text: nats per transition, bits per byte, and the optimum."""
-    report = api.evaluate(checkpoint, list(texts), backend)
+    spec = _spec(tokens, vocab, token_dtype, counts_file)
+    if not texts and spec is None:
+        raise click.UsageError("give --text files, --tokens files or --counts")
+    report = api.evaluate(checkpoint, list(texts), backend, spec)
     if as_json:
         click.echo(json.dumps(report.to_json()))
         return
@@ -248,20 +322,24 @@ def eval_(checkpoint, texts, backend, as_json) -> None:
 @_CHECKPOINT
 @click.option("--out", "out_dir", default=".", show_default=True,
               type=click.Path(file_okay=False), help="Directory for the PNG files.")
+@click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
+              help="The training counts file: its optimum on the loss curve.")
 @click.option("--json", "as_json", is_flag=True, help="List the files written as JSON.")
-def plot(checkpoint, out_dir, as_json) -> None:
+def plot(checkpoint, out_dir, counts_file, as_json) -> None:
     """Draw the loss curve and the learned transition heat map as PNG (matplotlib)."""
     from bob.files import atomic_write
     from bob.host import plot as pictures
     from bob.records.checkpoint import Checkpoint
+    from bob.records.countsfile import CountsFile
 
     state = Checkpoint.load(checkpoint)
+    optimum = state.optimum if counts_file is None else CountsFile.load(counts_file).optimum
     targets = {name: os.path.join(out_dir, name) for name in ("loss.png", "transitions.png")}
     _check_plot_directory(out_dir, targets.values())
     figures = {"transitions.png": pictures.transitions_figure(state.parameters)}
     if state.history:
         figures["loss.png"] = pictures.loss_figure(
-            state.history, state.optimum, validation=validation_curve(state),
+            state.history, optimum, validation=validation_curve(state),
             changes=[s.first_step for s in state.segments[1:]])
     images = {name: pictures.png_bytes(figure) for name, figure in figures.items()}
     try:
@@ -290,7 +368,7 @@ def validation_curve(state) -> list[tuple[int, float]]:
     The hook for validation losses: the checkpoint's history holds training
     losses only until it records validation losses too; return those here.
     """
-    return list(getattr(state, "validation_history", ()) or ())
+    return list(state.val_history)
 
 
 def _check_plot_directory(out_dir: str, targets) -> None:

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,15 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from bob.backends import choose_backend
-from bob.config import ARENA_KINDS, DEFAULT_TARGET, SCHEDULES, Hyper
+from bob.config import ARENA_KINDS, DEFAULT_TARGET, MAX_VOCAB, SCHEDULES, Hyper
 from bob.errors import BadInput, Interrupted
 from bob.host import sampling, stops
 from bob.host.session import Invocation, Session
 from bob.host.session import train as train_invocations
 from bob.program.bob import BobConfig
-from bob.records import corpus
+from bob.records import corpus, counting, sources
 from bob.records.binary import InputRecord, ResultRecord
 from bob.records.checkpoint import HYPER_FIELDS, Checkpoint, Segment, checkpoint_lock
+from bob.records.countsfile import CountsFile, table_weights
 
 DEFAULT_CHECKPOINT = "bob.safetensors"
 DEFAULT_UPDATES_PER_INVOCATION = 100
@@ -40,15 +42,86 @@ class TrainingData:
     record: InputRecord
     counts: np.ndarray | None  # corpus mode: transition counts
     description: str
+    known_optimum: float | None = None  # from a counts file or the counting engine
 
     @property
     def optimum(self) -> float | None:
+        if self.known_optimum is not None:
+            return self.known_optimum
         return None if self.counts is None else corpus.optimum(self.counts)
 
 
+@dataclass(frozen=True)
+class CorpusSpec:
+    """Where corpus-mode data comes from: text files, token files, or a counts file."""
+
+    texts: tuple[str, ...] = ()  # files, directories, globs, URLs, "-"
+    tokens: tuple[str, ...] = ()  # token files (raw uint16/uint32 or .npy)
+    counts: str | None = None  # a counts file written by `bob count`
+    vocab: int | None = None  # V of token files (texts: 256 unless given)
+    token_dtype: str = "uint16"
+
+    @property
+    def given(self) -> bool:
+        return bool(self.texts or self.tokens or self.counts)
+
+
+def count_corpus(spec: CorpusSpec, workers: int | None = None,
+                 progress: counting.Progress | None = None, dask: str | None = None,
+                 dask_workers: int = 2) -> CountsFile:
+    """Count the spec's inputs (or load its counts file): counts, sources, digest, optimum.
+
+    `dask` None counts here on all cores; "local" on a LocalCluster; else the
+    scheduler at that address.
+    """
+    kinds = sum(1 for part in (spec.texts, spec.tokens, spec.counts) if part)
+    if kinds != 1:
+        raise BadInput("give one kind of data: text inputs, --tokens files or --counts")
+    if spec.counts:
+        loaded = CountsFile.load(spec.counts)
+        if spec.vocab is not None and spec.vocab != loaded.vocab:
+            raise BadInput(f"{spec.counts}: V={loaded.vocab}, not --vocab {spec.vocab}")
+        return loaded
+    if spec.tokens and spec.vocab is None:
+        raise BadInput("--tokens needs --vocab V (the tokenizer's vocabulary size)")
+    vocab = spec.vocab if spec.vocab is not None else corpus.BYTE_VOCAB
+    found = sources.resolve(spec.texts or spec.tokens,
+                            spec.token_dtype if spec.tokens else None)
+    seen = [0]  # bytes counted: standard input's size is known only afterwards
+
+    def tracking(done: int) -> None:
+        seen[0] += done
+        if progress is not None:
+            progress(done)
+
+    if dask is None:
+        counts = counting.count_sources(found, vocab, workers, progress=tracking)
+    else:
+        from bob.records.dask_count import count_on_dask
+        counts = count_on_dask(found, vocab, None if dask == "local" else dask,
+                               workers=dask_workers, progress=tracking)
+    stdin_bytes = seen[0] - sum(s.tokens * s.itemsize for s in found if not s.is_stdin)
+    return CountsFile.of(counts, [(s.name, stdin_bytes if s.is_stdin else s.size)
+                                  for s in found])
+
+
+def corpus_record(counted: CountsFile, description: str) -> InputRecord:
+    """The corpus-mode input record of counts the device table can hold."""
+    if counted.vocab > MAX_VOCAB:
+        raise BadInput(f"{description}: V={counted.vocab} is above the largest table Bob "
+                       f"trains (V={MAX_VOCAB})")
+    return InputRecord.corpus(table_weights(counted.counts), (), source=description)
+
+
 def training_data(texts: Sequence[str] | None = None, input_record: str | None = None,
-                  ) -> TrainingData:
+                  spec: CorpusSpec | None = None) -> TrainingData:
     """The training data: text files (corpus mode), an input record, or the built-in corpus."""
+    if spec is not None and spec.given:
+        if input_record is not None or texts:
+            raise BadInput("give either --text files or an --input record, not both")
+        counted = count_corpus(spec)
+        record = corpus_record(counted, counted.name)
+        return TrainingData(record, None, counted.name, known_optimum=counted.optimum)
     if input_record is not None:
         if texts:
             raise BadInput("give either texts or an input_record, not both")
@@ -56,8 +129,11 @@ def training_data(texts: Sequence[str] | None = None, input_record: str | None =
         counts = None
         return TrainingData(replace_prompts(record, ()), counts, input_record)
     if texts:
-        counts = text_counts(texts)
-        description = ", ".join("stdin" if t == STDIN else t for t in texts)
+        # The streamed, parallel engine: directories, globs and URLs work here too.
+        counted = count_corpus(CorpusSpec(texts=tuple(texts)))
+        name = ", ".join("stdin" if t == STDIN else t for t in texts)
+        record = corpus_record(counted, name)
+        return TrainingData(record, None, name, known_optimum=counted.optimum)
     else:
         counts = corpus.counts_from_bytes(corpus.builtin_corpus(), "the built-in corpus")
         description = "the built-in corpus (CPython's pydoc topics)"
@@ -100,6 +176,8 @@ class TrainReport:
     last_result: ResultRecord | None
     written: tuple[str, ...] = ()  # the files this run wrote, in order
     segments: tuple[Segment, ...] = ()  # what trained each step range, this run's last
+    val_loss: float | None = None  # the exact validation loss after the run (--val)
+    val_history: tuple[tuple[int, float], ...] = ()
 
     @property
     def gap(self) -> float | None:
@@ -115,6 +193,7 @@ class TrainReport:
             "checkpoint": self.checkpoint if self.checkpoint in self.written else None,
             "written": list(self.written), "backend": self.backend, "mode": self.mode,
             "data": self.data, "segments": [segment.to_json() for segment in self.segments],
+            **({"val_loss": self.val_loss} if self.val_loss is not None else {}),
         }
 
 
@@ -125,7 +204,9 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
           arena: str = ARENA_KINDS[0], result_path: str | None = None, schedule: str = "seed",
           progress: Callable[[Invocation, int], None] | None = None,
           hyper_changes: Mapping[str, float] | None = None,
-          new_data: bool = False) -> TrainReport:
+          new_data: bool = False,
+          data_spec: CorpusSpec | None = None, val_spec: CorpusSpec | None = None,
+          ) -> TrainReport:
     """Train for `steps` updates, saving the checkpoint after every invocation.
 
     `schedule` "fused" runs the fused kernel: the same bytes as "seed", faster.
@@ -149,12 +230,14 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
         check_output_file(checkpoint, "checkpoint")
     if result_path is not None:
         check_output_file(result_path, "result record")
-    data = training_data(texts, input_record)
+    data = training_data(texts, input_record, data_spec)
+    validation = validation_record(val_spec, data.record.vocab)
     with checkpoint_lock(checkpoint) if steps > 0 else contextlib.nullcontext():
         start = _starting_point(checkpoint, data, resume, overwrite, new_data, hyper,
                                 hyper_changes)
         return _train_from(start, data, steps, checkpoint, resume, backend,
-                           updates_per_invocation, arch, arena, result_path, schedule, progress)
+                           updates_per_invocation, arch, arena, result_path, schedule, progress,
+                           validation)
 
 
 def check_output_file(path: str, what: str) -> None:
@@ -227,20 +310,29 @@ def _continued(start: Checkpoint, record: InputRecord, hyper: Hyper) -> Checkpoi
 def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: str,
                 resume: bool, backend: str, updates_per_invocation: int, arch: str, arena: str,
                 result_path: str | None, schedule: str,
-                progress: Callable[[Invocation, int], None] | None) -> TrainReport:
+                progress: Callable[[Invocation, int], None] | None,
+                validation: InputRecord | None = None) -> TrainReport:
     config = BobConfig(vocab=data.record.vocab, prompts=0,
                        updates=min(updates_per_invocation, max(steps, 1)),
                        mode=data.record.mode, schedule=schedule)  # type: ignore[arg-type]
     history = list(start.history)
     written: list[str] = []
     kept = [start.step if resume else None]  # the step of the checkpoint on disk
+    val_history = list(start.val_history)
+
+    def validate(state: Checkpoint) -> None:
+        if validation is not None:
+            val_history.append((state.step, validation_loss(session, state, validation)))
 
     def after(invocation: Invocation, done: int) -> None:
         if not history:
             history.append((start.step, invocation.initial_loss))
         history.append((invocation.checkpoint.step, invocation.loss))
+        if validation is not None and not val_history:
+            validate(start)
+        validate(invocation.checkpoint)
         state = replace(invocation.checkpoint.with_history(tuple(history)),
-                        optimum=data.optimum)
+                        optimum=data.optimum, val_history=tuple(val_history))
         with stops.held():  # the message must name the checkpoint on disk
             state.save(checkpoint)
             kept[0] = state.step
@@ -250,12 +342,14 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
             progress(invocation, done)
 
     choice = choose_backend(backend, arch=arch, arena=arena)
+    refuse_slow_cpu(choice.name, data.record.vocab, steps)
     try:
         with Session(choice, start.hyper) as session:
             if steps == 0:
                 invocation = session.invoke(config, start, data.record, "predict")
                 initial = final = invocation.initial_loss
                 result = invocation.result
+                validate(start)
             else:
                 invocations = train_invocations(session, config, start, data.record, steps,
                                                 after)
@@ -271,6 +365,8 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
         mode=data.record.mode, steps=steps, global_step=start.step + steps,
         initial_loss=initial, loss=final, optimum=data.optimum, history=tuple(history),
         last_result=result, written=tuple(written), segments=start.segments,
+        val_loss=val_history[-1][1] if val_history else None,
+        val_history=tuple(val_history),
     )
 
 
@@ -285,6 +381,42 @@ def _interrupted(stop: KeyboardInterrupt, first: int, steps: int, per_invocation
                                    "by this run")
     return Interrupted(signum, f"interrupted at update {reached}; checkpoint at update {kept} "
                                "kept")
+
+
+# The CPU backend makes at least this many parameter-updates a second: the NumPy
+# reference kernels' seed schedule at V=256 (the slowest path) runs about 340 us per
+# update on this 2-core machine, 1.9e8; the Numba kernels are 4-8x faster. Beyond an
+# hour of that, a run belongs on a GPU.
+CPU_PARAMETER_UPDATES_PER_SECOND = 2.0e8
+CPU_MAX_SECONDS = 3600.0
+
+
+def refuse_slow_cpu(backend: str, vocab: int, steps: int) -> None:
+    """BadInput when training V x V for `steps` updates on the CPU would take over an hour."""
+    if backend != "cpu":
+        return
+    seconds = vocab * vocab * steps / CPU_PARAMETER_UPDATES_PER_SECOND
+    if seconds > CPU_MAX_SECONDS:
+        raise BadInput(f"V={vocab} for {steps} updates on the CPU backend would take about "
+                       f"{seconds / 3600:.1f} hours; train on a GPU (--backend cuda) or make "
+                       f"fewer --steps")
+
+
+def validation_record(spec: CorpusSpec | None, vocab: int) -> InputRecord | None:
+    """The validation data's corpus record (--val, --val-tokens, --val-counts), or None."""
+    if spec is None or not spec.given:
+        return None
+    counted = count_corpus(replace(spec, vocab=spec.vocab or (None if spec.counts else vocab)))
+    if counted.vocab != vocab:
+        raise BadInput(f"{counted.name}: validation data has V={counted.vocab}, the model "
+                       f"V={vocab}")
+    return corpus_record(counted, counted.name)
+
+
+def validation_loss(session: Session, state: Checkpoint, record: InputRecord) -> float:
+    """The model's exact loss on the record: one forward invocation, as `bob eval` runs it."""
+    config = BobConfig(vocab=state.vocab, prompts=0, updates=0, mode="corpus")
+    return session.invoke(config, state, record, "predict").initial_loss
 
 
 def _forward(checkpoint: Checkpoint, prompts: Sequence[int], backend: str,
@@ -361,13 +493,119 @@ class EvalReport:
                 "loss": self.nats}
 
 
-def evaluate(checkpoint: str, texts: Sequence[str], backend: str = "auto") -> EvalReport:
-    """The model's loss on text files, beside the best any bigram table could reach."""
+def evaluate(checkpoint: str, texts: Sequence[str], backend: str = "auto",
+             spec: CorpusSpec | None = None) -> EvalReport:
+    """The model's loss on text files (or tokens, or a counts file), beside the optimum."""
     state = Checkpoint.load(checkpoint)
-    _require_bytes(state, checkpoint)
-    counts = text_counts(texts)
-    description = ", ".join("stdin" if t == STDIN else t for t in texts)
-    record = InputRecord.corpus(corpus.weights(counts), (), source=description)
-    result = _forward(state, (), backend, record=record)
-    return EvalReport(checkpoint, description, int(counts.sum()),
-                      result.initial_objective, corpus.optimum(counts))
+    if spec is None or not spec.given:
+        _require_bytes(state, checkpoint)
+        spec = CorpusSpec(texts=tuple(texts))
+    elif texts:
+        raise BadInput("give one kind of data: text inputs, --tokens files or --counts")
+    vocab = spec.vocab or (None if spec.counts else state.vocab)
+    counted = count_corpus(replace(spec, vocab=vocab))
+    if counted.vocab != state.vocab:
+        raise BadInput(f"{counted.name}: V={counted.vocab}, the checkpoint V={state.vocab}")
+    record = corpus_record(counted, counted.name)
+    with Session(choose_backend(backend), state.hyper) as session:
+        loss = validation_loss(session, state, record)
+    return EvalReport(checkpoint, counted.name, counted.transitions, loss, counted.optimum)
+
+
+@dataclass(frozen=True)
+class CountReport:
+    out: str
+    vocab: int
+    sparse: bool
+    files: int
+    bytes: int
+    transitions: int
+    optimum: float
+    digest: str
+    seconds: float
+    where: str  # "this machine (N processes)" or the Dask cluster
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else float("inf")
+
+    def to_json(self) -> dict:
+        return {"counts": self.out, "vocab": self.vocab,
+                "layout": "sparse" if self.sparse else "dense", "files": self.files,
+                "bytes": self.bytes, "transitions": self.transitions,
+                "optimum": self.optimum, "digest": self.digest, "seconds": self.seconds,
+                "bytes_per_second": self.bytes_per_second, "where": self.where}
+
+
+def count(spec: CorpusSpec, out: str, overwrite: bool = False, workers: int | None = None,
+          dask: str | None = None, dask_workers: int = 2,
+          progress: counting.Progress | None = None) -> CountReport:
+    """Count a corpus into a counts file (`bob count`)."""
+    if spec.counts:
+        raise BadInput("bob count reads text or token files, not a counts file")
+    if os.path.exists(out) and not overwrite:
+        raise BadInput(f"{out}: exists; pass --overwrite to replace it")
+    if workers is not None and workers < 1:
+        raise BadInput(f"--workers must be >= 1, not {workers}")
+    begun = time.perf_counter()
+    counted = count_corpus(spec, workers, progress, dask, dask_workers)
+    seconds = time.perf_counter() - begun
+    counted.save(out)
+    if dask is None:
+        where = f"this machine ({workers or counting.default_workers()} processes at most)"
+    else:
+        where = f"Dask LocalCluster ({dask_workers} workers)" if dask == "local" else dask
+    return CountReport(out, counted.vocab, counted.counts.is_sparse, len(counted.sources),
+                       sum(size for _, size in counted.sources), counted.transitions,
+                       counted.optimum, counted.digest, seconds, where)
+
+
+def _require_tokens(state: Checkpoint, path: str, ids: Sequence[int]) -> list[int]:
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise BadInput("a prompt needs at least one token id")
+    bad = [i for i in ids if not 0 <= i < state.vocab]
+    if bad:
+        raise BadInput(f"{path}: token id {bad[0]} is not in [0, V={state.vocab})")
+    return ids
+
+
+def predict_ids(checkpoint: str, prompts: Sequence[Sequence[int]], backend: str = "auto",
+                ) -> list[tuple[list[int], int, float]]:
+    """Token checkpoints: for each prompt of ids, the predicted next id and its logit."""
+    if not prompts:
+        raise BadInput("give at least one prompt")
+    state = Checkpoint.load(checkpoint)
+    prompts = [_require_tokens(state, checkpoint, p) for p in prompts]
+    result = _forward(state, [p[-1] for p in prompts], backend)
+    return [(p, int(result.predictions[i]), float(result.logit_rows[i][result.predictions[i]]))
+            for i, p in enumerate(prompts)]
+
+
+def generate_ids(checkpoint: str, prompt: Sequence[int], length: int, temperature: float = 0.0,
+                 seed: int = 0, backend: str = "auto") -> list[int]:
+    """Token checkpoints: continue the ids by `length` ids, as `generate` does bytes."""
+    if length < 0:
+        raise BadInput(f"--length must be >= 0, not {length}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise BadInput(f"--temperature must be a finite number >= 0, not {temperature}")
+    state = Checkpoint.load(checkpoint)
+    last = _require_tokens(state, checkpoint, prompt)[-1]
+    rows: dict[int, tuple[np.ndarray, int]] = {}
+
+    def row(token: int) -> tuple[np.ndarray, int]:
+        # One forward invocation per row first needed: P is at most MAX_PROMPTS, V may exceed it.
+        if token not in rows:
+            result = _forward(state, [token], backend)
+            rows[token] = (result.logit_rows[0], int(result.predictions[0]))
+        return rows[token]
+
+    out = []
+    for position in range(length):
+        logits, greedy = row(last)
+        if temperature == 0:
+            last = greedy
+        else:
+            last = sampling.sample_row(logits, temperature, sampling.uniform(seed, position))
+        out.append(last)
+    return out

@@ -17,6 +17,7 @@ string metadata:
     segments        optional: JSON [{"first_step": s, "data_digest": d, "lr": ..., ...}, ...]:
                     from update s + 1 on, training used data d and those hyperparameters
                     (absent in checkpoints written before Bob kept it)
+    val_history     optional: JSON [[step, loss], ...], the validation loss after each invocation
 
 Any safetensors reader loads one. Bob's own loader checks every tensor and
 field and raises BadInput "<file>: <problem>"; saving refuses non-finite values
@@ -187,6 +188,7 @@ class Checkpoint:
     history: tuple[tuple[int, float], ...] = ()  # (step, objective) for the loss curve
     optimum: float | None = None  # the data's least reachable objective, where known
     segments: tuple[Segment, ...] = ()  # what trained each step range; () in old checkpoints
+    val_history: tuple[tuple[int, float], ...] = ()  # (step, validation loss), with --val
 
     def __post_init__(self) -> None:
         shape = None
@@ -212,13 +214,16 @@ class Checkpoint:
             raise TypeError(f"hyper must be a Hyper, not {type(self.hyper).__name__}")
         problem = (_digest_problem(self.data_digest) or _history_problem(self.history)
                    or _optimum_problem(self.optimum)
-                   or _segments_problem(tuple(self.segments), self.step))
+                   or _segments_problem(tuple(self.segments), self.step)
+                   or _history_problem(self.val_history))
         if problem:
             raise ValueError(problem)
         # Tuples of (int, float), so equality does not depend on how they were given.
         history = tuple((int(step), float(loss)) for step, loss in self.history)
         object.__setattr__(self, "history", history)
         object.__setattr__(self, "segments", tuple(self.segments))
+        object.__setattr__(self, "val_history",
+                           tuple((int(step), float(loss)) for step, loss in self.val_history))
 
     @property
     def vocab(self) -> int:
@@ -272,6 +277,8 @@ class Checkpoint:
             **({"optimum": repr(float(self.optimum))} if self.optimum is not None else {}),
             **({"segments": json.dumps([s.to_json() for s in self.segments])}
                if self.segments else {}),
+            **({"val_history": json.dumps([list(p) for p in self.val_history])}
+               if self.val_history else {}),
         }
 
     def _safetensors_header(self) -> bytes:
@@ -340,7 +347,8 @@ class Checkpoint:
         return cls(*(np.ascontiguousarray(tensors[n], F32) for n in CHECKPOINT_TENSORS),
                    step=fields.step, hyper=fields.hyper, mode=fields.mode,
                    data_digest=fields.data_digest, history=fields.history,
-                   optimum=fields.optimum, segments=fields.segments)
+                   optimum=fields.optimum, segments=fields.segments,
+                   val_history=fields.val_history)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Checkpoint):
@@ -349,6 +357,7 @@ class Checkpoint:
                 and self.mode == other.mode and self.data_digest == other.data_digest
                 and self.history == other.history and self.optimum == other.optimum
                 and self.segments == other.segments
+                and self.val_history == other.val_history
                 and all(arrays_identical(getattr(self, n), getattr(other, n))
                         for n in CHECKPOINT_TENSORS))
 
@@ -383,6 +392,7 @@ class _Fields:
     history: tuple[tuple[int, float], ...]
     optimum: float | None
     segments: tuple[Segment, ...]
+    val_history: tuple[tuple[int, float], ...] = ()
 
 
 def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
@@ -426,17 +436,8 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
     problem = _digest_problem(metadata["data_digest"])
     if problem:
         raise BadInput(f"{source}: metadata {problem}")
-    history: list = []
-    if "history" in metadata:
-        try:
-            history = json.loads(metadata["history"])
-        except (ValueError, RecursionError):  # RecursionError: nested too deeply
-            raise BadInput(f"{source}: metadata history is not JSON") from None
-        if not isinstance(history, list):
-            raise BadInput(f"{source}: metadata history is not a list of [step, loss] pairs")
-        problem = _history_problem(history)
-        if problem:
-            raise BadInput(f"{source}: metadata {problem}")
+    history = _read_history(metadata, "history", source)
+    val_history = _read_history(metadata, "val_history", source)
     optimum = None
     if "optimum" in metadata:
         try:
@@ -452,7 +453,8 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
                    mode=metadata["mode"],  # type: ignore[arg-type]  # checked against MODES
                    hyper=hyper, data_digest=metadata["data_digest"],
                    history=tuple((step, float(loss)) for step, loss in history),
-                   optimum=optimum, segments=segments)
+                   optimum=optimum, segments=segments,
+                   val_history=tuple((step, float(loss)) for step, loss in val_history))
 
 
 def _read_segments(metadata: dict[str, str], source: str, step: int) -> tuple[Segment, ...]:
@@ -533,3 +535,19 @@ def _same_file(fd: int, where: Path) -> bool:
         return os.fstat(fd).st_ino == os.stat(where).st_ino
     except FileNotFoundError:
         return False
+
+
+def _read_history(metadata: dict[str, str], name: str, source: str) -> list:
+    """A [[step, loss], ...] field, checked; [] when absent."""
+    if name not in metadata:
+        return []
+    try:
+        history = json.loads(metadata[name])
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
+        raise BadInput(f"{source}: metadata {name} is not JSON") from None
+    if not isinstance(history, list):
+        raise BadInput(f"{source}: metadata {name} is not a list of [step, loss] pairs")
+    problem = _history_problem(history)
+    if problem:
+        raise BadInput(f"{source}: metadata {problem}")
+    return history

@@ -26,6 +26,7 @@ from bob.records.binary import InputRecord
 BYTE_VOCAB = 256  # one row and column per byte value
 CHUNK_BYTES = 1 << 24  # a file is counted 16 MiB at a time: bincount's indices take 8x that
 BUILTIN_NAME = "pydoc_data.topics"
+OPTIMUM_SLICE = 1 << 16  # entries turned into Python floats at a time
 
 
 class _Counter:
@@ -125,9 +126,23 @@ def optimum(counts: np.ndarray) -> float:
         raise ValueError("the counts are all zero")
     row_sums = counts.sum(axis=1, dtype=np.uint64)
     rows, columns = np.nonzero(counts)
-    terms = [c / total * math.log(c / s) for c, s in
-             zip(counts[rows, columns].tolist(), row_sums[rows].tolist(), strict=True)]
-    return 0.0 - math.fsum(terms)  # 0.0 - keeps a certain text's optimum at +0.0
+    return optimum_of_entries(counts[rows, columns], row_sums[rows], total)
+
+
+def optimum_of_entries(values: np.ndarray, row_sums: np.ndarray, total: int) -> float:
+    """H from the non-zero counts, each with its row's sum (dense and sparse tables alike)."""
+    if total == 0:
+        raise ValueError("the counts are all zero")
+    def terms() -> Iterator[float]:
+        # A slice at a time: millions of entries (a sparse table) never become one list.
+        for first in range(0, len(values), OPTIMUM_SLICE):
+            last = first + OPTIMUM_SLICE
+            yield from (c / total * math.log(c / s) for c, s in
+                        zip(values[first:last].tolist(), row_sums[first:last].tolist(),
+                            strict=True))
+
+    # fsum is exactly rounded whatever the order: the same figure for dense and sparse tables.
+    return 0.0 - math.fsum(terms())  # 0.0 - keeps a certain text's optimum at +0.0
 
 
 def digest(counts: np.ndarray) -> str:

@@ -1,0 +1,94 @@
+"""`bob count`: a corpus of any size counted once into a counts file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from bob.host import api
+from bob.records.counting import COUNT_MAX_VOCAB
+from bob.records.sources import TOKEN_DTYPES
+
+DEFAULT_OUT = "counts.safetensors"
+
+
+@click.command()
+@click.argument("inputs", nargs=-1)
+@click.option("--tokens", "tokens", multiple=True,
+              help="A token file (raw little-endian, or .npy) instead of text; repeatable, "
+                   "and directories, globs and URLs work as for text.")
+@click.option("--vocab", "-V", type=click.IntRange(2, COUNT_MAX_VOCAB),
+              help="V: the token vocabulary (required with --tokens; text: 256).")
+@click.option("--token-dtype", type=click.Choice(sorted(TOKEN_DTYPES)), default="uint16",
+              show_default=True, help="Type of a raw token (nanoGPT's train.bin is uint16).")
+@click.option("--out", "-o", default=DEFAULT_OUT, show_default=True,
+              type=click.Path(dir_okay=False), help="The counts file to write.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing counts file.")
+@click.option("--workers", "-j", type=int, help="Processes on this machine (default: all cores).")
+@click.option("--dask", "dask", is_flag=False, flag_value="local", default=None,
+              metavar="[ADDRESS]",
+              help="Count on Dask: alone, a LocalCluster here; with an ADDRESS, that scheduler.")
+@click.option("--dask-workers", type=click.IntRange(1), default=2, show_default=True,
+              help="Workers of the LocalCluster that --dask starts.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary as the last line.")
+def count(inputs, tokens, vocab, token_dtype, out, overwrite, workers, dask, dask_workers,
+          as_json) -> None:
+    """Count the adjacent pairs of INPUTS (files, directories, globs, URLs, - for stdin).
+
+    \b
+    bob count corpus/ -o corpus.counts
+    bob count --tokens train.bin --vocab 50257 -o owt.counts
+    bob train --counts corpus.counts
+    """
+    if inputs and tokens:
+        raise click.UsageError("give text INPUTS or --tokens files, not both")
+    if not inputs and not tokens:
+        raise click.UsageError("give the files to count (INPUTS or --tokens FILE)")
+    if dask is not None:
+        # Dask logs every failed attempt with its traceback; the command says it in one line.
+        logging.getLogger("distributed").setLevel(logging.CRITICAL)
+    spec = api.CorpusSpec(texts=tuple(inputs), tokens=tuple(tokens), vocab=vocab,
+                          token_dtype=token_dtype)
+    progress = Progress(TextColumn("[bold]counting"), BarColumn(), DownloadColumn(),
+                        TransferSpeedColumn(), TimeRemainingColumn(),
+                        console=Console(stderr=True), transient=True,
+                        disable=not sys.stderr.isatty())
+    with progress:
+        task = progress.add_task("count", total=None)
+
+        def advance(done: int) -> None:
+            progress.advance(task, done)
+
+        report = api.count(spec, out, overwrite, workers, dask, dask_workers, advance)
+    table = Table(title=f"bob count ({report.where})")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    for name, value in (
+        ("files", f"{report.files:,}"),
+        ("bytes", f"{report.bytes:,}"),
+        ("V", f"{report.vocab} ({'sparse' if report.sparse else 'dense'})"),
+        ("transitions", f"{report.transitions:,}"),
+        ("optimum (nats)", f"{report.optimum:.6f}"),
+        ("speed", f"{report.bytes_per_second / 1e6:,.0f} MB/s"),
+        ("counts file", report.out),
+    ):
+        table.add_row(name, value)
+    Console(width=None if sys.stdout.isatty() else 100).print(table)
+    if as_json:
+        click.echo(json.dumps(report.to_json()))
+
+
+COMMANDS = (count,)

@@ -1,0 +1,400 @@
+"""Counting transitions of any corpus: streamed in blocks, in parallel over pieces of files.
+
+The counts of disjoint pieces add up exactly (integers), so the corpus is cut
+into pieces (`bob.records.sources`), each piece is counted on its own, and the
+partial counts are summed: in worker processes here, or on a Dask cluster
+(`bob.records.dask_count`). Every partitioning gives the same counts, bit for
+bit. A piece is read in blocks; the last token of a block is carried to the
+next, so the pair across the cut is counted once.
+
+Up to V = DENSE_MAX_VOCAB the counts are a dense u64[V][V] table (the inner
+loop is Numba where the ``fast`` extra is installed, np.bincount otherwise:
+the same integers). Above, they are sparse: the sorted unique keys
+prev * V + next of each block with their counts, merged exactly, so memory
+grows with the distinct pairs seen, never with V * V.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import importlib.util
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bob.errors import BadInput
+from bob.records.sources import Piece, Source, read_blocks, split, stdin_blocks
+
+MIN_VOCAB = 2
+COUNT_MAX_VOCAB = 65536  # keys prev * V + next stay below 2**32
+DENSE_MAX_VOCAB = 2048  # a dense partial is V * V * 8 bytes: 32 MiB here
+KEY = np.uint32  # a sparse key prev * V + next: below V * V <= 2**32
+BLOCK_BYTES = 1 << 23  # 8 MiB read at a time: the reader's memory, whatever the file
+PIECE_BYTES = 1 << 26  # 64 MiB per task: enough to hide a task's start, small to balance
+PARALLEL_MIN_BYTES = 1 << 26  # below this, starting processes costs more than it saves
+
+Progress = Callable[[int], None]  # called with the bytes just counted
+
+
+# -- the counts ------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class PairCounts:
+    """Adjacent-pair counts over V tokens: dense up to DENSE_MAX_VOCAB, sparse above."""
+
+    vocab: int
+    dense: np.ndarray | None = None  # u64[V][V], C[prev][next]
+    keys: np.ndarray | None = None  # sparse: sorted unique prev * V + next, u32
+    values: np.ndarray | None = None  # sparse: the count of each key, u64, all > 0
+
+    @classmethod
+    def zeros(cls, vocab: int) -> PairCounts:
+        check_vocab(vocab)
+        if vocab <= DENSE_MAX_VOCAB:
+            return cls(vocab, dense=np.zeros((vocab, vocab), np.uint64))
+        return cls(vocab, keys=np.zeros(0, KEY), values=np.zeros(0, np.uint64))
+
+    @classmethod
+    def from_dense(cls, counts: np.ndarray) -> PairCounts:
+        vocab = counts.shape[0]
+        if vocab <= DENSE_MAX_VOCAB:
+            return cls(vocab, dense=np.ascontiguousarray(counts, np.uint64))
+        flat = counts.reshape(-1)
+        keys = np.flatnonzero(flat)
+        return cls(vocab, keys=keys.astype(KEY), values=flat[keys].astype(np.uint64))
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.dense is None
+
+    @property
+    def transitions(self) -> int:
+        counts = self.values if self.is_sparse else self.dense
+        return int(counts.sum(dtype=np.uint64))
+
+    def entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, columns, counts) of the non-zero counts in row-major order."""
+        if self.is_sparse:
+            rows, columns = np.divmod(self.keys, KEY(self.vocab))
+            return rows.astype(np.int64), columns.astype(np.int64), self.values
+        rows, columns = np.nonzero(self.dense)
+        return rows, columns, self.dense[rows, columns]
+
+    def to_dense(self) -> np.ndarray:
+        """u64[V][V]; for a sparse table, V * V * 8 bytes are allocated."""
+        if not self.is_sparse:
+            return self.dense
+        table = np.zeros(self.vocab * self.vocab, np.uint64)
+        table[self.keys.astype(np.int64)] = self.values
+        return table.reshape(self.vocab, self.vocab)
+
+    def row_sums(self) -> np.ndarray:
+        if not self.is_sparse:
+            return self.dense.sum(axis=1, dtype=np.uint64)
+        rows = (self.keys // KEY(self.vocab)).astype(np.int64)
+        sums = np.zeros(self.vocab, np.uint64)
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if rows.size else rows
+        if rows.size:
+            sums[rows[starts]] = np.add.reduceat(self.values, starts)
+        return sums
+
+    def plus(self, other: PairCounts) -> PairCounts:
+        """The counts of both corpora (their pairs are disjoint, so counts add)."""
+        if other.vocab != self.vocab:
+            raise ValueError(f"cannot add counts of V={other.vocab} to V={self.vocab}")
+        if not self.is_sparse:
+            return PairCounts(self.vocab, dense=self.dense + other.to_dense())
+        keys, values = merge_sparse(self.keys, self.values, other.keys, other.values)
+        return PairCounts(self.vocab, keys=keys, values=values)
+
+    def same_as(self, other: PairCounts) -> bool:
+        rows, columns, values = self.entries()
+        o_rows, o_columns, o_values = other.entries()
+        return (self.vocab == other.vocab and np.array_equal(rows, o_rows)
+                and np.array_equal(columns, o_columns) and np.array_equal(values, o_values))
+
+
+def check_vocab(vocab: int) -> None:
+    if not isinstance(vocab, int) or not MIN_VOCAB <= vocab <= COUNT_MAX_VOCAB:
+        raise BadInput(f"V must be an integer in [{MIN_VOCAB}, {COUNT_MAX_VOCAB}], "
+                       f"not {vocab!r}")
+
+
+def merge_sparse(keys_a: np.ndarray, values_a: np.ndarray, keys_b: np.ndarray,
+                 values_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique keys of both (each sorted unique) and the sums of their counts (exact)."""
+    if "numba" in ENGINES:
+        keys = np.empty(keys_a.size + keys_b.size, KEY)
+        values = np.empty(keys.size, np.uint64)
+        n = _merge_numba()(keys_a, values_a, keys_b, values_b, keys, values)
+        return keys[:n].copy(), values[:n].copy()
+    keys = np.concatenate((keys_a, keys_b))
+    values = np.concatenate((values_a, values_b))
+    if keys.size == 0:
+        return keys, values
+    order = np.argsort(keys, kind="stable")
+    keys, values = keys[order], values[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return keys[starts], np.add.reduceat(values, starts)
+
+
+@functools.cache
+def _merge_numba():
+    """A linear merge of two sorted unique key lists: no sort, no index array."""
+    import numba
+
+    @numba.njit(nogil=True, cache=True)
+    def merge(ka, va, kb, vb, keys, values):  # pragma: no cover - compiled
+        i = j = n = 0
+        while i < ka.size and j < kb.size:
+            if ka[i] < kb[j]:
+                keys[n], values[n] = ka[i], va[i]
+                i += 1
+            elif kb[j] < ka[i]:
+                keys[n], values[n] = kb[j], vb[j]
+                j += 1
+            else:
+                keys[n], values[n] = ka[i], va[i] + vb[j]
+                i += 1
+                j += 1
+            n += 1
+        while i < ka.size:
+            keys[n], values[n] = ka[i], va[i]
+            i += 1
+            n += 1
+        while j < kb.size:
+            keys[n], values[n] = kb[j], vb[j]
+            j += 1
+            n += 1
+        return n
+
+    return merge
+
+
+# -- the inner loop ------------------------------------------------------------------
+def _dense_numpy(tokens: np.ndarray, prev: int, counts: np.ndarray) -> None:
+    """Add the block's pairs (and prev's pair with its first token) to counts: NumPy."""
+    vocab = counts.shape[0]
+    if prev >= 0:
+        tokens = np.concatenate((np.array([prev], tokens.dtype), tokens))
+    if tokens.size < 2:
+        return
+    index = tokens[:-1].astype(np.int64) * vocab + tokens[1:]
+    found = np.bincount(index, minlength=vocab * vocab)
+    counts += found.astype(np.uint64).reshape(vocab, vocab)
+
+
+@functools.cache
+def _dense_numba():
+    """The Numba inner loop, compiled on first use (importing Numba costs ~0.3 s)."""
+    import numba
+
+    @numba.njit(nogil=True, cache=True)
+    def dense_numba(tokens, prev, counts):  # pragma: no cover - compiled
+        # One increment per pair; tokens were checked below V before this runs.
+        p = prev
+        for i in range(tokens.size):
+            c = np.int64(tokens[i])
+            if p >= 0:
+                counts[p, c] += 1
+            p = c
+
+    return dense_numba
+
+
+ENGINES = ("numba", "numpy") if importlib.util.find_spec("numba") else ("numpy",)
+
+
+def _sparse_block(tokens: np.ndarray, prev: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique keys prev * V + next of the block's pairs, with their counts."""
+    if prev >= 0:
+        tokens = np.concatenate((np.array([prev], tokens.dtype), tokens))
+    if tokens.size < 2:
+        return np.zeros(0, KEY), np.zeros(0, np.uint64)
+    keys = tokens[:-1].astype(KEY) * KEY(vocab) + tokens[1:].astype(KEY)
+    unique, counts = np.unique(keys, return_counts=True)
+    return unique, counts.astype(np.uint64)
+
+
+# -- one piece -----------------------------------------------------------------------
+class Tally:
+    """Counts of blocks added one after another (a worker's or a piece's running sum)."""
+
+    def __init__(self, vocab: int, engine: str | None = None) -> None:
+        check_vocab(vocab)
+        self.vocab = vocab
+        self.engine = engine or ENGINES[0]
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine {self.engine!r} is not one of {ENGINES}")
+        self.counts = PairCounts.zeros(vocab)
+
+    def add_block(self, tokens: np.ndarray, prev: int) -> None:
+        """The pairs within tokens, and (prev, tokens[0]) when prev >= 0."""
+        if not self.counts.is_sparse:
+            if self.engine == "numba":
+                _dense_numba()(tokens, prev, self.counts.dense)
+            else:
+                _dense_numpy(tokens, prev, self.counts.dense)
+            return
+        keys, values = _sparse_block(tokens, prev, self.vocab)
+        self._merge(keys, values)
+
+    def add(self, partial: PairCounts) -> None:
+        if not self.counts.is_sparse:
+            np.add(self.counts.dense, partial.to_dense(), out=self.counts.dense)
+            return
+        self._merge(partial.keys, partial.values)
+
+    def _merge(self, keys: np.ndarray, values: np.ndarray) -> None:
+        # Linear in the pairs seen so far: memory is the distinct pairs, twice at most.
+        merged = merge_sparse(self.counts.keys, self.counts.values, keys, values)
+        self.counts = PairCounts(self.vocab, keys=merged[0], values=merged[1])
+
+    def result(self) -> PairCounts:
+        return self.counts
+
+
+def check_tokens(block: np.ndarray, vocab: int, source: Source, first: int) -> None:
+    """Every token of the block below V; BadInput naming the first that is not, and where."""
+    if block.dtype == np.uint8 and vocab >= 256:
+        return  # bytes always fit
+    if block.size == 0:
+        return
+    bad = block >= vocab
+    if block.dtype.kind == "i":
+        bad |= block < 0
+    if not bad.any():
+        return
+    i = int(np.argmax(bad))
+    index = first + i
+    where = source.offset + index * source.itemsize
+    what = f"byte 0x{int(block[i]):02x}" if source.dtype == "|u1" else f"token {int(block[i])}"
+    raise BadInput(f"{source.name}: {what} at offset {where} (token {index}) is not in "
+                   f"[0, V={vocab})")
+
+
+def count_piece(tally: Tally, piece: Piece, block_bytes: int = BLOCK_BYTES,
+                progress: Progress | None = None) -> None:
+    """Add the pairs that start in the piece (the last one reaching one token past it)."""
+    source = piece.source
+    prev = -1
+    position = piece.start
+    for block in read_blocks(piece, max(2, block_bytes // source.itemsize)):
+        check_tokens(block, tally.vocab, source, position)
+        tally.add_block(block, prev)
+        prev = int(block[-1])
+        done = block.size if position + block.size <= piece.stop else piece.stop - position
+        position += block.size
+        if progress is not None:
+            progress(done * source.itemsize)
+
+
+def count_batch(pieces: Sequence[Piece], vocab: int, engine: str | None = None,
+                block_bytes: int = BLOCK_BYTES) -> PairCounts:
+    """The counts of some pieces: the task a worker process or a Dask worker runs."""
+    tally = Tally(vocab, engine)
+    for piece in pieces:
+        count_piece(tally, piece, block_bytes)
+    return tally.result()
+
+
+def count_stdin(tally: Tally, source: Source, block_bytes: int,
+                progress: Progress | None) -> int:
+    """Count standard input as one text; its size in bytes."""
+    prev, position = -1, 0
+    for block in stdin_blocks(source, block_bytes):
+        check_tokens(block, tally.vocab, source, position)
+        tally.add_block(block, prev)
+        prev = int(block[-1])
+        position += block.size
+        if progress is not None:
+            progress(block.size * source.itemsize)
+    return position * source.itemsize
+
+
+# -- the corpus ----------------------------------------------------------------------------
+def batches(pieces: Sequence[Piece], batch_bytes: int) -> list[list[Piece]]:
+    """Consecutive pieces grouped until a group reaches batch_bytes: small files share a task."""
+    groups: list[list[Piece]] = []
+    size = batch_bytes
+    for piece in pieces:
+        if size >= batch_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(piece)
+        size += max(piece.bytes, 1)
+    return groups
+
+
+def plan_pieces(sources: Sequence[Source], piece_bytes: int) -> list[list[Piece]]:
+    """Files cut at piece_bytes, small ones grouped: the tasks of a parallel count."""
+    itemsize = max((s.itemsize for s in sources), default=1)
+    return batches(split(sources, max(1, piece_bytes // itemsize)), piece_bytes)
+
+
+def refuse_empty(sources: Iterable[Source]) -> None:
+    """A file the user named that holds no token: say so before counting anything."""
+    for source in sources:
+        if source.explicit and not source.is_stdin and source.tokens == 0:
+            raise BadInput(f"{source.name}: empty file, nothing to learn from")
+
+
+def no_pairs(sources: Sequence[Source]) -> BadInput:
+    names = ", ".join(s.name for s in sources)
+    unit = "byte" if all(s.dtype == "|u1" for s in sources) else "token"
+    return BadInput(f"{names}: no adjacent {unit} pairs (a corpus needs a text of at least "
+                    f"2 {unit}s)")
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def count_sources(sources: Sequence[Source], vocab: int, workers: int | None = None,
+                  engine: str | None = None, progress: Progress | None = None,
+                  block_bytes: int = BLOCK_BYTES, piece_bytes: int = PIECE_BYTES,
+                  ) -> PairCounts:
+    """The counts of all sources, pairs within each; all cores unless workers says otherwise."""
+    check_vocab(vocab)
+    refuse_empty(sources)
+    tally = Tally(vocab, engine)
+    files = [s for s in sources if not s.is_stdin]
+    for source in sources:
+        if source.is_stdin:
+            count_stdin(tally, source, block_bytes, progress)
+    workers = default_workers() if workers is None else workers
+    total = sum(s.size for s in files)
+    if workers <= 1 or total < PARALLEL_MIN_BYTES or len(plan_pieces(files, piece_bytes)) < 2:
+        for source in files:
+            count_piece(tally, Piece(source, 0, source.tokens), block_bytes, progress)
+    else:
+        _count_in_processes(tally, plan_pieces(files, piece_bytes), workers, block_bytes,
+                            progress)
+    counts = tally.result()
+    if counts.transitions == 0:
+        raise no_pairs(sources)
+    return counts
+
+
+def _count_in_processes(tally: Tally, tasks: list[list[Piece]], workers: int,
+                        block_bytes: int, progress: Progress | None) -> None:
+    # fork where there is one: a spawned worker re-imports NumPy and Numba (~1 s each, a
+    # third of a 2 GB count here). The children only read files and run the counting
+    # loop; they take none of the locks the parent's other thread (the progress bar) holds.
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(workers, len(tasks)),
+                                                mp_context=context) as pool:
+        futures = {pool.submit(count_batch, task, tally.vocab, tally.engine, block_bytes):
+                   task for task in tasks}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                tally.add(future.result())
+                if progress is not None:
+                    progress(sum(piece.bytes for piece in futures[future]))
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise

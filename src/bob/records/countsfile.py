@@ -1,0 +1,267 @@
+"""The counts file: a corpus counted once, trained on many times (safetensors).
+
+Tensors, all little-endian:
+
+    dense  (V <= DENSE_MAX_VOCAB)   counts  U64[V][V]   C[prev][next]
+    sparse (V >  DENSE_MAX_VOCAB)   rows    U32[K]      the K non-zero counts in
+                                    columns U32[K]      row-major order (COO)
+                                    values  U64[K]
+
+Metadata (strings):
+
+    format          "bob-counts"
+    format_version  "1"
+    vocab           V
+    layout          "dense" or "sparse"
+    sources         JSON [[name, bytes], ...]: the files counted, in order
+    transitions     N, the number of pairs counted (the sum of the counts)
+    digest          sha256 hex of the weights C / N as float32 in row-major
+                    order: the data_digest of the corpus's input record
+    optimum         repr() of H(next | prev) in nats per transition
+    created_by      "bob <version>" (informational)
+
+Loading checks every field and tensor and raises BadInput "<file>: <problem>".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+
+from bob.errors import BadInput
+from bob.files import StrPath, atomic_write
+from bob.records.checkpoint import bob_version
+from bob.records.corpus import optimum_of_entries, weights
+from bob.records.counting import (
+    COUNT_MAX_VOCAB,
+    DENSE_MAX_VOCAB,
+    KEY,
+    MIN_VOCAB,
+    PairCounts,
+)
+
+FORMAT = "bob-counts"
+FORMAT_VERSION = 1
+REQUIRED_METADATA = ("format", "format_version", "vocab", "layout", "sources", "transitions",
+                     "digest", "optimum")
+DIGEST_ELEMENTS = 1 << 22  # weights hashed at a time (32 MiB of float64), whatever V is
+_INTEGER = re.compile(r"0|[1-9][0-9]*")
+
+
+def weights_digest(counts: PairCounts) -> str:
+    """sha256 of (C / N) as float32, row-major, computed a block of rows at a time.
+
+    Each weight is formed as corpus.weights forms it (float64 quotient rounded
+    to float32), so this equals the input record's data_digest without
+    building the V x V table.
+    """
+    total = counts.transitions
+    rows, columns, values = counts.entries()
+    hasher = hashlib.sha256()
+    step = max(1, DIGEST_ELEMENTS // counts.vocab)  # rows at a time
+    starts = np.searchsorted(rows, np.arange(0, counts.vocab + step, step))
+    block = np.zeros((step, counts.vocab), "<f4")  # reused: only the counted cells are written
+    for k, first in enumerate(range(0, counts.vocab, step)):
+        last = min(first + step, counts.vocab)
+        lo, hi = starts[k], starts[k + 1]
+        at = (rows[lo:hi] - first, columns[lo:hi])
+        block[at] = (values[lo:hi].astype(np.float64) / total).astype(np.float32)
+        hasher.update(memoryview(block[: last - first]).cast("B"))
+        block[at] = 0
+    return hasher.hexdigest()
+
+
+def counts_optimum(counts: PairCounts) -> float:
+    """H(next | prev) of the counts, the same figure as corpus.optimum."""
+    rows, _, values = counts.entries()
+    return optimum_of_entries(values, counts.row_sums()[rows], counts.transitions)
+
+
+@dataclass(frozen=True, eq=False)
+class CountsFile:
+    """A counted corpus: its counts and where they came from."""
+
+    counts: PairCounts
+    sources: tuple[tuple[str, int], ...]  # (name, bytes) of each file counted
+    digest: str  # sha256 of the weights: the input record's data_digest
+    optimum: float  # H(next | prev), nats per transition
+
+    @classmethod
+    def of(cls, counts: PairCounts, sources: Sequence[tuple[str, int]]) -> CountsFile:
+        return cls(counts, tuple((str(n), int(s)) for n, s in sources),
+                   weights_digest(counts), counts_optimum(counts))
+
+    @property
+    def vocab(self) -> int:
+        return self.counts.vocab
+
+    @property
+    def transitions(self) -> int:
+        return self.counts.transitions
+
+    @property
+    def name(self) -> str:
+        return ", ".join(name for name, _ in self.sources)
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "format": FORMAT, "format_version": str(FORMAT_VERSION),
+            "vocab": str(self.vocab), "layout": "sparse" if self.counts.is_sparse else "dense",
+            "sources": json.dumps([list(s) for s in self.sources]),
+            "transitions": str(self.transitions), "digest": self.digest,
+            "optimum": repr(float(self.optimum)), "created_by": f"bob {bob_version()}",
+        }
+
+    def _tensors(self) -> list[tuple[str, str, list[int], np.ndarray]]:
+        if not self.counts.is_sparse:
+            return [("counts", "U64", [self.vocab, self.vocab], self.counts.dense)]
+        rows, columns, values = self.counts.entries()
+        k = int(values.size)
+        return [("rows", "U32", [k], rows.astype("<u4")),
+                ("columns", "U32", [k], columns.astype("<u4")),
+                ("values", "U64", [k], values.astype("<u8"))]
+
+    def save(self, path: StrPath) -> None:
+        """Write atomically (temporary file, fsync, rename)."""
+        tensors = self._tensors()
+        header: dict[str, object] = {"__metadata__": self.metadata()}
+        offset = 0
+        for name, dtype, shape, array in tensors:
+            header[name] = {"dtype": dtype, "shape": shape,
+                            "data_offsets": [offset, offset + array.nbytes]}
+            offset += array.nbytes
+        text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        text += b" " * (-len(text) % 8)
+
+        def write(file: BinaryIO) -> None:
+            file.write(struct.pack("<Q", len(text)) + text)
+            for _, _, _, array in tensors:
+                file.write(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+        atomic_write(path, write)
+
+    @classmethod
+    def load(cls, path: StrPath) -> CountsFile:
+        """Read and check a counts file; BadInput "<file>: <problem>" when it is not sound."""
+        source = str(path)
+        try:
+            with safe_open(source, framework="numpy") as file:
+                fields = _read_metadata(file.metadata() or {}, source)
+                counts = _read_counts(file, fields, source)
+        except SafetensorError as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise BadInput(f"{source}: not a readable counts file ({reason})") from None
+        except FileNotFoundError:
+            raise BadInput(f"{source}: no such file") from None
+        except OSError as error:
+            raise BadInput(f"{source}: cannot read ({error.strerror or error})") from None
+        if counts.transitions != fields.transitions:
+            raise BadInput(f"{source}: the counts sum to {counts.transitions}, the metadata "
+                           f"says {fields.transitions} transitions")
+        if counts.transitions == 0:
+            raise BadInput(f"{source}: the counts are all zero")
+        return cls(counts, fields.sources, fields.digest, fields.optimum)
+
+
+@dataclass(frozen=True)
+class _Fields:
+    vocab: int
+    layout: str
+    sources: tuple[tuple[str, int], ...]
+    transitions: int
+    digest: str
+    optimum: float
+
+
+def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
+    if metadata.get("format") != FORMAT:
+        found = f"format {metadata['format']!r}" if "format" in metadata else "no format field"
+        raise BadInput(f"{source}: not a Bob counts file ({found} in the metadata, expected "
+                       f"{FORMAT!r}; make one with bob count)")
+    for name in REQUIRED_METADATA:
+        if name not in metadata:
+            raise BadInput(f"{source}: metadata field {name!r} is missing")
+    if metadata["format_version"] != str(FORMAT_VERSION):
+        raise BadInput(f"{source}: unsupported counts format version "
+                       f"{metadata['format_version']!r} (this Bob reads {FORMAT_VERSION})")
+    for name in ("vocab", "transitions"):
+        if not _INTEGER.fullmatch(metadata[name]):
+            raise BadInput(f"{source}: metadata {name} {metadata[name]!r} is not a "
+                           f"non-negative integer")
+    vocab = int(metadata["vocab"])
+    if not MIN_VOCAB <= vocab <= COUNT_MAX_VOCAB:
+        raise BadInput(f"{source}: metadata vocab {vocab} is outside "
+                       f"[{MIN_VOCAB}, {COUNT_MAX_VOCAB}]")
+    layout = "dense" if vocab <= DENSE_MAX_VOCAB else "sparse"
+    if metadata["layout"] != layout:
+        raise BadInput(f"{source}: metadata layout {metadata['layout']!r}; V={vocab} is "
+                       f"stored {layout}")
+    try:
+        sources = tuple((str(n), int(s)) for n, s in json.loads(metadata["sources"]))
+    except (ValueError, TypeError):
+        raise BadInput(f"{source}: metadata sources is not a JSON list of [name, bytes]") \
+            from None
+    if not re.fullmatch(r"[0-9a-f]{64}", metadata["digest"]):
+        raise BadInput(f"{source}: metadata digest is not 64 lowercase hex digits")
+    try:
+        optimum = float(metadata["optimum"])
+    except ValueError:
+        raise BadInput(f"{source}: metadata optimum {metadata['optimum']!r} is not a "
+                       f"number") from None
+    if not (optimum >= 0 and optimum != float("inf")):
+        raise BadInput(f"{source}: metadata optimum {optimum!r} is not a finite number >= 0")
+    return _Fields(vocab, layout, sources, int(metadata["transitions"]), metadata["digest"],
+                   optimum)
+
+
+def _tensor(file, name: str, dtype: str, shape: list[int] | None, source: str) -> np.ndarray:
+    if name not in set(file.keys()):
+        raise BadInput(f"{source}: no tensor {name!r}")
+    layout = file.get_slice(name)
+    if layout.get_dtype() != dtype:
+        raise BadInput(f"{source}: tensor {name} is {layout.get_dtype()}, not {dtype}")
+    found = list(layout.get_shape())
+    if shape is not None and found != shape:
+        raise BadInput(f"{source}: tensor {name} has shape {found}, expected {shape}")
+    if shape is None and len(found) != 1:
+        raise BadInput(f"{source}: tensor {name} has shape {found}, expected one dimension")
+    return file.get_tensor(name)
+
+
+def _read_counts(file, fields: _Fields, source: str) -> PairCounts:
+    v = fields.vocab
+    if fields.layout == "dense":
+        return PairCounts(v, dense=np.ascontiguousarray(
+            _tensor(file, "counts", "U64", [v, v], source), np.uint64))
+    rows = _tensor(file, "rows", "U32", None, source).astype(np.uint64)
+    columns = _tensor(file, "columns", "U32", None, source).astype(np.uint64)
+    values = _tensor(file, "values", "U64", None, source).astype(np.uint64)
+    if not rows.size == columns.size == values.size:
+        raise BadInput(f"{source}: rows, columns and values differ in length "
+                       f"({rows.size}, {columns.size}, {values.size})")
+    if rows.size and (rows.max() >= v or columns.max() >= v):
+        raise BadInput(f"{source}: an index is not below V={v}")
+    keys = (rows * np.uint64(v) + columns).astype(KEY)
+    if keys.size > 1 and not (keys[1:] > keys[:-1]).all():
+        raise BadInput(f"{source}: entries are not in strictly increasing row-major order")
+    if values.size and not values.all():
+        raise BadInput(f"{source}: a stored count is zero (sparse entries are non-zero)")
+    return PairCounts(v, keys=keys, values=values)
+
+
+def table_weights(counts: PairCounts) -> np.ndarray:
+    """T = C / N as float32 [V, V], each weight formed as corpus.weights forms it."""
+    if not counts.is_sparse:
+        return weights(counts.dense)
+    total = counts.transitions
+    table = np.zeros(counts.vocab * counts.vocab, np.float32)
+    table[counts.keys.astype(np.int64)] = (counts.values.astype(np.float64) / total
+                                           ).astype(np.float32)
+    return table.reshape(counts.vocab, counts.vocab)

@@ -1,0 +1,144 @@
+"""Counting on a Dask cluster: byte ranges of files as tasks, partial counts added by the client.
+
+    bob count --dask corpus/            # a LocalCluster on this machine
+    bob count --dask tcp://host:8786 s3://bucket/crawl/
+
+The tasks are the same as the worker processes' (`counting.count_batch` over
+pieces of files), so the counts are bit-identical to the single-process path
+for every partitioning: integers add exactly, in any order. Workers open the
+files themselves, so on a cluster of many machines the paths must be shared or
+remote (fsspec URLs). Dask retries a task whose worker died; a task that keeps
+failing ends the count with one line naming its file and byte range.
+
+Dask is the optional extra ``bob[dask]``; it is imported only here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bob.errors import BadInput, BobError, RunFailure
+from bob.records.counting import (
+    BLOCK_BYTES,
+    PIECE_BYTES,
+    PairCounts,
+    Progress,
+    Tally,
+    check_vocab,
+    count_piece,
+    no_pairs,
+    plan_pieces,
+    refuse_empty,
+)
+from bob.records.sources import Piece, Source
+
+RETRIES = 2  # a task is tried 1 + RETRIES times before the count gives up
+
+
+class PieceFailed(RunFailure):
+    """A task failed on a piece (the message names the file and byte range)."""
+
+
+def _distributed():
+    try:
+        import distributed
+    except ImportError:
+        raise BadInput("--dask needs Dask: pip install 'bob[dask]'") from None
+    return distributed
+
+
+def count_task(pieces: Sequence[Piece], vocab: int, engine: str | None,
+               block_bytes: int) -> PairCounts:
+    """One Dask task: the pieces' counts; a failure re-raised as one line naming its piece."""
+    tally = Tally(vocab, engine)
+    for piece in pieces:
+        try:
+            count_piece(tally, piece, block_bytes)
+        except BobError:
+            raise  # already one line naming the file
+        except Exception as error:  # any other failure of a worker becomes one line too
+            raise PieceFailed(f"{piece}: {type(error).__name__}: {error}") from None
+    return tally.result()
+
+
+def _task_text(task: Sequence[Piece]) -> str:
+    if len(task) == 1:
+        return str(task[0])
+    return f"{task[0]} .. {task[-1]} ({len(task)} pieces)"
+
+
+def count_on_dask(sources: Sequence[Source], vocab: int, address: str | None = None,
+                  workers: int = 2, processes: bool = False, engine: str | None = None,
+                  progress: Progress | None = None, piece_bytes: int = PIECE_BYTES,
+                  block_bytes: int = BLOCK_BYTES) -> PairCounts:
+    """The counts of the sources, counted by the scheduler at `address` (None: a LocalCluster).
+
+    The LocalCluster's workers are threads of this process unless `processes`:
+    the counting loop (Numba, nogil) and file reads release the GIL, so threads
+    count in parallel without the seconds a worker process takes to start.
+    """
+    check_vocab(vocab)
+    if any(s.is_stdin for s in sources):
+        raise BadInput("-: standard input cannot be counted on a Dask cluster (its workers "
+                       "cannot read it); give files")
+    refuse_empty(sources)
+    distributed = _distributed()
+    tasks = plan_pieces(sources, piece_bytes)
+    if address is None:
+        cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=1,
+                                           processes=processes, dashboard_address=None)
+    else:
+        cluster = None
+    try:
+        try:
+            client = distributed.Client(cluster if cluster is not None else address,
+                                        timeout="20s")
+        except (OSError, TimeoutError) as error:
+            raise RunFailure(f"{address}: cannot reach the Dask scheduler ({error})") from None
+        with client:
+            return _gather(client, distributed, tasks, vocab, engine, block_bytes, progress,
+                           sources)
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def _gather(client, distributed, tasks: list[list[Piece]], vocab: int, engine: str | None,
+            block_bytes: int, progress: Progress | None, sources: Sequence[Source],
+            ) -> PairCounts:
+    """Submit every task, add each partial as it arrives (so memory holds one sum)."""
+    futures = {}
+    for task in tasks:
+        future = client.submit(count_task, task, vocab, engine, block_bytes,
+                               retries=RETRIES, pure=False)
+        futures[future] = task
+    tally = Tally(vocab, engine)
+    try:
+        for future in distributed.as_completed(futures):
+            task = futures.pop(future)
+            if future.status != "finished":
+                raise _failure(future, task)
+            tally.add(future.result())
+            future.release()
+            if progress is not None:
+                progress(sum(piece.bytes for piece in task))
+    finally:
+        client.cancel(list(futures))
+    counts = tally.result()
+    if counts.transitions == 0:
+        raise no_pairs(sources)
+    return counts
+
+
+def _failure(future, task: Sequence[Piece]) -> BobError:
+    error = future.exception()
+    if isinstance(error, BobError):
+        text = str(error)
+        kind = type(error) if isinstance(error, BadInput) else RunFailure
+    else:
+        text = f"{_task_text(task)}: {type(error).__name__}: {error}"
+        kind = RunFailure
+    message = text.splitlines()[0] if text else _task_text(task)
+    if kind is RunFailure:
+        message += f" (failed {RETRIES + 1} times)"
+    return kind(message)

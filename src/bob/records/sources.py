@@ -1,0 +1,297 @@
+"""Where a corpus comes from: inputs resolved to files, and files cut into pieces.
+
+An input is a file, a directory (its files, recursively, in sorted order), a
+glob pattern, ``-`` for standard input, or an fsspec URL (``s3://bucket/x``,
+``memory://x``, ``file:///x``; any protocol whose fsspec package is
+installed). Each file is a sequence of tokens: bytes for text, or
+little-endian uint16/uint32 for token files (nanoGPT's ``train.bin``), or a
+``.npy`` array of integers.
+
+A piece is a range [start, stop) of one file's tokens. It counts the pairs
+(t[i], t[i+1]) for start <= i < stop with i + 1 inside the file, so it reads
+one token past its end. Any partition of a file into pieces therefore counts
+each adjacent pair exactly once, and no pair crosses a file boundary.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from bob.errors import BadInput
+
+STDIN = "-"
+TOKEN_DTYPES = {"uint16": "<u2", "uint32": "<u4"}  # raw token files: nanoGPT writes uint16
+# .npy tokens: integers, little-endian (or single bytes)
+_NPY_DTYPES = frozenset(("|u1", "<u2", "<u4", "<u8", "|i1", "<i2", "<i4", "<i8"))
+_GLOB_CHARACTERS = frozenset("*?[")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One file of tokens: where it is, how its tokens are stored, how many there are."""
+
+    name: str  # as the user gave or a directory/glob produced it; a URL keeps its protocol
+    size: int  # bytes of the whole file
+    dtype: str = "|u1"  # NumPy dtype string of one token: "|u1" for text
+    offset: int = 0  # bytes before the first token (a .npy header)
+    explicit: bool = True  # named by the user, not found in a directory or by a glob
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def tokens(self) -> int:
+        return (self.size - self.offset) // self.itemsize
+
+    @property
+    def is_url(self) -> bool:
+        return "://" in self.name
+
+    @property
+    def is_stdin(self) -> bool:
+        return self.name == STDIN
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Tokens [start, stop) of one source; it counts the pairs that start there."""
+
+    source: Source
+    start: int
+    stop: int
+
+    @property
+    def bytes(self) -> int:
+        return (self.stop - self.start) * self.source.itemsize
+
+    def __str__(self) -> str:
+        size = self.source.itemsize
+        first = self.source.offset + self.start * size
+        return f"{self.source.name} bytes {first}-{first + self.bytes}"
+
+
+# -- resolving inputs ------------------------------------------------------------
+def _fsspec():
+    try:
+        import fsspec
+    except ImportError:
+        raise BadInput("reading URLs needs fsspec: pip install 'bob[remote]'") from None
+    return fsspec
+
+
+def _url_files(url: str) -> list[tuple[str, int, bool]]:
+    """(url, size, explicit) of a URL's files: a file, a directory's tree or a glob."""
+    fsspec = _fsspec()
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as error:
+        raise BadInput(f"{url}: cannot open this URL ({error})") from None
+    protocol = url.split("://", 1)[0]
+
+    def full(p: str) -> str:
+        return fs.unstrip_protocol(p) if protocol != "file" else f"file://{p}"
+
+    try:
+        if any(c in path for c in _GLOB_CHARACTERS) and not fs.exists(path):
+            found = sorted(p for p in fs.glob(path) if fs.isfile(p))
+            if not found:
+                raise BadInput(f"{url}: no file matches")
+            return [(full(p), int(fs.size(p)), False) for p in found]
+        if fs.isdir(path):
+            found = sorted(fs.find(path))
+            if not found:
+                raise BadInput(f"{url}: directory has no files")
+            return [(full(p), int(fs.size(p)), False) for p in found]
+        if not fs.exists(path):
+            raise BadInput(f"{url}: no such file")
+        return [(url, int(fs.size(path)), True)]
+    except OSError as error:
+        raise BadInput(f"{url}: cannot read ({error.strerror or error})") from None
+
+
+def _local_files(name: str) -> list[tuple[str, int, bool]]:
+    path = Path(name)
+    if path.is_dir():
+        found = sorted(str(p) for p in path.rglob("*") if p.is_file())
+        if not found:
+            raise BadInput(f"{name}: directory has no files")
+        return [(p, os.path.getsize(p), False) for p in found]
+    if any(c in name for c in _GLOB_CHARACTERS) and not path.exists():
+        found = sorted(p for p in glob.glob(name, recursive=True) if os.path.isfile(p))
+        if not found:
+            raise BadInput(f"{name}: no file matches")
+        return [(p, os.path.getsize(p), False) for p in found]
+    try:
+        return [(name, os.stat(name).st_size, True)]
+    except FileNotFoundError:
+        raise BadInput(f"{name}: no such file") from None
+    except OSError as error:
+        raise BadInput(f"{name}: cannot read ({error.strerror or error})") from None
+
+
+def _token_layout(name: str, size: int, dtype: str) -> tuple[str, int]:
+    """(dtype, header bytes) of a token file: raw tokens of `dtype`, or a .npy array."""
+    if name.endswith(".npy"):
+        return _npy_layout(name)
+    itemsize = np.dtype(dtype).itemsize
+    if size % itemsize:
+        raise BadInput(f"{name}: {size} bytes is not a whole number of "
+                       f"{itemsize}-byte tokens (is --token-dtype right?)")
+    return dtype, 0
+
+
+def _npy_layout(name: str) -> tuple[str, int]:
+    with open_binary(name) as file:
+        try:
+            version = np.lib.format.read_magic(file)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(file)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(file)
+        except ValueError as error:
+            raise BadInput(f"{name}: not a readable .npy file ({error})") from None
+        offset = file.tell()
+    if dtype.str not in _NPY_DTYPES:
+        raise BadInput(f"{name}: .npy of {dtype}, not little-endian integers")
+    if fortran and len(shape) > 1:
+        raise BadInput(f"{name}: .npy in Fortran order; tokens are read in C order")
+    expected = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = _size_of(name)
+    if size != expected:
+        raise BadInput(f"{name}: {size} bytes, its .npy header says {expected}")
+    return dtype.str, offset
+
+
+def _size_of(name: str) -> int:
+    if "://" in name:
+        fs, path = _fsspec().core.url_to_fs(name)
+        return int(fs.size(path))
+    return os.path.getsize(name)
+
+
+def resolve(inputs: Sequence[str], token_dtype: str | None = None) -> tuple[Source, ...]:
+    """The files of the inputs, in order; a directory's files sorted; BadInput naming a bad one.
+
+    `token_dtype` None reads the files as bytes (text), else as tokens of that
+    type ("uint16"/"uint32"; ".npy" files carry their own).
+    """
+    if not inputs:
+        raise BadInput("give at least one input (a file, directory, glob, URL or -)")
+    if sum(1 for name in inputs if name == STDIN) > 1:
+        raise BadInput("-: standard input can be read only once")
+    sources = []
+    for name in inputs:
+        if name == STDIN:
+            dtype = "|u1" if token_dtype is None else TOKEN_DTYPES[token_dtype]
+            sources.append(Source(STDIN, -1, dtype))
+            continue
+        files = _url_files(name) if "://" in name else _local_files(name)
+        for file_name, size, explicit in files:
+            dtype, offset = "|u1", 0
+            if token_dtype is not None:
+                dtype, offset = _token_layout(file_name, size, TOKEN_DTYPES[token_dtype])
+            sources.append(Source(file_name, size, dtype, offset, explicit))
+    return tuple(sources)
+
+
+# -- reading -----------------------------------------------------------------------
+def open_binary(name: str) -> BinaryIO:
+    """The file for reading bytes: a local path directly, a URL through fsspec."""
+    try:
+        if "://" in name:
+            return _fsspec().open(name, "rb").open()
+        return open(name, "rb")  # noqa: SIM115  # the caller closes it
+    except FileNotFoundError:
+        raise BadInput(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise BadInput(f"{name}: is a directory, not a file") from None
+    except PermissionError:
+        raise BadInput(f"{name}: cannot read the file (permission denied)") from None
+    except OSError as error:
+        raise BadInput(f"{name}: cannot read the file ({error.strerror or error})") from None
+
+
+def read_blocks(piece: Piece, block_tokens: int) -> Iterator[np.ndarray]:
+    """The piece's tokens and the one after it, in blocks of at most block_tokens.
+
+    Consecutive blocks do not overlap: the caller carries the last token of a
+    block over to the next, so the pair across the cut is counted once.
+    """
+    source = piece.source
+    size = source.itemsize
+    end = min(piece.stop + 1, source.tokens)  # one past: the pair that starts at stop-1
+    buffer = bytearray(block_tokens * size)
+    view = memoryview(buffer)
+    with open_binary(source.name) as file:
+        try:
+            file.seek(source.offset + piece.start * size)
+            position = piece.start
+            while position < end:
+                want = min(block_tokens, end - position) * size
+                got = _read_into(file, view[:want])
+                if got < want:
+                    raise BadInput(f"{source.name}: ended early at byte "
+                                   f"{source.offset + position * size + got} (it changed "
+                                   f"while being read?)")
+                yield np.frombuffer(buffer, source.dtype, want // size)
+                position += want // size
+        except OSError as error:
+            raise BadInput(f"{source.name}: cannot read the file "
+                           f"({error.strerror or error})") from None
+
+
+def _read_into(file: BinaryIO, view: memoryview) -> int:
+    """Fill view from the file (several reads where a file system returns less)."""
+    done = 0
+    while done < len(view):
+        readinto = getattr(file, "readinto", None)
+        if readinto is not None:
+            got = readinto(view[done:])
+        else:
+            data = file.read(len(view) - done)
+            got = len(data)
+            view[done:done + got] = data
+        if not got:
+            break
+        done += got
+    return done
+
+
+def stdin_blocks(source: Source, block_bytes: int) -> Iterator[np.ndarray]:
+    """Standard input in blocks of whole tokens; a partial last token is refused."""
+    stream = sys.stdin.buffer
+    size = source.itemsize
+    rest = b""
+    while True:
+        chunk = stream.read(block_bytes)
+        if not chunk:
+            break
+        data = rest + chunk
+        whole = len(data) - len(data) % size
+        rest = data[whole:]
+        if whole:
+            yield np.frombuffer(data[:whole], source.dtype)
+    if rest:
+        raise BadInput(f"-: ends with {len(rest)} bytes of a {size}-byte token")
+
+
+def split(sources: Sequence[Source], piece_tokens: int) -> list[Piece]:
+    """Every file's tokens cut into pieces of at most piece_tokens (a file's own when smaller)."""
+    if piece_tokens < 1:
+        raise ValueError("a piece has at least one token")
+    pieces = []
+    for source in sources:
+        if source.is_stdin:
+            raise ValueError("standard input cannot be cut into pieces")
+        for start in range(0, source.tokens, piece_tokens):
+            pieces.append(Piece(source, start, min(start + piece_tokens, source.tokens)))
+    return pieces
