@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from bob.config import DEFAULT_SUBMISSION_POLICY, SUBMISSION_POLICIES
 from bob.errors import BadInput
 from bob.plan.model import (
     Address,
@@ -105,6 +106,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         ],
         "forward_launches": plan.forward_launches,
         "forward_submissions": plan.forward_submissions,
+        "submission_policy": plan.submission_policy,
         "attributes": plan.attributes,
         "figures": {
             "launches": plan.launch_count,
@@ -239,6 +241,11 @@ def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
     attributes = data.get("attributes", {})
     if not isinstance(attributes, dict):
         raise r.fail("attributes", "expected an object")
+    # Absent in plans written before the policy existed: they are per-launch.
+    policy = data.get("submission_policy", DEFAULT_SUBMISSION_POLICY)
+    if policy not in SUBMISSION_POLICIES:
+        raise r.fail("submission_policy", f"expected one of {', '.join(SUBMISSION_POLICIES)}, "
+                     f"not {policy!r}")
     return Plan(
         target=target,
         address_map=AddressMap(*components),
@@ -252,6 +259,7 @@ def plan_from_json(data: Any, source: str = "<plan>") -> Plan:
         submissions=submissions,
         forward_launches=r.integer(data, "forward_launches", ""),
         forward_submissions=r.integer(data, "forward_submissions", ""),
+        submission_policy=policy,
         attributes=attributes,
     )
 
