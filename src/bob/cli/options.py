@@ -7,6 +7,7 @@ import click
 from bob.config import (
     ARENA_KINDS,
     BACKEND_NAMES,
+    DEFAULT_SUBMISSION_POLICY,
     DEFAULT_TARGET,
     HYPER_FIELDS,
     MAX_PROMPTS,
@@ -15,6 +16,7 @@ from bob.config import (
     MIN_VOCAB,
     MODES,
     SCHEDULES,
+    SUBMISSION_POLICIES,
     TARGET_NAMES,
     Hyper,
 )
@@ -24,6 +26,11 @@ from bob.program.bob import BobConfig
 SCHEDULE_OPTION = click.option(
     "--schedule", type=click.Choice(SCHEDULES), default=SCHEDULES[0], show_default=True,
     help="The seed's launches (the reference), or the fused kernel: the same bytes, faster.")
+SUBMISSION_OPTION = click.option(
+    "--submission", type=click.Choice(SUBMISSION_POLICIES), default=DEFAULT_SUBMISSION_POLICY,
+    show_default=True,
+    help="Every launch its own submission (the reference), or chained: each submission's "
+         "launches linked in the command stream (nv, nv-sim; the same bytes).")
 MODE_OPTION = click.option(
     "--mode", type=click.Choice(MODES), default=MODES[0], show_default=True,
     help="Hard targets (the seed's record) or corpus weights.")
@@ -92,6 +99,7 @@ def hyper_options(function):
 
 
 def config_from(vocab: int, prompts: int, updates: int, mode: str,
-                schedule: str = "seed") -> BobConfig:
+                schedule: str = "seed", submission: str = DEFAULT_SUBMISSION_POLICY) -> BobConfig:
     return BobConfig(vocab=vocab, prompts=prompts, updates=updates,  # type: ignore[arg-type]
-                     mode=mode, schedule=schedule)  # type: ignore[arg-type]
+                     mode=mode, schedule=schedule,  # type: ignore[arg-type]
+                     submission=submission)  # type: ignore[arg-type]
