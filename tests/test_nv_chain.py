@@ -483,3 +483,68 @@ def test_an_unknown_policy_is_refused_and_nothing_is_written(command, tmp_path, 
     assert "Invalid value for '--submission': 'batched' is not one of 'per-launch', " \
            "'chained'." in err
     assert not out.exists()
+
+
+def test_nv_fields_doc_lists_the_dependent_fields_with_their_bits(target):
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "NV-FIELDS.md").read_text()
+    rows = re.findall(r"^\| (V0[34]_00) \| `([A-Z0-9_()]+)` \| (\d+):(\d+) \|", text, re.M)
+    documented = {(version, name): (int(high), int(low)) for version, name, high, low in rows}
+    plan = _plan(target)
+    qmd = encode_qmd(plan, 0)  # launch 0 is chained to launch 1
+    assert any(name.startswith("DEPENDENT_QMD") for name in qmd.fields_set)
+    for name in qmd.fields_set:
+        assert documented.get((qmd.version, name)) == qmd.FIELDS[name], name
+
+
+# -- the probe kernel's two-launch submission, chained; and Bob's plan on the H200 -----------
+
+
+def _chained_two_launch_plan():
+    from test_nv_rm import _two_launch_plan
+
+    return replace(_two_launch_plan(), submission_policy="chained")
+
+
+def test_chained_two_launch_submission_on_nv_sim():
+    from test_nv_rm import _exercise_two_launches, _probe_reference
+
+    backend = NvSimBackend(_chained_two_launch_plan(), kernels={"probe": _probe_reference})
+    encoded = _exercise_two_launches(backend)
+    text = decoder.disassemble(encoded, backend.plan)
+    assert "WAIT_FOR_IDLE" not in text and "(b, scheduled by launch 0 on completion)" in text
+
+
+def _nv_present() -> bool:
+    from test_nv_rm import _nv_present as present
+
+    return present()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _nv_present(), reason="no NVIDIA kernel driver here")
+def test_chained_two_launch_submission_on_hopper():
+    """b runs because a's QMD schedules it; a re-run and patched scalars, as per-launch."""
+    from bob.backends.nv.rm.backend import NvBackend
+    from test_nv_rm import _exercise_two_launches
+
+    with NvBackend(_chained_two_launch_plan(), deadline_s=10) as backend:
+        _exercise_two_launches(backend)
+        assert backend.launch_progress() == 2  # launch 1 (b) completed last
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _nv_present(), reason="no NVIDIA kernel driver here")
+@pytest.mark.parametrize("vocab", [256, 1024, 8192])
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+def test_chained_bob_plan_on_hopper_is_byte_identical_to_cpu(vocab, mode, schedule):
+    pytest.importorskip("cuda.bindings.nvrtc", reason="the nv backend compiles with NVRTC")
+    updates, steps = (10, 25) if vocab <= 1024 else (1, 2)
+    config = BobConfig(vocab=vocab, prompts=2, updates=updates, mode=mode, schedule=schedule,
+                       submission="chained")
+    report = differential_check(("cpu", "nv"), config, steps, arenas=("device", "host"))
+    print(f"V={vocab} {mode} {schedule} chained: {report.invocations} invocations, "
+          f"{report.bytes_compared:,} bytes, identical={report.identical}")
+    assert report.identical, report.difference
