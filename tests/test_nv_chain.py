@@ -548,3 +548,13 @@ def test_chained_bob_plan_on_hopper_is_byte_identical_to_cpu(vocab, mode, schedu
     print(f"V={vocab} {mode} {schedule} chained: {report.invocations} invocations, "
           f"{report.bytes_compared:,} bytes, identical={report.identical}")
     assert report.identical, report.difference
+
+
+def test_train_chained_on_nv_sim_writes_the_cpu_checkpoint(tmp_path, capsys):
+    chained, reference = tmp_path / "chained.safetensors", tmp_path / "cpu.safetensors"
+    assert main(["train", "--backend", "nv-sim", "--submission", "chained", "--steps", "3",
+                 "-N", "2", "--checkpoint", str(chained)]) == 0
+    assert main(["train", "--backend", "cpu", "--steps", "3", "-N", "2",
+                 "--checkpoint", str(reference)]) == 0
+    capsys.readouterr()
+    assert chained.read_bytes() == reference.read_bytes()
