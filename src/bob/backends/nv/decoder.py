@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -631,7 +631,7 @@ class DecodedQmd:
                 continue
             action = self.get(names.action)
             dependents.append(Dependent(
-                self.get(names.pointer) << _dependent_shift(),
+                self.get(names.pointer) << DEPENDENT_POINTER_SHIFT,
                 self.value_name(names.action, action) or str(action),
                 bool(self.get(names.prefetch)),
             ))
@@ -663,6 +663,9 @@ def _dependent_shift() -> int:
     return shifts.pop()
 
 
+DEPENDENT_POINTER_SHIFT = _dependent_shift()
+
+
 def qmd_launch(encoded: EncodedProgram, address: int) -> int:
     """The launch whose QMD starts at `address`; a DecodeError for any other address."""
     base = encoded.qmd_table.base or 0
@@ -675,7 +678,8 @@ def qmd_launch(encoded: EncodedProgram, address: int) -> int:
 
 
 def follow_chain(encoded: EncodedProgram, first: int,
-                 read=None) -> list[tuple[int, DecodedQmd]]:
+                 read: Callable[[int, int], bytes] | None = None,
+                 ) -> list[tuple[int, DecodedQmd]]:
     """The QMDs a dispatch of the QMD at `first` runs, in order: it, then each one's
     dependent QMD 0, as (address, QMD). `read(address, size)` reads memory (default: the
     encoded components). Refuses in one line a pointer that is not at a QMD of the table,
