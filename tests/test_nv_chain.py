@@ -558,3 +558,9 @@ def test_train_chained_on_nv_sim_writes_the_cpu_checkpoint(tmp_path, capsys):
                  "--checkpoint", str(reference)]) == 0
     capsys.readouterr()
     assert chained.read_bytes() == reference.read_bytes()
+
+
+def test_plan_table_names_the_policy(capsys):
+    for policy in SUBMISSION_POLICIES:
+        assert main(["plan", "-N", "2", "--submission", policy]) == 0
+        assert f"Submissions ({policy})" in capsys.readouterr().out
