@@ -564,3 +564,35 @@ def test_plan_table_names_the_policy(capsys):
     for policy in SUBMISSION_POLICIES:
         assert main(["plan", "-N", "2", "--submission", policy]) == 0
         assert f"Submissions ({policy})" in capsys.readouterr().out
+
+
+def test_nv_backend_wait_restarts_its_deadline_while_a_chain_makes_progress(monkeypatch):
+    """One long chained submission moves GP_GET once; its launches' releases show it runs."""
+    from bob.backends.nv.rm import channel as ch
+    from bob.backends.nv.rm.ioctl import SubmissionTimeout
+
+    plan = _hopper_plan(replace(CHAINED, updates=20))
+    backend, _, _ = _open(monkeypatch, plan)
+    semaphores = backend.blocks["semaphores"]
+    progress = backend.encoded.launch_progress_address - semaphores.gpu_va
+    calls: list[int] = []
+
+    def slow_chain(channel, read, target, deadline, what):
+        calls.append(target)
+        if len(calls) < 3:  # two deadlines pass, each with one more launch completed
+            semaphores.write(progress, struct.pack("<I", 5 + len(calls)))
+            raise SubmissionTimeout(f"{what} is 0, not {target}")
+        return target
+
+    monkeypatch.setattr(ch.Channel, "wait", slow_chain)
+    backend.run(range(1, 2))
+    assert calls == [2, 2, 2]
+
+    def stuck(channel, read, target, deadline, what):
+        raise SubmissionTimeout(f"{what} is 0, not {target}")
+
+    monkeypatch.setattr(ch.Channel, "wait", stuck)
+    with pytest.raises(SubmissionTimeout, match=r"submission 1's semaphore is 0, not 2; the "
+                                                r"last launch completed is 6 \("):
+        backend.run(range(1, 2))
+    backend.close()
