@@ -20,6 +20,7 @@ from .options import (
     ARENA_OPTION,
     BACKEND_OPTION,
     SCHEDULE_OPTION,
+    SUBMISSION_OPTION,
     arch_option,
     hyper_options,
 )
@@ -59,10 +60,11 @@ def _byte_text(value: int) -> str:
 @click.option("--result", "result_path", type=click.Path(dir_okay=False),
               help="Write the last invocation's result record here.")
 @SCHEDULE_OPTION
+@SUBMISSION_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary as the last line.")
 def train(texts, input_record, steps, checkpoint, resume, overwrite, backend, arch, arena,
           updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path, schedule,
-          as_json) -> None:
+          submission, as_json) -> None:
     """Train the bigram table with AdamW, a checkpoint after every invocation."""
     # The API's refusals in its own words; here in the command's.
     if texts and input_record is not None:
@@ -87,7 +89,7 @@ def train(texts, input_record, steps, checkpoint, resume, overwrite, backend, ar
             backend=backend, hyper=None if resume and _defaults(hyper) else hyper,
             updates_per_invocation=updates_per_invocation, input_record=input_record,
             overwrite=overwrite, arch=arch, arena=arena, result_path=result_path,
-            schedule=schedule, progress=advance)
+            schedule=schedule, progress=advance, submission=submission)
     table = Table(title=f"bob train ({report.backend} backend, {report.mode} mode)")
     table.add_column("")
     table.add_column("value", justify="right")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from bob.backends import choose_backend
-from bob.config import ARENA_KINDS, DEFAULT_TARGET, Hyper
+from bob.config import ARENA_KINDS, DEFAULT_SUBMISSION_POLICY, DEFAULT_TARGET, Hyper
 from bob.errors import BadInput
 from bob.host import sampling
 from bob.host.session import Invocation, Session
@@ -103,10 +103,12 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
           hyper: Hyper | None = None, updates_per_invocation: int = DEFAULT_UPDATES_PER_INVOCATION,
           input_record: str | None = None, overwrite: bool = False, arch: str = DEFAULT_TARGET,
           arena: str = ARENA_KINDS[0], result_path: str | None = None, schedule: str = "seed",
-          progress: Callable[[Invocation, int], None] | None = None) -> TrainReport:
+          progress: Callable[[Invocation, int], None] | None = None,
+          submission: str = DEFAULT_SUBMISSION_POLICY) -> TrainReport:
     """Train for `steps` updates, saving the checkpoint after every invocation.
 
     `schedule` "fused" runs the fused kernel: the same bytes as "seed", faster.
+    `submission` "chained" links each invocation's launches in the command stream.
     """
     if steps < 0:
         raise BadInput(f"steps must be >= 0, not {steps}")
@@ -132,7 +134,8 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
     hyper = start.hyper
     config = BobConfig(vocab=data.record.vocab, prompts=0,
                        updates=min(updates_per_invocation, max(steps, 1)),
-                       mode=data.record.mode, schedule=schedule)  # type: ignore[arg-type]
+                       mode=data.record.mode, schedule=schedule,  # type: ignore[arg-type]
+                       submission=submission)  # type: ignore[arg-type]
     history = list(start.history)
 
     def after(invocation: Invocation, done: int) -> None:
