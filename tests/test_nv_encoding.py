@@ -472,7 +472,8 @@ def test_emit_writes_every_component_and_an_index(plan, tmp_path):
     encoded = encode(plan)
     paths = emit(encoded, tmp_path / "out")
     index = json.loads((tmp_path / "out" / "index.json").read_text())
-    assert index["format"] == "bob-nv-components" and index["version"] == 2
+    assert index["format"] == "bob-nv-components" and index["version"] == 3
+    assert index["submission_policy"] == plan.submission_policy == "per-launch"
     assert index["semaphores"]["submission_slots"] == f"0x{encoded.submission_semaphore(0):x}"
     assert index["semaphores"]["slot_bytes"] == 16
     assert index["target"] == plan.target.name

@@ -19,6 +19,15 @@ Mode = Literal["hard", "corpus"]
 MODES: tuple[Mode, ...] = ("hard", "corpus")  # a mode's index is its code in a record
 Schedule = Literal["seed", "fused"]
 SCHEDULES: tuple[Schedule, ...] = ("seed", "fused")
+# How a plan's launches reach the device. per-launch (the seed's, the reference):
+# every launch its own submission, dispatched by the pushbuffer, each with its own
+# semaphore release. chained: consecutive launches of one submission are linked in
+# the command stream (each QMD schedules the next when it completes), one
+# semaphore release per submission. Default per-launch until chained is measured
+# on an H200 (issue 12).
+SubmissionPolicy = Literal["per-launch", "chained"]
+SUBMISSION_POLICIES: tuple[SubmissionPolicy, ...] = ("per-launch", "chained")
+DEFAULT_SUBMISSION_POLICY: SubmissionPolicy = "per-launch"
 
 MIN_VOCAB = 2  # a softmax over one column learns nothing
 MAX_VOCAB = 16384  # four 1 GiB tables: larger belongs to a sharded design

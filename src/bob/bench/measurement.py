@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from bob.backends import BackendChoice
 from bob.bench.peers import Peer, Unavailable, bench_targets
 from bob.bench.tables import BYTES_PER_PARAMETER, Row, RowKind
-from bob.config import SCHEDULES, Hyper
+from bob.config import DEFAULT_SUBMISSION_POLICY, SCHEDULES, Hyper
 from bob.program.bob import BobConfig, adam_scalars
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
@@ -71,12 +71,14 @@ def measure_peer(make: Callable[[], Peer], name: str, updates: int, repeats: int
 
 
 
-def bob_configs(vocab: int, updates: int) -> Iterator[tuple[str, BobConfig]]:
+def bob_configs(vocab: int, updates: int, submission: str = DEFAULT_SUBMISSION_POLICY,
+                ) -> Iterator[tuple[str, BobConfig]]:
     """Bob's configuration for each schedule and its row label, the seed's ("") first."""
     for schedule in SCHEDULES:
         label = "" if schedule == "seed" else f" {schedule}"
         yield label, BobConfig(vocab=vocab, prompts=0, updates=updates, mode="hard",
-                               schedule=schedule)
+                               schedule=schedule,
+                               submission=submission)  # type: ignore[arg-type]
 
 
 def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats: int,

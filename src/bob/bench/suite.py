@@ -31,7 +31,7 @@ from bob.bench.peers import (
     torch_modules,
 )
 from bob.bench.tables import BANDWIDTH_MIN_VOCAB, BenchReport, BenchTable, Device, Row
-from bob.config import Hyper
+from bob.config import DEFAULT_SUBMISSION_POLICY, Hyper
 from bob.program.bob import BobConfig
 
 
@@ -98,7 +98,7 @@ NV_MAX_VOCAB = 1024
 
 
 def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
-            progress: Progress) -> list[Row]:
+            progress: Progress, submission: str = DEFAULT_SUBMISSION_POLICY) -> list[Row]:
     """The same invocation on the `nv` backend (no CUDA runtime), where it can run."""
     try:
         choice = choose_backend("nv")
@@ -106,16 +106,18 @@ def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
         return [Row("bob nv invocation", "peer", updates,
                     error=f"skipped: {error_text(error)}")]
     progress(f"cuda V={vocab}: bob nv ({updates} updates per invocation)")
-    config = BobConfig(vocab=vocab, prompts=0, updates=updates, mode="hard")
+    config = BobConfig(vocab=vocab, prompts=0, updates=updates, mode="hard",
+                       submission=submission)  # type: ignore[arg-type]
     return measure_bob(choice, config, hyper, repeats)
 
 
 def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: Hyper,
                  choice: BackendChoice, device_name: str, progress: Progress,
-                 copy: float | None = None) -> BenchTable:
+                 copy: float | None = None,
+                 submission: str = DEFAULT_SUBMISSION_POLICY) -> BenchTable:
     targets = bench_targets(vocab)
     rows: list[Row] = []
-    for label, config in bob_configs(vocab, updates):
+    for label, config in bob_configs(vocab, updates, submission):
         progress(f"{device} V={vocab}: bob{label} ({updates} updates per invocation)")
         try:
             rows.extend(measure_bob(choice, config, hyper, repeats, label))
@@ -123,7 +125,7 @@ def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: 
             rows.append(failed(f"bob {device}{label} invocation", "bob", updates, error))
 
     if device == "cuda" and vocab <= NV_MAX_VOCAB:
-        rows.extend(nv_rows(vocab, updates, repeats, hyper, progress))
+        rows.extend(nv_rows(vocab, updates, repeats, hyper, progress, submission))
 
     peers: list[tuple[str, Callable[[], Peer]]]
     if device == "cuda":
@@ -172,7 +174,8 @@ def environment() -> dict[str, str]:
 
 def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
               updates: int | None = None, repeats: int = 5, hyper: Hyper = Hyper(),
-              progress: Progress | None = None, command: str = "") -> BenchReport:
+              progress: Progress | None = None, command: str = "",
+              submission: str = DEFAULT_SUBMISSION_POLICY) -> BenchReport:
     """Every table: for each device, for each V, Bob and its peers side by side."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, not {repeats}")
@@ -185,6 +188,6 @@ def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
         for vocab in vocabs or default_vocabs(device):
             n = updates or default_updates(device, vocab)
             tables.append(bench_device(device, vocab, n, repeats, hyper, choices[device],
-                                       name, say, copy))
+                                       name, say, copy, submission))
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return BenchReport(tuple(tables), hyper, date, command, environment())

@@ -16,6 +16,8 @@ from bob.bench.tables import DEVICES
 from bob.config import MAX_UPDATES, MAX_VOCAB, MIN_VOCAB
 from bob.files import atomic_write
 
+from .options import SUBMISSION_OPTION
+
 if TYPE_CHECKING:
     from bob.bench.tables import BenchTable
 
@@ -87,7 +89,8 @@ def render_table(table: BenchTable) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--save", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the JSON report to this file.")
-def bench(vocabs, updates, repeats, backends, as_json, save) -> None:
+@SUBMISSION_OPTION
+def bench(vocabs, updates, repeats, backends, as_json, save, submission) -> None:
     """Microseconds per AdamW update: Bob beside its peers, side by side.
 
     Every contender trains the hard-target objective from a zero table with
@@ -106,9 +109,10 @@ def bench(vocabs, updates, repeats, backends, as_json, save) -> None:
     words += [word for vocab in vocabs for word in ("--vocab", str(vocab))]
     if updates is not None:
         words += ["--updates", str(updates)]
-    words += ["--repeats", str(repeats)]
+    words += ["--repeats", str(repeats), "--submission", submission]
     command = shlex.join(words)
-    report = run_bench(backends, vocabs, updates, repeats, progress=progress, command=command)
+    report = run_bench(backends, vocabs, updates, repeats, progress=progress, command=command,
+                       submission=submission)
     document = json.dumps(report.to_json(), indent=1)
     if save is not None:
         atomic_write(save, (document + "\n").encode("utf-8"))

@@ -13,6 +13,12 @@ SCHEDULE_OPTION = click.option(
     "--schedule", type=click.Choice(config.SCHEDULES), default=config.SCHEDULES[0],
     show_default=True,
     help="The seed's launches (the reference), or the fused kernel: the same bytes, faster.")
+SUBMISSION_OPTION = click.option(
+    "--submission", type=click.Choice(config.SUBMISSION_POLICIES),
+    default=config.DEFAULT_SUBMISSION_POLICY,
+    show_default=True,
+    help="Every launch its own submission (the reference), or chained: each submission's "
+         "launches linked in the command stream (nv, nv-sim; the same bytes).")
 MODE_OPTION = click.option(
     "--mode", type=click.Choice(config.MODES), default=config.MODES[0], show_default=True,
     help="Hard targets (the seed's record) or corpus weights.")
@@ -81,7 +87,8 @@ def hyper_options(function):
     return function
 
 
-def config_from(vocab: int, prompts: int, updates: int, mode: str,
-                schedule: str = "seed") -> BobConfig:
+def config_from(vocab: int, prompts: int, updates: int, mode: str, schedule: str = "seed",
+                submission: str = config.DEFAULT_SUBMISSION_POLICY) -> BobConfig:
     return BobConfig(vocab=vocab, prompts=prompts, updates=updates,  # type: ignore[arg-type]
-                     mode=mode, schedule=schedule)  # type: ignore[arg-type]
+                     mode=mode, schedule=schedule,  # type: ignore[arg-type]
+                     submission=submission)  # type: ignore[arg-type]

@@ -17,13 +17,13 @@ from bob.plan.jsonio import dumps, read_plan
 from bob.plan.model import Plan
 from bob.program.bob import build_plan
 
-from .options import config_from, plan_options
+from .options import SUBMISSION_OPTION, config_from, plan_options
 from .render import print_hazards, print_plan
 
 
 def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
-              arch: str | None) -> Plan:
-    config = config_from(vocab, prompts, updates, mode, schedule)
+              arch: str | None, submission: str = "per-launch") -> Plan:
+    config = config_from(vocab, prompts, updates, mode, schedule, submission)
     if arch is None:
         return build_plan(config)
     from bob.kernels.cuda.regions import compiled_regions  # NVRTC: only when asked
@@ -38,6 +38,7 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
 
 @click.command()
 @plan_options
+@SUBMISSION_OPTION
 @click.option("--arch", type=click.Choice(TARGET_NAMES), default=None,
               help="Compile the kernels for this architecture and show its regions.")
 @click.option("--json", "as_json", is_flag=True, help="Write the whole plan as JSON.")
@@ -45,10 +46,10 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
               help="List the encoded command stream: GPFIFO entries, methods, QMD fields.")
 @click.option("--emit", "emit_dir", type=click.Path(file_okay=False),
               help="Write each encoded component (program, QMD table, ...) to DIR.")
-def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, arch: str | None,
-         as_json: bool, disasm: bool, emit_dir: str | None) -> None:
+def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submission: str,
+         arch: str | None, as_json: bool, disasm: bool, emit_dir: str | None) -> None:
     """Show Bob's device program: arena, regions, launches, submissions, sizes."""
-    the_plan = _bob_plan(vocab, prompts, updates, mode, schedule, arch)
+    the_plan = _bob_plan(vocab, prompts, updates, mode, schedule, arch, submission)
     certificate = certify_plan(the_plan)
     if as_json:
         click.echo(dumps(the_plan))

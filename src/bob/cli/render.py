@@ -58,7 +58,7 @@ def print_plan(console: Console, plan: Plan, certificate: Certificate) -> None:
                          str(launch.block.x), f"0x{plan.parameter_block_address(i):x}", args)
     console.print(launches)
 
-    subs = Table(title="Submissions")
+    subs = Table(title=f"Submissions ({plan.submission_policy})")
     for column in ("#", "launches", "semaphore"):
         subs.add_column(column)
     for i, s in enumerate(plan.submissions):

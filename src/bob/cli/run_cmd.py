@@ -21,6 +21,7 @@ from .options import (
     ARENA_OPTION,
     BACKEND_OPTION,
     SCHEDULE_OPTION,
+    SUBMISSION_OPTION,
     arch_option,
     hyper_options,
 )
@@ -97,6 +98,7 @@ def _byte_text(value: int) -> str:
 @click.option("--result", "result_path", type=click.Path(dir_okay=False),
               help="Write the last invocation's result record here.")
 @SCHEDULE_OPTION
+@SUBMISSION_OPTION
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON summary on stdout (the table goes to stderr).")
 @_data_options
@@ -108,7 +110,7 @@ def _byte_text(value: int) -> str:
 def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, backend, arch,
           arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path,
           schedule, as_json, tokens, vocab, token_dtype, counts_file, val_texts, val_tokens,
-          val_counts) -> None:
+          val_counts, submission) -> None:
     """Train the bigram table with AdamW, a checkpoint after every invocation."""
     Hyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)  # checks them
     if texts and input_record is not None:  # the API says it in its words; here in flags
@@ -137,7 +139,8 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
             overwrite=overwrite, arch=arch, arena=arena, result_path=result_path,
             schedule=schedule, progress=advance,
             data_spec=_spec(tokens, vocab, token_dtype, counts_file),
-            val_spec=_spec(val_tokens, None, token_dtype, val_counts, val_texts))
+            val_spec=_spec(val_tokens, None, token_dtype, val_counts, val_texts),
+            submission=submission)
     _table_console(errors if as_json else None).print(_train_table(report))
     if as_json:
         click.echo(json.dumps(report.to_json()))

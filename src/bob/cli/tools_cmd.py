@@ -13,7 +13,14 @@ from rich.table import Table
 from bob.config import BACKENDS, MAX_UPDATES
 from bob.program.bob import BobConfig
 
-from .options import MODE_OPTION, SCHEDULE_OPTION, arch_option, prompts_option, vocab_option
+from .options import (
+    MODE_OPTION,
+    SCHEDULE_OPTION,
+    SUBMISSION_OPTION,
+    arch_option,
+    prompts_option,
+    vocab_option,
+)
 
 _CHOICES = BACKENDS  # two named backends: "auto" would compare a backend with itself
 
@@ -38,15 +45,16 @@ def _backend_pair(text: str) -> tuple[str, str]:
 @arch_option("Target of nv-sim.")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
 @SCHEDULE_OPTION
+@SUBMISSION_OPTION
 @click.option("--json", "as_json", is_flag=True)
 def check(backends, vocab, prompts, updates_per_invocation, steps, mode, arch, seed, schedule,
-          as_json) -> None:
+          submission, as_json) -> None:
     """Run the same invocations on two backends; report the first byte that differs."""
     from bob.host.check import differential_check
 
     pair = _backend_pair(backends)
     config = BobConfig(vocab=vocab, prompts=prompts, updates=updates_per_invocation, mode=mode,
-                       schedule=schedule)
+                       schedule=schedule, submission=submission)
     report = differential_check(pair, config, steps, seed=seed, arch=arch)
     if as_json:
         click.echo(json.dumps({

@@ -21,7 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from bob.backends import choose_backend
-from bob.config import ARENA_KINDS, DEFAULT_TARGET, MAX_VOCAB, SCHEDULES, Hyper
+from bob.config import (
+    ARENA_KINDS,
+    DEFAULT_SUBMISSION_POLICY,
+    DEFAULT_TARGET,
+    MAX_VOCAB,
+    SCHEDULES,
+    Hyper,
+)
 from bob.errors import BadInput, Interrupted
 from bob.host import sampling, stops
 from bob.host.session import Invocation, Session
@@ -206,7 +213,7 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
           hyper_changes: Mapping[str, float] | None = None,
           new_data: bool = False,
           data_spec: CorpusSpec | None = None, val_spec: CorpusSpec | None = None,
-          ) -> TrainReport:
+          submission: str = DEFAULT_SUBMISSION_POLICY) -> TrainReport:
     """Train for `steps` updates, saving the checkpoint after every invocation.
 
     `schedule` "fused" runs the fused kernel: the same bytes as "seed", faster.
@@ -214,6 +221,7 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
     stated) over the checkpoint's own on --resume, else over the defaults.
     A resumed run must train on the checkpoint's data unless `new_data` says
     the data changes on purpose (a new segment records where).
+    `submission` "chained" links each invocation's launches in the command stream.
     One run holds CKPT.lock while it works; a second is refused.
     """
     if steps < 0:
@@ -237,7 +245,7 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
                                 hyper_changes)
         return _train_from(start, data, steps, checkpoint, resume, backend,
                            updates_per_invocation, arch, arena, result_path, schedule, progress,
-                           validation)
+                           validation, submission)
 
 
 def check_output_file(path: str, what: str) -> None:
@@ -311,10 +319,12 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
                 resume: bool, backend: str, updates_per_invocation: int, arch: str, arena: str,
                 result_path: str | None, schedule: str,
                 progress: Callable[[Invocation, int], None] | None,
-                validation: InputRecord | None = None) -> TrainReport:
+                validation: InputRecord | None = None,
+                submission: str = DEFAULT_SUBMISSION_POLICY) -> TrainReport:
     config = BobConfig(vocab=data.record.vocab, prompts=0,
                        updates=min(updates_per_invocation, max(steps, 1)),
-                       mode=data.record.mode, schedule=schedule)  # type: ignore[arg-type]
+                       mode=data.record.mode, schedule=schedule,  # type: ignore[arg-type]
+                       submission=submission)  # type: ignore[arg-type]
     history = list(start.history)
     written: list[str] = []
     kept = [start.step if resume else None]  # the step of the checkpoint on disk

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from bob.config import DEFAULT_SUBMISSION_POLICY, SUBMISSION_POLICIES
 from bob.errors import BadInput
 from bob.plan.model import (
     DTYPE_BYTES,
@@ -118,6 +119,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         ],
         "forward_launches": plan.forward_launches,
         "forward_submissions": plan.forward_submissions,
+        "submission_policy": plan.submission_policy,
         "attributes": dict(plan.attributes),  # a copy: editing the JSON leaves the plan
         "figures": {
             "launches": plan.launch_count,
@@ -379,6 +381,9 @@ def plan_from_json(data: Any, source: str = "<plan>", *, regions: RegionCatalogu
                      for i, item in enumerate(r.array(top["launches"], "launches")))
     submissions = tuple(_submission(r, item, f"submissions[{i}]")
                         for i, item in enumerate(r.array(top["submissions"], "submissions")))
+    # Absent in plans written before the policy existed: they are per-launch.
+    policy = r.choice(top.get("submission_policy", DEFAULT_SUBMISSION_POLICY),
+                      "submission_policy", SUBMISSION_POLICIES)
     attributes = _attributes(r, top.get("attributes", {}))
     _figures(r, top.get("figures", {}))
     plan = Plan(
@@ -397,6 +402,7 @@ def plan_from_json(data: Any, source: str = "<plan>", *, regions: RegionCatalogu
         forward_submissions=r.integer(top["forward_submissions"], "forward_submissions",
                                       high=len(submissions),
                                       limit=f"the {len(submissions)} submissions"),
+        submission_policy=policy,  # type: ignore[arg-type]
         attributes=attributes,
     )
     _check_component_sizes(r, plan)
@@ -414,7 +420,7 @@ def _header(r: _Reader, data: Any) -> dict[str, Any]:
     if version != VERSION:
         raise r.fail("version", f"plan format version {version} is not supported "
                      f"(this Bob reads version {VERSION})")
-    return r.fields(data, "", _TOP_KEYS, ("attributes", "figures"))
+    return r.fields(data, "", _TOP_KEYS, ("submission_policy", "attributes", "figures"))
 
 
 def _target(r: _Reader, value: Any) -> Target:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bob.config import DEFAULT_SUBMISSION_POLICY, SubmissionPolicy
+
 ScalarType = Literal["f32", "u32"]
 Access = Literal["read", "write", "readwrite"]
 
@@ -184,7 +186,14 @@ class Launch:
 
 @dataclass(frozen=True)
 class Submission:
-    """A batch of consecutive launches, released to the semaphore with a value."""
+    """A batch of consecutive launches, released to the semaphore with a value.
+
+    How its launches reach the device is the plan's ``submission_policy``:
+    ``per-launch``, each dispatched by the host's command stream with a
+    wait-for-idle between them; ``chained``, the first dispatched, each later
+    one scheduled by its predecessor's completion. Either way the value is
+    released once, after the last launch.
+    """
 
     first_launch: int
     count: int
@@ -244,6 +253,7 @@ class ProgramSpec:
     submissions: tuple[Submission, ...]
     forward_launches: int = 0  # launches a forward-only request runs
     forward_submissions: int = 0
+    submission_policy: SubmissionPolicy = DEFAULT_SUBMISSION_POLICY  # see Submission
     attributes: dict[str, str | int] = field(default_factory=dict, compare=False)
 
 
@@ -298,6 +308,7 @@ class Plan:
     submissions: tuple[Submission, ...]
     forward_launches: int
     forward_submissions: int
+    submission_policy: SubmissionPolicy = DEFAULT_SUBMISSION_POLICY  # see Submission
     attributes: dict[str, str | int] = field(default_factory=dict, compare=False)
 
     # -- lookups -----------------------------------------------------------

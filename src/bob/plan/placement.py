@@ -192,6 +192,7 @@ def place(
         submissions=program.submissions,
         forward_launches=program.forward_launches,
         forward_submissions=program.forward_submissions,
+        submission_policy=program.submission_policy,
         attributes=dict(program.attributes),
     )
 

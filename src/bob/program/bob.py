@@ -19,19 +19,27 @@ For a configuration (V, P, N, mode, schedule) the program is:
     last writes the gradients and the training loss. After the invocation
     every tensor the seed schedule has holds the seed schedule's bytes;
 
-- every launch submitted alone with its own semaphore value, then the
-  prediction launches again, so the prompts are predicted from the trained
-  table.
+- then the prediction launches again, so the prompts are predicted from the
+  trained table. How launches are grouped into submissions is the submission
+  policy (``BobConfig.submission``):
 
-A forward-only request (predict) runs the first 1 + 2P submissions.
+  - ``per-launch`` (the default and the reference): every launch submitted
+    alone with its own semaphore value; a forward-only request (predict) runs
+    the first 1 + 2P submissions;
+  - ``chained``: one submission for the forward launches, one for the
+    training launches (when N > 0), one for the predictions again (when
+    P > 0); the command stream links the launches of a submission, so the
+    device runs each submission without the host. Predict runs the first.
 
 Derived figures (F = 1 + 2P forward launches):
 
-| schedule | training launches T | launches | submissions |
+| schedule | training launches T | launches | submissions (per-launch) |
 | --- | --- | --- | --- |
 | seed | 2N | F + T | F + T + 2P |
 | fused, V <= ONE_LAUNCH_MAX_VOCAB | 1 if N > 0, else 0 | F + T | F + T + 2P |
 | fused, larger V | N | F + T | F + T + 2P |
+
+Chained: 1 + (1 if T > 0) + (1 if P > 0) submissions, the launches the same.
 
 Program bytes = retained code + launches x parameter block; QMD table bytes =
 launches x the target's QMD stride (``Plan.program_bytes``, ``Plan.qmd_table_bytes``).
@@ -46,15 +54,18 @@ from fractions import Fraction
 import numpy as np
 
 from bob.config import (
+    DEFAULT_SUBMISSION_POLICY,
     MAX_PROMPTS,
     MAX_UPDATES,
     MAX_VOCAB,
     MIN_VOCAB,
     MODES,
     SCHEDULES,
+    SUBMISSION_POLICIES,
     Hyper,
     Mode,
     Schedule,
+    SubmissionPolicy,
 )
 from bob.errors import BadInput
 from bob.kernels import signatures as sig
@@ -108,6 +119,9 @@ class BobConfig:
     updates: int = 100  # N: AdamW updates per invocation
     mode: Mode = "hard"  # hard targets (the seed's record) or corpus weights
     schedule: Schedule = "seed"  # the seed's launches (the reference), or the fused region
+    # Every launch its own submission (the reference), or chained submissions: see the
+    # module docstring; per-launch by default until chained is measured on an H200.
+    submission: SubmissionPolicy = DEFAULT_SUBMISSION_POLICY
 
     def __post_init__(self) -> None:
         checks = (
@@ -123,6 +137,9 @@ class BobConfig:
         if self.schedule not in SCHEDULES:
             raise BadInput(f"schedule must be one of {', '.join(SCHEDULES)}, not "
                            f"{self.schedule!r}")
+        if self.submission not in SUBMISSION_POLICIES:
+            raise BadInput(f"submission must be one of {', '.join(SUBMISSION_POLICIES)}, not "
+                           f"{self.submission!r}")
 
     @property
     def loss_region(self) -> str:
@@ -171,7 +188,14 @@ class BobConfig:
 
     @property
     def submission_count(self) -> int:
+        if self.submission == "chained":
+            return 1 + int(self.training_launches > 0) + int(self.prompts > 0)
         return self.launch_count + 2 * self.prompts
+
+    @property
+    def forward_submissions(self) -> int:
+        """Submissions a forward-only request (predict) runs."""
+        return 1 if self.submission == "chained" else self.forward_launches
 
     def adamw_launch(self, k: int) -> int:
         """Index of update k's AdamW launch (k from 0); the seed schedule only."""
@@ -338,21 +362,36 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
         step = config.updates_per_fused_launch
         launches.extend(fused(first, step) for first in range(0, config.updates, step))
 
-    submissions = [Submission(i, 1, i + 1) for i in range(len(launches))]
-    for i in range(2 * config.prompts):
-        submissions.append(Submission(1 + i, 1, len(submissions) + 1))
-
     return ProgramSpec(
         regions=declared_regions(config, compiled),
         tensors=tensor_specs(config),
         launches=tuple(launches),
-        submissions=tuple(submissions),
+        submissions=submission_schedule(config),
         forward_launches=config.forward_launches,
-        forward_submissions=config.forward_launches,
+        forward_submissions=config.forward_submissions,
+        submission_policy=config.submission,
         attributes={"program": "bob", "vocab": v, "prompts": config.prompts,
                     "updates": config.updates, "mode": config.mode,
-                    "schedule": config.schedule, "first_step": first_step},
+                    "schedule": config.schedule, "submission": config.submission,
+                    "first_step": first_step},
     )
+
+
+def submission_schedule(config: BobConfig) -> tuple[Submission, ...]:
+    """The launches in submissions, by policy: the forward launches, the training
+    launches, then the predictions again (launches 1 .. 2P); semaphore values 1, 2, ..."""
+    forward, training = config.forward_launches, config.training_launches
+    if config.submission == "per-launch":
+        groups = [(i, 1) for i in range(forward + training)]
+        groups += [(1 + i, 1) for i in range(2 * config.prompts)]
+    else:
+        groups = [(0, forward)]
+        if training:
+            groups.append((forward, training))
+        if config.prompts:
+            groups.append((1, 2 * config.prompts))
+    return tuple(Submission(first, count, value)
+                 for value, (first, count) in enumerate(groups, start=1))
 
 
 def build_plan(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper(),

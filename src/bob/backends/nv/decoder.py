@@ -19,15 +19,22 @@ What it derives, and how:
   method headers, from the header's own two address formats (the byte offset
   at DMA_METHOD_ADDRESS_OLD 12:2, the word offset at DMA_METHOD_ADDRESS 11:0).
 
-The one fact it is told: which QMD version a compute class reads
-(``QMD_VERSION_OF_CLASS``), as Mesa NVK does.
+The facts it is told: which QMD version a compute class reads
+(``QMD_VERSION_OF_CLASS``), as Mesa NVK does, and that a dependent QMD
+pointer names a QMD as SEND_PCAS_A does, by its address >> 8 (the shift is
+read from the method's own field name, ``QMD_ADDRESS_SHIFTED8``).
+
+A chained submission's later launches are not in the pushbuffer: each QMD
+names the next (``Dispatch.dependents``). ``follow_chain`` walks such a chain
+and refuses, in one line, a pointer that is not at a QMD of the table or a
+chain that comes back on itself.
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -448,6 +455,15 @@ class Release:
 
 
 @dataclass(frozen=True)
+class Dependent:
+    """A QMD this one hands to the compute engine when its grid completes."""
+
+    address: int
+    action: str  # the header's name for the action, e.g. QMD_SCHEDULE
+    prefetch: bool
+
+
+@dataclass(frozen=True)
 class Dispatch:
     """What a QMD asks the compute engine to do."""
 
@@ -460,6 +476,7 @@ class Dispatch:
     shared_memory: int
     constant_buffers: dict[int, tuple[int, int]]  # valid banks: index -> (address, size)
     releases: tuple[Release, ...]
+    dependents: tuple[Dependent, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -469,6 +486,14 @@ class _ReleaseNames:
     payload: tuple[str, str]
     payload64: str
     structure: str
+
+
+@dataclass(frozen=True)
+class _DependentNames:
+    enable: str
+    action: str
+    prefetch: str
+    pointer: str
 
 
 @dataclass(frozen=True)
@@ -482,6 +507,7 @@ class _Schema:
     cbuf_address: tuple[str, str]
     cbuf_size: str
     releases: tuple[_ReleaseNames, ...]
+    dependents: tuple[_DependentNames, ...]
     block: tuple[str, str, str] = ("CTA_THREAD_DIMENSION0", "CTA_THREAD_DIMENSION1",
                                    "CTA_THREAD_DIMENSION2")
 
@@ -505,6 +531,10 @@ _SCHEMAS = {
                           ("RELEASE2_PAYLOAD_LOWER", "RELEASE2_PAYLOAD_UPPER"),
                           "RELEASE2_PAYLOAD64B", "RELEASE2_STRUCTURE_SIZE"),
         ),
+        dependents=tuple(
+            _DependentNames(f"DEPENDENT_QMD{i}_ENABLE", f"DEPENDENT_QMD{i}_ACTION",
+                            f"DEPENDENT_QMD{i}_PREFETCH", f"DEPENDENT_QMD{i}_POINTER")
+            for i in (0, 1)),
     ),
     "04_00": _Schema(
         grid=("GRID_WIDTH", "GRID_HEIGHT", "GRID_DEPTH"),
@@ -527,6 +557,10 @@ _SCHEMAS = {
                           ("RELEASE_SEMAPHORE2_PAYLOAD_LOWER", "RELEASE_SEMAPHORE2_PAYLOAD_UPPER"),
                           "RELEASE_PAYLOAD64B(2)", "RELEASE_STRUCTURE_SIZE(2)"),
         ),
+        dependents=tuple(
+            _DependentNames(f"DEPENDENT_QMD_ENABLE({i})", f"DEPENDENT_QMD_ACTION({i})",
+                            f"DEPENDENT_QMD_PREFETCH({i})", f"DEPENDENT_QMD{i}_POINTER")
+            for i in (0, 1)),
     ),
 }
 
@@ -591,6 +625,16 @@ class DecodedQmd:
                 self._join(*names.address), payload,
                 self.value_name(names.structure, structure) or str(structure),
             ))
+        dependents = []
+        for names in s.dependents:
+            if not self.get(names.enable):
+                continue
+            action = self.get(names.action)
+            dependents.append(Dependent(
+                self.get(names.pointer) << DEPENDENT_POINTER_SHIFT,
+                self.value_name(names.action, action) or str(action),
+                bool(self.get(names.prefetch)),
+            ))
         return Dispatch(
             major_version=self.get("QMD_MAJOR_VERSION"),
             program_address=self._join(*s.program),
@@ -601,11 +645,69 @@ class DecodedQmd:
             shared_memory=self.get("SHARED_MEMORY_SIZE"),
             constant_buffers=banks,
             releases=tuple(releases),
+            dependents=tuple(dependents),
         )
 
 
 def decode_qmd(record: bytes, compute_class: int) -> DecodedQmd:
     return DecodedQmd(record, compute_class)
+
+
+def _dependent_shift() -> int:
+    """A dependent pointer holds a QMD address as SEND_PCAS_A does: the shift its field's
+    name declares (every compute class in the headers names it the same)."""
+    shifts = {f.shift for info in TABLES.classes.values()
+              for name, f in info.fields.items() if name == "SEND_PCAS_A_QMD_ADDRESS_SHIFTED8"}
+    if len(shifts) != 1:
+        raise DecodeError("the vendored headers do not agree on SEND_PCAS_A's QMD address shift")
+    return shifts.pop()
+
+
+DEPENDENT_POINTER_SHIFT = _dependent_shift()
+
+
+def qmd_launch(encoded: EncodedProgram, address: int) -> int:
+    """The launch whose QMD starts at `address`; a DecodeError for any other address."""
+    base = encoded.qmd_table.base or 0
+    offset = address - base
+    count = len(encoded.qmd_table.data) // encoded.qmd_stride
+    if not 0 <= offset < count * encoded.qmd_stride or offset % encoded.qmd_stride:
+        raise DecodeError(f"{address:#x} is not a QMD: the table holds {count} QMDs from "
+                          f"{base:#x}, {encoded.qmd_stride} bytes apart")
+    return offset // encoded.qmd_stride
+
+
+def follow_chain(encoded: EncodedProgram, first: int,
+                 read: Callable[[int, int], bytes] | None = None,
+                 ) -> list[tuple[int, DecodedQmd]]:
+    """The QMDs a dispatch of the QMD at `first` runs, in order: it, then each one's
+    dependent QMD 0, as (address, QMD). `read(address, size)` reads memory (default: the
+    encoded components). Refuses in one line a pointer that is not at a QMD of the table,
+    a second dependent, an action other than QMD_SCHEDULE, and a cycle."""
+    layout = TABLES.qmd[QMD_VERSION_OF_CLASS[encoded.compute_class]]
+    read = read or (lambda address, size: _component_bytes(encoded, address, size))
+    chain: list[tuple[int, DecodedQmd]] = []
+    seen: dict[int, int] = {}
+    address: int | None = first
+    while address is not None:
+        launch = qmd_launch(encoded, address)
+        if address in seen:
+            path = " -> ".join(str(qmd_launch(encoded, a)) for a, _ in chain[seen[address]:])
+            raise DecodeError(f"the QMD chain from {first:#x} cycles: launch {path} -> {launch}")
+        seen[address] = len(chain)
+        qmd = decode_qmd(read(address, layout.record_bytes), encoded.compute_class)
+        version = int(qmd.version[:2])
+        if qmd.get("QMD_MAJOR_VERSION") != version:
+            raise DecodeError(f"the QMD of launch {launch} at {address:#x} says major version "
+                              f"{qmd.get('QMD_MAJOR_VERSION')}, not {version}: not a QMD")
+        chain.append((address, qmd))
+        dependents = qmd.dispatch().dependents
+        if len(dependents) > 1 or any(d.action != "QMD_SCHEDULE" for d in dependents):
+            raise DecodeError(f"the QMD of launch {launch} at {address:#x} asks for "
+                              f"{[(hex(d.address), d.action) for d in dependents]}; Bob's chains "
+                              "schedule one dependent QMD (QMD_SCHEDULE)")
+        address = dependents[0].address if dependents else None
+    return chain
 
 
 # -- constant bank 0's driver area ----------------------------------------------------------
@@ -731,13 +833,18 @@ def _qmd_lines(encoded: EncodedProgram, plan: Plan, qmd_address: int) -> list[st
     for release in dispatch.releases:
         lines.append(f"    on completion: release {release.payload} at {release.address:#x} "
                      f"({release.structure})")
+    for dependent in dispatch.dependents:
+        lines.append(f"    on completion: {dependent.action} the QMD at {dependent.address:#x} "
+                     f"(launch {qmd_launch(encoded, dependent.address)}"
+                     f"{', prefetched' if dependent.prefetch else ''})")
     return lines
 
 
 def disassemble(encoded: EncodedProgram, plan: Plan) -> str:
     """Every GPFIFO entry, method, QMD field set and parameter word, as text."""
     lines = [
-        f"NVIDIA command stream for {encoded.target}: compute "
+        f"NVIDIA command stream for {encoded.target} ({encoded.submission_policy} "
+        "submissions): compute "
         f"{_class(encoded.compute_class).name} ({encoded.compute_class:#x}), QMD "
         f"V{QMD_VERSION_OF_CLASS[encoded.compute_class]}, channel "
         f"{_class(encoded.host_class).name} ({encoded.host_class:#x})",
@@ -760,15 +867,20 @@ def disassemble(encoded: EncodedProgram, plan: Plan) -> str:
             lines.append("  " + call.describe())
             if call.name == "SEND_PCAS_A":
                 qmd_address = call.field("QMD_ADDRESS_SHIFTED8").unshifted
-                launch = (qmd_address - (encoded.qmd_table.base or 0)) // encoded.qmd_stride
-                label = (plan.launches[launch].label or plan.launches[launch].region
-                         if 0 <= launch < plan.launch_count else "not in the table")
-                lines.append(f"    -> QMD of launch {launch} ({label})")
-                if qmd_address in listed:
-                    lines.append("    (listed above)")
-                else:
-                    listed.add(qmd_address)
-                    lines += _qmd_lines(encoded, plan, qmd_address)
+                chain = follow_chain(encoded, qmd_address)
+                for position, (address, _) in enumerate(chain):
+                    launch = qmd_launch(encoded, address)
+                    label = (plan.launches[launch].label or plan.launches[launch].region
+                             if launch < plan.launch_count else "not in the plan")
+                    how = ("" if position == 0 else
+                           f", scheduled by launch {qmd_launch(encoded, chain[position - 1][0])}"
+                           " on completion")
+                    lines.append(f"    -> QMD of launch {launch} ({label}{how})")
+                    if address in listed:
+                        lines.append("    (listed above)")
+                    else:
+                        listed.add(address)
+                        lines += _qmd_lines(encoded, plan, address)
     return "\n".join(lines) + "\n"
 
 

@@ -20,10 +20,15 @@ addresses of ``plan.address_map``:
   512 on sm_90 (384-byte records; the target says so, see ``qmd_stride``).
 - pushbuffer: a set-up segment at the component's base (bind the compute
   class on subchannel 1, set the shared and local memory windows), then from
-  ``base + target.pushbuffer_setup_bytes`` one segment per submission: each
-  launch dispatched (SEND_PCAS_A, SEND_SIGNALING_PCAS2_B), a WAIT_FOR_IDLE
-  between consecutive launches of one submission, then a host semaphore
-  release (with wait-for-idle) of the submission's value into its own slot.
+  ``base + target.pushbuffer_setup_bytes`` one segment per submission, by the
+  plan's submission policy. ``per-launch``: each launch dispatched
+  (SEND_PCAS_A, SEND_SIGNALING_PCAS2_B), a WAIT_FOR_IDLE between consecutive
+  launches of one submission. ``chained``: the submission's first launch
+  dispatched; each later one is its predecessor's dependent QMD (enable,
+  action QMD_SCHEDULE, prefetch, pointer = address >> 8), scheduled by the
+  compute engine when the predecessor's grid completes (``chain_links``).
+  Either way the segment ends with a host semaphore release (with
+  wait-for-idle) of the submission's value into its own slot.
 - GPFIFO: entry 0 fetches the set-up segment; entry s + 1 fetches submission
   s (LEVEL = SUBROUTINE). The set-up is its own entry so that any range of
   submissions can run after it, in any later call. The entries point into the
@@ -73,7 +78,7 @@ from bob.plan.placement import SEMAPHORE_STRIDE, align_up
 from bob.plan.placement import encode_parameter_block as encode_arguments
 
 EMIT_FORMAT = "bob-nv-components"
-EMIT_VERSION = 2  # 2: per-submission 64-bit semaphore slots, driver areas, SUBROUTINE entries
+EMIT_VERSION = 3  # 3: the submission policy (chained QMDs); 2: 64-bit slots, driver areas
 
 # SEND_PCAS_A_QMD_ADDRESS_SHIFTED8: a QMD must be 256-byte aligned.
 QMD_ALIGNMENT = 1 << field_shift("SEND_PCAS_A_QMD_ADDRESS_SHIFTED8")
@@ -154,6 +159,7 @@ class EncodedProgram:
     host_class: int
     qmd_version: str
     qmd_stride: int
+    submission_policy: str
     program: EncodedComponent
     qmd_table: EncodedComponent
     pushbuffer: EncodedComponent
@@ -313,6 +319,7 @@ class Dispatch:
     shared_bytes: int  # the kernel's own static shared memory (the region's)
     constant_buffer: tuple[int, int]  # bank 0: (address, bytes)
     release: tuple[int, int] | None  # a one-word release on completion: (address, payload)
+    dependent: int | None = None  # the QMD this one schedules when it completes (chained)
 
 
 def build_qmd(arch: Architecture, dispatch: Dispatch) -> Qmd:
@@ -328,11 +335,46 @@ def build_qmd(arch: Architecture, dispatch: Dispatch) -> Qmd:
     qmd.set_constant_buffer(0, *dispatch.constant_buffer)
     if dispatch.release is not None:
         qmd.set_release_semaphore(*dispatch.release)
+    if dispatch.dependent is not None:
+        qmd.set_dependent_qmd(dispatch.dependent)
     return qmd
 
 
-def encode_qmd(plan: Plan, index: int) -> Qmd:
-    """The QMD of launch `index`, with the log of every field set."""
+def chain_links(plan: Plan) -> dict[int, int]:
+    """Launch -> the launch its QMD schedules on completion, for a chained plan ({} for
+    per-launch).
+
+    A QMD belongs to a launch, not to a submission, so its link must suit every
+    submission that holds the launch: launch i links to i + 1 when some submission
+    holds both, and then no submission may end at i (its chain would run on past its
+    end). Bob's plans keep this: the predictions again, launches 1 .. 2P, end where
+    the forward submission ends.
+    """
+    if plan.submission_policy == "per-launch":
+        return {}
+    if plan.submission_policy != "chained":
+        raise EncodeError(f"unknown submission policy {plan.submission_policy!r}")
+    links: dict[int, int] = {}
+    ends: dict[int, int] = {}  # a launch that ends a submission -> that submission
+    for index, submission in enumerate(plan.submissions):
+        launches = submission.launches
+        for launch in launches[:-1]:
+            links[launch] = launch + 1
+        if len(launches):
+            ends.setdefault(launches[-1], index)
+    for launch, submission in ends.items():
+        if launch in links:
+            raise EncodeError(
+                f"chained plan: launch {launch} ends submission {submission} but continues to "
+                f"launch {launch + 1} in another; its QMD can link to the next launch for every "
+                "submission or for none")
+    return links
+
+
+def encode_qmd(plan: Plan, index: int, links: dict[int, int] | None = None) -> Qmd:
+    """The QMD of launch `index`, with the log of every field set (`links`: the plan's
+    ``chain_links``, computed when not given)."""
+    links = chain_links(plan) if links is None else links
     arch = architecture(plan)
     launch = plan.launches[index]
     region = plan.region(launch.region)
@@ -344,6 +386,8 @@ def encode_qmd(plan: Plan, index: int) -> Qmd:
         shared_bytes=region.shared_bytes,
         constant_buffer=(plan.parameter_block_address(index), plan.target.parameter_block_bytes),
         release=(plan.address_map.semaphores.base + LAUNCH_PROGRESS_OFFSET, index + 1),
+        dependent=(plan.address_map.qmd_table.base + links[index] * qmd_stride(plan)
+                   if index in links else None),
     )
     try:
         return build_qmd(arch, dispatch)
@@ -354,9 +398,10 @@ def encode_qmd(plan: Plan, index: int) -> Qmd:
 
 def encode_qmd_table(plan: Plan) -> bytes:
     stride = qmd_stride(plan)
+    links = chain_links(plan)
     table = bytearray()
     for index in range(plan.launch_count):
-        table += encode_qmd(plan, index).to_bytes().ljust(stride, b"\0")
+        table += encode_qmd(plan, index, links).to_bytes().ljust(stride, b"\0")
     return bytes(table)
 
 
@@ -405,9 +450,12 @@ def _encode_commands(plan: Plan, arch: Architecture, stride: int) -> tuple[bytes
                               " bytes")
         entries.append(gpfifo_entry(arch.host, component.base, setup_words))
         pushbuffer.pad_to(component.base + plan.target.pushbuffer_setup_bytes)
+        chained = plan.submission_policy == "chained"
         for index, submission in enumerate(plan.submissions):
             start = pushbuffer.address
-            for position, launch in enumerate(submission.launches):
+            # Chained: the later launches are the first's dependent QMDs.
+            dispatched = submission.launches[:1] if chained else submission.launches
+            for position, launch in enumerate(dispatched):
                 if position:
                     writer.wait_for_idle()
                 writer.dispatch(plan.address_map.qmd_table.base + launch * stride)
@@ -427,6 +475,7 @@ def encode(certified: CertifiedPlan | Plan) -> EncodedProgram:
     arch = architecture(plan)
     stride = qmd_stride(plan)
     _check_layout(plan, stride)
+    chain_links(plan)  # a chain the QMDs cannot hold is refused before any encoding
     amap = plan.address_map
     pushbuffer, gpfifo = _encode_commands(plan, arch, stride)
     return EncodedProgram(
@@ -435,6 +484,7 @@ def encode(certified: CertifiedPlan | Plan) -> EncodedProgram:
         host_class=arch.host.number,
         qmd_version=arch.qmd.version,
         qmd_stride=stride,
+        submission_policy=plan.submission_policy,
         program=EncodedComponent("program", amap.program.base, encode_program(plan)),
         qmd_table=EncodedComponent("qmd-table", amap.qmd_table.base, encode_qmd_table(plan)),
         pushbuffer=EncodedComponent("pushbuffer", amap.pushbuffer.base, pushbuffer),
@@ -474,6 +524,7 @@ def emit(encoded: EncodedProgram, directory: Path) -> list[Path]:
         "host_class": f"0x{encoded.host_class:x}",
         "qmd_version": encoded.qmd_version,
         "qmd_stride": encoded.qmd_stride,
+        "submission_policy": encoded.submission_policy,
         "gpfifo": {
             "entries": encoded.gpfifo_entries,
             "entry_bytes": encoded.entry_bytes,

@@ -19,7 +19,10 @@ What a minimal dispatch sets, and why (Mesa NVK ``nak/qmd.rs``, tinygrad's
 - the texture and shader-data cache invalidations and CWD_MEMBAR_TYPE =
   L1_SYSMEMBAR that tinygrad (after CUDA) sets, so a launch sees what the host
   and earlier launches wrote and its own writes are visible when it completes;
-- release semaphore 0 (one word, with a system membar) when the caller asks.
+- release semaphore 0 (one word, with a system membar) when the caller asks;
+- dependent QMD 0 when the launch is chained: enable, action QMD_SCHEDULE
+  (run the next QMD when this grid completes), prefetch, and the next QMD's
+  address >> 8, as tinygrad's ``ops_nv.py`` links the QMDs of one queue.
 
 Version quirks live on the classes below.
 """
@@ -43,6 +46,10 @@ SM_CONFIG_UNIT_KIB = 4
 SM_CONFIG_BIAS = 1
 MAX_REGISTERS = 255  # per thread, every architecture Bob targets
 WORD_BITS = 32
+# A dependent QMD pointer names a QMD the way SEND_PCAS_A does: its address >> 8
+# (the header names the method's field ..._SHIFTED8; tinygrad writes the pointer
+# so). The QMD fields themselves carry no shift in their names.
+DEPENDENT_POINTER_SHIFT = 8
 
 _SHIFTED = re.compile(r"_SHIFTED(\d+)(?:\(\d+\))?$")
 
@@ -95,6 +102,8 @@ class Qmd:
     CONSTANT_BUFFER_ADDRESS_FIELDS: ClassVar[tuple[str, str]]  # lower, upper
     RELEASE_FIELDS: ClassVar[tuple[str, str, str]]  # address lower, upper, payload
     RELEASE_VALUES: ClassVar[tuple[tuple[str, str], ...]]  # one-word, membar, enable
+    DEPENDENT_POINTER_FIELD: ClassVar[str]
+    DEPENDENT_VALUES: ClassVar[tuple[tuple[str, str], ...]]  # enable, action, prefetch
 
     def __init__(self) -> None:
         self._record = 0
@@ -240,6 +249,22 @@ class Qmd:
         for name, value in self.RELEASE_VALUES:
             self.write_value(name, value)
 
+    def set_dependent_qmd(self, address: int) -> None:
+        """Schedule the QMD at `address` when this grid completes (dependent QMD 0)."""
+        if address <= 0:
+            raise QmdFieldError(f"QMD {self.version}: dependent QMD address {address:#x} is not "
+                                "an address")
+        if address % (1 << DEPENDENT_POINTER_SHIFT):
+            raise QmdFieldError(f"QMD {self.version}: dependent QMD at {address:#x} is not "
+                                f"{1 << DEPENDENT_POINTER_SHIFT}-byte aligned")
+        try:
+            self.write(self.DEPENDENT_POINTER_FIELD, address >> DEPENDENT_POINTER_SHIFT)
+        except QmdFieldError as error:
+            raise QmdFieldError(f"dependent QMD address {address:#x} is too large: "
+                                f"{error}") from None
+        for name, value in self.DEPENDENT_VALUES:
+            self.write_value(name, value)
+
     # -- shared checks ---------------------------------------------------------
     def _positive(self, what: str, dims: tuple[int, int, int]) -> None:
         if min(dims) < 1:
@@ -282,7 +307,8 @@ class QmdV03(Qmd):
     """QMD V03_00: 256 bytes, read by AMPERE_COMPUTE_B (sm_86).
 
     Quirks: the grid is CTA_RASTER_*, registers REGISTER_COUNT_V, releases
-    RELEASE0..2_* with their own enable bits; addresses are unshifted.
+    RELEASE0..2_* with their own enable bits, dependent QMDs DEPENDENT_QMD0/1_*;
+    addresses are unshifted.
     SM_GLOBAL_CACHING_ENABLE has no named values in the header: Bob writes 1,
     as NVK and tinygrad do for V03. The version's minor number is QMD_VERSION.
     """
@@ -305,6 +331,12 @@ class QmdV03(Qmd):
         ("RELEASE0_MEMBAR_TYPE", "RELEASE0_MEMBAR_TYPE_FE_SYSMEMBAR"),
         ("RELEASE0_ENABLE", "RELEASE0_ENABLE_TRUE"),
     )
+    DEPENDENT_POINTER_FIELD = "DEPENDENT_QMD0_POINTER"
+    DEPENDENT_VALUES = (
+        ("DEPENDENT_QMD0_ENABLE", "DEPENDENT_QMD0_ENABLE_TRUE"),
+        ("DEPENDENT_QMD0_ACTION", "DEPENDENT_QMD0_ACTION_QMD_SCHEDULE"),
+        ("DEPENDENT_QMD0_PREFETCH", "DEPENDENT_QMD0_PREFETCH_TRUE"),
+    )
 
 
 class QmdV04(Qmd):
@@ -312,7 +344,9 @@ class QmdV04(Qmd):
 
     Quirks against V03: CTA_RASTER_* became GRID_*, REGISTER_COUNT_V became
     REGISTER_COUNT, QMD_VERSION became QMD_MINOR_VERSION; releases are
-    RELEASE_ENABLE(i)/RELEASE_SEMAPHOREi_*; the constant buffer address is
+    RELEASE_ENABLE(i)/RELEASE_SEMAPHOREi_*, dependent QMDs
+    DEPENDENT_QMD_ENABLE/ACTION/PREFETCH(i) with DEPENDENT_QMDi_POINTER; the
+    constant buffer address is
     shifted by 6 (64-byte aligned); SM_GLOBAL_CACHING_ENABLE is gone.
     QMD_TYPE is new: Bob writes GRID_CTA, a plain grid of CTAs, because its
     zero value names a queue; NVK writes GRID_CTA from V05 on and leaves V04's
@@ -338,6 +372,12 @@ class QmdV04(Qmd):
         ("RELEASE_STRUCTURE_SIZE(0)", "RELEASE_STRUCTURE_SIZE_SEMAPHORE_ONE_WORD"),
         ("RELEASE_MEMBAR_TYPE(0)", "RELEASE_MEMBAR_TYPE_FE_SYSMEMBAR"),
         ("RELEASE_ENABLE(0)", "RELEASE_ENABLE_TRUE"),
+    )
+    DEPENDENT_POINTER_FIELD = "DEPENDENT_QMD0_POINTER"
+    DEPENDENT_VALUES = (
+        ("DEPENDENT_QMD_ENABLE(0)", "DEPENDENT_QMD_ENABLE_TRUE"),
+        ("DEPENDENT_QMD_ACTION(0)", "DEPENDENT_QMD_ACTION_QMD_SCHEDULE"),
+        ("DEPENDENT_QMD_PREFETCH(0)", "DEPENDENT_QMD_PREFETCH_TRUE"),
     )
 
 

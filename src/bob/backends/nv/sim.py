@@ -16,6 +16,14 @@ submissions' from the pushbuffer, the launches' from their QMDs) are written
 into the semaphore component and logged in ``releases`` (the latest
 ``LOG_LIMIT``, as ``launched`` keeps the latest kernels run).
 
+A chained submission's pushbuffer dispatches only its first QMD; each later
+one runs because its predecessor names it as dependent QMD 0 (action
+QMD_SCHEDULE), when the predecessor completes, as the compute engine does.
+The chain is walked with the decoder's ``follow_chain`` before anything runs:
+a pointer that is not at a QMD of the table, or a chain that comes back on
+itself, is refused in one line. ``Launched.predecessor`` says which QMD
+scheduled a launch (None: the pushbuffer's SEND_PCAS).
+
 What the GPU needs that a reference kernel does not is checked all the same:
 each launch's driver area (constant bank 0 below the parameters) must carry
 the QMD's block and grid and the memory windows the set-up segment set.
@@ -38,14 +46,15 @@ import numpy as np
 from bob.backends.base import Backend, Patch
 from bob.backends.cpu import kernel_arguments
 from bob.backends.nv.decoder import (
-    QMD_VERSION_OF_CLASS,
     TABLES,
+    DecodedQmd,
+    DecodeError,
     GpEntry,
     MethodCall,
     decode_driver_area,
     decode_gpfifo,
-    decode_qmd,
     decode_segment,
+    follow_chain,
 )
 from bob.backends.nv.encoder import SETUP_ENTRIES, EncodedProgram, encode
 from bob.errors import BackendUnavailable, RunFailure
@@ -83,6 +92,7 @@ class Launched:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     arguments: dict[str, int | np.float32]
+    predecessor: int | None = None  # the QMD whose completion scheduled it (chained)
 
 
 def _reference_kernels() -> dict[str, Kernel]:
@@ -260,12 +270,21 @@ class NvSimBackend(Backend):
             raise NvSimError("a compute method the simulator does not implement")
 
     def _launch(self, qmd_address: int) -> None:
+        """Run the QMD the pushbuffer dispatched, then each dependent QMD in turn."""
         for window in ("SET_SHADER_SHARED_MEMORY_WINDOW_A", "SET_SHADER_LOCAL_MEMORY_WINDOW_A"):
             if window not in self._compute:
                 raise NvSimError(f"a launch before the set-up ({window} never written)")
+        try:
+            chain = follow_chain(self.encoded, qmd_address, self._read)
+        except DecodeError as error:
+            raise NvSimError(str(error)) from None
+        predecessor = None
+        for address, qmd in chain:
+            self._run_qmd(address, qmd, predecessor)
+            predecessor = address
+
+    def _run_qmd(self, qmd_address: int, qmd: DecodedQmd, predecessor: int | None) -> None:
         compute_class = self.encoded.compute_class
-        record_bytes = TABLES.qmd[QMD_VERSION_OF_CLASS[compute_class]].record_bytes
-        qmd = decode_qmd(self._read(qmd_address, record_bytes), compute_class)
         dispatch = qmd.dispatch()
         if dispatch.major_version != int(qmd.version[:2]):
             raise NvSimError(f"QMD at {qmd_address:#x} says major version "
@@ -290,7 +309,7 @@ class NvSimBackend(Backend):
             raise NvSimError(f"no kernel for region {region_name!r}")
         self.kernels[region_name](self.memory, arguments)
         self.launched.append(Launched(qmd_address, region_name, dispatch.grid, dispatch.block,
-                                      arguments))
+                                      arguments, predecessor))
         for release in dispatch.releases:
             if release.structure != "SEMAPHORE_ONE_WORD":
                 raise NvSimError(f"QMD release structure {release.structure}; only one-word "
