@@ -751,3 +751,15 @@ def test_two_launch_submission_on_hopper():
     with NvBackend(_two_launch_plan(), deadline_s=10) as backend:
         _exercise_two_launches(backend)
         assert backend.launch_progress() == 2  # launch 1 (b) completed last
+
+
+def test_the_driver_version_is_read_from_the_kernel_module_line():
+    """When the RM build-version query is refused, doctor shows the module's own version."""
+    from bob.backends.nv.rm.device import module_version
+
+    line = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  "
+            "Release Build  (nixbld@)  Tue Oct 14 2025\n")
+    assert module_version(line) == "580.159.04"
+    assert module_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu") \
+        == "550.54.14"
+    assert module_version("no driver here") is None

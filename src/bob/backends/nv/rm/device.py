@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 from . import structs as s
 from .ioctl import (
@@ -35,6 +37,21 @@ CLASS_LIST_CAPACITY = 1024  # a GPU lists a few hundred classes
 
 def _class_name(number: int) -> str:
     return s.CLASS_NAMES.get(number, f"class 0x{number:04x}")
+
+
+NVIDIA_VERSION_FILE = Path("/proc/driver/nvidia/version")
+_MODULE_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)")
+
+
+def module_version(text: str | None = None) -> str | None:
+    """The driver version the kernel module states ("580.159.04"), or None."""
+    if text is None:
+        try:
+            text = NVIDIA_VERSION_FILE.read_text()
+        except OSError:
+            return None
+    found = _MODULE_VERSION.search(text)
+    return found.group(1) if found else None
 
 
 class RmClient:
@@ -168,7 +185,8 @@ class RmDevice:
             self.client.control(self.client.root, s.NV0000_CTRL_CMD_SYSTEM_GET_BUILD_VERSION_V2,
                                 params)
         except RmError as error:  # informational only: the version is not needed
-            return f"unknown ({error.status_name})"
+            # Some drivers refuse this query's layout; the module states its version too.
+            return module_version() or f"unknown ({error.status_name})"
         return params.driverVersionBuffer.decode(errors="replace")
 
     def _class_list(self) -> frozenset[int]:
