@@ -37,14 +37,19 @@ def reading(path: StrPath, what: str = "file") -> Iterator[BinaryIO]:
     try:
         with Path(path).open("rb") as file:
             yield file
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, not a {what}") from None
-    except PermissionError:
-        raise BadInput(f"{path}: cannot read the file (permission denied)") from None
     except OSError as error:
-        raise BadInput(f"{path}: cannot read the file ({error.strerror or error})") from None
+        raise unreadable(path, error, what) from None
+
+
+def unreadable(path: StrPath, error: OSError, what: str = "file") -> BadInput:
+    """The one-line BadInput for a file that could not be opened or read."""
+    if isinstance(error, FileNotFoundError):
+        return BadInput(f"{path}: no such file")
+    if isinstance(error, IsADirectoryError):
+        return BadInput(f"{path}: is a directory, not a {what}")
+    if isinstance(error, PermissionError):
+        return BadInput(f"{path}: cannot read the file (permission denied)")
+    return BadInput(f"{path}: cannot read the file ({error.strerror or error})")
 
 
 def read_bytes(path: StrPath, what: str = "file") -> bytes:

@@ -26,6 +26,7 @@ from typing import BinaryIO
 import numpy as np
 
 from bob.errors import BadInput
+from bob.files import unreadable
 
 STDIN = "-"
 TOKEN_DTYPES = {"uint16": "<u2", "uint32": "<u4"}  # raw token files: nanoGPT writes uint16
@@ -210,14 +211,8 @@ def open_binary(name: str) -> BinaryIO:
         if "://" in name:
             return _fsspec().open(name, "rb").open()
         return open(name, "rb")  # noqa: SIM115  # the caller closes it
-    except FileNotFoundError:
-        raise BadInput(f"{name}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"{name}: is a directory, not a file") from None
-    except PermissionError:
-        raise BadInput(f"{name}: cannot read the file (permission denied)") from None
     except OSError as error:
-        raise BadInput(f"{name}: cannot read the file ({error.strerror or error})") from None
+        raise unreadable(name, error) from None
 
 
 def read_blocks(piece: Piece, block_tokens: int) -> Iterator[np.ndarray]:
