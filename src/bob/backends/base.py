@@ -11,12 +11,25 @@ may be patched, the patched parameter blocks, the last semaphore reached. A
 backend supplies only its arena access (``_write_arena``, ``_read_arena``),
 ``_run`` and ``_carry_patches`` (the patched words to where its device reads
 the parameter block).
+
+What a backend may add, each with a synchronous default here so a backend that
+has nothing better stays correct:
+
+- ``_start_submissions``/``_wait_started``: ``start`` queues submissions and returns, ``wait``
+  blocks until they are done (``run`` is both). The default runs at ``start``.
+- ``begin_read``: the tables of this moment, collected while the next
+  submissions run. The default copies them at once.
+- ``_carry_scalar_rows``: many launches' patched scalars in one pass (the seed
+  schedule's AdamW launches). The default carries them launch by launch.
 """
 
 from __future__ import annotations
 
 import struct
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
 
 from bob.errors import RunFailure
 from bob.plan.certificate import CertifiedPlan, require_certified
@@ -31,6 +44,20 @@ Patch = tuple[int, bytes]
 
 class ArenaRangeError(RunFailure):
     """A tensor byte range or a submission the plan does not have."""
+
+
+class ReadHandle:
+    """Tensors being read back: `wait()` gives name -> a flat uint8 array the caller owns.
+
+    This one is already complete (the synchronous default); a backend that copies
+    in the background returns its own kind, whose `wait` blocks until the copy is done.
+    """
+
+    def __init__(self, tables: dict[str, np.ndarray]):
+        self._tables = tables
+
+    def wait(self) -> dict[str, np.ndarray]:
+        return self._tables
 
 
 class Backend(ABC):
@@ -59,6 +86,14 @@ class Backend(ABC):
 
     def run(self, submissions: range) -> None:
         """Execute these submissions in order and wait until the last completes."""
+        self.start(submissions)
+        self.wait()
+
+    def start(self, submissions: range) -> None:
+        """Queue these submissions in order; `wait()` blocks until the last completes.
+
+        Between the two the host may prepare what does not touch the arena (a
+        tensor write or read waits for the device's work queued before it)."""
         if not isinstance(submissions, range):
             raise TypeError(f"run takes a range of submissions, not {type(submissions).__name__}")
         if len(submissions) == 0:
@@ -67,8 +102,23 @@ class Backend(ABC):
         for index in (submissions[0], submissions[-1]):  # a range is monotonic
             if not 0 <= index < count:
                 raise ArenaRangeError(f"submission {index} is not in the plan's {count}")
-        self._run(submissions)
+        self._start_submissions(submissions)
         self.last_semaphore = self.plan.submissions[submissions[-1]].semaphore
+
+    def wait(self) -> None:
+        """Block until every submission started so far has completed."""
+        self._wait_started()
+
+    def begin_read(self, names: Sequence[str]) -> ReadHandle:
+        """Start reading these tensors as they stand once the started work is done.
+
+        Submissions started afterwards do not change what the handle gives. The
+        default waits and copies now; a backend with a copy engine snapshots
+        the tensors on the device and copies them to the host in the background.
+        """
+        self.wait()
+        return ReadHandle({name: np.frombuffer(self.read_tensor(name), np.uint8)
+                           for name in names})
 
     def close(self) -> None:  # noqa: B027 - a backend with nothing to free keeps this
         """Free what the backend holds."""
@@ -103,6 +153,46 @@ class Backend(ABC):
         for offset, word in patches:
             block[offset:offset + len(word)] = word
         self._carry_patches(launch_index, values, patches)
+
+    def set_scalars_many(self, launches: Sequence[int], names: Sequence[str],
+                         words: np.ndarray, dtype: str = "f32") -> None:
+        """Row i of `words` (uint32[len(launches)][len(names)]) into launch launches[i]'s
+        scalars `names`, all of type `dtype`: `set_scalars` for many launches in one pass.
+
+        The same checks and the same bytes as calling `set_scalars` launch by launch.
+        """
+        words = np.ascontiguousarray(words, dtype=np.uint32)
+        if words.shape != (len(launches), len(names)):
+            raise ValueError(f"words must be {len(launches)} x {len(names)}, not "
+                             f"{' x '.join(map(str, words.shape))}")
+        by_region: dict[str, list[int]] = {}  # the launches of a region share the offsets
+        offsets = []
+        for index in launches:
+            region = self.plan.launches[index].region
+            if region not in by_region:
+                by_region[region] = self._scalar_offsets(region, names, dtype)
+            offsets.append(by_region[region])
+        for index, row, places in zip(launches, words, offsets, strict=True):
+            block = self._blocks.get(index)
+            if block is None:
+                block = self._blocks[index] = bytearray(self.parameter_block(index))
+            # Scalars sit at 4-byte boundaries (placement): one indexed store per block.
+            np.frombuffer(block, np.uint32)[[offset // 4 for offset in places]] = row
+        self._carry_scalar_rows(list(launches), tuple(names), dtype, words, offsets)
+
+    def _scalar_offsets(self, region: str, names: Sequence[str], dtype: str) -> list[int]:
+        """Where each of these patchable scalars of `region` sits in a parameter block."""
+        patchable = self._patchable_scalars(region)
+        places = []
+        for name in names:
+            if name not in patchable:
+                raise KeyError(f"region {region!r} has no patchable scalar argument "
+                               f"{name!r} (pointers and footprint sizes are fixed by the plan)")
+            declared, offset = patchable[name]
+            if declared != dtype:
+                raise TypeError(f"argument {name!r} is {declared}, not {dtype}")
+            places.append(offset)
+        return places
 
     def parameter_block(self, launch_index: int) -> bytes:
         """Launch `launch_index`'s parameter block as it stands (patches included)."""
@@ -145,6 +235,23 @@ class Backend(ABC):
     @abstractmethod
     def _run(self, submissions: range) -> None:
         """Run these submissions (checked: non-empty, in the plan) and wait for the last."""
+
+    def _start_submissions(self, submissions: range) -> None:
+        """Queue these submissions; the default runs them to completion now."""
+        self._run(submissions)
+
+    def _wait_started(self) -> None:  # noqa: B027 - the default's start already waited
+        """Block until the started submissions are done."""
+
+    def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
+                           words: np.ndarray, offsets: list[list[int]]) -> None:
+        """`set_scalars_many`'s words (already in the blocks) to where the device reads
+        them; the default carries them launch by launch."""
+        for index, row, places in zip(launches, words.tolist(), offsets, strict=True):
+            values = {name: Scalar(dtype, word) for name, word in zip(names, row, strict=True)}
+            patches = [(offset, _WORD.pack(word)) for offset, word in zip(places, row,
+                                                                          strict=True)]
+            self._carry_patches(index, values, patches)
 
     @abstractmethod
     def _carry_patches(self, launch_index: int, values: dict[str, Scalar],

@@ -99,6 +99,15 @@ class CpuBackend(Backend):
                 region = self.plan.launches[launch_index].region
                 self.kernels[region](self.memory, self._arguments[launch_index])
 
+    def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
+                           words: np.ndarray, offsets: list[list[int]]) -> None:
+        """The decoded arguments take the new values directly: no Scalar per word."""
+        if dtype != "f32":
+            super()._carry_scalar_rows(launches, names, dtype, words, offsets)
+            return
+        for index, row in zip(launches, words.view(np.float32), strict=True):
+            self._arguments[index].update(zip(names, row, strict=True))  # np.float32 each
+
     def _carry_patches(self, launch_index: int, values: dict[str, Scalar],
                        patches: list[Patch]) -> None:
         """The kernel reads its arguments decoded: the patched values replace theirs."""

@@ -31,7 +31,15 @@ How the plan maps onto CUDA:
   (the host asks for all submissions, or the first ``forward_submissions``) and
   launched with one ``cuGraphLaunch``, then the stream is synchronized.
   ``set_scalars`` updates the affected nodes of every executable graph in place
-  (``cuGraphExecKernelNodeSetParams``); nothing is rebuilt.
+  (``cuGraphExecKernelNodeSetParams``); nothing is rebuilt. ``start`` launches
+  the graph and returns; ``wait`` synchronizes the stream.
+- Staging (device arena): writes go through two pinned chunks allocated once
+  (``cuMemHostAlloc``), each copied with ``cuMemcpyHtoDAsync`` on the stream
+  while the next chunk is filled. ``begin_read`` snapshots the tensors into a
+  second device buffer on the stream (ordered after the work started before
+  it, before any started after), then a second, non-blocking stream copies the
+  snapshot into pinned host buffers allocated once (``cuMemcpyDtoHAsync``)
+  while the next graph runs; the handle's ``wait`` copies them out.
 
 Every driver result passes ``check``: a ``CudaError`` names the call, the
 status name and the driver's description of it.
@@ -42,13 +50,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from bob.backends.base import Backend, Patch
+from bob.backends.base import Backend, Patch, ReadHandle
 from bob.config import ARENA_KINDS
 from bob.errors import BackendUnavailable, RunFailure
 from bob.kernels.cuda.compile import NvrtcError, nvrtc_version
@@ -297,6 +306,44 @@ class _Graph:
     nodes: dict[int, list[Any]] = field(default_factory=dict)  # launch -> its nodes
 
 
+UPLOAD_CHUNK_BYTES = 16 << 20  # each of the two pinned chunks a write goes through
+STAGING_ALIGNMENT = 256  # each tensor's start in the read-back staging
+
+
+@dataclass
+class _UploadChunk:
+    host: int  # pinned host memory, UPLOAD_CHUNK_BYTES
+    copied: Any  # CUevent recorded after this chunk's last copy was queued
+
+
+@dataclass
+class _ReadStaging:
+    """Where `begin_read` puts tensors: a device snapshot and pinned host memory, both
+    `size` bytes, reused by every read; the copy stream; the event the snapshot ends with."""
+
+    size: int
+    snapshot: int  # device memory
+    host: int  # pinned host memory
+    stream: Any  # CUstream, non-blocking: it runs beside the graph's stream
+    snapped: Any  # CUevent
+
+
+class _CudaRead(ReadHandle):
+    """Tensors on their way from the snapshot to pinned memory; `wait` gives owned copies."""
+
+    def __init__(self, backend: CudaBackend, layout: list[tuple[str, int, int]]):
+        super().__init__({})
+        self._backend = backend
+        self._layout = layout  # (name, offset in the staging, bytes)
+        self._done = False
+
+    def wait(self) -> dict[str, np.ndarray]:
+        if not self._done:
+            self._tables = self._backend._finish_read(self._layout)
+            self._done = True
+        return self._tables
+
+
 class CudaBackend(Backend):
     name = "cuda"
 
@@ -320,6 +367,10 @@ class CudaBackend(Backend):
         self._graphs: dict[range, _Graph] = {}
         self._arguments: dict[int, _LaunchArguments] = {}
         self._functions: dict[str, Any] = {}
+        self._uploads: list[_UploadChunk] = []  # the two pinned chunks, once written through
+        self._next_upload = 0
+        self._staging: _ReadStaging | None = None
+        self._reading: _CudaRead | None = None  # the read whose copies may be in flight
         self._closed = False
 
         self.image = compiled.image  # referenced while the driver reads it
@@ -413,32 +464,147 @@ class CudaBackend(Backend):
 
     # -- what the base class asks of a backend -------------------------------------------
     def _run(self, submissions: range) -> None:
+        self._start_submissions(submissions)
+        self._wait_started()
+
+    def _start_submissions(self, submissions: range) -> None:
         self._require_open()
         _call("cuCtxSetCurrent", self._context)
         graph = self._graphs.get(submissions)
         if graph is None:
             graph = self._graphs[submissions] = self._build_graph(submissions)
         _call("cuGraphLaunch", graph.exec, self._stream)
+
+    def _wait_started(self) -> None:
+        self._require_open()
+        _call("cuCtxSetCurrent", self._context)
         _call("cuStreamSynchronize", self._stream)
 
     def _write_arena(self, offset: int, data: memoryview) -> None:
         self._require_open()
         source = np.frombuffer(data, dtype=np.uint8)
         if self.arena_kind == "host":
+            self._wait_started()  # the host arena is the device's memory: no write under a kernel
             ctypes.memmove(self._host_arena + offset, source.ctypes.data, source.size)
             return
         _call("cuCtxSetCurrent", self._context)
-        _call("cuMemcpyHtoD", self._arena + offset, source.ctypes.data, source.size)
+        chunks = self._upload_chunks()
+        position = 0
+        while position < source.size:
+            # Fill one pinned chunk while the other's copy runs; its own last copy first.
+            chunk = chunks[self._next_upload]
+            self._next_upload = 1 - self._next_upload
+            _call("cuEventSynchronize", chunk.copied)  # an event never recorded is complete
+            count = min(UPLOAD_CHUNK_BYTES, source.size - position)
+            ctypes.memmove(chunk.host, source.ctypes.data + position, count)
+            _call("cuMemcpyHtoDAsync", self._arena + offset + position, chunk.host, count,
+                  self._stream)
+            _call("cuEventRecord", chunk.copied, self._stream)
+            position += count
 
     def _read_arena(self, offset: int, size: int) -> bytes:
         self._require_open()
+        self._wait_started()  # the started work and queued writes land first
         if self.arena_kind == "host":
             return ctypes.string_at(self._host_arena + offset, size)
         out = np.empty(size, dtype=np.uint8)
         if size:
-            _call("cuCtxSetCurrent", self._context)
             _call("cuMemcpyDtoH", out.ctypes.data, self._arena + offset, size)
         return out.tobytes()
+
+    # -- staging: pinned memory allocated once, copies beside the graph ----------------
+    def _upload_chunks(self) -> list[_UploadChunk]:
+        if not self._uploads:
+            flags = int(_driver().CUevent_flags.CU_EVENT_DISABLE_TIMING)
+            for _ in range(2):
+                host = int(_call("cuMemHostAlloc", UPLOAD_CHUNK_BYTES, 0))
+                try:
+                    event = _call("cuEventCreate", flags)
+                except BaseException:
+                    _call("cuMemFreeHost", host)
+                    raise
+                self._uploads.append(_UploadChunk(host, event))
+        return self._uploads
+
+    def begin_read(self, names: Sequence[str]) -> ReadHandle:
+        """Snapshot the tensors after the started work; copy them out beside later work."""
+        if self.arena_kind == "host":
+            return super().begin_read(names)  # the arena is host memory already
+        self._require_open()
+        if self._reading is not None:
+            self._reading.wait()  # the staging is reused: the previous read completes first
+        layout: list[tuple[str, int, int]] = []
+        end = 0
+        for name in names:
+            size = self.plan.tensor(name).bytes
+            layout.append((name, end, size))
+            end += -(-size // STAGING_ALIGNMENT) * STAGING_ALIGNMENT
+        staging = self._read_staging(end)
+        _call("cuCtxSetCurrent", self._context)
+        for name, position, size in layout:
+            _call("cuMemcpyDtoDAsync", staging.snapshot + position,
+                  self._arena + self._arena_offset(name, 0, size), size, self._stream)
+        _call("cuEventRecord", staging.snapped, self._stream)
+        _call("cuStreamWaitEvent", staging.stream, staging.snapped, 0)
+        for _, position, size in layout:
+            _call("cuMemcpyDtoHAsync", staging.host + position, staging.snapshot + position,
+                  size, staging.stream)
+        self._reading = _CudaRead(self, layout)
+        return self._reading
+
+    def _finish_read(self, layout: list[tuple[str, int, int]]) -> dict[str, np.ndarray]:
+        """Wait for the copy stream, then each tensor out of the pinned staging."""
+        self._require_open()
+        staging = self._staging
+        assert staging is not None  # begin_read made it
+        _call("cuCtxSetCurrent", self._context)
+        _call("cuStreamSynchronize", staging.stream)
+        tables = {}
+        for name, position, size in layout:
+            out = np.empty(size, dtype=np.uint8)
+            ctypes.memmove(out.ctypes.data, staging.host + position, size)
+            tables[name] = out
+        self._reading = None
+        return tables
+
+    def _read_staging(self, size: int) -> _ReadStaging:
+        """The read-back staging, at least `size` bytes: allocated once, grown if asked."""
+        if self._staging is not None and self._staging.size >= size:
+            return self._staging
+        self._free_read_staging()
+        _call("cuCtxSetCurrent", self._context)
+        driver = _driver()
+        staging = _ReadStaging(max(1, size), 0, 0, None, None)
+        try:
+            staging.snapshot = int(_call("cuMemAlloc", staging.size))
+            staging.host = int(_call("cuMemHostAlloc", staging.size, 0))
+            staging.stream = _call("cuStreamCreate",
+                                   int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))
+            staging.snapped = _call("cuEventCreate",
+                                    int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+        except BaseException:
+            self._staging = staging
+            with contextlib.suppress(CudaError):  # the allocation's error is the one to report
+                self._free_read_staging()
+            raise
+        self._staging = staging
+        return staging
+
+    def _free_read_staging(self) -> None:
+        staging, self._staging = self._staging, None
+        self._reading = None
+        if staging is None:
+            return
+        if staging.stream is not None:
+            _call("cuStreamSynchronize", staging.stream)
+        if staging.snapped is not None:
+            _call("cuEventDestroy", staging.snapped)
+        if staging.stream is not None:
+            _call("cuStreamDestroy", staging.stream)
+        if staging.host:
+            _call("cuMemFreeHost", staging.host)
+        if staging.snapshot:
+            _call("cuMemFree", staging.snapshot)
 
     def _carry_patches(self, launch_index: int, values: dict[str, Scalar],
                        patches: list[Patch]) -> None:
@@ -452,6 +618,24 @@ class CudaBackend(Backend):
                                  "outside its parameter buffer")
             ctypes.memmove(ctypes.addressof(arguments.buffer) + offset - base, word, len(word))
         self._update_nodes(launch_index)
+
+    def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
+                           words: np.ndarray, offsets: list[list[int]]) -> None:
+        """Every launch's words into its kernel buffer in one pass, then the graphs' nodes."""
+        self._require_open()
+        base = self.plan.target.parameter_base
+        lanes = np.arange(4)
+        for index, row, places in zip(launches, words, offsets, strict=True):
+            arguments = self._arguments[index]
+            relative = np.asarray(places) - base
+            if relative.size and not (relative.min() >= 0
+                                      and relative.max() <= arguments.size.value - 4):
+                raise RunFailure(f"launch {index}: a scalar's block offset is outside its "
+                                 "parameter buffer")
+            buffer = np.frombuffer(arguments.buffer, np.uint8)
+            buffer[(relative[:, None] + lanes).reshape(-1)] = row.view(np.uint8)
+        for index in launches:
+            self._update_nodes(index)
 
     def _update_nodes(self, launch_index: int) -> None:
         """Carry the launch's parameter buffer into every instantiated graph's nodes."""
@@ -508,6 +692,16 @@ class CudaBackend(Backend):
 
         if self._context is not None:
             release("cuCtxSetCurrent", self._context)
+        if self._stream is not None:
+            release("cuStreamSynchronize", self._stream)  # nothing freed under running work
+        try:
+            self._free_read_staging()
+        except CudaError as error:
+            errors.append(error)
+        for chunk in self._uploads:
+            release("cuEventDestroy", chunk.copied)
+            release("cuMemFreeHost", chunk.host)
+        self._uploads.clear()
         graphs = list(self._graphs.values())
         self._graphs.clear()
         for graph in graphs:

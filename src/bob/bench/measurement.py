@@ -6,12 +6,16 @@ A contender that cannot run is a row with its reason, one that fails a row with 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from bob.backends import BackendChoice
 from bob.bench.peers import Peer, Unavailable, bench_targets
@@ -20,6 +24,9 @@ from bob.config import DEFAULT_SUBMISSION_POLICY, SCHEDULES, Hyper
 from bob.program.bob import BobConfig, adam_scalars
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
+
+STEADY_INVOCATIONS = 5  # session.train's invocations per steady timing
+COMMAND_TIMEOUT = 600.0  # seconds one `bob train` process may take in the bench
 
 # The H200 copy bandwidth Bob's V = 8192 goal is set against (docs/BENCHMARKS.md, "Against
 # the goals"): the second memory-floor row, beside the copy measured at the start of the run.
@@ -107,7 +114,8 @@ def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats:
             return [failed(f"{name} invocation", "bob", n, error)]
         loss = last[0].loss
         rows = [Row(f"{name} invocation", "bob", n, statistics.median(samples), samples, loss,
-                    "Session.invoke: load, scalars, run, read back and check")]
+                    "Session.invoke: load, scalars, run, read back and check"),
+                steady_row(session, config, zero, record, repeats, name)]
         backend = session.last_backend
         assert backend is not None
         plan = session.plan_for(config)
@@ -145,6 +153,7 @@ def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats:
             (f"{name} host: collect", "host", collect, None,
              "results + checkpoint out, finiteness checks"),
         )
+        rows.append(command_row(choice, config, record, repeats, name))
         for row_name, kind, work, reset, note in timed:
             try:
                 samples = time_runs(work, reset or (lambda: None), repeats)
@@ -156,6 +165,65 @@ def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats:
         return rows
     finally:
         session.close()
+
+
+def steady_row(session, config: BobConfig, start: Checkpoint, record: InputRecord,
+               repeats: int, name: str, invocations: int = STEADY_INVOCATIONS) -> Row:
+    """One invocation's share of `session.train` once the pipeline is full.
+
+    Each timing trains `invocations` invocations from `start` and keeps the time
+    between the first invocation's completion and the last's, per invocation: the
+    tables stay resident in the arena, each read back while the next runs.
+    """
+    from bob.host.session import train
+
+    row_name = f"{name} train steady invocation"
+
+    def one() -> float:
+        stamps: list[float] = []
+        train(session, config, start, record, invocations * config.updates,
+              lambda invocation, done: stamps.append(time.perf_counter()))
+        return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+
+    try:
+        one()  # warm-up
+        samples = tuple(one() for _ in range(repeats))
+    except Exception as error:  # noqa: BLE001 - reported as Bob's failure
+        return failed(row_name, "bob", config.updates, error)
+    return Row(row_name, "bob", config.updates, statistics.median(samples), samples, None,
+               f"session.train over {invocations} invocations: resident tables, read-back "
+               "beside the next run; per invocation, the first one's start excluded")
+
+
+def command_row(choice: BackendChoice, config: BobConfig, record: InputRecord, repeats: int,
+                name: str) -> Row:
+    """`bob train --steps N` as a user runs it: process start to exit, the checkpoint saved."""
+    row_name = f"{name} train command"
+    with tempfile.TemporaryDirectory(prefix="bob-bench-") as directory:
+        source = Path(directory) / "input.bin"
+        record.write(source)
+        argv = [sys.executable, "-m", "bob.cli.main", "train", "--input", str(source),
+                "--backend", choice.name, "--steps", str(config.updates),
+                "-N", str(config.updates), "--schedule", config.schedule,
+                "--submission", config.submission, "--overwrite", "--json",
+                "-c", str(Path(directory) / "bob.safetensors")]
+        losses: list[float] = []
+
+        def run() -> None:
+            done = subprocess.run(argv, capture_output=True, text=True, check=False,
+                                  timeout=COMMAND_TIMEOUT, cwd=directory)
+            if done.returncode != 0:
+                lines = done.stderr.strip().splitlines()
+                raise RuntimeError(lines[-1] if lines else f"exit {done.returncode}")
+            losses.append(json.loads(done.stdout)["loss"])
+
+        try:
+            samples = time_runs(run, lambda: None, repeats)
+        except Exception as error:  # noqa: BLE001 - reported as Bob's failure
+            return failed(row_name, "bob", config.updates, error)
+    return Row(row_name, "bob", config.updates, statistics.median(samples), samples, losses[-1],
+               "the whole `bob train --steps N` process: start-up, imports, plan, backend, "
+               "one invocation, checkpoint saved, exit")
 
 
 def floor_rows(vocab: int, updates: int, measured: float | None) -> list[Row]:

@@ -33,6 +33,7 @@ from bob.errors import BadInput, Interrupted
 from bob.host import sampling, stops
 from bob.host.session import Invocation, Session
 from bob.host.session import train as train_invocations
+from bob.host.writer import BackgroundWriter
 from bob.program.bob import BobConfig
 from bob.records import corpus, counting, sources
 from bob.records.binary import InputRecord, ResultRecord
@@ -185,6 +186,12 @@ class TrainReport:
     segments: tuple[Segment, ...] = ()  # what trained each step range, this run's last
     val_loss: float | None = None  # the exact validation loss after the run (--val)
     val_history: tuple[tuple[int, float], ...] = ()
+    wall_seconds: float = 0.0  # api.train from call to return: data, backend, updates, saves
+
+    @property
+    def updates_per_second(self) -> float:
+        """This run's updates over its wall time (0 when it made none)."""
+        return self.steps / self.wall_seconds if self.steps and self.wall_seconds > 0 else 0.0
 
     @property
     def gap(self) -> float | None:
@@ -201,6 +208,7 @@ class TrainReport:
             "written": list(self.written), "backend": self.backend, "mode": self.mode,
             "data": self.data, "segments": [segment.to_json() for segment in self.segments],
             **({"val_loss": self.val_loss} if self.val_loss is not None else {}),
+            "wall_seconds": self.wall_seconds, "updates_per_second": self.updates_per_second,
         }
 
 
@@ -224,6 +232,20 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
     `submission` "chained" links each invocation's launches in the command stream.
     One run holds CKPT.lock while it works; a second is refused.
     """
+    begun = time.perf_counter()
+    report = _train(texts, steps, checkpoint, resume, backend, hyper, updates_per_invocation,
+                    input_record, overwrite, arch, arena, result_path, schedule, progress,
+                    hyper_changes, new_data, data_spec, val_spec, submission)
+    return replace(report, wall_seconds=time.perf_counter() - begun)
+
+
+def _train(texts: Sequence[str] | None, steps: int, checkpoint: str, resume: bool, backend: str,
+           hyper: Hyper | None, updates_per_invocation: int, input_record: str | None,
+           overwrite: bool, arch: str, arena: str, result_path: str | None, schedule: str,
+           progress: Callable[[Invocation, int], None] | None,
+           hyper_changes: Mapping[str, float] | None, new_data: bool,
+           data_spec: CorpusSpec | None, val_spec: CorpusSpec | None,
+           submission: str) -> TrainReport:
     if steps < 0:
         raise BadInput(f"steps must be >= 0, not {steps}")
     if updates_per_invocation < 1:
@@ -343,28 +365,38 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
         validate(invocation.checkpoint)
         state = replace(invocation.checkpoint.with_history(tuple(history)),
                         optimum=data.optimum, val_history=tuple(val_history))
-        with stops.held():  # the message must name the checkpoint on disk
+
+        def save() -> None:  # on the writer's thread, while the next invocation runs
             state.save(checkpoint)
-            kept[0] = state.step
+            kept[0] = state.step  # the interrupt message names the checkpoint on disk
             if checkpoint not in written:
                 written.append(checkpoint)
+
+        writer.submit(save)
         if progress is not None:
             progress(invocation, done)
 
     choice = choose_backend(backend, arch=arch, arena=arena)
     refuse_slow_cpu(choice.name, data.record.vocab, steps)
+    writer = BackgroundWriter()
     try:
-        with Session(choice, start.hyper) as session:
-            if steps == 0:
-                invocation = session.invoke(config, start, data.record, "predict")
-                initial = final = invocation.initial_loss
-                result = invocation.result
-                validate(start)
-            else:
-                invocations = train_invocations(session, config, start, data.record, steps,
-                                                after)
-                initial, final = invocations[0].initial_loss, invocations[-1].loss
-                result = invocations[-1].result
+        try:
+            with Session(choice, start.hyper) as session:
+                if steps == 0:
+                    invocation = session.invoke(config, start, data.record, "predict")
+                    initial = final = invocation.initial_loss
+                    result = invocation.result
+                    validate(start)
+                else:
+                    invocations = train_invocations(session, config, start, data.record, steps,
+                                                    after)
+                    initial, final = invocations[0].initial_loss, invocations[-1].loss
+                    result = invocations[-1].result
+        finally:
+            # Every checkpoint handed over is written before anything is reported (a stop
+            # waits for the save in flight: the file it names is whole).
+            with stops.held():
+                writer.close()
         if result_path is not None and result is not None:
             result.write(result_path)
             written.append(result_path)

@@ -1,0 +1,423 @@
+"""Issue 13: the host out of the way. Resident state between invocations, the read-back
+pipeline, the background checkpoint writer, scalars in one pass, train's wall time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bob.backends import BackendChoice, choose_backend
+from bob.backends.base import ReadHandle
+from bob.backends.cpu import CpuBackend
+from bob.cli.main import main
+from bob.config import CHECKPOINT_TENSORS, Hyper
+from bob.errors import BobError, NonFiniteLoss, RunFailure
+from bob.host import api
+from bob.host.check import random_record
+from bob.host.session import Session, require_finite_tables, train
+from bob.host.writer import BackgroundWriter
+from bob.plan.model import Scalar
+from bob.program.bob import ADAM_SCALAR_NAMES, BobConfig, adam_scalar_table
+from bob.records.checkpoint import Checkpoint
+
+ARENA_TENSORS = ("parameters", "first_moment", "second_moment", "gradients", "input",
+                 "initial_loss", "training_loss", "logit_rows", "predictions")
+
+
+class CountingCpu(CpuBackend):
+    """The CPU backend, counting the host's tensor writes by name and its reads."""
+
+    def __init__(self, plan, *args, **kwargs):
+        super().__init__(plan, *args, **kwargs)
+        self.writes: Counter[str] = Counter()
+        self.begun_reads = 0
+
+    def write_tensor(self, name, data, offset=0):
+        self.writes[name] += 1
+        super().write_tensor(name, data, offset)
+
+    def begin_read(self, names):
+        self.begun_reads += 1
+        return super().begin_read(names)
+
+
+def counting_choice() -> BackendChoice:
+    return replace(choose_backend("cpu"), opener=CountingCpu)
+
+
+def arena_bytes(backend) -> dict[str, bytes]:
+    return {name: backend.read_tensor(name) for name in ARENA_TENSORS}
+
+
+# -- resident state -------------------------------------------------------------
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_a_resident_checkpoint_gives_the_bytes_of_a_loaded_one(schedule, mode):
+    config = BobConfig(vocab=64, prompts=2, updates=4, mode=mode, schedule=schedule)
+    record = random_record(config, 3)
+    start = Checkpoint.zeros(64, Hyper(), mode)
+    with Session(counting_choice()) as resident, Session(counting_choice()) as loaded:
+        first = resident.invoke(config, start, record, "train")
+        assert resident.holds(config, first.checkpoint)
+        assert not resident.holds(config, replace(first.checkpoint))  # by identity only
+        again = resident.invoke(config, first.checkpoint, record, "train")
+        # The same state as a copy the session never saw: loaded as today.
+        copy = replace(first.checkpoint, **{name: np.array(getattr(first.checkpoint, name))
+                                             for name in CHECKPOINT_TENSORS})
+        fresh = loaded.invoke(config, copy, record, "train")
+        assert arena_bytes(resident.last_backend) == arena_bytes(loaded.last_backend)
+        for name in CHECKPOINT_TENSORS:
+            assert getattr(again.checkpoint, name).tobytes() == \
+                getattr(fresh.checkpoint, name).tobytes(), name
+        assert (again.loss, again.initial_loss, again.checkpoint.step) == \
+            (fresh.loss, fresh.initial_loss, fresh.checkpoint.step) == (again.loss,
+                                                                         again.initial_loss, 8)
+        writes = resident.last_backend.writes
+        # The second invocation wrote no table and not the unchanged input: only the loss.
+        assert {name: writes[name] for name in (*CHECKPOINT_TENSORS, "input", "gradients")} \
+            == {name: 1 for name in (*CHECKPOINT_TENSORS, "input", "gradients")}
+        assert writes["training_loss"] == 2
+        assert loaded.last_backend.writes["parameters"] == 1
+
+
+def test_a_changed_input_is_written_and_any_other_checkpoint_loaded():
+    config = BobConfig(vocab=32, prompts=1, updates=3)
+    record, other = random_record(config, 1), random_record(config, 2)
+    with Session(counting_choice()) as session:
+        first = session.invoke(config, Checkpoint.zeros(32), record, "train")
+        session.invoke(config, first.checkpoint, other, "train")
+        writes = session.last_backend.writes
+        assert (writes["input"], writes["parameters"]) == (2, 1)
+        # Not the state the arena holds now (it moved on): loaded again.
+        session.invoke(config, first.checkpoint, other, "train")
+        assert (writes["input"], writes["parameters"]) == (3, 2)
+
+
+def test_a_failed_invocation_leaves_nothing_resident():
+    config = BobConfig(vocab=16, prompts=0, updates=2)
+    record = random_record(config, 1)
+    with Session(counting_choice(), Hyper(lr=1e38)) as session:
+        with pytest.raises(NonFiniteLoss):
+            session.invoke(config, Checkpoint.zeros(16, Hyper(lr=1e38)), record, "train")
+        assert session._arenas[config].checkpoint is None
+
+
+def test_predict_from_a_resident_state_keeps_it():
+    config = BobConfig(vocab=16, prompts=2, updates=0)
+    record = random_record(config, 1)
+    with Session(counting_choice()) as session:
+        state = Checkpoint.zeros(16)
+        session.invoke(config, state, record, "predict")
+        session.invoke(config, state, record, "predict")
+        # A caller's checkpoint is never taken as resident: its arrays may have changed.
+        assert session.last_backend.writes["parameters"] == 2
+
+
+# -- the pipeline ----------------------------------------------------------------
+def test_pipelined_training_is_invoke_after_invoke():
+    config = BobConfig(vocab=48, prompts=2, updates=4, mode="corpus", schedule="fused")
+    record = random_record(config, 5)
+    start = Checkpoint.zeros(48, Hyper(), "corpus")
+    seen = []
+    with Session(counting_choice()) as session:
+        runs = train(session, config, start, record, 14,
+                     lambda invocation, done: seen.append((invocation.checkpoint.step, done)))
+        backends = {id(b) for _, b in session._open.values()}
+        assert len(backends) == 2  # 4 + 4 + 4 in one arena, the remainder 2 in another
+    assert seen == [(4, 4), (8, 8), (12, 12), (14, 14)]
+    state = start
+    with Session(choose_backend("cpu")) as plain:
+        for updates, run in zip((4, 4, 4, 2), runs, strict=True):
+            copy = replace(state)  # never resident: loaded every time
+            expected = plain.invoke(replace(config, updates=updates), copy, record, "train")
+            for name in CHECKPOINT_TENSORS:
+                assert getattr(run.checkpoint, name).tobytes() == \
+                    getattr(expected.checkpoint, name).tobytes()
+            assert (run.loss, run.initial_loss) == (expected.loss, expected.initial_loss)
+            state = expected.checkpoint
+
+
+def test_the_pipeline_loads_the_tables_once():
+    config = BobConfig(vocab=32, prompts=0, updates=3)
+    record = random_record(config, 2)
+    with Session(counting_choice()) as session:
+        train(session, config, Checkpoint.zeros(32), record, 15)
+        backend = session.last_backend
+        assert backend.writes["parameters"] == 1 and backend.writes["input"] == 1
+        assert backend.begun_reads == 5
+
+
+def test_a_non_finite_table_stops_training_after_the_last_good_callback():
+    config = BobConfig(vocab=16, prompts=0, updates=2)
+    record = random_record(config, 1)
+    seen = []
+    calls = [0]
+
+    def finite_twice(tables, step):
+        calls[0] += 1
+        if calls[0] > 2:
+            raise NonFiniteLoss(f"the table became non-finite by step {step}")
+        require_finite_tables(tables, step)
+
+    with Session(choose_backend("cpu")) as session:
+        from bob.host import session as module
+        original = module.require_finite_tables
+        module.require_finite_tables = finite_twice
+        try:
+            with pytest.raises(NonFiniteLoss, match="by step 6"):
+                train(session, config, Checkpoint.zeros(16), record, 10,
+                      lambda invocation, done: seen.append(done))
+        finally:
+            module.require_finite_tables = original
+    assert seen == [2, 4]
+
+
+def test_require_finite_tables_names_the_step():
+    good = {"parameters": np.zeros((2, 2), np.float32)}
+    require_finite_tables(good, 3)
+    bad = {"parameters": np.array([[0, np.inf], [0, 0]], np.float32)}
+    with pytest.raises(NonFiniteLoss, match="non-finite by step 7"):
+        require_finite_tables(bad, 7)
+
+
+def test_the_default_read_is_a_snapshot():
+    config = BobConfig(vocab=16, prompts=0, updates=2)
+    record = random_record(config, 1)
+    with Session(choose_backend("cpu")) as session:
+        session.invoke(config, Checkpoint.zeros(16), record, "train")
+        backend = session.last_backend
+        handle = backend.begin_read(["parameters"])
+        assert isinstance(handle, ReadHandle)
+        before = backend.read_tensor("parameters")
+        backend.run(range(backend.plan.submission_count))  # moves the table on
+        assert backend.read_tensor("parameters") != before
+        assert handle.wait()["parameters"].tobytes() == before
+
+
+# -- scalars in one pass -----------------------------------------------------------
+def test_set_scalars_many_gives_set_scalars_bytes():
+    config = BobConfig(vocab=32, prompts=1, updates=5)
+    hyper = Hyper(lr=0.03)
+    table = adam_scalar_table(hyper, 11, 5).view(np.uint32)[:, :len(ADAM_SCALAR_NAMES)]
+    launches = [config.adamw_launch(k) for k in range(5)]
+    with Session(choose_backend("cpu"), hyper) as one, Session(choose_backend("cpu"),
+                                                               hyper) as many:
+        a, b = one._backend_for(config)[1], many._backend_for(config)[1]
+        for launch, row in zip(launches, table.tolist(), strict=True):
+            a.set_scalars(launch, {name: Scalar("f32", word)
+                                   for name, word in zip(ADAM_SCALAR_NAMES, row, strict=True)})
+        b.set_scalars_many(launches, ADAM_SCALAR_NAMES, table)
+        for launch in range(a.plan.launch_count):
+            assert a.parameter_block(launch) == b.parameter_block(launch), launch
+            assert a._arguments[launch] == b._arguments[launch]
+            assert {type(v) for v in b._arguments[launch].values()} == \
+                {type(v) for v in a._arguments[launch].values()}
+
+
+def test_set_scalars_many_refuses_what_set_scalars_refuses():
+    config = BobConfig(vocab=32, prompts=0, updates=2)
+    with Session(choose_backend("cpu")) as session:
+        backend = session._backend_for(config)[1]
+        before = [backend.parameter_block(i) for i in range(backend.plan.launch_count)]
+        with pytest.raises(KeyError, match="no patchable scalar argument 'count'"):
+            backend.set_scalars_many([config.adamw_launch(0)], ["count"],
+                                     np.zeros((1, 1), np.uint32), "u32")
+        with pytest.raises(TypeError, match="is f32, not u32"):
+            backend.set_scalars_many([config.adamw_launch(0)], ["decay"],
+                                     np.zeros((1, 1), np.uint32), "u32")
+        with pytest.raises(ValueError, match="must be 2 x 1, not 1 x 1"):
+            backend.set_scalars_many([2, 4], ["decay"], np.zeros((1, 1), np.uint32))
+        assert before == [backend.parameter_block(i) for i in range(backend.plan.launch_count)]
+
+
+def test_the_seed_schedule_patches_every_update_in_one_call(monkeypatch):
+    config = BobConfig(vocab=16, prompts=0, updates=7)
+    calls = []
+    original = CpuBackend.set_scalars_many
+
+    def counted(self, launches, names, words, dtype="f32"):
+        calls.append(len(launches))
+        original(self, launches, names, words, dtype)
+
+    monkeypatch.setattr(CpuBackend, "set_scalars_many", counted)
+    monkeypatch.setattr(CpuBackend, "set_scalars", lambda *a: pytest.fail("one by one"))
+    with Session(choose_backend("cpu")) as session:
+        session.invoke(config, Checkpoint.zeros(16), random_record(config, 1), "train")
+    assert calls == [7]
+
+
+# -- the background writer ------------------------------------------------------------
+def test_the_writer_runs_jobs_in_order_and_reports_a_failure_once():
+    done = []
+    writer = BackgroundWriter()
+    for i in range(5):
+        writer.submit(lambda i=i: done.append(i))
+    writer.close()
+    assert done == [0, 1, 2, 3, 4]
+
+    def fail():
+        raise RunFailure("disk full")
+
+    writer = BackgroundWriter()
+    writer.submit(fail)
+    writer._thread.join(0.01)
+    time.sleep(0.05)
+    with pytest.raises(RunFailure, match="disk full"):
+        writer.submit(lambda: done.append("late"))
+    writer.close()  # already reported: not raised twice
+    assert done[-1] == 4
+
+
+def test_the_writer_wraps_an_unexpected_error_in_one_line():
+    writer = BackgroundWriter()
+
+    def broken():
+        raise OSError("No space left on device\nmore")
+
+    writer.submit(broken)
+    writer.submit(lambda: pytest.fail("a job after a failure must be dropped"))
+    with pytest.raises(RunFailure) as caught:
+        writer.close()
+    assert str(caught.value) == "saving the checkpoint failed: No space left on device"
+    assert isinstance(caught.value, BobError)
+
+
+def test_the_writer_runs_beside_the_caller():
+    started, release = threading.Event(), threading.Event()
+    writer = BackgroundWriter()
+    writer.submit(lambda: (started.set(), release.wait(5)))
+    assert started.wait(5)  # the caller is free while the job runs
+    release.set()
+    writer.close()
+
+
+def cli_train(*argv: str) -> int:
+    return main(["train", "--backend", "cpu", "-N", "3", *argv])
+
+
+@pytest.fixture
+def text(tmp_path: Path) -> Path:
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 10)
+    return path
+
+
+def test_a_failing_save_is_one_line_and_keeps_the_previous_file(tmp_path, text, capsys,
+                                                                 monkeypatch):
+    path = tmp_path / "bob.safetensors"
+    saves = [0]
+    original = Checkpoint.save
+
+    def second_fails(self, where):
+        saves[0] += 1
+        if saves[0] == 2:
+            raise RunFailure(f"{where}: cannot write (injected)")
+        original(self, where)
+
+    monkeypatch.setattr(Checkpoint, "save", second_fails)
+    assert cli_train("--text", str(text), "--steps", "30", "-c", str(path), "--json") == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no report after a failure
+    lines = captured.err.strip().splitlines()
+    assert lines[-1] == f"bob: {path}: cannot write (injected)", lines
+    assert "Traceback" not in captured.err
+    assert Checkpoint.load(path).step == 3  # the first invocation's, whole
+    assert sorted(os.listdir(tmp_path)) == ["a.txt", "bob.safetensors"]  # no temp, no lock
+    assert saves[0] == 2  # nothing saved after the failure
+
+
+def test_a_checkpoint_is_the_state_after_its_invocation(tmp_path, text):
+    path = tmp_path / "bob.safetensors"
+    states = []
+    original = Checkpoint.save
+
+    def keep(self, where):
+        original(self, where)
+        states.append(Checkpoint.load(where))
+
+    try:
+        Checkpoint.save = keep
+        report = api.train([str(text)], steps=10, checkpoint=str(path), backend="cpu",
+                           updates_per_invocation=4)
+    finally:
+        Checkpoint.save = original
+    assert [s.step for s in states] == [4, 8, 10]
+    data = api.training_data([str(text)])
+    config = BobConfig(prompts=0, updates=4, mode="corpus")
+    state = Checkpoint.zeros(256, Hyper(), "corpus")
+    with Session(choose_backend("cpu")) as session:
+        for saved, updates in zip(states, (4, 4, 2), strict=True):
+            state = session.invoke(replace(config, updates=updates), replace(state),
+                                   data.record, "train").checkpoint
+            for name in CHECKPOINT_TENSORS:
+                assert getattr(saved, name).tobytes() == getattr(state, name).tobytes()
+    assert report.global_step == 10
+
+
+def test_a_killed_run_leaves_a_whole_checkpoint(tmp_path, text):
+    """SIGKILL at a moment while checkpoints are being replaced: the file on disk loads and
+    is exactly the state after its invocation."""
+    path = tmp_path / "bob.safetensors"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bob.cli.main", "train", "--text", str(text), "--backend",
+         "cpu", "-N", "2", "--steps", "1000000", "-c", str(path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not path.exists() and time.monotonic() < deadline:
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.02)
+        time.sleep(0.7)  # several saves later, somewhere inside one
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    saved = Checkpoint.load(path)
+    assert saved.step >= 2 and saved.step % 2 == 0
+    data = api.training_data([str(text)])
+    with Session(choose_backend("cpu")) as session:
+        expected = train(session, BobConfig(prompts=0, updates=2, mode="corpus"),
+                         Checkpoint.zeros(256, Hyper(), "corpus"), data.record,
+                         saved.step)[-1].checkpoint
+    for name in CHECKPOINT_TENSORS:
+        assert getattr(saved, name).tobytes() == getattr(expected, name).tobytes(), name
+
+
+# -- train --json: wall time and updates per second ------------------------------------
+def test_train_json_reports_wall_seconds_and_updates_per_second(tmp_path, text, capsys):
+    path = tmp_path / "bob.safetensors"
+    begun = time.perf_counter()
+    assert cli_train("--text", str(text), "--steps", "9", "-c", str(path), "--json") == 0
+    elapsed = time.perf_counter() - begun
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert 0 < summary["wall_seconds"] <= elapsed
+    assert summary["updates_per_second"] == pytest.approx(9 / summary["wall_seconds"])
+    assert f"{summary['updates_per_second']:,.1f}" in captured.err  # the table's row
+    assert "updates/s" in captured.err and "wall time" in captured.err
+    assert cli_train("--text", str(text), "--steps", "0", "-c", str(path), "--resume",
+                     "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["updates_per_second"] == 0.0 and summary["wall_seconds"] > 0
+
+
+def test_train_table_shows_updates_per_second(tmp_path, text, capsys):
+    assert cli_train("--text", str(text), "--steps", "6", "-c",
+                     str(tmp_path / "bob.safetensors")) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "updates/s" in line]
+    assert len(rows) == 1
+    value = float(rows[0].split()[-2].replace(",", ""))
+    assert value > 0
