@@ -34,7 +34,8 @@ from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
 
-BOB_ROWS = ("bob cpu invocation", "bob cpu run")
+BOB_ROWS = ("bob cpu invocation", "bob cpu run", "bob cpu train steady invocation",
+            "bob cpu train command")
 HOST_ROWS = ("adam_scalars", "set_scalars", "load", "collect")
 
 
@@ -68,6 +69,9 @@ def test_cpu_bench_produces_well_formed_rows() -> None:
         else:
             assert table.ratio(row, "run") is None
     assert table.ratio(_row(table, "bob cpu run"), "run") == 1.0
+    # Every way of training the same N updates from zero reaches the same loss.
+    losses = {_row(table, name).loss for name in BOB_ROWS}
+    assert len(losses) == 1, losses
     assert not table.shows_bandwidth  # V = 8 lives in the caches
     assert not report.bob_failed
 

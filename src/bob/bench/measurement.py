@@ -21,7 +21,7 @@ from bob.backends import BackendChoice
 from bob.bench.peers import Peer, Unavailable, bench_targets
 from bob.bench.tables import BYTES_PER_PARAMETER, Row, RowKind
 from bob.config import DEFAULT_SUBMISSION_POLICY, SCHEDULES, Hyper
-from bob.program.bob import BobConfig, adam_scalars
+from bob.program.bob import BobConfig, adam_scalar_table
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
 
@@ -127,33 +127,30 @@ def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats:
             backend.run(range(plan.submission_count))
 
         def compute_scalars() -> None:
-            for k in range(n):
-                adam_scalars(hyper, k + 1)
+            adam_scalar_table(hyper, 1, n)
 
         def set_scalars() -> None:
-            if config.schedule == "fused":  # the scalars are a tensor: write it
-                session.write_update_scalars(config, backend, 1)
-                return
-            for k in range(n):
-                backend.set_scalars(config.adamw_launch(k), step_scalars[k])
+            # As an invocation does: the fused schedule writes the tensor, the seed patches
+            # every AdamW launch in one set_scalars_many (the table's computation included).
+            session.write_update_scalars(config, backend, 1)
 
         def collect() -> None:
             session.collect(config, backend, zero, "train")
 
-        step_scalars = [adam_scalars(hyper, k + 1) for k in range(n)]
         what = ("one graph launch + stream synchronize" if choice.name == "cuda"
                 else "backend.run over every submission")
         timed = (
             (f"{name} run", "bob", run, load, f"{what}; {plan.launch_count} launches"),
             (f"{name} host: adam_scalars x{n}", "host", compute_scalars, None,
-             "N updates' AdamW scalars (float64, rounded to binary32)"),
+             "N updates' AdamW scalars as one table (float64, rounded to binary32)"),
             (f"{name} host: set_scalars x{n}", "host", set_scalars, None,
-             "patching N AdamW launches' parameter blocks"),
+             "the scalars where the plan reads them: N AdamW blocks patched in one call "
+             "(seed), the adam_scalars tensor (fused)"),
             (f"{name} host: load", "host", load, None, "checkpoint + input into the arena"),
             (f"{name} host: collect", "host", collect, None,
              "results + checkpoint out, finiteness checks"),
         )
-        rows.append(command_row(choice, config, record, repeats, name))
+        rows.append(command_row(choice, config, hyper, record, repeats, name))
         for row_name, kind, work, reset, note in timed:
             try:
                 samples = time_runs(work, reset or (lambda: None), repeats)
@@ -179,10 +176,13 @@ def steady_row(session, config: BobConfig, start: Checkpoint, record: InputRecor
 
     row_name = f"{name} train steady invocation"
 
+    losses: list[float] = []  # after the first invocation: the loss after N, as every row
+
     def one() -> float:
         stamps: list[float] = []
-        train(session, config, start, record, invocations * config.updates,
-              lambda invocation, done: stamps.append(time.perf_counter()))
+        runs = train(session, config, start, record, invocations * config.updates,
+                     lambda invocation, done: stamps.append(time.perf_counter()))
+        losses.append(runs[0].loss)
         return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
     try:
@@ -190,13 +190,13 @@ def steady_row(session, config: BobConfig, start: Checkpoint, record: InputRecor
         samples = tuple(one() for _ in range(repeats))
     except Exception as error:  # noqa: BLE001 - reported as Bob's failure
         return failed(row_name, "bob", config.updates, error)
-    return Row(row_name, "bob", config.updates, statistics.median(samples), samples, None,
-               f"session.train over {invocations} invocations: resident tables, read-back "
-               "beside the next run; per invocation, the first one's start excluded")
+    return Row(row_name, "bob", config.updates, statistics.median(samples), samples,
+               losses[-1], f"session.train over {invocations} invocations: resident tables, "
+               "read-back beside the next run; per invocation, the first one's start excluded")
 
 
-def command_row(choice: BackendChoice, config: BobConfig, record: InputRecord, repeats: int,
-                name: str) -> Row:
+def command_row(choice: BackendChoice, config: BobConfig, hyper: Hyper, record: InputRecord,
+                repeats: int, name: str) -> Row:
     """`bob train --steps N` as a user runs it: process start to exit, the checkpoint saved."""
     row_name = f"{name} train command"
     with tempfile.TemporaryDirectory(prefix="bob-bench-") as directory:
@@ -206,6 +206,9 @@ def command_row(choice: BackendChoice, config: BobConfig, record: InputRecord, r
                 "--backend", choice.name, "--steps", str(config.updates),
                 "-N", str(config.updates), "--schedule", config.schedule,
                 "--submission", config.submission, "--overwrite", "--json",
+                "--lr", repr(hyper.lr), "--beta1", repr(hyper.beta1), "--beta2",
+                repr(hyper.beta2), "--eps", repr(hyper.eps), "--weight-decay",
+                repr(hyper.weight_decay),
                 "-c", str(Path(directory) / "bob.safetensors")]
         losses: list[float] = []
 

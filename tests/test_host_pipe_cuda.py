@@ -1,0 +1,116 @@
+"""Issue 13 on the CUDA backend: staged writes, the snapshot read-back, start/wait, the
+scalar rows. The `gpu` tests need a GPU; the first runs anywhere (no driver call)."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from bob.backends import BackendChoice, choose_backend
+from bob.backends.base import Backend
+from bob.backends.cuda import UPLOAD_CHUNK_BYTES, CudaBackend, _LaunchArguments, kernel_parameters
+from bob.config import CHECKPOINT_TENSORS, Hyper
+from bob.host.check import random_record
+from bob.host.session import Session, train
+from bob.plan.model import Scalar
+from bob.plan.placement import TARGETS
+from bob.program.bob import ADAM_SCALAR_NAMES, BobConfig, adam_scalar_table, build_plan
+from bob.records.checkpoint import Checkpoint
+from conftest import assert_same_tensors
+
+gpu = pytest.mark.gpu
+
+
+def _driverless_cuda(plan) -> CudaBackend:
+    """A CudaBackend's host-side state for `plan`, opened without the driver: the kernel
+    parameter buffers as _open builds them, no graphs (so no node is updated)."""
+    backend = object.__new__(CudaBackend)
+    Backend.__init__(backend, plan)  # the blocks' bookkeeping, no allocation
+    backend._closed = False
+    backend._graphs = {}
+    backend._arguments = {}
+    for index, launch in enumerate(plan.launches):
+        data = kernel_parameters(plan, plan.region(launch.region),
+                                 backend.parameter_block(index), 0x7f00_0000_0000)
+        buffer = (ctypes.c_char * len(data)).from_buffer_copy(data)
+        backend._arguments[index] = _LaunchArguments(buffer, ctypes.c_size_t(len(data)), None,
+                                                     None, None, None)
+    return backend
+
+
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
+def test_cuda_scalar_rows_write_the_words_set_scalars_writes(arch):
+    config = BobConfig(vocab=64, prompts=1, updates=6)
+    plan = build_plan(config, TARGETS[arch])
+    one, many = _driverless_cuda(plan), _driverless_cuda(plan)
+    words = adam_scalar_table(Hyper(lr=0.02), 40, 6).view(np.uint32)[:, :len(ADAM_SCALAR_NAMES)]
+    launches = [config.adamw_launch(k) for k in range(6)]
+    for launch, row in zip(launches, words.tolist(), strict=True):
+        one.set_scalars(launch, {name: Scalar("f32", word)
+                                 for name, word in zip(ADAM_SCALAR_NAMES, row, strict=True)})
+    many.set_scalars_many(launches, ADAM_SCALAR_NAMES, words)
+    for index in range(plan.launch_count):
+        assert bytes(one._arguments[index].buffer) == bytes(many._arguments[index].buffer)
+        assert one.parameter_block(index) == many.parameter_block(index)
+    assert bytes(many._arguments[launches[0]].buffer) != bytes(
+        _driverless_cuda(plan)._arguments[launches[0]].buffer)  # something did change
+
+
+# -- on a GPU ------------------------------------------------------------------------
+def _cuda_choice(arena: str) -> BackendChoice:
+    return choose_backend("cuda", arena=arena)
+
+
+@gpu
+@pytest.mark.parametrize("arena", ["device", "host"])
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+@pytest.mark.parametrize("vocab", [256, 1024])
+def test_pipelined_training_on_cuda_matches_the_cpu(arena, schedule, vocab):
+    config = BobConfig(vocab=vocab, prompts=2, updates=3, mode="corpus", schedule=schedule)
+    record = random_record(config, vocab)
+    start = Checkpoint.zeros(vocab, Hyper(), "corpus")
+    with Session(_cuda_choice(arena)) as cuda, Session(choose_backend("cpu")) as cpu:
+        got = train(cuda, config, start, record, 11)
+        want = train(cpu, config, start, record, 11)
+        for mine, theirs in zip(got, want, strict=True):
+            for name in CHECKPOINT_TENSORS:
+                assert getattr(mine.checkpoint, name).tobytes() == \
+                    getattr(theirs.checkpoint, name).tobytes(), (name, mine.checkpoint.step)
+            assert (mine.loss, mine.initial_loss) == (theirs.loss, theirs.initial_loss)
+        assert_same_tensors(cuda.plan_for(replace(config, updates=2)), cpu.last_backend,
+                            cuda.last_backend, "after the remainder invocation")
+
+
+@gpu
+def test_a_write_larger_than_the_staging_chunks_lands_whole():
+    config = BobConfig(vocab=4096, prompts=0, updates=1)
+    assert 4 * 4096 * 4096 > 2 * UPLOAD_CHUNK_BYTES  # the chunks are reused mid-write
+    choice = _cuda_choice("device")
+    plan = build_plan(config, choice.target, compiled=choice.regions)
+    table = np.random.default_rng(1).standard_normal(4096 * 4096, dtype=np.float32)
+    with choice.open(plan) as backend:
+        backend.write_tensor("parameters", table.tobytes())
+        backend.write_tensor("first_moment", table[::-1].tobytes())
+        assert backend.read_tensor("parameters") == table.tobytes()
+        assert backend.read_tensor("first_moment") == table[::-1].tobytes()
+
+
+@gpu
+def test_a_begun_read_is_the_state_before_later_runs():
+    config = BobConfig(vocab=1024, prompts=0, updates=2, mode="corpus")
+    record = random_record(config, 2)
+    with Session(_cuda_choice("device")) as session:
+        session.invoke(config, Checkpoint.zeros(1024, Hyper(), "corpus"), record, "train")
+        backend = session.last_backend
+        before = {name: backend.read_tensor(name) for name in CHECKPOINT_TENSORS}
+        handle = backend.begin_read(CHECKPOINT_TENSORS)
+        backend.start(range(backend.plan.submission_count))  # runs while the copy is made
+        tables = handle.wait()
+        backend.wait()
+        assert backend.read_tensor("parameters") != before["parameters"]
+        assert {name: tables[name].tobytes() for name in tables} == before
+        again = backend.begin_read(CHECKPOINT_TENSORS).wait()  # the staging is reused
+        assert again["parameters"].tobytes() == backend.read_tensor("parameters")
