@@ -203,9 +203,8 @@ def _train_table(report: api.TrainReport) -> Table:
             table.add_row("above optimum (nats)", f"{report.loss - report.optimum:.6f}")
     if report.val_loss is not None:
         table.add_row("validation loss (nats)", f"{report.val_loss:.6f}")
-    table.add_row("wall time", f"{report.wall_seconds:.3f} s")
-    if report.steps:
-        table.add_row("updates/s", f"{report.updates_per_second:,.1f}")
+    rate = f", {report.updates_per_second:,.1f} updates/s" if report.steps else ""
+    table.add_row("wall time", f"{report.wall_seconds:.2f} s{rate}")
     if report.checkpoint in report.written:
         table.add_row("checkpoint", report.checkpoint)
     for path in report.written:
