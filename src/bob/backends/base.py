@@ -117,8 +117,19 @@ class Backend(ABC):
         the tensors on the device and copies them to the host in the background.
         """
         self.wait()
-        return ReadHandle({name: np.frombuffer(self.read_tensor(name), np.uint8)
-                           for name in names})
+        spans = [(name, self._arena_offset(name, 0, self.plan.tensor(name).bytes),
+                  self.plan.tensor(name).bytes) for name in names]
+        if not spans:
+            return ReadHandle({})
+        low = min(offset for _, offset, _ in spans)
+        high = max(offset + size for _, offset, size in spans)
+        if high - low > 2 * sum(size for _, _, size in spans):  # far apart: one by one
+            return ReadHandle({name: np.frombuffer(self.read_tensor(name), np.uint8)
+                               for name in names})
+        # Near each other (the checkpoint's tables are contiguous): one copy, then views.
+        span = np.frombuffer(self._read_arena(low, high - low), np.uint8)
+        return ReadHandle({name: span[offset - low:offset - low + size]
+                           for name, offset, size in spans})
 
     def close(self) -> None:  # noqa: B027 - a backend with nothing to free keeps this
         """Free what the backend holds."""
@@ -230,7 +241,8 @@ class Backend(ABC):
 
     @abstractmethod
     def _read_arena(self, offset: int, size: int) -> bytes:
-        """`size` bytes of the arena from byte `offset` (checked: inside one tensor)."""
+        """`size` bytes of the arena from byte `offset` (checked: inside the arena; one
+        tensor, or the span from one tensor's start to another's end)."""
 
     @abstractmethod
     def _run(self, submissions: range) -> None:

@@ -177,22 +177,44 @@ def steady_row(session, config: BobConfig, start: Checkpoint, record: InputRecor
     row_name = f"{name} train steady invocation"
 
     losses: list[float] = []  # after the first invocation: the loss after N, as every row
+    inside: list[float] = []  # per timing: seconds per invocation in start + wait
+    backend = session._backend_for(config)[1]
+    clock = [0.0]
+
+    def timed(method: Callable[[range], None] | Callable[[], None]) -> Callable:
+        def call(*args: range) -> None:
+            begun = time.perf_counter()
+            try:
+                method(*args)
+            finally:
+                clock[0] += time.perf_counter() - begun
+        return call
 
     def one() -> float:
-        stamps: list[float] = []
+        stamps: list[tuple[float, float]] = []
         runs = train(session, config, start, record, invocations * config.updates,
-                     lambda invocation, done: stamps.append(time.perf_counter()))
+                     lambda invocation, done: stamps.append((time.perf_counter(), clock[0])))
         losses.append(runs[0].loss)
-        return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+        inside.append((stamps[-1][1] - stamps[0][1]) / (len(stamps) - 1))
+        return (stamps[-1][0] - stamps[0][0]) / (len(stamps) - 1)
 
+    # The host's waits on the device, timed on this backend only (instance attributes).
+    backend.start, backend.wait = timed(backend.start), timed(backend.wait)  # type: ignore
     try:
         one()  # warm-up
+        inside.clear()
         samples = tuple(one() for _ in range(repeats))
     except Exception as error:  # noqa: BLE001 - reported as Bob's failure
         return failed(row_name, "bob", config.updates, error)
-    return Row(row_name, "bob", config.updates, statistics.median(samples), samples,
-               losses[-1], f"session.train over {invocations} invocations: resident tables, "
-               "read-back beside the next run; per invocation, the first one's start excluded")
+    finally:
+        del backend.start, backend.wait
+    device = statistics.median(inside)
+    steady = statistics.median(samples)
+    return Row(row_name, "bob", config.updates, steady, samples, losses[-1],
+               f"session.train over {invocations} invocations: resident tables, read-back "
+               "beside the next run; per invocation, the first one's start excluded. In "
+               f"start+wait: {device / config.updates * 1e6:,.2f} us/update "
+               f"(this row / that: {steady / device:.3f}x)")
 
 
 def command_row(choice: BackendChoice, config: BobConfig, hyper: Hyper, record: InputRecord,
