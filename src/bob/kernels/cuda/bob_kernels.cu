@@ -102,6 +102,11 @@ static __device__ float bob_log2(float x) {
 
 #define WARP 32u
 #define FULL_WARP 0xFFFFFFFFu
+#ifndef TREE_TAIL_SHARED
+#define TREE_TAIL_SHARED 0  // levels 16 ... 1 by shuffles (0) or from shared memory (1)
+#endif
+// A tree buffer: the 256 partials, then (TREE_TAIL_SHARED) 32 per warp for the tail.
+#define TREE_BUFFER (LANES + (TREE_TAIL_SHARED ? LANES : 0u))
 
 // max as the select `b > a ? b : a` (a held, b newcomer): NaN newcomers are skipped
 // and of equal values the held one stays; spelled out so no fmaxf is used.
@@ -136,9 +141,28 @@ static __device__ float tree(float partial, float* buffer, Op op) {
     a[0] = op(a[0], a[2]);  // s = 64
     a[1] = op(a[1], a[3]);
     float x = op(a[0], a[1]);  // s = 32
+#if TREE_TAIL_SHARED
+    // Levels 16 ... 1 from a warp-private copy of the 32 values: every lane runs them.
+    float* tail = buffer + LANES + WARP * (threadIdx.x / WARP);
+    tail[t] = x;
+    __syncwarp();
+    float y[WARP];
+#pragma unroll
+    for (u32 i = 0; i < WARP; i += 4) {
+        const float4 q = *(const float4*)(tail + i);
+        y[i] = q.x; y[i + 1] = q.y; y[i + 2] = q.z; y[i + 3] = q.w;
+    }
+#pragma unroll
+    for (u32 s = WARP / 2; s > 0; s >>= 1) {
+#pragma unroll
+        for (u32 i = 0; i < s; ++i) y[i] = op(y[i], y[i + s]);
+    }
+    return y[0];
+#else
 #pragma unroll
     for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_down_sync(FULL_WARP, x, s));
     return __shfl_sync(FULL_WARP, x, 0);
+#endif
 }
 
 // The seed kernels' block reductions: the tree above, then a barrier so the caller
@@ -184,7 +208,7 @@ extern "C" __global__ void bob_row_gather(float* logits, const u32* prompt, cons
 extern "C" __global__ void bob_loss_gradient_hard(const float* parameters, float* gradients,
                                                   const u32* targets, float* loss, float log2e,
                                                   float ln2, float inverse_rows, u32 vocab) {
-    __shared__ float shared[LANES];
+    __shared__ float shared[TREE_BUFFER];
     if (blockDim.x != LANES) __trap();
     const u32 row = blockIdx.x;
     if (row >= vocab) return;  // the whole block: no barrier is left waiting
@@ -218,7 +242,7 @@ extern "C" __global__ void bob_loss_gradient_hard(const float* parameters, float
 extern "C" __global__ void bob_loss_gradient_corpus(const float* parameters, float* gradients,
                                                     const float* weights, float* loss,
                                                     float log2e, float ln2, u32 vocab) {
-    __shared__ float shared[LANES];
+    __shared__ float shared[TREE_BUFFER];
     if (blockDim.x != LANES) __trap();
     const u32 row = blockIdx.x;
     if (row >= vocab) return;
@@ -334,6 +358,15 @@ extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, 
 // 637, no kept exponentials 558).
 
 #define ADAM_STRIDE 8u  // floats per row of adam_scalars: 7 scalars and padding
+#ifndef STAGE_SCALARS
+#define STAGE_SCALARS 1  // adam_scalars staged in shared memory (1) or read per update (0)
+#endif
+#ifndef SMALL_PATH
+#define SMALL_PATH 1  // V <= 256 on 128 lanes of two elements (fused_small)
+#endif
+#ifndef ONE_SLOT_PATH
+#define ONE_SLOT_PATH 1  // V <= 256 runs a resident path of one element per lane
+#endif
 #ifndef RESIDENT_SLOTS
 #define RESIDENT_SLOTS 4u  // row elements per lane in registers on the resident path
 #endif
@@ -363,7 +396,7 @@ extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, 
 
 // Block reductions over two shared buffers used in turn.
 struct Lanes {
-    float (*buffers)[LANES];
+    float (*buffers)[TREE_BUFFER];
     u32 turn;
     __device__ float sum(float partial) { return tree(partial, next(), SumOp()); }
     __device__ float max(float partial) { return tree(partial, next(), MaxOp()); }
@@ -402,6 +435,34 @@ struct FusedArgs {
     const float* adam_scalars;
     float log2e, ln2, inverse_rows;
     u32 vocab, updates, finish;
+};
+
+// adam_scalars rows staged in shared memory a chunk at a time (the lanes of the block
+// each hold one float of a chunk: 32 rows for 256 lanes), the next chunk loaded into a
+// register one chunk ahead: a block waits on global memory once per launch rather than
+// once per update. Chunk c lives in buffer c % 2, so a lane filling chunk c + 1 never
+// overwrites rows a slower warp still reads; the trees' barriers between the fill and the
+// first read make the rows visible.
+struct StagedScalars {
+    float (*buffers)[LANES];
+    u32 width;  // lanes that stage: rows per chunk = width / ADAM_STRIDE
+    float ahead = 0.0f;  // float threadIdx.x of the next chunk
+    __device__ u32 rows() const { return width / ADAM_STRIDE; }
+    __device__ float load(const FusedArgs& a, u32 first) const {
+        const u32 index = first * ADAM_STRIDE + threadIdx.x;  // within the footprint:
+        return index < a.updates * ADAM_STRIDE ? a.adam_scalars[index] : 0.0f;  // 32 N bytes
+    }
+    // Called with every k, in order, by every lane: fills the chunk that update k opens.
+    __device__ void stage(const FusedArgs& a, u32 k) {
+        if (!STAGE_SCALARS || k % rows() != 0) return;
+        const float current = k == 0 ? load(a, 0) : ahead;
+        buffers[(k / rows()) % 2][threadIdx.x] = current;
+        ahead = load(a, k + rows());
+    }
+    __device__ AdamStep step(const FusedArgs& a, u32 k) const {
+        if (!STAGE_SCALARS) return adam_step(a.adam_scalars + ADAM_STRIDE * k);
+        return adam_step(buffers[(k / rows()) % 2] + ADAM_STRIDE * (k % rows()));
+    }
 };
 
 // Element j's gradient from p_j = e_j / s: hard p (1/V), and (p - 1) (1/V) at the
@@ -460,7 +521,8 @@ static __device__ float resident_exponentials(const FusedArgs& a, const float* w
 }
 
 template <bool CORPUS, u32 SLOTS>
-static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes) {
+static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes,
+                                      StagedScalars& scalars) {
     const u64 base = (u64)blockIdx.x * a.vocab;
     float w[SLOTS], m[SLOTS], v[SLOTS];
     float t[SLOTS], e[SLOTS];
@@ -483,9 +545,10 @@ static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes) {
     const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
 
     for (u32 k = 0; k < a.updates; ++k) {
-        const AdamStep step = adam_step(a.adam_scalars + ADAM_STRIDE * k);
+        scalars.stage(a, k);
         float row_max;
         const float s = resident_exponentials<SLOTS>(a, w, e, row_max, lanes);
+        const AdamStep step = scalars.step(a, k);  // after the trees' barriers
 #pragma unroll
         for (u32 i = 0; i < SLOTS; ++i) {
             const u32 j = threadIdx.x + LANES * i;
@@ -519,6 +582,160 @@ static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes) {
             a.parameters[base + j] = canonical(w[i]);
             a.first_moment[base + j] = canonical(m[i]);
             a.second_moment[base + j] = canonical(v[i]);
+        }
+    }
+}
+
+// -- small rows (V <= 256): 128 lanes, each two of the tree's lanes -----------------------
+//
+// Thread t < 128 holds elements t and t + 128 (the tree's lanes t and t + 128, one element
+// each), so level 128 of every tree is its own operation and the tree's remaining 128
+// partials need half the warps; warps 4 to 7 leave at once and the rest meet at a named
+// barrier of 128 threads. Sums finish with xor shuffles: every lane ends with lane 0's
+// value, as addition is commutative bit for bit. The row max, whose order matters only
+// between +0 and -0, is the integer max of order-preserving keys (one warp instruction),
+// and falls back to the literal tree when the maximum is a zero.
+#define SMALL_LANES 128u
+
+static __device__ __forceinline__ void small_barrier() {
+    asm volatile("bar.sync 1, 128;" ::: "memory");
+}
+
+// The float order as a signed integer order (-0 below +0); NaN never reaches it.
+static __device__ __forceinline__ int order_key(float x) {
+    const int bits = __float_as_int(x);
+    return bits >= 0 ? bits : bits ^ 0x7FFFFFFF;
+}
+
+struct SmallTrees {
+    float (*buffers)[LANES];
+    u32 turn;
+    __device__ float* next() {
+        float* buffer = buffers[turn];
+        turn ^= 1u;
+        return buffer;
+    }
+    // The tree from level 64 on, over the 128 partials the threads hold.
+    template <typename Op>
+    __device__ float rest(float partial, float* buffer, Op op, bool commutes) {
+        buffer[threadIdx.x] = partial;
+        small_barrier();
+        const u32 t = threadIdx.x % WARP;
+        float a0 = op(buffer[t], buffer[t + 2 * WARP]);  // s = 64
+        const float a1 = op(buffer[t + WARP], buffer[t + 3 * WARP]);
+        float x = op(a0, a1);  // s = 32
+        if (commutes) {
+#pragma unroll
+            for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_xor_sync(FULL_WARP, x, s));
+            return x;
+        }
+#pragma unroll
+        for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_down_sync(FULL_WARP, x, s));
+        return __shfl_sync(FULL_WARP, x, 0);
+    }
+    __device__ float sum(float low, float high) {
+        return rest(add(low, high), next(), SumOp(), true);
+    }
+    __device__ float max(float low, float high) {
+        const float partial = select_max(low, high);  // s = 128
+        float* buffer = next();
+        const int key = __reduce_max_sync(FULL_WARP, order_key(partial));
+        int* keys = (int*)buffer + SMALL_LANES;  // past the partials the literal tree uses
+        if (threadIdx.x % WARP == 0) keys[threadIdx.x / WARP] = key;
+        small_barrier();
+        const int4 k = *(const int4*)keys;
+        const int best = ::max(::max(k.x, k.y), ::max(k.z, k.w));
+        const float m = __int_as_float(best >= 0 ? best : best ^ 0x7FFFFFFF);
+        if (m != 0.0f) return m;  // uniform: every lane read the same keys
+        return rest(partial, next(), MaxOp(), false);  // a zero: whose sign the order decides
+    }
+};
+
+// Lane partials of an element: the max from -inf, the sum from +0 (lanes past V: identity).
+static __device__ __forceinline__ float max_partial(float x, bool inside) {
+    return inside ? select_max(f32(NEG_INF), x) : f32(NEG_INF);
+}
+
+template <bool CORPUS>
+static __device__ void fused_small(const FusedArgs& a, float (*buffers)[LANES],
+                                   float (*scalar_buffers)[LANES]) {
+    if (threadIdx.x >= SMALL_LANES) return;  // never at a barrier: the others use bar 1
+    SmallTrees trees{buffers, 0u};
+    StagedScalars scalars{scalar_buffers, SMALL_LANES};
+    const u64 base = (u64)blockIdx.x * a.vocab;
+    const u32 j[2] = {threadIdx.x, threadIdx.x + SMALL_LANES};
+    const bool inside[2] = {j[0] < a.vocab, j[1] < a.vocab};
+    float w[2], m[2], v[2], t[2], e[2];
+#pragma unroll
+    for (u32 i = 0; i < 2; ++i) {
+        w[i] = m[i] = v[i] = t[i] = e[i] = 0.0f;
+        if (inside[i]) {
+            w[i] = a.parameters[base + j[i]];
+            m[i] = a.first_moment[base + j[i]];
+            v[i] = a.second_moment[base + j[i]];
+            if (CORPUS) t[i] = a.weights[base + j[i]];
+        }
+    }
+    const float weight_sum = CORPUS ? trees.sum(add(0.0f, t[0]), add(0.0f, t[1])) : 0.0f;
+    const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
+
+    // Row max, e_i, and the row sum s of the current w.
+    auto exponentials = [&](float& row_max) {
+        row_max = trees.max(max_partial(w[0], inside[0]), max_partial(w[1], inside[1]));
+        float partial[2];
+#pragma unroll
+        for (u32 i = 0; i < 2; ++i) {
+            e[i] = bob_exp2(exponent(w[i], row_max, a.log2e));
+            partial[i] = inside[i] ? add(0.0f, e[i]) : 0.0f;
+        }
+        return trees.sum(partial[0], partial[1]);
+    };
+
+    for (u32 k = 0; k < a.updates; ++k) {
+        scalars.stage(a, k);
+        float row_max;
+        const float s = exponentials(row_max);
+        const AdamStep step = scalars.step(a, k);  // after the trees' barriers
+#pragma unroll
+        for (u32 i = 0; i < 2; ++i) {
+            if (inside[i]) {
+                const float g = gradient<CORPUS>(a, dvd(e[i], s), j[i], target, weight_sum, t[i]);
+                adamw_element(step, g, w[i], m[i], v[i]);
+            }
+        }
+    }
+
+    if (a.finish) {
+        float row_max;
+        const float s = exponentials(row_max);
+        const float big_l = bob_log2(s);
+        float loss_partial[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (u32 i = 0; i < 2; ++i) {
+            if (inside[i]) {
+                const float g = gradient<CORPUS>(a, dvd(e[i], s), j[i], target, weight_sum, t[i]);
+                a.gradients[base + j[i]] = canonical(g);
+                const float z = exponent(w[i], row_max, a.log2e);
+                if (CORPUS) {
+                    loss_partial[i] = add(0.0f, mul(sub(big_l, z), t[i]));
+                } else if (j[i] == target) {
+                    a.loss[blockIdx.x] = canonical(mul(a.ln2, sub(big_l, z)));
+                }
+            }
+        }
+        if (CORPUS) {
+            const float total = trees.sum(loss_partial[0], loss_partial[1]);
+            if (threadIdx.x == 0) a.loss[blockIdx.x] = canonical(mul(a.ln2, total));
+        } else if (target >= a.vocab && threadIdx.x == 0) {
+            a.loss[blockIdx.x] = f32(CANONICAL_NAN);
+        }
+    }
+#pragma unroll
+    for (u32 i = 0; i < 2; ++i) {
+        if (inside[i]) {
+            a.parameters[base + j[i]] = canonical(w[i]);
+            a.first_moment[base + j[i]] = canonical(m[i]);
+            a.second_moment[base + j[i]] = canonical(v[i]);
         }
     }
 }
@@ -579,7 +796,8 @@ static __device__ __forceinline__ float exponential_again(const FusedArgs& a, co
 }
 
 template <bool CORPUS>
-static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* kept) {
+static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* kept,
+                                       StagedScalars& scalars) {
     const u64 base = (u64)blockIdx.x * a.vocab;
     float* w = a.parameters + base;
     float* m = a.first_moment + base;
@@ -594,9 +812,10 @@ static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* 
     const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
 
     for (u32 k = 0; k < a.updates; ++k) {
-        const AdamStep step = adam_step(a.adam_scalars + ADAM_STRIDE * k);
+        scalars.stage(a, k);
         const float row_max = streaming_max(a, w, lanes);
         const float s = streaming_sum(a, w, row_max, kept, lanes);
+        const AdamStep step = scalars.step(a, k);  // after the trees' barriers
         for (u32 first = threadIdx.x; first < a.vocab; first += LANES * BATCH) {
             float wb[BATCH], mb[BATCH], vb[BATCH], tb[BATCH];
 #pragma unroll
@@ -656,8 +875,9 @@ static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* 
 }
 
 // Shared memory of a fused block: the reductions' two buffers, the kept exponentials.
-struct FusedShared {
-    float buffers[2][LANES];
+struct __align__(16) FusedShared {
+    float buffers[2][TREE_BUFFER];
+    float scalars[2][LANES];  // staged rows of adam_scalars (StagedScalars)
     float kept[KEPT_EXPONENTIALS > 0 ? KEPT_EXPONENTIALS : 1];
 };
 
@@ -668,10 +888,15 @@ static __device__ void fused_train(const FusedArgs& a, FusedShared& shared) {
     if (blockDim.x != LANES) __trap();
     if (blockIdx.x >= a.vocab) return;  // the whole block: no barrier is left waiting
     Lanes lanes{shared.buffers, 0u};
-    if (a.vocab <= SLOTS * LANES) {
-        fused_resident<CORPUS, SLOTS>(a, lanes);
+    StagedScalars scalars{shared.scalars, LANES};
+    if (SMALL_PATH && a.vocab <= LANES) {
+        fused_small<CORPUS>(a, shared.buffers, shared.scalars);
+    } else if (ONE_SLOT_PATH && a.vocab <= LANES) {  // one element per lane: fewer registers
+        fused_resident<CORPUS, 1>(a, lanes, scalars);
+    } else if (a.vocab <= SLOTS * LANES) {
+        fused_resident<CORPUS, SLOTS>(a, lanes, scalars);
     } else {
-        fused_streaming<CORPUS>(a, lanes, shared.kept);
+        fused_streaming<CORPUS>(a, lanes, shared.kept, scalars);
     }
 }
 
