@@ -102,11 +102,6 @@ static __device__ float bob_log2(float x) {
 
 #define WARP 32u
 #define FULL_WARP 0xFFFFFFFFu
-#ifndef TREE_TAIL_SHARED
-#define TREE_TAIL_SHARED 0  // levels 16 ... 1 by shuffles (0) or from shared memory (1)
-#endif
-// A tree buffer: the 256 partials, then (TREE_TAIL_SHARED) 32 per warp for the tail.
-#define TREE_BUFFER (LANES + (TREE_TAIL_SHARED ? LANES : 0u))
 
 // max as the select `b > a ? b : a` (a held, b newcomer): NaN newcomers are skipped
 // and of equal values the held one stays; spelled out so no fmaxf is used.
@@ -141,28 +136,9 @@ static __device__ float tree(float partial, float* buffer, Op op) {
     a[0] = op(a[0], a[2]);  // s = 64
     a[1] = op(a[1], a[3]);
     float x = op(a[0], a[1]);  // s = 32
-#if TREE_TAIL_SHARED
-    // Levels 16 ... 1 from a warp-private copy of the 32 values: every lane runs them.
-    float* tail = buffer + LANES + WARP * (threadIdx.x / WARP);
-    tail[t] = x;
-    __syncwarp();
-    float y[WARP];
-#pragma unroll
-    for (u32 i = 0; i < WARP; i += 4) {
-        const float4 q = *(const float4*)(tail + i);
-        y[i] = q.x; y[i + 1] = q.y; y[i + 2] = q.z; y[i + 3] = q.w;
-    }
-#pragma unroll
-    for (u32 s = WARP / 2; s > 0; s >>= 1) {
-#pragma unroll
-        for (u32 i = 0; i < s; ++i) y[i] = op(y[i], y[i + s]);
-    }
-    return y[0];
-#else
 #pragma unroll
     for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_down_sync(FULL_WARP, x, s));
     return __shfl_sync(FULL_WARP, x, 0);
-#endif
 }
 
 // The seed kernels' block reductions: the tree above, then a barrier so the caller
@@ -208,7 +184,7 @@ extern "C" __global__ void bob_row_gather(float* logits, const u32* prompt, cons
 extern "C" __global__ void bob_loss_gradient_hard(const float* parameters, float* gradients,
                                                   const u32* targets, float* loss, float log2e,
                                                   float ln2, float inverse_rows, u32 vocab) {
-    __shared__ float shared[TREE_BUFFER];
+    __shared__ float shared[LANES];
     if (blockDim.x != LANES) __trap();
     const u32 row = blockIdx.x;
     if (row >= vocab) return;  // the whole block: no barrier is left waiting
@@ -242,7 +218,7 @@ extern "C" __global__ void bob_loss_gradient_hard(const float* parameters, float
 extern "C" __global__ void bob_loss_gradient_corpus(const float* parameters, float* gradients,
                                                     const float* weights, float* loss,
                                                     float log2e, float ln2, u32 vocab) {
-    __shared__ float shared[TREE_BUFFER];
+    __shared__ float shared[LANES];
     if (blockDim.x != LANES) __trap();
     const u32 row = blockIdx.x;
     if (row >= vocab) return;
@@ -396,7 +372,7 @@ extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, 
 
 // Block reductions over two shared buffers used in turn.
 struct Lanes {
-    float (*buffers)[TREE_BUFFER];
+    float (*buffers)[LANES];
     u32 turn;
     __device__ float sum(float partial) { return tree(partial, next(), SumOp()); }
     __device__ float max(float partial) { return tree(partial, next(), MaxOp()); }
@@ -876,7 +852,7 @@ static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* 
 
 // Shared memory of a fused block: the reductions' two buffers, the kept exponentials.
 struct __align__(16) FusedShared {
-    float buffers[2][TREE_BUFFER];
+    float buffers[2][LANES];
     float scalars[2][LANES];  // staged rows of adam_scalars (StagedScalars)
     float kept[KEPT_EXPONENTIALS > 0 ? KEPT_EXPONENTIALS : 1];
 };
