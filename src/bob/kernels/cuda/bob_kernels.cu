@@ -118,19 +118,16 @@ struct MaxOp {
     }
 };
 
-// The 256-lane tree of ARITHMETIC.md section 6 after a single barrier: every warp reads
-// the 256 partials and runs the whole tree itself. Lane t holds partials t, t + 32, ...,
-// t + 224, so levels 128, 64 and 32 combine values it holds; levels 16 ... 1 are
-// shuffles (lane t < s takes lane t + s). Every thread returns the result. `buffer` may
-// be written again only after another barrier, so callers alternate two (Lanes).
+// The 256-lane tree of ARITHMETIC.md section 6 over `partials`, run by one warp: lane t
+// holds partials t, t + 32, ..., t + 224, so levels 128, 64 and 32 combine values it
+// holds; levels 16 ... 1 are shuffles (lane t < s takes lane t + s). Every lane returns
+// the result.
 template <typename Op>
-static __device__ float tree(float partial, float* buffer, Op op) {
-    buffer[threadIdx.x] = partial;
-    __syncthreads();
+static __device__ float warp_tree(const float* partials, Op op) {
     const u32 t = threadIdx.x % WARP;
     float a[8];
 #pragma unroll
-    for (u32 i = 0; i < 8; ++i) a[i] = buffer[t + WARP * i];
+    for (u32 i = 0; i < 8; ++i) a[i] = partials[t + WARP * i];
 #pragma unroll
     for (u32 i = 0; i < 4; ++i) a[i] = op(a[i], a[i + 4]);  // s = 128
     a[0] = op(a[0], a[2]);  // s = 64
@@ -139,6 +136,16 @@ static __device__ float tree(float partial, float* buffer, Op op) {
 #pragma unroll
     for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_down_sync(FULL_WARP, x, s));
     return __shfl_sync(FULL_WARP, x, 0);
+}
+
+// The tree after a single barrier: every warp reads the 256 partials and runs the whole
+// tree itself. `buffer` may be written again only after another barrier, so callers
+// alternate two (Lanes).
+template <typename Op>
+static __device__ float tree(float partial, float* buffer, Op op) {
+    buffer[threadIdx.x] = partial;
+    __syncthreads();
+    return warp_tree(buffer, op);
 }
 
 // The seed kernels' block reductions: the tree above, then a barrier so the caller
@@ -420,10 +427,11 @@ struct FusedArgs {
 // overwrites rows a slower warp still reads; the trees' barriers between the fill and the
 // first read make the rows visible.
 struct StagedScalars {
-    float (*buffers)[LANES];
+    float* buffers;  // two chunks of `width` floats
     u32 width;  // lanes that stage: rows per chunk = width / ADAM_STRIDE
     float ahead = 0.0f;  // float threadIdx.x of the next chunk
     __device__ u32 rows() const { return width / ADAM_STRIDE; }
+    __device__ float* chunk(u32 k) const { return buffers + width * ((k / rows()) % 2); }
     __device__ float load(const FusedArgs& a, u32 first) const {
         const u32 index = first * ADAM_STRIDE + threadIdx.x;  // within the footprint:
         return index < a.updates * ADAM_STRIDE ? a.adam_scalars[index] : 0.0f;  // 32 N bytes
@@ -431,13 +439,12 @@ struct StagedScalars {
     // Called with every k, in order, by every lane: fills the chunk that update k opens.
     __device__ void stage(const FusedArgs& a, u32 k) {
         if (!STAGE_SCALARS || k % rows() != 0) return;
-        const float current = k == 0 ? load(a, 0) : ahead;
-        buffers[(k / rows()) % 2][threadIdx.x] = current;
+        chunk(k)[threadIdx.x] = k == 0 ? load(a, 0) : ahead;
         ahead = load(a, k + rows());
     }
     __device__ AdamStep step(const FusedArgs& a, u32 k) const {
         if (!STAGE_SCALARS) return adam_step(a.adam_scalars + ADAM_STRIDE * k);
-        return adam_step(buffers[(k / rows()) % 2] + ADAM_STRIDE * (k % rows()));
+        return adam_step(chunk(k) + ADAM_STRIDE * (k % rows()));
     }
 };
 
@@ -637,7 +644,7 @@ static __device__ void fused_small(const FusedArgs& a, float (*buffers)[LANES],
                                    float (*scalar_buffers)[LANES]) {
     if (threadIdx.x >= SMALL_LANES) return;  // never at a barrier: the others use bar 1
     SmallTrees trees{buffers, 0u};
-    StagedScalars scalars{scalar_buffers, SMALL_LANES};
+    StagedScalars scalars{scalar_buffers[0], SMALL_LANES};
     const u64 base = (u64)blockIdx.x * a.vocab;
     const u32 j[2] = {threadIdx.x, threadIdx.x + SMALL_LANES};
     const bool inside[2] = {j[0] < a.vocab, j[1] < a.vocab};
@@ -864,7 +871,7 @@ static __device__ void fused_train(const FusedArgs& a, FusedShared& shared) {
     if (blockDim.x != LANES) __trap();
     if (blockIdx.x >= a.vocab) return;  // the whole block: no barrier is left waiting
     Lanes lanes{shared.buffers, 0u};
-    StagedScalars scalars{shared.scalars, LANES};
+    StagedScalars scalars{shared.scalars[0], LANES};
     if (SMALL_PATH && a.vocab <= LANES) {
         fused_small<CORPUS>(a, shared.buffers, shared.scalars);
     } else if (ONE_SLOT_PATH && a.vocab <= LANES) {  // one element per lane: fewer registers
@@ -919,4 +926,215 @@ extern "C" __global__ WIDE_BOUNDS void bob_fused_train_wide_corpus(
     const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
                       loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
     fused_train<true, WIDE_SLOTS>(a, shared);
+}
+
+// -- tall: a block of 1024 threads per row, the row on chip (V <= 8192) --------------------
+//
+// Thread (q, l) = (threadIdx.x / 256, threadIdx.x % 256) holds elements
+// j = l + 256 (8 q + i), i < 8: quarter q of tree lane l's elements, in order. A lane's
+// max folds split at quarters give the same value (the select keeps the first of equal
+// values; no partial is NaN), so each thread folds its quarter and warp 0 combines the
+// four before the tree. A lane's sum is one ordered chain, so the exponentials go to
+// shared memory and the first 256 threads fold their lane's 32 in order. Warp 0 runs each
+// tree and publishes the result: the other 31 warps would only repeat it.
+#define TALL_THREADS 1024u
+#define TALL_SLOTS 8u  // elements per thread
+#define TALL_VOCAB (TALL_THREADS * TALL_SLOTS)
+#define QUARTERS (TALL_THREADS / LANES)
+#define LANE_ELEMENTS (TALL_VOCAB / LANES)  // a tree lane's elements at most
+#define TALL_BOUNDS __launch_bounds__(TALL_THREADS, 1)
+
+struct __align__(16) TallShared {
+    float kept[TALL_VOCAB];  // by element: exponentials or loss terms for the lanes' folds
+    float4 quarter_max[LANES];  // tree lane l's four quarter maxima
+    float partials[LANES];
+    float scalars[2 * TALL_THREADS];  // StagedScalars: 128 updates per chunk
+    int keys[TALL_THREADS / WARP];  // each warp's max key
+    float result;
+};
+
+template <bool FULL>  // V = TALL_VOCAB: every thread's elements inside the row
+struct TallRow {
+    const FusedArgs& a;
+    TallShared& shared;
+    u32 lane, quarter;
+
+    __device__ u32 element(u32 i) const { return lane + LANES * (TALL_SLOTS * quarter + i); }
+    __device__ bool inside(u32 i) const { return FULL || element(i) < a.vocab; }
+
+    // Warp 0 runs the tree over `partials` and publishes it; everyone reads it.
+    template <typename Op>
+    __device__ float publish(Op op) {
+        if (threadIdx.x < WARP) {
+            const float total = warp_tree(shared.partials, op);
+            if (threadIdx.x == 0) shared.result = total;
+        }
+        __syncthreads();
+        return shared.result;
+    }
+
+    // The row max: the integer max of order-preserving keys over the block (two warp
+    // instructions and one barrier), or, when the maximum is a zero, the literal tree.
+    __device__ float max(const float (&w)[TALL_SLOTS]) {
+        float held = f32(NEG_INF);
+#pragma unroll
+        for (u32 i = 0; i < TALL_SLOTS; ++i) {
+            if (inside(i)) held = select_max(held, w[i]);
+        }
+        const int key = __reduce_max_sync(FULL_WARP, order_key(held));
+        if (threadIdx.x % WARP == 0) shared.keys[threadIdx.x / WARP] = key;
+        __syncthreads();
+        const int best = __reduce_max_sync(FULL_WARP, shared.keys[threadIdx.x % WARP]);
+        const float m = __int_as_float(best >= 0 ? best : best ^ 0x7FFFFFFF);
+        if (m != 0.0f) return m;  // uniform: every warp reduced the same keys
+        return literal_max(held);
+    }
+
+    // The tree's max: a lane's four quarter maxima in order, then the tree.
+    __device__ float literal_max(float held) {
+        ((float*)shared.quarter_max)[QUARTERS * lane + quarter] = held;
+        __syncthreads();
+        if (threadIdx.x < LANES) {
+            const float4 q = shared.quarter_max[threadIdx.x];
+            shared.partials[threadIdx.x] = select_max(select_max(select_max(q.x, q.y), q.z), q.w);
+        }
+        __syncthreads();
+        return publish(MaxOp());
+    }
+
+    // The row sum of the values each thread put in kept[element(i)] (past V: nothing).
+    __device__ float sum_kept() {
+        __syncthreads();
+        if (threadIdx.x < LANES) {
+            float acc = 0.0f;
+#pragma unroll
+            for (u32 n = 0; n < LANE_ELEMENTS; ++n) {
+                const u32 j = threadIdx.x + LANES * n;
+                if (j < a.vocab) acc = add(acc, shared.kept[j]);
+            }
+            shared.partials[threadIdx.x] = acc;
+        }
+        __syncthreads();
+        return publish(SumOp());
+    }
+};
+
+template <bool CORPUS, bool FULL>
+static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
+    TallRow<FULL> row{a, shared, threadIdx.x % LANES, threadIdx.x / LANES};
+    StagedScalars scalars{shared.scalars, TALL_THREADS};
+    const u64 base = (u64)blockIdx.x * a.vocab;
+    float w[TALL_SLOTS], m[TALL_SLOTS], v[TALL_SLOTS], t[TALL_SLOTS];
+#pragma unroll
+    for (u32 i = 0; i < TALL_SLOTS; ++i) {
+        w[i] = m[i] = v[i] = t[i] = 0.0f;
+        if (row.inside(i)) {
+            const u32 j = row.element(i);
+            w[i] = a.parameters[base + j];
+            m[i] = a.first_moment[base + j];
+            v[i] = a.second_moment[base + j];
+            if (CORPUS) {
+                t[i] = a.weights[base + j];
+                shared.kept[j] = t[i];
+            }
+        }
+    }
+    const float weight_sum = CORPUS ? row.sum_kept() : 0.0f;
+    const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
+
+    // The row max, e_j into kept, and the row sum of the current w.
+    auto exponentials = [&](float& row_max) {
+        row_max = row.max(w);
+#pragma unroll
+        for (u32 i = 0; i < TALL_SLOTS; ++i) {
+            if (row.inside(i)) {
+                shared.kept[row.element(i)] = bob_exp2(exponent(w[i], row_max, a.log2e));
+            }
+        }
+        return row.sum_kept();
+    };
+
+    for (u32 k = 0; k < a.updates; ++k) {
+        scalars.stage(a, k);
+        float row_max;
+        const float s = exponentials(row_max);
+        const AdamStep step = scalars.step(a, k);  // after the trees' barriers
+#pragma unroll
+        for (u32 i = 0; i < TALL_SLOTS; ++i) {
+            if (row.inside(i)) {
+                const u32 j = row.element(i);
+                const float g = gradient<CORPUS>(a, dvd(shared.kept[j], s), j, target,
+                                                 weight_sum, t[i]);
+                adamw_element(step, g, w[i], m[i], v[i]);
+            }
+        }
+    }
+
+    if (a.finish) {
+        float row_max;
+        const float s = exponentials(row_max);
+        const float big_l = bob_log2(s);
+#pragma unroll
+        for (u32 i = 0; i < TALL_SLOTS; ++i) {
+            if (row.inside(i)) {
+                const u32 j = row.element(i);
+                const float p = dvd(shared.kept[j], s);
+                a.gradients[base + j] = canonical(gradient<CORPUS>(a, p, j, target, weight_sum,
+                                                                   t[i]));
+                const float z = exponent(w[i], row_max, a.log2e);
+                if (CORPUS) {
+                    shared.kept[j] = mul(sub(big_l, z), t[i]);  // only this thread read e_j
+                } else if (j == target) {
+                    a.loss[blockIdx.x] = canonical(mul(a.ln2, sub(big_l, z)));
+                }
+            }
+        }
+        if (CORPUS) {
+            const float total = row.sum_kept();
+            if (threadIdx.x == 0) a.loss[blockIdx.x] = canonical(mul(a.ln2, total));
+        } else if (target >= a.vocab && threadIdx.x == 0) {
+            a.loss[blockIdx.x] = f32(CANONICAL_NAN);
+        }
+    }
+#pragma unroll
+    for (u32 i = 0; i < TALL_SLOTS; ++i) {
+        if (row.inside(i)) {
+            const u32 j = row.element(i);
+            a.parameters[base + j] = canonical(w[i]);
+            a.first_moment[base + j] = canonical(m[i]);
+            a.second_moment[base + j] = canonical(v[i]);
+        }
+    }
+}
+
+template <bool CORPUS>
+static __device__ void fused_train_tall(const FusedArgs& a) {
+    __shared__ TallShared shared;
+    if (blockDim.x != TALL_THREADS || a.vocab > TALL_VOCAB) __trap();
+    if (blockIdx.x >= a.vocab) return;
+    if (a.vocab == TALL_VOCAB) {  // the whole launch takes one branch
+        fused_tall<CORPUS, true>(a, shared);
+    } else {
+        fused_tall<CORPUS, false>(a, shared);
+    }
+}
+
+// The same kernels for rows up to TALL_VOCAB: 1024 threads, one block per SM (the plan
+// uses them from program.bob.TALL_FROM_VOCAB, where they overtake streaming).
+extern "C" __global__ TALL_BOUNDS void bob_fused_train_tall_hard(
+        float* parameters, float* first_moment, float* second_moment, float* gradients,
+        const u32* targets, float* loss, const float* adam_scalars, float log2e, float ln2,
+        float inverse_rows, u32 vocab, u32 updates, u32 finish) {
+    const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
+                      loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
+    fused_train_tall<false>(a);
+}
+
+extern "C" __global__ TALL_BOUNDS void bob_fused_train_tall_corpus(
+        float* parameters, float* first_moment, float* second_moment, float* gradients,
+        const float* weights, float* loss, const float* adam_scalars, float log2e, float ln2,
+        u32 vocab, u32 updates, u32 finish) {
+    const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
+                      loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
+    fused_train_tall<true>(a);
 }
