@@ -18,7 +18,7 @@ import pytest
 import bob.kernels.signatures as sig
 import bob.program.bob as program
 from bob.backends import BackendChoice, choose_backend
-from bob.host.check import compare_backends, random_record
+from bob.host.check import compare_backends, differential_check, random_record
 from bob.host.session import Session, split_updates
 from bob.plan.certificate import certify
 from bob.program.bob import BobConfig, Hyper
@@ -99,3 +99,23 @@ def test_the_streaming_path_still_serves_rows_the_tall_kernels_could(
     config = BobConfig(vocab=8192, prompts=1, updates=2, mode=mode)
     assert config.fused_region in (sig.FUSED_HARD, sig.FUSED_CORPUS)
     train_both(cuda_choice, config, 3)
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+@pytest.mark.parametrize("vocab", [200, 256, 5200])
+def test_small_and_tall_kernels_on_the_nv_stream_equal_the_cpu(mode: str, vocab: int) -> None:
+    """The paths with other block shapes on Bob's own stream: V <= 256 (128 threads at a
+    counted barrier) and the tall kernels (1024 threads, 45 KiB of shared memory)."""
+    from bob.backends.nv.rm.backend import nv_available
+
+    pytest.importorskip("cuda.bindings.nvrtc", reason="the nv backend compiles with NVRTC")
+    usable, reason = nv_available()
+    if not usable:
+        pytest.skip(f"no nv backend here: {reason}")
+    updates, steps = (6, 12) if vocab <= 256 else (1, 1)
+    config = BobConfig(vocab=vocab, prompts=1, updates=updates, mode=mode, schedule="fused")
+    report = differential_check(("cpu", "nv"), config, steps)
+    print(f"V={vocab} {mode} fused on nv: {report.invocations} invocations, "
+          f"{report.bytes_compared:,} bytes, identical={report.identical}")
+    assert report.identical, report.difference

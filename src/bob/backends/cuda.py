@@ -299,6 +299,9 @@ class _Graph:
 
 class CudaBackend(Backend):
     name = "cuda"
+    # Consecutive graph nodes joined by programmatic edges (programmatic dependent launch)
+    # where the GPU has them; False gives plain edges (the bench compares the two).
+    programmatic_edges = True
 
     def __init__(self, plan: Plan | CertifiedPlan, compiled: CompiledRegions,
                  arena: ArenaKind = "device", *, device: int = 0,
@@ -327,7 +330,8 @@ class CudaBackend(Backend):
                         for placed in self.plan.placed_regions}
         _initialize()
         self._device = _call("cuDeviceGet", device)
-        self.arch = "sm_{}{}".format(*_compute_capability(self._device))
+        self.capability = _compute_capability(self._device)
+        self.arch = "sm_{}{}".format(*self.capability)
         try:
             self._open()
         except BaseException:
@@ -395,21 +399,36 @@ class CudaBackend(Backend):
         graph = _call("cuGraphCreate", 0)
         built = _Graph(submissions, graph, None)
         try:
-            previous = None
+            order = []
             for submission in submissions:
                 for index in self.plan.submissions[submission].launches:
-                    dependencies = [previous] if previous is not None else None
-                    node = _call("cuGraphAddKernelNode", graph, dependencies,
-                                 1 if previous is not None else 0,
+                    node = _call("cuGraphAddKernelNode", graph, None, 0,
                                  self._arguments[index].node_params)
                     built.nodes.setdefault(index, []).append(node)
-                    previous = node
+                    order.append(node)
+            for before, after in zip(order, order[1:], strict=False):
+                self._add_edge(graph, before, after)
             built.exec = _call("cuGraphInstantiate", graph, 0)
         except BaseException:
             with contextlib.suppress(CudaError):  # the first error is the one to report
                 _call("cuGraphDestroy", graph)
             raise
         return built
+
+    def _add_edge(self, graph: Any, before: Any, after: Any) -> None:
+        """`after` runs after `before`: on sm_90 and later through a programmatic edge, so
+        the driver may start `after` while `before`'s last blocks finish (every kernel of
+        Bob's waits for its predecessors first: bob_kernels.cu, wait_for_prerequisites)."""
+        driver = _driver()
+        data = driver.CUgraphEdgeData()
+        if self.programmatic_edges and self.capability >= (9, 0):
+            data.type = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+            data.from_port = driver.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+        add = getattr(driver, "cuGraphAddDependencies_v2", None)  # cuda-bindings 12.x
+        if add is not None:
+            check("cuGraphAddDependencies_v2", add(graph, [before], [after], [data], 1))
+        else:
+            _call("cuGraphAddDependencies", graph, [before], [after], [data], 1)
 
     # -- what the base class asks of a backend -------------------------------------------
     def _run(self, submissions: range) -> None:

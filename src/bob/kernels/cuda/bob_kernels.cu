@@ -100,6 +100,24 @@ static __device__ float bob_log2(float x) {
     return add((float)e, mul(t, q));  // (float)e is exact
 }
 
+
+#ifndef PDL_TRIGGER_EARLY
+#define PDL_TRIGGER_EARLY 0  // dependents may launch once a kernel starts (1), or at its exit (0)
+#endif
+
+// Programmatic dependent launch (sm_90): the CUDA backend may start a kernel before the
+// one it follows has finished (its graph's edges are programmatic), so every kernel first
+// waits until the kernels before it have completed and their writes are visible. Where
+// a launch has no such predecessor (a plain launch, the nv stream) this returns at once.
+static __device__ __forceinline__ void wait_for_prerequisites() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#if PDL_TRIGGER_EARLY
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+#endif
+}
+
 #define WARP 32u
 #define FULL_WARP 0xFFFFFFFFu
 
@@ -178,6 +196,7 @@ static __device__ __forceinline__ float exponent(float w, float m, float log2e) 
 // by the host) gives a row of NaN rather than a read outside the table.
 extern "C" __global__ void bob_row_gather(float* logits, const u32* prompt, const float* table,
                                           u32 vocab) {
+    wait_for_prerequisites();
     const u32 row = prompt[0];
     u32* out = (u32*)logits;
     const u32* in = (const u32*)table + (u64)row * vocab;
@@ -191,6 +210,7 @@ extern "C" __global__ void bob_row_gather(float* logits, const u32* prompt, cons
 extern "C" __global__ void bob_loss_gradient_hard(const float* parameters, float* gradients,
                                                   const u32* targets, float* loss, float log2e,
                                                   float ln2, float inverse_rows, u32 vocab) {
+    wait_for_prerequisites();
     __shared__ float shared[LANES];
     if (blockDim.x != LANES) __trap();
     const u32 row = blockIdx.x;
@@ -225,6 +245,7 @@ extern "C" __global__ void bob_loss_gradient_hard(const float* parameters, float
 extern "C" __global__ void bob_loss_gradient_corpus(const float* parameters, float* gradients,
                                                     const float* weights, float* loss,
                                                     float log2e, float ln2, u32 vocab) {
+    wait_for_prerequisites();
     __shared__ float shared[LANES];
     if (blockDim.x != LANES) __trap();
     const u32 row = blockIdx.x;
@@ -263,6 +284,7 @@ extern "C" __global__ void bob_adamw(float* parameters, const float* gradients,
                                      float beta1, float one_minus_beta1, float beta2,
                                      float one_minus_beta2, float step_size, float eps_hat,
                                      u32 count) {
+    wait_for_prerequisites();
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
         const float g = gradients[i];
@@ -288,6 +310,7 @@ static __device__ __forceinline__ bool beats(float value, u32 index, float best,
 
 // prediction[0] = the lowest j with row[j] maximal; one block of 256 lanes.
 extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, u32 vocab) {
+    wait_for_prerequisites();
     __shared__ float values[LANES];
     __shared__ u32 indices[LANES];
     if (blockDim.x != LANES) __trap();
@@ -573,15 +596,17 @@ static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes,
 //
 // Thread t < 128 holds elements t and t + 128 (the tree's lanes t and t + 128, one element
 // each), so level 128 of every tree is its own operation and the tree's remaining 128
-// partials need half the warps; warps 4 to 7 leave at once and the rest meet at a named
+// partials need half the warps; warps 4 to 7 leave at once and the rest meet at a
 // barrier of 128 threads. Sums finish with xor shuffles: every lane ends with lane 0's
 // value, as addition is commutative bit for bit. The row max, whose order matters only
 // between +0 and -0, is the integer max of order-preserving keys (one warp instruction),
 // and falls back to the literal tree when the maximum is a zero.
 #define SMALL_LANES 128u
 
+// Barrier 0 with a count of 128: the launch needs no named barrier beyond the one every
+// kernel has (a QMD built by the nv backend declares one barrier; barrier 1 faulted there).
 static __device__ __forceinline__ void small_barrier() {
-    asm volatile("bar.sync 1, 128;" ::: "memory");
+    asm volatile("bar.sync 0, 128;" ::: "memory");
 }
 
 // The float order as a signed integer order (-0 below +0); NaN never reaches it.
@@ -642,7 +667,7 @@ static __device__ __forceinline__ float max_partial(float x, bool inside) {
 template <bool CORPUS>
 static __device__ void fused_small(const FusedArgs& a, float (*buffers)[LANES],
                                    float (*scalar_buffers)[LANES]) {
-    if (threadIdx.x >= SMALL_LANES) return;  // never at a barrier: the others use bar 1
+    if (threadIdx.x >= SMALL_LANES) return;  // never at a barrier: the others count 128
     SmallTrees trees{buffers, 0u};
     StagedScalars scalars{scalar_buffers[0], SMALL_LANES};
     const u64 base = (u64)blockIdx.x * a.vocab;
@@ -889,6 +914,7 @@ extern "C" __global__ FUSED_BOUNDS void bob_fused_train_hard(float* parameters, 
                                                 const float* adam_scalars, float log2e,
                                                 float ln2, float inverse_rows, u32 vocab,
                                                 u32 updates, u32 finish) {
+    wait_for_prerequisites();
     __shared__ FusedShared shared;
     const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
                       loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
@@ -901,6 +927,7 @@ extern "C" __global__ FUSED_BOUNDS void bob_fused_train_corpus(float* parameters
                                                   const float* adam_scalars, float log2e,
                                                   float ln2, u32 vocab, u32 updates,
                                                   u32 finish) {
+    wait_for_prerequisites();
     __shared__ FusedShared shared;
     const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
                       loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
@@ -912,6 +939,7 @@ extern "C" __global__ WIDE_BOUNDS void bob_fused_train_wide_hard(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
         const u32* targets, float* loss, const float* adam_scalars, float log2e, float ln2,
         float inverse_rows, u32 vocab, u32 updates, u32 finish) {
+    wait_for_prerequisites();
     __shared__ FusedShared shared;
     const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
                       loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
@@ -922,6 +950,7 @@ extern "C" __global__ WIDE_BOUNDS void bob_fused_train_wide_corpus(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
         const float* weights, float* loss, const float* adam_scalars, float log2e, float ln2,
         u32 vocab, u32 updates, u32 finish) {
+    wait_for_prerequisites();
     __shared__ FusedShared shared;
     const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
                       loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
@@ -1125,6 +1154,7 @@ extern "C" __global__ TALL_BOUNDS void bob_fused_train_tall_hard(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
         const u32* targets, float* loss, const float* adam_scalars, float log2e, float ln2,
         float inverse_rows, u32 vocab, u32 updates, u32 finish) {
+    wait_for_prerequisites();
     const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
                       loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
     fused_train_tall<false>(a);
@@ -1134,6 +1164,7 @@ extern "C" __global__ TALL_BOUNDS void bob_fused_train_tall_corpus(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
         const float* weights, float* loss, const float* adam_scalars, float log2e, float ln2,
         u32 vocab, u32 updates, u32 finish) {
+    wait_for_prerequisites();
     const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
                       loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
     fused_train_tall<true>(a);
