@@ -424,22 +424,28 @@ class CopyWriter:
                                         "destination"))
         first = ce.consecutive(["OFFSET_IN_UPPER", "OFFSET_IN_LOWER", "OFFSET_OUT_UPPER",
                                 "OFFSET_OUT_LOWER"])
-        self.pushbuffer.incrementing(COPY_SUBCHANNEL, first, offsets)
-        self.pushbuffer.incrementing(COPY_SUBCHANNEL, ce.method("LINE_LENGTH_IN"),
-                                     [ce.pack({"LINE_LENGTH_IN_VALUE": size})])
         chosen = {"DATA_TRANSFER_TYPE": "NON_PIPELINED", "SRC_MEMORY_LAYOUT": "PITCH",
                   "DST_MEMORY_LAYOUT": "PITCH", "MULTI_LINE_ENABLE": "FALSE",
                   "SRC_TYPE": "VIRTUAL", "DST_TYPE": "VIRTUAL"}
-        if release is not None:
-            self._semaphore(*release)
+        semaphore: list[int] = []
+        if release is not None:  # checked before any word is written
+            semaphore = self._semaphore(*release)
             chosen.update({"FLUSH_ENABLE": "TRUE", "FLUSH_TYPE": "SYS",
                            "SEMAPHORE_TYPE": "RELEASE_ONE_WORD_SEMAPHORE",
                            "SEMAPHORE_PAYLOAD_SIZE": "TWO_WORD"})
         launch = ce.pack({f"LAUNCH_DMA_{name}": ce.value(f"LAUNCH_DMA_{name}_{value}")
                           for name, value in chosen.items()})
+        self.pushbuffer.incrementing(COPY_SUBCHANNEL, first, offsets)
+        self.pushbuffer.incrementing(COPY_SUBCHANNEL, ce.method("LINE_LENGTH_IN"),
+                                     [ce.pack({"LINE_LENGTH_IN_VALUE": size})])
+        if semaphore:
+            self.pushbuffer.incrementing(COPY_SUBCHANNEL, ce.consecutive(
+                ["SET_SEMAPHORE_A", "SET_SEMAPHORE_B", "SET_SEMAPHORE_PAYLOAD",
+                 "SET_SEMAPHORE_PAYLOAD_UPPER"]), semaphore)
         self.pushbuffer.incrementing(COPY_SUBCHANNEL, ce.method("LAUNCH_DMA"), [launch])
 
-    def _semaphore(self, address: int, payload: int) -> None:
+    def _semaphore(self, address: int, payload: int) -> list[int]:
+        """SET_SEMAPHORE_A, _B, _PAYLOAD, _PAYLOAD_UPPER: a 64-bit payload at `address`."""
         ce = self.copy_class
         _check_payload(payload)
         if address % SEMAPHORE_BYTES:
@@ -449,13 +455,10 @@ class CopyWriter:
         if not 0 <= address < 1 << high_bits:
             raise CommandError(f"semaphore address {address:#x} is not a {high_bits}-bit "
                                "GPU address")
-        data = [ce.pack({"SET_SEMAPHORE_A_UPPER": address >> WORD_BITS}),
+        return [ce.pack({"SET_SEMAPHORE_A_UPPER": address >> WORD_BITS}),
                 ce.pack({"SET_SEMAPHORE_B_LOWER": address % (1 << WORD_BITS)}),
                 ce.pack({"SET_SEMAPHORE_PAYLOAD_PAYLOAD": payload % (1 << WORD_BITS)}),
                 ce.pack({"SET_SEMAPHORE_PAYLOAD_UPPER_PAYLOAD": payload >> WORD_BITS})]
-        first = ce.consecutive(["SET_SEMAPHORE_A", "SET_SEMAPHORE_B", "SET_SEMAPHORE_PAYLOAD",
-                                "SET_SEMAPHORE_PAYLOAD_UPPER"])
-        self.pushbuffer.incrementing(COPY_SUBCHANNEL, first, data)
 
 
 def host_value(host: ClassTable, field_name: str, value_name: str) -> int:

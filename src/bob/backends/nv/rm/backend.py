@@ -215,7 +215,7 @@ class NvBackend(Backend):
                 raise RunFailure(f"profiling times one launch per submission; submission "
                                  f"{index} has {submission.count} (build the plan with the "
                                  "per-launch submission policy)")
-            launches.append(submission.first)
+            launches.append(submission.first_launch)
             self._upload("semaphores", self.encoded.submission_semaphore(index),
                          bytes(SEMAPHORE_BYTES))
         times = self.stream.profile([self.encoded.submission_entry(i) for i in submissions])

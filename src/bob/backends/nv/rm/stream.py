@@ -36,6 +36,7 @@ from bob.backends.nv.pushbuffer import (
     Pushbuffer,
     gpfifo_entry,
 )
+from bob.errors import RunFailure
 
 from . import structs as s
 from .channel import RUNTIME_VA_BASE, Channel
@@ -81,18 +82,16 @@ def launch_nanoseconds(stamps: list[Stamp], first: int) -> list[int]:
     not write (or wrote out of order) is an error, not a time.
     """
     if len(stamps) % 2:
-        raise RmError("profiling", "odd stamps", f"{len(stamps)} stamps do not pair up")
+        raise RunFailure(f"{len(stamps)} timestamps do not pair up")
     times = []
     for index in range(0, len(stamps), 2):
         before, after = stamps[index], stamps[index + 1]
         if (before.payload, after.payload) != (first + index, first + index + 1):
-            raise RmError("profiling", "missing stamp",
-                          f"launch {index // 2}'s stamps carry {before.payload}, "
-                          f"{after.payload}, not {first + index}, {first + index + 1}")
+            raise RunFailure(f"launch {index // 2}'s timestamps carry {before.payload}, "
+                             f"{after.payload}, not {first + index}, {first + index + 1}")
         if after.nanoseconds < before.nanoseconds:
-            raise RmError("profiling", "clock went back",
-                          f"launch {index // 2} ended at {after.nanoseconds} ns, before it "
-                          f"began at {before.nanoseconds} ns")
+            raise RunFailure(f"launch {index // 2} ended at {after.nanoseconds} ns, before it "
+                             f"began at {before.nanoseconds} ns")
         times.append(after.nanoseconds - before.nanoseconds)
     return times
 
@@ -143,8 +142,7 @@ class RuntimeStream:
                                     name="copy staging")
         except RmError as error:
             self.copy_refused = f"the copy engine is not available: {error}"
-            return
-        self._submit_copies([], bind=True)  # binds the class; releases the first value
+        self._bound = False  # the first batch of copies binds the class on its subchannel
 
     @property
     def copies(self) -> bool:
@@ -156,14 +154,12 @@ class RuntimeStream:
         return self._counter.value
 
     # -- copies -------------------------------------------------------------------------
-    def _submit_copies(self, pieces: list[tuple[int, int, int]], *, bind: bool = False) -> None:
+    def _submit_copies(self, pieces: list[tuple[int, int, int]]) -> None:
         self.counter += 1
         target = self.counter
         semaphore = RUNTIME_BLOCK_VA + COUNTER_OFFSET
-        if not pieces:  # a zero-length transfer still proves the engine answers
-            assert self.staging is not None
-            pieces = [(self.staging.gpu_va, self.staging.gpu_va + WORD_BYTES, WORD_BYTES)]
-        data = copy_segment(RUNTIME_BLOCK_VA, pieces, semaphore, target, bind=bind)
+        data = copy_segment(RUNTIME_BLOCK_VA, pieces, semaphore, target, bind=not self._bound)
+        self._bound = True
         self.block.write(0, data)
         self.channel.submit([gpfifo_entry(HOPPER_CHANNEL_GPFIFO_A, RUNTIME_BLOCK_VA,
                                           len(data) // WORD_BYTES)])
@@ -195,9 +191,8 @@ class RuntimeStream:
         from the channel being idle before it to being idle after it.
         """
         if len(entries) > PROFILE_LIMIT:
-            raise RmError("profiling", "too many launches",
-                          f"{len(entries)} launches; one profiled run times at most "
-                          f"{PROFILE_LIMIT}")
+            raise RunFailure(f"{len(entries)} launches in one profiled run; it times at most "
+                             f"{PROFILE_LIMIT}")
         if self.profile_buffer is None:  # once per backend, the first time it profiles
             self.profile_buffer = allocate(self.device, PROFILE_BYTES, location="sysmem",
                                            gpu_va=PROFILE_VA, name="profile")
