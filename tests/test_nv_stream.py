@@ -26,7 +26,7 @@ from bob.backends.nv.rm import channel as ch
 from bob.backends.nv.rm import ioctl
 from bob.backends.nv.rm import stream as st
 from bob.errors import RunFailure
-from conftest import bob_plan
+from conftest import bob_plan, needs_nvrtc
 from test_nv_rm import FakeDriver
 
 CE = decoder.TABLES.classes[0xC8B5]  # HOPPER_DMA_COPY_A as the decoder's own parser read it
@@ -360,3 +360,20 @@ def test_a_channel_error_names_the_launch_and_closes_the_backend(monkeypatch):
     backend.close()  # a second close is harmless
     again, _ = _open(monkeypatch)  # the next backend in the same process opens
     again.close()
+
+
+@needs_nvrtc
+def test_the_trap_region_is_a_test_helper_certified_like_any_plan():
+    from bob.backends.nv.decoder import disassemble
+    from bob.backends.nv.encoder import encode
+    from bob.kernels.cuda.regions import bob_declared_regions
+    from bob.plan.certificate import require_certified
+    from trap_plan import TRAP_MAGIC, one_launch_plan, trap_regions
+
+    region = trap_regions("sm_90")["test-trap"]
+    assert region.code and region.entry == "bob_test_trap"
+    assert "test-trap" not in {r.name for r in bob_declared_regions()}  # not Bob's
+    plan = one_launch_plan(region, TRAP_MAGIC)
+    certified = require_certified(plan)
+    assert (plan.launch_count, plan.submission_count) == (1, 1)
+    assert "trap-test-0" in disassemble(encode(certified), plan)
