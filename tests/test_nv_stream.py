@@ -377,3 +377,15 @@ def test_the_trap_region_is_a_test_helper_certified_like_any_plan():
     certified = require_certified(plan)
     assert (plan.launch_count, plan.submission_count) == (1, 1)
     assert "trap-test-0" in disassemble(encode(certified), plan)
+
+
+def test_staging_memory_is_cached_and_semaphore_memory_is_not():
+    from bob.backends.nv.rm import memory
+    from bob.backends.nv.rm import structs as s
+
+    def coherency(cached: bool) -> int:
+        _, params = memory._physical_params(4096, "sysmem", False, 1, cached)
+        return params.attr >> s.NVOS32_ATTR_COHERENCY_SHIFT & 0x7
+
+    assert coherency(False) == s.NVOS32_ATTR_COHERENCY_UNCACHED
+    assert coherency(True) == s.NVOS32_ATTR_COHERENCY_CACHED

@@ -139,7 +139,7 @@ class RuntimeStream:
         try:
             self.copy_object = device.client.alloc(channel.handle, s.HOPPER_DMA_COPY_A)
             self.staging = allocate(device, STAGING_BYTES, location="sysmem", gpu_va=STAGING_VA,
-                                    name="copy staging")
+                                    cached=True, name="copy staging")
         except RmError as error:
             self.copy_refused = f"the copy engine is not available: {error}"
         self._bound = False  # the first batch of copies binds the class on its subchannel
@@ -215,9 +215,9 @@ class RuntimeStream:
             self.channel.submit([item for i in batch
                                  for item in (ring[2 * i], entries[i], ring[2 * i + 1])])
             last = 2 * batch[-1] + 1
-            view = buffer.u64(last * TIMESTAMP_RELEASE_BYTES)
-            self._wait(lambda view=view: view.value, first + last,
-                       f"the timestamp after launch {batch[-1]}")
+            offset = last * TIMESTAMP_RELEASE_BYTES
+            self._wait(lambda offset=offset: struct.unpack("<Q", buffer.read(offset, 8))[0],
+                       first + last, f"the timestamp after launch {batch[-1]}")
         found = read_stamps(buffer.read(0, stamps * TIMESTAMP_RELEASE_BYTES))
         return launch_nanoseconds(found, first)
 
