@@ -137,13 +137,15 @@ class FakeGpu:
     """Executes what the channel was handed: runtime segments (copies, releases) from the
     bytes, plan submissions as launches of a known duration (1 us * (launch + 1))."""
 
-    def __init__(self, monkeypatch, error_after_launch: int | None = None):
+    def __init__(self, monkeypatch, error_after_launch: int | None = None,
+                 error_on_copy: bool = False):
         self.backend = None
         self.executed = 0
         self.clock = 10_000
         self.bindings: dict[int, int] = {1: 0xCBC0}  # what the skipped set-up entry binds
         self.copy_state: dict[str, int] = {}
         self.error_after_launch = error_after_launch
+        self.error_on_copy = error_on_copy
         self.launches: list[int] = []
         monkeypatch.setattr(ch.Channel, "wait", lambda channel, *args: self.wait(channel, *args))
 
@@ -195,11 +197,17 @@ class FakeGpu:
             self.launches.append(launch)
             self.clock += 1000 * (launch + 1)
             if self.error_after_launch is not None and launch >= self.error_after_launch:
-                notifier = self.backend.channel.notifier
-                notifier.write(0, struct.pack("<QIHH", 1, 13, 0, 0xFFFF))
-                raise _Stopped
+                self.stop(13)
+
+    def stop(self, error: int) -> None:
+        """What RM does to a channel that faults: the error notifier, then nothing runs."""
+        notifier = self.backend.channel.notifier
+        notifier.write(0, struct.pack("<QIHH", 1, error, 0, 0xFFFF))
+        raise _Stopped
 
     def launch_dma(self, call) -> None:
+        if self.error_on_copy:
+            self.stop(31)
         state = self.copy_state
         fields = {f.name: f.value_name for f in call.fields}
         source = state["OFFSET_IN_UPPER"] << 32 | state["OFFSET_IN_LOWER"]
@@ -242,7 +250,8 @@ class _Stopped(Exception):
 
 
 def _open(monkeypatch, plan=None, **options):
-    gpu = FakeGpu(monkeypatch, options.pop("error_after_launch", None))
+    gpu = FakeGpu(monkeypatch, options.pop("error_after_launch", None),
+                  options.pop("error_on_copy", False))
     backend = nv_backend.NvBackend(plan or bob_plan(1, 2, target=_sm90(), compiled=True,
                                                     registers=24, shared_bytes=2048),
                                    transport=FakeDriver().transport(), deadline_s=0.01,
@@ -389,3 +398,28 @@ def test_staging_memory_is_cached_and_semaphore_memory_is_not():
 
     assert coherency(False) == s.NVOS32_ATTR_COHERENCY_UNCACHED
     assert coherency(True) == s.NVOS32_ATTR_COHERENCY_CACHED
+
+
+def test_a_faulting_copy_is_named_as_the_copy(monkeypatch):
+    monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
+    backend, gpu = _open(monkeypatch, error_on_copy=True)
+    with pytest.raises(ioctl.ChannelError, match=r"^copy-engine batch 1 failed with channel "
+                       r"error 31 \(MMU fault"):
+        backend.read_tensor("parameters")
+    with pytest.raises(RunFailure, match="the nv backend is closed after: copy-engine batch 1"):
+        backend.set_scalars(0, {})
+    backend.close()
+
+
+def test_without_a_runtime_area_large_reads_stay_on_bar1(monkeypatch):
+    def refused(*args, **kwargs):
+        raise ioctl.RmStatusError("RM_ALLOC(NV01_MEMORY_SYSTEM under 0x1)", "NV_ERR_NO_MEMORY",
+                                  "no memory", 0x51)
+
+    monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
+    monkeypatch.setattr(nv_backend, "RuntimeStream", refused)
+    backend, gpu = _open(monkeypatch)
+    backend.write_tensor("parameters", b"\x02" * (256 * 256 * 4))
+    assert backend.read_tensor("parameters") == b"\x02" * (256 * 256 * 4)
+    assert "NV_ERR_NO_MEMORY" in backend._no_stream
+    backend.close()

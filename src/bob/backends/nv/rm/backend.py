@@ -97,6 +97,7 @@ class NvBackend(Backend):
         self._stream: RuntimeStream | None = None  # made on first use (copies, profiling)
         self._counter_start = counter_start
         self._failure = ""  # why the backend closed itself (a channel error)
+        self._no_stream = ""  # why the runtime stream could not be set up, if it could not
         self.encoded: EncodedProgram = encode(self.certified)
         self.client = RmClient(transport)
         self.blocks: dict[str, Allocation] = {}
@@ -150,8 +151,13 @@ class NvBackend(Backend):
 
     def _copies(self, size: int) -> bool:
         """Whether `size` bytes of the arena move by copy engine (else CPU through BAR1)."""
-        return (self.arena_kind == "device" and size >= COPY_THRESHOLD
-                and self.stream.copies)
+        if self.arena_kind != "device" or size < COPY_THRESHOLD or self._no_stream:
+            return False
+        try:
+            return self.stream.copies
+        except RmError as error:  # the runtime area could not be set up: BAR1 still works
+            self._no_stream = str(error)
+            return False
 
     # -- the arena and submission ------------------------------------------------------------
     def _write_arena(self, offset: int, data: memoryview) -> None:
@@ -254,12 +260,15 @@ class NvBackend(Backend):
                     raise SubmissionTimeout(f"{error}; {self._progress()}") from None
 
     def _wait_for(self, read_value, target: int, what: str) -> None:
-        """The runtime stream's waits: the same deadline, the same channel-error report."""
+        """The runtime stream's waits: the same deadline, the same channel-error report
+        (a copy that faults is named as the copy, a profiled launch as the launch)."""
         assert self.channel is not None
         try:
             self.channel.wait(read_value, target, self.deadline_s, what)
         except ChannelError as error:
-            raise ChannelError(f"{self._fault()}: {error}; {self._progress()}") from None
+            subject = what if what.startswith("copy-engine") else None
+            raise ChannelError(f"{self._fault(subject)}: {error}; {self._progress()}") \
+                from None
         except SubmissionTimeout as error:
             raise SubmissionTimeout(f"{error}; {self._progress()}") from None
 
@@ -269,13 +278,14 @@ class NvBackend(Backend):
         launch = self.plan.launches[index]
         return launch.label or launch.region
 
-    def _fault(self) -> str:
-        """The launch the channel stopped in: the first one whose release did not land,
-        and the error the driver wrote in the channel's error notifier."""
+    def _fault(self, subject: str | None = None) -> str:
+        """What the channel stopped in (by default the launch after the last whose release
+        landed) and the error the driver wrote in the channel's error notifier."""
         assert self.channel is not None
-        failed = self.launch_progress()
-        return (f"launch {failed} ({self._launch_label(failed)}) failed with "
-                f"{self.channel.state().reason()}")
+        if subject is None:
+            failed = self.launch_progress()
+            subject = f"launch {failed} ({self._launch_label(failed)})"
+        return f"{subject} failed with {self.channel.state().reason()}"
 
     def _progress(self) -> str:
         done = self.launch_progress()
@@ -288,6 +298,7 @@ class NvBackend(Backend):
         """The changed words go straight into the mapped program component, where the
         launch's QMD points constant buffer 0; the driver area there stays. A word that
         already holds its value is not written (every write crosses BAR1)."""
+        self._require_open()
         base = self.plan.parameter_block_address(launch_index) - self.plan.address_map.program.base
         changed = sorted((base + offset, word) for offset, word in patches
                          if self._program[base + offset:base + offset + len(word)] != word)
