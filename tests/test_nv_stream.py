@@ -334,6 +334,10 @@ def test_profiling_brackets_every_launch_with_timestamps(monkeypatch):
     backend.launch_times = []
     backend.run(range(2, 4))  # a second profiled run reuses the buffer; payloads continue
     assert backend.launch_times == [(i, 1000 * (i + 1)) for i in order[2:4]]
+    monkeypatch.setattr(st, "PROFILE_LIMIT", 3)  # a run longer than the buffer: in fills
+    backend.launch_times = []
+    backend.run(range(plan.submission_count))
+    assert backend.launch_times == [(i, 1000 * (i + 1)) for i in order]
     backend.close()
 
 

@@ -52,7 +52,7 @@ COUNTER_OFFSET = RUNTIME_PUSHBUFFER_BYTES  # the 64-bit runtime counter, after t
 RUNTIME_BLOCK_BYTES = 64 << 10
 STAGING_BYTES = 32 << 20  # pinned once per backend; larger transfers go in chunks
 COPY_THRESHOLD = 1 << 20  # smaller reads and writes stay CPU accesses through the mapping
-PROFILE_LIMIT = 100_000  # launches one profiled run may time
+PROFILE_LIMIT = 100_000  # launches timed per fill of the profile buffer
 SEGMENT_STRIDE = 32  # one timestamped release is 6 words
 PROFILE_SEGMENTS = 2 * PROFILE_LIMIT * TIMESTAMP_RELEASE_BYTES  # segments after the structures
 PROFILE_BYTES = round_up(PROFILE_SEGMENTS + 2 * PROFILE_LIMIT * SEGMENT_STRIDE, SYSMEM_GRANULE)
@@ -190,9 +190,12 @@ class RuntimeStream:
         Every bracket's releases wait for idle (RELEASE_WFI), so a launch's time is
         from the channel being idle before it to being idle after it.
         """
-        if len(entries) > PROFILE_LIMIT:
-            raise RunFailure(f"{len(entries)} launches in one profiled run; it times at most "
-                             f"{PROFILE_LIMIT}")
+        times: list[int] = []
+        for start in range(0, len(entries), PROFILE_LIMIT):  # the buffer holds this many
+            times += self._profile_chunk(entries[start:start + PROFILE_LIMIT])
+        return times
+
+    def _profile_chunk(self, entries: list[bytes]) -> list[int]:
         if self.profile_buffer is None:  # once per backend, the first time it profiles
             self.profile_buffer = allocate(self.device, PROFILE_BYTES, location="sysmem",
                                            gpu_va=PROFILE_VA, name="profile")
