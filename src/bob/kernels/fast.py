@@ -483,4 +483,6 @@ KERNELS: dict[str, ref.Kernel] = {
     sig.FUSED_CORPUS: fused_train_corpus,
     sig.FUSED_WIDE_HARD: fused_train_hard,
     sig.FUSED_WIDE_CORPUS: fused_train_corpus,
+    sig.FUSED_TALL_HARD: fused_train_hard,
+    sig.FUSED_TALL_CORPUS: fused_train_corpus,
 }
