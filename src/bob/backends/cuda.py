@@ -728,8 +728,8 @@ class CudaBackend(Backend):
                  ("cuMemFree", staging.snapshot)]
         errors = []
         for call, handle in calls:
-            if handle is None or handle == 0:
-                continue  # never made
+            if handle is None or (isinstance(handle, int) and handle == 0):
+                continue  # never made (pointers are ints, streams and events objects)
             try:
                 _call(call, handle)
             except CudaError as error:
