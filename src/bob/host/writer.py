@@ -33,8 +33,10 @@ class BackgroundWriter:
         self._failure: BobError | None = None
         self._reported = False  # the failure is raised once, in the caller's thread
         self._closed = False
-        # Not a daemon: the interpreter waits for a save in flight rather than cut it short.
-        self._thread = threading.Thread(target=self._work, name=name)
+        # A daemon, so a writer never closed (a stop between start and the caller's try)
+        # cannot hold the process open; callers close it, which waits for every save, and
+        # a save cut short by an exit leaves the previous file (atomic_write).
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, job: Job) -> None:
