@@ -114,8 +114,7 @@ def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats:
             return [failed(f"{name} invocation", "bob", n, error)]
         loss = last[0].loss
         rows = [Row(f"{name} invocation", "bob", n, statistics.median(samples), samples, loss,
-                    "Session.invoke: load, scalars, run, read back and check"),
-                steady_row(session, config, zero, record, repeats, name)]
+                    "Session.invoke: load, scalars, run, read back and check")]
         backend = session.last_backend
         assert backend is not None
         plan = session.plan_for(config)
@@ -150,7 +149,6 @@ def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats:
             (f"{name} host: collect", "host", collect, None,
              "results + checkpoint out, finiteness checks"),
         )
-        rows.append(command_row(choice, config, hyper, record, repeats, name))
         for row_name, kind, work, reset, note in timed:
             try:
                 samples = time_runs(work, reset or (lambda: None), repeats)
@@ -159,6 +157,10 @@ def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats:
                 continue
             rows.append(Row(row_name, kind, n, statistics.median(samples), samples,
                             loss if kind == "bob" else None, note))
+        # Measured last (training on moves the AdamW scalars the run row uses), shown after
+        # the invocation row.
+        rows[1:1] = [steady_row(session, config, zero, record, repeats, name),
+                     command_row(choice, config, hyper, record, repeats, name)]
         return rows
     finally:
         session.close()
