@@ -60,19 +60,23 @@ def test_cuda_scalar_rows_write_the_words_set_scalars_writes(arch):
 
 
 # -- on a GPU ------------------------------------------------------------------------
-def _cuda_choice(arena: str) -> BackendChoice:
-    return choose_backend("cuda", arena=arena)
+@pytest.fixture
+def cuda_arena(cuda_arch: str):
+    """choose_backend("cuda") with the arena kind asked for; the test skips without a GPU."""
+    def choose(arena: str) -> BackendChoice:
+        return choose_backend("cuda", arena=arena)
+    return choose
 
 
 @gpu
 @pytest.mark.parametrize("arena", ["device", "host"])
 @pytest.mark.parametrize("schedule", ["seed", "fused"])
 @pytest.mark.parametrize("vocab", [256, 1024])
-def test_pipelined_training_on_cuda_matches_the_cpu(arena, schedule, vocab):
+def test_pipelined_training_on_cuda_matches_the_cpu(cuda_arena, arena, schedule, vocab):
     config = BobConfig(vocab=vocab, prompts=2, updates=3, mode="corpus", schedule=schedule)
     record = random_record(config, vocab)
     start = Checkpoint.zeros(vocab, Hyper(), "corpus")
-    with Session(_cuda_choice(arena)) as cuda, Session(choose_backend("cpu")) as cpu:
+    with Session(cuda_arena(arena)) as cuda, Session(choose_backend("cpu")) as cpu:
         got = train(cuda, config, start, record, 11)
         want = train(cpu, config, start, record, 11)
         for mine, theirs in zip(got, want, strict=True):
@@ -85,10 +89,10 @@ def test_pipelined_training_on_cuda_matches_the_cpu(arena, schedule, vocab):
 
 
 @gpu
-def test_a_write_larger_than_the_staging_chunks_lands_whole():
+def test_a_write_larger_than_the_staging_chunks_lands_whole(cuda_arena):
     config = BobConfig(vocab=4096, prompts=0, updates=1)
     assert 4 * 4096 * 4096 > 2 * UPLOAD_CHUNK_BYTES  # the chunks are reused mid-write
-    choice = _cuda_choice("device")
+    choice = cuda_arena("device")
     plan = build_plan(config, choice.target, compiled=choice.regions)
     table = np.random.default_rng(1).standard_normal(4096 * 4096, dtype=np.float32)
     with choice.open(plan) as backend:
@@ -99,10 +103,10 @@ def test_a_write_larger_than_the_staging_chunks_lands_whole():
 
 
 @gpu
-def test_a_begun_read_is_the_state_before_later_runs():
+def test_a_begun_read_is_the_state_before_later_runs(cuda_arena):
     config = BobConfig(vocab=1024, prompts=0, updates=2, mode="corpus")
     record = random_record(config, 2)
-    with Session(_cuda_choice("device")) as session:
+    with Session(cuda_arena("device")) as session:
         session.invoke(config, Checkpoint.zeros(1024, Hyper(), "corpus"), record, "train")
         backend = session.last_backend
         before = {name: backend.read_tensor(name) for name in CHECKPOINT_TENSORS}
