@@ -331,6 +331,26 @@ def fused_train_corpus(memory: Memory, args: Args) -> None:
         loss[:] = row_losses
 
 
+def non_finite_count(table: np.ndarray) -> int:
+    """Elements of a binary32 array that are NaN or +-inf (exponent bits all ones)."""
+    exponent = np.uint32(0x7F800000)
+    return int(np.count_nonzero((table.view(np.uint32) & exponent) == exponent))
+
+
+def add_health(memory: Memory, args: Args, counts: tuple[int, ...]) -> None:
+    """health[t] += counts[t], as the device's 64-bit atomics add (modulo 2^64)."""
+    health = memory.array(int(args["health"]), "u32", 2 * len(counts)).view(np.uint64)
+    health += np.array(counts, np.uint64)
+
+
+def health(memory: Memory, args: Args) -> None:
+    """bob-health: add each table's count of non-finite elements to health."""
+    count = _u32(args, "vocab") ** 2
+    add_health(memory, args, tuple(
+        non_finite_count(memory.array(int(args[name]), "f32", count))
+        for name in sig.HEALTH_COUNTS))
+
+
 KERNELS: dict[str, Kernel] = {
     sig.GATHER: row_gather,
     sig.LOSS_HARD: loss_gradient_hard,
@@ -341,4 +361,5 @@ KERNELS: dict[str, Kernel] = {
     sig.FUSED_CORPUS: fused_train_corpus,
     sig.FUSED_WIDE_HARD: fused_train_hard,
     sig.FUSED_WIDE_CORPUS: fused_train_corpus,
+    sig.HEALTH: health,
 }
