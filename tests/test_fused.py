@@ -16,7 +16,7 @@ import pytest
 import bob.program.bob as program
 from bob.backends import choose_backend
 from bob.backends.cpu import CpuBackend
-from bob.host.check import compare_backends, random_record
+from bob.host.check import COMPARED, compare_backends, random_record
 from bob.host.session import Session, split_updates
 from bob.kernels import reference
 from bob.kernels import signatures as sig
@@ -56,14 +56,14 @@ def run_schedule(config: BobConfig, steps: int, kernels: str = "fast",
                                    "train").checkpoint
             backend = session.last_backend
             assert backend is not None
-            arenas.append({name: backend.read_tensor(name) for name in TENSOR_NAMES})
+            arenas.append({name: backend.read_tensor(name) for name in COMPARED})
     return arenas
 
 
 def assert_same_arenas(seed: list[dict[str, bytes]], fused: list[dict[str, bytes]]) -> None:
     assert len(seed) == len(fused)
     for number, (want, got) in enumerate(zip(seed, fused, strict=True)):
-        for name in TENSOR_NAMES:
+        for name in COMPARED:  # the health counts too
             got_words, want_words = (np.frombuffer(a[name], np.uint32) for a in (got, want))
             assert_same_bits(f"invocation {number}: tensor {name!r}", got_words, want_words,
                              ("fused", "seed"))

@@ -184,6 +184,10 @@ REFUSALS = {
                                      "address_map.program.bytes: 1024 bytes cannot hold the code "
                                      "extent and a parameter block per launch (4352 bytes)"),
     # regions come from Bob's signatures, never from the file
+    "shrunk health footprint": (_set("regions[4].params[3].footprint.scale", 8),
+                                "regions[4]: region 'bob-health' differs from Bob's own: "
+                                "params[3] ('health') footprint is 8 in the plan, 24 in Bob's "
+                                "signature"),
     "shrunk footprint": (_set(f"regions[{ADAMW}].params[0].footprint.scale", 1),
                          f"regions[{ADAMW}]: region 'bob-adamw' differs from Bob's own: "
                          "params[0] ('parameters') footprint is 1 * count in the plan, "
