@@ -6,7 +6,8 @@ it when it loads an invocation and reads its 24 bytes instead of scanning the
 tables. Here: the NumPy reference and the Numba path against counts made by
 the test itself, every non-finite pattern and the finite edge values; whole
 invocations (hard and corpus, seed and fused, cpu reference, cpu fast and
-nv-sim) with tables poisoned one at a time; the certificate refusing health
+nv-sim) with tables poisoned one at a time (the Numba kernel set runs the NumPy count, which is
+already at memory speed); the certificate refusing health
 launches that reach too far; the CUDA kernel's PTX; and, marked ``gpu``, the
 cuda and nv backends against the CPU.
 """
@@ -96,16 +97,6 @@ def test_the_kernel_adds_modulo_two_to_the_64_as_the_device_atomics_do(kernels):
     memory, args = health_arena(40, rng, (3, 5, 0), health_before=(top, 7, top))
     KERNEL_SETS[kernels][sig.HEALTH](memory, args)
     assert health_counts(memory, args) == [2, 12, top]
-
-
-def test_reference_and_fast_write_the_same_health_bytes():
-    rng = np.random.default_rng(9)
-    for vocab in (5, 64, 511, 2049):
-        planted = tuple(int(n) for n in rng.integers(0, min(300, vocab * vocab), 3))
-        arenas = [health_arena(vocab, np.random.default_rng(vocab), planted) for _ in range(2)]
-        for (memory, args), kernels in zip(arenas, KERNEL_SETS.values(), strict=True):
-            kernels[sig.HEALTH](memory, args)
-        assert arenas[0][0].buffer.tobytes() == arenas[1][0].buffer.tobytes()
 
 
 # -- whole invocations -------------------------------------------------------------------------

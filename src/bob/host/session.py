@@ -9,7 +9,8 @@ One invocation = one plan run on one backend:
    into that update's parameter block (seed schedule), or as the rows of the
    ``adam_scalars`` tensor (fused schedule);
 4. submit: the forward submissions only (predict) or all of them (train);
-5. read back the result record and the new checkpoint.
+5. read back the result record, the health check's counts (24 bytes: is every
+   table still finite?) and the new checkpoint.
 
 Long training runs as several invocations, a checkpoint after each.
 """

@@ -98,7 +98,8 @@ TENSOR_NAMES = (
     "parameters", "first_moment", "second_moment", "gradients", "input",
     "initial_loss", "training_loss", "logit_rows", "predictions",
 )
-# The fused schedule's one more tensor, placed last so the seed's nine keep their addresses.
+# The fused schedule's one more tensor, placed after the seed's nine so they keep their
+# addresses.
 ADAM_SCALARS_TENSOR = "adam_scalars"
 # The health check's counts: u64[3] (as u32[3][2], little-endian words), one per table of
 # sig.HEALTH_COUNTS; placed after every other tensor so theirs keep their addresses.
