@@ -372,3 +372,44 @@ def test_health_on_nv_equals_the_cpu(vocab, mode, schedule):
     pytest.importorskip("cuda.bindings.nvrtc", reason="the nv backend compiles with NVRTC")
     config = BobConfig(vocab=vocab, prompts=1, updates=2, mode=mode, schedule=schedule)
     gpu_against_cpu(choose_backend("nv"), config)
+
+
+@pytest.mark.gpu
+def test_health_on_cuda_counts_past_two_to_the_32_elements(cuda_choice):
+    """V = 65536 (beyond Bob's MAX_VOCAB, the kernel's own limit): each table is 2^32
+    elements, 16 GiB; non-finite values planted at the first, 2^31-th and last elements must
+    all be found. 48 GiB of arena: an H200-sized test."""
+    import time
+
+    from bob.plan.certificate import require_certified
+    from bob.plan.model import Dim3, LaunchSpec, ProgramSpec, Submission, TensorRef, TensorSpec
+    from bob.plan.placement import place
+    from bob.program.bob import health_grid
+
+    vocab = 65536
+    count = vocab * vocab
+    tensors = (*(TensorSpec(name, "f32", (vocab, vocab)) for name in TABLES),
+               TensorSpec(HEALTH_TENSOR, "u32", (3, 2)))
+    launch = LaunchSpec(sig.HEALTH, Dim3(health_grid(count)), Dim3(sig.BLOCK),
+                        (*(TensorRef(name) for name in TABLES), TensorRef(HEALTH_TENSOR),
+                         Scalar.u32(vocab)), "health")
+    plan = place(ProgramSpec((cuda_choice.regions[sig.HEALTH],), tensors, (launch,),
+                             (Submission(0, 1, 1),)), cuda_choice.target)
+    planted = {"parameters": {count - 1: np.nan},
+               "first_moment": {2**31: np.inf, 2**31 + 1: -np.inf, 2**32 - 5: np.nan},
+               "second_moment": {0: np.nan, 2**31 - 1: np.inf}}
+    backend = cuda_choice.open(require_certified(plan))
+    try:
+        backend.write_tensor(HEALTH_TENSOR, bytes(24))
+        for name, values in planted.items():
+            for index, value in values.items():
+                backend.write_tensor(name, np.float32(value).tobytes(), offset=4 * index)
+        start = time.perf_counter()
+        backend.run(range(1))
+        seconds = time.perf_counter() - start
+        counts = np.frombuffer(backend.read_tensor(HEALTH_TENSOR), np.uint64).tolist()
+    finally:
+        backend.close()
+    assert counts == [len(planted[name]) for name in TABLES]
+    print(f"bob-health over 3 x 2^32 floats: {seconds * 1e3:.1f} ms, "
+          f"{3 * 4 * count / seconds / 1e12:.2f} TB/s (first run, with launch set-up)")
