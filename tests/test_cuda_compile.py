@@ -185,7 +185,7 @@ def test_regions_from_an_image_with_bobs_signatures(arch: str, cache: Path) -> N
     for name, region in regions.items():
         assert region.entry == sig.ENTRIES[name]
         assert region.params == sig.SIGNATURES[name]
-        assert region.block_x == sig.BLOCK
+        assert region.block_x == sig.block_of(name)
         assert region.code and 0 < region.registers <= 255
     assert regions[sig.LOSS_HARD].shared_bytes >= 256 * 4
     for mode in ("hard", "corpus"):

@@ -237,14 +237,22 @@ def test_the_scalar_table_equals_the_per_step_scalars_bit_for_bit():
 
 
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
-def test_rows_that_fit_on_chip_get_the_wide_kernel(mode):
-    """1024 < V <= 4096: the wide region (the same signature, other resources); else narrow."""
-    narrow = sig.FUSED_HARD if mode == "hard" else sig.FUSED_CORPUS
-    wide = sig.FUSED_WIDE_HARD if mode == "hard" else sig.FUSED_WIDE_CORPUS
-    for vocab, region in ((256, narrow), (1024, narrow), (1025, wide), (4096, wide),
-                          (4097, narrow), (9000, narrow)):
+def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
+    """1024 < V <= 4096: the wide region; from where it is faster (4608 hard, 5121 corpus)
+    to 8192 the tall one (1024 threads a block); else narrow. One signature everywhere."""
+    hard = mode == "hard"
+    narrow = sig.FUSED_HARD if hard else sig.FUSED_CORPUS
+    wide = sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS
+    tall = sig.FUSED_TALL_HARD if hard else sig.FUSED_TALL_CORPUS
+    first_tall = 4608 if hard else 5121
+    for vocab, region, block in ((256, narrow, 256), (1024, narrow, 256), (1025, wide, 256),
+                                 (4096, wide, 256), (4097, narrow, 256),
+                                 (first_tall - 1, narrow, 256), (first_tall, tall, 1024),
+                                 (8192, tall, 1024), (8193, narrow, 256), (9000, narrow, 256)):
         config = BobConfig(vocab=vocab, prompts=0, updates=2, mode=mode, schedule="fused")
         assert config.fused_region == region
         plan = build_plan(config, SM90)
-        assert {launch.region for launch in plan.launches} >= {region}
+        fused = [launch for launch in plan.launches if launch.region == region]
+        assert fused and all(launch.block.x == block for launch in fused)
+        assert plan.region(region).block_x == block
         assert plan.region(region).params == sig.SIGNATURES[narrow]

@@ -413,3 +413,18 @@ def test_health_on_cuda_counts_past_two_to_the_32_elements(cuda_choice):
     assert counts == [len(planted[name]) for name in TABLES]
     print(f"bob-health over 3 x 2^32 floats: {seconds * 1e3:.1f} ms, "
           f"{3 * 4 * count / seconds / 1e12:.2f} TB/s (first run, with launch set-up)")
+
+
+def test_every_kernel_waits_for_the_launches_before_it_first():
+    """The cuda backend joins graph nodes by programmatic edges (sm_90): a kernel that does
+    not wait first could read the tables before the last update has written them."""
+    import re
+
+    from bob.kernels.cuda.compile import shipped_source
+
+    code = re.sub(r"//[^\n]*", "", shipped_source().text)
+    for entry in sig.ENTRIES.values():
+        found = re.search(r'extern "C" __global__ (?:\w+ )?void ' + entry + r"\([^)]*\)\s*\{"
+                          r"\s*([^;]*);", code)
+        assert found, entry
+        assert found.group(1).strip() == "wait_for_prerequisites()", entry

@@ -325,7 +325,8 @@ def arena_for(region: str, vocab: int, count: int, rng: np.random.Generator, fin
     return memory, args, spans
 
 
-FUSED_REGIONS = (sig.FUSED_HARD, sig.FUSED_CORPUS, sig.FUSED_WIDE_HARD, sig.FUSED_WIDE_CORPUS)
+FUSED_REGIONS = (sig.FUSED_HARD, sig.FUSED_CORPUS, sig.FUSED_WIDE_HARD, sig.FUSED_WIDE_CORPUS,
+                 sig.FUSED_TALL_HARD, sig.FUSED_TALL_CORPUS)
 FOOTPRINT_CASES = [(region, 1) for region in sig.SIGNATURES] + [
     (region, 0) for region in FUSED_REGIONS]  # finish 0: no gradients, no loss
 
@@ -499,6 +500,9 @@ def test_cuda_source_compiles_with_nvrtc(arch):
     text = ptx.decode(errors="replace")
     for entry in sig.ENTRIES.values():
         assert f".entry {entry}(" in text
-    # no contraction, no approximate division or square root, no max/min instructions
-    assert not re.search(r"\b(fma|mad|div\.approx|div\.full|sqrt\.approx|ex2|lg2|max|min)"
-                         r"\.\w*f32", text)
+    # no contraction, no approximate division or square root, no max/min instructions,
+    # except a max against -inf: max.f32(x, -inf) is the select from -inf for every x
+    # (NaN gives -inf, zeros keep their sign), which the compiler may emit for it
+    found = [m.group(0) for m in re.finditer(
+        r"\b(fma|mad|div\.approx|div\.full|sqrt\.approx|ex2|lg2|max|min)\.\w*f32[^;]*;", text)]
+    assert [f for f in found if not re.fullmatch(r"max\.f32\s+%f\d+, %f\d+, 0fFF800000;", f)] == []

@@ -30,9 +30,19 @@ FUSED_CORPUS = "bob-fused-train-corpus"
 # The same kernels for rows that stay on chip (1024 < V <= 4096): other resources, same bits.
 FUSED_WIDE_HARD = "bob-fused-train-wide"
 FUSED_WIDE_CORPUS = "bob-fused-train-wide-corpus"
+# And for rows of 4096 < V <= 8192, on chip in a block of 1024 threads: same bits.
+FUSED_TALL_HARD = "bob-fused-train-tall"
+FUSED_TALL_CORPUS = "bob-fused-train-tall-corpus"
 HEALTH = "bob-health"
 
-BLOCK = 256  # threads per block for every kernel; reductions run over 256 lanes
+BLOCK = 256  # threads per block; reductions run over 256 lanes whatever the block
+# Regions launched with other blocks (their kernels trap on any other width).
+BLOCKS = {FUSED_TALL_HARD: 1024, FUSED_TALL_CORPUS: 1024}
+
+
+def block_of(region: str) -> int:
+    """Threads per block the region's kernel runs with."""
+    return BLOCKS.get(region, BLOCK)
 
 _ROW = Footprint(4, ("vocab",))
 _TABLE = Footprint(4, ("vocab", "vocab"))
@@ -143,6 +153,8 @@ SIGNATURES: dict[str, tuple] = {
 }
 SIGNATURES[FUSED_WIDE_HARD] = SIGNATURES[FUSED_HARD]
 SIGNATURES[FUSED_WIDE_CORPUS] = SIGNATURES[FUSED_CORPUS]
+SIGNATURES[FUSED_TALL_HARD] = SIGNATURES[FUSED_HARD]
+SIGNATURES[FUSED_TALL_CORPUS] = SIGNATURES[FUSED_CORPUS]
 
 # The CUDA entry point of each region.
 ENTRIES = {
@@ -155,6 +167,8 @@ ENTRIES = {
     FUSED_CORPUS: "bob_fused_train_corpus",
     FUSED_WIDE_HARD: "bob_fused_train_wide_hard",
     FUSED_WIDE_CORPUS: "bob_fused_train_wide_corpus",
+    FUSED_TALL_HARD: "bob_fused_train_tall_hard",
+    FUSED_TALL_CORPUS: "bob_fused_train_tall_corpus",
     HEALTH: "bob_health",
 }
 
@@ -166,7 +180,7 @@ def declared_region(name: str, code: bytes = b"", registers: int = 32,
         name=name,
         code=code,
         registers=registers,
-        block_x=BLOCK,
+        block_x=block_of(name),
         shared_bytes=shared_bytes,
         params=SIGNATURES[name],
         entry=ENTRIES[name],

@@ -120,6 +120,11 @@ ONE_LAUNCH_MAX_VOCAB = 8192
 # The fused kernels' on-chip rows (bob_kernels.cu: RESIDENT_SLOTS and WIDE_SLOTS x 256).
 RESIDENT_VOCAB = 1024
 WIDE_VOCAB = 4096
+TALL_VOCAB = 8192  # bob_kernels.cu: TALL_THREADS x TALL_SLOTS
+# Where the tall kernels overtake the streaming narrow ones (H200, 100 updates, us/update
+# tall against narrow): hard 108 vs 105 at V = 4097, 122 vs 128 at 4608; corpus 139 vs
+# 130 at 4608, 159 vs 158 at 5120, 211 vs 321 at 6000 (docs/BENCHMARKS.md).
+TALL_FROM_VOCAB = {"hard": 4608, "corpus": 5121}
 
 
 @dataclass(frozen=True)
@@ -157,10 +162,14 @@ class BobConfig:
 
     @property
     def fused_region(self) -> str:
-        """The narrow kernels (rows to 1024 in registers, longer rows streamed), or the wide
-        ones whose rows up to WIDE_VOCAB stay on chip."""
+        """The narrow kernels (rows to 1024 in registers, longer rows streamed), the wide
+        ones whose rows up to WIDE_VOCAB stay on chip, or the tall ones (a block of 1024
+        threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB."""
+        hard = self.mode == "hard"
         if RESIDENT_VOCAB < self.vocab <= WIDE_VOCAB:
-            return sig.FUSED_WIDE_HARD if self.mode == "hard" else sig.FUSED_WIDE_CORPUS
+            return sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS
+        if TALL_FROM_VOCAB[self.mode] <= self.vocab <= TALL_VOCAB:
+            return sig.FUSED_TALL_HARD if hard else sig.FUSED_TALL_CORPUS
         return sig.FUSED_HARD if self.mode == "hard" else sig.FUSED_CORPUS
 
     @property
@@ -370,7 +379,8 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
             data = (log2e, ln2)
         scalars_row = TensorRef(ADAM_SCALARS_TENSOR, 4 * ADAM_SCALAR_STRIDE * first)
         label = f"fused[{first}]" if updates == 1 else f"fused[{first}:{first + updates}]"
-        return LaunchSpec(config.fused_region, Dim3(v), block, (
+        region = config.fused_region
+        return LaunchSpec(region, Dim3(v), Dim3(sig.block_of(region)), (
             TensorRef("parameters"), TensorRef("first_moment"), TensorRef("second_moment"),
             TensorRef("gradients"), TensorRef("input"), TensorRef("training_loss"),
             scalars_row, *data, vocab, Scalar.u32(updates), finish,
