@@ -174,6 +174,22 @@ def test_every_backend_writes_the_health_of_the_tables_it_leaves(schedule, mode,
         assert counted == [0, 0, 5]
 
 
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+def test_the_health_check_ends_the_chained_training_submission(schedule):
+    """Chained: the health launch is the last of the training chain, on nv-sim as on the cpu."""
+    config = BobConfig(vocab=20, prompts=2, updates=3, schedule=schedule, submission="chained")
+    plan = build_plan(config)
+    training = plan.submissions[1]
+    assert plan.launches[training.launches[-1]].region == sig.HEALTH
+    checkpoint = poisoned_checkpoint(config, "second_moment", np.float32(np.inf), places=3)
+    results = {backend: invoke(backend, config, checkpoint) for backend in BACKENDS}
+    for result in results.values():
+        assert result == results["cpu-fast"]
+    health, counted, error = results["cpu-fast"]
+    assert np.frombuffer(health, np.uint64).tolist() == counted == [0, 0, 3]
+    assert error == TABLE_MESSAGE
+
+
 def test_a_second_invocation_starts_from_zero_counts():
     """The host zeroes health when it loads: the counts are one invocation's, not a sum."""
     config = BobConfig(vocab=16, prompts=0, updates=2)
