@@ -340,6 +340,7 @@ class CudaBackend(Backend):
         self.arena_kind = arena
         self.parameter_mode = params
         self._context = None
+        self._own_context = False  # a context of its own after a fault (_fresh_context)
         self._device = None
         self._stream = None
         self._module = None
@@ -370,10 +371,8 @@ class CudaBackend(Backend):
     # -- setup ---------------------------------------------------------------
     def _open(self) -> None:
         driver = _driver()
-        if self._ordinal in _POISONED:  # a fault left the primary context unusable
-            _call("cuDevicePrimaryCtxReset", self._device)
-            _POISONED.discard(self._ordinal)
-        self._context = _call("cuDevicePrimaryCtxRetain", self._device)
+        self._context = self._fresh_context() if self._ordinal in _POISONED else \
+            _call("cuDevicePrimaryCtxRetain", self._device)
         _call("cuCtxSetCurrent", self._context)
         self._stream = _call("cuStreamCreate", 0)
         image = np.frombuffer(self.image, dtype=np.uint8)
@@ -478,6 +477,29 @@ class CudaBackend(Backend):
         except CudaError as error:
             self._after_fault(error)
             raise
+
+    def _fresh_context(self) -> Any:
+        """A context for a device whose primary context a fault poisoned: the primary one
+        reset, or, where the driver keeps it poisoned, a context of this backend's own."""
+        with contextlib.suppress(CudaError):
+            _call("cuDevicePrimaryCtxReset", self._device)
+            context = _call("cuDevicePrimaryCtxRetain", self._device)
+            _POISONED.discard(self._ordinal)
+            return context
+        driver = _driver()
+        try:
+            try:  # cuda-bindings 13: cuCtxCreate(params, flags, device)
+                result = driver.cuCtxCreate(None, 0, self._device)
+            except TypeError:  # 12.x: cuCtxCreate(flags, device)
+                result = driver.cuCtxCreate(0, self._device)
+            context = check("cuCtxCreate", result)
+        except CudaError as error:
+            raise CudaError(error.call, error.status,
+                            f"{error.description}; an earlier fault poisoned this GPU's "
+                            "context and no new one could be made: restart the process") \
+                from None
+        self._own_context = True
+        return context
 
     def _after_fault(self, error: CudaError) -> None:
         """A sticky error poisons the context: close this backend and reset the context
@@ -628,7 +650,10 @@ class CudaBackend(Backend):
             release("cuStreamDestroy", self._stream)
             self._stream = None
         if self._context is not None:
-            release("cuDevicePrimaryCtxRelease", self._device)
+            if self._own_context:
+                release("cuCtxDestroy", self._context)
+            else:
+                release("cuDevicePrimaryCtxRelease", self._device)
             self._context = None
         self._functions.clear()
         self._arguments.clear()
