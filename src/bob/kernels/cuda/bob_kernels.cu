@@ -1,4 +1,4 @@
-// Bob's five kernels in CUDA C: the operation sequences of docs/ARITHMETIC.md.
+// Bob's kernels in CUDA C: the operation sequences of docs/ARITHMETIC.md.
 //
 // Every backend must store the same bytes as the NumPy reference
 // (src/bob/kernels/reference.py), so each float operation is spelled with an IEEE
@@ -335,6 +335,62 @@ extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, 
         __syncthreads();
     }
     if (lane == 0 && blockIdx.x == 0) prediction[0] = indices[0];
+}
+
+// Non-finite (NaN or +-inf): the exponent bits all ones, tested on the bits so no
+// compiler flag can change the answer.
+static __device__ __forceinline__ u32 non_finite(float x) {
+    return (__float_as_uint(x) & POS_INF) == POS_INF;
+}
+
+static __device__ __forceinline__ u32 non_finite4(float4 q) {
+    return non_finite(q.x) + non_finite(q.y) + non_finite(q.z) + non_finite(q.w);
+}
+
+// health[t] += the count of non-finite elements of table t (parameters, first_moment,
+// second_moment), each V x V. One pass at memory bandwidth: grid-stride over float4
+// quads (the tables are 16-byte aligned, the signature says so), the last V*V mod 4
+// elements by the first threads; each warp sums its lanes by shuffles, each block its
+// warps in shared memory, and a block adds its totals with one 64-bit atomic per table,
+// only where they are not zero (a healthy table costs no atomics). Counts are integers,
+// so the order of the additions does not change the result. Every index is 64-bit:
+// V*V reaches 2^32 at V = 65536. The host zeroes health before the launch.
+extern "C" __global__ void bob_health(const float* parameters, const float* first_moment,
+                                      const float* second_moment, u64* health, u32 vocab) {
+    wait_for_prerequisites();  // the tables are the last update's
+    __shared__ u64 warp_counts[3][LANES / WARP];
+    if (blockDim.x != LANES) __trap();  // warp_counts holds LANES / WARP warps
+    const u64 count = (u64)vocab * vocab;
+    const u64 quads = count / 4;
+    const u64 stride = (u64)gridDim.x * LANES;
+    const u64 first = (u64)blockIdx.x * LANES + threadIdx.x;
+    const float4* p4 = (const float4*)parameters;
+    const float4* m4 = (const float4*)first_moment;
+    const float4* v4 = (const float4*)second_moment;
+    u64 bad[3] = {0, 0, 0};
+    for (u64 q = first; q < quads; q += stride) {
+        bad[0] += non_finite4(p4[q]);
+        bad[1] += non_finite4(m4[q]);
+        bad[2] += non_finite4(v4[q]);
+    }
+    for (u64 i = 4 * quads + first; i < count; i += stride) {
+        bad[0] += non_finite(parameters[i]);
+        bad[1] += non_finite(first_moment[i]);
+        bad[2] += non_finite(second_moment[i]);
+    }
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+#pragma unroll
+    for (u32 t = 0; t < 3; ++t) {
+#pragma unroll
+        for (u32 s = WARP / 2; s > 0; s >>= 1) bad[t] += __shfl_down_sync(FULL_WARP, bad[t], s);
+        if (lane == 0) warp_counts[t][warp] = bad[t];
+    }
+    __syncthreads();
+    if (threadIdx.x < 3) {
+        u64 total = 0;
+        for (u32 w = 0; w < LANES / WARP; ++w) total += warp_counts[threadIdx.x][w];
+        if (total != 0) atomicAdd(&health[threadIdx.x], total);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
