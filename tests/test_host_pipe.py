@@ -26,7 +26,7 @@ from bob.config import CHECKPOINT_TENSORS, Hyper
 from bob.errors import BobError, NonFiniteLoss, RunFailure
 from bob.host import api
 from bob.host.check import random_record
-from bob.host.session import Session, require_finite_tables, train
+from bob.host.session import Session, train
 from bob.host.writer import BackgroundWriter
 from bob.plan.model import Scalar
 from bob.program.bob import ADAM_SCALAR_NAMES, BobConfig, adam_scalar_table
@@ -159,37 +159,39 @@ def test_the_pipeline_loads_the_tables_once():
         assert backend.begun_reads == 5
 
 
-def test_a_non_finite_table_stops_training_after_the_last_good_callback():
+def test_a_non_finite_table_stops_training_after_the_last_good_callback(monkeypatch):
     config = BobConfig(vocab=16, prompts=0, updates=2)
     record = random_record(config, 1)
     seen = []
     calls = [0]
+    from bob.host import session as module
+    checked = module.require_finite_tables
 
-    def finite_twice(tables, step):
+    def finite_twice(backend, step):
         calls[0] += 1
         if calls[0] > 2:
             raise NonFiniteLoss(f"the table became non-finite by step {step}")
-        require_finite_tables(tables, step)
+        checked(backend, step)
 
-    with Session(choose_backend("cpu")) as session:
-        from bob.host import session as module
-        original = module.require_finite_tables
-        module.require_finite_tables = finite_twice
-        try:
-            with pytest.raises(NonFiniteLoss, match="by step 6"):
-                train(session, config, Checkpoint.zeros(16), record, 10,
-                      lambda invocation, done: seen.append(done))
-        finally:
-            module.require_finite_tables = original
+    monkeypatch.setattr(module, "require_finite_tables", finite_twice)
+    with Session(choose_backend("cpu")) as session, \
+            pytest.raises(NonFiniteLoss, match="by step 6"):
+        train(session, config, Checkpoint.zeros(16), record, 10,
+              lambda invocation, done: seen.append(done))
     assert seen == [2, 4]
 
 
-def test_require_finite_tables_names_the_step():
-    good = {"parameters": np.zeros((2, 2), np.float32)}
-    require_finite_tables(good, 3)
-    bad = {"parameters": np.array([[0, np.inf], [0, 0]], np.float32)}
-    with pytest.raises(NonFiniteLoss, match="non-finite by step 7"):
-        require_finite_tables(bad, 7)
+def test_a_resident_arena_clears_the_health_counts():
+    """The health check adds to its counts: every invocation, resident or not, zeroes them
+    first, so a finite table is never taken for a non-finite one left over."""
+    config = BobConfig(vocab=16, prompts=0, updates=2)
+    record = random_record(config, 1)
+    with Session(counting_choice()) as session:
+        state = Checkpoint.zeros(16)
+        for _ in range(4):
+            state = session.invoke(config, state, record, "train").checkpoint
+        writes = session.last_backend.writes
+        assert writes["health"] == 4 and writes["parameters"] == 1
 
 
 def test_the_default_read_is_a_snapshot():

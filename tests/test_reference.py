@@ -291,6 +291,7 @@ def test_argmax_equals_the_cuda_lanes_and_tree(v):
 # -- kernels over an arena: footprints --------------------------------------------------
 
 U32_POINTERS = {"prompt", "targets", "prediction"}
+U64_POINTERS = {"health"}
 
 
 FUSED_UPDATES = 3
@@ -451,7 +452,8 @@ def test_cuda_entries_take_the_signature_parameters_in_order():
         expected = []
         for p in params:
             if isinstance(p, PointerParam):
-                element = "u32" if p.name in U32_POINTERS else "float"
+                element = ("u32" if p.name in U32_POINTERS
+                           else "u64" if p.name in U64_POINTERS else "float")
                 const = "const " if p.access == "read" else ""
                 expected.append(f"{const}{element}* {p.name}")
             else:

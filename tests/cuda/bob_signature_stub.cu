@@ -120,3 +120,10 @@ extern "C" __global__ void bob_fused_train_tall_corpus(float* parameters, float*
     first_moment[blockIdx.x] = second_moment[blockIdx.x] = weights[vocab] * adam_scalars[updates];
     if (finish) loss[blockIdx.x] = gradients[blockIdx.x] = parameters[0] * ln2 * log2e;
 }
+
+extern "C" __global__ void bob_health(const float* parameters, const float* first_moment,
+                                      const float* second_moment,
+                                      unsigned long long* health, unsigned int vocab)
+{
+    health[blockIdx.x] = parameters[vocab] + first_moment[0] + second_moment[0];
+}

@@ -9,12 +9,13 @@ One invocation = one plan run on one backend:
    into that update's parameter block (seed schedule), or as the rows of the
    ``adam_scalars`` tensor (fused schedule);
 4. submit: the forward submissions only (predict) or all of them (train);
-5. read back the result record and the new checkpoint.
+5. read back the result record, the health check's counts (24 bytes: is every
+   table still finite?) and the new checkpoint.
 
 Resident state: the session remembers which checkpoint each arena holds (the
 one its last invocation produced there, by identity). An invocation from
 exactly that checkpoint skips step 2's tables: it writes the input only when
-the record changed, and clears the training loss.
+the record changed, and clears the training loss and the health counts.
 
 Long training runs as several invocations, a checkpoint after each, as a
 pipeline (`train`): invocation k's tables are read back while invocation k+1
@@ -26,7 +27,7 @@ background writer) runs meanwhile.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -41,6 +42,7 @@ from bob.plan.model import Plan
 from bob.program.bob import (
     ADAM_SCALAR_NAMES,
     ADAM_SCALARS_TENSOR,
+    HEALTH_TENSOR,
     BobConfig,
     Hyper,
     adam_scalar_table,
@@ -103,18 +105,6 @@ class Settled:
     loss: float
     tables: ReadHandle | None = None
     invocation: Invocation | None = field(default=None)
-
-
-def require_finite_tables(tables: Mapping[str, np.ndarray], step: int) -> None:
-    """NonFiniteLoss unless every parameter and moment read back is finite.
-
-    The one finiteness check of the tables; a device region reporting it in a few
-    bytes replaces this host scan.
-    """
-    if not all(np.isfinite(table).all() for table in tables.values()):
-        raise NonFiniteLoss(
-            f"the table became non-finite by step {step}; the last good checkpoint "
-            "is kept (try a smaller --lr)")
 
 
 def _require_finite_loss(initial: float, final: float, step: int) -> None:
@@ -221,8 +211,8 @@ class Session:
         return running
 
     def settle(self, running: Running) -> Settled:
-        """Wait for the device, read the result record, check the loss, start the tables'
-        read-back."""
+        """Wait for the device, read the result record, check the loss and the health
+        counts, start the tables' read-back."""
         config, backend = running.config, running.backend
         backend.wait()
         result = ResultRecord.from_arena(
@@ -233,6 +223,7 @@ class Session:
             return Settled(running, result, initial, initial)
         final = result.training_objective
         _require_finite_loss(initial, final, running.first_step + config.updates)
+        require_finite_tables(backend, running.first_step + config.updates)
         tables = backend.begin_read(CHECKPOINT_TENSORS)
         running.arena.step = running.first_step + config.updates
         return Settled(running, result, initial, final, tables)
@@ -249,7 +240,6 @@ class Session:
             step = running.first_step + running.config.updates
             v = running.config.vocab
             tables = {name: _table(data, v) for name, data in settled.tables.wait().items()}
-            require_finite_tables(tables, step)
             trained = replace(running.start, step=step, **tables)
             invocation = Invocation(trained, settled.result, settled.initial_loss,
                                     settled.loss)
@@ -278,12 +268,14 @@ class Session:
             backend.write_tensor(name, _bytes_view(getattr(checkpoint, name)))
         backend.write_tensor("input", record.payload())
         # Not every request writes every block: clear what could be stale.
-        for name in ("gradients", "training_loss"):
+        # health is added to, never overwritten, by the health check (atomics on a GPU).
+        for name in ("gradients", "training_loss", HEALTH_TENSOR):
             backend.write_tensor(name, bytes(backend.plan.tensor(name).bytes))
 
     @staticmethod
     def load_input(backend: Backend, record: InputRecord, unless: InputRecord | None) -> None:
-        """The arena holds the tables: the input only where it changed, the loss cleared.
+        """The arena holds the tables: the input only where it changed, the loss and the
+        health counts cleared.
 
         Launch 0 (the initial loss) writes every gradient of every request, so a
         resident arena's gradients need no clearing; a forward request does not
@@ -291,7 +283,8 @@ class Session:
         """
         if record is not unless:
             backend.write_tensor("input", record.payload())
-        backend.write_tensor("training_loss", bytes(backend.plan.tensor("training_loss").bytes))
+        for name in ("training_loss", HEALTH_TENSOR):  # health is added to: zero it first
+            backend.write_tensor(name, bytes(backend.plan.tensor(name).bytes))
 
     def collect(self, config: BobConfig, backend: Backend, checkpoint: Checkpoint,
                 operation: Operation) -> Invocation:
@@ -305,6 +298,16 @@ def _table(data: np.ndarray, vocab: int) -> np.ndarray:
     table = data.view(np.float32).reshape(vocab, vocab)
     table.flags.writeable = False
     return table
+
+
+def require_finite_tables(backend: Backend, step: int) -> None:
+    """Raise NonFiniteLoss unless the health check counted no non-finite element in the
+    parameters or either moment: 24 bytes read back instead of the three tables."""
+    counts = np.frombuffer(backend.read_tensor(HEALTH_TENSOR), np.uint64)
+    if counts.any():
+        raise NonFiniteLoss(
+            f"the table became non-finite by step {step}; the last good checkpoint "
+            "is kept (try a smaller --lr)")
 
 
 def split_updates(steps: int, per_invocation: int) -> list[int]:

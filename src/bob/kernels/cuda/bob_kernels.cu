@@ -1,4 +1,4 @@
-// Bob's five kernels in CUDA C: the operation sequences of docs/ARITHMETIC.md.
+// Bob's kernels in CUDA C: the operation sequences of docs/ARITHMETIC.md.
 //
 // Every backend must store the same bytes as the NumPy reference
 // (src/bob/kernels/reference.py), so each float operation is spelled with an IEEE
@@ -335,6 +335,62 @@ extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, 
         __syncthreads();
     }
     if (lane == 0 && blockIdx.x == 0) prediction[0] = indices[0];
+}
+
+// Non-finite (NaN or +-inf): the exponent bits all ones, tested on the bits so no
+// compiler flag can change the answer.
+static __device__ __forceinline__ u32 non_finite(float x) {
+    return (__float_as_uint(x) & POS_INF) == POS_INF;
+}
+
+static __device__ __forceinline__ u32 non_finite4(float4 q) {
+    return non_finite(q.x) + non_finite(q.y) + non_finite(q.z) + non_finite(q.w);
+}
+
+// health[t] += the count of non-finite elements of table t (parameters, first_moment,
+// second_moment), each V x V. One pass at memory bandwidth: grid-stride over float4
+// quads (the tables are 16-byte aligned, the signature says so), the last V*V mod 4
+// elements by the first threads; each warp sums its lanes by shuffles, each block its
+// warps in shared memory, and a block adds its totals with one 64-bit atomic per table,
+// only where they are not zero (a healthy table costs no atomics). Counts are integers,
+// so the order of the additions does not change the result. Every index is 64-bit:
+// V*V reaches 2^32 at V = 65536. The host zeroes health before the launch.
+extern "C" __global__ void bob_health(const float* parameters, const float* first_moment,
+                                      const float* second_moment, u64* health, u32 vocab) {
+    wait_for_prerequisites();  // the tables are the last update's
+    __shared__ u64 warp_counts[3][LANES / WARP];
+    if (blockDim.x != LANES) __trap();  // warp_counts holds LANES / WARP warps
+    const u64 count = (u64)vocab * vocab;
+    const u64 quads = count / 4;
+    const u64 stride = (u64)gridDim.x * LANES;
+    const u64 first = (u64)blockIdx.x * LANES + threadIdx.x;
+    const float4* p4 = (const float4*)parameters;
+    const float4* m4 = (const float4*)first_moment;
+    const float4* v4 = (const float4*)second_moment;
+    u64 bad[3] = {0, 0, 0};
+    for (u64 q = first; q < quads; q += stride) {
+        bad[0] += non_finite4(p4[q]);
+        bad[1] += non_finite4(m4[q]);
+        bad[2] += non_finite4(v4[q]);
+    }
+    for (u64 i = 4 * quads + first; i < count; i += stride) {
+        bad[0] += non_finite(parameters[i]);
+        bad[1] += non_finite(first_moment[i]);
+        bad[2] += non_finite(second_moment[i]);
+    }
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+#pragma unroll
+    for (u32 t = 0; t < 3; ++t) {
+#pragma unroll
+        for (u32 s = WARP / 2; s > 0; s >>= 1) bad[t] += __shfl_down_sync(FULL_WARP, bad[t], s);
+        if (lane == 0) warp_counts[t][warp] = bad[t];
+    }
+    __syncthreads();
+    if (threadIdx.x < 3) {
+        u64 total = 0;
+        for (u32 w = 0; w < LANES / WARP; ++w) total += warp_counts[threadIdx.x][w];
+        if (total != 0) atomicAdd(&health[threadIdx.x], total);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -982,14 +1038,23 @@ struct __align__(16) TallShared {
     float result;
 };
 
+// How many of thread (quarter, lane)'s elements j = lane + 256 (8 quarter + i) are < V.
+static __device__ __forceinline__ u32 elements_inside(u32 vocab, u32 lane, u32 quarter) {
+    const u32 first = lane + LANES * TALL_SLOTS * quarter;
+    if (first >= vocab) return 0u;
+    const u32 count = (vocab - first + LANES - 1u) / LANES;
+    return count < TALL_SLOTS ? count : TALL_SLOTS;
+}
+
 template <bool FULL>  // V = TALL_VOCAB: every thread's elements inside the row
 struct TallRow {
     const FusedArgs& a;
     TallShared& shared;
     u32 lane, quarter;
+    u32 count;  // this thread's elements inside the row: the first `count` (elements_inside)
 
     __device__ u32 element(u32 i) const { return lane + LANES * (TALL_SLOTS * quarter + i); }
-    __device__ bool inside(u32 i) const { return FULL || element(i) < a.vocab; }
+    __device__ bool inside(u32 i) const { return FULL || i < count; }
 
     // Warp 0 runs the tree over `partials` and publishes it; everyone reads it.
     template <typename Op>
@@ -1031,6 +1096,16 @@ struct TallRow {
         return publish(MaxOp());
     }
 
+    // The row max, e_j into kept, and the row sum of the current w.
+    __device__ float exponentials(const float (&w)[TALL_SLOTS], float& row_max) {
+        row_max = max(w);
+#pragma unroll
+        for (u32 i = 0; i < TALL_SLOTS; ++i) {
+            if (inside(i)) shared.kept[element(i)] = bob_exp2(exponent(w[i], row_max, a.log2e));
+        }
+        return sum_kept();
+    }
+
     // The row sum of the values each thread put in kept[element(i)] (past V: nothing).
     __device__ float sum_kept() {
         __syncthreads();
@@ -1050,50 +1125,40 @@ struct TallRow {
 
 template <bool CORPUS, bool FULL>
 static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
-    TallRow<FULL> row{a, shared, threadIdx.x % LANES, threadIdx.x / LANES};
+    const u32 lane = threadIdx.x % LANES, quarter = threadIdx.x / LANES;
+    TallRow<FULL> row{a, shared, lane, quarter, elements_inside(a.vocab, lane, quarter)};
     StagedScalars scalars{shared.scalars, TALL_THREADS};
     const u64 base = (u64)blockIdx.x * a.vocab;
-    float w[TALL_SLOTS], m[TALL_SLOTS], v[TALL_SLOTS], t[TALL_SLOTS];
+    // Corpus weights are read from memory (L1) where used rather than held: 64 registers
+    // (1024 threads) hold w, m and v, and a kernel here may not spill (Bob's streams give
+    // no local memory).
+    const float* t = CORPUS ? a.weights + base : nullptr;
+    float w[TALL_SLOTS], m[TALL_SLOTS], v[TALL_SLOTS];
 #pragma unroll
     for (u32 i = 0; i < TALL_SLOTS; ++i) {
-        w[i] = m[i] = v[i] = t[i] = 0.0f;
+        w[i] = m[i] = v[i] = 0.0f;
         if (row.inside(i)) {
             const u32 j = row.element(i);
             w[i] = a.parameters[base + j];
             m[i] = a.first_moment[base + j];
             v[i] = a.second_moment[base + j];
-            if (CORPUS) {
-                t[i] = a.weights[base + j];
-                shared.kept[j] = t[i];
-            }
+            if (CORPUS) shared.kept[j] = t[j];
         }
     }
     const float weight_sum = CORPUS ? row.sum_kept() : 0.0f;
     const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
 
-    // The row max, e_j into kept, and the row sum of the current w.
-    auto exponentials = [&](float& row_max) {
-        row_max = row.max(w);
-#pragma unroll
-        for (u32 i = 0; i < TALL_SLOTS; ++i) {
-            if (row.inside(i)) {
-                shared.kept[row.element(i)] = bob_exp2(exponent(w[i], row_max, a.log2e));
-            }
-        }
-        return row.sum_kept();
-    };
-
     for (u32 k = 0; k < a.updates; ++k) {
         scalars.stage(a, k);
         float row_max;
-        const float s = exponentials(row_max);
+        const float s = row.exponentials(w, row_max);
         const AdamStep step = scalars.step(a, k);  // after the trees' barriers
 #pragma unroll
         for (u32 i = 0; i < TALL_SLOTS; ++i) {
             if (row.inside(i)) {
                 const u32 j = row.element(i);
                 const float g = gradient<CORPUS>(a, dvd(shared.kept[j], s), j, target,
-                                                 weight_sum, t[i]);
+                                                 weight_sum, CORPUS ? t[j] : 0.0f);
                 adamw_element(step, g, w[i], m[i], v[i]);
             }
         }
@@ -1101,18 +1166,19 @@ static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
 
     if (a.finish) {
         float row_max;
-        const float s = exponentials(row_max);
+        const float s = row.exponentials(w, row_max);
         const float big_l = bob_log2(s);
 #pragma unroll
         for (u32 i = 0; i < TALL_SLOTS; ++i) {
             if (row.inside(i)) {
                 const u32 j = row.element(i);
                 const float p = dvd(shared.kept[j], s);
+                const float weight = CORPUS ? t[j] : 0.0f;
                 a.gradients[base + j] = canonical(gradient<CORPUS>(a, p, j, target, weight_sum,
-                                                                   t[i]));
+                                                                   weight));
                 const float z = exponent(w[i], row_max, a.log2e);
                 if (CORPUS) {
-                    shared.kept[j] = mul(sub(big_l, z), t[i]);  // only this thread read e_j
+                    shared.kept[j] = mul(sub(big_l, z), weight);  // only this thread read e_j
                 } else if (j == target) {
                     a.loss[blockIdx.x] = canonical(mul(a.ln2, sub(big_l, z)));
                 }
@@ -1141,7 +1207,9 @@ static __device__ void fused_train_tall(const FusedArgs& a) {
     __shared__ TallShared shared;
     if (blockDim.x != TALL_THREADS || a.vocab > TALL_VOCAB) __trap();
     if (blockIdx.x >= a.vocab) return;
-    if (a.vocab == TALL_VOCAB) {  // the whole launch takes one branch
+    // The whole launch takes one branch. Corpus rows always count their elements: with
+    // both paths the corpus kernel spilled (8 bytes), and no kernel here may.
+    if (!CORPUS && a.vocab == TALL_VOCAB) {
         fused_tall<CORPUS, true>(a, shared);
     } else {
         fused_tall<CORPUS, false>(a, shared);
