@@ -118,3 +118,22 @@ def test_a_begun_read_is_the_state_before_later_runs(cuda_arena):
         assert {name: tables[name].tobytes() for name in tables} == before
         again = backend.begin_read(CHECKPOINT_TENSORS).wait()  # the staging is reused
         assert again["parameters"].tobytes() == backend.read_tensor("parameters")
+
+
+@pytest.mark.parametrize("size", [0, 1, 1000, 4096, 4097, 10_000])
+def test_copy_out_gives_the_bytes_in_a_buffer_of_its_own(size):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bob.backends.cuda import copy_out
+
+    source = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    address = source.ctypes.data
+    with ThreadPoolExecutor(3) as pool:
+        for chunk_pool, chunk in ((None, 4096), (pool, 4096), (pool, 999)):
+            out = copy_out(address, size, chunk_pool, chunk)
+            assert out.tobytes() == source.tobytes()
+            assert not np.shares_memory(out, source)
+            source[:1] ^= 0xFF  # a later change of the source is not seen
+            if size:
+                assert out[0] != source[0]
+            source[:1] ^= 0xFF
