@@ -37,7 +37,7 @@ from bob.plan.model import Plan
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
 
-from .options import MODE_OPTION, SCHEDULE_OPTION, SUBMISSION_OPTION, config_from, vocab_option
+from .options import MODE_OPTION, SCHEDULE_OPTION, config_from, vocab_option
 
 PROFILED_BACKENDS = ("cuda", "nv")
 METHODS = {
@@ -149,7 +149,9 @@ def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper()
               show_default=True, help="N: AdamW updates in the invocation.")
 @MODE_OPTION
 @SCHEDULE_OPTION
-@SUBMISSION_OPTION
+@click.option("--submission", type=click.Choice(config.SUBMISSION_POLICIES),
+              default="per-launch", show_default=True,
+              help="The plan's submission policy; nv times launches one per submission only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def profile(backend_name, vocab, updates, mode, schedule, submission, as_json) -> None:
     """Run one training invocation and print each region's device time per launch.
