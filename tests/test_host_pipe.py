@@ -427,3 +427,18 @@ def test_train_table_shows_updates_per_second(tmp_path, text, capsys):
     shown_seconds, rate = float(seconds), float(rate.replace(",", ""))
     # 6 updates over the wall time, which the row shows rounded to 10 ms
     assert 6 / (shown_seconds + 0.005) - 0.05 <= rate <= 6 / max(shown_seconds - 0.005, 1e-9) + 0.05
+
+
+def test_keep_all_false_holds_only_the_last_invocation():
+    config = BobConfig(vocab=16, prompts=0, updates=3)
+    record = random_record(config, 4)
+    seen = []
+    with Session(choose_backend("cpu")) as session:
+        every = train(session, config, Checkpoint.zeros(16), record, 10)
+        (last,) = train(session, config, Checkpoint.zeros(16), record, 10,
+                        lambda invocation, done: seen.append(invocation), keep_all=False)
+    assert [i.checkpoint.step for i in seen] == [i.checkpoint.step for i in every] == [3, 6, 9,
+                                                                                        10]
+    assert last is seen[-1]
+    assert last.checkpoint.parameters.tobytes() == every[-1].checkpoint.parameters.tobytes()
+    assert seen[0].initial_loss == every[0].initial_loss

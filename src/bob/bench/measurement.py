@@ -174,7 +174,7 @@ def steady_row(session, config: BobConfig, start: Checkpoint, record: InputRecor
     between the first invocation's completion and the last's, per invocation: the
     tables stay resident in the arena, each read back while the next runs.
     """
-    from bob.host.session import train
+    from bob.host.session import Invocation, train
 
     row_name = f"{name} train steady invocation"
 
@@ -194,9 +194,14 @@ def steady_row(session, config: BobConfig, start: Checkpoint, record: InputRecor
 
     def one() -> float:
         stamps: list[tuple[float, float]] = []
-        runs = train(session, config, start, record, invocations * config.updates,
-                     lambda invocation, done: stamps.append((time.perf_counter(), clock[0])))
-        losses.append(runs[0].loss)
+        def after(invocation: Invocation, done: int) -> None:
+            stamps.append((time.perf_counter(), clock[0]))
+            if done == config.updates:
+                losses.append(invocation.loss)
+
+        # As bob train runs it: no earlier invocation's tables held.
+        train(session, config, start, record, invocations * config.updates, after,
+              keep_all=False)
         inside.append((stamps[-1][1] - stamps[0][1]) / (len(stamps) - 1))
         return (stamps[-1][0] - stamps[0][0]) / (len(stamps) - 1)
 

@@ -356,7 +356,11 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
         if validation is not None:
             val_history.append((state.step, validation_loss(session, state, validation)))
 
+    first_initial: list[float] = []  # the first invocation's initial loss
+
     def after(invocation: Invocation, done: int) -> None:
+        if not first_initial:
+            first_initial.append(invocation.initial_loss)
         if not history:
             history.append((start.step, invocation.initial_loss))
         history.append((invocation.checkpoint.step, invocation.loss))
@@ -388,10 +392,11 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
                     result = invocation.result
                     validate(start)
                 else:
-                    invocations = train_invocations(session, config, start, data.record, steps,
-                                                    after)
-                    initial, final = invocations[0].initial_loss, invocations[-1].loss
-                    result = invocations[-1].result
+                    # Only the last invocation is held: a long run keeps no old tables.
+                    (last,) = train_invocations(session, config, start, data.record, steps,
+                                                after, keep_all=False)
+                    initial, final = first_initial[0], last.loss
+                    result = last.result
         finally:
             # Every checkpoint handed over is written before anything is reported (a stop
             # waits for the save in flight: the file it names is whole).

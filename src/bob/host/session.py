@@ -322,8 +322,13 @@ ProgressCallback = Callable[[Invocation, int], None]
 
 
 def train(session: Session, config: BobConfig, checkpoint: Checkpoint, record: InputRecord,
-          steps: int, after_invocation: ProgressCallback | None = None) -> list[Invocation]:
+          steps: int, after_invocation: ProgressCallback | None = None,
+          keep_all: bool = True) -> list[Invocation]:
     """Run `steps` updates as invocations of at most `config.updates` each.
+
+    Returns every invocation, or with `keep_all` False only the last: a long run then
+    holds no earlier invocation's tables (each is given to `after_invocation` and freed
+    once the caller lets it go; their memory is reused instead of faulted in afresh).
 
     `after_invocation(invocation, done)` runs after each one (the CLI saves the
     checkpoint and advances its progress bar there). Pipelined: invocation k+1
@@ -340,6 +345,8 @@ def train(session: Session, config: BobConfig, checkpoint: Checkpoint, record: I
         nonlocal done
         invocation = session.finish(settled)
         done += settled.running.config.updates
+        if not keep_all:
+            invocations.clear()
         invocations.append(invocation)
         if after_invocation is not None:
             after_invocation(invocation, done)
