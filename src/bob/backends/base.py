@@ -69,6 +69,7 @@ class Backend(ABC):
         # The one store of patched parameter blocks (the bytes); unpatched blocks
         # are encoded from the plan when asked for.
         self._blocks: dict[int, bytearray] = {}
+        self._block_views: dict[int, np.ndarray] = {}  # uint32 views of them, where made
         self._patchable: dict[str, dict[str, tuple[str, int]]] = {}
         self.last_semaphore = 0
 
@@ -176,20 +177,32 @@ class Backend(ABC):
         if words.shape != (len(launches), len(names)):
             raise ValueError(f"words must be {len(launches)} x {len(names)}, not "
                              f"{' x '.join(map(str, words.shape))}")
-        by_region: dict[str, list[int]] = {}  # the launches of a region share the offsets
-        offsets = []
+        by_region: dict[str, tuple[list[int], np.ndarray]] = {}  # a region's launches share
+        offsets = []                                              # the offsets
+        word_indices = []
         for index in launches:
             region = self.plan.launches[index].region
             if region not in by_region:
-                by_region[region] = self._scalar_offsets(region, names, dtype)
-            offsets.append(by_region[region])
-        for index, row, places in zip(launches, words, offsets, strict=True):
-            block = self._blocks.get(index)
-            if block is None:
-                block = self._blocks[index] = bytearray(self.parameter_block(index))
-            # Scalars sit at 4-byte boundaries (placement): one indexed store per block.
-            np.frombuffer(block, np.uint32)[[offset // 4 for offset in places]] = row
+                places = self._scalar_offsets(region, names, dtype)
+                # Scalars sit at 4-byte boundaries (placement): word indices in the block.
+                by_region[region] = places, np.array([p // 4 for p in places], np.intp)
+            places, indices = by_region[region]
+            offsets.append(places)
+            word_indices.append(indices)
+        for index, row, indices in zip(launches, words, word_indices, strict=True):
+            self._block_words(index)[indices] = row  # one indexed store per block
         self._carry_scalar_rows(list(launches), tuple(names), dtype, words, offsets)
+
+    def _block_words(self, launch_index: int) -> np.ndarray:
+        """Launch `launch_index`'s patched block as 4-byte words (a view, made once)."""
+        view = self._block_views.get(launch_index)
+        if view is None:
+            block = self._blocks.get(launch_index)
+            if block is None:
+                block = self._blocks[launch_index] = bytearray(
+                    self.parameter_block(launch_index))
+            view = self._block_views[launch_index] = np.frombuffer(block, np.uint32)
+        return view
 
     def _scalar_offsets(self, region: str, names: Sequence[str], dtype: str) -> list[int]:
         """Where each of these patchable scalars of `region` sits in a parameter block."""
