@@ -132,6 +132,8 @@ def training_data(texts: Sequence[str] | None = None, input_record: str | None =
     if spec is not None and spec.given:
         if input_record is not None or texts:
             raise BadInput("give either --text files or an --input record, not both")
+        if spec.vocab is not None:
+            admit(spec.vocab)  # token files: refused before they are counted
         counted = count_corpus(spec)
         admit(counted.vocab)
         record = corpus_record(counted, counted.name)
