@@ -21,6 +21,7 @@ from bob.backends.nv.encoder import encode, parameter_block
 from bob.cli.main import main
 from bob.config import MAX_VOCAB, Hyper
 from bob.errors import BadInput
+from bob.host import api
 from bob.host.api import refuse_slow_cpu
 from bob.kernels import reference as ref
 from bob.kernels import signatures as sig
@@ -31,8 +32,10 @@ from bob.plan.model import Scalar
 from bob.plan.placement import SM86, SM90, decode_parameter_block
 from bob.program.bob import BobConfig, adam_scalar_table, build_plan
 from bob.records import checkpoint as ckpt
+from bob.records import corpus
 from bob.records.binary import HEADER, INPUT_MAGIC, InputRecord
 from bob.records.counting import count_sources
+from bob.records.countsfile import CountsFile
 from bob.records.sources import resolve
 from conftest import listing
 from large_vocab import Rows, fused_rows_reference, lazy_bytes
@@ -276,7 +279,7 @@ def test_the_cpu_backend_refuses_gpt2_sized_tables() -> None:
         refuse_slow_cpu("cpu", 50257, 1)
     assert str(caught.value) == (
         "V=50257 is above the largest table the CPU backend trains (V=32768): it would hold "
-        "about 66 GiB in host memory; train on a GPU (--backend cuda)")
+        "about 65.9 GiB in host memory; train on a GPU (--backend cuda)")
     refuse_slow_cpu("cuda", 50257, 1000)  # the GPU is where such tables go
     refuse_slow_cpu("cpu", 16384, 1)  # slow, allowed
 
@@ -307,3 +310,63 @@ def test_bob_plan_at_65536_certifies(capsys) -> None:
     plan = loads(out, regions=sig.catalogue())
     assert plan.arena_bytes > 5 * TABLE_BYTES and certify(plan).holds
     assert json.loads(out)["address_map"]["arena"]["bytes"] == plan.arena_bytes
+
+
+# -- issue 15's path up to the device, at a V the CPU can hold -----------------------------
+
+
+def token_walk(path: Path, vocab: int, tokens: int = 20_000) -> None:
+    """A walk with small steps: sparse counts with structure, every token below V."""
+    rng = np.random.default_rng(vocab)
+    (np.cumsum(rng.integers(1, 50, tokens)) % vocab).astype("<u2").tofile(path)
+
+
+def test_sparse_counts_become_the_dense_corpus_record(tmp_path: Path, capsys) -> None:
+    vocab = 3000  # above DENSE_MAX_VOCAB: the counts file is sparse
+    token_walk(tmp_path / "t.bin", vocab)
+    counts = tmp_path / "t.counts"
+    assert main(["count", "--tokens", str(tmp_path / "t.bin"), "--vocab", str(vocab), "-o",
+                 str(counts), "--json"]) == 0
+    counted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert counted["layout"] == "sparse"
+    seen: list[int] = []
+    data = api.training_data(spec=api.CorpusSpec(counts=str(counts)), admit=seen.append)
+    assert seen == [vocab]  # V is admitted before the V x V weights are built
+    loaded = CountsFile.load(counts)
+    dense = loaded.counts.to_dense()
+    assert data.record.mode == "corpus" and data.record.vocab == vocab
+    assert data.record.weights.tobytes() == corpus.weights(dense).tobytes()
+    assert data.record.data_digest == counted["digest"] == loaded.digest
+    assert data.optimum == counted["optimum"]
+    checkpoint = tmp_path / "bob.safetensors"
+    assert main(["train", "--counts", str(counts), "--backend", "cpu", "--schedule", "fused",
+                 "--steps", "1", "-N", "1", "-c", str(checkpoint), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["global_step"] == 1 and report["loss"] < report["initial_loss"]
+    assert ckpt.Checkpoint.load(checkpoint).vocab == vocab
+
+
+def test_the_cpu_refuses_counts_above_its_limit_before_building_weights(
+        tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusal of V=50257 on the CPU, on a table small enough for CI: the limit lowered."""
+    vocab = 3000
+    token_walk(tmp_path / "t.bin", vocab)
+    counts = tmp_path / "t.counts"
+    assert main(["count", "--tokens", str(tmp_path / "t.bin"), "--vocab", str(vocab), "-o",
+                 str(counts)]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(api, "CPU_MAX_VOCAB", 2048)
+
+    def no_weights(counted):  # the dense table must never be built for a refused V
+        raise AssertionError("table_weights was called")
+
+    monkeypatch.setattr(api, "table_weights", no_weights)
+    before = listing(tmp_path)
+    status = main(["train", "--counts", str(counts), "--backend", "cpu", "-c",
+                   str(tmp_path / "bob.safetensors")])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err == ("bob: V=3000 is above the largest table the CPU backend trains (V=2048): "
+                   "it would hold about 0.2 GiB in host memory; train on a GPU (--backend "
+                   "cuda)\n")
+    assert listing(tmp_path) == before

@@ -426,7 +426,7 @@ def refuse_slow_cpu(backend: str, vocab: int, steps: int) -> None:
     if vocab > CPU_MAX_VOCAB:
         gib = CPU_TABLES_IN_MEMORY * 4 * vocab * vocab / 2**30
         raise BadInput(f"V={vocab} is above the largest table the CPU backend trains "
-                       f"(V={CPU_MAX_VOCAB}): it would hold about {gib:.0f} GiB in host "
+                       f"(V={CPU_MAX_VOCAB}): it would hold about {gib:.1f} GiB in host "
                        f"memory; train on a GPU (--backend cuda)")
     seconds = vocab * vocab * steps / CPU_PARAMETER_UPDATES_PER_SECOND
     if seconds > CPU_MAX_SECONDS:
