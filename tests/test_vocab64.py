@@ -37,7 +37,7 @@ from bob.records.binary import HEADER, INPUT_MAGIC, InputRecord
 from bob.records.counting import count_sources
 from bob.records.countsfile import CountsFile
 from bob.records.sources import resolve
-from conftest import listing
+from conftest import listing, needs_nvrtc
 from large_vocab import Rows, fused_rows_reference, lazy_bytes
 
 V = 65536
@@ -117,7 +117,8 @@ def test_a_plan_at_65536_round_trips_through_json(schedule: str) -> None:
 def test_the_encoder_encodes_a_plan_at_65536(schedule: str, target) -> None:
     _, plan = big_plan(schedule, "hard", target)
     encoded = encode(certify_and(plan))
-    assert encoded is not None
+    assert len(encoded.qmd_table.data) == plan.qmd_table_bytes
+    assert encoded.program.base == plan.address_map.program.base
     # The fused launch's parameter block carries the 64-bit addresses of its tables.
     index = next(i for i, launch in enumerate(plan.launches)
                  if launch.region in (sig.ADAMW, sig.FUSED_HARD))
@@ -370,3 +371,20 @@ def test_the_cpu_refuses_counts_above_its_limit_before_building_weights(
                    "it would hold about 0.2 GiB in host memory; train on a GPU (--backend "
                    "cuda)\n")
     assert listing(tmp_path) == before
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+def test_a_plan_of_the_compiled_kernels_at_65536_certifies_and_encodes(schedule: str) -> None:
+    """Bob's kernels as NVRTC compiles them: their parameter layouts (bob-adamw's rows and
+    columns included) carry a V = 65536 plan."""
+    from bob.kernels.cuda.regions import compiled_regions
+
+    config = BobConfig(vocab=V, prompts=1, updates=2, mode="corpus",  # type: ignore[arg-type]
+                       schedule=schedule)  # type: ignore[arg-type]
+    plan = build_plan(config, SM90, compiled=compiled_regions("sm_90"))
+    assert certify(plan).holds, certify(plan).hazards
+    encoded = encode(plan)
+    assert len(encoded.program.data) == plan.program_bytes  # code, a block per launch
+    assert len(encoded.qmd_table.data) == plan.qmd_table_bytes
+    assert loads(dumps(plan), regions=sig.catalogue()) == plan
