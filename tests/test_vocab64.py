@@ -388,3 +388,14 @@ def test_a_plan_of_the_compiled_kernels_at_65536_certifies_and_encodes(schedule:
     assert len(encoded.program.data) == plan.program_bytes  # code, a block per launch
     assert len(encoded.qmd_table.data) == plan.qmd_table_bytes
     assert loads(dumps(plan), regions=sig.catalogue()) == plan
+
+
+def test_bob_bench_refuses_a_table_the_cpu_cannot_hold(tmp_path: Path, capsys) -> None:
+    before = listing(tmp_path)
+    status = main(["bench", "--backend", "cpu", "--vocab", "256", "--vocab", "65536",
+                   "--save", str(tmp_path / "bench.json")])
+    assert status == 2
+    assert capsys.readouterr().err == (
+        "bob: V=65536 is above the largest table the CPU backend trains (V=32768); bench it "
+        "on a GPU (--backend cuda)\n")
+    assert listing(tmp_path) == before
