@@ -486,12 +486,15 @@ def test_cuda_source_compiles_with_nvrtc(arch):
                b"-prec-sqrt=true", b"-ftz=false"]
     try:
         (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+        # NVRTC writes into these buffers: bytearrays, never bytes. An empty log has size 1,
+        # and b" " * 1 is CPython's shared b" ": NVRTC's NUL would turn every b" " in the
+        # process into b"\0" (the padding of checkpoint and counts-file headers among them).
         _, size = nvrtc.nvrtcGetProgramLogSize(program)
-        log = b" " * size
+        log = bytearray(size)
         nvrtc.nvrtcGetProgramLog(program, log)
         assert err == ok, log.decode(errors="replace")
         _, size = nvrtc.nvrtcGetPTXSize(program)
-        ptx = b" " * size
+        ptx = bytearray(size)
         nvrtc.nvrtcGetPTX(program, ptx)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
