@@ -185,7 +185,7 @@ def test_regions_from_an_image_with_bobs_signatures(arch: str, cache: Path) -> N
     for name, region in regions.items():
         assert region.entry == sig.ENTRIES[name]
         assert region.params == sig.SIGNATURES[name]
-        assert region.block_x == sig.BLOCK
+        assert region.block_x == sig.block_of(name)
         assert region.code and 0 < region.registers <= 255
     assert regions[sig.LOSS_HARD].shared_bytes >= 256 * 4
     for mode in ("hard", "corpus"):
@@ -223,6 +223,20 @@ def test_a_missing_entry_is_named(cache: Path) -> None:
         image_regions(image, TARGETS["sm_90"])
 
 
+def test_a_kernel_that_needs_local_memory_is_refused(cache: Path) -> None:
+    """A stack frame (here a local array indexed at run time) is a resource no region
+    declares and Bob's own stream does not provide."""
+    body = "    if (threadIdx.x == 0) prediction[0] = row[0] > row[vocab - 1] ? 0u : vocab - 1;"
+    spilling = """    volatile float scratch[64];
+    for (unsigned int i = 0; i < 64; ++i) scratch[(i * 7u + vocab) % 64u] = row[i];
+    prediction[0] = (unsigned int)scratch[vocab % 64u];"""
+    text = STUB.text.replace(body, spilling)
+    assert text != STUB.text
+    image = compile_source(KernelSource("frame.cu", text), "sm_90", cache_dir=cache).image
+    with pytest.raises(CubinError, match=r"'bob_greedy_argmax' needs \d+ bytes of local memory"):
+        image_regions(image, TARGETS["sm_90"])
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_shipped_kernels(arch: str) -> None:
     """Bob's own kernels: compiled, read, and the image carried with the regions."""
@@ -231,6 +245,9 @@ def test_the_shipped_kernels(arch: str) -> None:
     assert Cubin(regions.image).sm == int(arch.removeprefix("sm_"))
     for region in regions.values():
         assert region.code and 0 < region.registers <= 255, region.name
+    kernels = Cubin(regions.image).kernels()
+    assert all(kernel.frame_bytes == 0 for kernel in kernels.values()), \
+        {k.entry: k.frame_bytes for k in kernels.values()}  # composing them checked it too
     plan = build_plan(BobConfig(vocab=256, prompts=2, updates=2), TARGETS[arch],
                       compiled=regions)
     assert certify(plan).holds, certify(plan).hazards

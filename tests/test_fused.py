@@ -16,7 +16,7 @@ import pytest
 import bob.program.bob as program
 from bob.backends import choose_backend
 from bob.backends.cpu import CpuBackend
-from bob.host.check import compare_backends, random_record
+from bob.host.check import COMPARED, compare_backends, random_record
 from bob.host.session import Session, split_updates
 from bob.kernels import reference
 from bob.kernels import signatures as sig
@@ -25,6 +25,7 @@ from bob.plan.model import Address, Scalar
 from bob.plan.placement import SM86, SM90
 from bob.program.bob import (
     ADAM_SCALARS_TENSOR,
+    HEALTH_TENSOR,
     TENSOR_NAMES,
     BobConfig,
     Hyper,
@@ -55,14 +56,14 @@ def run_schedule(config: BobConfig, steps: int, kernels: str = "fast",
                                    "train").checkpoint
             backend = session.last_backend
             assert backend is not None
-            arenas.append({name: backend.read_tensor(name) for name in TENSOR_NAMES})
+            arenas.append({name: backend.read_tensor(name) for name in COMPARED})
     return arenas
 
 
 def assert_same_arenas(seed: list[dict[str, bytes]], fused: list[dict[str, bytes]]) -> None:
     assert len(seed) == len(fused)
     for number, (want, got) in enumerate(zip(seed, fused, strict=True)):
-        for name in TENSOR_NAMES:
+        for name in COMPARED:  # the health counts too
             got_words, want_words = (np.frombuffer(a[name], np.uint32) for a in (got, want))
             assert_same_bits(f"invocation {number}: tensor {name!r}", got_words, want_words,
                              ("fused", "seed"))
@@ -99,9 +100,10 @@ def test_the_reference_fused_kernel_equals_the_seed(mode):
 # -- the plan ---------------------------------------------------------------------------------
 
 
+# training: the fused launches, then the health check (when N > 0)
 @pytest.mark.parametrize("vocab,updates,training", [
-    (256, 100, 1), (1025, 7, 1), (8192, 3, 1), (8193, 7, 7), (16384, 3, 3), (256, 0, 0),
-    (16384, 0, 0),
+    (256, 100, 1 + 1), (1025, 7, 1 + 1), (8192, 3, 1 + 1), (8193, 7, 7 + 1), (16384, 3, 3 + 1),
+    (256, 0, 0), (16384, 0, 0),
 ])
 @pytest.mark.parametrize("prompts", [0, 3])
 def test_figures_follow_the_documented_formulas(vocab, updates, training, prompts):
@@ -116,13 +118,15 @@ def test_figures_follow_the_documented_formulas(vocab, updates, training, prompt
         assert plan.program_bytes == plan.code_extent + plan.launch_count * 1024
         assert certify(plan).holds, certify(plan).hazards
         seed = build_plan(replace(config, schedule="seed"), SM90)
-        assert seed.launch_count == forward + 2 * updates
+        assert seed.launch_count == forward + 2 * updates + int(updates > 0)
         # one QMD record per launch, whatever the schedule
         assert plan.qmd_table_bytes * seed.launch_count == seed.qmd_table_bytes * plan.launch_count
-        # the fused plan adds one tensor, last: the seed's nine keep their addresses
-        assert [t.name for t in plan.tensors] == [*TENSOR_NAMES, ADAM_SCALARS_TENSOR]
+        # the fused plan adds one tensor before health: the seed's nine keep their addresses
+        assert [t.name for t in plan.tensors] == [*TENSOR_NAMES, ADAM_SCALARS_TENSOR,
+                                                  HEALTH_TENSOR]
         for name in TENSOR_NAMES:
             assert plan.tensor(name) == seed.tensor(name)
+        assert plan.tensor(HEALTH_TENSOR).bytes == seed.tensor(HEALTH_TENSOR).bytes == 24
         assert plan.tensor(ADAM_SCALARS_TENSOR).shape == (updates, 8)
 
 
@@ -141,7 +145,9 @@ def test_the_fused_launches_and_their_footprints():
         assert args["adam_scalars"] == Address(scalars_base + 32 * k)
         assert launch.grid.x == 9000
     assert {p.name for p in plan.placed_regions} == {
-        sig.GATHER, sig.LOSS_HARD, sig.FUSED_HARD, sig.ARGMAX}
+        sig.GATHER, sig.LOSS_HARD, sig.FUSED_HARD, sig.ARGMAX, sig.HEALTH}
+    # the health check is the last launch, after the last fused one
+    assert plan.launches[-1].region == sig.HEALTH and plan.launches[-2].label == "fused[2]"
     small = build_plan(replace(config, vocab=256, updates=50), SM86)
     (launch,) = [launch for launch in small.launches if launch.region == sig.FUSED_HARD]
     args = dict(zip(names, launch.args, strict=True))
@@ -231,14 +237,22 @@ def test_the_scalar_table_equals_the_per_step_scalars_bit_for_bit():
 
 
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
-def test_rows_that_fit_on_chip_get_the_wide_kernel(mode):
-    """1024 < V <= 4096: the wide region (the same signature, other resources); else narrow."""
-    narrow = sig.FUSED_HARD if mode == "hard" else sig.FUSED_CORPUS
-    wide = sig.FUSED_WIDE_HARD if mode == "hard" else sig.FUSED_WIDE_CORPUS
-    for vocab, region in ((256, narrow), (1024, narrow), (1025, wide), (4096, wide),
-                          (4097, narrow), (9000, narrow)):
+def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
+    """1024 < V <= 4096: the wide region; from where it is faster (4608 hard, 5121 corpus)
+    to 8192 the tall one (1024 threads a block); else narrow. One signature everywhere."""
+    hard = mode == "hard"
+    narrow = sig.FUSED_HARD if hard else sig.FUSED_CORPUS
+    wide = sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS
+    tall = sig.FUSED_TALL_HARD if hard else sig.FUSED_TALL_CORPUS
+    first_tall = 4608 if hard else 5121
+    for vocab, region, block in ((256, narrow, 256), (1024, narrow, 256), (1025, wide, 256),
+                                 (4096, wide, 256), (4097, narrow, 256),
+                                 (first_tall - 1, narrow, 256), (first_tall, tall, 1024),
+                                 (8192, tall, 1024), (8193, narrow, 256), (9000, narrow, 256)):
         config = BobConfig(vocab=vocab, prompts=0, updates=2, mode=mode, schedule="fused")
         assert config.fused_region == region
         plan = build_plan(config, SM90)
-        assert {launch.region for launch in plan.launches} >= {region}
+        fused = [launch for launch in plan.launches if launch.region == region]
+        assert fused and all(launch.block.x == block for launch in fused)
+        assert plan.region(region).block_x == block
         assert plan.region(region).params == sig.SIGNATURES[narrow]

@@ -15,9 +15,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+import bob.kernels.signatures as sig
 import bob.program.bob as program
 from bob.backends import BackendChoice, choose_backend
-from bob.host.check import compare_backends, random_record
+from bob.host.check import compare_backends, differential_check, random_record
 from bob.host.session import Session, split_updates
 from bob.plan.certificate import certify
 from bob.program.bob import BobConfig, Hyper
@@ -60,7 +61,8 @@ def train_both(cuda: BackendChoice, config: BobConfig, steps: int, seed: int = 3
 @gpu
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 @pytest.mark.parametrize("vocab,steps,per_invocation", [
-    (256, 12, 12), (256, 12, 5), (300, 7, 3), (1024, 6, 4), (1100, 4, 3), (8192, 3, 2),
+    (256, 12, 12), (256, 12, 5), (200, 5, 5), (300, 7, 3), (1024, 6, 4), (1100, 4, 3),
+    (6000, 3, 2), (8192, 3, 2),
 ])
 def test_fused_on_the_gpu_equals_the_seed_on_the_cpu(cuda_choice: BackendChoice, mode: str,
                                                       vocab: int, steps: int,
@@ -85,3 +87,35 @@ def test_either_launch_split_on_either_kernel_path(cuda_choice: BackendChoice,
     monkeypatch.setattr(program, "ONE_LAUNCH_MAX_VOCAB", one_launch_max)
     config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
     train_both(cuda_choice, config, steps)
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_the_streaming_path_still_serves_rows_the_tall_kernels_could(
+        cuda_choice: BackendChoice, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """With the tall kernels switched off, V = 8192 streams through the narrow kernel:
+    the same bytes (the path every V above 8192 takes)."""
+    monkeypatch.setattr(program, "TALL_VOCAB", 4096)
+    config = BobConfig(vocab=8192, prompts=1, updates=2, mode=mode)
+    assert config.fused_region in (sig.FUSED_HARD, sig.FUSED_CORPUS)
+    train_both(cuda_choice, config, 3)
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+@pytest.mark.parametrize("vocab", [200, 256, 5200])
+def test_small_and_tall_kernels_on_the_nv_stream_equal_the_cpu(mode: str, vocab: int) -> None:
+    """The paths with other block shapes on Bob's own stream: V <= 256 (128 threads at a
+    counted barrier) and the tall kernels (1024 threads, 45 KiB of shared memory)."""
+    from bob.backends.nv.rm.backend import nv_available
+
+    pytest.importorskip("cuda.bindings.nvrtc", reason="the nv backend compiles with NVRTC")
+    usable, reason = nv_available()
+    if not usable:
+        pytest.skip(f"no nv backend here: {reason}")
+    updates, steps = (6, 12) if vocab <= 256 else (1, 1)
+    config = BobConfig(vocab=vocab, prompts=1, updates=updates, mode=mode, schedule="fused")
+    report = differential_check(("cpu", "nv"), config, steps)
+    print(f"V={vocab} {mode} fused on nv: {report.invocations} invocations, "
+          f"{report.bytes_compared:,} bytes, identical={report.identical}")
+    assert report.identical, report.difference

@@ -178,7 +178,8 @@ def test_encoder_writes_the_dependent_fields_where_the_header_says(target):
     names = list(bits)  # enable, action, prefetch, pointer
     schedule_value = _header_value(version, names[1] + "_QMD_SCHEDULE")
     links = chain_links(plan)
-    assert links == {0: 1, 1: 2, 2: 3, 3: 4, 5: 6, 6: 7, 7: 8, 8: 9, 9: 10}
+    # the training submission: three updates' AdamW and loss, then the health check (11)
+    assert links == {0: 1, 1: 2, 2: 3, 3: 4, 5: 6, 6: 7, 7: 8, 8: 9, 9: 10, 10: 11}
     for index in range(plan.launch_count):
         record = _record(encoded, plan, index)
         got = [_bits(record, *bits[name]) for name in names]

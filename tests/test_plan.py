@@ -48,7 +48,8 @@ def test_figures_follow_the_seed_formulas(vocab, prompts, updates, mode):
     config = BobConfig(vocab=vocab, prompts=prompts, updates=updates, mode=mode)
     for target in (SM86, SM90):
         plan = build_plan(config, target)
-        launches = 1 + 2 * prompts + 2 * updates
+        health = int(updates > 0)  # the health check ends a training invocation
+        launches = 1 + 2 * prompts + 2 * updates + health
         assert plan.launch_count == launches == config.launch_count
         assert plan.submission_count == launches + 2 * prompts == config.submission_count
         assert plan.program_bytes == plan.code_extent + target.parameter_block_bytes * launches
@@ -58,6 +59,9 @@ def test_figures_follow_the_seed_formulas(vocab, prompts, updates, mode):
         for k in range(updates):
             assert plan.launches[config.adamw_launch(k)].region == "bob-adamw"
             assert plan.launches[config.adamw_launch(k)].label == f"adamw[{k}]"
+        if health:
+            assert plan.launches[-1].region == "bob-health"
+            assert plan.launches[-2].label == "loss->training_loss"
         assert certify(plan).holds
 
 
@@ -65,15 +69,16 @@ def test_code_extent_is_the_retained_code_repacked_at_256_bytes():
     config = BobConfig(prompts=0, updates=2)  # no prompts: gather and argmax are pruned
     code = {name: bytes(size) for name, size in
             (("bob-row-gather", 300), ("bob-loss-gradient", 1000), ("bob-adamw", 513),
-             ("bob-greedy-argmax", 10))}
+             ("bob-greedy-argmax", 10), ("bob-health", 200))}
     program = build_program(config)
     regions = tuple(replace(r, code=code[r.name]) for r in program.regions)
     plan = place(replace(program, regions=regions), SM86)
-    assert [p.name for p in plan.placed_regions] == ["bob-loss-gradient", "bob-adamw"]
+    assert [p.name for p in plan.placed_regions] == ["bob-loss-gradient", "bob-adamw",
+                                                     "bob-health"]
     base = plan.address_map.program.base
-    assert [p.address - base for p in plan.placed_regions] == [0, 1024]
-    assert plan.code_extent == 1024 + 768
-    assert plan.program_bytes == 1792 + 512 * plan.launch_count
+    assert [p.address - base for p in plan.placed_regions] == [0, 1024, 1792]
+    assert plan.code_extent == 1792 + 256
+    assert plan.program_bytes == 2048 + 512 * plan.launch_count
     assert certify(plan).holds
 
 
@@ -81,7 +86,7 @@ def test_tensors_are_page_aligned_in_declaration_order():
     plan = bob_plan()
     names = [t.name for t in plan.tensors]
     assert names == ["parameters", "first_moment", "second_moment", "gradients", "input",
-                     "initial_loss", "training_loss", "logit_rows", "predictions"]
+                     "initial_loss", "training_loss", "logit_rows", "predictions", "health"]
     for before, after in zip(plan.tensors, plan.tensors[1:], strict=False):
         assert after.address % 4096 == 0
         assert after.address == -(-before.end // 4096) * 4096
@@ -322,7 +327,7 @@ def test_bob_certify_default_and_plan_json(capsys):
     assert "certified" in capsys.readouterr().out
     assert main(["plan", "--json", "-V", "512", "-P", "2", "-N", "4", "--mode", "corpus"]) == 0
     plan = loads(capsys.readouterr().out, regions=catalogue())
-    assert plan.launch_count == 1 + 4 + 8 and plan.tensor("parameters").shape == (512, 512)
+    assert plan.launch_count == 1 + 4 + 8 + 1 and plan.tensor("parameters").shape == (512, 512)
     assert main(["plan", "-N", "2"]) == 0
     out = capsys.readouterr().out
     for heading in ("Arena", "Regions", "Launches", "Submissions", "Totals"):

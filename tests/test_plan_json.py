@@ -84,15 +84,15 @@ REFUSALS = {
     "negative semaphore": (_set("submissions[2].semaphore", -1),
                            "submissions[2].semaphore: -1 is below 0"),
     "forward launches -1": (_set("forward_launches", -1), "forward_launches: -1 is below 0"),
-    "forward launches past the plan": (_set("forward_launches", 6),
-                                       "forward_launches: 6 is above the 5 launches"),
-    "forward submissions past the plan": (_set("forward_submissions", 8),
-                                          "forward_submissions: 8 is above the 7 submissions"),
+    "forward launches past the plan": (_set("forward_launches", 7),
+                                       "forward_launches: 7 is above the 6 launches"),
+    "forward submissions past the plan": (_set("forward_submissions", 9),
+                                          "forward_submissions: 9 is above the 8 submissions"),
     "2**70 as a number": (_set("tensors[0].address", 2**70),
                           "tensors[0].address: a 22-digit integer is not below 2**64"),
     "2**70 as hex": (_set("launches[0].args[0].pointer", hex(2**70)),
                      f"launches[0].args[0].pointer: {2**70} is not below 2**64"),
-    "5000-digit integer": (_text('"code_extent": 1024', '"code_extent": ' + "9" * 5000),
+    "5000-digit integer": (_text('"code_extent": 1280', '"code_extent": ' + "9" * 5000),
                            "code_extent: a 5000-digit integer is not below 2**64"),
     "5000-digit hex string": (_set("address_map.arena.base", "0x" + "f" * 5000),
                               "address_map.arena.base: a 5002-character string is not an "
@@ -132,7 +132,7 @@ REFUSALS = {
     "boolean integer": (_set("code_extent", True), "code_extent: expected an integer, not true"),
     "float integer": (_set("launches[0].grid[0]", 256.0),
                       "launches[0].grid[0]: expected an integer, not a number"),
-    "NaN integer": (_text('"code_extent": 1024', '"code_extent": NaN'),
+    "NaN integer": (_text('"code_extent": 1280', '"code_extent": NaN'),
                     "code_extent: expected an integer, not a number"),
     "not hex": (_set("tensors[0].address", "0xZZ"), "tensors[0].address: '0xZZ' is not an "
                 "integer"),
@@ -179,11 +179,15 @@ REFUSALS = {
     # the address map
     "overlapping components": (_set("address_map.qmd-table.base", "0x2000000000"),
                                "address_map.qmd-table.base: 0x2000000000 is inside the component "
-                               "before it, which ends at 0x2000000e00"),
+                               "before it, which ends at 0x2000001100"),
     "program component too small": (_set("address_map.program.bytes", 1024),
                                      "address_map.program.bytes: 1024 bytes cannot hold the code "
-                                     "extent and a parameter block per launch (3584 bytes)"),
+                                     "extent and a parameter block per launch (4352 bytes)"),
     # regions come from Bob's signatures, never from the file
+    "shrunk health footprint": (_set("regions[4].params[3].footprint.scale", 8),
+                                "regions[4]: region 'bob-health' differs from Bob's own: "
+                                "params[3] ('health') footprint is 8 in the plan, 24 in Bob's "
+                                "signature"),
     "shrunk footprint": (_set(f"regions[{ADAMW}].params[0].footprint.scale", 1),
                          f"regions[{ADAMW}]: region 'bob-adamw' differs from Bob's own: "
                          "params[0] ('parameters') footprint is 1 * rows * columns in the "

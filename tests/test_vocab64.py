@@ -136,7 +136,7 @@ def certify_and(plan):
 def test_the_fused_schedule_streams_one_update_per_launch_at_65536() -> None:
     config, plan = big_plan("fused", "hard", updates=3)
     fused = [launch for launch in plan.launches if launch.region == sig.FUSED_HARD]
-    assert len(fused) == 3 == config.training_launches
+    assert len(fused) == 3 == config.updates
     assert all(launch.grid.x == V for launch in fused)
 
 

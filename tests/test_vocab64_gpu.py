@@ -30,7 +30,7 @@ from bob.errors import BackendUnavailable
 from bob.host.check import differential_check
 from bob.kernels import reference as ref
 from bob.plan.certificate import require_certified
-from bob.program.bob import BobConfig, adam_scalar_table, build_plan
+from bob.program.bob import HEALTH_TENSOR, BobConfig, adam_scalar_table, build_plan
 from large_vocab import Rows, fused_rows_reference
 from test_fused_gpu import train_both
 
@@ -98,7 +98,8 @@ def test_a_large_fused_invocation_matches_the_reference_rows(cuda_choice: Backen
     config = BobConfig(vocab=vocab, prompts=1, updates=updates, mode=mode,  # type: ignore[arg-type]
                        schedule="fused")
     plan = build_plan(config, cuda_choice.target, Hyper(), compiled=cuda_choice.regions)
-    assert config.training_launches == updates  # one streaming launch per update
+    fused = [launch for launch in plan.launches if launch.region == config.fused_region]
+    assert len(fused) == updates  # one streaming launch per update
     checked = np.array([0, 1, vocab // 2 + 3, vocab - 1])
     rng = np.random.default_rng(vocab)
     parameters = {}  # the checked rows' initial parameters
@@ -144,6 +145,7 @@ def test_a_large_fused_invocation_matches_the_reference_rows(cuda_choice: Backen
         initial = np.frombuffer(backend.read_tensor("initial_loss"), np.float32)
         logits = np.frombuffer(backend.read_tensor("logit_rows"), np.float32)
         prediction = np.frombuffer(backend.read_tensor("predictions"), np.uint32)
+        health = np.frombuffer(backend.read_tensor(HEALTH_TENSOR), np.uint64)
 
     start = np.stack([parameters[int(r)] for r in checked])
     zero = np.zeros_like(start)
@@ -155,6 +157,7 @@ def test_a_large_fused_invocation_matches_the_reference_rows(cuda_choice: Backen
         assert got[name].tobytes() == expected.tobytes(), f"V={vocab} {mode}: {name}"
     assert loss[checked].tobytes() == want[4].tobytes()
     assert np.isfinite(loss).all() and np.isfinite(initial).all()
+    assert health.tolist() == [0, 0, 0]  # bob-health over 2^32-element tables agrees
     scalars = ref.LossScalars.for_vocab(vocab)
     if mode == "hard":
         first_loss, _ = ref.loss_gradient_hard_rows(start, targets[checked], scalars)

@@ -277,6 +277,31 @@ def _native_node_update() -> Any:
     return _NATIVE_SET_PARAMS[0]
 
 
+_NATIVE_LAUNCH: list[Any] = []  # [cuLaunchKernel or None], looked up once
+
+# A kernel fault leaves these sticky errors in its context: every later call in it fails
+# the same way, so the primary context is reset before the device is used again.
+STICKY_ERRORS = frozenset({
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_ASSERT",
+})
+_POISONED: set[int] = set()  # device ordinals whose primary context a fault poisoned
+
+
+def _native_launch() -> Any:
+    """libcuda's cuLaunchKernel through ctypes (profiling launches one kernel at a time)."""
+    if not _NATIVE_LAUNCH:
+        function = None
+        with contextlib.suppress(OSError, AttributeError):
+            function = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+            function.argtypes = (ctypes.c_void_p, *(ctypes.c_uint,) * 7, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_void_p)
+            function.restype = ctypes.c_int
+        _NATIVE_LAUNCH.append(function)
+    return _NATIVE_LAUNCH[0]
+
+
 @dataclass
 class _LaunchArguments:
     """Host storage for one launch's parameters; graph nodes point into it."""
@@ -299,6 +324,9 @@ class _Graph:
 
 class CudaBackend(Backend):
     name = "cuda"
+    # Consecutive graph nodes joined by programmatic edges (programmatic dependent launch)
+    # where the GPU has them; False gives plain edges (the bench compares the two).
+    programmatic_edges = True
 
     def __init__(self, plan: Plan | CertifiedPlan, compiled: CompiledRegions,
                  arena: ArenaKind = "device", *, device: int = 0,
@@ -312,6 +340,7 @@ class CudaBackend(Backend):
         self.arena_kind = arena
         self.parameter_mode = params
         self._context = None
+        self._own_context = False  # a context of its own after a fault (_fresh_context)
         self._device = None
         self._stream = None
         self._module = None
@@ -321,13 +350,18 @@ class CudaBackend(Backend):
         self._arguments: dict[int, _LaunchArguments] = {}
         self._functions: dict[str, Any] = {}
         self._closed = False
+        # Set to a list by `bob profile`: runs then launch on the stream one kernel at a
+        # time between two events (not the graph) and append (launch, device ns).
+        self.launch_times: list[tuple[int, int]] | None = None
+        self._ordinal = device
 
         self.image = compiled.image  # referenced while the driver reads it
         self.entries = {placed.name: self.plan.region(placed.name).entry
                         for placed in self.plan.placed_regions}
         _initialize()
         self._device = _call("cuDeviceGet", device)
-        self.arch = "sm_{}{}".format(*_compute_capability(self._device))
+        self.capability = _compute_capability(self._device)
+        self.arch = "sm_{}{}".format(*self.capability)
         try:
             self._open()
         except BaseException:
@@ -337,7 +371,8 @@ class CudaBackend(Backend):
     # -- setup ---------------------------------------------------------------
     def _open(self) -> None:
         driver = _driver()
-        self._context = _call("cuDevicePrimaryCtxRetain", self._device)
+        self._context = self._fresh_context() if self._ordinal in _POISONED else \
+            _call("cuDevicePrimaryCtxRetain", self._device)
         _call("cuCtxSetCurrent", self._context)
         self._stream = _call("cuStreamCreate", 0)
         image = np.frombuffer(self.image, dtype=np.uint8)
@@ -395,15 +430,15 @@ class CudaBackend(Backend):
         graph = _call("cuGraphCreate", 0)
         built = _Graph(submissions, graph, None)
         try:
-            previous = None
+            order = []
             for submission in submissions:
                 for index in self.plan.submissions[submission].launches:
-                    dependencies = [previous] if previous is not None else None
-                    node = _call("cuGraphAddKernelNode", graph, dependencies,
-                                 1 if previous is not None else 0,
+                    node = _call("cuGraphAddKernelNode", graph, None, 0,
                                  self._arguments[index].node_params)
                     built.nodes.setdefault(index, []).append(node)
-                    previous = node
+                    order.append(node)
+            for before, after in zip(order, order[1:], strict=False):
+                self._add_edge(graph, before, after)
             built.exec = _call("cuGraphInstantiate", graph, 0)
         except BaseException:
             with contextlib.suppress(CudaError):  # the first error is the one to report
@@ -411,15 +446,103 @@ class CudaBackend(Backend):
             raise
         return built
 
+    def _add_edge(self, graph: Any, before: Any, after: Any) -> None:
+        """`after` runs after `before`: on sm_90 and later through a programmatic edge, so
+        the driver may start `after` while `before`'s last blocks finish (every kernel of
+        Bob's waits for its predecessors first: bob_kernels.cu, wait_for_prerequisites)."""
+        driver = _driver()
+        data = driver.CUgraphEdgeData()
+        if self.programmatic_edges and self.capability >= (9, 0):
+            data.type = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+            data.from_port = driver.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+        add = getattr(driver, "cuGraphAddDependencies_v2", None)  # cuda-bindings 12.x
+        if add is not None:
+            check("cuGraphAddDependencies_v2", add(graph, [before], [after], [data], 1))
+        else:
+            _call("cuGraphAddDependencies", graph, [before], [after], [data], 1)
+
     # -- what the base class asks of a backend -------------------------------------------
     def _run(self, submissions: range) -> None:
         self._require_open()
+        try:
+            if self.launch_times is not None:
+                self._profile(submissions)
+                return
+            _call("cuCtxSetCurrent", self._context)
+            graph = self._graphs.get(submissions)
+            if graph is None:
+                graph = self._graphs[submissions] = self._build_graph(submissions)
+            _call("cuGraphLaunch", graph.exec, self._stream)
+            _call("cuStreamSynchronize", self._stream)
+        except CudaError as error:
+            self._after_fault(error)
+            raise
+
+    def _fresh_context(self) -> Any:
+        """A context for a device whose primary context a fault poisoned: the primary one
+        reset, or, where the driver keeps it poisoned, a context of this backend's own."""
+        with contextlib.suppress(CudaError):
+            _call("cuDevicePrimaryCtxReset", self._device)
+            context = _call("cuDevicePrimaryCtxRetain", self._device)
+            _POISONED.discard(self._ordinal)
+            return context
+        driver = _driver()
+        try:
+            try:  # cuda-bindings 13: cuCtxCreate(params, flags, device)
+                result = driver.cuCtxCreate(None, 0, self._device)
+            except TypeError:  # 12.x: cuCtxCreate(flags, device)
+                result = driver.cuCtxCreate(0, self._device)
+            context = check("cuCtxCreate", result)
+        except CudaError as error:
+            raise CudaError(error.call, error.status,
+                            f"{error.description}; an earlier fault poisoned this GPU's "
+                            "context and no new one could be made: restart the process") \
+                from None
+        self._own_context = True
+        return context
+
+    def _after_fault(self, error: CudaError) -> None:
+        """A sticky error poisons the context: close this backend and reset the context
+        when the device is next opened."""
+        if error.status not in STICKY_ERRORS:
+            return
+        _POISONED.add(self._ordinal)
+        with contextlib.suppress(CudaError):  # every call in the context fails now
+            self.close()
+
+    def _profile(self, submissions: range) -> None:
+        """Each launch alone on the stream between two events; their elapsed time."""
+        assert self.launch_times is not None
+        launch = _native_launch()
+        if launch is None:
+            raise RunFailure("profiling on cuda needs libcuda's cuLaunchKernel (ctypes)")
         _call("cuCtxSetCurrent", self._context)
-        graph = self._graphs.get(submissions)
-        if graph is None:
-            graph = self._graphs[submissions] = self._build_graph(submissions)
-        _call("cuGraphLaunch", graph.exec, self._stream)
-        _call("cuStreamSynchronize", self._stream)
+        order = [index for submission in submissions
+                 for index in self.plan.submissions[submission].launches]
+        events = [_call("cuEventCreate", 0) for _ in range(2 * len(order))]
+        try:
+            stream = int(self._stream)
+            for position, index in enumerate(order):
+                spec = self.plan.launches[index]
+                arguments = self._arguments[index]
+                _call("cuEventRecord", events[2 * position], self._stream)
+                status = launch(int(self._functions[spec.region]), spec.grid.x, spec.grid.y,
+                                spec.grid.z, spec.block.x, spec.block.y, spec.block.z, 0,
+                                stream, ctypes.addressof(arguments.pointers), None)
+                if status:
+                    driver = _driver()
+                    raise CudaError(f"cuLaunchKernel(launch {index}, {spec.region})",
+                                    *_status_text(driver, driver.CUresult(status)))
+                _call("cuEventRecord", events[2 * position + 1], self._stream)
+            _call("cuStreamSynchronize", self._stream)
+            for position, index in enumerate(order):
+                milliseconds = _call("cuEventElapsedTime", events[2 * position],
+                                     events[2 * position + 1])
+                self.launch_times.append((index, round(milliseconds * 1e6)))
+        finally:
+            for event in events:
+                with contextlib.suppress(CudaError):
+                    _call("cuEventDestroy", event)
 
     def _write_arena(self, offset: int, data: memoryview) -> None:
         self._require_open()
@@ -527,7 +650,10 @@ class CudaBackend(Backend):
             release("cuStreamDestroy", self._stream)
             self._stream = None
         if self._context is not None:
-            release("cuDevicePrimaryCtxRelease", self._device)
+            if self._own_context:
+                release("cuCtxDestroy", self._context)
+            else:
+                release("cuDevicePrimaryCtxRelease", self._device)
             self._context = None
         self._functions.clear()
         self._arguments.clear()

@@ -23,7 +23,7 @@ import click
 from bob.errors import BobError, Interrupted
 from bob.host.stops import STOP_SIGNALS, request_stop
 
-from . import bench_cmd, count_cmd, plan_cmd, run_cmd, tools_cmd
+from . import bench_cmd, count_cmd, plan_cmd, profile_cmd, run_cmd, tools_cmd
 
 REPORT_DIR_VARIABLE = "BOB_REPORT_DIR"  # where internal-error reports go (default: temp dir)
 TRACEBACK_VARIABLE = "BOB_TRACEBACK"  # set (to 1): an internal error raises as Python would
@@ -35,7 +35,7 @@ def cli() -> None:
     """Bob: a byte-level bigram model whose device program is certified data."""
 
 
-for module in (plan_cmd, run_cmd, tools_cmd, bench_cmd, count_cmd):
+for module in (plan_cmd, run_cmd, tools_cmd, bench_cmd, count_cmd, profile_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
 

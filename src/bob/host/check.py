@@ -12,11 +12,13 @@ import numpy as np
 
 from bob.backends import Backend, choose_backend
 from bob.host.session import Session, split_updates
-from bob.program.bob import TENSOR_NAMES, BobConfig, Hyper
+from bob.program.bob import HEALTH_TENSOR, TENSOR_NAMES, BobConfig, Hyper
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
 
 _DTYPES = {"f32": np.float32, "u32": np.uint32, "u8": np.uint8}
+# The seed's nine tensors and the health check's counts: every tensor a kernel writes.
+COMPARED = (*TENSOR_NAMES, HEALTH_TENSOR)
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ def first_difference(plan_tensor, a: bytes, b: bytes, invocation: int) -> Differ
 
 
 def compare_backends(left: Backend, right: Backend, invocation: int) -> Difference | None:
-    for name in TENSOR_NAMES:
+    for name in COMPARED:
         difference = first_difference(left.plan.tensor(name), left.read_tensor(name),
                                       right.read_tensor(name), invocation)
         if difference is not None:
@@ -100,8 +102,8 @@ def differential_check(backend_names: tuple[str, str], config: BobConfig, steps:
                 states[i] = session.invoke(step_config, states[i], record, operation).checkpoint
             backends = [session.last_backend for session in sessions]
             difference = compare_backends(backends[0], backends[1], number)
-            compared += len(TENSOR_NAMES)
-            bytes_compared += sum(backends[0].plan.tensor(n).bytes for n in TENSOR_NAMES)
+            compared += len(COMPARED)
+            bytes_compared += sum(backends[0].plan.tensor(n).bytes for n in COMPARED)
             if difference is not None:
                 return CheckReport(backend_names, number + 1, compared, bytes_compared,
                                    difference)

@@ -9,7 +9,8 @@ One invocation = one plan run on one backend:
    into that update's parameter block (seed schedule), or as the rows of the
    ``adam_scalars`` tensor (fused schedule);
 4. submit: the forward submissions only (predict) or all of them (train);
-5. read back the result record and the new checkpoint.
+5. read back the result record, the health check's counts (24 bytes: is every
+   table still finite?) and the new checkpoint.
 
 Long training runs as several invocations, a checkpoint after each.
 """
@@ -30,6 +31,7 @@ from bob.plan.model import Plan, Scalar
 from bob.program.bob import (
     ADAM_SCALAR_NAMES,
     ADAM_SCALARS_TENSOR,
+    HEALTH_TENSOR,
     BobConfig,
     Hyper,
     adam_scalar_table,
@@ -119,7 +121,8 @@ class Session:
         backend.write_tensor("second_moment", _bytes_view(checkpoint.second_moment))
         backend.write_tensor("input", record.payload())
         # Not every request writes every block: clear what could be stale.
-        for name in ("gradients", "training_loss"):
+        # health is added to, never overwritten, by the health check (atomics on a GPU).
+        for name in ("gradients", "training_loss", HEALTH_TENSOR):
             backend.write_tensor(name, bytes(backend.plan.tensor(name).bytes))
 
     def collect(self, config: BobConfig, backend: Backend, checkpoint: Checkpoint,
@@ -142,6 +145,7 @@ class Session:
             raise NonFiniteLoss(
                 f"the loss became non-finite ({final}) by step {checkpoint.step + config.updates};"
                 " the last good checkpoint is kept (try a smaller --lr)")
+        require_finite_tables(backend, checkpoint.step + config.updates)
         trained = replace(
             checkpoint,
             parameters=table("parameters"),
@@ -149,12 +153,17 @@ class Session:
             second_moment=table("second_moment"),
             step=checkpoint.step + config.updates,
         )
-        if not all(np.isfinite(t).all() for t in
-                   (trained.parameters, trained.first_moment, trained.second_moment)):
-            raise NonFiniteLoss(
-                f"the table became non-finite by step {trained.step}; the last good checkpoint "
-                "is kept (try a smaller --lr)")
         return Invocation(trained, result, initial, final)
+
+
+def require_finite_tables(backend: Backend, step: int) -> None:
+    """Raise NonFiniteLoss unless the health check counted no non-finite element in the
+    parameters or either moment: 24 bytes read back instead of the three tables."""
+    counts = np.frombuffer(backend.read_tensor(HEALTH_TENSOR), np.uint64)
+    if counts.any():
+        raise NonFiniteLoss(
+            f"the table became non-finite by step {step}; the last good checkpoint "
+            "is kept (try a smaller --lr)")
 
 
 def split_updates(steps: int, per_invocation: int) -> list[int]:

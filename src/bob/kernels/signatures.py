@@ -1,7 +1,8 @@
 """Bob's kernels as the plan sees them: names, block widths, arguments.
 
-The seed's four (the loss-gradient in two modes) and the fused schedule's
-training kernel (in two modes). Each pointer declares the bytes the kernel
+The seed's four (the loss-gradient in two modes), the fused schedule's
+training kernel (in two modes), and the health check that ends every training
+invocation. Each pointer declares the bytes the kernel
 reaches through it as a function of the launch (its u32 arguments), so the
 certificate can check every launch. Pointers come first, then 4-byte scalars:
 the parameter block layout is then exactly CUDA's kernel parameter layout for
@@ -29,8 +30,19 @@ FUSED_CORPUS = "bob-fused-train-corpus"
 # The same kernels for rows that stay on chip (1024 < V <= 4096): other resources, same bits.
 FUSED_WIDE_HARD = "bob-fused-train-wide"
 FUSED_WIDE_CORPUS = "bob-fused-train-wide-corpus"
+# And for rows of 4096 < V <= 8192, on chip in a block of 1024 threads: same bits.
+FUSED_TALL_HARD = "bob-fused-train-tall"
+FUSED_TALL_CORPUS = "bob-fused-train-tall-corpus"
+HEALTH = "bob-health"
 
-BLOCK = 256  # threads per block for every kernel; reductions run over 256 lanes
+BLOCK = 256  # threads per block; reductions run over 256 lanes whatever the block
+# Regions launched with other blocks (their kernels trap on any other width).
+BLOCKS = {FUSED_TALL_HARD: 1024, FUSED_TALL_CORPUS: 1024}
+
+
+def block_of(region: str) -> int:
+    """Threads per block the region's kernel runs with."""
+    return BLOCKS.get(region, BLOCK)
 
 _ROW = Footprint(4, ("vocab",))
 _TABLE = Footprint(4, ("vocab", "vocab"))
@@ -42,6 +54,12 @@ _ELEMENTS = Footprint(4, ("rows", "columns"))
 _FINISHED_TABLE = Footprint(4, ("vocab", "vocab", "finish"))
 _FINISHED_ROW = Footprint(4, ("vocab", "finish"))
 _ADAM_ROWS = Footprint(32, ("updates",))  # one 8-float row of AdamW scalars per update
+# The health kernel loads the tables four floats at a time, so it needs them 16-byte aligned.
+QUAD_ALIGN = 16
+# health: one u64 per table (parameters, first_moment, second_moment), 8-byte aligned for
+# the device's 64-bit atomics. A u64 because V x V reaches 2^32 at V = 65536.
+HEALTH_COUNTS = ("parameters", "first_moment", "second_moment")
+_HEALTH = Footprint(8 * len(HEALTH_COUNTS))
 
 SIGNATURES: dict[str, tuple] = {
     # logits[j] = table[prompt[0]][j]: reads any row of the table.
@@ -125,9 +143,21 @@ SIGNATURES: dict[str, tuple] = {
         ScalarParam("updates", "u32"),
         ScalarParam("finish", "u32"),
     ),
+    # health[t] += the count of non-finite elements (NaN, +-inf) of table t, read only.
+    # Adds, so that the device can count with atomics in one pass: the host zeroes health
+    # when it loads an invocation (Session.load), and it is read back as a whole.
+    HEALTH: (
+        PointerParam("parameters", _TABLE, "read", align=QUAD_ALIGN),
+        PointerParam("first_moment", _TABLE, "read", align=QUAD_ALIGN),
+        PointerParam("second_moment", _TABLE, "read", align=QUAD_ALIGN),
+        PointerParam("health", _HEALTH, "readwrite", align=8),
+        ScalarParam("vocab", "u32"),
+    ),
 }
 SIGNATURES[FUSED_WIDE_HARD] = SIGNATURES[FUSED_HARD]
 SIGNATURES[FUSED_WIDE_CORPUS] = SIGNATURES[FUSED_CORPUS]
+SIGNATURES[FUSED_TALL_HARD] = SIGNATURES[FUSED_HARD]
+SIGNATURES[FUSED_TALL_CORPUS] = SIGNATURES[FUSED_CORPUS]
 
 # The CUDA entry point of each region.
 ENTRIES = {
@@ -140,6 +170,9 @@ ENTRIES = {
     FUSED_CORPUS: "bob_fused_train_corpus",
     FUSED_WIDE_HARD: "bob_fused_train_wide_hard",
     FUSED_WIDE_CORPUS: "bob_fused_train_wide_corpus",
+    FUSED_TALL_HARD: "bob_fused_train_tall_hard",
+    FUSED_TALL_CORPUS: "bob_fused_train_tall_corpus",
+    HEALTH: "bob_health",
 }
 
 
@@ -150,7 +183,7 @@ def declared_region(name: str, code: bytes = b"", registers: int = 32,
         name=name,
         code=code,
         registers=registers,
-        block_x=BLOCK,
+        block_x=block_of(name),
         shared_bytes=shared_bytes,
         params=SIGNATURES[name],
         entry=ENTRIES[name],

@@ -19,6 +19,10 @@ For a configuration (V, P, N, mode, schedule) the program is:
     last writes the gradients and the training loss. After the invocation
     every tensor the seed schedule has holds the seed schedule's bytes;
 
+- when N > 0, the health check (``bob-health``): each table's count of
+  non-finite elements added into ``health``, so the host reads 24 bytes, not
+  the tables, to know whether training stayed finite;
+
 - then the prediction launches again, so the prompts are predicted from the
   trained table. How launches are grouped into submissions is the submission
   policy (``BobConfig.submission``):
@@ -31,15 +35,17 @@ For a configuration (V, P, N, mode, schedule) the program is:
     P > 0); the command stream links the launches of a submission, so the
     device runs each submission without the host. Predict runs the first.
 
-Derived figures (F = 1 + 2P forward launches):
+Derived figures (F = 1 + 2P forward launches; the training launches T count
+the health check, H = 1 if N > 0 else 0):
 
 | schedule | training launches T | launches | submissions (per-launch) |
 | --- | --- | --- | --- |
-| seed | 2N | F + T | F + T + 2P |
-| fused, V <= ONE_LAUNCH_MAX_VOCAB | 1 if N > 0, else 0 | F + T | F + T + 2P |
-| fused, larger V | N | F + T | F + T + 2P |
+| seed | 2N + H | F + T | F + T + 2P |
+| fused, V <= ONE_LAUNCH_MAX_VOCAB | 1 + H if N > 0, else 0 | F + T | F + T + 2P |
+| fused, larger V | N + H | F + T | F + T + 2P |
 
-Chained: 1 + (1 if T > 0) + (1 if P > 0) submissions, the launches the same.
+Chained: 1 + (1 if T > 0) + (1 if P > 0) submissions, the launches the same
+(the health check ends the training submission).
 
 Program bytes = retained code + launches x parameter block; QMD table bytes =
 launches x the target's QMD stride (``Plan.program_bytes``, ``Plan.qmd_table_bytes``).
@@ -92,8 +98,12 @@ TENSOR_NAMES = (
     "parameters", "first_moment", "second_moment", "gradients", "input",
     "initial_loss", "training_loss", "logit_rows", "predictions",
 )
-# The fused schedule's one more tensor, placed last so the seed's nine keep their addresses.
+# The fused schedule's one more tensor, placed after the seed's nine so they keep their
+# addresses.
 ADAM_SCALARS_TENSOR = "adam_scalars"
+# The health check's counts: u64[3] (as u32[3][2], little-endian words), one per table of
+# sig.HEALTH_COUNTS; placed after every other tensor so theirs keep their addresses.
+HEALTH_TENSOR = "health"
 # A row of adam_scalars: update k's AdamW scalars in the order of bob-adamw's arguments,
 # then one float of padding so a row is 32 bytes.
 ADAM_SCALAR_NAMES = ("decay", "beta1", "one_minus_beta1", "beta2", "one_minus_beta2",
@@ -110,6 +120,11 @@ ONE_LAUNCH_MAX_VOCAB = 8192
 # The fused kernels' on-chip rows (bob_kernels.cu: RESIDENT_SLOTS and WIDE_SLOTS x 256).
 RESIDENT_VOCAB = 1024
 WIDE_VOCAB = 4096
+TALL_VOCAB = 8192  # bob_kernels.cu: TALL_THREADS x TALL_SLOTS
+# Where the tall kernels overtake the streaming narrow ones (H200, 100 updates, us/update
+# tall against narrow): hard 108 vs 105 at V = 4097, 122 vs 128 at 4608; corpus 139 vs
+# 130 at 4608, 159 vs 158 at 5120, 211 vs 321 at 6000 (docs/BENCHMARKS.md).
+TALL_FROM_VOCAB = {"hard": 4608, "corpus": 5121}
 
 
 @dataclass(frozen=True)
@@ -147,10 +162,14 @@ class BobConfig:
 
     @property
     def fused_region(self) -> str:
-        """The narrow kernels (rows to 1024 in registers, longer rows streamed), or the wide
-        ones whose rows up to WIDE_VOCAB stay on chip."""
+        """The narrow kernels (rows to 1024 in registers, longer rows streamed), the wide
+        ones whose rows up to WIDE_VOCAB stay on chip, or the tall ones (a block of 1024
+        threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB."""
+        hard = self.mode == "hard"
         if RESIDENT_VOCAB < self.vocab <= WIDE_VOCAB:
-            return sig.FUSED_WIDE_HARD if self.mode == "hard" else sig.FUSED_WIDE_CORPUS
+            return sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS
+        if TALL_FROM_VOCAB[self.mode] <= self.vocab <= TALL_VOCAB:
+            return sig.FUSED_TALL_HARD if hard else sig.FUSED_TALL_CORPUS
         return sig.FUSED_HARD if self.mode == "hard" else sig.FUSED_CORPUS
 
     @property
@@ -175,12 +194,18 @@ class BobConfig:
         return min(1, self.updates)
 
     @property
+    def health_launches(self) -> int:
+        """The health check ends every invocation that trains."""
+        return int(self.updates > 0)
+
+    @property
     def training_launches(self) -> int:
-        if self.schedule == "seed":
-            return 2 * self.updates
+        """The updates' launches, then the health check."""
         if self.updates == 0:
             return 0
-        return self.updates // self.updates_per_fused_launch
+        if self.schedule == "seed":
+            return 2 * self.updates + self.health_launches
+        return self.updates // self.updates_per_fused_launch + self.health_launches
 
     @property
     def launch_count(self) -> int:
@@ -275,17 +300,19 @@ def tensor_specs(config: BobConfig) -> tuple[TensorSpec, ...]:
         TensorSpec("logit_rows", "f32", (p, v)),
         TensorSpec("predictions", "u32", (p,)),
     )
+    health = TensorSpec(HEALTH_TENSOR, "u32", (len(sig.HEALTH_COUNTS), 2))
     if config.schedule == "seed":
-        return seed
+        return (*seed, health)
     scalars = TensorSpec(ADAM_SCALARS_TENSOR, "f32", (config.updates, ADAM_SCALAR_STRIDE))
-    return (*seed, scalars)
+    return (*seed, scalars, health)
 
 
 def declared_regions(config: BobConfig, compiled: dict[str, Region] | None = None,
                      ) -> tuple[Region, ...]:
-    """The four regions of the seed's order (the fused one in AdamW's place)."""
+    """The four regions of the seed's order (the fused one in AdamW's place), then the
+    health check."""
     training = sig.ADAMW if config.schedule == "seed" else config.fused_region
-    names = (sig.GATHER, config.loss_region, training, sig.ARGMAX)
+    names = (sig.GATHER, config.loss_region, training, sig.ARGMAX, sig.HEALTH)
     compiled = compiled or {}
     return tuple(compiled.get(name) or sig.declared_region(name) for name in names)
 
@@ -293,6 +320,12 @@ def declared_regions(config: BobConfig, compiled: dict[str, Region] | None = Non
 def adamw_grid(count: int) -> int:
     # Enough blocks to fill a large GPU; each thread strides over the rest.
     return max(1, min(math.ceil(count / sig.BLOCK), 4096))
+
+
+def health_grid(count: int) -> int:
+    # A thread loads four floats of each table at a time. 2048 blocks of 256 threads keep
+    # every SM of an H200 (132 x 2048 threads) full; each thread strides over the rest.
+    return max(1, min(math.ceil(count / (4 * sig.BLOCK)), 2048))
 
 
 def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1,
@@ -345,11 +378,17 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
             data = (log2e, ln2)
         scalars_row = TensorRef(ADAM_SCALARS_TENSOR, 4 * ADAM_SCALAR_STRIDE * first)
         label = f"fused[{first}]" if updates == 1 else f"fused[{first}:{first + updates}]"
-        return LaunchSpec(config.fused_region, Dim3(v), block, (
+        region = config.fused_region
+        return LaunchSpec(region, Dim3(v), Dim3(sig.block_of(region)), (
             TensorRef("parameters"), TensorRef("first_moment"), TensorRef("second_moment"),
             TensorRef("gradients"), TensorRef("input"), TensorRef("training_loss"),
             scalars_row, *data, vocab, Scalar.u32(updates), finish,
         ), label)
+
+    def health() -> LaunchSpec:
+        tables = tuple(TensorRef(name) for name in sig.HEALTH_COUNTS)
+        return LaunchSpec(sig.HEALTH, Dim3(health_grid(v * v)), block,
+                          (*tables, TensorRef(HEALTH_TENSOR), vocab), "health")
 
     launches: list[LaunchSpec] = [loss("initial_loss")]
     for i in range(config.prompts):
@@ -360,6 +399,8 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
     elif config.updates:
         step = config.updates_per_fused_launch
         launches.extend(fused(first, step) for first in range(0, config.updates, step))
+    if config.health_launches:
+        launches.append(health())
 
     return ProgramSpec(
         regions=declared_regions(config, compiled),

@@ -38,6 +38,14 @@ METHOD_ADDRESS_SHIFT = 2
 # below 0x100 itself whatever the subchannel.
 COMPUTE_SUBCHANNEL = 1
 HOST_SUBCHANNEL = 0
+# The copy engine class goes on subchannel 4 of the same channel (as tinygrad binds its
+# DMA copy class): methods there reach the channel's copy engine.
+COPY_SUBCHANNEL = 4
+# A release with a timestamp writes a 16-byte structure: the 64-bit payload, then the
+# 64-bit GPU time in nanoseconds (the host's SEM_EXECUTE_RELEASE_TIMESTAMP_EN).
+TIMESTAMP_RELEASE_BYTES = 16
+# One copy line: LINE_LENGTH_IN is a 32-bit byte count.
+COPY_LINE_LIMIT = (1 << WORD_BITS) - 1
 
 
 class CommandError(BadInput):
@@ -112,6 +120,8 @@ AMPERE_CHANNEL_GPFIFO_A = ClassTable("AMPERE_CHANNEL_GPFIFO_A", g.AMPERE_CHANNEL
 HOPPER_CHANNEL_GPFIFO_A = ClassTable("HOPPER_CHANNEL_GPFIFO_A", g.HOPPER_CHANNEL_GPFIFO_A,
                                      "NVC86F", g.NVC86F_METHODS, g.NVC86F_FIELDS,
                                      g.NVC86F_VALUES, g.NVC86F_CONSTANTS)
+HOPPER_DMA_COPY_A = ClassTable("HOPPER_DMA_COPY_A", g.HOPPER_DMA_COPY_A, "NVC8B5",
+                               g.NVC8B5_METHODS, g.NVC8B5_FIELDS, g.NVC8B5_VALUES)
 PBDMA = AMPERE_CHANNEL_GPFIFO_A  # the method-header formats every channel shares
 SUBCHANNELS = PBDMA.constants["NUMBER_OF_SUBCHANNELS"]
 
@@ -335,23 +345,28 @@ class CommandWriter:
         self.pushbuffer.incrementing(COMPUTE_SUBCHANNEL,
                                      self.compute.method("SEND_SIGNALING_PCAS2_B"), [pcas_b])
 
-    def release_semaphore(self, address: int, payload: int) -> None:
-        """Write `payload` (64 bits) at `address` once all earlier work is idle."""
-        if isinstance(payload, bool) or not 0 <= payload < 1 << SEMAPHORE_BITS:
-            raise CommandError(f"semaphore payload {payload!r} does not fit 64 bits")
-        if address % SEMAPHORE_BYTES:
-            raise CommandError(f"a 64-bit semaphore at {address:#x} is not "
-                               f"{SEMAPHORE_BYTES}-byte aligned")
+    def release_semaphore(self, address: int, payload: int, *, timestamp: bool = False) -> None:
+        """Write `payload` (64 bits) at `address` once all earlier work is idle; with
+        `timestamp`, the GPU's nanosecond clock follows it (a 16-byte structure)."""
+        _check_payload(payload)
+        alignment = TIMESTAMP_RELEASE_BYTES if timestamp else SEMAPHORE_BYTES
+        if address % alignment:
+            raise CommandError(f"a {'timestamped ' if timestamp else ''}64-bit semaphore at "
+                               f"{address:#x} is not {alignment}-byte aligned")
         host = self.host
         split = split_address(host, "SEM_ADDR_LO_OFFSET", "SEM_ADDR_HI_OFFSET", address,
                               "semaphore address")
-        execute = host.pack({
+        fields = {
             "SEM_EXECUTE_OPERATION": host.value("SEM_EXECUTE_OPERATION_RELEASE"),
             "SEM_EXECUTE_RELEASE_WFI": host_value(host, "SEM_EXECUTE_RELEASE_WFI",
                                                   "SEM_EXECUTE_RELEASE_WFI_EN"),
             "SEM_EXECUTE_PAYLOAD_SIZE": host_value(host, "SEM_EXECUTE_PAYLOAD_SIZE",
                                                    "SEM_EXECUTE_PAYLOAD_SIZE_64BIT"),
-        })
+        }
+        if timestamp:
+            fields["SEM_EXECUTE_RELEASE_TIMESTAMP"] = host.value(
+                "SEM_EXECUTE_RELEASE_TIMESTAMP_EN")
+        execute = host.pack(fields)
         data = [
             host.pack({"SEM_ADDR_LO_OFFSET": split["SEM_ADDR_LO_OFFSET"]}),
             host.pack({"SEM_ADDR_HI_OFFSET": split["SEM_ADDR_HI_OFFSET"]}),
@@ -362,6 +377,88 @@ class CommandWriter:
         first = host.consecutive(["SEM_ADDR_LO", "SEM_ADDR_HI", "SEM_PAYLOAD_LO",
                                   "SEM_PAYLOAD_HI", "SEM_EXECUTE"])
         self.pushbuffer.incrementing(HOST_SUBCHANNEL, first, data)
+
+
+def _check_payload(payload: int) -> None:
+    if isinstance(payload, bool) or not isinstance(payload, int) or \
+            not 0 <= payload < 1 << SEMAPHORE_BITS:
+        raise CommandError(f"semaphore payload {payload!r} does not fit 64 bits")
+
+
+class CopyWriter:
+    """Named builders for the copy engine (HOPPER_DMA_COPY_A) on `COPY_SUBCHANNEL`.
+
+    A copy is one pitch-linear line of virtual memory to virtual memory
+    (OFFSET_IN/OUT, LINE_LENGTH_IN, then LAUNCH_DMA, non-pipelined so that it
+    starts after the copy before it). The last copy of a batch flushes its
+    writes and then releases a 64-bit semaphore (two-word payload): when the
+    CPU sees the value, every byte of the batch is in memory.
+    """
+
+    def __init__(self, pushbuffer: Pushbuffer, copy: ClassTable = HOPPER_DMA_COPY_A):
+        self.pushbuffer = pushbuffer
+        self.copy_class = copy
+
+    def bind(self) -> None:
+        """SET_OBJECT: the copy class on the copy subchannel (a PBDMA method, any class)."""
+        data = PBDMA.pack({"SET_OBJECT_NVCLASS": self.copy_class.number})
+        self.pushbuffer.incrementing(COPY_SUBCHANNEL, PBDMA.method("SET_OBJECT"), [data])
+
+    def _address_pair(self, upper: str, lower: str, address: int, what: str) -> list[int]:
+        ce = self.copy_class
+        high_bits = ce.fields[f"{upper}_UPPER"][0] + 1 + WORD_BITS
+        if isinstance(address, bool) or not 0 <= address < 1 << high_bits:
+            raise CommandError(f"{what} {address!r} is not a {high_bits}-bit GPU address")
+        return [ce.pack({f"{upper}_UPPER": address >> WORD_BITS}),
+                ce.pack({f"{lower}_VALUE": address % (1 << WORD_BITS)})]
+
+    def copy(self, source: int, destination: int, size: int, *,
+             release: tuple[int, int] | None = None) -> None:
+        """Copy `size` bytes from GPU address `source` to `destination`; with `release`
+        (address, payload), flush and release the semaphore when the copy is done."""
+        ce = self.copy_class
+        if isinstance(size, bool) or not 0 < size <= COPY_LINE_LIMIT:
+            raise CommandError(f"a copy line is 1 to {COPY_LINE_LIMIT} bytes, not {size!r}")
+        offsets = (self._address_pair("OFFSET_IN_UPPER", "OFFSET_IN_LOWER", source, "source")
+                   + self._address_pair("OFFSET_OUT_UPPER", "OFFSET_OUT_LOWER", destination,
+                                        "destination"))
+        first = ce.consecutive(["OFFSET_IN_UPPER", "OFFSET_IN_LOWER", "OFFSET_OUT_UPPER",
+                                "OFFSET_OUT_LOWER"])
+        chosen = {"DATA_TRANSFER_TYPE": "NON_PIPELINED", "SRC_MEMORY_LAYOUT": "PITCH",
+                  "DST_MEMORY_LAYOUT": "PITCH", "MULTI_LINE_ENABLE": "FALSE",
+                  "SRC_TYPE": "VIRTUAL", "DST_TYPE": "VIRTUAL"}
+        semaphore: list[int] = []
+        if release is not None:  # checked before any word is written
+            semaphore = self._semaphore(*release)
+            chosen.update({"FLUSH_ENABLE": "TRUE", "FLUSH_TYPE": "SYS",
+                           "SEMAPHORE_TYPE": "RELEASE_ONE_WORD_SEMAPHORE",
+                           "SEMAPHORE_PAYLOAD_SIZE": "TWO_WORD"})
+        launch = ce.pack({f"LAUNCH_DMA_{name}": ce.value(f"LAUNCH_DMA_{name}_{value}")
+                          for name, value in chosen.items()})
+        self.pushbuffer.incrementing(COPY_SUBCHANNEL, first, offsets)
+        self.pushbuffer.incrementing(COPY_SUBCHANNEL, ce.method("LINE_LENGTH_IN"),
+                                     [ce.pack({"LINE_LENGTH_IN_VALUE": size})])
+        if semaphore:
+            self.pushbuffer.incrementing(COPY_SUBCHANNEL, ce.consecutive(
+                ["SET_SEMAPHORE_A", "SET_SEMAPHORE_B", "SET_SEMAPHORE_PAYLOAD",
+                 "SET_SEMAPHORE_PAYLOAD_UPPER"]), semaphore)
+        self.pushbuffer.incrementing(COPY_SUBCHANNEL, ce.method("LAUNCH_DMA"), [launch])
+
+    def _semaphore(self, address: int, payload: int) -> list[int]:
+        """SET_SEMAPHORE_A, _B, _PAYLOAD, _PAYLOAD_UPPER: a 64-bit payload at `address`."""
+        ce = self.copy_class
+        _check_payload(payload)
+        if address % SEMAPHORE_BYTES:
+            raise CommandError(f"a 64-bit semaphore at {address:#x} is not "
+                               f"{SEMAPHORE_BYTES}-byte aligned")
+        high_bits = ce.fields["SET_SEMAPHORE_A_UPPER"][0] + 1 + WORD_BITS
+        if not 0 <= address < 1 << high_bits:
+            raise CommandError(f"semaphore address {address:#x} is not a {high_bits}-bit "
+                               "GPU address")
+        return [ce.pack({"SET_SEMAPHORE_A_UPPER": address >> WORD_BITS}),
+                ce.pack({"SET_SEMAPHORE_B_LOWER": address % (1 << WORD_BITS)}),
+                ce.pack({"SET_SEMAPHORE_PAYLOAD_PAYLOAD": payload % (1 << WORD_BITS)}),
+                ce.pack({"SET_SEMAPHORE_PAYLOAD_UPPER_PAYLOAD": payload >> WORD_BITS})]
 
 
 def host_value(host: ClassTable, field_name: str, value_name: str) -> int:

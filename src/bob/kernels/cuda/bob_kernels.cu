@@ -1,4 +1,4 @@
-// Bob's five kernels in CUDA C: the operation sequences of docs/ARITHMETIC.md.
+// Bob's kernels in CUDA C: the operation sequences of docs/ARITHMETIC.md.
 //
 // Every backend must store the same bytes as the NumPy reference
 // (src/bob/kernels/reference.py), so each float operation is spelled with an IEEE
@@ -100,6 +100,24 @@ static __device__ float bob_log2(float x) {
     return add((float)e, mul(t, q));  // (float)e is exact
 }
 
+
+#ifndef PDL_TRIGGER_EARLY
+#define PDL_TRIGGER_EARLY 0  // dependents may launch once a kernel starts (1), or at its exit (0)
+#endif
+
+// Programmatic dependent launch (sm_90): the CUDA backend may start a kernel before the
+// one it follows has finished (its graph's edges are programmatic), so every kernel first
+// waits until the kernels before it have completed and their writes are visible. Where
+// a launch has no such predecessor (a plain launch, the nv stream) this returns at once.
+static __device__ __forceinline__ void wait_for_prerequisites() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#if PDL_TRIGGER_EARLY
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+#endif
+}
+
 #define WARP 32u
 #define FULL_WARP 0xFFFFFFFFu
 
@@ -118,19 +136,16 @@ struct MaxOp {
     }
 };
 
-// The 256-lane tree of ARITHMETIC.md section 6 after a single barrier: every warp reads
-// the 256 partials and runs the whole tree itself. Lane t holds partials t, t + 32, ...,
-// t + 224, so levels 128, 64 and 32 combine values it holds; levels 16 ... 1 are
-// shuffles (lane t < s takes lane t + s). Every thread returns the result. `buffer` may
-// be written again only after another barrier, so callers alternate two (Lanes).
+// The 256-lane tree of ARITHMETIC.md section 6 over `partials`, run by one warp: lane t
+// holds partials t, t + 32, ..., t + 224, so levels 128, 64 and 32 combine values it
+// holds; levels 16 ... 1 are shuffles (lane t < s takes lane t + s). Every lane returns
+// the result.
 template <typename Op>
-static __device__ float tree(float partial, float* buffer, Op op) {
-    buffer[threadIdx.x] = partial;
-    __syncthreads();
+static __device__ float warp_tree(const float* partials, Op op) {
     const u32 t = threadIdx.x % WARP;
     float a[8];
 #pragma unroll
-    for (u32 i = 0; i < 8; ++i) a[i] = buffer[t + WARP * i];
+    for (u32 i = 0; i < 8; ++i) a[i] = partials[t + WARP * i];
 #pragma unroll
     for (u32 i = 0; i < 4; ++i) a[i] = op(a[i], a[i + 4]);  // s = 128
     a[0] = op(a[0], a[2]);  // s = 64
@@ -139,6 +154,16 @@ static __device__ float tree(float partial, float* buffer, Op op) {
 #pragma unroll
     for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_down_sync(FULL_WARP, x, s));
     return __shfl_sync(FULL_WARP, x, 0);
+}
+
+// The tree after a single barrier: every warp reads the 256 partials and runs the whole
+// tree itself. `buffer` may be written again only after another barrier, so callers
+// alternate two (Lanes).
+template <typename Op>
+static __device__ float tree(float partial, float* buffer, Op op) {
+    buffer[threadIdx.x] = partial;
+    __syncthreads();
+    return warp_tree(buffer, op);
 }
 
 // The seed kernels' block reductions: the tree above, then a barrier so the caller
@@ -171,6 +196,7 @@ static __device__ __forceinline__ float exponent(float w, float m, float log2e) 
 // by the host) gives a row of NaN rather than a read outside the table.
 extern "C" __global__ void bob_row_gather(float* logits, const u32* prompt, const float* table,
                                           u32 vocab) {
+    wait_for_prerequisites();
     const u32 row = prompt[0];
     u32* out = (u32*)logits;
     const u32* in = (const u32*)table + (u64)row * vocab;
@@ -184,6 +210,7 @@ extern "C" __global__ void bob_row_gather(float* logits, const u32* prompt, cons
 extern "C" __global__ void bob_loss_gradient_hard(const float* parameters, float* gradients,
                                                   const u32* targets, float* loss, float log2e,
                                                   float ln2, float inverse_rows, u32 vocab) {
+    wait_for_prerequisites();
     __shared__ float shared[LANES];
     if (blockDim.x != LANES) __trap();
     const u32 row = blockIdx.x;
@@ -218,6 +245,7 @@ extern "C" __global__ void bob_loss_gradient_hard(const float* parameters, float
 extern "C" __global__ void bob_loss_gradient_corpus(const float* parameters, float* gradients,
                                                     const float* weights, float* loss,
                                                     float log2e, float ln2, u32 vocab) {
+    wait_for_prerequisites();
     __shared__ float shared[LANES];
     if (blockDim.x != LANES) __trap();
     const u32 row = blockIdx.x;
@@ -257,6 +285,7 @@ extern "C" __global__ void bob_adamw(float* parameters, const float* gradients,
                                      float beta1, float one_minus_beta1, float beta2,
                                      float one_minus_beta2, float step_size, float eps_hat,
                                      u32 rows, u32 columns) {
+    wait_for_prerequisites();
     const u64 count = (u64)rows * columns;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
@@ -283,6 +312,7 @@ static __device__ __forceinline__ bool beats(float value, u32 index, float best,
 
 // prediction[0] = the lowest j with row[j] maximal; one block of 256 lanes.
 extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, u32 vocab) {
+    wait_for_prerequisites();
     __shared__ float values[LANES];
     __shared__ u32 indices[LANES];
     if (blockDim.x != LANES) __trap();
@@ -307,6 +337,62 @@ extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, 
         __syncthreads();
     }
     if (lane == 0 && blockIdx.x == 0) prediction[0] = indices[0];
+}
+
+// Non-finite (NaN or +-inf): the exponent bits all ones, tested on the bits so no
+// compiler flag can change the answer.
+static __device__ __forceinline__ u32 non_finite(float x) {
+    return (__float_as_uint(x) & POS_INF) == POS_INF;
+}
+
+static __device__ __forceinline__ u32 non_finite4(float4 q) {
+    return non_finite(q.x) + non_finite(q.y) + non_finite(q.z) + non_finite(q.w);
+}
+
+// health[t] += the count of non-finite elements of table t (parameters, first_moment,
+// second_moment), each V x V. One pass at memory bandwidth: grid-stride over float4
+// quads (the tables are 16-byte aligned, the signature says so), the last V*V mod 4
+// elements by the first threads; each warp sums its lanes by shuffles, each block its
+// warps in shared memory, and a block adds its totals with one 64-bit atomic per table,
+// only where they are not zero (a healthy table costs no atomics). Counts are integers,
+// so the order of the additions does not change the result. Every index is 64-bit:
+// V*V reaches 2^32 at V = 65536. The host zeroes health before the launch.
+extern "C" __global__ void bob_health(const float* parameters, const float* first_moment,
+                                      const float* second_moment, u64* health, u32 vocab) {
+    wait_for_prerequisites();  // the tables are the last update's
+    __shared__ u64 warp_counts[3][LANES / WARP];
+    if (blockDim.x != LANES) __trap();  // warp_counts holds LANES / WARP warps
+    const u64 count = (u64)vocab * vocab;
+    const u64 quads = count / 4;
+    const u64 stride = (u64)gridDim.x * LANES;
+    const u64 first = (u64)blockIdx.x * LANES + threadIdx.x;
+    const float4* p4 = (const float4*)parameters;
+    const float4* m4 = (const float4*)first_moment;
+    const float4* v4 = (const float4*)second_moment;
+    u64 bad[3] = {0, 0, 0};
+    for (u64 q = first; q < quads; q += stride) {
+        bad[0] += non_finite4(p4[q]);
+        bad[1] += non_finite4(m4[q]);
+        bad[2] += non_finite4(v4[q]);
+    }
+    for (u64 i = 4 * quads + first; i < count; i += stride) {
+        bad[0] += non_finite(parameters[i]);
+        bad[1] += non_finite(first_moment[i]);
+        bad[2] += non_finite(second_moment[i]);
+    }
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+#pragma unroll
+    for (u32 t = 0; t < 3; ++t) {
+#pragma unroll
+        for (u32 s = WARP / 2; s > 0; s >>= 1) bad[t] += __shfl_down_sync(FULL_WARP, bad[t], s);
+        if (lane == 0) warp_counts[t][warp] = bad[t];
+    }
+    __syncthreads();
+    if (threadIdx.x < 3) {
+        u64 total = 0;
+        for (u32 w = 0; w < LANES / WARP; ++w) total += warp_counts[threadIdx.x][w];
+        if (total != 0) atomicAdd(&health[threadIdx.x], total);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -336,6 +422,15 @@ extern "C" __global__ void bob_greedy_argmax(u32* prediction, const float* row, 
 // 637, no kept exponentials 558).
 
 #define ADAM_STRIDE 8u  // floats per row of adam_scalars: 7 scalars and padding
+#ifndef STAGE_SCALARS
+#define STAGE_SCALARS 1  // adam_scalars staged in shared memory (1) or read per update (0)
+#endif
+#ifndef SMALL_PATH
+#define SMALL_PATH 1  // V <= 256 on 128 lanes of two elements (fused_small)
+#endif
+#ifndef ONE_SLOT_PATH
+#define ONE_SLOT_PATH 1  // V <= 256 runs a resident path of one element per lane
+#endif
 #ifndef RESIDENT_SLOTS
 #define RESIDENT_SLOTS 4u  // row elements per lane in registers on the resident path
 #endif
@@ -406,6 +501,34 @@ struct FusedArgs {
     u32 vocab, updates, finish;
 };
 
+// adam_scalars rows staged in shared memory a chunk at a time (the lanes of the block
+// each hold one float of a chunk: 32 rows for 256 lanes), the next chunk loaded into a
+// register one chunk ahead: a block waits on global memory once per launch rather than
+// once per update. Chunk c lives in buffer c % 2, so a lane filling chunk c + 1 never
+// overwrites rows a slower warp still reads; the trees' barriers between the fill and the
+// first read make the rows visible.
+struct StagedScalars {
+    float* buffers;  // two chunks of `width` floats
+    u32 width;  // lanes that stage: rows per chunk = width / ADAM_STRIDE
+    float ahead = 0.0f;  // float threadIdx.x of the next chunk
+    __device__ u32 rows() const { return width / ADAM_STRIDE; }
+    __device__ float* chunk(u32 k) const { return buffers + width * ((k / rows()) % 2); }
+    __device__ float load(const FusedArgs& a, u32 first) const {
+        const u32 index = first * ADAM_STRIDE + threadIdx.x;  // within the footprint:
+        return index < a.updates * ADAM_STRIDE ? a.adam_scalars[index] : 0.0f;  // 32 N bytes
+    }
+    // Called with every k, in order, by every lane: fills the chunk that update k opens.
+    __device__ void stage(const FusedArgs& a, u32 k) {
+        if (!STAGE_SCALARS || k % rows() != 0) return;
+        chunk(k)[threadIdx.x] = k == 0 ? load(a, 0) : ahead;
+        ahead = load(a, k + rows());
+    }
+    __device__ AdamStep step(const FusedArgs& a, u32 k) const {
+        if (!STAGE_SCALARS) return adam_step(a.adam_scalars + ADAM_STRIDE * k);
+        return adam_step(chunk(k) + ADAM_STRIDE * (k % rows()));
+    }
+};
+
 // Element j's gradient from p_j = e_j / s: hard p (1/V), and (p - 1) (1/V) at the
 // target; corpus rowsum(T) p - T_j.
 template <bool CORPUS>
@@ -462,7 +585,8 @@ static __device__ float resident_exponentials(const FusedArgs& a, const float* w
 }
 
 template <bool CORPUS, u32 SLOTS>
-static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes) {
+static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes,
+                                      StagedScalars& scalars) {
     const u64 base = (u64)blockIdx.x * a.vocab;
     float w[SLOTS], m[SLOTS], v[SLOTS];
     float t[SLOTS], e[SLOTS];
@@ -485,9 +609,10 @@ static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes) {
     const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
 
     for (u32 k = 0; k < a.updates; ++k) {
-        const AdamStep step = adam_step(a.adam_scalars + ADAM_STRIDE * k);
+        scalars.stage(a, k);
         float row_max;
         const float s = resident_exponentials<SLOTS>(a, w, e, row_max, lanes);
+        const AdamStep step = scalars.step(a, k);  // after the trees' barriers
 #pragma unroll
         for (u32 i = 0; i < SLOTS; ++i) {
             const u32 j = threadIdx.x + LANES * i;
@@ -521,6 +646,162 @@ static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes) {
             a.parameters[base + j] = canonical(w[i]);
             a.first_moment[base + j] = canonical(m[i]);
             a.second_moment[base + j] = canonical(v[i]);
+        }
+    }
+}
+
+// -- small rows (V <= 256): 128 lanes, each two of the tree's lanes -----------------------
+//
+// Thread t < 128 holds elements t and t + 128 (the tree's lanes t and t + 128, one element
+// each), so level 128 of every tree is its own operation and the tree's remaining 128
+// partials need half the warps; warps 4 to 7 leave at once and the rest meet at a
+// barrier of 128 threads. Sums finish with xor shuffles: every lane ends with lane 0's
+// value, as addition is commutative bit for bit. The row max, whose order matters only
+// between +0 and -0, is the integer max of order-preserving keys (one warp instruction),
+// and falls back to the literal tree when the maximum is a zero.
+#define SMALL_LANES 128u
+
+// Barrier 0 with a count of 128: the launch needs no named barrier beyond the one every
+// kernel has (a QMD built by the nv backend declares one barrier; barrier 1 faulted there).
+static __device__ __forceinline__ void small_barrier() {
+    asm volatile("bar.sync 0, 128;" ::: "memory");
+}
+
+// The float order as a signed integer order (-0 below +0); NaN never reaches it.
+static __device__ __forceinline__ int order_key(float x) {
+    const int bits = __float_as_int(x);
+    return bits >= 0 ? bits : bits ^ 0x7FFFFFFF;
+}
+
+struct SmallTrees {
+    float (*buffers)[LANES];
+    u32 turn;
+    __device__ float* next() {
+        float* buffer = buffers[turn];
+        turn ^= 1u;
+        return buffer;
+    }
+    // The tree from level 64 on, over the 128 partials the threads hold.
+    template <typename Op>
+    __device__ float rest(float partial, float* buffer, Op op, bool commutes) {
+        buffer[threadIdx.x] = partial;
+        small_barrier();
+        const u32 t = threadIdx.x % WARP;
+        float a0 = op(buffer[t], buffer[t + 2 * WARP]);  // s = 64
+        const float a1 = op(buffer[t + WARP], buffer[t + 3 * WARP]);
+        float x = op(a0, a1);  // s = 32
+        if (commutes) {
+#pragma unroll
+            for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_xor_sync(FULL_WARP, x, s));
+            return x;
+        }
+#pragma unroll
+        for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_down_sync(FULL_WARP, x, s));
+        return __shfl_sync(FULL_WARP, x, 0);
+    }
+    __device__ float sum(float low, float high) {
+        return rest(add(low, high), next(), SumOp(), true);
+    }
+    __device__ float max(float low, float high) {
+        const float partial = select_max(low, high);  // s = 128
+        float* buffer = next();
+        const int key = __reduce_max_sync(FULL_WARP, order_key(partial));
+        int* keys = (int*)buffer + SMALL_LANES;  // past the partials the literal tree uses
+        if (threadIdx.x % WARP == 0) keys[threadIdx.x / WARP] = key;
+        small_barrier();
+        const int4 k = *(const int4*)keys;
+        const int best = ::max(::max(k.x, k.y), ::max(k.z, k.w));
+        const float m = __int_as_float(best >= 0 ? best : best ^ 0x7FFFFFFF);
+        if (m != 0.0f) return m;  // uniform: every lane read the same keys
+        return rest(partial, next(), MaxOp(), false);  // a zero: whose sign the order decides
+    }
+};
+
+// Lane partials of an element: the max from -inf, the sum from +0 (lanes past V: identity).
+static __device__ __forceinline__ float max_partial(float x, bool inside) {
+    return inside ? select_max(f32(NEG_INF), x) : f32(NEG_INF);
+}
+
+template <bool CORPUS>
+static __device__ void fused_small(const FusedArgs& a, float (*buffers)[LANES],
+                                   float (*scalar_buffers)[LANES]) {
+    if (threadIdx.x >= SMALL_LANES) return;  // never at a barrier: the others count 128
+    SmallTrees trees{buffers, 0u};
+    StagedScalars scalars{scalar_buffers[0], SMALL_LANES};
+    const u64 base = (u64)blockIdx.x * a.vocab;
+    const u32 j[2] = {threadIdx.x, threadIdx.x + SMALL_LANES};
+    const bool inside[2] = {j[0] < a.vocab, j[1] < a.vocab};
+    float w[2], m[2], v[2], t[2], e[2];
+#pragma unroll
+    for (u32 i = 0; i < 2; ++i) {
+        w[i] = m[i] = v[i] = t[i] = e[i] = 0.0f;
+        if (inside[i]) {
+            w[i] = a.parameters[base + j[i]];
+            m[i] = a.first_moment[base + j[i]];
+            v[i] = a.second_moment[base + j[i]];
+            if (CORPUS) t[i] = a.weights[base + j[i]];
+        }
+    }
+    const float weight_sum = CORPUS ? trees.sum(add(0.0f, t[0]), add(0.0f, t[1])) : 0.0f;
+    const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
+
+    // Row max, e_i, and the row sum s of the current w.
+    auto exponentials = [&](float& row_max) {
+        row_max = trees.max(max_partial(w[0], inside[0]), max_partial(w[1], inside[1]));
+        float partial[2];
+#pragma unroll
+        for (u32 i = 0; i < 2; ++i) {
+            e[i] = bob_exp2(exponent(w[i], row_max, a.log2e));
+            partial[i] = inside[i] ? add(0.0f, e[i]) : 0.0f;
+        }
+        return trees.sum(partial[0], partial[1]);
+    };
+
+    for (u32 k = 0; k < a.updates; ++k) {
+        scalars.stage(a, k);
+        float row_max;
+        const float s = exponentials(row_max);
+        const AdamStep step = scalars.step(a, k);  // after the trees' barriers
+#pragma unroll
+        for (u32 i = 0; i < 2; ++i) {
+            if (inside[i]) {
+                const float g = gradient<CORPUS>(a, dvd(e[i], s), j[i], target, weight_sum, t[i]);
+                adamw_element(step, g, w[i], m[i], v[i]);
+            }
+        }
+    }
+
+    if (a.finish) {
+        float row_max;
+        const float s = exponentials(row_max);
+        const float big_l = bob_log2(s);
+        float loss_partial[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (u32 i = 0; i < 2; ++i) {
+            if (inside[i]) {
+                const float g = gradient<CORPUS>(a, dvd(e[i], s), j[i], target, weight_sum, t[i]);
+                a.gradients[base + j[i]] = canonical(g);
+                const float z = exponent(w[i], row_max, a.log2e);
+                if (CORPUS) {
+                    loss_partial[i] = add(0.0f, mul(sub(big_l, z), t[i]));
+                } else if (j[i] == target) {
+                    a.loss[blockIdx.x] = canonical(mul(a.ln2, sub(big_l, z)));
+                }
+            }
+        }
+        if (CORPUS) {
+            const float total = trees.sum(loss_partial[0], loss_partial[1]);
+            if (threadIdx.x == 0) a.loss[blockIdx.x] = canonical(mul(a.ln2, total));
+        } else if (target >= a.vocab && threadIdx.x == 0) {
+            a.loss[blockIdx.x] = f32(CANONICAL_NAN);
+        }
+    }
+#pragma unroll
+    for (u32 i = 0; i < 2; ++i) {
+        if (inside[i]) {
+            a.parameters[base + j[i]] = canonical(w[i]);
+            a.first_moment[base + j[i]] = canonical(m[i]);
+            a.second_moment[base + j[i]] = canonical(v[i]);
         }
     }
 }
@@ -581,7 +862,8 @@ static __device__ __forceinline__ float exponential_again(const FusedArgs& a, co
 }
 
 template <bool CORPUS>
-static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* kept) {
+static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* kept,
+                                       StagedScalars& scalars) {
     const u64 base = (u64)blockIdx.x * a.vocab;
     float* w = a.parameters + base;
     float* m = a.first_moment + base;
@@ -596,9 +878,10 @@ static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* 
     const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
 
     for (u32 k = 0; k < a.updates; ++k) {
-        const AdamStep step = adam_step(a.adam_scalars + ADAM_STRIDE * k);
+        scalars.stage(a, k);
         const float row_max = streaming_max(a, w, lanes);
         const float s = streaming_sum(a, w, row_max, kept, lanes);
+        const AdamStep step = scalars.step(a, k);  // after the trees' barriers
         for (u32 first = threadIdx.x; first < a.vocab; first += LANES * BATCH) {
             float wb[BATCH], mb[BATCH], vb[BATCH], tb[BATCH];
 #pragma unroll
@@ -658,8 +941,9 @@ static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* 
 }
 
 // Shared memory of a fused block: the reductions' two buffers, the kept exponentials.
-struct FusedShared {
+struct __align__(16) FusedShared {
     float buffers[2][LANES];
+    float scalars[2][LANES];  // staged rows of adam_scalars (StagedScalars)
     float kept[KEPT_EXPONENTIALS > 0 ? KEPT_EXPONENTIALS : 1];
 };
 
@@ -670,10 +954,15 @@ static __device__ void fused_train(const FusedArgs& a, FusedShared& shared) {
     if (blockDim.x != LANES) __trap();
     if (blockIdx.x >= a.vocab) return;  // the whole block: no barrier is left waiting
     Lanes lanes{shared.buffers, 0u};
-    if (a.vocab <= SLOTS * LANES) {
-        fused_resident<CORPUS, SLOTS>(a, lanes);
+    StagedScalars scalars{shared.scalars[0], LANES};
+    if (SMALL_PATH && a.vocab <= LANES) {
+        fused_small<CORPUS>(a, shared.buffers, shared.scalars);
+    } else if (ONE_SLOT_PATH && a.vocab <= LANES) {  // one element per lane: fewer registers
+        fused_resident<CORPUS, 1>(a, lanes, scalars);
+    } else if (a.vocab <= SLOTS * LANES) {
+        fused_resident<CORPUS, SLOTS>(a, lanes, scalars);
     } else {
-        fused_streaming<CORPUS>(a, lanes, shared.kept);
+        fused_streaming<CORPUS>(a, lanes, shared.kept, scalars);
     }
 }
 
@@ -683,6 +972,7 @@ extern "C" __global__ FUSED_BOUNDS void bob_fused_train_hard(float* parameters, 
                                                 const float* adam_scalars, float log2e,
                                                 float ln2, float inverse_rows, u32 vocab,
                                                 u32 updates, u32 finish) {
+    wait_for_prerequisites();
     __shared__ FusedShared shared;
     const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
                       loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
@@ -695,6 +985,7 @@ extern "C" __global__ FUSED_BOUNDS void bob_fused_train_corpus(float* parameters
                                                   const float* adam_scalars, float log2e,
                                                   float ln2, u32 vocab, u32 updates,
                                                   u32 finish) {
+    wait_for_prerequisites();
     __shared__ FusedShared shared;
     const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
                       loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
@@ -706,6 +997,7 @@ extern "C" __global__ WIDE_BOUNDS void bob_fused_train_wide_hard(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
         const u32* targets, float* loss, const float* adam_scalars, float log2e, float ln2,
         float inverse_rows, u32 vocab, u32 updates, u32 finish) {
+    wait_for_prerequisites();
     __shared__ FusedShared shared;
     const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
                       loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
@@ -716,8 +1008,234 @@ extern "C" __global__ WIDE_BOUNDS void bob_fused_train_wide_corpus(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
         const float* weights, float* loss, const float* adam_scalars, float log2e, float ln2,
         u32 vocab, u32 updates, u32 finish) {
+    wait_for_prerequisites();
     __shared__ FusedShared shared;
     const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
                       loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
     fused_train<true, WIDE_SLOTS>(a, shared);
+}
+
+// -- tall: a block of 1024 threads per row, the row on chip (V <= 8192) --------------------
+//
+// Thread (q, l) = (threadIdx.x / 256, threadIdx.x % 256) holds elements
+// j = l + 256 (8 q + i), i < 8: quarter q of tree lane l's elements, in order. A lane's
+// max folds split at quarters give the same value (the select keeps the first of equal
+// values; no partial is NaN), so each thread folds its quarter and warp 0 combines the
+// four before the tree. A lane's sum is one ordered chain, so the exponentials go to
+// shared memory and the first 256 threads fold their lane's 32 in order. Warp 0 runs each
+// tree and publishes the result: the other 31 warps would only repeat it.
+#define TALL_THREADS 1024u
+#define TALL_SLOTS 8u  // elements per thread
+#define TALL_VOCAB (TALL_THREADS * TALL_SLOTS)
+#define QUARTERS (TALL_THREADS / LANES)
+#define LANE_ELEMENTS (TALL_VOCAB / LANES)  // a tree lane's elements at most
+#define TALL_BOUNDS __launch_bounds__(TALL_THREADS, 1)
+
+struct __align__(16) TallShared {
+    float kept[TALL_VOCAB];  // by element: exponentials or loss terms for the lanes' folds
+    float4 quarter_max[LANES];  // tree lane l's four quarter maxima
+    float partials[LANES];
+    float scalars[2 * TALL_THREADS];  // StagedScalars: 128 updates per chunk
+    int keys[TALL_THREADS / WARP];  // each warp's max key
+    float result;
+};
+
+// How many of thread (quarter, lane)'s elements j = lane + 256 (8 quarter + i) are < V.
+static __device__ __forceinline__ u32 elements_inside(u32 vocab, u32 lane, u32 quarter) {
+    const u32 first = lane + LANES * TALL_SLOTS * quarter;
+    if (first >= vocab) return 0u;
+    const u32 count = (vocab - first + LANES - 1u) / LANES;
+    return count < TALL_SLOTS ? count : TALL_SLOTS;
+}
+
+template <bool FULL>  // V = TALL_VOCAB: every thread's elements inside the row
+struct TallRow {
+    const FusedArgs& a;
+    TallShared& shared;
+    u32 lane, quarter;
+    u32 count;  // this thread's elements inside the row: the first `count` (elements_inside)
+
+    __device__ u32 element(u32 i) const { return lane + LANES * (TALL_SLOTS * quarter + i); }
+    __device__ bool inside(u32 i) const { return FULL || i < count; }
+
+    // Warp 0 runs the tree over `partials` and publishes it; everyone reads it.
+    template <typename Op>
+    __device__ float publish(Op op) {
+        if (threadIdx.x < WARP) {
+            const float total = warp_tree(shared.partials, op);
+            if (threadIdx.x == 0) shared.result = total;
+        }
+        __syncthreads();
+        return shared.result;
+    }
+
+    // The row max: the integer max of order-preserving keys over the block (two warp
+    // instructions and one barrier), or, when the maximum is a zero, the literal tree.
+    __device__ float max(const float (&w)[TALL_SLOTS]) {
+        float held = f32(NEG_INF);
+#pragma unroll
+        for (u32 i = 0; i < TALL_SLOTS; ++i) {
+            if (inside(i)) held = select_max(held, w[i]);
+        }
+        const int key = __reduce_max_sync(FULL_WARP, order_key(held));
+        if (threadIdx.x % WARP == 0) shared.keys[threadIdx.x / WARP] = key;
+        __syncthreads();
+        const int best = __reduce_max_sync(FULL_WARP, shared.keys[threadIdx.x % WARP]);
+        const float m = __int_as_float(best >= 0 ? best : best ^ 0x7FFFFFFF);
+        if (m != 0.0f) return m;  // uniform: every warp reduced the same keys
+        return literal_max(held);
+    }
+
+    // The tree's max: a lane's four quarter maxima in order, then the tree.
+    __device__ float literal_max(float held) {
+        ((float*)shared.quarter_max)[QUARTERS * lane + quarter] = held;
+        __syncthreads();
+        if (threadIdx.x < LANES) {
+            const float4 q = shared.quarter_max[threadIdx.x];
+            shared.partials[threadIdx.x] = select_max(select_max(select_max(q.x, q.y), q.z), q.w);
+        }
+        __syncthreads();
+        return publish(MaxOp());
+    }
+
+    // The row max, e_j into kept, and the row sum of the current w.
+    __device__ float exponentials(const float (&w)[TALL_SLOTS], float& row_max) {
+        row_max = max(w);
+#pragma unroll
+        for (u32 i = 0; i < TALL_SLOTS; ++i) {
+            if (inside(i)) shared.kept[element(i)] = bob_exp2(exponent(w[i], row_max, a.log2e));
+        }
+        return sum_kept();
+    }
+
+    // The row sum of the values each thread put in kept[element(i)] (past V: nothing).
+    __device__ float sum_kept() {
+        __syncthreads();
+        if (threadIdx.x < LANES) {
+            float acc = 0.0f;
+#pragma unroll
+            for (u32 n = 0; n < LANE_ELEMENTS; ++n) {
+                const u32 j = threadIdx.x + LANES * n;
+                if (j < a.vocab) acc = add(acc, shared.kept[j]);
+            }
+            shared.partials[threadIdx.x] = acc;
+        }
+        __syncthreads();
+        return publish(SumOp());
+    }
+};
+
+template <bool CORPUS, bool FULL>
+static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
+    const u32 lane = threadIdx.x % LANES, quarter = threadIdx.x / LANES;
+    TallRow<FULL> row{a, shared, lane, quarter, elements_inside(a.vocab, lane, quarter)};
+    StagedScalars scalars{shared.scalars, TALL_THREADS};
+    const u64 base = (u64)blockIdx.x * a.vocab;
+    // Corpus weights are read from memory (L1) where used rather than held: 64 registers
+    // (1024 threads) hold w, m and v, and a kernel here may not spill (Bob's streams give
+    // no local memory).
+    const float* t = CORPUS ? a.weights + base : nullptr;
+    float w[TALL_SLOTS], m[TALL_SLOTS], v[TALL_SLOTS];
+#pragma unroll
+    for (u32 i = 0; i < TALL_SLOTS; ++i) {
+        w[i] = m[i] = v[i] = 0.0f;
+        if (row.inside(i)) {
+            const u32 j = row.element(i);
+            w[i] = a.parameters[base + j];
+            m[i] = a.first_moment[base + j];
+            v[i] = a.second_moment[base + j];
+            if (CORPUS) shared.kept[j] = t[j];
+        }
+    }
+    const float weight_sum = CORPUS ? row.sum_kept() : 0.0f;
+    const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
+
+    for (u32 k = 0; k < a.updates; ++k) {
+        scalars.stage(a, k);
+        float row_max;
+        const float s = row.exponentials(w, row_max);
+        const AdamStep step = scalars.step(a, k);  // after the trees' barriers
+#pragma unroll
+        for (u32 i = 0; i < TALL_SLOTS; ++i) {
+            if (row.inside(i)) {
+                const u32 j = row.element(i);
+                const float g = gradient<CORPUS>(a, dvd(shared.kept[j], s), j, target,
+                                                 weight_sum, CORPUS ? t[j] : 0.0f);
+                adamw_element(step, g, w[i], m[i], v[i]);
+            }
+        }
+    }
+
+    if (a.finish) {
+        float row_max;
+        const float s = row.exponentials(w, row_max);
+        const float big_l = bob_log2(s);
+#pragma unroll
+        for (u32 i = 0; i < TALL_SLOTS; ++i) {
+            if (row.inside(i)) {
+                const u32 j = row.element(i);
+                const float p = dvd(shared.kept[j], s);
+                const float weight = CORPUS ? t[j] : 0.0f;
+                a.gradients[base + j] = canonical(gradient<CORPUS>(a, p, j, target, weight_sum,
+                                                                   weight));
+                const float z = exponent(w[i], row_max, a.log2e);
+                if (CORPUS) {
+                    shared.kept[j] = mul(sub(big_l, z), weight);  // only this thread read e_j
+                } else if (j == target) {
+                    a.loss[blockIdx.x] = canonical(mul(a.ln2, sub(big_l, z)));
+                }
+            }
+        }
+        if (CORPUS) {
+            const float total = row.sum_kept();
+            if (threadIdx.x == 0) a.loss[blockIdx.x] = canonical(mul(a.ln2, total));
+        } else if (target >= a.vocab && threadIdx.x == 0) {
+            a.loss[blockIdx.x] = f32(CANONICAL_NAN);
+        }
+    }
+#pragma unroll
+    for (u32 i = 0; i < TALL_SLOTS; ++i) {
+        if (row.inside(i)) {
+            const u32 j = row.element(i);
+            a.parameters[base + j] = canonical(w[i]);
+            a.first_moment[base + j] = canonical(m[i]);
+            a.second_moment[base + j] = canonical(v[i]);
+        }
+    }
+}
+
+template <bool CORPUS>
+static __device__ void fused_train_tall(const FusedArgs& a) {
+    __shared__ TallShared shared;
+    if (blockDim.x != TALL_THREADS || a.vocab > TALL_VOCAB) __trap();
+    if (blockIdx.x >= a.vocab) return;
+    // The whole launch takes one branch. Corpus rows always count their elements: with
+    // both paths the corpus kernel spilled (8 bytes), and no kernel here may.
+    if (!CORPUS && a.vocab == TALL_VOCAB) {
+        fused_tall<CORPUS, true>(a, shared);
+    } else {
+        fused_tall<CORPUS, false>(a, shared);
+    }
+}
+
+// The same kernels for rows up to TALL_VOCAB: 1024 threads, one block per SM (the plan
+// uses them from program.bob.TALL_FROM_VOCAB, where they overtake streaming).
+extern "C" __global__ TALL_BOUNDS void bob_fused_train_tall_hard(
+        float* parameters, float* first_moment, float* second_moment, float* gradients,
+        const u32* targets, float* loss, const float* adam_scalars, float log2e, float ln2,
+        float inverse_rows, u32 vocab, u32 updates, u32 finish) {
+    wait_for_prerequisites();
+    const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
+                      loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
+    fused_train_tall<false>(a);
+}
+
+extern "C" __global__ TALL_BOUNDS void bob_fused_train_tall_corpus(
+        float* parameters, float* first_moment, float* second_moment, float* gradients,
+        const float* weights, float* loss, const float* adam_scalars, float log2e, float ln2,
+        u32 vocab, u32 updates, u32 finish) {
+    wait_for_prerequisites();
+    const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
+                      loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
+    fused_train_tall<true>(a);
 }

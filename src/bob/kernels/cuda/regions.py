@@ -102,10 +102,20 @@ def check_block(kernel: Kernel, block_x: int) -> None:
                          f"the plan launches ({block_x}, 1, 1)")
 
 
+def check_no_local_memory(kernel: Kernel) -> None:
+    """Raise if the kernel needs a per-thread stack (spilled registers, local arrays): a
+    region's resources are its code, registers and shared memory, and Bob's own stream
+    gives its launches no local memory."""
+    if kernel.frame_bytes:
+        raise CubinError(f"kernel {kernel.entry!r} needs {kernel.frame_bytes} bytes of local "
+                         "memory per thread (a stack frame); regions may use none")
+
+
 def region_from_kernel(kernel: Kernel, declared: Region, target: Target) -> Region:
     """The declared region with the image's code and resources, after checking the image."""
     check_parameter_layout(kernel, target, declared.params)
     check_block(kernel, declared.block_x)
+    check_no_local_memory(kernel)
     return Region(
         name=declared.name,
         code=kernel.code,

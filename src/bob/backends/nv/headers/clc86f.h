@@ -45,6 +45,9 @@
 #define NVC86F_SEM_EXECUTE_RELEASE_WFI_DIS                          0x00000000
 #define NVC86F_SEM_EXECUTE_PAYLOAD_SIZE                                  24:24
 #define NVC86F_SEM_EXECUTE_PAYLOAD_SIZE_32BIT                       0x00000000
+#define NVC86F_SEM_EXECUTE_RELEASE_TIMESTAMP                             25:25
+#define NVC86F_SEM_EXECUTE_RELEASE_TIMESTAMP_DIS                    0x00000000
+#define NVC86F_SEM_EXECUTE_RELEASE_TIMESTAMP_EN                     0x00000001
 
 /* GPFIFO entry format */
 #define NVC86F_GP_ENTRY__SIZE                                          8

@@ -47,6 +47,7 @@ from .channel import Channel
 from .device import RmClient, RmDevice
 from .ioctl import ChannelError, RmError, SubmissionTimeout, Transport
 from .memory import SYSMEM_GRANULE, VIDMEM_GRANULE, Allocation, allocate, round_up
+from .stream import COPY_THRESHOLD, RuntimeStream
 
 SUPPORTED_TARGET = "sm_90"
 DEFAULT_DEADLINE_S = 30.0  # without progress; the clock restarts whenever GP_GET moves
@@ -79,7 +80,8 @@ class NvBackend(Backend):
     name = "nv"
 
     def __init__(self, plan: Plan | CertifiedPlan, arena: str = "device", *,
-                 transport: Transport | None = None, deadline_s: float = DEFAULT_DEADLINE_S):
+                 transport: Transport | None = None, deadline_s: float = DEFAULT_DEADLINE_S,
+                 counter_start: int = 0):
         super().__init__(plan)
         plan = self.plan
         if plan.target.name != SUPPORTED_TARGET:
@@ -89,6 +91,13 @@ class NvBackend(Backend):
             raise ValueError(f"arena must be one of {ARENA_KINDS}, not {arena!r}")
         _require_code(plan)
         self.deadline_s = deadline_s
+        self.arena_kind = arena
+        # Set to a list by `bob profile`: each run then appends (launch, device ns) per launch.
+        self.launch_times: list[tuple[int, int]] | None = None
+        self._stream: RuntimeStream | None = None  # made on first use (copies, profiling)
+        self._counter_start = counter_start
+        self._failure = ""  # why the backend closed itself (a channel error)
+        self._no_stream = ""  # why the runtime stream could not be set up, if it could not
         self.encoded: EncodedProgram = encode(self.certified)
         self.client = RmClient(transport)
         self.blocks: dict[str, Allocation] = {}
@@ -129,15 +138,70 @@ class NvBackend(Backend):
         assert block.gpu_va is not None
         block.write(address - block.gpu_va, data)
 
+    # -- the runtime stream: copies and timestamps -------------------------------------------
+    @property
+    def stream(self) -> RuntimeStream:
+        """The copy engine, staging buffer and timestamps; set up the first time asked."""
+        self._require_open()
+        assert self.channel is not None
+        if self._stream is None:
+            self._stream = RuntimeStream(self.device, self.channel, self._wait_for,
+                                         start=self._counter_start)
+        return self._stream
+
+    def _copies(self, size: int) -> bool:
+        """Whether `size` bytes of the arena move by copy engine (else CPU through BAR1)."""
+        if self.arena_kind != "device" or size < COPY_THRESHOLD or self._no_stream:
+            return False
+        try:
+            return self.stream.copies
+        except RmError as error:  # the runtime area could not be set up: BAR1 still works
+            self._no_stream = str(error)
+            return False
+
     # -- the arena and submission ------------------------------------------------------------
     def _write_arena(self, offset: int, data: memoryview) -> None:
-        self.blocks["arena"].write(offset, bytes(data))
+        self._require_open()
+        arena = self.blocks["arena"]
+        if self._copies(len(data)):
+            assert arena.gpu_va is not None
+            self._guarded(lambda: self.stream.write(arena.gpu_va + offset, data))
+            return
+        arena.write(offset, bytes(data))
 
     def _read_arena(self, offset: int, size: int) -> bytes:
-        return self.blocks["arena"].read(offset, size)
+        self._require_open()
+        arena = self.blocks["arena"]
+        if self._copies(size):
+            assert arena.gpu_va is not None
+            return self._guarded(lambda: self.stream.read(arena.gpu_va + offset, size))
+        return arena.read(offset, size)
 
     def _run(self, submissions: range) -> None:
+        self._require_open()
+        self._guarded(lambda: self._submit(submissions))
+
+    def _guarded(self, work):
+        """Run `work`; a channel error closes the backend (the channel is dead) and is
+        reported as one line naming the launch and the error."""
+        try:
+            return work()
+        except ChannelError as error:
+            self._failure = str(error)
+            self.close()
+            raise ChannelError(f"{error}; the nv backend closed its channel and memory") \
+                from None
+
+    def _require_open(self) -> None:
+        if self.channel is None:
+            raise RunFailure("the nv backend is closed" + (f" after: {self._failure}"
+                                                          if self._failure else ""))
+
+    def _submit(self, submissions: range) -> None:
         assert self.channel is not None
+        if self.launch_times is not None:
+            self._profile(submissions)
+            return
         room = self.channel.entries // 2
         for start in range(0, len(submissions), room):
             batch = submissions[start:start + room]
@@ -146,6 +210,22 @@ class NvBackend(Backend):
                              bytes(SEMAPHORE_BYTES))
             self.channel.submit([self.encoded.submission_entry(index) for index in batch])
             self._wait(batch[-1])
+
+    def _profile(self, submissions: range) -> None:
+        """Every submission bracketed by timestamped releases: one launch each."""
+        assert self.launch_times is not None
+        launches = []
+        for index in submissions:
+            submission = self.plan.submissions[index]
+            if submission.count != 1:
+                raise RunFailure(f"profiling times one launch per submission; submission "
+                                 f"{index} has {submission.count} (build the plan with the "
+                                 "per-launch submission policy)")
+            launches.append(submission.first_launch)
+            self._upload("semaphores", self.encoded.submission_semaphore(index),
+                         bytes(SEMAPHORE_BYTES))
+        times = self.stream.profile([self.encoded.submission_entry(i) for i in submissions])
+        self.launch_times.extend(zip(launches, times, strict=True))
 
     def semaphore(self, submission: int) -> int:
         """The 64-bit value in submission `submission`'s semaphore slot."""
@@ -174,24 +254,51 @@ class NvBackend(Backend):
                                   what)
                 return
             except ChannelError as error:
-                raise ChannelError(f"{error}; {self._progress()}") from None
+                raise ChannelError(f"{self._fault()}: {error}; {self._progress()}") from None
             except SubmissionTimeout as error:
                 if (self.channel.gp_get, self.launch_progress()) == before:
                     raise SubmissionTimeout(f"{error}; {self._progress()}") from None
+
+    def _wait_for(self, read_value, target: int, what: str) -> None:
+        """The runtime stream's waits: the same deadline, the same channel-error report
+        (a copy that faults is named as the copy, a profiled launch as the launch)."""
+        assert self.channel is not None
+        try:
+            self.channel.wait(read_value, target, self.deadline_s, what)
+        except ChannelError as error:
+            subject = what if what.startswith("copy-engine") else None
+            raise ChannelError(f"{self._fault(subject)}: {error}; {self._progress()}") \
+                from None
+        except SubmissionTimeout as error:
+            raise SubmissionTimeout(f"{error}; {self._progress()}") from None
+
+    def _launch_label(self, index: int) -> str:
+        if not 0 <= index < self.plan.launch_count:
+            return "not in the plan"
+        launch = self.plan.launches[index]
+        return launch.label or launch.region
+
+    def _fault(self, subject: str | None = None) -> str:
+        """What the channel stopped in (by default the launch after the last whose release
+        landed) and the error the driver wrote in the channel's error notifier."""
+        assert self.channel is not None
+        if subject is None:
+            failed = self.launch_progress()
+            subject = f"launch {failed} ({self._launch_label(failed)})"
+        return f"{subject} failed with {self.channel.state().reason()}"
 
     def _progress(self) -> str:
         done = self.launch_progress()
         if done == 0:
             return "no launch has completed"
-        launch = self.plan.launches[done - 1] if done <= self.plan.launch_count else None
-        label = (launch.label or launch.region) if launch else "not in the plan"
-        return f"the last launch completed is {done - 1} ({label})"
+        return f"the last launch completed is {done - 1} ({self._launch_label(done - 1)})"
 
     def _carry_patches(self, launch_index: int, values: dict[str, Scalar],
                        patches: list[Patch]) -> None:
         """The changed words go straight into the mapped program component, where the
         launch's QMD points constant buffer 0; the driver area there stays. A word that
         already holds its value is not written (every write crosses BAR1)."""
+        self._require_open()
         base = self.plan.parameter_block_address(launch_index) - self.plan.address_map.program.base
         changed = sorted((base + offset, word) for offset, word in patches
                          if self._program[base + offset:base + offset + len(word)] != word)
@@ -200,6 +307,9 @@ class NvBackend(Backend):
             self._program[start:start + len(data)] = data
 
     def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
         if self.channel is not None:
             self.channel.close()
             self.channel = None

@@ -43,6 +43,20 @@ from .memory import Allocation, allocate, round_up, store_fence
 RUNTIME_VA_BASE = 0x10_0000_0000  # below every plan (DEFAULT_VA_BASE is 0x20_0000_0000)
 GPFIFO_ENTRIES = 1024
 
+# What the driver writes as info32 of the error notifier when it stops a channel: the
+# robust-channel error, the number nvidia-smi and the kernel log call an Xid
+# (NVIDIA's "XID Errors" document; ROBUST_CHANNEL_* in the driver's nverror.h).
+ROBUST_CHANNEL_ERRORS = {
+    8: "the GPU stopped processing: the channel timed out",
+    13: "graphics engine exception (an SM trap, illegal instruction or bad address in a kernel)",
+    31: "MMU fault (a kernel or engine touched an unmapped or read-only address)",
+    32: "PBDMA error (a malformed pushbuffer or GPFIFO entry)",
+    43: "the GPU stopped processing: the channel was reset after a fault in its work",
+    45: "preemptive cleanup (the driver killed the channel)",
+    68: "video processor exception",
+    69: "graphics engine class error (a method the class refused)",
+}
+
 
 # -- the channel -------------------------------------------------------------------
 
@@ -64,6 +78,14 @@ class ChannelState:
             lines.append(f"notifier[{name}]: status=0x{status:04x} info32=0x{info32:08x} "
                          f"info16=0x{info16:04x} time={stamp}")
         return "; ".join(lines)
+
+    def reason(self) -> str:
+        """The error notifier in words: the robust-channel error and its status."""
+        _, info32, info16, status = self.notifiers[s.NV_CHANNELGPFIFO_NOTIFICATION_TYPE_ERROR]
+        if not self.error:
+            return "no channel error recorded"
+        what = ROBUST_CHANNEL_ERRORS.get(info32, "an error the table here does not name")
+        return f"channel error {info32} ({what}; status 0x{status:04x}, info16 0x{info16:04x})"
 
     @property
     def error(self) -> bool:

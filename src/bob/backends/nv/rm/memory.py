@@ -16,6 +16,7 @@ on both sides, so the CPU sees GPU writes (semaphores) without flushes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import threading
@@ -100,12 +101,15 @@ class Allocation:
     def close(self) -> None:
         self._views.clear()
         if self.cpu is not None:
-            self.cpu.close()
+            # A view still referenced (a traceback's frame) keeps the mapping until it goes;
+            # closing after a fault must not raise.
+            with contextlib.suppress(BufferError):
+                self.cpu.close()
             self.cpu = None
 
 
-def _physical_params(size: int, location: Location, contiguous: bool,
-                     owner: int) -> tuple[int, s.NV_MEMORY_ALLOCATION_PARAMS]:
+def _physical_params(size: int, location: Location, contiguous: bool, owner: int,
+                     cached: bool = False) -> tuple[int, s.NV_MEMORY_ALLOCATION_PARAMS]:
     flags = (s.NVOS32_ALLOC_FLAGS_ALIGNMENT_FORCE | s.NVOS32_ALLOC_FLAGS_MAP_NOT_REQUIRED
              | s.NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED)
     physicality = (s.NVOS32_ATTR_PHYSICALITY_CONTIGUOUS if contiguous
@@ -118,8 +122,11 @@ def _physical_params(size: int, location: Location, contiguous: bool,
         attr2 = s.NVOS32_ATTR2_GPU_CACHEABLE_YES << s.NVOS32_ATTR2_GPU_CACHEABLE_SHIFT
     else:
         cls, kind, granule = s.NV01_MEMORY_SYSTEM, s.NVOS32_TYPE_NOTIFIER, SYSMEM_GRANULE
+        # Uncached unless asked: the CPU sees the GPU's semaphore writes at once. A staging
+        # buffer the CPU copies megabytes out of is cached (the GPU's writes snoop).
+        coherency = s.NVOS32_ATTR_COHERENCY_CACHED if cached else s.NVOS32_ATTR_COHERENCY_UNCACHED
         attr |= (s.NVOS32_ATTR_LOCATION_PCI << s.NVOS32_ATTR_LOCATION_SHIFT
-                 | s.NVOS32_ATTR_COHERENCY_UNCACHED << s.NVOS32_ATTR_COHERENCY_SHIFT)
+                 | coherency << s.NVOS32_ATTR_COHERENCY_SHIFT)
         attr2 = s.NVOS32_ATTR2_GPU_CACHEABLE_NO << s.NVOS32_ATTR2_GPU_CACHEABLE_SHIFT
     attr2 |= s.NVOS32_ATTR2_ZBC_PREFER_NO_ZBC
     if size % granule:
@@ -155,10 +162,10 @@ def _map_dma(device: RmDevice, virtual: int, memory: int, size: int, flags: int,
 
 def allocate(device: RmDevice, size: int, *, location: Location = "vidmem",
              gpu_va: int | None = None, map_gpu: bool = True, map_cpu: bool = True,
-             contiguous: bool = False, name: str = "buffer") -> Allocation:
+             contiguous: bool = False, cached: bool = False, name: str = "buffer") -> Allocation:
     """Allocate `size` bytes, map them for the GPU (at `gpu_va` if given) and the CPU."""
     client = device.client
-    cls, params = _physical_params(size, location, contiguous, client.root)
+    cls, params = _physical_params(size, location, contiguous, client.root, cached)
     memory = client.alloc(device.device, cls, params)
     block = Allocation(name, location, size, memory)
     if map_gpu:

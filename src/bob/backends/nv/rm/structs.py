@@ -100,6 +100,7 @@ KEPLER_CHANNEL_GROUP_A = 0xA06C
 HOPPER_USERMODE_A = 0xC661
 HOPPER_CHANNEL_GPFIFO_A = 0xC86F
 HOPPER_COMPUTE_A = 0xCBC0
+HOPPER_DMA_COPY_A = 0xC8B5  # the copy engine, allocated on the channel (rm/stream.py)
 
 CLASS_NAMES = {
     NV01_ROOT_CLIENT: "NV01_ROOT_CLIENT",
@@ -114,6 +115,7 @@ CLASS_NAMES = {
     HOPPER_USERMODE_A: "HOPPER_USERMODE_A",
     HOPPER_CHANNEL_GPFIFO_A: "HOPPER_CHANNEL_GPFIFO_A",
     HOPPER_COMPUTE_A: "HOPPER_COMPUTE_A",
+    HOPPER_DMA_COPY_A: "HOPPER_DMA_COPY_A",
 }
 
 # The classes a Hopper submission needs, all of which must be in the class list.

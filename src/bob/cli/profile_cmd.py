@@ -1,0 +1,177 @@
+"""`bob profile`: where an invocation's device time goes, launch by launch, per region.
+
+    bob profile --backend nv --vocab 256 --updates 100
+    bob profile --backend cuda --schedule fused --json
+
+One training invocation (``Session.invoke``: load, scalars, run, read back) on a
+backend told to time every launch (its ``launch_times`` list):
+
+- ``nv``: every submission between two host semaphore releases that wait for
+  idle and carry the GPU's nanosecond clock (a 16-byte structure each), in
+  Bob's own command stream; no CUPTI. This times one launch per submission,
+  so the plan is built with the per-launch submission policy.
+- ``cuda``: every launch alone on one stream between two ``cuEventRecord``
+  (not the graph, whose launches cannot be bracketed).
+
+Either way each launch starts on an idle device: the table shows what a launch
+costs on its own, not what it costs overlapped in the graph or a chained stream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import click
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from bob import config
+from bob.backends import Backend, choose_backend
+from bob.bench.peers import bench_targets
+from bob.config import Hyper
+from bob.errors import BadInput, RunFailure
+from bob.plan.model import Plan
+from bob.records.binary import InputRecord
+from bob.records.checkpoint import Checkpoint
+
+from .options import MODE_OPTION, SCHEDULE_OPTION, config_from, vocab_option
+
+PROFILED_BACKENDS = ("cuda", "nv")
+METHODS = {
+    "nv": "timestamped semaphore releases (wait for idle) before and after every launch, "
+          "one launch per submission",
+    "cuda": "cuEventRecord before and after every launch, each launched alone on one stream "
+            "(not the graph)",
+}
+
+
+@dataclass(frozen=True)
+class RegionTime:
+    """The device time of one region's launches in the profiled invocation."""
+
+    region: str
+    launches: int
+    total_ns: int
+    max_ns: int
+
+    @property
+    def mean_ns(self) -> float:
+        return self.total_ns / self.launches
+
+
+def region_times(plan: Plan, launch_times: Sequence[tuple[int, int]]) -> list[RegionTime]:
+    """Per region, in the order regions first run: launches, total and longest time."""
+    found: dict[str, list[int]] = {}
+    for launch, nanoseconds in launch_times:
+        if not 0 <= launch < plan.launch_count:
+            raise RunFailure(f"a timed launch {launch} is not in the plan's {plan.launch_count}")
+        if nanoseconds < 0:
+            raise RunFailure(f"launch {launch} took {nanoseconds} ns: a negative device time")
+        found.setdefault(plan.launches[launch].region, []).append(nanoseconds)
+    return [RegionTime(region, len(times), sum(times), max(times))
+            for region, times in found.items()]
+
+
+def _microseconds(nanoseconds: float) -> str:
+    return f"{nanoseconds / 1000:,.2f}"
+
+
+def render(rows: list[RegionTime], title: str, caption: str) -> Table:
+    table = Table(title=title, caption=caption)
+    for name in ("region", "launches", "total us", "mean us", "max us"):
+        table.add_column(name, justify="left" if name == "region" else "right")
+    for row in rows:
+        table.add_row(row.region, str(row.launches), _microseconds(row.total_ns),
+                      _microseconds(row.mean_ns), _microseconds(row.max_ns))
+    total = sum(row.total_ns for row in rows)
+    launches = sum(row.launches for row in rows)
+    table.add_row("all", str(launches), _microseconds(total),
+                  _microseconds(total / launches) if launches else "-",
+                  _microseconds(max((row.max_ns for row in rows), default=0)), style="bold")
+    return table
+
+
+def report(backend_name: str, plan: Plan, launch_times: Sequence[tuple[int, int]]) -> dict:
+    rows = region_times(plan, launch_times)
+    return {
+        "backend": backend_name,
+        "method": METHODS.get(backend_name, "the backend's own launch timer"),
+        "plan_launches": plan.launch_count,
+        "timed_launches": len(launch_times),
+        "regions": [{"region": row.region, "launches": row.launches,
+                     "total_us": row.total_ns / 1000, "mean_us": row.mean_ns / 1000,
+                     "max_us": row.max_ns / 1000} for row in rows],
+    }
+
+
+def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper()
+                        ) -> tuple[Plan, list[tuple[int, int]]]:
+    """One training invocation on a backend that times every launch."""
+    from bob.host.session import Session
+
+    choice = choose_backend(backend_name)
+    opener = choice.opener
+    assert opener is not None
+
+    def open_timed(plan) -> Backend:
+        backend = opener(plan)
+        if not hasattr(backend, "launch_times"):
+            backend.close()
+            raise RunFailure(f"the {choice.name} backend cannot time its launches")
+        backend.launch_times = []  # type: ignore[attr-defined]
+        return backend
+
+    vocab = bob_config.vocab
+    targets = bench_targets(vocab)
+    if bob_config.mode == "hard":
+        record = InputRecord.hard(targets, (), source="profile targets")
+    else:  # corpus mode: the same transitions as weights, one per row
+        weights = np.zeros((vocab, vocab), np.float32)
+        weights[np.arange(vocab), targets] = 1.0
+        record = InputRecord.corpus(weights, (), source="profile weights")
+    with Session(replace(choice, opener=open_timed), hyper) as session:
+        plan = session.plan_for(bob_config)
+        session.invoke(bob_config, Checkpoint.zeros(vocab, hyper, bob_config.mode), record,
+                       "train")
+        backend = session.last_backend
+        assert backend is not None
+        return plan, list(backend.launch_times)  # type: ignore[attr-defined]
+
+
+@click.command()
+@click.option("--backend", "backend_name", type=click.Choice(PROFILED_BACKENDS),
+              default="cuda", show_default=True, help="Where the invocation runs.")
+@vocab_option(256)
+@click.option("--updates", "-N", type=click.IntRange(1, config.MAX_UPDATES), default=100,
+              show_default=True, help="N: AdamW updates in the invocation.")
+@MODE_OPTION
+@SCHEDULE_OPTION
+@click.option("--submission", type=click.Choice(config.SUBMISSION_POLICIES),
+              default="per-launch", show_default=True,
+              help="The plan's submission policy; nv times launches one per submission only.")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
+def profile(backend_name, vocab, updates, mode, schedule, submission, as_json) -> None:
+    """Run one training invocation and print each region's device time per launch.
+
+    \b
+    bob profile --backend nv -V 256 -N 100
+    bob profile --backend cuda --schedule fused --json
+    """
+    if backend_name == "nv" and submission != "per-launch":
+        raise BadInput("profiling on nv times one launch per submission: use --submission "
+                       "per-launch (chained submissions cannot be bracketed launch by launch)")
+    bob_config = config_from(vocab, 0, updates, mode, schedule, submission)
+    plan, times = profiled_invocation(backend_name, bob_config)
+    result = report(backend_name, plan, times)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    title = (f"bob profile: {backend_name}, V={vocab}, {updates} updates, {mode}, {schedule} "
+             f"schedule, {result['timed_launches']} of the plan's {plan.launch_count} launches")
+    Console().print(render(region_times(plan, times), title, f"device time: {result['method']}"))
+
+
+COMMANDS = [profile]

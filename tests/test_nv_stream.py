@@ -1,0 +1,429 @@
+"""The nv runtime stream on the CPU: copy-engine and timestamp encodings against the
+headers, and NvBackend's copies, profile and channel errors on the scripted driver with
+a fake GPU that executes the runtime segments it is handed (decoded from the bytes).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from bob.backends.nv import decoder
+from bob.backends.nv.pushbuffer import (
+    COPY_SUBCHANNEL,
+    HOPPER_CHANNEL_GPFIFO_A,
+    HOPPER_COMPUTE_A,
+    CommandError,
+    CommandWriter,
+    CopyWriter,
+    Pushbuffer,
+    incrementing_header,
+)
+from bob.backends.nv.rm import backend as nv_backend
+from bob.backends.nv.rm import channel as ch
+from bob.backends.nv.rm import ioctl
+from bob.backends.nv.rm import stream as st
+from bob.errors import RunFailure
+from conftest import bob_plan, needs_nvrtc
+from test_nv_rm import FakeDriver
+
+CE = decoder.TABLES.classes[0xC8B5]  # HOPPER_DMA_COPY_A as the decoder's own parser read it
+HOST = decoder.TABLES.classes[0xC86F]
+
+
+def _words(pushbuffer: Pushbuffer) -> list[int]:
+    data = pushbuffer.to_bytes()
+    return list(struct.unpack(f"<{len(data) // 4}I", data))
+
+
+def _calls(words: list[int], address: int = 0x1000, bindings=None) -> list[decoder.MethodCall]:
+    return decoder.decode_segment(words, address, 0xC86F, {} if bindings is None else bindings)
+
+
+# -- encodings -----------------------------------------------------------------------------
+
+
+def test_the_copy_methods_sit_where_clc8b5_puts_them():
+    pushbuffer = Pushbuffer(0x1000, 0x2000)
+    writer = CopyWriter(pushbuffer)
+    writer.bind()
+    writer.copy(0x20_1234_5600, 0x10_1000_0000, 0x4_0000, release=(0x10_0010_0008, 2**32 + 7))
+    words = _words(pushbuffer)
+    # SET_OBJECT on subchannel 4 names the class number (NVC56F_SET_OBJECT_NVCLASS 15:0).
+    assert words[:2] == [incrementing_header(COPY_SUBCHANNEL, 0, 1), 0xC8B5]
+    # OFFSET_IN_UPPER .. OFFSET_OUT_LOWER: four consecutive methods from 0x400.
+    assert words[2:7] == [incrementing_header(4, 0x400, 4), 0x20, 0x1234_5600, 0x10, 0x1000_0000]
+    assert words[7:9] == [incrementing_header(4, 0x418, 1), 0x4_0000]
+    # SET_SEMAPHORE_A/B, PAYLOAD, PAYLOAD_UPPER from 0x240: the 64-bit payload in two words.
+    assert words[9:14] == [incrementing_header(4, 0x240, 4), 0x10, 0x0010_0008, 7, 1]
+    # LAUNCH_DMA: NON_PIPELINED (2, bits 1:0), FLUSH_ENABLE (bit 2), ONE_WORD semaphore
+    # (1, bits 4:3), pitch source and destination (bits 7, 8), TWO_WORD payload (bit 27).
+    assert words[14:] == [incrementing_header(4, 0x300, 1),
+                          2 | 1 << 2 | 1 << 3 | 1 << 7 | 1 << 8 | 1 << 27]
+    calls = _calls(words)
+    launch = calls[-1]
+    assert (launch.class_name, launch.name) == ("HOPPER_DMA_COPY_A", "LAUNCH_DMA")
+    named = {f.name: f.value_name for f in launch.fields}
+    assert named["DATA_TRANSFER_TYPE"] == "NON_PIPELINED"
+    assert named["SEMAPHORE_PAYLOAD_SIZE"] == "TWO_WORD"
+    assert named["SRC_TYPE"] == named["DST_TYPE"] == "VIRTUAL"
+
+
+def test_a_copy_without_a_release_neither_flushes_nor_releases():
+    pushbuffer = Pushbuffer(0x1000, 0x2000)
+    CopyWriter(pushbuffer).copy(0x1000, 0x2000, 64)
+    launch = _calls(_words(pushbuffer), bindings={COPY_SUBCHANNEL: 0xC8B5})[-1]
+    assert launch.data == 2 | 1 << 7 | 1 << 8
+    assert {f.name: f.value_name for f in launch.fields}["SEMAPHORE_TYPE"] == "NONE"
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda w: w.copy(0x1000, 0x2000, 0), "1 to 4294967295 bytes"),
+    (lambda w: w.copy(0x1000, 0x2000, 1 << 32), "1 to 4294967295 bytes"),
+    (lambda w: w.copy(1 << 57, 0x2000, 4), "57-bit GPU address"),
+    (lambda w: w.copy(0x1000, -4, 4), "destination -4"),
+    (lambda w: w.copy(0x1000, 0x2000, 4, release=(0x3004, 1)), "not 8-byte aligned"),
+    (lambda w: w.copy(0x1000, 0x2000, 4, release=(0x3000, 1 << 64)), "does not fit 64 bits"),
+])
+def test_copy_refusals_name_the_problem(call, message):
+    pushbuffer = Pushbuffer(0x1000, 0x2000)
+    with pytest.raises(CommandError, match=message):
+        call(CopyWriter(pushbuffer))
+    assert pushbuffer.to_bytes() == b""  # nothing half-written
+
+
+def test_a_timestamped_release_sets_release_timestamp_and_is_16_byte_aligned():
+    pushbuffer = Pushbuffer(0x1000, 0x2000)
+    writer = CommandWriter(pushbuffer, HOPPER_COMPUTE_A, HOPPER_CHANNEL_GPFIFO_A)
+    writer.release_semaphore(0x10_2000_0010, 2**32 + 3, timestamp=True)
+    words = _words(pushbuffer)
+    # SEM_EXECUTE: RELEASE (1), RELEASE_WFI (bit 20), 64-bit payload (bit 24), timestamp (25).
+    assert words[-1] == 1 | 1 << 20 | 1 << 24 | 1 << 25
+    assert words[3:5] == [3, 1]  # SEM_PAYLOAD_LO, SEM_PAYLOAD_HI
+    execute = _calls(words)[-1]
+    assert {f.name: f.value_name for f in execute.fields}["RELEASE_TIMESTAMP"] == "EN"
+    assert HOST.fields["SEM_EXECUTE_RELEASE_TIMESTAMP"].low == 25  # from clc86f.h itself
+    with pytest.raises(CommandError, match="timestamped 64-bit semaphore .* 16-byte aligned"):
+        writer.release_semaphore(0x10_2000_0008, 1, timestamp=True)
+
+
+def test_a_plain_release_has_no_timestamp():
+    pushbuffer = Pushbuffer(0x1000, 0x2000)
+    CommandWriter(pushbuffer, HOPPER_COMPUTE_A, HOPPER_CHANNEL_GPFIFO_A).release_semaphore(
+        0x10_2000_0008, 1)
+    assert not _words(pushbuffer)[-1] & 1 << 25
+
+
+def test_stamps_pair_into_launch_times():
+    data = b"".join(struct.pack("<QQ", payload, ns) for payload, ns in
+                    ((2**32 - 1, 100), (2**32, 350), (2**32 + 1, 400), (2**32 + 2, 1400)))
+    stamps = st.read_stamps(data)
+    assert stamps[1] == st.Stamp(2**32, 350)
+    assert st.launch_nanoseconds(stamps, 2**32 - 1) == [250, 1000]
+    with pytest.raises(RunFailure, match="launch 0's timestamps carry 4294967295, 4294967296, "
+                       "not 4294967296, 4294967297"):
+        st.launch_nanoseconds(stamps, 2**32)
+    backwards = st.read_stamps(struct.pack("<QQQQ", 5, 900, 6, 800))
+    with pytest.raises(RunFailure, match="launch 0 ended at 800 ns, before it began at 900"):
+        st.launch_nanoseconds(backwards, 5)
+
+
+# -- a fake GPU for the runtime stream ---------------------------------------------------------
+
+
+class FakeGpu:
+    """Executes what the channel was handed: runtime segments (copies, releases) from the
+    bytes, plan submissions as launches of a known duration (1 us * (launch + 1))."""
+
+    def __init__(self, monkeypatch, error_after_launch: int | None = None,
+                 error_on_copy: bool = False):
+        self.backend = None
+        self.executed = 0
+        self.clock = 10_000
+        self.bindings: dict[int, int] = {1: 0xCBC0}  # what the skipped set-up entry binds
+        self.copy_state: dict[str, int] = {}
+        self.error_after_launch = error_after_launch
+        self.error_on_copy = error_on_copy
+        self.launches: list[int] = []
+        monkeypatch.setattr(ch.Channel, "wait", lambda channel, *args: self.wait(channel, *args))
+
+    def blocks(self):
+        backend = self.backend
+        found = list(backend.blocks.values())
+        stream = backend._stream
+        if stream is not None:
+            found += [b for b in (stream.block, stream.staging, stream.profile_buffer) if b]
+        found.append(backend.channel.ring)
+        return found
+
+    def memory(self, address: int, size: int):
+        for block in self.blocks():
+            if block.gpu_va is not None and block.gpu_va <= address < block.gpu_va + block.size:
+                assert address + size <= block.gpu_va + block.size
+                return block, address - block.gpu_va
+        raise AssertionError(f"the fake GPU touched unmapped {address:#x}")
+
+    def read(self, address: int, size: int) -> bytes:
+        block, offset = self.memory(address, size)
+        return block.read(offset, size)
+
+    def write(self, address: int, data: bytes) -> None:
+        block, offset = self.memory(address, len(data))
+        block.write(offset, data)
+
+    def execute(self, channel) -> None:
+        while self.executed < channel.put_count:
+            slot = self.executed % channel.entries
+            entry = decoder.decode_gpfifo(channel.ring.read(8 * slot, 8), 0xC86F)[0]
+            self.executed += 1
+            words = struct.unpack(f"<{entry.words}I", self.read(entry.address, 4 * entry.words))
+            for call in decoder.decode_segment(words, entry.address, 0xC86F, self.bindings):
+                self.method(call)
+
+    def method(self, call: decoder.MethodCall) -> None:
+        if call.class_name == "HOPPER_DMA_COPY_A":
+            self.copy_state[call.name] = call.data
+            if call.name == "LAUNCH_DMA":
+                self.launch_dma(call)
+        elif call.class_name == "HOPPER_CHANNEL_GPFIFO_A" and call.name.startswith("SEM_"):
+            self.copy_state[call.name] = call.data
+            if call.name == "SEM_EXECUTE":
+                self.host_release(call)
+        elif call.name == "SEND_PCAS_A":
+            launch = decoder.qmd_launch(self.backend.encoded, call.field(
+                "QMD_ADDRESS_SHIFTED8").unshifted)
+            self.launches.append(launch)
+            self.clock += 1000 * (launch + 1)
+            if self.error_after_launch is not None and launch >= self.error_after_launch:
+                self.stop(13)
+
+    def stop(self, error: int) -> None:
+        """What RM does to a channel that faults: the error notifier, then nothing runs."""
+        notifier = self.backend.channel.notifier
+        notifier.write(0, struct.pack("<QIHH", 1, error, 0, 0xFFFF))
+        raise _Stopped
+
+    def launch_dma(self, call) -> None:
+        if self.error_on_copy:
+            self.stop(31)
+        state = self.copy_state
+        fields = {f.name: f.value_name for f in call.fields}
+        source = state["OFFSET_IN_UPPER"] << 32 | state["OFFSET_IN_LOWER"]
+        destination = state["OFFSET_OUT_UPPER"] << 32 | state["OFFSET_OUT_LOWER"]
+        self.write(destination, self.read(source, state["LINE_LENGTH_IN"]))
+        if fields["SEMAPHORE_TYPE"] != "NONE":
+            assert fields["SEMAPHORE_PAYLOAD_SIZE"] == "TWO_WORD"
+            address = state["SET_SEMAPHORE_A"] << 32 | state["SET_SEMAPHORE_B"]
+            payload = state["SET_SEMAPHORE_PAYLOAD_UPPER"] << 32 | state["SET_SEMAPHORE_PAYLOAD"]
+            self.write(address, struct.pack("<Q", payload))
+
+    def host_release(self, call) -> None:
+        state = self.copy_state
+        fields = {f.name: f.value_name for f in call.fields}
+        address = state["SEM_ADDR_HI"] << 32 | state["SEM_ADDR_LO"]
+        payload = state["SEM_PAYLOAD_HI"] << 32 | state["SEM_PAYLOAD_LO"]
+        data = struct.pack("<Q", payload)
+        if fields.get("RELEASE_TIMESTAMP") == "EN":
+            data += struct.pack("<Q", self.clock)
+        self.write(address, data)
+
+    def wait(self, channel, read_value, target, deadline_s, what):
+        if self.backend is None:  # the channel set-up, while the backend opens
+            self.executed = channel.put_count
+            return target
+        try:
+            self.execute(channel)
+        except _Stopped:
+            raise ioctl.ChannelError(f"the driver stopped the channel while waiting for {what}: "
+                                     f"{channel.state().describe()}") from None
+        if what.startswith(("copy-engine", "the timestamp")):
+            value = read_value()
+            assert value >= target, (what, value, target)
+            return value
+        return target  # the plan's own releases are the QMDs': not simulated here
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _open(monkeypatch, plan=None, **options):
+    gpu = FakeGpu(monkeypatch, options.pop("error_after_launch", None),
+                  options.pop("error_on_copy", False))
+    backend = nv_backend.NvBackend(plan or bob_plan(1, 2, target=_sm90(), compiled=True,
+                                                    registers=24, shared_bytes=2048),
+                                   transport=FakeDriver().transport(), deadline_s=0.01,
+                                   **options)
+    gpu.backend = backend
+    return backend, gpu
+
+
+def _sm90():
+    from bob.plan.placement import TARGETS
+
+    return TARGETS["sm_90"]
+
+
+def test_large_reads_and_writes_go_through_the_copy_engine(monkeypatch):
+    monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
+    monkeypatch.setattr(st, "STAGING_BYTES", 64 << 10)  # parameters: 256 KiB in 4 chunks
+    backend, gpu = _open(monkeypatch)
+    table = np.arange(256 * 256, dtype=np.float32).tobytes()
+    backend.write_tensor("parameters", table)
+    stream = backend._stream
+    assert stream is not None and stream.copies and stream.copy_object
+    arena = backend.blocks["arena"]
+    start = backend._arena_offset("parameters", 0, len(table))
+    assert arena.read(start, len(table)) == table  # the fake copy engine put it there
+    arena.write(start, table[::-1])  # what the GPU would have computed
+    assert backend.read_tensor("parameters") == table[::-1]
+    # 4 chunks in + 4 chunks out, each waited for by its own counter value.
+    assert stream.counter == stream.completed == 8
+    small = backend.read_tensor("initial_loss")  # below the threshold: read through BAR1
+    assert stream.counter == 8 and len(small) == backend.plan.tensor("initial_loss").bytes < 4096
+    backend.close()
+
+
+def test_small_plans_never_set_up_the_stream(monkeypatch):
+    backend, gpu = _open(monkeypatch)
+    backend.write_tensor("parameters", bytes(256 * 256 * 4))  # 256 KiB < 1 MiB
+    backend.read_tensor("parameters")
+    assert backend._stream is None
+    backend.close()
+
+
+def test_the_counter_runs_past_2_to_the_32(monkeypatch):
+    monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
+    backend, gpu = _open(monkeypatch, counter_start=2**32 - 2)
+    for _ in range(3):
+        backend.read_tensor("parameters")
+    assert backend._stream.completed == 2**32 + 1  # three reads: 64 bits, no wrap
+    backend.close()
+
+
+def test_a_gpu_without_the_copy_class_reads_through_bar1(monkeypatch):
+    from test_nv_rm import HOPPER_CLASSES
+
+    monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
+    gpu = FakeGpu(monkeypatch)
+    driver = FakeDriver(classes=tuple(c for c in HOPPER_CLASSES if c != 0xC8B5))
+    backend = nv_backend.NvBackend(bob_plan(1, 2, target=_sm90(), compiled=True, registers=24,
+                                            shared_bytes=2048),
+                                   transport=driver.transport(), deadline_s=0.01)
+    gpu.backend = backend
+    backend.write_tensor("parameters", b"\x01" * (256 * 256 * 4))
+    assert backend.read_tensor("parameters") == b"\x01" * (256 * 256 * 4)
+    assert not backend._stream.copies
+    assert backend._stream.copy_refused == "this GPU lists no HOPPER_DMA_COPY_A"
+    backend.close()
+
+
+def test_profiling_brackets_every_launch_with_timestamps(monkeypatch):
+    backend, gpu = _open(monkeypatch)
+    plan = backend.plan
+    backend.launch_times = []
+    backend.run(range(plan.submission_count))
+    # The fake GPU spends 1 us * (launch + 1) on each launch; the stamps say exactly that.
+    # (A plan may submit a launch twice: the forward pass before and after training.)
+    order = [s.first_launch for s in plan.submissions]
+    assert len(order) > plan.launch_count
+    assert backend.launch_times == [(i, 1000 * (i + 1)) for i in order]
+    assert gpu.launches == order
+    backend.launch_times = []
+    backend.run(range(2, 4))  # a second profiled run reuses the buffer; payloads continue
+    assert backend.launch_times == [(i, 1000 * (i + 1)) for i in order[2:4]]
+    monkeypatch.setattr(st, "PROFILE_LIMIT", 3)  # a run longer than the buffer: in fills
+    backend.launch_times = []
+    backend.run(range(plan.submission_count))
+    assert backend.launch_times == [(i, 1000 * (i + 1)) for i in order]
+    backend.close()
+
+
+def test_profiling_refuses_a_chained_plan(monkeypatch):
+    from bob.program.bob import BobConfig, build_plan
+    from conftest import stand_in_regions
+
+    config = BobConfig(vocab=256, prompts=1, updates=2, submission="chained")
+    plan = build_plan(config, _sm90(), compiled=stand_in_regions(config, registers=24,
+                                                                 shared_bytes=2048))
+    backend, gpu = _open(monkeypatch, plan)
+    backend.launch_times = []
+    with pytest.raises(RunFailure, match="profiling times one launch per submission; "
+                       "submission 0 has"):
+        backend.run(range(plan.submission_count))
+    backend.close()
+
+
+def test_a_channel_error_names_the_launch_and_closes_the_backend(monkeypatch):
+    backend, gpu = _open(monkeypatch, error_after_launch=0)
+    plan = backend.plan
+    label = plan.launches[0].label or plan.launches[0].region
+    with pytest.raises(ioctl.ChannelError) as raised:
+        backend.run(range(plan.submission_count))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"launch 0 ({label}) failed with channel error 13 (graphics "
+                              "engine exception")
+    assert message.endswith("the nv backend closed its channel and memory")
+    assert backend.channel is None and backend.blocks == {} and backend.client is None
+    with pytest.raises(RunFailure, match="the nv backend is closed after: launch 0"):
+        backend.read_tensor("parameters")
+    backend.close()  # a second close is harmless
+    again, _ = _open(monkeypatch)  # the next backend in the same process opens
+    again.close()
+
+
+@needs_nvrtc
+def test_the_trap_region_is_a_test_helper_certified_like_any_plan():
+    from bob.backends.nv.decoder import disassemble
+    from bob.backends.nv.encoder import encode
+    from bob.kernels.cuda.regions import bob_declared_regions
+    from bob.plan.certificate import require_certified
+    from trap_plan import TRAP_MAGIC, one_launch_plan, trap_regions
+
+    region = trap_regions("sm_90")["test-trap"]
+    assert region.code and region.entry == "bob_test_trap"
+    assert "test-trap" not in {r.name for r in bob_declared_regions()}  # not Bob's
+    plan = one_launch_plan(region, TRAP_MAGIC)
+    certified = require_certified(plan)
+    assert (plan.launch_count, plan.submission_count) == (1, 1)
+    assert "trap-test-0" in disassemble(encode(certified), plan)
+
+
+def test_staging_memory_is_cached_and_semaphore_memory_is_not():
+    from bob.backends.nv.rm import memory
+    from bob.backends.nv.rm import structs as s
+
+    def coherency(cached: bool) -> int:
+        _, params = memory._physical_params(4096, "sysmem", False, 1, cached)
+        return params.attr >> s.NVOS32_ATTR_COHERENCY_SHIFT & 0x7
+
+    assert coherency(False) == s.NVOS32_ATTR_COHERENCY_UNCACHED
+    assert coherency(True) == s.NVOS32_ATTR_COHERENCY_CACHED
+
+
+def test_a_faulting_copy_is_named_as_the_copy(monkeypatch):
+    monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
+    backend, gpu = _open(monkeypatch, error_on_copy=True)
+    with pytest.raises(ioctl.ChannelError, match=r"^copy-engine batch 1 failed with channel "
+                       r"error 31 \(MMU fault"):
+        backend.read_tensor("parameters")
+    with pytest.raises(RunFailure, match="the nv backend is closed after: copy-engine batch 1"):
+        backend.set_scalars(0, {})
+    backend.close()
+
+
+def test_without_a_runtime_area_large_reads_stay_on_bar1(monkeypatch):
+    def refused(*args, **kwargs):
+        raise ioctl.RmStatusError("RM_ALLOC(NV01_MEMORY_SYSTEM under 0x1)", "NV_ERR_NO_MEMORY",
+                                  "no memory", 0x51)
+
+    monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
+    monkeypatch.setattr(nv_backend, "RuntimeStream", refused)
+    backend, gpu = _open(monkeypatch)
+    backend.write_tensor("parameters", b"\x02" * (256 * 256 * 4))
+    assert backend.read_tensor("parameters") == b"\x02" * (256 * 256 * 4)
+    assert "NV_ERR_NO_MEMORY" in backend._no_stream
+    backend.close()
