@@ -42,9 +42,10 @@ def check_vocab(context: click.Context, parameter: click.Parameter,
     not click's usage text."""
     for vocab in value if isinstance(value, tuple) else (value,):
         if vocab is not None and not config.MIN_VOCAB <= vocab <= config.MAX_VOCAB:
+            why = (f": V={config.MAX_VOCAB} is the largest table Bob trains"
+                   if vocab > config.MAX_VOCAB else "")
             raise BadInput(f"--vocab {vocab} is outside [{config.MIN_VOCAB}, "
-                           f"{config.MAX_VOCAB}]: V={config.MAX_VOCAB} is the largest table "
-                           f"Bob trains")
+                           f"{config.MAX_VOCAB}]{why}")
     return value
 
 
