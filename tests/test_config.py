@@ -89,7 +89,7 @@ def test_the_cli_speaks_in_flags_where_the_api_does_not(tmp_path: Path, capsys) 
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"vocab": 1}, "vocab must be an integer in [2, 16384], not 1"),
+    ({"vocab": 1}, "vocab must be an integer in [2, 65536], not 1"),
     ({"updates": True}, "updates must be an integer in [0, 100000], not True"),
     ({"mode": "soft"}, "mode must be one of hard, corpus, not 'soft'"),
 ])

@@ -130,8 +130,17 @@ def test_token_checkpoints_take_and_print_ids(tmp_path: Path, capsys) -> None:
      "bob: {d}/train.txt: not a readable counts file"),
     (["train", "--tokens", "{d}/t.bin", "--vocab", "301", "-c", "{d}/x.st", "--counts",
       "{d}/train.txt"], "bob: give one kind of data: text inputs, --tokens files or --counts"),
-    (["train", "--tokens", "{d}/t.bin", "--vocab", "16385", "-c", "{d}/x.st"],
-     "bob: {d}/t.bin: V=16385 is above the largest table Bob trains (V=16384)"),
+    (["train", "--tokens", "{d}/t.bin", "--vocab", "65537", "-c", "{d}/x.st"],
+     "bob: --vocab 65537 is outside [2, 65536]: V=65536 is the largest table Bob trains"),
+    (["count", "--tokens", "{d}/t.bin", "--vocab", "65537", "-o", "{d}/c.st"],
+     "bob: --vocab 65537 is outside [2, 65536]: V=65536 is the largest table Bob trains"),
+    (["eval", "-c", "{d}/x.st", "--tokens", "{d}/t.bin", "--vocab", "65537"],
+     "bob: --vocab 65537 is outside [2, 65536]: V=65536 is the largest table Bob trains"),
+    # Refused from the counts, before the 10 GiB table of weights is built.
+    (["train", "--tokens", "{d}/t.bin", "--vocab", "50257", "--backend", "cpu", "-c",
+      "{d}/x.st"], "bob: V=50257 is above the largest table the CPU backend trains "
+                   "(V=32768): it would hold about 65.9 GiB in host memory; train on a GPU "
+                   "(--backend cuda)"),
     (["train", "--tokens", "{d}/t.bin", "--vocab", "16384", "--steps", "100000",
       "--backend", "cpu", "-c", "{d}/x.st"],
      "bob: V=16384 for 100000 updates on the CPU backend would take about"),

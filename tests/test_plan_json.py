@@ -190,8 +190,8 @@ REFUSALS = {
                                 "signature"),
     "shrunk footprint": (_set(f"regions[{ADAMW}].params[0].footprint.scale", 1),
                          f"regions[{ADAMW}]: region 'bob-adamw' differs from Bob's own: "
-                         "params[0] ('parameters') footprint is 1 * count in the plan, "
-                         "4 * count in Bob's signature"),
+                         "params[0] ('parameters') footprint is 1 * rows * columns in the "
+                         "plan, 4 * rows * columns in Bob's signature"),
     "dropped factor": (_set("regions[1].params[0].footprint.factors", ["vocab"]),
                        "regions[1]: region 'bob-loss-gradient' differs from Bob's own: params[0] "
                        "('parameters') footprint is 4 * vocab in the plan, 4 * vocab * vocab in "

@@ -101,7 +101,9 @@ def test_region_times_refuse_what_the_plan_does_not_have():
      "(chained submissions cannot be bracketed launch by launch)"),
     (["-N", "0"], "Error: Invalid value for '--updates' / '-N': 0 is not in the range"),
     (["--backend", "cpu"], "Error: Invalid value for '--backend': 'cpu' is not one of"),
-    (["-V", "1"], "Error: Invalid value for '--vocab' / '-V': 1 is not in the range"),
+    (["-V", "1"], "bob: --vocab 1 is outside [2, 65536]"),
+    (["-V", "65537"], "bob: --vocab 65537 is outside [2, 65536]: V=65536 is the largest "
+                      "table Bob trains"),
 ])
 def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path, argv, message):
     chosen = _fake_backend(monkeypatch)

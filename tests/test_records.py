@@ -156,8 +156,8 @@ BAD_INPUTS = {
     "version": (_header(version=2) + GOOD_HARD[24:],
                 "unsupported format version 2 (this Bob reads version 1)"),
     "mode": (_header(mode=2) + GOOD_HARD[24:], "unknown mode 2 (0 hard, 1 corpus)"),
-    "small V": (_header(v=1) + _u32(0, 0), "V=1 is outside [2, 16384]"),
-    "large V": (_header(v=16385), "V=16385 is outside [2, 16384]"),
+    "small V": (_header(v=1) + _u32(0, 0), "V=1 is outside [2, 65536]"),
+    "large V": (_header(v=65537), "V=65537 is outside [2, 65536]"),
     "large P": (_header(p=4097), "P=4097 is outside [0, 4096]"),
     "truncated": (GOOD_HARD[:-1], "truncated: 43 bytes, a hard input record with V=4, P=1 "
                                   "has 44"),

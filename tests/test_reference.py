@@ -300,7 +300,8 @@ FUSED_UPDATES = 3
 def arena_for(region: str, vocab: int, count: int, rng: np.random.Generator, finish: int = 1):
     """Every pointer of `region` in its own tensor, separated by poisoned gaps."""
     params = sig.SIGNATURES[region]
-    values = {"vocab": vocab, "count": count, "updates": FUSED_UPDATES, "finish": finish}
+    values = {"vocab": vocab, "rows": 1, "columns": count, "updates": FUSED_UPDATES,
+              "finish": finish}
     base, gap = 0x40000, 512
     spans, address = {}, base + gap
     for p in params:
@@ -488,12 +489,15 @@ def test_cuda_source_compiles_with_nvrtc(arch):
                b"-prec-sqrt=true", b"-ftz=false"]
     try:
         (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+        # NVRTC writes into these buffers: bytearrays, never bytes. An empty log has size 1,
+        # and b" " * 1 is CPython's shared b" ": NVRTC's NUL would turn every b" " in the
+        # process into b"\0" (the padding of checkpoint and counts-file headers among them).
         _, size = nvrtc.nvrtcGetProgramLogSize(program)
-        log = b" " * size
+        log = bytearray(size)
         nvrtc.nvrtcGetProgramLog(program, log)
         assert err == ok, log.decode(errors="replace")
         _, size = nvrtc.nvrtcGetPTXSize(program)
-        ptx = b" " * size
+        ptx = bytearray(size)
         nvrtc.nvrtcGetPTX(program, ptx)
     finally:
         nvrtc.nvrtcDestroyProgram(program)

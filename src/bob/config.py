@@ -30,7 +30,7 @@ SUBMISSION_POLICIES: tuple[SubmissionPolicy, ...] = ("per-launch", "chained")
 DEFAULT_SUBMISSION_POLICY: SubmissionPolicy = "per-launch"
 
 MIN_VOCAB = 2  # a softmax over one column learns nothing
-MAX_VOCAB = 16384  # four 1 GiB tables: larger belongs to a sharded design
+MAX_VOCAB = 65536  # 16 GiB f32 tables: every size and offset is 64-bit (issue 14)
 MAX_PROMPTS = 4096
 MAX_UPDATES = 100_000
 

@@ -31,10 +31,10 @@ extern "C" __global__ void bob_adamw(float* parameters, const float* gradients,
                                      float* first_moment, float* second_moment, float decay,
                                      float beta1, float one_minus_beta1, float beta2,
                                      float one_minus_beta2, float step_size, float eps_hat,
-                                     unsigned int count)
+                                     unsigned int rows, unsigned int columns)
 {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < count) {
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < (unsigned long long)rows * columns) {
         float g = gradients[i];
         first_moment[i] = beta1 * first_moment[i] + one_minus_beta1 * g;
         second_moment[i] = beta2 * second_moment[i] + one_minus_beta2 * g * g;

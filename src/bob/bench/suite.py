@@ -32,6 +32,8 @@ from bob.bench.peers import (
 )
 from bob.bench.tables import BANDWIDTH_MIN_VOCAB, BenchReport, BenchTable, Device, Row
 from bob.config import DEFAULT_SUBMISSION_POLICY, Hyper
+from bob.errors import BadInput
+from bob.host.api import CPU_MAX_VOCAB
 from bob.program.bob import BobConfig
 
 
@@ -181,6 +183,10 @@ def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
         raise ValueError(f"repeats must be >= 1, not {repeats}")
     say = progress or (lambda text: None)
     devices, choices = resolve_devices(backends)
+    too_large = [v for v in vocabs if v > CPU_MAX_VOCAB]
+    if "cpu" in devices and too_large:  # Bob's CPU rows and the NumPy peer hold whole tables
+        raise BadInput(f"V={too_large[0]} is above the largest table the CPU backend trains "
+                       f"(V={CPU_MAX_VOCAB}); bench it on a GPU (--backend cuda)")
     tables = []
     for device in devices:
         name = gpu_name() if device == "cuda" else cpu_name()

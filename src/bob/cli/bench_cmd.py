@@ -13,10 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from bob.bench.tables import DEVICES
-from bob.config import MAX_UPDATES, MAX_VOCAB, MIN_VOCAB
+from bob.config import MAX_UPDATES
 from bob.files import atomic_write
 
-from .options import SUBMISSION_OPTION
+from .options import SUBMISSION_OPTION, check_vocab
 
 if TYPE_CHECKING:
     from bob.bench.tables import BenchTable
@@ -75,7 +75,7 @@ def render_table(table: BenchTable) -> Table:
 
 
 @click.command()
-@click.option("--vocab", "-V", "vocabs", type=click.IntRange(MIN_VOCAB, MAX_VOCAB), multiple=True,
+@click.option("--vocab", "-V", "vocabs", type=int, callback=check_vocab, multiple=True,
               help="Table size V (repeat for several). Default: 256 and 8192 on the GPU, "
                    "256 on the CPU.")
 @click.option("--updates", "-N", type=click.IntRange(1, MAX_UPDATES), default=None,

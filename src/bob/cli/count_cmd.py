@@ -19,8 +19,9 @@ from rich.progress import (
 from rich.table import Table
 
 from bob.host import api
-from bob.records.counting import COUNT_MAX_VOCAB
 from bob.records.sources import TOKEN_DTYPES
+
+from .options import vocab_option
 
 DEFAULT_OUT = "counts.safetensors"
 
@@ -30,8 +31,7 @@ DEFAULT_OUT = "counts.safetensors"
 @click.option("--tokens", "tokens", multiple=True,
               help="A token file (raw little-endian, or .npy) instead of text; repeatable, "
                    "and directories, globs and URLs work as for text.")
-@click.option("--vocab", "-V", type=click.IntRange(2, COUNT_MAX_VOCAB),
-              help="V: the token vocabulary (required with --tokens; text: 256).")
+@vocab_option(help="V: the token vocabulary (required with --tokens; text: 256).")
 @click.option("--token-dtype", type=click.Choice(sorted(TOKEN_DTYPES)), default="uint16",
               show_default=True, help="Type of a raw token (nanoGPT's train.bin is uint16).")
 @click.option("--out", "-o", default=DEFAULT_OUT, show_default=True,

@@ -36,10 +36,23 @@ def arch_option(help: str) -> click.Option:
                         default=config.DEFAULT_TARGET, show_default=True, help=help)
 
 
-def vocab_option(default: int) -> click.Option:
-    return click.option("--vocab", "-V", type=click.IntRange(config.MIN_VOCAB, config.MAX_VOCAB),
-                        default=default, show_default=True,
-                        help="V: rows and columns of the table.")
+def check_vocab(context: click.Context, parameter: click.Parameter,
+                value: int | tuple[int, ...] | None) -> int | tuple[int, ...] | None:
+    """--vocab within [MIN_VOCAB, MAX_VOCAB]: BadInput, so the refusal is one line (exit 2),
+    not click's usage text."""
+    for vocab in value if isinstance(value, tuple) else (value,):
+        if vocab is not None and not config.MIN_VOCAB <= vocab <= config.MAX_VOCAB:
+            why = (f": V={config.MAX_VOCAB} is the largest table Bob trains"
+                   if vocab > config.MAX_VOCAB else "")
+            raise BadInput(f"--vocab {vocab} is outside [{config.MIN_VOCAB}, "
+                           f"{config.MAX_VOCAB}]{why}")
+    return value
+
+
+def vocab_option(default: int | None = None, help: str = "V: rows and columns of the table.",
+                 ) -> click.Option:
+    return click.option("--vocab", "-V", "vocab", type=int, callback=check_vocab,
+                        default=default, show_default=default is not None, help=help)
 
 
 def prompts_option(default: int) -> click.Option:

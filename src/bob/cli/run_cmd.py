@@ -24,6 +24,7 @@ from .options import (
     SUBMISSION_OPTION,
     arch_option,
     hyper_options,
+    vocab_option,
 )
 
 _ARCH = arch_option("Target of the nv-sim backend.")
@@ -42,8 +43,7 @@ def _data_options(function):
     for option in reversed((
         click.option("--tokens", "tokens", multiple=True,
                      help="A token file (raw uint16/uint32 or .npy); needs --vocab."),
-        click.option("--vocab", "-V", "vocab", type=click.IntRange(2),
-                     help="V of the --tokens files."),
+        vocab_option(help="V of the --tokens files."),
         _TOKEN_DTYPE,
         click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
                      help="A counts file from `bob count`: no recount."),

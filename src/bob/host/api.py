@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bob.backends import choose_backend
+from bob.backends import BackendChoice, choose_backend
 from bob.config import (
     ARENA_KINDS,
     DEFAULT_SUBMISSION_POLICY,
@@ -122,12 +122,21 @@ def corpus_record(counted: CountsFile, description: str) -> InputRecord:
 
 
 def training_data(texts: Sequence[str] | None = None, input_record: str | None = None,
-                  spec: CorpusSpec | None = None) -> TrainingData:
-    """The training data: text files (corpus mode), an input record, or the built-in corpus."""
+                  spec: CorpusSpec | None = None,
+                  admit: Callable[[int], None] | None = None) -> TrainingData:
+    """The training data: text files (corpus mode), an input record, or the built-in corpus.
+
+    `admit(V)` runs once V is known from counts, before their V x V weights are built
+    (10 GiB at V = 50257): a refusal there costs nothing.
+    """
+    admit = admit or (lambda vocab: None)
     if spec is not None and spec.given:
         if input_record is not None or texts:
             raise BadInput("give either --text files or an --input record, not both")
+        if spec.vocab is not None:
+            admit(spec.vocab)  # token files: refused before they are counted
         counted = count_corpus(spec)
+        admit(counted.vocab)
         record = corpus_record(counted, counted.name)
         return TrainingData(record, None, counted.name, known_optimum=counted.optimum)
     if input_record is not None:
@@ -139,6 +148,7 @@ def training_data(texts: Sequence[str] | None = None, input_record: str | None =
     if texts:
         # The streamed, parallel engine: directories, globs and URLs work here too.
         counted = count_corpus(CorpusSpec(texts=tuple(texts)))
+        admit(counted.vocab)
         name = ", ".join("stdin" if t == STDIN else t for t in texts)
         record = corpus_record(counted, name)
         return TrainingData(record, None, name, known_optimum=counted.optimum)
@@ -260,13 +270,15 @@ def _train(texts: Sequence[str] | None, steps: int, checkpoint: str, resume: boo
         check_output_file(checkpoint, "checkpoint")
     if result_path is not None:
         check_output_file(result_path, "result record")
-    data = training_data(texts, input_record, data_spec)
+    choice = choose_backend(backend, arch=arch, arena=arena)
+    data = training_data(texts, input_record, data_spec,
+                         admit=lambda vocab: refuse_slow_cpu(choice.name, vocab, steps))
     validation = validation_record(val_spec, data.record.vocab)
     with checkpoint_lock(checkpoint) if steps > 0 else contextlib.nullcontext():
         start = _starting_point(checkpoint, data, resume, overwrite, new_data, hyper,
                                 hyper_changes)
-        return _train_from(start, data, steps, checkpoint, resume, backend,
-                           updates_per_invocation, arch, arena, result_path, schedule, progress,
+        return _train_from(start, data, steps, checkpoint, resume, choice,
+                           updates_per_invocation, result_path, schedule, progress,
                            validation, submission)
 
 
@@ -338,7 +350,7 @@ def _continued(start: Checkpoint, record: InputRecord, hyper: Hyper) -> Checkpoi
 
 
 def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: str,
-                resume: bool, backend: str, updates_per_invocation: int, arch: str, arena: str,
+                resume: bool, choice: BackendChoice, updates_per_invocation: int,
                 result_path: str | None, schedule: str,
                 progress: Callable[[Invocation, int], None] | None,
                 validation: InputRecord | None = None,
@@ -380,8 +392,7 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
         if progress is not None:
             progress(invocation, done)
 
-    choice = choose_backend(backend, arch=arch, arena=arena)
-    refuse_slow_cpu(choice.name, data.record.vocab, steps)
+    refuse_slow_cpu(choice.name, data.record.vocab, steps)  # an input record's V
     writer = BackgroundWriter()
     try:
         try:
@@ -436,12 +447,24 @@ def _interrupted(stop: KeyboardInterrupt, first: int, steps: int, per_invocation
 # hour of that, a run belongs on a GPU.
 CPU_PARAMETER_UPDATES_PER_SECOND = 2.0e8
 CPU_MAX_SECONDS = 3600.0
+# The CPU backend holds the whole arena in host memory, and the NumPy reference adds working
+# arrays of the table's size: about 7 tables of 4 V^2 bytes in corpus mode. Up to V = 32768
+# that is 28 GiB; at V = 50257 (GPT-2's vocabulary) 66 GiB, past most hosts: such tables
+# train on a GPU, whatever the number of updates.
+CPU_MAX_VOCAB = 32768
+CPU_TABLES_IN_MEMORY = 7
 
 
 def refuse_slow_cpu(backend: str, vocab: int, steps: int) -> None:
-    """BadInput when training V x V for `steps` updates on the CPU would take over an hour."""
+    """BadInput when training V x V on the CPU needs more memory than Bob allows it, or
+    `steps` updates would take over an hour."""
     if backend != "cpu":
         return
+    if vocab > CPU_MAX_VOCAB:
+        gib = CPU_TABLES_IN_MEMORY * 4 * vocab * vocab / 2**30
+        raise BadInput(f"V={vocab} is above the largest table the CPU backend trains "
+                       f"(V={CPU_MAX_VOCAB}): it would hold about {gib:.1f} GiB in host "
+                       f"memory; train on a GPU (--backend cuda)")
     seconds = vocab * vocab * steps / CPU_PARAMETER_UPDATES_PER_SECOND
     if seconds > CPU_MAX_SECONDS:
         raise BadInput(f"V={vocab} for {steps} updates on the CPU backend would take about "

@@ -438,7 +438,7 @@ def loss_gradient_corpus(memory: Memory, args: Args) -> None:
 
 
 def adamw(memory: Memory, args: Args) -> None:
-    count = int(args["count"])
+    count = int(args["rows"]) * int(args["columns"])
     w, g, m, v = (memory.array(int(args[name]), "f32", count)
                   for name in ("parameters", "gradients", "first_moment", "second_moment"))
     scalars = ref.AdamScalars.from_args(args)

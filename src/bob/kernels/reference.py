@@ -268,7 +268,7 @@ def loss_gradient_corpus(memory: Memory, args: Args) -> None:
 
 
 def adamw(memory: Memory, args: Args) -> None:
-    count = _u32(args, "count")
+    count = _u32(args, "rows") * _u32(args, "columns")  # a Python int: 2**32 at V = 65536
     w = memory.array(int(args["parameters"]), "f32", count)
     g = memory.array(int(args["gradients"]), "f32", count)
     m = memory.array(int(args["first_moment"]), "f32", count)

@@ -46,7 +46,9 @@ def block_of(region: str) -> int:
 
 _ROW = Footprint(4, ("vocab",))
 _TABLE = Footprint(4, ("vocab", "vocab"))
-_ELEMENTS = Footprint(4, ("count",))
+# AdamW's elements as rows x columns, both u32: V x V reaches 2**32 at V = 65536, past any
+# u32 count, and every scalar argument stays 4 bytes (the parameter block layout).
+_ELEMENTS = Footprint(4, ("rows", "columns"))
 # The fused kernel writes gradients and row losses only when `finish` is 1 (the last
 # launch of an invocation), so a launch with finish 0 reaches none of those bytes.
 _FINISHED_TABLE = Footprint(4, ("vocab", "vocab", "finish"))
@@ -88,7 +90,7 @@ SIGNATURES: dict[str, tuple] = {
         ScalarParam("ln2", "f32"),
         ScalarParam("vocab", "u32"),
     ),
-    # Elementwise AdamW over `count` parameters; the host writes the scalars.
+    # Elementwise AdamW over rows x columns parameters; the host writes the scalars.
     ADAMW: (
         PointerParam("parameters", _ELEMENTS, "readwrite"),
         PointerParam("gradients", _ELEMENTS, "read"),
@@ -101,7 +103,8 @@ SIGNATURES: dict[str, tuple] = {
         ScalarParam("one_minus_beta2", "f32"),
         ScalarParam("step_size", "f32"),
         ScalarParam("eps_hat", "f32"),
-        ScalarParam("count", "u32"),
+        ScalarParam("rows", "u32"),
+        ScalarParam("columns", "u32"),
     ),
     # prediction[0] = lowest j with row[j] maximal.
     ARGMAX: (

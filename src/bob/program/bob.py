@@ -363,12 +363,11 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
 
     def adamw(k: int) -> LaunchSpec:
         scalars = adam_scalars(hyper, first_step + k)
-        count = v * v
-        return LaunchSpec(sig.ADAMW, Dim3(adamw_grid(count)), block, (
+        return LaunchSpec(sig.ADAMW, Dim3(adamw_grid(v * v)), block, (
             TensorRef("parameters"), TensorRef("gradients"), TensorRef("first_moment"),
             TensorRef("second_moment"),
             *(scalars[p.name] for p in sig.SIGNATURES[sig.ADAMW][4:11]),
-            Scalar.u32(count),
+            vocab, vocab,  # rows, columns: V * V needs 33 bits at V = 65536
         ), f"adamw[{k}]")
 
     def fused(first: int, updates: int) -> LaunchSpec:

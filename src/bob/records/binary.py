@@ -5,7 +5,7 @@ A record file is a 24-byte header, then the payload, all little-endian:
     magic     8 bytes  b"BOBINPUT" (input) or b"BOBRESLT" (result)
     version   u32      FORMAT_VERSION
     mode      u32      0 hard targets, 1 corpus weights
-    V         u32      vocabulary: rows and columns of the table, in [2, 16384]
+    V         u32      vocabulary: rows and columns of the table, in [2, 65536]
     P         u32      prompts, in [0, 4096]
 
 Input payload, exactly the arena's ``input`` tensor: hard mode targets u32[V]

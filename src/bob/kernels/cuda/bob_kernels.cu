@@ -277,14 +277,16 @@ extern "C" __global__ void bob_loss_gradient_corpus(const float* parameters, flo
     if (threadIdx.x == 0) loss[row] = canonical(mul(ln2, total));
 }
 
-// AdamW over `count` elements, grid-stride, in the specified order:
+// AdamW over rows x columns elements, grid-stride, in the specified order:
 // w *= decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= step (m / (sqrt v + eps)).
+// The count is a 64-bit product: a V x V table has 2^32 elements at V = 65536.
 extern "C" __global__ void bob_adamw(float* parameters, const float* gradients,
                                      float* first_moment, float* second_moment, float decay,
                                      float beta1, float one_minus_beta1, float beta2,
                                      float one_minus_beta2, float step_size, float eps_hat,
-                                     u32 count) {
+                                     u32 rows, u32 columns) {
     wait_for_prerequisites();
+    const u64 count = (u64)rows * columns;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
         const float g = gradients[i];

@@ -1,0 +1,210 @@
+"""Large vocabularies on the GPU (issue 14's V up to 65536, issue 15's V = 50257).
+
+    PYTHONPATH=src python -m pytest -m gpu tests/test_vocab64_gpu.py -s    # on an H200
+
+- V = 16384: byte identity with the CPU over 2 updates, hard and corpus: the fused
+  schedule on cuda (against the seed schedule on the CPU), the seed schedule on cuda,
+  and the fused schedule on nv.
+- V = 32768 and 65536: one fused invocation of 2 updates on cuda (one streaming launch
+  per update). The whole table is checked finite and a few rows, the first and the
+  last among them (offsets past 2**32 and 2**34 bytes), against the NumPy reference run
+  on those rows alone; the full CPU run would take hours and 100 GiB.
+- V = 50257: `bob count --tokens` then `bob train --counts --backend cuda` end to end.
+
+Memory: at V = 65536 a table is 16 GiB; the corpus plan holds five (80 GiB of the
+H200's 139), and the host reads one table back at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bob.backends import BackendChoice, choose_backend
+from bob.cli.main import main
+from bob.config import Hyper
+from bob.errors import BackendUnavailable
+from bob.host.check import differential_check
+from bob.kernels import reference as ref
+from bob.plan.certificate import require_certified
+from bob.program.bob import HEALTH_TENSOR, BobConfig, adam_scalar_table, build_plan
+from large_vocab import Rows, fused_rows_reference
+from test_fused_gpu import train_both
+
+gpu = pytest.mark.gpu
+BLOCK_ROWS = 1024  # rows generated and written at a time: 256 MiB at V = 65536
+
+
+# -- V = 16384: every byte ------------------------------------------------------------------
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_fused_on_cuda_at_16384_equals_the_cpu(cuda_choice: BackendChoice, mode: str) -> None:
+    train_both(cuda_choice, BobConfig(vocab=16384, prompts=2, updates=2, mode=mode), 2)
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_seed_on_cuda_at_16384_equals_the_cpu(cuda_choice: BackendChoice, mode: str) -> None:
+    config = BobConfig(vocab=16384, prompts=2, updates=2, mode=mode, schedule="seed")
+    report = differential_check(("cpu", "cuda"), config, 2)
+    assert report.identical, report.difference
+
+
+@gpu
+@pytest.mark.parametrize("arena", ["device", "host"])
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_fused_on_nv_at_16384_equals_the_cpu(mode: str, arena: str) -> None:
+    pytest.importorskip("cuda.bindings.nvrtc", reason="the nv backend compiles with NVRTC")
+    try:
+        choose_backend("nv")
+    except BackendUnavailable as why:
+        pytest.skip(f"the nv backend cannot run here: {why}")
+    config = BobConfig(vocab=16384, prompts=2, updates=2, mode=mode, schedule="fused")
+    report = differential_check(("cpu", "nv"), config, 2, arenas=("device", arena))
+    assert report.identical, report.difference
+
+
+# -- V = 32768 and 65536: finite everywhere, exact on sampled rows -------------------------
+
+
+def write_blocks(backend, name: str, vocab: int, make_block) -> None:
+    """Write tensor `name` (f32[V][V]) BLOCK_ROWS rows at a time: make_block(first, rows)."""
+    for first in range(0, vocab, BLOCK_ROWS):
+        rows = min(BLOCK_ROWS, vocab - first)
+        block = np.ascontiguousarray(make_block(first, rows), np.float32)
+        backend.write_tensor(name, block.reshape(-1).view(np.uint8), offset=4 * first * vocab)
+
+
+def read_rows(backend, name: str, vocab: int, rows: np.ndarray) -> np.ndarray:
+    """Rows of a V x V tensor, after checking every element of it is finite."""
+    table = np.frombuffer(backend.read_tensor(name), np.float32).reshape(vocab, vocab)
+    assert np.isfinite(table).all(), f"{name} has non-finite elements"
+    picked = table[rows].copy()
+    del table
+    return picked
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+@pytest.mark.parametrize("vocab", [32768, 65536])
+def test_a_large_fused_invocation_matches_the_reference_rows(cuda_choice: BackendChoice,
+                                                             vocab: int, mode: str) -> None:
+    updates = 2
+    config = BobConfig(vocab=vocab, prompts=1, updates=updates, mode=mode,  # type: ignore[arg-type]
+                       schedule="fused")
+    plan = build_plan(config, cuda_choice.target, Hyper(), compiled=cuda_choice.regions)
+    fused = [launch for launch in plan.launches if launch.region == config.fused_region]
+    assert len(fused) == updates  # one streaming launch per update
+    checked = np.array([0, 1, vocab // 2 + 3, vocab - 1])
+    rng = np.random.default_rng(vocab)
+    parameters = {}  # the checked rows' initial parameters
+
+    def parameter_block(first: int, rows: int) -> np.ndarray:
+        block = (rng.random((rows, vocab), dtype=np.float32) - np.float32(0.5)) * np.float32(8)
+        if first == 0:
+            block[0] = 0.0  # a row of ties
+        for r in checked[(checked >= first) & (checked < first + rows)]:
+            parameters[int(r)] = block[r - first].copy()
+        return block
+
+    targets = rng.integers(0, vocab, vocab, dtype=np.uint32)
+    targets[vocab - 1] = vocab - 1
+    weights = {}
+    scale = np.float32(2.0 / (vocab * vocab))  # weights sum to about 1, as a corpus's do
+
+    def weight_block(first: int, rows: int) -> np.ndarray:
+        block = rng.random((rows, vocab), dtype=np.float32) * scale
+        for r in checked[(checked >= first) & (checked < first + rows)]:
+            weights[int(r)] = block[r - first].copy()
+        return block
+
+    def zeros(first: int, rows: int) -> np.ndarray:
+        return np.zeros((rows, vocab), np.float32)
+
+    steps = adam_scalar_table(Hyper(), 1, updates)
+    prompt = np.array([vocab - 1], np.uint32)
+    with cuda_choice.open(require_certified(plan)) as backend:
+        write_blocks(backend, "parameters", vocab, parameter_block)
+        write_blocks(backend, "first_moment", vocab, zeros)
+        write_blocks(backend, "second_moment", vocab, zeros)
+        if mode == "hard":
+            backend.write_tensor("input", targets.tobytes() + prompt.tobytes())
+        else:
+            write_blocks(backend, "input", vocab, weight_block)
+            backend.write_tensor("input", prompt.tobytes(), offset=4 * vocab * vocab)
+        backend.write_tensor("adam_scalars", steps.tobytes())
+        backend.run(range(plan.submission_count))
+        got = {name: read_rows(backend, name, vocab, checked)
+               for name in ("parameters", "first_moment", "second_moment", "gradients")}
+        loss = np.frombuffer(backend.read_tensor("training_loss"), np.float32)
+        initial = np.frombuffer(backend.read_tensor("initial_loss"), np.float32)
+        logits = np.frombuffer(backend.read_tensor("logit_rows"), np.float32)
+        prediction = np.frombuffer(backend.read_tensor("predictions"), np.uint32)
+        health = np.frombuffer(backend.read_tensor(HEALTH_TENSOR), np.uint64)
+
+    start = np.stack([parameters[int(r)] for r in checked])
+    zero = np.zeros_like(start)
+    rows = (Rows(start, zero, zero, targets=targets[checked]) if mode == "hard" else
+            Rows(start, zero, zero, weights=np.stack([weights[int(r)] for r in checked])))
+    want = fused_rows_reference(rows, steps, vocab)
+    for name, expected in zip(("parameters", "first_moment", "second_moment", "gradients"),
+                              want, strict=False):
+        assert got[name].tobytes() == expected.tobytes(), f"V={vocab} {mode}: {name}"
+    assert loss[checked].tobytes() == want[4].tobytes()
+    assert np.isfinite(loss).all() and np.isfinite(initial).all()
+    assert health.tolist() == [0, 0, 0]  # bob-health over 2^32-element tables agrees
+    scalars = ref.LossScalars.for_vocab(vocab)
+    if mode == "hard":
+        first_loss, _ = ref.loss_gradient_hard_rows(start, targets[checked], scalars)
+    else:
+        first_loss, _ = ref.loss_gradient_corpus_rows(
+            start, rows.weights, ref.LossScalars(scalars.log2e, scalars.ln2))
+    assert initial[checked].tobytes() == first_loss.tobytes()
+    # The predictions run after training: the gather reads row V - 1, 16 GiB in at 65536.
+    assert logits.tobytes() == got["parameters"][-1].tobytes()
+    assert prediction[0] == ref.greedy_argmax_rows(got["parameters"][-1:])[0]
+    print(f"V={vocab} {mode}: {len(checked)} rows identical to the reference, all finite")
+
+
+# -- V = 50257: issue 15's path ---------------------------------------------------------
+
+
+@gpu
+def test_count_then_train_gpt2_sized_tokens_on_cuda(cuda_choice: BackendChoice, tmp_path: Path,
+                                                    capsys) -> None:
+    vocab, tokens = 50257, 1_000_000
+    rng = np.random.default_rng(15)
+    # A walk with small steps: sparse counts with structure, every token below V.
+    walk = np.cumsum(rng.integers(1, 50, tokens)) % vocab
+    path, counts = tmp_path / "train.bin", tmp_path / "train.counts"
+    walk.astype("<u2").tofile(path)
+    assert main(["count", "--tokens", str(path), "--vocab", str(vocab), "-o", str(counts),
+                 "--json"]) == 0
+    counted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    checkpoint = tmp_path / "bob.safetensors"
+    assert main(["train", "--counts", str(counts), "--backend", "cuda", "--schedule", "fused",
+                 "--steps", "2", "-N", "2", "-c", str(checkpoint), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["global_step"] == 2 and report["steps"] == 2
+    assert np.isfinite(report["loss"]) and report["loss"] < report["initial_loss"]
+    assert report["optimum"] == pytest.approx(counted["optimum"])
+    # The checkpoint holds three 10 GiB tables; its header and one row are read, not all.
+    from safetensors import safe_open
+    with safe_open(str(checkpoint), framework="numpy") as opened:
+        assert opened.metadata()["vocab"] == str(vocab)
+        row = opened.get_slice("parameters")[vocab - 1:vocab, :]
+        assert row.shape == (1, vocab) and np.isfinite(row).all()
+    assert checkpoint.stat().st_size > 3 * 4 * vocab * vocab
+
+
+@gpu
+def test_cuda_seed_schedule_plan_at_65536_certifies(cuda_choice: BackendChoice) -> None:
+    """The seed schedule's AdamW launch at 2**32 elements: certified with compiled code."""
+    config = BobConfig(vocab=65536, prompts=1, updates=1, schedule="seed")
+    plan = build_plan(config, cuda_choice.target, Hyper(), compiled=cuda_choice.regions)
+    require_certified(plan)
