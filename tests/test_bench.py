@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -212,3 +213,21 @@ def test_bench_on_cuda_without_a_gpu_fails_with_a_reason(capsys) -> None:
         pytest.skip("a GPU is usable here")
     assert main(["bench", "--backend", "cuda", "-V", "4", "-N", "1", "-r", "1"]) == 1
     assert "cuda" in capsys.readouterr().err
+
+
+def test_the_command_row_finds_bob_from_another_directory(monkeypatch, tmp_path):
+    """An uninstalled checkout runs with a relative PYTHONPATH; the `bob train` subprocess
+    runs in a temporary directory and must still import this Bob."""
+    import subprocess
+    import sys
+
+    from bob.bench.measurement import command_env
+
+    monkeypatch.setenv("PYTHONPATH", "src")
+    env = command_env()
+    entries = env["PYTHONPATH"].split(os.pathsep)
+    assert all(os.path.isabs(entry) for entry in entries)
+    done = subprocess.run([sys.executable, "-c", "import bob, sys; print(bob.__file__)"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    import bob
+    assert done.stdout.strip() == bob.__file__

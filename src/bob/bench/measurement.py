@@ -224,6 +224,18 @@ def steady_row(session, config: BobConfig, start: Checkpoint, record: InputRecor
                f"(this row / that: {steady / device:.3f}x)")
 
 
+def command_env() -> dict[str, str]:
+    """The environment for a `bob` subprocess run in another directory: this Bob's package
+    first on its path, and relative PYTHONPATH entries made absolute (an uninstalled
+    checkout runs with PYTHONPATH=src)."""
+    import bob
+
+    here = str(Path(bob.__file__).resolve().parent.parent)
+    inherited = [str(Path(entry).resolve()) for entry in
+                 os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([here, *inherited])}
+
+
 def command_row(choice: BackendChoice, config: BobConfig, hyper: Hyper, record: InputRecord,
                 repeats: int, name: str) -> Row:
     """`bob train --steps N` as a user runs it: process start to exit, the checkpoint saved."""
@@ -243,7 +255,7 @@ def command_row(choice: BackendChoice, config: BobConfig, hyper: Hyper, record: 
 
         def run() -> None:
             done = subprocess.run(argv, capture_output=True, text=True, check=False,
-                                  timeout=COMMAND_TIMEOUT, cwd=directory)
+                                  timeout=COMMAND_TIMEOUT, cwd=directory, env=command_env())
             if done.returncode != 0:
                 lines = done.stderr.strip().splitlines()
                 raise RuntimeError(lines[-1] if lines else f"exit {done.returncode}")
