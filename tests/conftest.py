@@ -158,3 +158,32 @@ def nvrtc_problem() -> str | None:
 
 needs_nvrtc = pytest.mark.skipif(nvrtc_problem() is not None,
                                  reason=str(nvrtc_problem()))
+
+
+def shipped_ptx(arch: str) -> str:
+    """bob_kernels.cu compiled to PTX by NVRTC with Bob's arithmetic options (tests that
+    read the instructions the compiler chose)."""
+    from cuda.bindings import nvrtc
+
+    from bob.kernels.cuda.compile import options_for, shipped_source
+
+    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+    err, program = nvrtc.nvrtcCreateProgram(shipped_source().text.encode(), b"bob_kernels.cu",
+                                            0, [], [])
+    assert err == ok, err
+    options = [option.encode() for option in options_for(arch)]
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+        # NVRTC writes into these buffers: bytearrays, never bytes. An empty log has size 1,
+        # and b" " * 1 is CPython's shared b" ": NVRTC's NUL would turn every b" " in the
+        # process into b"\0" (the padding of checkpoint and counts-file headers among them).
+        _, size = nvrtc.nvrtcGetProgramLogSize(program)
+        log = bytearray(size)
+        nvrtc.nvrtcGetProgramLog(program, log)
+        assert err == ok, log.decode(errors="replace")
+        _, size = nvrtc.nvrtcGetPTXSize(program)
+        ptx = bytearray(size)
+        nvrtc.nvrtcGetPTX(program, ptx)
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+    return ptx.decode(errors="replace")

@@ -31,7 +31,7 @@ from bob.plan.certificate import certify
 from bob.plan.model import Address, Scalar
 from bob.program.bob import HEALTH_TENSOR, BobConfig, Hyper, build_plan
 from bob.records.checkpoint import Checkpoint
-from conftest import needs_nvrtc
+from conftest import needs_nvrtc, shipped_ptx
 
 TABLES = sig.HEALTH_COUNTS  # parameters, first_moment, second_moment
 # Every kind of non-finite binary32: +-inf, quiet and signalling NaN, payloads, both signs.
@@ -297,29 +297,6 @@ def test_the_health_signature_reads_the_tables_and_only_adds_to_health():
 
 
 # -- the CUDA kernel ---------------------------------------------------------------------------
-
-
-def shipped_ptx(arch: str) -> str:
-    """bob_kernels.cu compiled to PTX with Bob's options."""
-    from cuda.bindings import nvrtc
-
-    from bob.kernels.cuda.compile import shipped_source
-
-    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
-    err, program = nvrtc.nvrtcCreateProgram(shipped_source().text.encode(), b"bob_kernels.cu",
-                                            0, [], [])
-    assert err == ok, err
-    options = [f"--gpu-architecture={arch}".encode(), b"--fmad=false", b"-prec-div=true",
-               b"-prec-sqrt=true", b"-ftz=false"]
-    try:
-        (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
-        assert err == ok, err
-        _, size = nvrtc.nvrtcGetPTXSize(program)
-        ptx = b" " * size
-        nvrtc.nvrtcGetPTX(program, ptx)
-    finally:
-        nvrtc.nvrtcDestroyProgram(program)
-    return ptx.decode(errors="replace")
 
 
 @needs_nvrtc

@@ -16,6 +16,7 @@ from bob.kernels import signatures as sig
 from bob.kernels.memory import Memory
 from bob.plan.model import PointerParam, ScalarParam
 from bob.program.bob import Hyper, adam_scalar_table, adam_scalars
+from conftest import shipped_ptx
 
 F32 = np.float32
 CUDA_SOURCE = Path(ref.__file__).parent / "cuda" / "bob_kernels.cu"
@@ -480,28 +481,8 @@ def test_cuda_uses_no_library_math_or_contraction():
 
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
 def test_cuda_source_compiles_with_nvrtc(arch):
-    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
-    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
-    err, program = nvrtc.nvrtcCreateProgram(CUDA_SOURCE.read_bytes(), b"bob_kernels.cu",
-                                            0, [], [])
-    assert err == ok, err
-    options = [f"--gpu-architecture={arch}".encode(), b"--fmad=false", b"-prec-div=true",
-               b"-prec-sqrt=true", b"-ftz=false"]
-    try:
-        (err,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
-        # NVRTC writes into these buffers: bytearrays, never bytes. An empty log has size 1,
-        # and b" " * 1 is CPython's shared b" ": NVRTC's NUL would turn every b" " in the
-        # process into b"\0" (the padding of checkpoint and counts-file headers among them).
-        _, size = nvrtc.nvrtcGetProgramLogSize(program)
-        log = bytearray(size)
-        nvrtc.nvrtcGetProgramLog(program, log)
-        assert err == ok, log.decode(errors="replace")
-        _, size = nvrtc.nvrtcGetPTXSize(program)
-        ptx = bytearray(size)
-        nvrtc.nvrtcGetPTX(program, ptx)
-    finally:
-        nvrtc.nvrtcDestroyProgram(program)
-    text = ptx.decode(errors="replace")
+    pytest.importorskip("cuda.bindings.nvrtc")
+    text = shipped_ptx(arch)
     for entry in sig.ENTRIES.values():
         assert f".entry {entry}(" in text
     # no contraction, no approximate division or square root, no max/min instructions,
