@@ -428,9 +428,6 @@ extern "C" __global__ void bob_health(const float* parameters, const float* firs
 #ifndef SMALL_PATH
 #define SMALL_PATH 1  // V <= 256 on 128 lanes of two elements (fused_small)
 #endif
-#ifndef ONE_SLOT_PATH
-#define ONE_SLOT_PATH 1  // V <= 256 runs a resident path of one element per lane
-#endif
 #ifndef RESIDENT_SLOTS
 #define RESIDENT_SLOTS 4u  // row elements per lane in registers on the resident path
 #endif
@@ -673,6 +670,11 @@ static __device__ __forceinline__ int order_key(float x) {
     return bits >= 0 ? bits : bits ^ 0x7FFFFFFF;
 }
 
+// The float whose order_key is `key` (the map is its own inverse).
+static __device__ __forceinline__ float from_order_key(int key) {
+    return __int_as_float(key >= 0 ? key : key ^ 0x7FFFFFFF);
+}
+
 struct SmallTrees {
     float (*buffers)[LANES];
     u32 turn;
@@ -711,7 +713,7 @@ struct SmallTrees {
         small_barrier();
         const int4 k = *(const int4*)keys;
         const int best = ::max(::max(k.x, k.y), ::max(k.z, k.w));
-        const float m = __int_as_float(best >= 0 ? best : best ^ 0x7FFFFFFF);
+        const float m = from_order_key(best);
         if (m != 0.0f) return m;  // uniform: every lane read the same keys
         return rest(partial, next(), MaxOp(), false);  // a zero: whose sign the order decides
     }
@@ -957,8 +959,6 @@ static __device__ void fused_train(const FusedArgs& a, FusedShared& shared) {
     StagedScalars scalars{shared.scalars[0], LANES};
     if (SMALL_PATH && a.vocab <= LANES) {
         fused_small<CORPUS>(a, shared.buffers, shared.scalars);
-    } else if (ONE_SLOT_PATH && a.vocab <= LANES) {  // one element per lane: fewer registers
-        fused_resident<CORPUS, 1>(a, lanes, scalars);
     } else if (a.vocab <= SLOTS * LANES) {
         fused_resident<CORPUS, SLOTS>(a, lanes, scalars);
     } else {
@@ -1081,7 +1081,7 @@ struct TallRow {
         if (threadIdx.x % WARP == 0) shared.keys[threadIdx.x / WARP] = key;
         __syncthreads();
         const int best = __reduce_max_sync(FULL_WARP, shared.keys[threadIdx.x % WARP]);
-        const float m = __int_as_float(best >= 0 ? best : best ^ 0x7FFFFFFF);
+        const float m = from_order_key(best);
         if (m != 0.0f) return m;  // uniform: every warp reduced the same keys
         return literal_max(held);
     }
