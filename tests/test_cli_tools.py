@@ -28,9 +28,10 @@ def test_plan_arch_shows_compiled_regions(arch, capsys):
 
 
 def test_plan_disasm_lists_every_gpfifo_entry_and_qmd(capsys):
-    assert main(["plan", "-N", "2", "-P", "1", "--disasm"]) == 0
+    assert main(["plan", "-N", "2", "-P", "1", "--submission", "per-launch", "--disasm"]) == 0
     out = capsys.readouterr().out
     plan = build_plan(BobConfig(prompts=1, updates=2))
+    assert plan.submission_policy == "per-launch"
     assert out.count("GPFIFO entry") == plan.submission_count + 1  # + the set-up entry
     assert out.count("QMD V03_00 at") == plan.launch_count  # each QMD listed once
     assert out.count("-> QMD of launch") == plan.submission_count  # each dispatch names its

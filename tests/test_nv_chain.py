@@ -484,8 +484,8 @@ def test_an_unknown_policy_is_refused_and_nothing_is_written(command, tmp_path, 
     argv = [word.format(out=out) for word in command] + ["--submission", "batched"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "Invalid value for '--submission': 'batched' is not one of 'per-launch', " \
-           "'chained'." in err
+    assert "Invalid value for '--submission': 'batched' is not one of 'auto', " \
+           "'per-launch', 'chained'." in err
     assert not out.exists()
 
 

@@ -139,7 +139,8 @@ def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats:
         what = ("one graph launch + stream synchronize" if choice.name == "cuda"
                 else "backend.run over every submission")
         timed = (
-            (f"{name} run", "bob", run, load, f"{what}; {plan.launch_count} launches"),
+            (f"{name} run", "bob", run, load, f"{what}; {plan.launch_count} launches in "
+             f"{plan.submission_count} {plan.submission_policy} submissions"),
             (f"{name} host: adam_scalars x{n}", "host", compute_scalars, None,
              "N updates' AdamW scalars as one table (float64, rounded to binary32)"),
             (f"{name} host: set_scalars x{n}", "host", set_scalars, None,

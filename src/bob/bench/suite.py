@@ -9,6 +9,7 @@ import platform
 import statistics
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -31,10 +32,9 @@ from bob.bench.peers import (
     torch_modules,
 )
 from bob.bench.tables import BANDWIDTH_MIN_VOCAB, BenchReport, BenchTable, Device, Row
-from bob.config import DEFAULT_SUBMISSION_POLICY, Hyper
+from bob.config import AUTO_SUBMISSION, DEFAULT_SUBMISSION_POLICY, Hyper, resolve_submission
 from bob.errors import BadInput
 from bob.host.api import CPU_MAX_VOCAB
-from bob.program.bob import BobConfig
 
 
 def default_vocabs(device: Device) -> tuple[int, ...]:
@@ -94,39 +94,52 @@ def copy_bandwidth() -> float | None:
 
 Progress = Callable[[str], None]
 
-# Bob's own command stream through the kernel driver reads tensors back through
-# BAR1 (slow for large tables); beyond this V it would time the copies, not Bob.
-NV_MAX_VOCAB = 1024
 
 
 def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
-            progress: Progress, submission: str = DEFAULT_SUBMISSION_POLICY) -> list[Row]:
-    """The same invocation on the `nv` backend (no CUDA runtime), where it can run."""
+            progress: Progress, submission: str = AUTO_SUBMISSION) -> list[Row]:
+    """The cuda rows' configurations on the `nv` backend (no CUDA runtime), with nv's
+    policy (auto: chained), and the seed schedule per-launch beside them for comparison.
+
+    Every V the cuda table runs: the nv backend reads tables back through the copy engine,
+    not BAR1. A configuration that fails is a failed row; the bench goes on.
+    """
     try:
         choice = choose_backend("nv")
     except Exception as error:  # noqa: BLE001 - nv is optional: say why it is absent
         return [Row("bob nv invocation", "peer", updates,
                     error=f"skipped: {error_text(error)}")]
-    progress(f"cuda V={vocab}: bob nv ({updates} updates per invocation)")
-    config = BobConfig(vocab=vocab, prompts=0, updates=updates, mode="hard",
-                       submission=submission)  # type: ignore[arg-type]
-    return measure_bob(choice, config, hyper, repeats)
+    policy = resolve_submission(submission, choice.name)
+    configs = list(bob_configs(vocab, updates, policy))
+    if policy != DEFAULT_SUBMISSION_POLICY:
+        seed = configs[0][1]
+        configs.append((f" {DEFAULT_SUBMISSION_POLICY}",
+                        replace(seed, submission=DEFAULT_SUBMISSION_POLICY)))
+    rows: list[Row] = []
+    for label, config in configs:
+        progress(f"cuda V={vocab}: bob nv{label} ({updates} updates per invocation, "
+                 f"{config.submission} submissions)")
+        try:
+            rows.extend(measure_bob(choice, config, hyper, repeats, label))
+        except Exception as error:  # noqa: BLE001 - a failing variant must not end the bench
+            rows.append(failed(f"bob nv{label} invocation", "bob", updates, error))
+    return rows
 
 
 def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: Hyper,
                  choice: BackendChoice, device_name: str, progress: Progress,
                  copy: float | None = None,
-                 submission: str = DEFAULT_SUBMISSION_POLICY) -> BenchTable:
+                 submission: str = AUTO_SUBMISSION) -> BenchTable:
     targets = bench_targets(vocab)
     rows: list[Row] = []
-    for label, config in bob_configs(vocab, updates, submission):
+    for label, config in bob_configs(vocab, updates, resolve_submission(submission, choice.name)):
         progress(f"{device} V={vocab}: bob{label} ({updates} updates per invocation)")
         try:
             rows.extend(measure_bob(choice, config, hyper, repeats, label))
         except Exception as error:  # noqa: BLE001 - a failing variant must not end the bench
             rows.append(failed(f"bob {device}{label} invocation", "bob", updates, error))
 
-    if device == "cuda" and vocab <= NV_MAX_VOCAB:
+    if device == "cuda":
         rows.extend(nv_rows(vocab, updates, repeats, hyper, progress, submission))
 
     peers: list[tuple[str, Callable[[], Peer]]]
@@ -177,10 +190,11 @@ def environment() -> dict[str, str]:
 def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
               updates: int | None = None, repeats: int = 5, hyper: Hyper = Hyper(),
               progress: Progress | None = None, command: str = "",
-              submission: str = DEFAULT_SUBMISSION_POLICY) -> BenchReport:
+              submission: str = AUTO_SUBMISSION) -> BenchReport:
     """Every table: for each device, for each V, Bob and its peers side by side."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, not {repeats}")
+    resolve_submission(submission)  # an unknown policy is refused before any work
     say = progress or (lambda text: None)
     devices, choices = resolve_devices(backends)
     too_large = [v for v in vocabs if v > CPU_MAX_VOCAB]

@@ -16,7 +16,7 @@ from bob.bench.tables import DEVICES
 from bob.config import MAX_UPDATES
 from bob.files import atomic_write
 
-from .options import SUBMISSION_OPTION, check_vocab
+from .options import check_vocab, submission_option
 
 if TYPE_CHECKING:
     from bob.bench.tables import BenchTable
@@ -89,7 +89,8 @@ def render_table(table: BenchTable) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--save", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the JSON report to this file.")
-@SUBMISSION_OPTION
+@submission_option("per-launch for Bob's cuda and cpu rows; chained for the nv rows, with "
+                   "a per-launch nv seed row beside them")
 def bench(vocabs, updates, repeats, backends, as_json, save, submission) -> None:
     """Microseconds per AdamW update: Bob beside its peers, side by side.
 

@@ -13,12 +13,21 @@ SCHEDULE_OPTION = click.option(
     "--schedule", type=click.Choice(config.SCHEDULES), default=config.SCHEDULES[0],
     show_default=True,
     help="The seed's launches (the reference), or the fused kernel: the same bytes, faster.")
-SUBMISSION_OPTION = click.option(
-    "--submission", type=click.Choice(config.SUBMISSION_POLICIES),
-    default=config.DEFAULT_SUBMISSION_POLICY,
-    show_default=True,
-    help="Every launch its own submission (the reference), or chained: each submission's "
-         "launches linked in the command stream (nv, nv-sim; the same bytes).")
+
+
+def submission_option(auto: str = f"chained on {' and '.join(config.CHAINED_BACKENDS)} "
+                                  "(the backends that run Bob's command stream), "
+                                  "per-launch elsewhere") -> click.Option:
+    """--submission: a policy by name, or auto (config.resolve_submission), whose meaning
+    for this command is `auto`."""
+    return click.option(
+        "--submission", type=click.Choice(config.SUBMISSION_CHOICES),
+        default=config.AUTO_SUBMISSION, show_default=True,
+        help="per-launch: every launch its own submission (the reference); chained: each "
+             f"submission's launches linked in the command stream (the same bytes); auto: {auto}.")
+
+
+SUBMISSION_OPTION = submission_option()
 MODE_OPTION = click.option(
     "--mode", type=click.Choice(config.MODES), default=config.MODES[0], show_default=True,
     help="Hard targets (the seed's record) or corpus weights.")

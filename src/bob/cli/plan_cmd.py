@@ -8,7 +8,7 @@ import sys
 import click
 from rich.console import Console
 
-from bob.config import TARGET_NAMES
+from bob.config import AUTO_SUBMISSION, TARGET_NAMES, resolve_submission
 from bob.errors import BackendUnavailable
 from bob.kernels.signatures import catalogue
 from bob.plan import TARGETS
@@ -17,8 +17,12 @@ from bob.plan.jsonio import dumps, read_plan
 from bob.plan.model import Plan
 from bob.program.bob import build_plan
 
-from .options import SUBMISSION_OPTION, config_from, plan_options
+from .options import config_from, plan_options, submission_option
 from .render import print_hazards, print_plan
+
+# A plan's submissions are its command stream's grouping, and only the backends that run
+# the stream (nv, nv-sim) care how launches are grouped: `bob plan` shows the plan they run.
+STREAM_BACKEND = "nv"
 
 
 def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
@@ -38,7 +42,8 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
 
 @click.command()
 @plan_options
-@SUBMISSION_OPTION
+@submission_option("the nv backend's, chained (the plan its command stream runs); every "
+                   "output says what it resolved to")
 @click.option("--arch", type=click.Choice(TARGET_NAMES), default=None,
               help="Compile the kernels for this architecture and show its regions.")
 @click.option("--json", "as_json", is_flag=True, help="Write the whole plan as JSON.")
@@ -49,7 +54,11 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
 def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submission: str,
          arch: str | None, as_json: bool, disasm: bool, emit_dir: str | None) -> None:
     """Show Bob's device program: arena, regions, launches, submissions, sizes."""
-    the_plan = _bob_plan(vocab, prompts, updates, mode, schedule, arch, submission)
+    policy = resolve_submission(submission, STREAM_BACKEND)
+    if submission == AUTO_SUBMISSION and not as_json:  # stderr: --emit lists paths on stdout
+        click.echo(f"submission: auto is {policy} (the {STREAM_BACKEND} backend's default)",
+                   err=True)
+    the_plan = _bob_plan(vocab, prompts, updates, mode, schedule, arch, policy)
     certificate = certify_plan(the_plan)
     if as_json:
         click.echo(dumps(the_plan))

@@ -10,15 +10,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bob.config import BACKENDS, MAX_UPDATES
+from bob.config import BACKENDS, MAX_UPDATES, resolve_submission
 from bob.program.bob import BobConfig
 
 from .options import (
     MODE_OPTION,
     SCHEDULE_OPTION,
-    SUBMISSION_OPTION,
     arch_option,
     prompts_option,
+    submission_option,
     vocab_option,
 )
 
@@ -45,7 +45,8 @@ def _backend_pair(text: str) -> tuple[str, str]:
 @arch_option("Target of nv-sim.")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
 @SCHEDULE_OPTION
-@SUBMISSION_OPTION
+@submission_option("chained when either backend is nv or nv-sim (one plan serves both; cpu "
+                   "and cuda run any policy's launches in order), else per-launch")
 @click.option("--json", "as_json", is_flag=True)
 def check(backends, vocab, prompts, updates_per_invocation, steps, mode, arch, seed, schedule,
           submission, as_json) -> None:
@@ -54,16 +55,18 @@ def check(backends, vocab, prompts, updates_per_invocation, steps, mode, arch, s
 
     pair = _backend_pair(backends)
     config = BobConfig(vocab=vocab, prompts=prompts, updates=updates_per_invocation, mode=mode,
-                       schedule=schedule, submission=submission)
+                       schedule=schedule, submission=resolve_submission(submission, *pair))
     report = differential_check(pair, config, steps, seed=seed, arch=arch)
     if as_json:
         click.echo(json.dumps({
-            "backends": list(pair), "identical": report.identical,
+            "backends": list(pair), "submission": config.submission,
+            "identical": report.identical,
             "invocations": report.invocations, "bytes_compared": report.bytes_compared,
             "difference": None if report.identical else str(report.difference)}))
     elif report.identical:
         click.echo(f"{pair[0]} and {pair[1]} agree: every byte of every tensor after each of "
-                   f"{report.invocations} invocations ({report.bytes_compared:,} bytes)")
+                   f"{report.invocations} invocations ({report.bytes_compared:,} bytes; "
+                   f"{config.submission} submissions)")
     else:
         click.echo(f"{pair[0]} and {pair[1]} DIFFER: {report.difference}")
     if not report.identical:

@@ -23,11 +23,14 @@ import numpy as np
 from bob.backends import BackendChoice, choose_backend
 from bob.config import (
     ARENA_KINDS,
+    AUTO_SUBMISSION,
     DEFAULT_SUBMISSION_POLICY,
     DEFAULT_TARGET,
     MAX_VOCAB,
     SCHEDULES,
+    SUBMISSION_CHOICES,
     Hyper,
+    resolve_submission,
 )
 from bob.errors import BadInput, Interrupted
 from bob.host import sampling, stops
@@ -231,7 +234,7 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
           hyper_changes: Mapping[str, float] | None = None,
           new_data: bool = False,
           data_spec: CorpusSpec | None = None, val_spec: CorpusSpec | None = None,
-          submission: str = DEFAULT_SUBMISSION_POLICY) -> TrainReport:
+          submission: str = AUTO_SUBMISSION) -> TrainReport:
     """Train for `steps` updates, saving the checkpoint after every invocation.
 
     `schedule` "fused" runs the fused kernel: the same bytes as "seed", faster.
@@ -239,7 +242,8 @@ def train(texts: Sequence[str] | None = None, steps: int = 1000,
     stated) over the checkpoint's own on --resume, else over the defaults.
     A resumed run must train on the checkpoint's data unless `new_data` says
     the data changes on purpose (a new segment records where).
-    `submission` "chained" links each invocation's launches in the command stream.
+    `submission` "chained" links each invocation's launches in the command stream;
+    "auto" is chained on nv and nv-sim, per-launch elsewhere (config.resolve_submission).
     One run holds CKPT.lock while it works; a second is refused.
     """
     begun = time.perf_counter()
@@ -262,6 +266,9 @@ def _train(texts: Sequence[str] | None, steps: int, checkpoint: str, resume: boo
         raise BadInput(f"updates_per_invocation must be at least 1, not {updates_per_invocation}")
     if schedule not in SCHEDULES:
         raise BadInput(f"schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}")
+    if submission not in SUBMISSION_CHOICES:
+        raise BadInput(f"submission must be one of {', '.join(SUBMISSION_CHOICES)}, not "
+                       f"{submission!r}")
     if new_data and not resume:
         raise BadInput("--new-data continues a checkpoint on other data: it needs --resume")
     _check_hyper_changes(hyper_changes)
@@ -279,7 +286,7 @@ def _train(texts: Sequence[str] | None, steps: int, checkpoint: str, resume: boo
                                 hyper_changes)
         return _train_from(start, data, steps, checkpoint, resume, choice,
                            updates_per_invocation, result_path, schedule, progress,
-                           validation, submission)
+                           validation, resolve_submission(submission, choice.name))
 
 
 def check_output_file(path: str, what: str) -> None:
@@ -485,7 +492,8 @@ def validation_record(spec: CorpusSpec | None, vocab: int) -> InputRecord | None
 
 def validation_loss(session: Session, state: Checkpoint, record: InputRecord) -> float:
     """The model's exact loss on the record: one forward invocation, as `bob eval` runs it."""
-    config = BobConfig(vocab=state.vocab, prompts=0, updates=0, mode="corpus")
+    config = BobConfig(vocab=state.vocab, prompts=0, updates=0, mode="corpus",
+                       submission=resolve_submission(AUTO_SUBMISSION, session.choice.name))
     return session.invoke(config, state, record, "predict").initial_loss
 
 
@@ -499,8 +507,10 @@ def _forward(checkpoint: Checkpoint, prompts: Sequence[int], backend: str,
                                   source="prompts")
     else:
         record = replace_prompts(record, prompts)
-    config = BobConfig(vocab=checkpoint.vocab, prompts=len(prompts), updates=0, mode=record.mode)
-    with Session(choose_backend(backend, arch=arch), checkpoint.hyper) as session:
+    choice = choose_backend(backend, arch=arch)
+    config = BobConfig(vocab=checkpoint.vocab, prompts=len(prompts), updates=0, mode=record.mode,
+                       submission=resolve_submission(AUTO_SUBMISSION, choice.name))
+    with Session(choice, checkpoint.hyper) as session:
         return session.invoke(config, checkpoint, record, "predict").result
 
 
