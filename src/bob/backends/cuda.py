@@ -281,8 +281,8 @@ def _native_node_update() -> Any:
         function = None
         with contextlib.suppress(OSError, AttributeError):
             function = ctypes.CDLL("libcuda.so.1").cuGraphExecKernelNodeSetParams_v2
-            function.argtypes = (ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.POINTER(_NativeKernelNodeParams))
+            # Plain addresses: the hot loop passes ints, converted at C speed.
+            function.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
             function.restype = ctypes.c_int
         _NATIVE_SET_PARAMS.append(function)
     return _NATIVE_SET_PARAMS[0]
@@ -324,6 +324,50 @@ class _LaunchArguments:
     node_params: Any  # CUDA_KERNEL_NODE_PARAMS referring to the arrays above
     native_params: _NativeKernelNodeParams  # the same, for the ctypes node update
 
+    @property
+    def native_address(self) -> int:
+        return ctypes.addressof(self.native_params)
+
+
+class ParameterStore:
+    """Every launch's kernel parameter buffer, side by side in one host array.
+
+    Graph nodes and launches point into it; an invocation's AdamW scalars for all
+    its launches are then one indexed numpy store instead of a loop over buffers.
+    """
+
+    ALIGN = 16  # each buffer starts here: a scalar's 4-byte boundary stays one in the store
+
+    def __init__(self, blocks: Sequence[bytes]):
+        sizes = np.array([len(data) for data in blocks], np.int64)
+        starts = np.zeros(len(blocks) + 1, np.int64)
+        np.cumsum(-(-np.maximum(sizes, 1) // self.ALIGN) * self.ALIGN, out=starts[1:])
+        self._bytes = np.zeros(max(self.ALIGN, int(starts[-1])), np.uint8)
+        self._words = self._bytes.view(np.uint32)
+        self._starts, self._sizes = starts[:-1], sizes
+        for start, data in zip(starts.tolist(), blocks, strict=False):
+            self._bytes[start:start + len(data)] = np.frombuffer(data, np.uint8)
+
+    def size(self, index: int) -> int:
+        return int(self._sizes[index])
+
+    def buffer(self, index: int) -> ctypes.Array:
+        """Launch `index`'s parameter buffer: a ctypes view into the store (never a copy)."""
+        return (ctypes.c_char * max(1, self.size(index))).from_buffer(
+            self._bytes, int(self._starts[index]))
+
+    def write_words(self, launches: Sequence[int], relative: np.ndarray,
+                    words: np.ndarray) -> None:
+        """words[i][j] (uint32) at byte relative[i][j] of launch launches[i]'s buffer."""
+        chosen = np.asarray(launches, np.int64)
+        outside = (relative < 0) | (relative % 4 != 0) | \
+            (relative > (self._sizes[chosen] - 4)[:, None])
+        if outside.any():
+            row = int(np.argwhere(outside)[0][0])
+            raise RunFailure(f"launch {launches[row]}: a scalar's block offset is outside its "
+                             "parameter buffer")
+        self._words[(self._starts[chosen][:, None] + relative) // 4] = words
+
 
 @dataclass
 class _Graph:
@@ -331,6 +375,8 @@ class _Graph:
     graph: Any  # CUgraph
     exec: Any  # CUgraphExec
     nodes: dict[int, list[Any]] = field(default_factory=dict)  # launch -> its nodes
+    # launch -> (exec, node) handles as ints, for the ctypes node update
+    native_nodes: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 UPLOAD_CHUNK_BYTES = 16 << 20  # each of the two pinned chunks a write goes through
@@ -467,16 +513,22 @@ class CudaBackend(Backend):
                                          driver.CU_MEMHOSTALLOC_DEVICEMAP))
             ctypes.memset(self._host_arena, 0, size)
             self._arena = int(_call("cuMemHostGetDevicePointer", self._host_arena, 0))
-        for index in range(self.plan.launch_count):
+        self._make_arguments()
+
+    def _make_arguments(self) -> None:
+        blocks = [kernel_parameters(self.plan, self.plan.region(launch.region),
+                                    self.parameter_block(index), self._arena)
+                  for index, launch in enumerate(self.plan.launches)]
+        self._store = ParameterStore(blocks)
+        for index in range(len(blocks)):
             self._arguments[index] = self._launch_arguments(index)
 
     def _launch_arguments(self, index: int) -> _LaunchArguments:
         driver = _driver()
         launch = self.plan.launches[index]
         region = self.plan.region(launch.region)
-        data = kernel_parameters(self.plan, region, self.parameter_block(index), self._arena)
-        buffer = (ctypes.c_char * max(1, len(data))).from_buffer_copy(data.ljust(1, b"\0"))
-        size = ctypes.c_size_t(len(data))
+        buffer = self._store.buffer(index)
+        size = ctypes.c_size_t(self._store.size(index))
         extra = (ctypes.c_void_p * 5)(
             driver.CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(buffer),
             driver.CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size),
@@ -514,10 +566,14 @@ class CudaBackend(Backend):
                     node = _call("cuGraphAddKernelNode", graph, None, 0,
                                  self._arguments[index].node_params)
                     built.nodes.setdefault(index, []).append(node)
+                    built.native_nodes.setdefault(index, []).append((0, int(node)))
                     order.append(node)
             for before, after in zip(order, order[1:], strict=False):
                 self._add_edge(graph, before, after)
             built.exec = _call("cuGraphInstantiate", graph, 0)
+            handle = int(built.exec)
+            built.native_nodes = {index: [(handle, node) for _, node in pairs]
+                                  for index, pairs in built.native_nodes.items()}
         except BaseException:
             with contextlib.suppress(CudaError):  # the first error is the one to report
                 _call("cuGraphDestroy", graph)
@@ -775,44 +831,43 @@ class CudaBackend(Backend):
                 raise RunFailure(f"launch {launch_index}: scalar at block offset {offset} is "
                                  "outside its parameter buffer")
             ctypes.memmove(ctypes.addressof(arguments.buffer) + offset - base, word, len(word))
-        self._update_nodes(launch_index)
+        self._update_nodes([launch_index])
 
     def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
                            words: np.ndarray, offsets: list[list[int]]) -> None:
-        """Every launch's words into its kernel buffer in one pass, then the graphs' nodes."""
+        """Every launch's words into the parameter store in one indexed store, then the
+        graphs' nodes."""
         self._require_open()
-        base = self.plan.target.parameter_base
-        lanes = np.arange(4)
-        for index, row, places in zip(launches, words, offsets, strict=True):
-            arguments = self._arguments[index]
-            relative = np.asarray(places) - base
-            if relative.size and not (relative.min() >= 0
-                                      and relative.max() <= arguments.size.value - 4):
-                raise RunFailure(f"launch {index}: a scalar's block offset is outside its "
-                                 "parameter buffer")
-            buffer = np.frombuffer(arguments.buffer, np.uint8)
-            buffer[(relative[:, None] + lanes).reshape(-1)] = row.view(np.uint8)
-        for index in launches:
-            self._update_nodes(index)
+        if not launches:
+            return
+        relative = np.asarray(offsets, np.int64) - self.plan.target.parameter_base
+        self._store.write_words(launches, relative, words)
+        self._update_nodes(launches)
 
-    def _update_nodes(self, launch_index: int) -> None:
-        """Carry the launch's parameter buffer into every instantiated graph's nodes."""
-        arguments = self._arguments[launch_index]
+    def _update_nodes(self, launches: Sequence[int]) -> None:
+        """Carry these launches' parameter buffers into every instantiated graph's nodes
+        (a running graph keeps the parameters it was launched with)."""
         if not self._graphs:
             return
         _call("cuCtxSetCurrent", self._context)
         native = _native_node_update()
-        for graph in self._graphs.values():
-            for node in graph.nodes.get(launch_index, ()):
-                if native is None:
-                    _call("cuGraphExecKernelNodeSetParams", graph.exec, node,
-                          arguments.node_params)
-                    continue
-                status = native(int(graph.exec), int(node), ctypes.byref(arguments.native_params))
-                if status:
-                    driver = _driver()
-                    raise CudaError("cuGraphExecKernelNodeSetParams",
-                                    *_status_text(driver, driver.CUresult(status)))
+        graphs = list(self._graphs.values())
+        if native is None:
+            for index in launches:
+                for graph in graphs:
+                    for node in graph.nodes.get(index, ()):
+                        _call("cuGraphExecKernelNodeSetParams", graph.exec, node,
+                              self._arguments[index].node_params)
+            return
+        for index in launches:
+            params = self._arguments[index].native_address
+            for graph in graphs:
+                for handle, node in graph.native_nodes.get(index, ()):
+                    status = native(handle, node, params)
+                    if status:
+                        driver = _driver()
+                        raise CudaError("cuGraphExecKernelNodeSetParams",
+                                        *_status_text(driver, driver.CUresult(status)))
 
     def driver_attributes(self, region: str) -> dict[str, int]:
         """What the driver reports for a region's loaded function (to check the reader)."""
