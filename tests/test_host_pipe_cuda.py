@@ -12,8 +12,11 @@ import pytest
 from bob.backends import BackendChoice, choose_backend
 from bob.backends.base import Backend
 from bob.backends.cuda import (
+    LANDING_BYTES,
+    LANDING_MIN_BYTES,
     UPLOAD_CHUNK_BYTES,
     CudaBackend,
+    Landing,
     ParameterStore,
     _LaunchArguments,
     kernel_parameters,
@@ -85,6 +88,51 @@ def test_a_scalar_outside_its_buffer_is_refused_and_nothing_is_written(offset):
     with pytest.raises(RunFailure, match="launch 1: a scalar's block offset is outside"):
         store.write_words([0, 1], np.array([[0], [offset]]), np.ones((2, 1), np.uint32))
     assert bytes(store.buffer(0)) == bytes(8) and bytes(store.buffer(1)) == bytes(24)
+
+
+class Registry:
+    """Stands in for cuMemHostRegister/Unregister: which addresses are page-locked."""
+
+    def __init__(self):
+        self.locked: dict[int, int] = {}
+
+    def register(self, address: int, size: int) -> None:
+        assert address % 4096 == 0 and address not in self.locked
+        self.locked[address] = size
+
+    def unregister(self, address: int) -> None:
+        del self.locked[address]
+
+
+def test_a_landing_buffer_is_reused_only_when_no_array_of_it_is_alive():
+    registry = Registry()
+    landing = Landing(LANDING_MIN_BYTES, registry.register, registry.unregister)
+    first = landing.take()
+    tables = landing.hand_out(first)[:16].view(np.float32)  # what a checkpoint keeps
+    first = None
+    tables[:] = 1.5
+    second = landing.take()
+    assert second is not None and len(registry.locked) == 2
+    assert second.ctypes.data != tables.ctypes.data  # the first is still in use
+    landing.hand_out(second)  # dropped at once: free again
+    assert landing.take() is second
+    address = tables.ctypes.data
+    del tables
+    assert landing.take().ctypes.data == address  # given back by the last array's end
+
+
+def test_landing_buffers_are_bounded_and_closing_keeps_live_arrays_valid(monkeypatch):
+    registry = Registry()
+    landing = Landing(LANDING_MIN_BYTES, registry.register, registry.unregister)
+    held = [landing.hand_out(landing.take()) for _ in range(landing.limit)]
+    assert landing.limit >= 2 and landing.take() is None  # all in use: the staging is used
+    held[0][:4] = 7
+    landing.close()
+    assert registry.locked == {} and landing.take() is None
+    assert held[0][:4].tolist() == [7] * 4  # ordinary memory now, still the same bytes
+    small = Landing(LANDING_MIN_BYTES - 1, registry.register, registry.unregister)
+    huge = Landing(LANDING_BYTES, registry.register, registry.unregister)
+    assert small.take() is None and huge.take() is None and registry.locked == {}
 
 
 # -- on a GPU ------------------------------------------------------------------------

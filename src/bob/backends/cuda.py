@@ -51,7 +51,8 @@ import contextlib
 import ctypes
 import os
 import struct
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -420,23 +421,94 @@ class _ReadStaging:
 
     size: int
     snapshot: int  # device memory
-    host: int  # pinned host memory
+    host: int  # pinned host memory, 0 until a read finds no landing buffer free
     stream: Any  # CUstream, non-blocking: it runs beside the graph's stream
     snapped: Any  # CUevent
 
 
-class _CudaRead(ReadHandle):
-    """Tensors on their way from the snapshot to pinned memory; `wait` gives owned copies."""
+LANDING_BYTES = 8 << 30  # page-locked memory the landing buffers may take together
+LANDING_MIN_BYTES = 64 << 20  # smaller reads are copied out of the staging (cheap)
+LANDING_BUFFERS = 4  # at most: the arena's checkpoint, the caller's, the writer's, the next
+PAGE = 4096
 
-    def __init__(self, backend: CudaBackend, layout: list[tuple[str, int, int]]):
+
+class Landing:
+    """Page-locked host buffers that reads land in and are handed out as, with no copy.
+
+    A buffer is reused once no array of its read is alive any more (a finalizer on the
+    object every such array refers to gives it back); while all are in use, or when a
+    read is too large for two of them, reads go through the staging and are copied out.
+    Closing unregisters every buffer: arrays still alive stay valid, as ordinary memory.
+    """
+
+    def __init__(self, size: int, register: Callable[[int, int], None],
+                 unregister: Callable[[int], None]):
+        self.size = size
+        self.limit = min(LANDING_BUFFERS, LANDING_BYTES // max(1, size))
+        self._register, self._unregister = register, unregister
+        self._free: list[np.ndarray] = []
+        self._made: list[np.ndarray] = []
+        self._closed = False
+
+    @property
+    def usable(self) -> bool:
+        return self.size >= LANDING_MIN_BYTES and self.limit >= 2 and not self._closed
+
+    def take(self) -> np.ndarray | None:
+        """A free buffer of `size` bytes (page-aligned, registered), or None."""
+        if not self.usable:
+            return None
+        if self._free:
+            return self._free.pop()
+        if len(self._made) >= self.limit:
+            return None
+        raw = np.empty(self.size + PAGE, np.uint8)
+        skip = -raw.ctypes.data % PAGE
+        buffer = raw[skip:skip + self.size]
+        self._register(buffer.ctypes.data, self.size)
+        self._made.append(buffer)
+        return buffer
+
+    def hand_out(self, buffer: np.ndarray) -> np.ndarray:
+        """`buffer` as an array whose last user, when gone, gives the buffer back."""
+        holder = (ctypes.c_char * self.size).from_buffer(buffer)
+        weakref.finalize(holder, self._give_back, buffer)
+        return np.frombuffer(holder, np.uint8)
+
+    def _give_back(self, buffer: np.ndarray) -> None:
+        if not self._closed:
+            self._free.append(buffer)
+
+    def close(self) -> None:
+        """Unregister every buffer (in use or not); the first error is raised."""
+        self._closed = True
+        made, self._made, self._free = self._made, [], []
+        errors = []
+        for buffer in made:
+            try:
+                self._unregister(buffer.ctypes.data)
+            except CudaError as error:
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+
+class _CudaRead(ReadHandle):
+    """Tensors on their way from the snapshot to pinned memory; `wait` gives them, in
+    the landing buffer they were copied to, or copied out of the shared staging."""
+
+    def __init__(self, backend: CudaBackend, layout: list[tuple[str, int, int]],
+                 landing: np.ndarray | None):
         super().__init__({})
         self._backend = backend
         self._layout = layout  # (name, offset in the staging, bytes)
+        self._landing = landing
         self._done = False
 
     def wait(self) -> dict[str, np.ndarray]:
         if not self._done:
-            self._tables = self._backend._finish_read(self._layout)
+            self._tables = self._backend._finish_read(self._layout, self._landing)
+            self._landing = None
             self._done = True
         return self._tables
 
@@ -472,6 +544,7 @@ class CudaBackend(Backend):
         self._next_upload = 0
         self._staging: _ReadStaging | None = None
         self._reading: _CudaRead | None = None  # the read whose copies may be in flight
+        self._landing: Landing | None = None  # page-locked buffers reads are handed out in
         self._copiers: ThreadPoolExecutor | None = None  # copy_out's threads, once needed
         self._closed = False
         # Set to a list by `bob profile`: runs then launch on the stream one kernel at a
@@ -751,24 +824,49 @@ class CudaBackend(Backend):
             end += -(-size // STAGING_ALIGNMENT) * STAGING_ALIGNMENT
         staging = self._read_staging(end)
         _call("cuCtxSetCurrent", self._context)
+        landing = self._landing_for(end).take()
+        host = self._staging_host(staging) if landing is None else landing.ctypes.data
         for name, position, size in layout:
             _call("cuMemcpyDtoDAsync", staging.snapshot + position,
                   self._arena + self._arena_offset(name, 0, size), size, self._stream)
         _call("cuEventRecord", staging.snapped, self._stream)
         _call("cuStreamWaitEvent", staging.stream, staging.snapped, 0)
         for _, position, size in layout:
-            _call("cuMemcpyDtoHAsync", staging.host + position, staging.snapshot + position,
+            _call("cuMemcpyDtoHAsync", host + position, staging.snapshot + position,
                   size, staging.stream)
-        self._reading = _CudaRead(self, layout)
+        self._reading = _CudaRead(self, layout, landing)
         return self._reading
 
-    def _finish_read(self, layout: list[tuple[str, int, int]]) -> dict[str, np.ndarray]:
-        """Wait for the copy stream, then each tensor out of the pinned staging."""
+    def _landing_for(self, size: int) -> Landing:
+        """The landing buffers for reads of `size` bytes (made anew when the size changes)."""
+        if self._landing is None or self._landing.size != size:
+            if self._landing is not None:
+                self._landing.close()
+            self._landing = Landing(
+                size, lambda address, count: _call("cuMemHostRegister", address, count, 0),
+                lambda address: _call("cuMemHostUnregister", address))
+        return self._landing
+
+    def _staging_host(self, staging: _ReadStaging) -> int:
+        """The staging's own pinned memory (reads that find no landing buffer)."""
+        if not staging.host:
+            staging.host = int(_call("cuMemHostAlloc", staging.size, 0))
+        return staging.host
+
+    def _finish_read(self, layout: list[tuple[str, int, int]],
+                     landing: np.ndarray | None) -> dict[str, np.ndarray]:
+        """Wait for the copy stream; the tensors are the landing buffer's, or copied out of
+        the pinned staging."""
         self._require_open()
         staging = self._staging
         assert staging is not None  # begin_read made it
         _call("cuCtxSetCurrent", self._context)
         _call("cuStreamSynchronize", staging.stream)
+        self._reading = None
+        if landing is not None:
+            assert self._landing is not None
+            whole = self._landing.hand_out(landing)
+            return {name: whole[position:position + size] for name, position, size in layout}
         if self._copiers is None and sum(size for _, _, size in layout) > COPY_OUT_CHUNK_BYTES:
             self._copiers = ThreadPoolExecutor(min(COPY_OUT_THREADS, os.cpu_count() or 1),
                                                thread_name_prefix="bob-copy-out")
@@ -787,7 +885,6 @@ class CudaBackend(Backend):
         staging = _ReadStaging(max(1, size), 0, 0, None, None)
         try:
             staging.snapshot = int(_call("cuMemAlloc", staging.size))
-            staging.host = int(_call("cuMemHostAlloc", staging.size, 0))
             staging.stream = _call("cuStreamCreate",
                                    int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))
             staging.snapped = _call("cuEventCreate",
@@ -815,6 +912,12 @@ class CudaBackend(Backend):
                 continue  # never made (pointers are ints, streams and events objects)
             try:
                 _call(call, handle)
+            except CudaError as error:
+                errors.append(error)
+        landing, self._landing = self._landing, None
+        if landing is not None:  # after the copy stream's sync: nothing lands in it now
+            try:
+                landing.close()
             except CudaError as error:
                 errors.append(error)
         if errors:
