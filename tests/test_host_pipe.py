@@ -149,6 +149,112 @@ def test_pipelined_training_is_invoke_after_invoke():
             state = expected.checkpoint
 
 
+class StreamCpu(CountingCpu):
+    """The CPU backend run as a GPU stream runs: `start`, tensor writes, scalar patches and
+    reads queue in order and happen only when something waits on them. `log` records the
+    order in which the host asked for each, and when queued work actually ran."""
+
+    def __init__(self, plan, *args, **kwargs):
+        super().__init__(plan, *args, **kwargs)
+        self.queue: list = []
+        self.done = 0
+        self.log: list[str] = []
+
+    def _drain(self, upto: int) -> None:
+        while self.done < upto:
+            self.done += 1
+            self.queue[self.done - 1]()
+
+    def _start_submissions(self, submissions):
+        self.log.append(f"start {len(self.queue)}")
+        self.queue.append(lambda: self._run(submissions))
+
+    def _wait_started(self):
+        self._drain(len(self.queue))
+
+    def write_tensor(self, name, data, offset=0):
+        data = bytes(memoryview(data).cast("B"))  # the host may reuse its buffer at once
+        self.queue.append(lambda: CountingCpu.write_tensor(self, name, data, offset))
+
+    def read_tensor(self, name):
+        self._drain(len(self.queue))
+        return super().read_tensor(name)
+
+    def _carry_scalar_rows(self, launches, names, dtype, words, offsets):
+        words = words.copy()  # a launch already queued keeps the scalars it was given
+        self.queue.append(lambda: CpuBackend._carry_scalar_rows(self, launches, names, dtype,
+                                                                words, offsets))
+
+    def begin_read(self, names):
+        self.begun_reads += 1
+        got: dict = {}
+        self.queue.append(lambda: got.update({name: np.frombuffer(
+            CpuBackend.read_tensor(self, name), np.uint8) for name in names}))
+        position = len(self.queue)
+        backend = self
+
+        class Queued(ReadHandle):
+            def wait(self):
+                backend.log.append(f"read {position - 1}")
+                backend._drain(position)
+                return got
+        return Queued({})
+
+
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+def test_the_next_invocation_is_queued_before_the_last_is_read(schedule):
+    config = BobConfig(vocab=32, prompts=1, updates=3, mode="corpus", schedule=schedule)
+    record = random_record(config, 2)
+    seen = []
+    with Session(replace(choose_backend("cpu"), opener=StreamCpu)) as streamed, \
+            Session(choose_backend("cpu")) as plain:
+        got = train(streamed, config, Checkpoint.zeros(32, Hyper(), "corpus"), record, 12,
+                    lambda invocation, done: seen.append(streamed.last_backend.log[-1]))
+        want = train(plain, config, Checkpoint.zeros(32, Hyper(), "corpus"), record, 12)
+        log = streamed.last_backend.log
+    for mine, theirs in zip(got, want, strict=True):  # the bytes of the unpipelined run
+        assert (mine.loss, mine.initial_loss, mine.checkpoint.step) == \
+            (theirs.loss, theirs.initial_loss, theirs.checkpoint.step)
+        for name in CHECKPOINT_TENSORS:
+            assert getattr(mine.checkpoint, name).tobytes() == \
+                getattr(theirs.checkpoint, name).tobytes()
+    # Each read is asked for only once the next invocation is started (queued after it).
+    starts = [entry for entry in log if entry.startswith("start")]
+    reads = [entry for entry in log if entry.startswith("read")]
+    assert len(starts) == len(reads) == 4  # one arena: 12 updates, 3 per invocation
+    for k in range(3):
+        assert log.index(starts[k + 1]) < log.index(reads[k])
+        assert int(starts[k + 1].split()[1]) > int(reads[k].split()[1])  # queued behind it
+    assert seen == reads  # each callback after its own read
+
+
+def test_a_failed_invocation_abandons_the_next_and_forgets_the_arena(monkeypatch):
+    config = BobConfig(vocab=16, prompts=0, updates=2)
+    record = random_record(config, 1)
+    from bob.host import session as module
+    checked, calls = module.require_finite_counts, [0]
+
+    def finite_twice(health, step):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise NonFiniteLoss(f"the table became non-finite by step {step}")
+        checked(health, step)
+
+    monkeypatch.setattr(module, "require_finite_counts", finite_twice)
+    kept = []
+    with Session(replace(choose_backend("cpu"), opener=StreamCpu)) as session:
+        with pytest.raises(NonFiniteLoss, match="by step 6"):
+            train(session, config, Checkpoint.zeros(16), record, 10,
+                  lambda invocation, done: kept.append(invocation.checkpoint))
+        backend = session.last_backend
+        assert backend.done == len(backend.queue)  # the started invocation 4 was waited for
+        assert not session.holds(config, kept[-1])  # the arena holds invocation 4's state
+        again = session.invoke(config, kept[-1], record, "train")  # loaded afresh
+    with Session(choose_backend("cpu")) as fresh:
+        want = fresh.invoke(config, kept[-1], record, "train")
+    assert again.checkpoint.parameters.tobytes() == want.checkpoint.parameters.tobytes()
+
+
 def test_the_pipeline_loads_the_tables_once():
     config = BobConfig(vocab=32, prompts=0, updates=3)
     record = random_record(config, 2)
@@ -165,15 +271,15 @@ def test_a_non_finite_table_stops_training_after_the_last_good_callback(monkeypa
     seen = []
     calls = [0]
     from bob.host import session as module
-    checked = module.require_finite_tables
+    checked = module.require_finite_counts
 
-    def finite_twice(backend, step):
+    def finite_twice(health, step):
         calls[0] += 1
         if calls[0] > 2:
             raise NonFiniteLoss(f"the table became non-finite by step {step}")
-        checked(backend, step)
+        checked(health, step)
 
-    monkeypatch.setattr(module, "require_finite_tables", finite_twice)
+    monkeypatch.setattr(module, "require_finite_counts", finite_twice)
     with Session(choose_backend("cpu")) as session, \
             pytest.raises(NonFiniteLoss, match="by step 6"):
         train(session, config, Checkpoint.zeros(16), record, 10,

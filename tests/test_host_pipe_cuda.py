@@ -11,8 +11,18 @@ import pytest
 
 from bob.backends import BackendChoice, choose_backend
 from bob.backends.base import Backend
-from bob.backends.cuda import UPLOAD_CHUNK_BYTES, CudaBackend, _LaunchArguments, kernel_parameters
+from bob.backends.cuda import (
+    LANDING_BYTES,
+    LANDING_MIN_BYTES,
+    UPLOAD_CHUNK_BYTES,
+    CudaBackend,
+    Landing,
+    ParameterStore,
+    _LaunchArguments,
+    kernel_parameters,
+)
 from bob.config import CHECKPOINT_TENSORS, Hyper
+from bob.errors import RunFailure
 from bob.host.check import random_record
 from bob.host.session import Session, train
 from bob.plan.model import Scalar
@@ -32,12 +42,13 @@ def _driverless_cuda(plan) -> CudaBackend:
     backend._closed = False
     backend._graphs = {}
     backend._arguments = {}
-    for index, launch in enumerate(plan.launches):
-        data = kernel_parameters(plan, plan.region(launch.region),
-                                 backend.parameter_block(index), 0x7f00_0000_0000)
-        buffer = (ctypes.c_char * len(data)).from_buffer_copy(data)
-        backend._arguments[index] = _LaunchArguments(buffer, ctypes.c_size_t(len(data)), None,
-                                                     None, None, None)
+    backend._store = ParameterStore([
+        kernel_parameters(plan, plan.region(launch.region), backend.parameter_block(index),
+                          0x7f00_0000_0000) for index, launch in enumerate(plan.launches)])
+    for index in range(plan.launch_count):
+        backend._arguments[index] = _LaunchArguments(
+            backend._store.buffer(index), ctypes.c_size_t(backend._store.size(index)), None,
+            None, None, None)
     return backend
 
 
@@ -57,6 +68,71 @@ def test_cuda_scalar_rows_write_the_words_set_scalars_writes(arch):
         assert one.parameter_block(index) == many.parameter_block(index)
     assert bytes(many._arguments[launches[0]].buffer) != bytes(
         _driverless_cuda(plan)._arguments[launches[0]].buffer)  # something did change
+
+
+def test_the_parameter_store_is_one_array_of_aligned_views():
+    blocks = [bytes(range(1, 9)), b"", bytes(range(20, 41))]
+    store = ParameterStore(blocks)
+    assert [bytes(store.buffer(i))[:store.size(i)] for i in range(3)] == blocks
+    words = np.array([[0xAABBCCDD], [0x11223344]], np.uint32)
+    store.write_words([0, 2], np.array([[4], [16]]), words)
+    assert bytes(store.buffer(0)) == bytes(range(1, 5)) + words[0].tobytes()
+    assert bytes(store.buffer(2)) == bytes(range(20, 36)) + words[1].tobytes() + bytes([40])
+    store.buffer(2)[0] = b"\xff"  # a view: what a graph node reads is the store itself
+    assert bytes(store.buffer(2))[0] == 0xFF
+
+
+@pytest.mark.parametrize("offset", [-4, 2, 24])
+def test_a_scalar_outside_its_buffer_is_refused_and_nothing_is_written(offset):
+    store = ParameterStore([bytes(8), bytes(24)])
+    with pytest.raises(RunFailure, match="launch 1: a scalar's block offset is outside"):
+        store.write_words([0, 1], np.array([[0], [offset]]), np.ones((2, 1), np.uint32))
+    assert bytes(store.buffer(0)) == bytes(8) and bytes(store.buffer(1)) == bytes(24)
+
+
+class Registry:
+    """Stands in for cuMemHostRegister/Unregister: which addresses are page-locked."""
+
+    def __init__(self):
+        self.locked: dict[int, int] = {}
+
+    def register(self, address: int, size: int) -> None:
+        assert address % 4096 == 0 and address not in self.locked
+        self.locked[address] = size
+
+    def unregister(self, address: int) -> None:
+        del self.locked[address]
+
+
+def test_a_landing_buffer_is_reused_only_when_no_array_of_it_is_alive():
+    registry = Registry()
+    landing = Landing(LANDING_MIN_BYTES, registry.register, registry.unregister)
+    first = landing.take()
+    tables = landing.hand_out(first)[:16].view(np.float32)  # what a checkpoint keeps
+    first = None
+    tables[:] = 1.5
+    second = landing.take()
+    assert second is not None and len(registry.locked) == 2
+    assert second.ctypes.data != tables.ctypes.data  # the first is still in use
+    landing.hand_out(second)  # dropped at once: free again
+    assert landing.take() is second
+    address = tables.ctypes.data
+    del tables
+    assert landing.take().ctypes.data == address  # given back by the last array's end
+
+
+def test_landing_buffers_are_bounded_and_closing_keeps_live_arrays_valid(monkeypatch):
+    registry = Registry()
+    landing = Landing(LANDING_MIN_BYTES, registry.register, registry.unregister)
+    held = [landing.hand_out(landing.take()) for _ in range(landing.limit)]
+    assert landing.limit >= 2 and landing.take() is None  # all in use: the staging is used
+    held[0][:4] = 7
+    landing.close()
+    assert registry.locked == {} and landing.take() is None
+    assert held[0][:4].tolist() == [7] * 4  # ordinary memory now, still the same bytes
+    small = Landing(LANDING_MIN_BYTES - 1, registry.register, registry.unregister)
+    huge = Landing(LANDING_BYTES, registry.register, registry.unregister)
+    assert small.take() is None and huge.take() is None and registry.locked == {}
 
 
 # -- on a GPU ------------------------------------------------------------------------

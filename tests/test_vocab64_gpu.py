@@ -177,22 +177,35 @@ def test_a_large_fused_invocation_matches_the_reference_rows(cuda_choice: Backen
 @gpu
 def test_count_then_train_gpt2_sized_tokens_on_cuda(cuda_choice: BackendChoice, tmp_path: Path,
                                                     capsys) -> None:
-    vocab, tokens = 50257, 1_000_000
+    """Issue 15's target: a train.bin of 100M uint16 tokens at V = 50257, counted sparse,
+    trained on the GPU, with the exact validation loss of a held-out token file."""
+    vocab, tokens, held_out = 50257, 100_000_000, 1_000_000
     rng = np.random.default_rng(15)
     # A walk with small steps: sparse counts with structure, every token below V.
-    walk = np.cumsum(rng.integers(1, 50, tokens)) % vocab
-    path, counts = tmp_path / "train.bin", tmp_path / "train.counts"
-    walk.astype("<u2").tofile(path)
+    walk = np.cumsum(rng.integers(1, 50, tokens + held_out)) % vocab
+    path, val, counts = tmp_path / "train.bin", tmp_path / "val.bin", tmp_path / "train.counts"
+    walk[:tokens].astype("<u2").tofile(path)
+    walk[tokens:].astype("<u2").tofile(val)
+    del walk
     assert main(["count", "--tokens", str(path), "--vocab", str(vocab), "-o", str(counts),
                  "--json"]) == 0
     counted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert counted["transitions"] == tokens - 1
     checkpoint = tmp_path / "bob.safetensors"
     assert main(["train", "--counts", str(counts), "--backend", "cuda", "--schedule", "fused",
-                 "--steps", "2", "-N", "2", "-c", str(checkpoint), "--json"]) == 0
+                 "--steps", "2", "-N", "2", "-c", str(checkpoint), "--val-tokens", str(val),
+                 "--json"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["global_step"] == 2 and report["steps"] == 2
     assert np.isfinite(report["loss"]) and report["loss"] < report["initial_loss"]
     assert report["optimum"] == pytest.approx(counted["optimum"])
+    # The held-out walk has the training walk's statistics: its loss is finite, near the
+    # training loss, and above the training data's optimum only by what 2 updates leave.
+    assert np.isfinite(report["val_loss"])
+    assert abs(report["val_loss"] - report["loss"]) < 0.05 * report["loss"]
+    print(f"V={vocab}, {tokens:,} tokens: loss {report['initial_loss']:.6f} -> "
+          f"{report['loss']:.6f}, validation {report['val_loss']:.6f}, optimum "
+          f"{report['optimum']:.6f}")
     # The checkpoint holds three 10 GiB tables; its header and one row are read, not all.
     from safetensors import safe_open
     with safe_open(str(checkpoint), framework="numpy") as opened:

@@ -147,6 +147,10 @@ class Backend(ABC):
         Only scalars that no footprint depends on may change, so the plan's
         certificate still holds for the patched launch. The parameter block is
         patched in place (one 4-byte word per scalar), not encoded again.
+
+        A patch affects submissions started after it; those already started run
+        with the scalars they were started with (the host pipeline patches the
+        next invocation while the last still runs).
         """
         region = self.plan.launches[launch_index].region
         patchable = self._patchable_scalars(region)

@@ -51,7 +51,8 @@ import contextlib
 import ctypes
 import os
 import struct
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,8 +282,8 @@ def _native_node_update() -> Any:
         function = None
         with contextlib.suppress(OSError, AttributeError):
             function = ctypes.CDLL("libcuda.so.1").cuGraphExecKernelNodeSetParams_v2
-            function.argtypes = (ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.POINTER(_NativeKernelNodeParams))
+            # Plain addresses: the hot loop passes ints, converted at C speed.
+            function.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
             function.restype = ctypes.c_int
         _NATIVE_SET_PARAMS.append(function)
     return _NATIVE_SET_PARAMS[0]
@@ -324,6 +325,50 @@ class _LaunchArguments:
     node_params: Any  # CUDA_KERNEL_NODE_PARAMS referring to the arrays above
     native_params: _NativeKernelNodeParams  # the same, for the ctypes node update
 
+    @property
+    def native_address(self) -> int:
+        return ctypes.addressof(self.native_params)
+
+
+class ParameterStore:
+    """Every launch's kernel parameter buffer, side by side in one host array.
+
+    Graph nodes and launches point into it; an invocation's AdamW scalars for all
+    its launches are then one indexed numpy store instead of a loop over buffers.
+    """
+
+    ALIGN = 16  # each buffer starts here: a scalar's 4-byte boundary stays one in the store
+
+    def __init__(self, blocks: Sequence[bytes]):
+        sizes = np.array([len(data) for data in blocks], np.int64)
+        starts = np.zeros(len(blocks) + 1, np.int64)
+        np.cumsum(-(-np.maximum(sizes, 1) // self.ALIGN) * self.ALIGN, out=starts[1:])
+        self._bytes = np.zeros(max(self.ALIGN, int(starts[-1])), np.uint8)
+        self._words = self._bytes.view(np.uint32)
+        self._starts, self._sizes = starts[:-1], sizes
+        for start, data in zip(starts.tolist(), blocks, strict=False):
+            self._bytes[start:start + len(data)] = np.frombuffer(data, np.uint8)
+
+    def size(self, index: int) -> int:
+        return int(self._sizes[index])
+
+    def buffer(self, index: int) -> ctypes.Array:
+        """Launch `index`'s parameter buffer: a ctypes view into the store (never a copy)."""
+        return (ctypes.c_char * max(1, self.size(index))).from_buffer(
+            self._bytes, int(self._starts[index]))
+
+    def write_words(self, launches: Sequence[int], relative: np.ndarray,
+                    words: np.ndarray) -> None:
+        """words[i][j] (uint32) at byte relative[i][j] of launch launches[i]'s buffer."""
+        chosen = np.asarray(launches, np.int64)
+        outside = (relative < 0) | (relative % 4 != 0) | \
+            (relative > (self._sizes[chosen] - 4)[:, None])
+        if outside.any():
+            row = int(np.argwhere(outside)[0][0])
+            raise RunFailure(f"launch {launches[row]}: a scalar's block offset is outside its "
+                             "parameter buffer")
+        self._words[(self._starts[chosen][:, None] + relative) // 4] = words
+
 
 @dataclass
 class _Graph:
@@ -331,6 +376,8 @@ class _Graph:
     graph: Any  # CUgraph
     exec: Any  # CUgraphExec
     nodes: dict[int, list[Any]] = field(default_factory=dict)  # launch -> its nodes
+    # launch -> (exec, node) handles as ints, for the ctypes node update
+    native_nodes: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 UPLOAD_CHUNK_BYTES = 16 << 20  # each of the two pinned chunks a write goes through
@@ -374,23 +421,94 @@ class _ReadStaging:
 
     size: int
     snapshot: int  # device memory
-    host: int  # pinned host memory
+    host: int  # pinned host memory, 0 until a read finds no landing buffer free
     stream: Any  # CUstream, non-blocking: it runs beside the graph's stream
     snapped: Any  # CUevent
 
 
-class _CudaRead(ReadHandle):
-    """Tensors on their way from the snapshot to pinned memory; `wait` gives owned copies."""
+LANDING_BYTES = 8 << 30  # page-locked memory the landing buffers may take together
+LANDING_MIN_BYTES = 64 << 20  # smaller reads are copied out of the staging (cheap)
+LANDING_BUFFERS = 4  # at most: the arena's checkpoint, the caller's, the writer's, the next
+PAGE = 4096
 
-    def __init__(self, backend: CudaBackend, layout: list[tuple[str, int, int]]):
+
+class Landing:
+    """Page-locked host buffers that reads land in and are handed out as, with no copy.
+
+    A buffer is reused once no array of its read is alive any more (a finalizer on the
+    object every such array refers to gives it back); while all are in use, or when a
+    read is too large for two of them, reads go through the staging and are copied out.
+    Closing unregisters every buffer: arrays still alive stay valid, as ordinary memory.
+    """
+
+    def __init__(self, size: int, register: Callable[[int, int], None],
+                 unregister: Callable[[int], None]):
+        self.size = size
+        self.limit = min(LANDING_BUFFERS, LANDING_BYTES // max(1, size))
+        self._register, self._unregister = register, unregister
+        self._free: list[np.ndarray] = []
+        self._made: list[np.ndarray] = []
+        self._closed = False
+
+    @property
+    def usable(self) -> bool:
+        return self.size >= LANDING_MIN_BYTES and self.limit >= 2 and not self._closed
+
+    def take(self) -> np.ndarray | None:
+        """A free buffer of `size` bytes (page-aligned, registered), or None."""
+        if not self.usable:
+            return None
+        if self._free:
+            return self._free.pop()
+        if len(self._made) >= self.limit:
+            return None
+        raw = np.empty(self.size + PAGE, np.uint8)
+        skip = -raw.ctypes.data % PAGE
+        buffer = raw[skip:skip + self.size]
+        self._register(buffer.ctypes.data, self.size)
+        self._made.append(buffer)
+        return buffer
+
+    def hand_out(self, buffer: np.ndarray) -> np.ndarray:
+        """`buffer` as an array whose last user, when gone, gives the buffer back."""
+        holder = (ctypes.c_char * self.size).from_buffer(buffer)
+        weakref.finalize(holder, self._give_back, buffer)
+        return np.frombuffer(holder, np.uint8)
+
+    def _give_back(self, buffer: np.ndarray) -> None:
+        if not self._closed:
+            self._free.append(buffer)
+
+    def close(self) -> None:
+        """Unregister every buffer (in use or not); the first error is raised."""
+        self._closed = True
+        made, self._made, self._free = self._made, [], []
+        errors = []
+        for buffer in made:
+            try:
+                self._unregister(buffer.ctypes.data)
+            except CudaError as error:
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+
+class _CudaRead(ReadHandle):
+    """Tensors on their way from the snapshot to pinned memory; `wait` gives them, in
+    the landing buffer they were copied to, or copied out of the shared staging."""
+
+    def __init__(self, backend: CudaBackend, layout: list[tuple[str, int, int]],
+                 landing: np.ndarray | None):
         super().__init__({})
         self._backend = backend
         self._layout = layout  # (name, offset in the staging, bytes)
+        self._landing = landing
         self._done = False
 
     def wait(self) -> dict[str, np.ndarray]:
         if not self._done:
-            self._tables = self._backend._finish_read(self._layout)
+            self._tables = self._backend._finish_read(self._layout, self._landing)
+            self._landing = None
             self._done = True
         return self._tables
 
@@ -426,6 +544,7 @@ class CudaBackend(Backend):
         self._next_upload = 0
         self._staging: _ReadStaging | None = None
         self._reading: _CudaRead | None = None  # the read whose copies may be in flight
+        self._landing: Landing | None = None  # page-locked buffers reads are handed out in
         self._copiers: ThreadPoolExecutor | None = None  # copy_out's threads, once needed
         self._closed = False
         # Set to a list by `bob profile`: runs then launch on the stream one kernel at a
@@ -467,16 +586,22 @@ class CudaBackend(Backend):
                                          driver.CU_MEMHOSTALLOC_DEVICEMAP))
             ctypes.memset(self._host_arena, 0, size)
             self._arena = int(_call("cuMemHostGetDevicePointer", self._host_arena, 0))
-        for index in range(self.plan.launch_count):
+        self._make_arguments()
+
+    def _make_arguments(self) -> None:
+        blocks = [kernel_parameters(self.plan, self.plan.region(launch.region),
+                                    self.parameter_block(index), self._arena)
+                  for index, launch in enumerate(self.plan.launches)]
+        self._store = ParameterStore(blocks)
+        for index in range(len(blocks)):
             self._arguments[index] = self._launch_arguments(index)
 
     def _launch_arguments(self, index: int) -> _LaunchArguments:
         driver = _driver()
         launch = self.plan.launches[index]
         region = self.plan.region(launch.region)
-        data = kernel_parameters(self.plan, region, self.parameter_block(index), self._arena)
-        buffer = (ctypes.c_char * max(1, len(data))).from_buffer_copy(data.ljust(1, b"\0"))
-        size = ctypes.c_size_t(len(data))
+        buffer = self._store.buffer(index)
+        size = ctypes.c_size_t(self._store.size(index))
         extra = (ctypes.c_void_p * 5)(
             driver.CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(buffer),
             driver.CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size),
@@ -514,10 +639,14 @@ class CudaBackend(Backend):
                     node = _call("cuGraphAddKernelNode", graph, None, 0,
                                  self._arguments[index].node_params)
                     built.nodes.setdefault(index, []).append(node)
+                    built.native_nodes.setdefault(index, []).append((0, int(node)))
                     order.append(node)
             for before, after in zip(order, order[1:], strict=False):
                 self._add_edge(graph, before, after)
             built.exec = _call("cuGraphInstantiate", graph, 0)
+            handle = int(built.exec)
+            built.native_nodes = {index: [(handle, node) for _, node in pairs]
+                                  for index, pairs in built.native_nodes.items()}
         except BaseException:
             with contextlib.suppress(CudaError):  # the first error is the one to report
                 _call("cuGraphDestroy", graph)
@@ -695,24 +824,49 @@ class CudaBackend(Backend):
             end += -(-size // STAGING_ALIGNMENT) * STAGING_ALIGNMENT
         staging = self._read_staging(end)
         _call("cuCtxSetCurrent", self._context)
+        landing = self._landing_for(end).take()
+        host = self._staging_host(staging) if landing is None else landing.ctypes.data
         for name, position, size in layout:
             _call("cuMemcpyDtoDAsync", staging.snapshot + position,
                   self._arena + self._arena_offset(name, 0, size), size, self._stream)
         _call("cuEventRecord", staging.snapped, self._stream)
         _call("cuStreamWaitEvent", staging.stream, staging.snapped, 0)
         for _, position, size in layout:
-            _call("cuMemcpyDtoHAsync", staging.host + position, staging.snapshot + position,
+            _call("cuMemcpyDtoHAsync", host + position, staging.snapshot + position,
                   size, staging.stream)
-        self._reading = _CudaRead(self, layout)
+        self._reading = _CudaRead(self, layout, landing)
         return self._reading
 
-    def _finish_read(self, layout: list[tuple[str, int, int]]) -> dict[str, np.ndarray]:
-        """Wait for the copy stream, then each tensor out of the pinned staging."""
+    def _landing_for(self, size: int) -> Landing:
+        """The landing buffers for reads of `size` bytes (made anew when the size changes)."""
+        if self._landing is None or self._landing.size != size:
+            if self._landing is not None:
+                self._landing.close()
+            self._landing = Landing(
+                size, lambda address, count: _call("cuMemHostRegister", address, count, 0),
+                lambda address: _call("cuMemHostUnregister", address))
+        return self._landing
+
+    def _staging_host(self, staging: _ReadStaging) -> int:
+        """The staging's own pinned memory (reads that find no landing buffer)."""
+        if not staging.host:
+            staging.host = int(_call("cuMemHostAlloc", staging.size, 0))
+        return staging.host
+
+    def _finish_read(self, layout: list[tuple[str, int, int]],
+                     landing: np.ndarray | None) -> dict[str, np.ndarray]:
+        """Wait for the copy stream; the tensors are the landing buffer's, or copied out of
+        the pinned staging."""
         self._require_open()
         staging = self._staging
         assert staging is not None  # begin_read made it
         _call("cuCtxSetCurrent", self._context)
         _call("cuStreamSynchronize", staging.stream)
+        self._reading = None
+        if landing is not None:
+            assert self._landing is not None
+            whole = self._landing.hand_out(landing)
+            return {name: whole[position:position + size] for name, position, size in layout}
         if self._copiers is None and sum(size for _, _, size in layout) > COPY_OUT_CHUNK_BYTES:
             self._copiers = ThreadPoolExecutor(min(COPY_OUT_THREADS, os.cpu_count() or 1),
                                                thread_name_prefix="bob-copy-out")
@@ -731,7 +885,6 @@ class CudaBackend(Backend):
         staging = _ReadStaging(max(1, size), 0, 0, None, None)
         try:
             staging.snapshot = int(_call("cuMemAlloc", staging.size))
-            staging.host = int(_call("cuMemHostAlloc", staging.size, 0))
             staging.stream = _call("cuStreamCreate",
                                    int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))
             staging.snapped = _call("cuEventCreate",
@@ -761,6 +914,12 @@ class CudaBackend(Backend):
                 _call(call, handle)
             except CudaError as error:
                 errors.append(error)
+        landing, self._landing = self._landing, None
+        if landing is not None:  # after the copy stream's sync: nothing lands in it now
+            try:
+                landing.close()
+            except CudaError as error:
+                errors.append(error)
         if errors:
             raise errors[0]
 
@@ -775,44 +934,43 @@ class CudaBackend(Backend):
                 raise RunFailure(f"launch {launch_index}: scalar at block offset {offset} is "
                                  "outside its parameter buffer")
             ctypes.memmove(ctypes.addressof(arguments.buffer) + offset - base, word, len(word))
-        self._update_nodes(launch_index)
+        self._update_nodes([launch_index])
 
     def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
                            words: np.ndarray, offsets: list[list[int]]) -> None:
-        """Every launch's words into its kernel buffer in one pass, then the graphs' nodes."""
+        """Every launch's words into the parameter store in one indexed store, then the
+        graphs' nodes."""
         self._require_open()
-        base = self.plan.target.parameter_base
-        lanes = np.arange(4)
-        for index, row, places in zip(launches, words, offsets, strict=True):
-            arguments = self._arguments[index]
-            relative = np.asarray(places) - base
-            if relative.size and not (relative.min() >= 0
-                                      and relative.max() <= arguments.size.value - 4):
-                raise RunFailure(f"launch {index}: a scalar's block offset is outside its "
-                                 "parameter buffer")
-            buffer = np.frombuffer(arguments.buffer, np.uint8)
-            buffer[(relative[:, None] + lanes).reshape(-1)] = row.view(np.uint8)
-        for index in launches:
-            self._update_nodes(index)
+        if not launches:
+            return
+        relative = np.asarray(offsets, np.int64) - self.plan.target.parameter_base
+        self._store.write_words(launches, relative, words)
+        self._update_nodes(launches)
 
-    def _update_nodes(self, launch_index: int) -> None:
-        """Carry the launch's parameter buffer into every instantiated graph's nodes."""
-        arguments = self._arguments[launch_index]
+    def _update_nodes(self, launches: Sequence[int]) -> None:
+        """Carry these launches' parameter buffers into every instantiated graph's nodes
+        (a running graph keeps the parameters it was launched with)."""
         if not self._graphs:
             return
         _call("cuCtxSetCurrent", self._context)
         native = _native_node_update()
-        for graph in self._graphs.values():
-            for node in graph.nodes.get(launch_index, ()):
-                if native is None:
-                    _call("cuGraphExecKernelNodeSetParams", graph.exec, node,
-                          arguments.node_params)
-                    continue
-                status = native(int(graph.exec), int(node), ctypes.byref(arguments.native_params))
-                if status:
-                    driver = _driver()
-                    raise CudaError("cuGraphExecKernelNodeSetParams",
-                                    *_status_text(driver, driver.CUresult(status)))
+        graphs = list(self._graphs.values())
+        if native is None:
+            for index in launches:
+                for graph in graphs:
+                    for node in graph.nodes.get(index, ()):
+                        _call("cuGraphExecKernelNodeSetParams", graph.exec, node,
+                              self._arguments[index].node_params)
+            return
+        for index in launches:
+            params = self._arguments[index].native_address
+            for graph in graphs:
+                for handle, node in graph.native_nodes.get(index, ()):
+                    status = native(handle, node, params)
+                    if status:
+                        driver = _driver()
+                        raise CudaError("cuGraphExecKernelNodeSetParams",
+                                        *_status_text(driver, driver.CUresult(status)))
 
     def driver_attributes(self, region: str) -> dict[str, int]:
         """What the driver reports for a region's loaded function (to check the reader)."""

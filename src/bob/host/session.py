@@ -26,6 +26,7 @@ background writer) runs meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -80,6 +81,7 @@ class _Arena:
     step: int | None = None  # None: the tables are not a known state
     checkpoint: Checkpoint | None = None
     record: InputRecord | None = None
+    pending: Running | None = None  # the last invocation started here, until settled
 
 
 @dataclass(eq=False)
@@ -172,22 +174,25 @@ class Session:
         return self._start(config, plan, backend, checkpoint, checkpoint.step, record,
                            operation, resident)
 
-    def begin_after(self, settled: Settled, config: BobConfig, record: InputRecord) -> Running:
-        """Start training from the state `settled` left in its arena, before it is read back.
+    def begin_after(self, previous: Running, config: BobConfig, record: InputRecord) -> Running:
+        """Start training from the state `previous` leaves in its arena, before it is read
+        back or even done: the backend runs the two in order, and `read_after(previous)`,
+        queued first, still gives previous's state.
 
         The configuration must open the same arena (``continues``)."""
-        if not self.continues(settled, config):
-            raise ValueError("begin_after needs the arena the settled invocation ran in")
-        previous = settled.running
+        if not self.continues(previous, config):
+            raise ValueError("begin_after needs the arena the previous invocation ran in")
         return self._start(config, *self._backend_for(config), previous.start,
                            previous.first_step + previous.config.updates, record, "train",
                            True)
 
-    def continues(self, settled: Settled, config: BobConfig) -> bool:
-        """Whether `config` trains in the arena `settled` left its state in."""
+    def continues(self, previous: Running, config: BobConfig) -> bool:
+        """Whether `config` trains in the arena `previous` leaves its state in."""
         arena = self._arenas.get(config)
-        return (settled.running.operation == "train" and arena is settled.running.arena
-                and arena.step == settled.running.first_step + settled.running.config.updates)
+        end = previous.first_step + previous.config.updates
+        return (previous.operation == "train" and arena is previous.arena
+                and (arena.pending is previous
+                     or (arena.pending is None and arena.step == end)))
 
     def _start(self, config: BobConfig, plan: Plan, backend: Backend, start: Checkpoint,
                first_step: int, record: InputRecord, operation: Operation,
@@ -206,26 +211,47 @@ class Session:
         submissions = plan.submission_count if operation == "train" else plan.forward_submissions
         backend.start(range(submissions))
         running = Running(config, backend, start, first_step, operation, arena)
+        arena.pending = running
         if operation == "predict":  # forward launches leave the tables as they were
             arena.step, arena.checkpoint = first_step, held
         return running
 
-    def settle(self, running: Running) -> Settled:
-        """Wait for the device, read the result record, check the loss and the health
-        counts, start the tables' read-back."""
-        config, backend = running.config, running.backend
-        backend.wait()
+    def read_after(self, running: Running) -> ReadHandle:
+        """Queue the read of all that settling `running` needs (the result record, the
+        health counts, the tables when it trained): later submissions do not change it."""
+        names = RESULT_TENSORS
+        if running.operation == "train" and running.config.updates:
+            names += (HEALTH_TENSOR, *CHECKPOINT_TENSORS)
+        return running.backend.begin_read(names)
+
+    def abandon(self, running: Running) -> None:
+        """`running` will not be settled (an earlier invocation failed): let it finish and
+        forget what its arena holds."""
+        try:
+            running.backend.wait()
+        finally:
+            running.arena.step = running.arena.checkpoint = None
+            running.arena.pending = None
+
+    def settle(self, running: Running, read: ReadHandle | None = None) -> Settled:
+        """Wait for the read of `running` (`read_after`, queued now if not given): the
+        result record, the loss and the health counts checked, the tables with it."""
+        config = running.config
+        got = (read or self.read_after(running)).wait()
         result = ResultRecord.from_arena(
-            config.mode, config.vocab, **{name: backend.read_tensor(name)
-                                          for name in RESULT_TENSORS})
+            config.mode, config.vocab, **{name: got[name] for name in RESULT_TENSORS})
         initial = result.initial_objective
+        if running.arena.pending is running:
+            running.arena.pending = None
         if running.operation == "predict" or config.updates == 0:
             return Settled(running, result, initial, initial)
         final = result.training_objective
-        _require_finite_loss(initial, final, running.first_step + config.updates)
-        require_finite_tables(backend, running.first_step + config.updates)
-        tables = backend.begin_read(CHECKPOINT_TENSORS)
-        running.arena.step = running.first_step + config.updates
+        step = running.first_step + config.updates
+        _require_finite_loss(initial, final, step)
+        require_finite_counts(got[HEALTH_TENSOR], step)
+        if running.arena.step is None and running.arena.pending is None:
+            running.arena.step = step  # nothing started after it: the arena holds its state
+        tables = ReadHandle({name: got[name] for name in CHECKPOINT_TENSORS})
         return Settled(running, result, initial, final, tables)
 
     def finish(self, settled: Settled) -> Invocation:
@@ -300,10 +326,10 @@ def _table(data: np.ndarray, vocab: int) -> np.ndarray:
     return table
 
 
-def require_finite_tables(backend: Backend, step: int) -> None:
+def require_finite_counts(health: bytes | np.ndarray, step: int) -> None:
     """Raise NonFiniteLoss unless the health check counted no non-finite element in the
-    parameters or either moment: 24 bytes read back instead of the three tables."""
-    counts = np.frombuffer(backend.read_tensor(HEALTH_TENSOR), np.uint64)
+    parameters or either moment: 24 bytes decide it, no table is scanned on the host."""
+    counts = np.frombuffer(health, np.uint64)
     if counts.any():
         raise NonFiniteLoss(
             f"the table became non-finite by step {step}; the last good checkpoint "
@@ -331,43 +357,54 @@ def train(session: Session, config: BobConfig, checkpoint: Checkpoint, record: I
     once the caller lets it go; their memory is reused instead of faulted in afresh).
 
     `after_invocation(invocation, done)` runs after each one (the CLI saves the
-    checkpoint and advances its progress bar there). Pipelined: invocation k+1
-    starts from the state k left in the arena before k's tables are read back,
-    and k is finished (tables, checks, the callback) while k+1 runs. Each
-    invocation is exactly the one `Session.invoke` gives; a failure in k+1 is
-    raised after k's callback has run.
+    checkpoint and advances its progress bar there). Pipelined: each invocation's
+    read (result record, health counts, tables) is queued right behind it, and
+    invocation k+1 is started from the state k leaves in the arena before k is
+    done, so the device runs k+1 while the host settles k (checks, tables, the
+    callback). Each invocation is exactly the one `Session.invoke` gives; a
+    failure in k+1 is raised after k's callback has run, and a failure in k
+    abandons k+1 (waited for, its arena forgotten).
     """
     invocations: list[Invocation] = []
     done = 0
-    pending: Settled | None = None  # settled on the device, not yet finished
 
-    def finish(settled: Settled) -> None:
+    def settle_and_finish(current: Running, read: ReadHandle, following: Running | None,
+                          ) -> None:
+        """Settle `current` and run its callback; if either fails, `following` (started
+        from current's state) is abandoned before the failure is raised."""
         nonlocal done
-        invocation = session.finish(settled)
-        done += settled.running.config.updates
-        if not keep_all:
-            invocations.clear()
-        invocations.append(invocation)
-        if after_invocation is not None:
-            after_invocation(invocation, done)
+        try:
+            invocation = session.finish(session.settle(current, read))
+            done += current.config.updates
+            if not keep_all:
+                invocations.clear()
+            invocations.append(invocation)
+            if after_invocation is not None:
+                after_invocation(invocation, done)
+        except BaseException:
+            if following is not None:
+                with contextlib.suppress(Exception):  # the first failure is the one to report
+                    session.abandon(following)
+            raise
 
+    running: Running | None = None  # started, its read queued behind it, not yet settled
+    read: ReadHandle | None = None
     for updates in split_updates(steps, max(1, config.updates)):
         step_config = replace(config, updates=updates)
-        if pending is not None and session.continues(pending, step_config):
+        if running is not None and read is not None and session.continues(running,
+                                                                          step_config):
             try:
-                running = session.begin_after(pending, step_config, record)
+                following = session.begin_after(running, step_config, record)
             except BaseException:
-                finish(pending)  # k is complete whatever stopped k+1: keep it, then stop
+                settle_and_finish(running, read, None)  # k is complete whatever stopped k+1
                 raise
+            settle_and_finish(running, read, following)  # while the device runs k+1
         else:
-            if pending is not None:  # another arena: it loads k's tables, so finish k first
-                finish(pending)
+            if running is not None and read is not None:  # another arena: it loads k's
+                settle_and_finish(running, read, None)   # tables, so finish k first
                 checkpoint = invocations[-1].checkpoint
-                pending = None
-            running = session.begin(step_config, checkpoint, record, "train")
-        if pending is not None:
-            finish(pending)  # while the device runs the next invocation
-        pending = session.settle(running)
-    if pending is not None:
-        finish(pending)
+            following = session.begin(step_config, checkpoint, record, "train")
+        running, read = following, session.read_after(following)
+    if running is not None and read is not None:
+        settle_and_finish(running, read, None)
     return invocations
