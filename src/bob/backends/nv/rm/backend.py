@@ -136,7 +136,7 @@ class NvBackend(Backend):
             # pass compares and applies many launches' scalars.
             self._program_words = np.frombuffer(
                 memoryview(self._program)[:len(self._program) // 4 * 4], np.uint32)
-            self._block_offsets: np.ndarray | None = None  # made on the first many-patch
+            self._patched_words: tuple[tuple, np.ndarray] | None = None  # _word_indices
             self.channel = Channel(self.device)
             self.channel.submit([self.encoded.entry(i) for i in range(SETUP_ENTRIES)])
             self.channel.wait(lambda: self.channel.gp_get, SETUP_ENTRIES, deadline_s,
@@ -156,7 +156,7 @@ class NvBackend(Backend):
         return allocate(self.device, size, location=location, gpu_va=component.base,
                         name=component.name)
 
-    def _upload(self, name: str, address: int, data: bytes) -> None:
+    def _upload(self, name: str, address: int, data: bytes | memoryview) -> None:
         """Copy encoded bytes to their plan address inside the component `name`."""
         block = self.blocks[name]
         assert block.gpu_va is not None
@@ -343,24 +343,32 @@ class NvBackend(Backend):
         self._require_open()
         if not launches:
             return
-        places = self._block_offsets_of(launches)[:, None] + np.asarray(offsets, np.int64)
-        indices = places // 4  # launches x names: word indices in the program component
+        indices = self._word_indices(launches, names, dtype, offsets)
         changed = self._program_words[indices] != words
         if not changed.any():
             return
         self._program_words[indices] = words
         base = self.plan.address_map.program.base
-        for first, last in word_spans(np.unique(indices[changed]), MERGE_GAP_BYTES // 4):
-            self._upload("program", base + 4 * first, bytes(self._program[4 * first:4 * last]))
+        shadow = memoryview(self._program)
+        for first, last in word_spans(np.sort(indices[changed], axis=None),
+                                      MERGE_GAP_BYTES // 4):
+            self._upload("program", base + 4 * first, shadow[4 * first:4 * last])
 
-    def _block_offsets_of(self, launches: list[int]) -> np.ndarray:
-        """Where these launches' parameter blocks start in the program component."""
-        if self._block_offsets is None:
-            base = self.plan.address_map.program.base
-            self._block_offsets = np.array(
-                [self.plan.parameter_block_address(i) - base
-                 for i in range(self.plan.launch_count)], np.int64)
-        return self._block_offsets[np.asarray(launches, np.intp)]
+    def _word_indices(self, launches: list[int], names: tuple[str, ...], dtype: str,
+                      offsets: list[list[int]]) -> np.ndarray:
+        """launches x names: where each scalar's word is in the program component.
+
+        Kept for the last (launches, names, dtype) asked, which fix the offsets: every
+        invocation of a plan patches the same launches, and building the table from the
+        offsets' lists costs more than the rest of the pass."""
+        key = (tuple(launches), names, dtype)
+        if self._patched_words is None or self._patched_words[0] != key:
+            program = self.plan.address_map.program.base
+            blocks = np.array([self.plan.parameter_block_address(index) - program
+                               for index in launches], np.int64)
+            places = blocks[:, None] + np.asarray(offsets, np.int64)
+            self._patched_words = (key, places // 4)  # scalars sit at 4-byte boundaries
+        return self._patched_words[1]
 
     def close(self) -> None:
         if self._stream is not None:
