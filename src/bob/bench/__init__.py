@@ -17,6 +17,9 @@ its users would run it:
   submissions: on ``cuda`` one graph launch and a stream synchronize). The
   host's share of an invocation is timed piece by piece: ``set_scalars`` of the
   N AdamW launches, loading the checkpoint and input, collecting the results.
+  In the cuda tables the same rows run on ``nv`` (Bob's own command stream) at
+  every V, both schedules with nv's default policy (``--submission auto``:
+  chained), and the seed schedule per-launch beside them (``bob nv per-launch``).
 - PyTorch eager: ``F.cross_entropy(W, targets)``, ``backward()``,
   ``torch.optim.AdamW.step()`` (default implementation) per update.
 - PyTorch with a CUDA graph: that step captured once (``capturable=True``)
