@@ -201,3 +201,19 @@ def test_help_says_what_auto_resolves_to(command, says):
     assert result.exit_code == 0
     text = " ".join(result.output.split())
     assert says in text and "[default: auto]" in text
+
+
+def test_a_refused_emit_adds_no_note_and_writes_nothing(tmp_path, capsys):
+    target = tmp_path / "plain-file"
+    target.write_text("keep me")
+    assert main(["plan", "-N", "1", "--emit", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert "is a file" in err and "submission:" not in err
+    assert target.read_text() == "keep me" and sorted(tmp_path.iterdir()) == [target]
+
+
+def test_the_plan_table_names_the_resolved_policy(capsys):
+    assert main(["plan", "-N", "2"]) == 0
+    captured = capsys.readouterr()
+    assert "Submissions (chained)" in captured.out
+    assert captured.err == "submission: auto is chained (the nv backend's default)\n"

@@ -55,13 +55,10 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submi
          arch: str | None, as_json: bool, disasm: bool, emit_dir: str | None) -> None:
     """Show Bob's device program: arena, regions, launches, submissions, sizes."""
     policy = resolve_submission(submission, STREAM_BACKEND)
-    if submission == AUTO_SUBMISSION and not as_json:  # stderr: --emit lists paths on stdout
-        click.echo(f"submission: auto is {policy} (the {STREAM_BACKEND} backend's default)",
-                   err=True)
     the_plan = _bob_plan(vocab, prompts, updates, mode, schedule, arch, policy)
     certificate = certify_plan(the_plan)
     if as_json:
-        click.echo(dumps(the_plan))
+        click.echo(dumps(the_plan))  # its submission_policy says what auto resolved to
         return
     if disasm or emit_dir:
         from bob.backends.nv.decoder import disassemble
@@ -73,8 +70,11 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submi
                 click.echo(path)
         if disasm:
             click.echo(disassemble(encoded, the_plan))
-        return
-    print_plan(Console(width=None if sys.stdout.isatty() else 160), the_plan, certificate)
+    else:
+        print_plan(Console(width=None if sys.stdout.isatty() else 160), the_plan, certificate)
+    if submission == AUTO_SUBMISSION:  # on stderr, after the output: --emit lists paths
+        click.echo(f"submission: auto is {policy} (the {STREAM_BACKEND} backend's default)",
+                   err=True)
 
 
 @click.command()
