@@ -95,7 +95,6 @@ def copy_bandwidth() -> float | None:
 Progress = Callable[[str], None]
 
 
-
 def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
             progress: Progress, submission: str = AUTO_SUBMISSION) -> list[Row]:
     """The cuda rows' configurations on the `nv` backend (no CUDA runtime), with nv's
