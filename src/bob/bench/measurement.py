@@ -160,7 +160,8 @@ def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats:
                             loss if kind == "bob" else None, note))
         # Measured last (training on moves the AdamW scalars the run row uses), shown after
         # the invocation row.
-        rows[1:1] = [steady_row(session, config, zero, record, repeats, name),
+        run_row = next((row for row in rows if row.contender == f"{name} run"), None)
+        rows[1:1] = [steady_row(session, config, zero, record, repeats, name, run_row),
                      command_row(choice, config, hyper, record, repeats, name)]
         return rows
     finally:
@@ -168,61 +169,44 @@ def measure_bob(choice: BackendChoice, config: BobConfig, hyper: Hyper, repeats:
 
 
 def steady_row(session, config: BobConfig, start: Checkpoint, record: InputRecord,
-               repeats: int, name: str, invocations: int = STEADY_INVOCATIONS) -> Row:
+               repeats: int, name: str, run: Row | None = None,
+               invocations: int = STEADY_INVOCATIONS) -> Row:
     """One invocation's share of `session.train` once the pipeline is full.
 
     Each timing trains `invocations` invocations from `start` and keeps the time
     between the first invocation's completion and the last's, per invocation: the
-    tables stay resident in the arena, each read back while the next runs.
+    tables stay resident in the arena, each invocation is queued before the last is
+    read back. `run` (the device program alone) is what the note compares it with.
     """
     from bob.host.session import Invocation, train
 
     row_name = f"{name} train steady invocation"
-
     losses: list[float] = []  # after the first invocation: the loss after N, as every row
-    inside: list[float] = []  # per timing: seconds per invocation in start + wait
-    backend = session._backend_for(config)[1]
-    clock = [0.0]
-
-    def timed(method: Callable[[range], None] | Callable[[], None]) -> Callable:
-        def call(*args: range) -> None:
-            begun = time.perf_counter()
-            try:
-                method(*args)
-            finally:
-                clock[0] += time.perf_counter() - begun
-        return call
 
     def one() -> float:
-        stamps: list[tuple[float, float]] = []
+        stamps: list[float] = []
+
         def after(invocation: Invocation, done: int) -> None:
-            stamps.append((time.perf_counter(), clock[0]))
+            stamps.append(time.perf_counter())
             if done == config.updates:
                 losses.append(invocation.loss)
 
         # As bob train runs it: no earlier invocation's tables held.
         train(session, config, start, record, invocations * config.updates, after,
               keep_all=False)
-        inside.append((stamps[-1][1] - stamps[0][1]) / (len(stamps) - 1))
-        return (stamps[-1][0] - stamps[0][0]) / (len(stamps) - 1)
+        return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
-    # The host's waits on the device, timed on this backend only (instance attributes).
-    backend.start, backend.wait = timed(backend.start), timed(backend.wait)  # type: ignore
     try:
         one()  # warm-up
-        inside.clear()
         samples = tuple(one() for _ in range(repeats))
     except Exception as error:  # noqa: BLE001 - reported as Bob's failure
         return failed(row_name, "bob", config.updates, error)
-    finally:
-        del backend.start, backend.wait
-    device = statistics.median(inside)
     steady = statistics.median(samples)
-    return Row(row_name, "bob", config.updates, steady, samples, losses[-1],
-               f"session.train over {invocations} invocations: resident tables, read-back "
-               "beside the next run; per invocation, the first one's start excluded. In "
-               f"start+wait: {device / config.updates * 1e6:,.2f} us/update "
-               f"(this row / that: {steady / device:.3f}x)")
+    note = (f"session.train over {invocations} invocations: resident tables, each queued "
+            "before the last is read back; per invocation, the first one excluded")
+    if run is not None and run.seconds:
+        note += f" (this row / the run row: {steady / run.seconds:.3f}x)"
+    return Row(row_name, "bob", config.updates, steady, samples, losses[-1], note)
 
 
 def command_env() -> dict[str, str]:
