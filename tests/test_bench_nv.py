@@ -66,7 +66,7 @@ def test_nv_rows_are_asked_for_at_every_v_the_cuda_table_runs(vocab, asked):
     assert {call[4] for call in asked if call[0] == "nv"} == {vocab}
 
 
-def test_a_policy_by_name_is_every_rows_and_per_launch_needs_no_comparison_row(asked):
+def test_a_named_policy_runs_every_row_and_per_launch_adds_no_comparison_row(asked):
     _cuda_table(256, "per-launch")
     assert [call[1:4] for call in asked if call[0] == "nv"] == [
         ("", "seed", "per-launch"), (" fused", "fused", "per-launch")]
