@@ -25,7 +25,7 @@ from pathlib import Path
 from bob.backends import choose_backend
 from bob.bench.measurement import command_env, time_runs
 from bob.bench.peers import bench_targets
-from bob.config import Hyper
+from bob.config import Hyper, resolve_submission
 from bob.host.session import Session
 from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord
@@ -36,7 +36,8 @@ REPEATS = 3
 
 def device_seconds_per_update(backend_name: str, vocab: int, updates: int) -> float:
     """The device program of one N-update invocation, per update (median of three)."""
-    config = BobConfig(vocab=vocab, prompts=0, updates=updates, mode="hard")
+    config = BobConfig(vocab=vocab, prompts=0, updates=updates, mode="hard",  # as bob train
+                       submission=resolve_submission("auto", backend_name))
     record = InputRecord.hard(bench_targets(vocab), (), source="bench targets")
     with Session(choose_backend(backend_name), Hyper()) as session:
         session.invoke(config, Checkpoint.zeros(vocab, Hyper(), "hard"), record, "train")
