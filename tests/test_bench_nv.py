@@ -45,19 +45,25 @@ def _cuda_table(vocab: int, submission: str = "auto"):
                               lambda text: None, None, submission)
 
 
-def test_nv_rows_run_at_8192_in_both_schedules_chained_and_a_per_launch_seed(asked):
+def test_nv_rows_run_at_8192_in_both_schedules_chained(asked):
     table = _cuda_table(8192)
     nv = [call for call in asked if call[0] == "nv"]
     assert nv == [("nv", "", "seed", "chained", 8192),
-                  ("nv", " fused", "fused", "chained", 8192),
-                  ("nv", " per-launch", "seed", "per-launch", 8192)]
+                  ("nv", " fused", "fused", "chained", 8192)]  # no per-launch row this large
     cuda = [call for call in asked if call[0] == "cuda"]  # the same configurations as cuda's
     assert [(label, schedule) for _, label, schedule, _, _ in cuda] == \
-        [(label, schedule) for _, label, schedule, _, _ in nv[:2]]
+        [(label, schedule) for _, label, schedule, _, _ in nv]
     assert {policy for *_, policy, _ in cuda} == {"per-launch"}
     names = [row.contender for row in table.rows]
-    assert {"bob nv invocation", "bob nv fused invocation",
-            "bob nv per-launch invocation"} <= set(names)
+    assert {"bob nv invocation", "bob nv fused invocation"} <= set(names)
+
+
+@pytest.mark.parametrize("vocab", [256, suite.PER_LAUNCH_ROW_MAX_VOCAB])
+def test_a_per_launch_nv_seed_row_is_beside_the_chained_ones_at_small_v(vocab, asked):
+    _cuda_table(vocab)
+    assert [call[1:4] for call in asked if call[0] == "nv"] == [
+        ("", "seed", "chained"), (" fused", "fused", "chained"),
+        (" per-launch", "seed", "per-launch")]
 
 
 @pytest.mark.parametrize("vocab", [256, 1024, 8192, 65536])
@@ -91,7 +97,7 @@ def test_a_failing_nv_configuration_is_a_failed_row_and_the_rest_still_run(asked
     table = _cuda_table(8192)
     (failed,) = [row for row in table.rows if row.contender == "bob nv fused invocation"]
     assert failed.error == "failed: RuntimeError: the channel died" and failed.kind == "bob"
-    assert [call[1] for call in asked if call[0] == "nv"] == ["", " per-launch"]
+    assert [call[1] for call in asked if call[0] == "nv"] == [""]
     assert any(row.contender == "pytorch eager" for row in table.rows)  # the peers ran on
 
 

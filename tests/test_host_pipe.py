@@ -402,6 +402,19 @@ def test_the_writer_wraps_an_unexpected_error_in_one_line():
     assert isinstance(caught.value, BobError)
 
 
+def test_a_superseding_job_replaces_the_waiting_one_never_the_one_begun():
+    started, release = threading.Event(), threading.Event()
+    done = []
+    writer = BackgroundWriter()
+    writer.submit(lambda: (started.set(), release.wait(5), done.append(0)))
+    assert started.wait(5)
+    for i in range(1, 5):
+        writer.submit(lambda i=i: done.append(i), supersede=True)
+    release.set()
+    writer.close()
+    assert done == [0, 4] and writer.superseded == 3  # the begun one and the newest
+
+
 def test_the_writer_runs_beside_the_caller():
     started, release = threading.Event(), threading.Event()
     writer = BackgroundWriter()
@@ -461,16 +474,23 @@ def test_a_checkpoint_is_the_state_after_its_invocation(tmp_path, text):
                            updates_per_invocation=4)
     finally:
         Checkpoint.save = original
-    assert [s.step for s in states] == [4, 8, 10]
+    # A save still waiting when a newer checkpoint comes is dropped (the writer's
+    # supersede): the last is always saved, and each saved one is its invocation's state.
+    steps = [s.step for s in states]
+    assert steps[-1] == 10 and steps == sorted(set(steps)) and set(steps) <= {4, 8, 10}
     data = api.training_data([str(text)])
     config = BobConfig(prompts=0, updates=4, mode="corpus")
     state = Checkpoint.zeros(256, Hyper(), "corpus")
+    expected = {}
     with Session(choose_backend("cpu")) as session:
-        for saved, updates in zip(states, (4, 4, 2), strict=True):
+        for updates in (4, 4, 2):
             state = session.invoke(replace(config, updates=updates), replace(state),
                                    data.record, "train").checkpoint
-            for name in CHECKPOINT_TENSORS:
-                assert getattr(saved, name).tobytes() == getattr(state, name).tobytes()
+            expected[state.step] = state
+    for saved in states:
+        for name in CHECKPOINT_TENSORS:
+            assert getattr(saved, name).tobytes() == \
+                getattr(expected[saved.step], name).tobytes()
     assert report.global_step == 10
 
 

@@ -395,7 +395,7 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
             if checkpoint not in written:
                 written.append(checkpoint)
 
-        writer.submit(save)
+        writer.submit(save, supersede=True)  # every save goes to the one file
         if progress is not None:
             progress(invocation, done)
 

@@ -5,7 +5,10 @@ on with the next invocation. The writer saves them one at a time, in the order
 given, each atomically (`Checkpoint.save` goes through `bob.files.atomic_write`:
 temporary file, fsync, rename), so the file on disk is always a whole
 checkpoint. At most one job waits behind the one being written: a slow disk
-holds the training back rather than piling up tables in memory.
+holds the training back rather than piling up tables in memory. A job given
+with `supersede` (a save to the file the waiting one saves to) replaces the
+waiting one instead: the newer checkpoint makes the older one's save pointless,
+so a disk slower than the training skips states, never the last.
 
 A failure is never lost: it is kept and raised in the caller's thread at the
 next `submit` or at `close`, as a one-line BobError (anything else is wrapped
@@ -15,6 +18,7 @@ newer overwrites the last good checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -33,19 +37,25 @@ class BackgroundWriter:
         self._failure: BobError | None = None
         self._reported = False  # the failure is raised once, in the caller's thread
         self._closed = False
+        self.superseded = 0  # jobs dropped for a newer one (submit's supersede)
         # A daemon, so a writer never closed (a stop between start and the caller's try)
         # cannot hold the process open; callers close it, which waits for every save, and
         # a save cut short by an exit leaves the previous file (atomic_write).
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job) -> None:
-        """Queue `job`; raise the failure of an earlier one, if any, instead."""
+    def submit(self, job: Job, supersede: bool = False) -> None:
+        """Queue `job`; raise the failure of an earlier one, if any, instead. With
+        `supersede`, a job still waiting (not begun) is dropped for this one."""
         self.raise_failure()
         if self._failure is not None:
             raise self._failure
         if self._closed:
             raise RuntimeError("the checkpoint writer is closed")
+        if supersede:  # only this thread puts: what it takes is a job, never the stop
+            with contextlib.suppress(queue.Empty):
+                self._jobs.get_nowait()
+                self.superseded += 1
         self._jobs.put(job)
 
     def close(self) -> None:
