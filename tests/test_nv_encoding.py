@@ -170,6 +170,40 @@ def test_carveout_choice(size, expected):
         encoder.shared_memory_config(encoder.ARCHITECTURES["sm_86"], 101 * 1024, "k")
 
 
+@pytest.mark.parametrize("threads, registers, blocks", [
+    (256, 26, 6),    # the seed's loss gradient: 1536 threads an SM (sm_86's count) hold 6
+    (256, 61, 4),    # the fused kernel: 8 warps x 2048 registers, 4 blocks in 65536
+    (256, 118, 2),   # the wide kernel: 120 registers a thread
+    (1024, 62, 1),   # the tall kernel: 64 x 1024 registers fill the SM
+    (32, 8, 16),     # small blocks: the SM's 16 block slots
+])
+def test_resident_blocks_by_threads_registers_and_slots(threads, registers, blocks):
+    assert encoder.resident_blocks(threads, registers) == blocks
+
+
+@pytest.mark.parametrize("shared, registers, target_kib", [
+    (37888, 61, 100),  # fused, V <= 1024: two blocks in 100 KiB, one in 64 (two waves)
+    (37888, 118, 100),  # wide: its two blocks
+    (2048, 26, 32),    # the seed's kernels keep what ran on the H200
+    (47248, 62, 64),   # tall: one block of 1024 threads an SM whatever the carve-out
+])
+def test_the_carveout_holds_as_many_blocks_as_the_sm_can_run(shared, registers, target_kib):
+    threads = 1024 if shared == 47248 else 256
+    dispatch = encoder.Dispatch(0x20_0000_0000, (256, 1, 1), (threads, 1, 1), registers,
+                                shared, (0x20_0001_0000, 256), None)
+    qmd = encoder.build_qmd(encoder.ARCHITECTURES["sm_90"], dispatch)
+    assert qmd.read("TARGET_SM_CONFIG_SHARED_MEM_SIZE") == target_kib // 4 + 1
+    assert qmd.read("MIN_SM_CONFIG_SHARED_MEM_SIZE") == target_kib // 4 + 1
+    assert qmd.read("MAX_SM_CONFIG_SHARED_MEM_SIZE") == 100 // 4 + 1  # never above 100 KiB
+
+
+def test_the_carveout_for_several_blocks_stays_within_100_kib_unless_one_needs_more():
+    hopper = encoder.ARCHITECTURES["sm_90"]
+    assert encoder.shared_memory_config(hopper, 20 * 1024, "k", blocks=3).target_kib == 64
+    assert encoder.shared_memory_config(hopper, 40 * 1024, "k", blocks=3).target_kib == 100
+    assert encoder.shared_memory_config(hopper, 130 * 1024, "k", blocks=4).target_kib == 132
+
+
 def test_qmd_sets_the_minimal_dispatch_fields():
     v03, v04 = QmdV03(), QmdV04()
     for qmd in (v03, v04):

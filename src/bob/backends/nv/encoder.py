@@ -45,7 +45,7 @@ addresses of ``plan.address_map``:
 
 The choices where two were possible follow what ran on the H200
 (docs/RAW-HOPPER.md, docs/NV-FIELDS.md): SUBROUTINE GPFIFO entries, 64-bit
-per-submission slots, 32 KiB / 100 KiB shared-memory carve-outs, 1 KiB of
+per-submission slots, shared-memory carve-outs of 32 KiB up to 100 KiB, 1 KiB of
 system shared memory, the driver area in constant bank 0.
 """
 
@@ -88,11 +88,18 @@ SHARED_MEMORY_ALIGNMENT = 256  # NVK rounds a launch's shared memory up to 0x100
 # the H200 did. (NVRTC 13 already counts it in an sm_90 kernel that declares
 # shared memory, so such a kernel gets 1 KiB more than it needs: harmless.)
 SYSTEM_SHARED_BYTES = 1024
-# SM shared-memory carve-outs: the smallest one that holds the block and is at
-# least 32 KiB, with 100 KiB as the most the SM may configure: tinygrad's values,
-# and what Bob's plans ran with on the H200 (sm_90 could offer 228 KiB).
+# SM shared-memory carve-outs: the smallest one that is at least 32 KiB and holds
+# as many blocks as the SM's threads and registers allow (shared_memory_config),
+# with 100 KiB as the most the SM may configure: tinygrad's values, and what Bob's
+# plans ran with on the H200 (sm_90 could offer 228 KiB).
 MINIMUM_CARVEOUT_KIB = 32
 MAXIMUM_CARVEOUT_KIB = 100
+# An SM's limits (sm_86 and sm_90 alike): what resident_blocks counts against.
+WARP_THREADS = 32
+REGISTER_UNIT = 256  # registers are allocated per warp in units of this many
+SM_THREADS = 1536  # sm_86's; sm_90 holds 2048, so this never asks sm_90 for too much
+SM_REGISTERS = 65536
+SM_BLOCKS = 16  # sm_86's; sm_90 holds 32
 BARRIERS = 1  # Bob's kernels synchronise their blocks with __syncthreads (barrier 0)
 # Generic-address windows for shared and local memory: tinygrad's Hopper values,
 # which Bob's plans run with on the H200; 4 GiB aligned (Hopper's requirement)
@@ -297,15 +304,34 @@ def encode_program(plan: Plan) -> bytes:
     return bytes(data)
 
 
-def shared_memory_config(arch: Architecture, size: int, what: str) -> SharedMemoryConfig:
-    """The smallest carve-out of at least 32 KiB that holds `size` bytes; 100 KiB at most
-    unless the block needs more."""
+def shared_memory_config(arch: Architecture, size: int, what: str,
+                         blocks: int = 1) -> SharedMemoryConfig:
+    """The smallest carve-out of at least 32 KiB that holds `size` bytes for `blocks`
+    blocks at once, or as many of them as 100 KiB holds; 100 KiB at most unless one
+    block needs more.
+
+    Without room for a second block the SM runs one at a time whatever its threads
+    and registers allow (the CUDA driver picks the carve-out for occupancy the same
+    way): at V = 256 the fused schedule's 256 blocks would take two waves, not one.
+    """
     needed = max(size, MINIMUM_CARVEOUT_KIB * 1024)
-    for kib in arch.carveouts_kib:
-        if kib * 1024 >= needed:
-            return SharedMemoryConfig(kib, max(kib, MAXIMUM_CARVEOUT_KIB), kib)
-    raise EncodeError(f"{what} needs {size} bytes of shared memory; {arch.target} "
-                      f"offers at most {arch.carveouts_kib[-1]} KiB")
+    fitting = [kib for kib in arch.carveouts_kib if kib * 1024 >= needed]
+    if not fitting:
+        raise EncodeError(f"{what} needs {size} bytes of shared memory; {arch.target} "
+                          f"offers at most {arch.carveouts_kib[-1]} KiB")
+    allowed = [kib for kib in fitting if kib <= MAXIMUM_CARVEOUT_KIB] or fitting[:1]
+    chosen = next((kib for kib in allowed if size * blocks <= kib * 1024), allowed[-1])
+    return SharedMemoryConfig(chosen, max(chosen, MAXIMUM_CARVEOUT_KIB), chosen)
+
+
+def resident_blocks(threads: int, registers: int) -> int:
+    """How many blocks of `threads` threads using `registers` each one SM holds at once
+    by its threads, registers and block slots (shared memory aside): registers are
+    allocated per warp in units of 256."""
+    warps = -(-threads // WARP_THREADS)
+    per_warp = -(-registers * WARP_THREADS // REGISTER_UNIT) * REGISTER_UNIT
+    return max(1, min(SM_BLOCKS, SM_THREADS // (warps * WARP_THREADS),
+                      SM_REGISTERS // (warps * per_warp)))
 
 
 @dataclass(frozen=True)
@@ -331,7 +357,9 @@ def build_qmd(arch: Architecture, dispatch: Dispatch) -> Qmd:
     qmd.set_block(*dispatch.block)
     qmd.set_registers(dispatch.registers)
     qmd.set_barriers(BARRIERS)
-    qmd.set_shared_memory(shared, shared_memory_config(arch, shared, "the kernel"))
+    threads = dispatch.block[0] * dispatch.block[1] * dispatch.block[2]
+    qmd.set_shared_memory(shared, shared_memory_config(
+        arch, shared, "the kernel", resident_blocks(threads, dispatch.registers)))
     qmd.set_constant_buffer(0, *dispatch.constant_buffer)
     if dispatch.release is not None:
         qmd.set_release_semaphore(*dispatch.release)
