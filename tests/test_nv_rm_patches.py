@@ -1,6 +1,6 @@
 """The nv backend's host copies on the scripted driver: an invocation's AdamW scalars in one
-pass and one copy, and the semaphore slots zeroed in spans; the same device bytes as the
-launch-by-launch path.
+pass, only the changed words stored, and the semaphore slots zeroed in spans; the same device
+bytes as the launch-by-launch path.
 
     .venv/bin/python -m pytest -q tests/test_nv_rm_patches.py
 """
@@ -13,13 +13,7 @@ import numpy as np
 import pytest
 
 from bob.backends.nv.rm import channel as ch
-from bob.backends.nv.rm.backend import (
-    MERGE_GAP_BYTES,
-    SEMAPHORE_BYTES,
-    NvBackend,
-    semaphore_spans,
-    word_spans,
-)
+from bob.backends.nv.rm.backend import SEMAPHORE_BYTES, NvBackend, semaphore_spans
 from bob.backends.nv.rm.memory import Allocation
 from bob.kernels import signatures as sig
 from bob.plan.placement import SM90
@@ -36,17 +30,23 @@ def _plan(config: BobConfig):
 
 @pytest.fixture
 def writes(monkeypatch) -> list[tuple[str, int, int]]:
-    """Every Allocation.write as (allocation, offset, bytes); each Channel.wait met at once."""
+    """Every Allocation.write as (allocation, offset, bytes) and every store_words as
+    (allocation, "words", word count); each Channel.wait met at once."""
     monkeypatch.setattr(ch.Channel, "wait",
                         lambda channel, read, target, deadline, what: target)
-    seen: list[tuple[str, int, int]] = []
-    original = Allocation.write
+    seen: list = []
+    original, original_words = Allocation.write, Allocation.store_words
 
     def recording(block, offset, data):
         seen.append((block.name, offset, len(data)))
         original(block, offset, data)
 
+    def recording_words(block, offset, indices, values):
+        seen.append((block.name, "words", len(indices)))
+        original_words(block, offset, indices, values)
+
     monkeypatch.setattr(Allocation, "write", recording)
+    monkeypatch.setattr(Allocation, "store_words", recording_words)
     return seen
 
 
@@ -85,12 +85,12 @@ def test_set_scalars_many_leaves_the_bytes_launch_by_launch_patches_leave(first_
             block = _program(many)[offset:offset + plan.target.parameter_block_bytes]
             assert block[0x30:] == many.parameter_block(launch)[0x30:]
         changed = before != _program(many)
-        # Step 1 is what the plan was built with: nothing changes, nothing is copied.
+        # Step 1 is what the plan was built with: nothing changes, nothing is stored.
         assert len(program_writes) == (1 if changed else 0), program_writes
         assert changed == (first_step != 1)
 
 
-def test_an_invocations_patches_are_one_copy_of_the_changed_span(writes):
+def test_an_invocations_patches_are_one_store_of_the_changed_words(writes):
     config = BobConfig(vocab=256, prompts=0, updates=50)
     plan = _plan(config)
     launches = [config.adamw_launch(k) for k in range(config.updates)]
@@ -102,27 +102,25 @@ def test_an_invocations_patches_are_one_copy_of_the_changed_span(writes):
         backend.set_scalars_many(launches, ADAM_SCALAR_NAMES, bits)
         after = np.frombuffer(_program(backend), np.uint32)
         differ = np.flatnonzero(before != after)
-        assert writes == [("program", 4 * differ[0], 4 * (differ[-1] + 1 - differ[0]))]
         # Two of the seven scalars move between two invocations: step_size and eps_hat.
+        # They, and nothing between them, are stored: in one call.
         assert len(differ) == 2 * config.updates
+        assert writes == [("program", "words", len(differ))]
         writes.clear()
         backend.set_scalars_many(launches, ADAM_SCALAR_NAMES, bits)  # the same again
         assert writes == []
 
 
-def test_patches_far_apart_are_separate_copies(writes):
-    config = BobConfig(vocab=256, prompts=0, updates=8)
-    plan = _plan(config)
-    near, far = config.adamw_launch(0), config.adamw_launch(7)
-    gap = plan.parameter_block_address(far) - plan.parameter_block_address(near)
-    assert gap > MERGE_GAP_BYTES  # the launches' blocks are far enough apart
-    bits = adam_scalar_table(Hyper(), 301, 2).view(np.uint32)[:, :len(ADAM_SCALAR_NAMES)]
-    with _open(plan) as many, _open(plan) as one_by_one:
-        writes.clear()
-        many.set_scalars_many([near, far], ADAM_SCALAR_NAMES, bits)
-        assert len([w for w in writes if w[0] == "program"]) == 2
-        _patch_one_by_one(one_by_one, [near, far], bits)
-        assert _program(many) == _program(one_by_one)
+def test_a_store_outside_the_mapping_is_refused_and_nothing_is_written(writes):
+    config = BobConfig(vocab=256, prompts=0, updates=2)
+    with _open(_plan(config)) as backend:
+        program = backend.blocks["program"]
+        before = _program(backend)
+        with pytest.raises(IndexError, match="a word outside program"):
+            program.store_words(0, np.array([0, program.size // 4]), np.ones(2, np.uint32))
+        with pytest.raises(ValueError, match="not 4-byte aligned"):
+            program.store_words(2, np.array([0]), np.ones(1, np.uint32))
+        assert _program(backend) == before
 
 
 def test_calls_with_other_launches_patch_their_own_blocks(writes):
@@ -159,13 +157,6 @@ def test_semaphore_spans_join_consecutive_slots_but_leave_the_launch_progress():
     assert semaphore_spans(0x1000, range(1, 2)) == [(0x1010, 8)]
     assert semaphore_spans(0x1000, range(3, 3)) == []
     assert semaphore_spans(0x1000, range(1, 6, 2)) == [(0x1010, 8), (0x1030, 8), (0x1050, 8)]
-
-
-def test_word_spans_join_indices_within_the_gap():
-    assert word_spans(np.array([3, 4, 5, 100, 2000, 2001]), 1024) == [(3, 101), (2000, 2002)]
-    assert word_spans(np.array([7]), 1) == [(7, 8)]
-    assert word_spans(np.array([1, 3]), 1) == [(1, 2), (3, 4)]
-    assert word_spans(np.array([1, 3]), 2) == [(1, 4)]
 
 
 @pytest.mark.parametrize(("submissions", "copies"), [(range(0, 5), 2), (range(2, 5), 1)])

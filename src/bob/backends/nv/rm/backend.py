@@ -27,9 +27,9 @@ plan needs nothing else here: its later launches are scheduled by the QMDs
 the encoder linked. ``set_scalars`` writes into the launch's parameter block
 in the mapped program component only the 4-byte words whose value changed
 (an AdamW update changes two of its seven scalars), adjacent ones in one copy;
-``set_scalars_many`` (an invocation's AdamW launches) compares and applies all
-of them on a host shadow of the component in one numpy pass and copies the
-changed span in one write (``MERGE_GAP_BYTES``).
+``set_scalars_many`` (an invocation's AdamW launches) compares all of them
+with a host shadow of the component in one numpy pass and stores only the
+changed words through the mapping, in one indexed store.
 
 Checked on an H200 (580.159.04): Bob's per-launch plans run bit-identical to
 the CPU backend (docs/RAW-HOPPER.md). Chained plans ran the seed schedule at
@@ -66,11 +66,6 @@ from .stream import COPY_THRESHOLD, RuntimeStream
 SUPPORTED_TARGET = "sm_90"
 DEFAULT_DEADLINE_S = 30.0  # without progress; the clock restarts whenever GP_GET moves
 SEMAPHORE_BYTES = 8  # each submission releases a 64-bit value into its slot
-# Patched words closer than this are carried in one copy, the unchanged bytes between
-# them included (the shadow holds what the device holds): one more copy through BAR1 costs
-# about a microsecond of Python and mapping, which writes a few KiB. The seed schedule's
-# AdamW blocks sit 2 KiB apart, so an invocation's patches go in one copy.
-MERGE_GAP_BYTES = 4096
 
 
 def nv_available() -> tuple[bool, str]:
@@ -336,10 +331,10 @@ class NvBackend(Backend):
 
     def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
                            words: np.ndarray, offsets: list[list[int]]) -> None:
-        """Every launch's words into the program shadow in one numpy pass, then the
-        changed words to the device in as few copies as pay (MERGE_GAP_BYTES): the same
-        bytes on the device as `_carry_patches` launch by launch, without a comparison and
-        a copy through BAR1 per launch."""
+        """Every launch's words compared with the program shadow in one numpy pass, and
+        only the changed ones stored, shadow and device, in one indexed store each: the
+        same bytes on the device as `_carry_patches` launch by launch, without a copy
+        through BAR1 per launch or of the unchanged bytes between them."""
         self._require_open()
         if not launches:
             return
@@ -347,12 +342,11 @@ class NvBackend(Backend):
         changed = self._program_words[indices] != words
         if not changed.any():
             return
-        self._program_words[indices] = words
-        base = self.plan.address_map.program.base
-        shadow = memoryview(self._program)
-        for first, last in word_spans(np.sort(indices[changed], axis=None),
-                                      MERGE_GAP_BYTES // 4):
-            self._upload("program", base + 4 * first, shadow[4 * first:4 * last])
+        where, values = indices[changed], words[changed]
+        self._program_words[where] = values
+        block = self.blocks["program"]
+        assert block.gpu_va is not None
+        block.store_words(self.plan.address_map.program.base - block.gpu_va, where, values)
 
     def _word_indices(self, launches: list[int], names: tuple[str, ...], dtype: str,
                       offsets: list[list[int]]) -> np.ndarray:
@@ -404,15 +398,6 @@ def semaphore_spans(first_slot: int, submissions: range) -> list[tuple[int, int]
     return [(first_slot + SEMAPHORE_SLOT_BYTES * piece.start,
              SEMAPHORE_SLOT_BYTES * (len(piece) - 1) + SEMAPHORE_BYTES)
             for piece in pieces if len(piece)]
-
-
-def word_spans(indices: np.ndarray, gap: int) -> list[tuple[int, int]]:
-    """Sorted word indices as [first, last) spans: an index at most `gap` words after
-    the one before it joins that one's span."""
-    breaks = np.flatnonzero(np.diff(indices) > gap)  # the last index of each span but one
-    starts = np.concatenate(([indices[0]], indices[breaks + 1]))
-    ends = np.concatenate((indices[breaks], [indices[-1]])) + 1
-    return list(zip(starts.tolist(), ends.tolist(), strict=True))
 
 
 def _runs(words: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:

@@ -23,6 +23,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from . import structs as s
 from .device import RmDevice
 from .ioctl import RmError, RmIoctlError, check_status, escape
@@ -65,6 +67,7 @@ class Allocation:
     gpu_va: int | None = None
     cpu: mmap.mmap | None = None
     _views: list = field(default_factory=list, repr=False)
+    _words: np.ndarray | None = field(default=None, repr=False)  # store_words' view
 
     def _check(self, offset: int, size: int) -> None:
         if self.cpu is None:
@@ -81,6 +84,20 @@ class Allocation:
     def read(self, offset: int, size: int) -> bytes:
         self._check(offset, size)
         return bytes(self.cpu[offset:offset + size])
+
+    def store_words(self, offset: int, indices: np.ndarray, values: np.ndarray) -> None:
+        """uint32 `values` at bytes offset + 4 * index, one indexed store through the CPU
+        mapping: scattered words are written alone, not the bytes between them (each
+        write through BAR1 costs, so an invocation's changed scalars go as words)."""
+        self._check(offset, 0)
+        if offset % 4:
+            raise ValueError(f"+0x{offset:x} in {self.name} is not 4-byte aligned")
+        if self._words is None:
+            self._words = np.frombuffer(self.cpu, np.uint32)  # type: ignore[arg-type]
+        places = np.asarray(indices, np.int64) + offset // 4
+        if places.size and (places.min() < 0 or places.max() >= self._words.size):
+            raise IndexError(f"a word outside {self.name} ({self.size} bytes)")
+        self._words[places] = values
 
     def u32(self, offset: int) -> ctypes.c_uint32:
         """A 32-bit view for single aligned loads and stores (doorbell-style registers)."""
@@ -100,6 +117,7 @@ class Allocation:
 
     def close(self) -> None:
         self._views.clear()
+        self._words = None
         if self.cpu is not None:
             # A view still referenced (a traceback's frame) keeps the mapping until it goes;
             # closing after a fault must not raise.
