@@ -376,8 +376,8 @@ class _Graph:
     graph: Any  # CUgraph
     exec: Any  # CUgraphExec
     nodes: dict[int, list[Any]] = field(default_factory=dict)  # launch -> its nodes
-    # launch -> (exec, node) handles as ints, for the ctypes node update
-    native_nodes: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # launch -> its nodes' handles as ints, for the ctypes node update
+    native_nodes: dict[int, list[int]] = field(default_factory=dict)
 
 
 UPLOAD_CHUNK_BYTES = 16 << 20  # each of the two pinned chunks a write goes through
@@ -639,14 +639,11 @@ class CudaBackend(Backend):
                     node = _call("cuGraphAddKernelNode", graph, None, 0,
                                  self._arguments[index].node_params)
                     built.nodes.setdefault(index, []).append(node)
-                    built.native_nodes.setdefault(index, []).append((0, int(node)))
+                    built.native_nodes.setdefault(index, []).append(int(node))
                     order.append(node)
             for before, after in zip(order, order[1:], strict=False):
                 self._add_edge(graph, before, after)
             built.exec = _call("cuGraphInstantiate", graph, 0)
-            handle = int(built.exec)
-            built.native_nodes = {index: [(handle, node) for _, node in pairs]
-                                  for index, pairs in built.native_nodes.items()}
         except BaseException:
             with contextlib.suppress(CudaError):  # the first error is the one to report
                 _call("cuGraphDestroy", graph)
@@ -962,10 +959,11 @@ class CudaBackend(Backend):
                         _call("cuGraphExecKernelNodeSetParams", graph.exec, node,
                               self._arguments[index].node_params)
             return
-        for index in launches:
-            params = self._arguments[index].native_address
-            for graph in graphs:
-                for handle, node in graph.native_nodes.get(index, ()):
+        for graph in graphs:
+            handle = int(graph.exec)
+            for index in launches:
+                params = self._arguments[index].native_address
+                for node in graph.native_nodes.get(index, ()):
                     status = native(handle, node, params)
                     if status:
                         driver = _driver()
