@@ -178,6 +178,79 @@ def _map_dma(device: RmDevice, virtual: int, memory: int, size: int, flags: int,
     raise last
 
 
+def _reserve_and_map(device: RmDevice, block: Allocation, gpu_va: int | None,
+                     snoop: bool) -> None:
+    """Reserve a VA range (at `gpu_va` if given) and map `block.memory` at its start."""
+    client, size, name = device.client, block.size, block.name
+    reserve = s.NV_MEMORY_ALLOCATION_PARAMS(
+        owner=client.root, type=s.NVOS32_TYPE_IMAGE,
+        flags=s.NVOS32_ALLOC_FLAGS_VIRTUAL | s.NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED,
+        size=size, hVASpace=device.vaspace)
+    if gpu_va is not None:
+        if gpu_va % SYSMEM_GRANULE or not 0 < gpu_va < GPU_VA_LIMIT - size:
+            raise ValueError(f"GPU address 0x{gpu_va:x} for {name} is not a page "
+                             f"address below 2^49")
+        reserve.flags |= (s.NVOS32_ALLOC_FLAGS_FIXED_ADDRESS_ALLOCATE
+                          | s.NVOS32_ALLOC_FLAGS_ALIGNMENT_FORCE)
+        reserve.offset = gpu_va
+        reserve.alignment = SYSMEM_GRANULE
+    block.virtual = client.alloc(device.device, s.NV50_MEMORY_VIRTUAL, reserve)
+    flags = s.NVOS46_FLAGS_ACCESS_READ_WRITE
+    if snoop:  # GPU writes snoop the CPU caches: semaphores are coherent
+        flags |= s.NVOS46_FLAGS_CACHE_SNOOP_ENABLE
+    block.gpu_va = _map_dma(device, block.virtual, block.memory, size, flags, name)
+    if gpu_va is not None and block.gpu_va != gpu_va:
+        raise RmError(f"RM_MAP_MEMORY_DMA({name})", "misplaced",
+                      f"asked for GPU address 0x{gpu_va:x}, the driver mapped at "
+                      f"0x{block.gpu_va:x}")
+
+
+_host_handles = iter(range(0xB0B0_0001, 0xB0B0_FFFF))  # RM's own handles start at 0xcaf00000
+
+
+def host_allocation(device: RmDevice, size: int, *, gpu_va: int | None = None,
+                    name: str = "host buffer") -> Allocation:
+    """`size` bytes of ordinary (cached, pageable) process memory, pinned by RM as an OS
+    descriptor and mapped for the GPU.
+
+    The CPU reads it at memory speed. RM's own system memory reaches the process
+    through the driver's mapping, which read at uncached rates on the H200 (about
+    320 MB/s), so large read-backs land here instead.
+    """
+    if size <= 0 or size % SYSMEM_GRANULE:
+        raise ValueError(f"host allocations are whole {SYSMEM_GRANULE}-byte pages, not {size}")
+    client = device.client
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+    anchor = ctypes.c_char.from_buffer(memory)
+    address = ctypes.addressof(anchor)
+    del anchor  # the address stays valid while `memory` is mapped
+    handle = next(_host_handles)
+    flags = (s.NVOS02_FLAGS_PHYSICALITY_NONCONTIGUOUS | s.NVOS02_FLAGS_LOCATION_PCI
+             | s.NVOS02_FLAGS_COHERENCY_CACHED | s.NVOS02_FLAGS_MAPPING_NO_MAP)
+    call = f"RM_ALLOC_MEMORY(NV01_MEMORY_SYSTEM_OS_DESCRIPTOR, {name}, {size} bytes)"
+    error: RmError | None = None
+    for open_file in (client.open_gpu_file, lambda: client.ctl):
+        request = s.nv_ioctl_nvos02_parameters_with_fd(
+            params=s.NVOS02_PARAMETERS(hRoot=client.root, hObjectParent=device.device,
+                                       hObjectNew=handle,
+                                       hClass=s.NV01_MEMORY_SYSTEM_OS_DESCRIPTOR,
+                                       flags=flags, pMemory=address, limit=size - 1),
+            fd=-1)
+        try:
+            escape(client.transport, open_file(), s.NV_ESC_RM_ALLOC_MEMORY, request, call)
+            check_status(call, request.params.status)
+        except RmError as refused:
+            error = refused
+            continue
+        block = Allocation(name, "sysmem", size, request.params.hObjectNew, cpu=memory)
+        _reserve_and_map(device, block, gpu_va, snoop=True)
+        client.log(f"{call} -> handle 0x{block.memory:08x} at GPU 0x{block.gpu_va:x}")
+        return block
+    memory.close()
+    assert error is not None
+    raise error
+
+
 def allocate(device: RmDevice, size: int, *, location: Location = "vidmem",
              gpu_va: int | None = None, map_gpu: bool = True, map_cpu: bool = True,
              contiguous: bool = False, cached: bool = False, name: str = "buffer") -> Allocation:
@@ -187,27 +260,7 @@ def allocate(device: RmDevice, size: int, *, location: Location = "vidmem",
     memory = client.alloc(device.device, cls, params)
     block = Allocation(name, location, size, memory)
     if map_gpu:
-        reserve = s.NV_MEMORY_ALLOCATION_PARAMS(
-            owner=client.root, type=s.NVOS32_TYPE_IMAGE,
-            flags=s.NVOS32_ALLOC_FLAGS_VIRTUAL | s.NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED,
-            size=size, hVASpace=device.vaspace)
-        if gpu_va is not None:
-            if gpu_va % SYSMEM_GRANULE or not 0 < gpu_va < GPU_VA_LIMIT - size:
-                raise ValueError(f"GPU address 0x{gpu_va:x} for {name} is not a page "
-                                 f"address below 2^49")
-            reserve.flags |= (s.NVOS32_ALLOC_FLAGS_FIXED_ADDRESS_ALLOCATE
-                              | s.NVOS32_ALLOC_FLAGS_ALIGNMENT_FORCE)
-            reserve.offset = gpu_va
-            reserve.alignment = SYSMEM_GRANULE
-        block.virtual = client.alloc(device.device, s.NV50_MEMORY_VIRTUAL, reserve)
-        flags = s.NVOS46_FLAGS_ACCESS_READ_WRITE
-        if location == "sysmem":  # GPU writes snoop the CPU caches: semaphores are coherent
-            flags |= s.NVOS46_FLAGS_CACHE_SNOOP_ENABLE
-        block.gpu_va = _map_dma(device, block.virtual, memory, size, flags, name)
-        if gpu_va is not None and block.gpu_va != gpu_va:
-            raise RmError(f"RM_MAP_MEMORY_DMA({name})", "misplaced",
-                          f"asked for GPU address 0x{gpu_va:x}, the driver mapped at "
-                          f"0x{block.gpu_va:x}")
+        _reserve_and_map(device, block, gpu_va, snoop=location == "sysmem")
     if map_cpu:
         # System memory maps through the control file, video memory through BAR1 on
         # the GPU file; try the other file if the first one is refused.

@@ -93,6 +93,7 @@ NV01_DEVICE_0 = 0x80
 NV20_SUBDEVICE_0 = 0x2080
 NV01_MEMORY_SYSTEM = 0x3E
 NV01_MEMORY_LOCAL_USER = 0x40
+NV01_MEMORY_SYSTEM_OS_DESCRIPTOR = 0x71  # host memory the process already owns
 NV50_MEMORY_VIRTUAL = 0x50A0
 FERMI_VASPACE_A = 0x90F1
 FERMI_CONTEXT_SHARE_A = 0x9067
@@ -108,6 +109,7 @@ CLASS_NAMES = {
     NV20_SUBDEVICE_0: "NV20_SUBDEVICE_0",
     NV01_MEMORY_SYSTEM: "NV01_MEMORY_SYSTEM",
     NV01_MEMORY_LOCAL_USER: "NV01_MEMORY_LOCAL_USER",
+    NV01_MEMORY_SYSTEM_OS_DESCRIPTOR: "NV01_MEMORY_SYSTEM_OS_DESCRIPTOR",
     NV50_MEMORY_VIRTUAL: "NV50_MEMORY_VIRTUAL",
     FERMI_VASPACE_A: "FERMI_VASPACE_A",
     FERMI_CONTEXT_SHARE_A: "FERMI_CONTEXT_SHARE_A",
@@ -168,6 +170,30 @@ class NVOS54_PARAMETERS(Struct):  # RM_CONTROL
         ("paramsSize", NvU32),
         ("status", NvU32),
     ]
+
+
+class NVOS02_PARAMETERS(Struct):  # RM_ALLOC_MEMORY (nvos.h)
+    _fields_ = [
+        ("hRoot", NvHandle),
+        ("hObjectParent", NvHandle),
+        ("hObjectNew", NvHandle),
+        ("hClass", NvU32),
+        ("flags", NvU32),
+        ("pMemory", NvP64),
+        ("limit", NvU64),
+        ("status", NvU32),
+    ]
+
+
+class nv_ioctl_nvos02_parameters_with_fd(Struct):  # nv-ioctl.h
+    _fields_ = [("params", NVOS02_PARAMETERS), ("fd", ctypes.c_int)]
+
+
+# NVOS02 flags (nvos.h): the OS descriptor of host memory Bob allocated itself.
+NVOS02_FLAGS_PHYSICALITY_NONCONTIGUOUS = 0x1 << 4  # 7:4
+NVOS02_FLAGS_LOCATION_PCI = 0x0 << 8  # 11:8
+NVOS02_FLAGS_COHERENCY_CACHED = 0x1 << 12  # 15:12
+NVOS02_FLAGS_MAPPING_NO_MAP = 0x1 << 30  # 31:30: RM makes no CPU mapping of its own
 
 
 class NVOS33_PARAMETERS(Struct):  # RM_MAP_MEMORY (CPU mapping)
