@@ -12,15 +12,13 @@ import pytest
 from bob.backends import BackendChoice, choose_backend
 from bob.backends.base import Backend
 from bob.backends.cuda import (
-    LANDING_BYTES,
-    LANDING_MIN_BYTES,
     UPLOAD_CHUNK_BYTES,
     CudaBackend,
-    Landing,
     ParameterStore,
     _LaunchArguments,
     kernel_parameters,
 )
+from bob.backends.landing import LANDING_BYTES, LANDING_MIN_BYTES, Landing
 from bob.config import CHECKPOINT_TENSORS, Hyper
 from bob.errors import RunFailure
 from bob.host.check import random_record

@@ -16,6 +16,7 @@ import re
 import struct
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from bob.backends.base import ArenaRangeError
@@ -167,6 +168,8 @@ class FakeDriver:
         self.next_handle = 0xC1D00000
         self.next_va = 0x40_0000_0000
         self.controls: list[int] = []
+        self.host_memory: dict[int, tuple[int, int, int, int]] = {}  # -> address, size, flags, fd
+        self.freed: list[int] = []
 
     def transport(self, files=None) -> ioctl.FakeTransport:
         files = files or {s.CONTROL_DEVICE: CTL, s.GPU_DEVICE.format(minor=0): GPU}
@@ -184,9 +187,13 @@ class FakeDriver:
             argument.status = 0
         elif number == s.NV_ESC_RM_MAP_MEMORY:
             argument.params.status = 0
-        elif number in (s.NV_ESC_RM_FREE, s.NV_ESC_REGISTER_FD):
-            if hasattr(argument, "status"):
-                argument.status = 0
+        elif number == s.NV_ESC_RM_ALLOC_MEMORY:
+            self.alloc_memory(fd, argument.params)
+        elif number == s.NV_ESC_RM_FREE:
+            self.freed.append(argument.hObjectOld)
+            argument.status = 0
+        elif number == s.NV_ESC_REGISTER_FD:
+            pass
         else:
             raise OSError(errno.ENOTTY, "unknown escape")
 
@@ -205,6 +212,17 @@ class FakeDriver:
             self.virtual_va[handle] = params.offset
         request.hObjectNew = handle
         request.status = 0
+
+    def alloc_memory(self, fd, params):
+        """RM_ALLOC_MEMORY: only OS descriptors (process memory) are described here."""
+        assert params.hClass == s.NV01_MEMORY_SYSTEM_OS_DESCRIPTOR
+        if params.hClass in self.refuse:
+            params.status = self.refuse[params.hClass]
+            return
+        assert params.hObjectNew not in self.objects  # the caller chose a fresh handle
+        self.objects[params.hObjectNew] = (params.hClass, params.hObjectParent)
+        self.host_memory[params.hObjectNew] = (params.pMemory, params.limit + 1, params.flags, fd)
+        params.status = 0
 
     def control(self, request):
         self.controls.append(request.cmd)
@@ -315,6 +333,53 @@ def test_allocation_sizes_and_addresses_are_checked():
         allocate(device, 4096, location="vidmem")
     with pytest.raises(ValueError, match="not a page address"):
         allocate(device, 4096, location="sysmem", gpu_va=0x1234)
+
+
+def test_host_memory_is_described_to_the_driver_on_the_gpu_file():
+    from bob.backends.nv.rm.memory import describe_host, release
+
+    driver = FakeDriver()
+    device = RmDevice(RmClient(driver.transport()))
+    buffer = np.zeros(3 * 4096 + 4096, np.uint8)
+    address = buffer.ctypes.data + (-buffer.ctypes.data % 4096)
+    block = describe_host(device, address, 3 * 4096, name="landing")
+    (handle, (described, size, flags, fd)), = driver.host_memory.items()
+    assert (block.memory, described, size, fd) == (handle, address, 3 * 4096, GPU)
+    assert driver.objects[handle] == (s.NV01_MEMORY_SYSTEM_OS_DESCRIPTOR, device.device)
+    # non-contiguous (7:4 = 1), PCI (11:8 = 0), cached (15:12 = 1), no CPU mapping (31:30 = 1)
+    assert flags == 0x4000_1010
+    assert block.gpu_va == driver.virtual_va[block.virtual]
+    virtual = block.virtual
+    release(device, block)
+    assert driver.freed[-2:] == [virtual, handle]  # the mapping goes before the memory
+    assert block.gpu_va is None and block.memory == 0
+
+
+def test_host_memory_must_be_whole_pages_and_a_refusal_names_the_class():
+    from bob.backends.nv.rm.memory import describe_host, host_allocation
+
+    driver = FakeDriver(refuse={s.NV01_MEMORY_SYSTEM_OS_DESCRIPTOR: 0x51})
+    device = RmDevice(RmClient(driver.transport()))
+    with pytest.raises(ValueError, match="whole 4096-byte pages, not 4096 bytes at 0x1001"):
+        describe_host(device, 0x1001, 4096)
+    with pytest.raises(ValueError, match="whole 4096-byte pages, not 100"):
+        host_allocation(device, 100)
+    with pytest.raises(ioctl.RmStatusError, match=r"NV01_MEMORY_SYSTEM_OS_DESCRIPTOR.*"
+                       r"NV_ERR_NO_MEMORY"):
+        host_allocation(device, 4096, name="staging")
+    assert not driver.host_memory and not driver.virtual_va  # nothing described or mapped
+
+
+def test_a_host_allocation_is_process_memory_the_cpu_reads_directly():
+    from bob.backends.nv.rm.memory import host_allocation
+
+    driver = FakeDriver()
+    device = RmDevice(RmClient(driver.transport()))
+    block = host_allocation(device, 8192, gpu_va=0x30_0000_0000, name="staging")
+    block.write(4090, b"bob!")
+    (described, size, _, _), = driver.host_memory.values()
+    assert ctypes.string_at(described + 4090, 4) == b"bob!" and size == 8192
+    assert block.gpu_va == 0x30_0000_0000 and block.read(4090, 4) == b"bob!"
 
 
 # -- the channel ---------------------------------------------------------------------------

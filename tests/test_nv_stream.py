@@ -5,7 +5,9 @@ a fake GPU that executes the runtime segments it is handed (decoded from the byt
 
 from __future__ import annotations
 
+import ctypes
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -133,6 +135,28 @@ def test_stamps_pair_into_launch_times():
 # -- a fake GPU for the runtime stream ---------------------------------------------------------
 
 
+@dataclass
+class HostMemory:
+    """A landing buffer as the fake GPU reaches it: process memory at `address`."""
+
+    address: int
+    block: object
+
+    @property
+    def gpu_va(self) -> int:
+        return self.block.gpu_va
+
+    @property
+    def size(self) -> int:
+        return self.block.size
+
+    def read(self, offset: int, size: int) -> bytes:
+        return ctypes.string_at(self.address + offset, size)
+
+    def write(self, offset: int, data: bytes) -> None:
+        ctypes.memmove(self.address + offset, data, len(data))
+
+
 class FakeGpu:
     """Executes what the channel was handed: runtime segments (copies, releases) from the
     bytes, plan submissions as launches of a known duration (1 us * (launch + 1))."""
@@ -156,6 +180,7 @@ class FakeGpu:
         if stream is not None:
             found += [b for b in (stream.block, stream.staging, stream.profile_buffer) if b]
         found.append(backend.channel.ring)
+        found += [HostMemory(address, block) for address, block in backend._described.items()]
         return found
 
     def memory(self, address: int, size: int):
@@ -283,6 +308,74 @@ def test_large_reads_and_writes_go_through_the_copy_engine(monkeypatch):
     assert stream.counter == stream.completed == 8
     small = backend.read_tensor("initial_loss")  # below the threshold: read through BAR1
     assert stream.counter == 8 and len(small) == backend.plan.tensor("initial_loss").bytes < 4096
+    backend.close()
+
+
+def _small_landing(monkeypatch) -> None:
+    """Landing buffers for reads from 64 KiB (the fake plans' tables are 256 KiB)."""
+    from bob.backends import landing
+
+    monkeypatch.setattr(nv_backend, "LANDING_MIN_BYTES", 64 << 10)
+    monkeypatch.setattr(landing, "LANDING_MIN_BYTES", 64 << 10)
+
+
+def test_a_large_read_lands_in_a_described_host_buffer_handed_out_as_the_tables(monkeypatch):
+    monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
+    _small_landing(monkeypatch)
+    backend, gpu = _open(monkeypatch)
+    driver = backend.client.transport.handler.__self__
+    names = ("parameters", "first_moment", "initial_loss")
+    written = {name: np.random.default_rng(len(name)).integers(
+        0, 255, backend.plan.tensor(name).bytes, np.uint8) for name in names}
+    for name, data in written.items():
+        backend.write_tensor(name, data)
+    staging = set(driver.host_memory)  # the staging is process memory described once too
+    tables = backend.begin_read(names).wait()
+    for name in names:
+        assert np.array_equal(tables[name], written[name])
+    (landing, (address, size, _, _)), = {h: m for h, m in driver.host_memory.items()
+                                         if h not in staging}.items()
+    # The tables are views of the described buffer itself, packed in the order asked.
+    assert tables["parameters"].ctypes.data == address and address % 4096 == 0
+    assert size >= sum(len(t) for t in tables.values())
+    del tables
+    again = backend.begin_read(names).wait()  # the buffer came back: no new description
+    assert len(driver.host_memory) == len(staging) + 1
+    assert again["parameters"].ctypes.data == address
+    backend.close()
+    assert landing in driver.freed  # closing releases the description; the arrays stay
+    assert np.array_equal(again["first_moment"], written["first_moment"])
+
+
+def test_a_read_while_every_landing_buffer_is_held_goes_through_the_staging(monkeypatch):
+    monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
+    _small_landing(monkeypatch)
+    backend, gpu = _open(monkeypatch)
+    table = np.arange(256 * 256, dtype=np.float32)
+    backend.write_tensor("parameters", table)
+    held = [backend.begin_read(["parameters"]).wait() for _ in range(4)]
+    assert len({h["parameters"].ctypes.data for h in held}) == 4  # LANDING_BUFFERS
+    extra = backend.begin_read(["parameters"]).wait()["parameters"]
+    assert extra.ctypes.data not in {h["parameters"].ctypes.data for h in held}
+    assert np.array_equal(extra.view(np.float32), table)
+    backend.close()
+
+
+def test_a_refused_os_descriptor_leaves_the_staging_in_rm_memory(monkeypatch):
+    from bob.backends.nv.rm import structs as s
+
+    monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
+    gpu = FakeGpu(monkeypatch)
+    driver = FakeDriver(refuse={s.NV01_MEMORY_SYSTEM_OS_DESCRIPTOR: 0x51})
+    backend = nv_backend.NvBackend(bob_plan(1, 2, target=_sm90(), compiled=True, registers=24,
+                                            shared_bytes=2048),
+                                   transport=driver.transport(), deadline_s=0.01)
+    gpu.backend = backend
+    table = np.arange(256 * 256, dtype=np.float32).tobytes()
+    backend.write_tensor("parameters", table)
+    assert "RM system memory" in backend.stream.staging_note
+    assert "NV_ERR_NO_MEMORY" in backend.stream.staging_note
+    assert backend.read_tensor("parameters") == table
     backend.close()
 
 

@@ -51,8 +51,7 @@ import contextlib
 import ctypes
 import os
 import struct
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +60,7 @@ from typing import Any, Literal
 import numpy as np
 
 from bob.backends.base import Backend, Patch, ReadHandle
+from bob.backends.landing import Landing
 from bob.config import ARENA_KINDS
 from bob.errors import BackendUnavailable, RunFailure
 from bob.kernels.cuda.compile import NvrtcError, nvrtc_version
@@ -424,73 +424,6 @@ class _ReadStaging:
     host: int  # pinned host memory, 0 until a read finds no landing buffer free
     stream: Any  # CUstream, non-blocking: it runs beside the graph's stream
     snapped: Any  # CUevent
-
-
-LANDING_BYTES = 8 << 30  # page-locked memory the landing buffers may take together
-LANDING_MIN_BYTES = 64 << 20  # smaller reads are copied out of the staging (cheap)
-LANDING_BUFFERS = 4  # at most: the arena's checkpoint, the caller's, the writer's, the next
-PAGE = 4096
-
-
-class Landing:
-    """Page-locked host buffers that reads land in and are handed out as, with no copy.
-
-    A buffer is reused once no array of its read is alive any more (a finalizer on the
-    object every such array refers to gives it back); while all are in use, or when a
-    read is too large for two of them, reads go through the staging and are copied out.
-    Closing unregisters every buffer: arrays still alive stay valid, as ordinary memory.
-    """
-
-    def __init__(self, size: int, register: Callable[[int, int], None],
-                 unregister: Callable[[int], None]):
-        self.size = size
-        self.limit = min(LANDING_BUFFERS, LANDING_BYTES // max(1, size))
-        self._register, self._unregister = register, unregister
-        self._free: list[np.ndarray] = []
-        self._made: list[np.ndarray] = []
-        self._closed = False
-
-    @property
-    def usable(self) -> bool:
-        return self.size >= LANDING_MIN_BYTES and self.limit >= 2 and not self._closed
-
-    def take(self) -> np.ndarray | None:
-        """A free buffer of `size` bytes (page-aligned, registered), or None."""
-        if not self.usable:
-            return None
-        if self._free:
-            return self._free.pop()
-        if len(self._made) >= self.limit:
-            return None
-        raw = np.empty(self.size + PAGE, np.uint8)
-        skip = -raw.ctypes.data % PAGE
-        buffer = raw[skip:skip + self.size]
-        self._register(buffer.ctypes.data, self.size)
-        self._made.append(buffer)
-        return buffer
-
-    def hand_out(self, buffer: np.ndarray) -> np.ndarray:
-        """`buffer` as an array whose last user, when gone, gives the buffer back."""
-        holder = (ctypes.c_char * self.size).from_buffer(buffer)
-        weakref.finalize(holder, self._give_back, buffer)
-        return np.frombuffer(holder, np.uint8)
-
-    def _give_back(self, buffer: np.ndarray) -> None:
-        if not self._closed:
-            self._free.append(buffer)
-
-    def close(self) -> None:
-        """Unregister every buffer (in use or not); the first error is raised."""
-        self._closed = True
-        made, self._made, self._free = self._made, [], []
-        errors = []
-        for buffer in made:
-            try:
-                self._unregister(buffer.ctypes.data)
-            except CudaError as error:
-                errors.append(error)
-        if errors:
-            raise errors[0]
 
 
 class _CudaRead(ReadHandle):

@@ -40,11 +40,14 @@ command line's and the API's default) builds chained plans for this backend
 
 from __future__ import annotations
 
+import contextlib
 import struct
+from collections.abc import Sequence
 
 import numpy as np
 
-from bob.backends.base import Backend, Patch
+from bob.backends.base import Backend, Patch, ReadHandle
+from bob.backends.landing import LANDING_MIN_BYTES, Landing
 from bob.backends.nv.encoder import (
     LAUNCH_PROGRESS_OFFSET,
     SEMAPHORE_SLOT_BYTES,
@@ -60,12 +63,21 @@ from bob.plan.model import Component, Plan, Scalar
 from .channel import Channel
 from .device import RmClient, RmDevice
 from .ioctl import ChannelError, RmError, SubmissionTimeout, Transport
-from .memory import SYSMEM_GRANULE, VIDMEM_GRANULE, Allocation, allocate, round_up
-from .stream import COPY_THRESHOLD, RuntimeStream
+from .memory import (
+    SYSMEM_GRANULE,
+    VIDMEM_GRANULE,
+    Allocation,
+    allocate,
+    describe_host,
+    release,
+    round_up,
+)
+from .stream import COPY_PIECE_BYTES, COPY_THRESHOLD, RuntimeStream
 
 SUPPORTED_TARGET = "sm_90"
 DEFAULT_DEADLINE_S = 30.0  # without progress; the clock restarts whenever GP_GET moves
 SEMAPHORE_BYTES = 8  # each submission releases a 64-bit value into its slot
+LANDING_ALIGNMENT = 256  # tensors packed in a landing buffer start at this alignment
 
 
 def nv_available() -> tuple[bool, str]:
@@ -112,6 +124,8 @@ class NvBackend(Backend):
         self._counter_start = counter_start
         self._failure = ""  # why the backend closed itself (a channel error)
         self._no_stream = ""  # why the runtime stream could not be set up, if it could not
+        self._landing: Landing | None = None  # host buffers large reads land in (begin_read)
+        self._described: dict[int, Allocation] = {}  # landing buffer address -> its mapping
         self.encoded: EncodedProgram = encode(self.certified)
         self.client = RmClient(transport)
         self.blocks: dict[str, Allocation] = {}
@@ -195,6 +209,57 @@ class NvBackend(Backend):
             assert arena.gpu_va is not None
             return self._guarded(lambda: self.stream.read(arena.gpu_va + offset, size))
         return arena.read(offset, size)
+
+    def begin_read(self, names: Sequence[str]) -> ReadHandle:
+        """Large reads of the device arena land, by copy engine, in one host buffer handed
+        out as the tensors (packed, no copy on the host); small ones read as before."""
+        layout: list[tuple[str, int, int, int]] = []  # name, arena offset, position, bytes
+        end = 0
+        for name in names:
+            size = self.plan.tensor(name).bytes
+            layout.append((name, self._arena_offset(name, 0, size), end, size))
+            end += -(-size // LANDING_ALIGNMENT) * LANDING_ALIGNMENT
+        if end < LANDING_MIN_BYTES or not self._copies(end):
+            return super().begin_read(names)
+        self.wait()
+        landing = self._landing_for(round_up(end, SYSMEM_GRANULE))  # described in pages
+        buffer = landing.take()
+        if buffer is None:  # every buffer is still in use
+            return super().begin_read(names)
+        arena = self.blocks["arena"]
+        destination = self._described[buffer.ctypes.data].gpu_va
+        assert arena.gpu_va is not None and destination is not None
+        pieces = [(arena.gpu_va + offset + done, destination + position + done,
+                   min(COPY_PIECE_BYTES, size - done))
+                  for _, offset, position, size in layout
+                  for done in range(0, size, COPY_PIECE_BYTES)]
+        self._guarded(lambda: self.stream.copy_pieces(pieces))
+        whole = landing.hand_out(buffer)
+        return ReadHandle({name: whole[position:position + size]
+                           for name, _, position, size in layout})
+
+    def _landing_for(self, size: int) -> Landing:
+        """The landing buffers for reads of `size` bytes (made anew when the size changes),
+        each described to the driver once, when made."""
+        if self._landing is None or self._landing.size != size:
+            self._close_landing()
+            self._landing = Landing(size, self._describe, self._forget)
+        return self._landing
+
+    def _describe(self, address: int, size: int) -> None:
+        assert self.device is not None
+        self._described[address] = describe_host(self.device, address, size,
+                                                 name="landing buffer")
+
+    def _forget(self, address: int) -> None:
+        block = self._described.pop(address)
+        if self.device is not None:
+            release(self.device, block)
+
+    def _close_landing(self) -> None:
+        landing, self._landing = self._landing, None
+        if landing is not None:
+            landing.close()
 
     def _run(self, submissions: range) -> None:
         self._require_open()
@@ -365,6 +430,10 @@ class NvBackend(Backend):
         return self._patched_words[1]
 
     def close(self) -> None:
+        # Before the channel and the client go: the buffers' arrays stay valid as memory.
+        with contextlib.suppress(RmError):
+            self._close_landing()
+        self._described.clear()
         if self._stream is not None:
             self._stream.close()
             self._stream = None

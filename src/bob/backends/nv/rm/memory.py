@@ -208,47 +208,67 @@ def _reserve_and_map(device: RmDevice, block: Allocation, gpu_va: int | None,
 _host_handles = iter(range(0xB0B0_0001, 0xB0B0_FFFF))  # RM's own handles start at 0xcaf00000
 
 
+def describe_host(device: RmDevice, address: int, size: int, *, gpu_va: int | None = None,
+                  name: str = "host buffer", cpu: mmap.mmap | None = None) -> Allocation:
+    """Process memory at `address` (whole pages the caller keeps mapped) pinned by RM as
+    an OS descriptor and mapped for the GPU; `release` undoes it.
+
+    The CPU keeps reading it at memory speed. RM's own system memory reaches the
+    process through the driver's mapping, which read at about 1 GB/s on the H200
+    (32 MiB in 29.7 ms), so large transfers land in memory of Bob's own instead.
+    """
+    if size <= 0 or size % SYSMEM_GRANULE or address % SYSMEM_GRANULE:
+        raise ValueError(f"{name}: host memory is described in whole {SYSMEM_GRANULE}-byte "
+                         f"pages, not {size} bytes at 0x{address:x}")
+    client = device.client
+    flags = (s.NVOS02_FLAGS_PHYSICALITY_NONCONTIGUOUS | s.NVOS02_FLAGS_LOCATION_PCI
+             | s.NVOS02_FLAGS_COHERENCY_CACHED | s.NVOS02_FLAGS_MAPPING_NO_MAP)
+    call = f"RM_ALLOC_MEMORY(NV01_MEMORY_SYSTEM_OS_DESCRIPTOR, {name}, {size} bytes)"
+    request = s.nv_ioctl_nvos02_parameters_with_fd(
+        params=s.NVOS02_PARAMETERS(hRoot=client.root, hObjectParent=device.device,
+                                   hObjectNew=next(_host_handles),
+                                   hClass=s.NV01_MEMORY_SYSTEM_OS_DESCRIPTOR,
+                                   flags=flags, pMemory=address, limit=size - 1),
+        fd=-1)
+    # The GPU file, as the driver's own clients send it.
+    escape(client.transport, client.open_gpu_file(), s.NV_ESC_RM_ALLOC_MEMORY, request, call)
+    check_status(call, request.params.status)
+    block = Allocation(name, "sysmem", size, request.params.hObjectNew, cpu=cpu)
+    try:
+        _reserve_and_map(device, block, gpu_va, snoop=True)
+    except BaseException:
+        release(device, block)
+        raise
+    client.log(f"{call} -> handle 0x{block.memory:08x} at GPU 0x{block.gpu_va:x}")
+    return block
+
+
+def release(device: RmDevice, block: Allocation) -> None:
+    """Free a block's GPU mapping and memory objects (the root client's teardown frees
+    what is left; this is for blocks that go earlier)."""
+    block.close()
+    for handle in (block.virtual, block.memory):
+        if handle:
+            device.client.free(handle, device.device)
+    block.virtual = block.memory = 0
+    block.gpu_va = None
+
+
 def host_allocation(device: RmDevice, size: int, *, gpu_va: int | None = None,
                     name: str = "host buffer") -> Allocation:
-    """`size` bytes of ordinary (cached, pageable) process memory, pinned by RM as an OS
-    descriptor and mapped for the GPU.
-
-    The CPU reads it at memory speed. RM's own system memory reaches the process
-    through the driver's mapping, which read at uncached rates on the H200 (about
-    320 MB/s), so large read-backs land here instead.
-    """
+    """`size` bytes of fresh process memory (cached, shared anonymous pages) described to
+    RM and mapped for the GPU; the CPU view is the mapping itself."""
     if size <= 0 or size % SYSMEM_GRANULE:
         raise ValueError(f"host allocations are whole {SYSMEM_GRANULE}-byte pages, not {size}")
-    client = device.client
     memory = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
     anchor = ctypes.c_char.from_buffer(memory)
     address = ctypes.addressof(anchor)
     del anchor  # the address stays valid while `memory` is mapped
-    handle = next(_host_handles)
-    flags = (s.NVOS02_FLAGS_PHYSICALITY_NONCONTIGUOUS | s.NVOS02_FLAGS_LOCATION_PCI
-             | s.NVOS02_FLAGS_COHERENCY_CACHED | s.NVOS02_FLAGS_MAPPING_NO_MAP)
-    call = f"RM_ALLOC_MEMORY(NV01_MEMORY_SYSTEM_OS_DESCRIPTOR, {name}, {size} bytes)"
-    error: RmError | None = None
-    for open_file in (client.open_gpu_file, lambda: client.ctl):
-        request = s.nv_ioctl_nvos02_parameters_with_fd(
-            params=s.NVOS02_PARAMETERS(hRoot=client.root, hObjectParent=device.device,
-                                       hObjectNew=handle,
-                                       hClass=s.NV01_MEMORY_SYSTEM_OS_DESCRIPTOR,
-                                       flags=flags, pMemory=address, limit=size - 1),
-            fd=-1)
-        try:
-            escape(client.transport, open_file(), s.NV_ESC_RM_ALLOC_MEMORY, request, call)
-            check_status(call, request.params.status)
-        except RmError as refused:
-            error = refused
-            continue
-        block = Allocation(name, "sysmem", size, request.params.hObjectNew, cpu=memory)
-        _reserve_and_map(device, block, gpu_va, snoop=True)
-        client.log(f"{call} -> handle 0x{block.memory:08x} at GPU 0x{block.gpu_va:x}")
-        return block
-    memory.close()
-    assert error is not None
-    raise error
+    try:
+        return describe_host(device, address, size, gpu_va=gpu_va, name=name, cpu=memory)
+    except BaseException:
+        memory.close()
+        raise
 
 
 def allocate(device: RmDevice, size: int, *, location: Location = "vidmem",

@@ -5,7 +5,7 @@ adds goes in a second, runtime-owned area of uncached system memory mapped
 below every plan::
 
     RUNTIME_VA_BASE + 1 MiB   runtime block: pushbuffer segments, then the counter slot
-    RUNTIME_VA_BASE + 256 MiB staging: pinned system memory for copy-engine transfers
+    RUNTIME_VA_BASE + 256 MiB staging: process memory pinned for copy-engine transfers
     RUNTIME_VA_BASE + 512 MiB profile: timestamp structures and their segments
 
 Copies run on the channel's copy engine: HOPPER_DMA_COPY_A is allocated on the
@@ -42,7 +42,7 @@ from . import structs as s
 from .channel import RUNTIME_VA_BASE, Channel
 from .device import RmDevice
 from .ioctl import RmError
-from .memory import SYSMEM_GRANULE, Allocation, allocate, round_up
+from .memory import SYSMEM_GRANULE, Allocation, allocate, host_allocation, round_up
 
 RUNTIME_BLOCK_VA = RUNTIME_VA_BASE + (1 << 20)
 STAGING_VA = RUNTIME_VA_BASE + (256 << 20)
@@ -52,6 +52,7 @@ COUNTER_OFFSET = RUNTIME_PUSHBUFFER_BYTES  # the 64-bit runtime counter, after t
 RUNTIME_BLOCK_BYTES = 64 << 10
 STAGING_BYTES = 32 << 20  # pinned once per backend; larger transfers go in chunks
 COPY_THRESHOLD = 1 << 20  # smaller reads and writes stay CPU accesses through the mapping
+COPY_PIECE_BYTES = 1 << 30  # one copy line at most (the line length is a 32-bit field)
 PROFILE_LIMIT = 100_000  # launches timed per fill of the profile buffer
 SEGMENT_STRIDE = 32  # one timestamped release is 6 words
 PROFILE_SEGMENTS = 2 * PROFILE_LIMIT * TIMESTAMP_RELEASE_BYTES  # segments after the structures
@@ -131,6 +132,7 @@ class RuntimeStream:
         self.profile_buffer: Allocation | None = None
         self.copy_object = 0
         self.copy_refused = ""  # why large transfers stay CPU accesses, when they do
+        self.staging_note = "process memory described to the driver"
         self._counter = self.block.u64(COUNTER_OFFSET)
         self._counter.value = start
         if s.HOPPER_DMA_COPY_A not in device.classes:
@@ -138,11 +140,20 @@ class RuntimeStream:
             return
         try:
             self.copy_object = device.client.alloc(channel.handle, s.HOPPER_DMA_COPY_A)
-            self.staging = allocate(device, STAGING_BYTES, location="sysmem", gpu_va=STAGING_VA,
-                                    cached=True, name="copy staging")
+            self.staging = self._staging_memory(device)
         except RmError as error:
             self.copy_refused = f"the copy engine is not available: {error}"
         self._bound = False  # the first batch of copies binds the class on its subchannel
+
+    def _staging_memory(self, device: RmDevice) -> Allocation:
+        """Memory of Bob's own described to the driver (the CPU reads it at memory speed),
+        or, where the driver refuses that, RM's cached system memory."""
+        try:
+            return host_allocation(device, STAGING_BYTES, gpu_va=STAGING_VA, name="copy staging")
+        except RmError as error:
+            self.staging_note = f"RM system memory (an OS descriptor was refused: {error})"
+            return allocate(device, STAGING_BYTES, location="sysmem", gpu_va=STAGING_VA,
+                            cached=True, name="copy staging")
 
     @property
     def copies(self) -> bool:
@@ -165,14 +176,26 @@ class RuntimeStream:
                                           len(data) // WORD_BYTES)])
         self._wait(lambda: self.completed, target, f"copy-engine batch {target}")
 
+    def copy_pieces(self, pieces: list[tuple[int, int, int]]) -> None:
+        """Copy (source, destination, bytes) pieces between GPU addresses (memory of either
+        side), each at most COPY_PIECE_BYTES, in one batch."""
+        if any(not 0 < size <= COPY_PIECE_BYTES for *_, size in pieces):
+            raise ValueError(f"a copy piece is 1 to {COPY_PIECE_BYTES} bytes")
+        if pieces:
+            self._submit_copies(pieces)
+
     def read(self, source: int, size: int) -> bytes:
         """`size` bytes from GPU address `source`: copied into staging, chunk by chunk."""
-        assert self.staging is not None
+        assert self.staging is not None and self.staging.cpu is not None
         out = bytearray(size)
-        for done in range(0, size, STAGING_BYTES):
-            chunk = min(STAGING_BYTES, size - done)
-            self._submit_copies([(source + done, STAGING_VA, chunk)])
-            out[done:done + chunk] = self.staging.read(0, chunk)
+        staged = memoryview(self.staging.cpu)
+        try:
+            for done in range(0, size, STAGING_BYTES):
+                chunk = min(STAGING_BYTES, size - done)
+                self._submit_copies([(source + done, STAGING_VA, chunk)])
+                out[done:done + chunk] = staged[:chunk]
+        finally:
+            staged.release()
         return bytes(out)
 
     def write(self, destination: int, data: memoryview) -> None:
@@ -180,7 +203,7 @@ class RuntimeStream:
         assert self.staging is not None
         for done in range(0, len(data), STAGING_BYTES):
             chunk = data[done:done + STAGING_BYTES]
-            self.staging.write(0, bytes(chunk))
+            self.staging.write(0, chunk)
             self._submit_copies([(STAGING_VA, destination + done, len(chunk))])
 
     # -- timestamps ---------------------------------------------------------------------
