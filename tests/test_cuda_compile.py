@@ -286,3 +286,34 @@ def test_a_non_cubin_is_refused() -> None:
     elf32 = b"\x7fELF" + bytes([1, 1]) + bytes(58)
     with pytest.raises(CubinError, match="64-bit"):
         Cubin(elf32)
+
+
+# -- the stream kernels' tuning macro ----------------------------------------------------
+
+STREAM_ENTRIES = {sig.ENTRIES[sig.FUSED_STREAM_HARD], sig.ENTRIES[sig.FUSED_STREAM_CORPUS]}
+
+
+def kernel_codes(arch: str, macros: str) -> dict[str, bytes]:
+    """Bob's kernels compiled with `macros` in front, read as regions (which refuses any
+    kernel with a stack frame): each entry's code."""
+    shipped = nv_compile.shipped_source()
+    source = KernelSource(shipped.name, macros + shipped.text, shipped.headers)
+    regions = compiled_regions(arch, source)
+    kernels = Cubin(regions.image).kernels()
+    assert {k.entry: k.frame_bytes for k in kernels.values() if k.frame_bytes} == {}
+    for name in (sig.FUSED_STREAM_HARD, sig.FUSED_STREAM_CORPUS):
+        kernel = kernels[sig.ENTRIES[name]]
+        assert regions[name].block_x == 256 and kernel.registers <= 64  # 4 blocks per SM
+        assert kernel.static_shared_bytes <= 48 * 1024  # static shared memory's limit
+    return {k.entry: k.code for k in kernels.values()}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_stream_vector_on_and_off_compile_without_local_memory(arch: str) -> None:
+    """STREAM_VECTOR 1 (rows as float4 quads, the default) and 0 (the narrow kernels'
+    scalar streaming) both compile with no local memory, and the macro changes the stream
+    kernels' code and no other kernel's."""
+    vector = kernel_codes(arch, "#define STREAM_VECTOR 1\n")
+    scalar = kernel_codes(arch, "#define STREAM_VECTOR 0\n")
+    assert vector == kernel_codes(arch, "")  # 1 is the default
+    assert {entry for entry in vector if vector[entry] != scalar[entry]} == STREAM_ENTRIES

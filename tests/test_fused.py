@@ -21,7 +21,7 @@ from bob.host.session import Session, split_updates
 from bob.kernels import reference
 from bob.kernels import signatures as sig
 from bob.plan.certificate import certify
-from bob.plan.model import Address, Scalar
+from bob.plan.model import Address, PointerParam, Scalar
 from bob.plan.placement import SM86, SM90
 from bob.program.bob import (
     ADAM_SCALARS_TENSOR,
@@ -131,7 +131,8 @@ def test_figures_follow_the_documented_formulas(vocab, updates, training, prompt
 
 
 def test_the_fused_launches_and_their_footprints():
-    config = BobConfig(vocab=9000, prompts=1, updates=3, mode="hard", schedule="fused")
+    # V % 4 != 0: the narrow kernel streams (V % 4 == 0 goes to the stream kernel)
+    config = BobConfig(vocab=9002, prompts=1, updates=3, mode="hard", schedule="fused")
     plan = build_plan(config, SM86)
     fused = [launch for launch in plan.launches if launch.region == sig.FUSED_HARD]
     assert [launch.label for launch in fused] == ["fused[0]", "fused[1]", "fused[2]"]
@@ -143,7 +144,7 @@ def test_the_fused_launches_and_their_footprints():
         assert args["updates"] == Scalar.u32(1)
         assert args["finish"] == Scalar.u32(int(k == 2))  # only the last writes gradients
         assert args["adam_scalars"] == Address(scalars_base + 32 * k)
-        assert launch.grid.x == 9000
+        assert launch.grid.x == 9002
     assert {p.name for p in plan.placed_regions} == {
         sig.GATHER, sig.LOSS_HARD, sig.FUSED_HARD, sig.ARGMAX, sig.HEALTH}
     # the health check is the last launch, after the last fused one
@@ -239,20 +240,31 @@ def test_the_scalar_table_equals_the_per_step_scalars_bit_for_bit():
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
     """1024 < V <= 4096: the wide region; from where it is faster (4608 hard, 5121 corpus)
-    to 8192 the tall one (1024 threads a block); else narrow. One signature everywhere."""
+    to 8192 the tall one (1024 threads a block); other streamed rows the stream one when
+    V % 4 == 0, else narrow. One signature everywhere, the stream one's tables 16-byte
+    aligned (it moves them as float4)."""
     hard = mode == "hard"
     narrow = sig.FUSED_HARD if hard else sig.FUSED_CORPUS
     wide = sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS
     tall = sig.FUSED_TALL_HARD if hard else sig.FUSED_TALL_CORPUS
+    stream = sig.FUSED_STREAM_HARD if hard else sig.FUSED_STREAM_CORPUS
     first_tall = 4608 if hard else 5121
     for vocab, region, block in ((256, narrow, 256), (1024, narrow, 256), (1025, wide, 256),
-                                 (4096, wide, 256), (4097, narrow, 256),
-                                 (first_tall - 1, narrow, 256), (first_tall, tall, 1024),
-                                 (8192, tall, 1024), (8193, narrow, 256), (9000, narrow, 256)):
+                                 (4096, wide, 256), (4097, narrow, 256), (4100, stream, 256),
+                                 (first_tall - 1, narrow if hard else stream, 256),
+                                 (first_tall, tall, 1024),
+                                 (8192, tall, 1024), (8193, narrow, 256), (8196, stream, 256),
+                                 (9000, stream, 256), (9002, narrow, 256)):
         config = BobConfig(vocab=vocab, prompts=0, updates=2, mode=mode, schedule="fused")
-        assert config.fused_region == region
+        assert config.fused_region == region, vocab
         plan = build_plan(config, SM90)
+        assert certify(plan).holds, certify(plan).hazards
         fused = [launch for launch in plan.launches if launch.region == region]
         assert fused and all(launch.block.x == block for launch in fused)
         assert plan.region(region).block_x == block
-        assert plan.region(region).params == sig.SIGNATURES[narrow]
+        params = plan.region(region).params
+        assert [p.name for p in params] == [p.name for p in sig.SIGNATURES[narrow]]
+        quads = {p.name for p in params if isinstance(p, PointerParam) and p.align == 16}
+        tables = {"parameters", "first_moment", "second_moment"} | (set() if hard
+                                                                     else {"weights"})
+        assert quads == (tables if region == stream else set()), (vocab, quads)

@@ -328,7 +328,8 @@ def arena_for(region: str, vocab: int, count: int, rng: np.random.Generator, fin
 
 
 FUSED_REGIONS = (sig.FUSED_HARD, sig.FUSED_CORPUS, sig.FUSED_WIDE_HARD, sig.FUSED_WIDE_CORPUS,
-                 sig.FUSED_TALL_HARD, sig.FUSED_TALL_CORPUS)
+                 sig.FUSED_TALL_HARD, sig.FUSED_TALL_CORPUS, sig.FUSED_STREAM_HARD,
+                 sig.FUSED_STREAM_CORPUS)
 FOOTPRINT_CASES = [(region, 1) for region in sig.SIGNATURES] + [
     (region, 0) for region in FUSED_REGIONS]  # finish 0: no gradients, no loss
 

@@ -121,7 +121,7 @@ def test_the_encoder_encodes_a_plan_at_65536(schedule: str, target) -> None:
     assert encoded.program.base == plan.address_map.program.base
     # The fused launch's parameter block carries the 64-bit addresses of its tables.
     index = next(i for i, launch in enumerate(plan.launches)
-                 if launch.region in (sig.ADAMW, sig.FUSED_HARD))
+                 if launch.region in (sig.ADAMW, sig.FUSED_STREAM_HARD))
     decoded = decode_parameter_block(plan.target, plan.region(plan.launches[index].region),
                                      parameter_block(plan, index))
     assert decoded["second_moment"].address == plan.tensor("second_moment").address
@@ -135,7 +135,7 @@ def certify_and(plan):
 
 def test_the_fused_schedule_streams_one_update_per_launch_at_65536() -> None:
     config, plan = big_plan("fused", "hard", updates=3)
-    fused = [launch for launch in plan.launches if launch.region == sig.FUSED_HARD]
+    fused = [launch for launch in plan.launches if launch.region == sig.FUSED_STREAM_HARD]
     assert len(fused) == 3 == config.updates
     assert all(launch.grid.x == V for launch in fused)
 

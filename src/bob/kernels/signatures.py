@@ -11,8 +11,11 @@ these signatures.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bob.plan.model import (
     Footprint,
+    Param,
     PointerParam,
     Region,
     RegionCatalogue,
@@ -33,6 +36,10 @@ FUSED_WIDE_CORPUS = "bob-fused-train-wide-corpus"
 # And for rows of 4096 < V <= 8192, on chip in a block of 1024 threads: same bits.
 FUSED_TALL_HARD = "bob-fused-train-tall"
 FUSED_TALL_CORPUS = "bob-fused-train-tall-corpus"
+# And for streamed rows with V % 4 == 0 (beyond those): float4 loads and stores, so the
+# tables (and corpus weights) must be 16-byte aligned. Same bits.
+FUSED_STREAM_HARD = "bob-fused-train-stream"
+FUSED_STREAM_CORPUS = "bob-fused-train-stream-corpus"
 HEALTH = "bob-health"
 
 BLOCK = 256  # threads per block; reductions run over 256 lanes whatever the block
@@ -159,6 +166,17 @@ SIGNATURES[FUSED_WIDE_CORPUS] = SIGNATURES[FUSED_CORPUS]
 SIGNATURES[FUSED_TALL_HARD] = SIGNATURES[FUSED_HARD]
 SIGNATURES[FUSED_TALL_CORPUS] = SIGNATURES[FUSED_CORPUS]
 
+
+def _quad_aligned(params: tuple[Param, ...]) -> tuple[Param, ...]:
+    """The signature with the tables it loads as float4 (every V x V one) 16-byte aligned."""
+    return tuple(replace(p, align=QUAD_ALIGN)
+                 if isinstance(p, PointerParam) and p.footprint == _TABLE else p
+                 for p in params)
+
+
+SIGNATURES[FUSED_STREAM_HARD] = _quad_aligned(SIGNATURES[FUSED_HARD])
+SIGNATURES[FUSED_STREAM_CORPUS] = _quad_aligned(SIGNATURES[FUSED_CORPUS])
+
 # The CUDA entry point of each region.
 ENTRIES = {
     GATHER: "bob_row_gather",
@@ -172,6 +190,8 @@ ENTRIES = {
     FUSED_WIDE_CORPUS: "bob_fused_train_wide_corpus",
     FUSED_TALL_HARD: "bob_fused_train_tall_hard",
     FUSED_TALL_CORPUS: "bob_fused_train_tall_corpus",
+    FUSED_STREAM_HARD: "bob_fused_train_stream_hard",
+    FUSED_STREAM_CORPUS: "bob_fused_train_stream_corpus",
     HEALTH: "bob_health",
 }
 

@@ -125,6 +125,9 @@ TALL_VOCAB = 8192  # bob_kernels.cu: TALL_THREADS x TALL_SLOTS
 # tall against narrow): hard 108 vs 105 at V = 4097, 122 vs 128 at 4608; corpus 139 vs
 # 130 at 4608, 159 vs 158 at 5120, 211 vs 321 at 6000 (docs/BENCHMARKS.md).
 TALL_FROM_VOCAB = {"hard": 4608, "corpus": 5121}
+# The stream kernels move rows as float4 quads, so a row must start 16 bytes aligned:
+# V % 4 == 0 (bob_kernels.cu traps otherwise).
+STREAM_QUAD = 4
 
 
 @dataclass(frozen=True)
@@ -163,13 +166,16 @@ class BobConfig:
     @property
     def fused_region(self) -> str:
         """The narrow kernels (rows to 1024 in registers, longer rows streamed), the wide
-        ones whose rows up to WIDE_VOCAB stay on chip, or the tall ones (a block of 1024
-        threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB."""
+        ones whose rows up to WIDE_VOCAB stay on chip, the tall ones (a block of 1024
+        threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB, or, for the other
+        streamed rows with V % 4 == 0, the stream ones (float4 loads and stores)."""
         hard = self.mode == "hard"
         if RESIDENT_VOCAB < self.vocab <= WIDE_VOCAB:
             return sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS
         if TALL_FROM_VOCAB[self.mode] <= self.vocab <= TALL_VOCAB:
             return sig.FUSED_TALL_HARD if hard else sig.FUSED_TALL_CORPUS
+        if self.vocab > RESIDENT_VOCAB and self.vocab % STREAM_QUAD == 0:
+            return sig.FUSED_STREAM_HARD if hard else sig.FUSED_STREAM_CORPUS
         return sig.FUSED_HARD if self.mode == "hard" else sig.FUSED_CORPUS
 
     @property

@@ -900,6 +900,231 @@ static __device__ __forceinline__ float exponential_again(const FusedArgs& a, co
     return j < KEPT_EXPONENTIALS ? kept[j] : bob_exp2(exponent(w, m, a.log2e));
 }
 
+// -- streaming with vector loads (STREAM_VECTOR 1, rows with V % 4 == 0) -------------------
+//
+// Each thread moves quads: float4 loads and stores of four neighbouring elements. In round
+// r, thread (warp u, lane i of the warp) takes the quad at
+//     j = 1024 r + 256 (i / 8) + 32 u + 4 (i % 8),
+// so warp u's quads of a round are exactly the elements 1024 r + 256 n + 32 u + k (n < 4,
+// k < 32): those the tree's lanes 32 u + k take, in their own order n. A lane-order fold
+// (the row sum, the corpus weight sum) therefore needs only its warp: the warp stages its
+// values in shared memory, __syncwarp, and tree lane 32 u + k folds its four in order,
+// continuing its running partial from round to round; no block barrier until the tree.
+// Every pass uses this one mapping, so a thread reads back only the global and kept
+// values it wrote itself. A thread issues the loads of VECTOR_DEPTH rounds (UPDATE_DEPTH
+// in the update pass) before using any: the memory parallelism the scalar path lacks.
+// The max, whose value any order gives, is an integer max of order keys (as fused_small
+// and TallRow::max), falling back to the literal lane-order max when it is a zero.
+#ifndef STREAM_VECTOR
+#define STREAM_VECTOR 1  // the vector path for V % 4 == 0 (1), or the scalar path for all V (0)
+#endif
+#ifndef VECTOR_DEPTH
+#define VECTOR_DEPTH 4u  // rounds of loads in flight per thread in the max and sum passes
+#endif
+#ifndef UPDATE_DEPTH
+#define UPDATE_DEPTH 1u  // the same in the update pass (w, m, v and corpus t per round)
+#endif
+#define ROUND (4u * LANES)  // elements per round: one quad per thread
+#define QUADS_PER_WARP WARP  // a warp's staged values of one round: 32 quads
+
+#if STREAM_VECTOR
+// A round lies wholly inside kept or wholly past it, so a quad is all kept or none.
+static_assert(KEPT_EXPONENTIALS % ROUND == 0, "KEPT_EXPONENTIALS must be a multiple of 1024");
+
+// The offset in its round of this thread's quad (the mapping above).
+static __device__ __forceinline__ u32 quad_offset() {
+    const u32 i = threadIdx.x % WARP, u = threadIdx.x / WARP;
+    return LANES * (i / 8u) + WARP * u + 4u * (i % 8u);
+}
+
+static __device__ __forceinline__ u32 round_count(u32 vocab) {
+    return (vocab + ROUND - 1u) / ROUND;
+}
+
+// Component c of a quad (c a constant once unrolled: no local memory).
+static __device__ __forceinline__ float& part(float4& q, u32 c) {
+    return c == 0u ? q.x : c == 1u ? q.y : c == 2u ? q.z : q.w;
+}
+
+static __device__ __forceinline__ float4 load_quad(const float* p) { return *(const float4*)p; }
+
+static __device__ __forceinline__ float4 exponentials_of(float4 x, float m, float log2e) {
+    return float4{bob_exp2(exponent(x.x, m, log2e)), bob_exp2(exponent(x.y, m, log2e)),
+                  bob_exp2(exponent(x.z, m, log2e)), bob_exp2(exponent(x.w, m, log2e))};
+}
+
+static __device__ __forceinline__ float4 canonical_quad(float4 q) {
+    return float4{canonical(q.x), canonical(q.y), canonical(q.z), canonical(q.w)};
+}
+
+// Row max of w: each thread's select_max over its quads (any order gives the value), the
+// block's integer max of order keys, and the literal tree when that max is a zero.
+static __device__ float vector_max(const FusedArgs& a, const float* w, Lanes& lanes) {
+    const u32 offset = quad_offset(), rounds = round_count(a.vocab);
+    float held = f32(NEG_INF);
+    for (u32 first = 0; first < rounds; first += VECTOR_DEPTH) {
+        float4 x[VECTOR_DEPTH];
+#pragma unroll
+        for (u32 d = 0; d < VECTOR_DEPTH; ++d) {
+            const u32 j = ROUND * (first + d) + offset;
+            if (j < a.vocab) x[d] = load_quad(w + j);
+        }
+#pragma unroll
+        for (u32 d = 0; d < VECTOR_DEPTH; ++d) {
+            if (ROUND * (first + d) + offset < a.vocab) {
+#pragma unroll
+                for (u32 c = 0; c < 4u; ++c) held = select_max(held, part(x[d], c));
+            }
+        }
+    }
+    int* keys = (int*)lanes.next();  // a tree buffer: the same barrier discipline
+    const int key = __reduce_max_sync(FULL_WARP, order_key(held));  // held is never NaN
+    if (threadIdx.x % WARP == 0) keys[threadIdx.x / WARP] = key;
+    __syncthreads();  // also: the update pass's stores before the literal max's loads
+    const int best = __reduce_max_sync(FULL_WARP, keys[threadIdx.x % (LANES / WARP)]);
+    const float m = from_order_key(best);
+    if (m != 0.0f) return m;  // uniform: every warp reduced the same keys
+    return streaming_max(a, w, lanes);  // a zero: its sign is the lane order's
+}
+
+// What a lane-order fold sums: the row's exponentials e_j = exp2((w_j - m) log2e), or
+// the values themselves (corpus weights).
+struct RowSource {
+    const float* w;
+    bool exponentials;  // uniform
+    float m, log2e;
+    __device__ float4 value(float4 x) const {
+        return exponentials ? exponentials_of(x, m, log2e) : x;
+    }
+};
+
+// Lane l's partial l of a row sum: 0.0f + f_l + f_{l+256} + ..., in that order, f_j the
+// source's value of element j. Rounds inside KEPT_EXPONENTIALS stage their values in
+// `kept` (at their elements, where the update pass finds them), later rounds in the
+// warp's 32 quads of `staged`.
+static __device__ float lane_partial(const FusedArgs& a, const RowSource& source, float* kept,
+                                     float4* staged) {
+    const u32 offset = quad_offset(), rounds = round_count(a.vocab);
+    const u32 i = threadIdx.x % WARP;
+    float4* mine = staged + QUADS_PER_WARP * (threadIdx.x / WARP);
+    const float* warp_values = (const float*)mine;
+    float partial = 0.0f;
+    for (u32 first = 0; first < rounds; first += VECTOR_DEPTH) {
+        float4 x[VECTOR_DEPTH];
+#pragma unroll
+        for (u32 d = 0; d < VECTOR_DEPTH; ++d) {
+            const u32 j = ROUND * (first + d) + offset;
+            if (j < a.vocab) x[d] = load_quad(source.w + j);
+        }
+#pragma unroll
+        for (u32 d = 0; d < VECTOR_DEPTH; ++d) {
+            const u32 start = ROUND * (first + d);  // uniform
+            if (start >= a.vocab) break;
+            const bool in_kept = start < KEPT_EXPONENTIALS;
+            if (start + offset < a.vocab) {
+                const float4 f = source.value(x[d]);
+                if (in_kept) {
+                    *(float4*)(kept + start + offset) = f;
+                } else {
+                    mine[i] = f;  // values 32 n + k of the warp: tree lane 32 u + k's n-th
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (u32 n = 0; n < 4u; ++n) {
+                const u32 j = start + LANES * n + threadIdx.x;
+                if (j < a.vocab) {
+                    partial = add(partial, in_kept ? kept[j] : warp_values[WARP * n + i]);
+                }
+            }
+            __syncwarp();  // the folds read `mine` before the next round overwrites it
+        }
+    }
+    return partial;
+}
+
+// The update pass: per element today's operations (p, gradient, AdamW, canonical stores)
+// on quads; e_j from kept (this thread staged the quad) or computed again.
+template <bool CORPUS>
+static __device__ void vector_update(const FusedArgs& a, u64 base, const float* kept,
+                                     float row_max, float s, const AdamStep& step, u32 target,
+                                     float weight_sum) {
+    float* w = a.parameters + base;
+    float* m = a.first_moment + base;
+    float* v = a.second_moment + base;
+    const float* t = CORPUS ? a.weights + base : nullptr;
+    const u32 offset = quad_offset(), rounds = round_count(a.vocab);
+    for (u32 first = 0; first < rounds; first += UPDATE_DEPTH) {
+        float4 wq[UPDATE_DEPTH], mq[UPDATE_DEPTH], vq[UPDATE_DEPTH], tq[UPDATE_DEPTH];
+#pragma unroll
+        for (u32 d = 0; d < UPDATE_DEPTH; ++d) {
+            const u32 j = ROUND * (first + d) + offset;
+            if (j < a.vocab) {
+                wq[d] = load_quad(w + j);
+                mq[d] = load_quad(m + j);
+                vq[d] = load_quad(v + j);
+                tq[d] = CORPUS ? load_quad(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+            }
+        }
+#pragma unroll
+        for (u32 d = 0; d < UPDATE_DEPTH; ++d) {
+            const u32 j = ROUND * (first + d) + offset;
+            if (j < a.vocab) {
+#pragma unroll
+                for (u32 c = 0; c < 4u; ++c) {
+                    const float p = dvd(exponential_again(a, kept, part(wq[d], c), j + c,
+                                                          row_max), s);
+                    const float g = gradient<CORPUS>(a, p, j + c, target, weight_sum,
+                                                     part(tq[d], c));
+                    adamw_element(step, g, part(wq[d], c), part(mq[d], c), part(vq[d], c));
+                }
+                *(float4*)(w + j) = canonical_quad(wq[d]);
+                *(float4*)(m + j) = canonical_quad(mq[d]);
+                *(float4*)(v + j) = canonical_quad(vq[d]);
+            }
+        }
+    }
+}
+
+// The finish of a streamed row: gradients and loss of the final w, given its row max, row
+// sum and L = log2(s), with the first KEPT_EXPONENTIALS e_j in kept (a barrier since).
+// The loop of fused_streaming's finish, repeated rather than shared: so the narrow and
+// wide kernels compile to the very code measured before the stream kernels (the split
+// changed their instruction schedule).
+template <bool CORPUS>
+static __device__ void streaming_finish(const FusedArgs& a, Lanes& lanes, const float* kept,
+                                        float row_max, float s, float weight_sum, u32 target) {
+    const u64 base = (u64)blockIdx.x * a.vocab;
+    const float* w = a.parameters + base;
+    const float* t = CORPUS ? a.weights + base : nullptr;
+    const float big_l = bob_log2(s);
+    RowLoss<CORPUS> loss{0.0f};
+    for (u32 first = threadIdx.x; first < a.vocab; first += LANES * BATCH) {
+        float wb[BATCH], tb[BATCH];
+#pragma unroll
+        for (u32 b = 0; b < BATCH; ++b) {
+            const u32 j = first + LANES * b;
+            if (j < a.vocab) {
+                wb[b] = w[j];
+                tb[b] = CORPUS ? t[j] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (u32 b = 0; b < BATCH; ++b) {
+            const u32 j = first + LANES * b;
+            if (j < a.vocab) {
+                const float p = dvd(exponential_again(a, kept, wb[b], j, row_max), s);
+                a.gradients[base + j] = canonical(gradient<CORPUS>(a, p, j, target,
+                                                                   weight_sum, tb[b]));
+                loss.add_element(a, big_l, exponent(wb[b], row_max, a.log2e), j, target,
+                                 tb[b]);
+            }
+        }
+    }
+    loss.store(a, target, lanes);
+}
+#endif  // STREAM_VECTOR
+
 template <bool CORPUS>
 static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* kept,
                                        StagedScalars& scalars) {
@@ -979,6 +1204,36 @@ static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* 
     }
 }
 
+#if STREAM_VECTOR
+// The streamed row on quads (V % 4 == 0); the finish's gradient pass stays scalar. One
+// loop runs the updates and then the finish's max and sum, and one fold serves the
+// corpus weight sum and every row sum: each pass is inlined once (a smaller kernel, which
+// ptxas fits in 64 registers with no spill).
+template <bool CORPUS>
+static __device__ void fused_streaming_vector(const FusedArgs& a, Lanes& lanes, float* kept,
+                                              float4* staged, StagedScalars& scalars) {
+    const u64 base = (u64)blockIdx.x * a.vocab;
+    const float* w = a.parameters + base;
+    const float weight_sum =
+        CORPUS ? lanes.sum(lane_partial(a, RowSource{a.weights + base, false}, kept, staged))
+               : 0.0f;
+    const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
+    const u32 passes = a.updates + (a.finish ? 1u : 0u);
+    for (u32 k = 0; k < passes; ++k) {
+        if (k < a.updates) scalars.stage(a, k);
+        const float row_max = vector_max(a, w, lanes);
+        const float s =
+            lanes.sum(lane_partial(a, RowSource{w, true, row_max, a.log2e}, kept, staged));
+        if (k == a.updates) {  // the finish: the trees' barriers ordered the quads' stores
+            streaming_finish<CORPUS>(a, lanes, kept, row_max, s, weight_sum, target);
+            break;
+        }
+        const AdamStep step = scalars.step(a, k);  // after the trees' barriers
+        vector_update<CORPUS>(a, base, kept, row_max, s, step, target, weight_sum);
+    }
+}
+#endif  // STREAM_VECTOR
+
 // Shared memory of a fused block: the reductions' two buffers, the kept exponentials.
 struct __align__(16) FusedShared {
     float buffers[2][LANES];
@@ -1050,6 +1305,60 @@ extern "C" __global__ WIDE_BOUNDS void bob_fused_train_wide_corpus(
     const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
                       loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
     fused_train<true, WIDE_SLOTS>(a, shared);
+}
+
+// -- stream: rows with V % 4 == 0 streamed on quads ---------------------------------------
+//
+// The narrow kernels' streaming path on float4 loads and stores (fused_streaming_vector),
+// in kernels of their own: beside the resident and small paths in one 64-register kernel,
+// ptxas spilled (the slow paths of division and square root are subroutines every call
+// site shares), and a kernel here may not spill. With STREAM_VECTOR 0 they run the narrow
+// kernels' scalar streaming path instead, so one process can measure both.
+#ifndef STREAM_BOUNDS
+#define STREAM_BOUNDS __launch_bounds__(LANES, 4)  // 64 registers: 4 blocks of 256 per SM
+#endif
+
+struct __align__(16) StreamShared {
+    float buffers[2][LANES];
+    float scalars[2][LANES];  // StagedScalars
+    float4 staged[LANES];  // each warp's 32 quads of a round (lane_partial)
+    float kept[KEPT_EXPONENTIALS > 0 ? KEPT_EXPONENTIALS : 1];  // at a 16-byte offset
+};
+
+template <bool CORPUS>
+static __device__ void fused_train_stream(const FusedArgs& a) {
+    __shared__ StreamShared shared;
+    // Quads need 16-byte alignment: a row starts V floats after the last, and the
+    // signature declares the tables' bases 16-byte aligned.
+    if (blockDim.x != LANES || a.vocab % 4u != 0u) __trap();
+    if (blockIdx.x >= a.vocab) return;  // the whole block: no barrier is left waiting
+    Lanes lanes{shared.buffers, 0u};
+    StagedScalars scalars{shared.scalars[0], LANES};
+#if STREAM_VECTOR
+    fused_streaming_vector<CORPUS>(a, lanes, shared.kept, shared.staged, scalars);
+#else
+    fused_streaming<CORPUS>(a, lanes, shared.kept, scalars);
+#endif
+}
+
+extern "C" __global__ STREAM_BOUNDS void bob_fused_train_stream_hard(
+        float* parameters, float* first_moment, float* second_moment, float* gradients,
+        const u32* targets, float* loss, const float* adam_scalars, float log2e, float ln2,
+        float inverse_rows, u32 vocab, u32 updates, u32 finish) {
+    wait_for_prerequisites();
+    const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
+                      loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
+    fused_train_stream<false>(a);
+}
+
+extern "C" __global__ STREAM_BOUNDS void bob_fused_train_stream_corpus(
+        float* parameters, float* first_moment, float* second_moment, float* gradients,
+        const float* weights, float* loss, const float* adam_scalars, float log2e, float ln2,
+        u32 vocab, u32 updates, u32 finish) {
+    wait_for_prerequisites();
+    const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
+                      loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
+    fused_train_stream<true>(a);
 }
 
 // -- tall: a block of 1024 threads per row, the row on chip (V <= 8192) --------------------
