@@ -1,0 +1,53 @@
+"""The stream kernels (rows as float4 quads, V % 4 == 0) on the GPU, byte for byte against
+the seed schedule on the CPU: as shipped (STREAM_VECTOR 1) and compiled with
+STREAM_VECTOR 0 (today's scalar streaming path in the same kernels).
+
+    PYTHONPATH=src python -m pytest -m gpu tests/test_stream_gpu.py     # on a GPU machine
+
+The start table has a row of zeros (train_both), so the order-key max's fall back to the
+literal lane-order max (a maximum of zero) runs too.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import bob.kernels.signatures as sig
+import bob.program.bob as program
+from bob.backends import BackendChoice
+from bob.program.bob import BobConfig
+from test_fused_gpu import train_both
+
+gpu = pytest.mark.gpu
+
+
+def compiled_with(macros: str) -> BackendChoice:
+    """The cuda backend on Bob's kernels compiled with these #defines in front."""
+    from bob.backends.cuda import CudaBackend, device_arch
+    from bob.kernels.cuda.compile import KernelSource, shipped_source
+    from bob.kernels.cuda.regions import compiled_regions
+    from bob.plan.placement import TARGETS
+
+    shipped = shipped_source()
+    arch = device_arch()
+    regions = compiled_regions(arch, KernelSource(shipped.name, macros + shipped.text,
+                                                  shipped.headers))
+    return BackendChoice("cuda", TARGETS[arch], regions,
+                         lambda plan: CudaBackend(plan, regions))
+
+
+@gpu
+@pytest.mark.parametrize("macros", ["", "#define STREAM_VECTOR 0\n"], ids=["vector", "scalar"])
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+@pytest.mark.parametrize("vocab,steps,per_invocation", [
+    (1028, 3, 2),  # with the wide kernels off: two rounds, the last of one quad per warp
+    (4100, 5, 3),  # every update in one launch; a last round of a single quad
+    (9000, 3, 2),  # one launch per update; rounds past the kept exponentials, a partial one
+])
+def test_the_stream_kernels_equal_the_seed_on_the_cpu(monkeypatch: pytest.MonkeyPatch,
+                                                      macros: str, mode: str, vocab: int,
+                                                      steps: int, per_invocation: int) -> None:
+    monkeypatch.setattr(program, "WIDE_VOCAB", 1024)  # rows past 1024 stream
+    config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
+    assert config.fused_region in (sig.FUSED_STREAM_HARD, sig.FUSED_STREAM_CORPUS)
+    train_both(compiled_with(macros), config, steps)
