@@ -39,6 +39,7 @@ VARIANTS = {
     "vector (default)": "",
     "scalar twin (STREAM_VECTOR 0)": "#define STREAM_VECTOR 0\n",
     "vector, VECTOR_DEPTH 2": "#define VECTOR_DEPTH 2u\n",
+    "vector, 3 blocks/SM": "#define STREAM_BOUNDS __launch_bounds__(256, 3)\n",
     "vector, 2 blocks/SM, VECTOR_DEPTH 8, UPDATE_DEPTH 2":
         "#define STREAM_BOUNDS __launch_bounds__(256, 2)\n#define VECTOR_DEPTH 8u\n"
         "#define UPDATE_DEPTH 2u\n",

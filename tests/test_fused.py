@@ -265,6 +265,6 @@ def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
         params = plan.region(region).params
         assert [p.name for p in params] == [p.name for p in sig.SIGNATURES[narrow]]
         quads = {p.name for p in params if isinstance(p, PointerParam) and p.align == 16}
-        tables = {"parameters", "first_moment", "second_moment"} | (set() if hard
-                                                                     else {"weights"})
+        tables = {"parameters", "first_moment", "second_moment", "gradients"} | (
+            set() if hard else {"weights"})
         assert quads == (tables if region == stream else set()), (vocab, quads)

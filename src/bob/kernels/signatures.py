@@ -168,10 +168,10 @@ SIGNATURES[FUSED_TALL_CORPUS] = SIGNATURES[FUSED_CORPUS]
 
 
 def _quad_aligned(params: tuple[Param, ...]) -> tuple[Param, ...]:
-    """The signature with the tables it loads as float4 (every V x V one) 16-byte aligned."""
+    """The signature with the tables it moves as float4 (every V x V one) 16-byte aligned."""
     return tuple(replace(p, align=QUAD_ALIGN)
-                 if isinstance(p, PointerParam) and p.footprint == _TABLE else p
-                 for p in params)
+                 if isinstance(p, PointerParam) and p.footprint in (_TABLE, _FINISHED_TABLE)
+                 else p for p in params)
 
 
 SIGNATURES[FUSED_STREAM_HARD] = _quad_aligned(SIGNATURES[FUSED_HARD])

@@ -1086,43 +1086,75 @@ static __device__ void vector_update(const FusedArgs& a, u64 base, const float* 
     }
 }
 
-// The finish of a streamed row: gradients and loss of the final w, given its row max, row
-// sum and L = log2(s), with the first KEPT_EXPONENTIALS e_j in kept (a barrier since).
-// The loop of fused_streaming's finish, repeated rather than shared: so the narrow and
-// wide kernels compile to the very code measured before the stream kernels (the split
-// changed their instruction schedule).
+// The finish on quads: gradients of the final w (float4 stores) and its loss, with the
+// row max, row sum s and the first KEPT_EXPONENTIALS e_j in kept. Hard: the thread
+// holding the target stores the loss. Corpus: the loss terms (L - z_j) T_j are folded in
+// lane order as lane_partial folds, staged in the warp's quads of `staged`.
 template <bool CORPUS>
-static __device__ void streaming_finish(const FusedArgs& a, Lanes& lanes, const float* kept,
-                                        float row_max, float s, float weight_sum, u32 target) {
+static __device__ void vector_finish(const FusedArgs& a, Lanes& lanes, const float* kept,
+                                     float4* staged, float row_max, float s, float weight_sum,
+                                     u32 target) {
     const u64 base = (u64)blockIdx.x * a.vocab;
     const float* w = a.parameters + base;
     const float* t = CORPUS ? a.weights + base : nullptr;
+    float* g = a.gradients + base;
     const float big_l = bob_log2(s);
+    const u32 offset = quad_offset(), rounds = round_count(a.vocab);
+    const u32 i = threadIdx.x % WARP;
+    float4* mine = staged + QUADS_PER_WARP * (threadIdx.x / WARP);
+    const float* warp_terms = (const float*)mine;
+    // Half the rounds of the other passes: a round here holds a quad of gradients (and
+    // corpus weights) too, and sm_86 spilled at VECTOR_DEPTH (hard, 8 bytes).
+    constexpr u32 depth = VECTOR_DEPTH > 1u ? VECTOR_DEPTH / 2u : 1u;
     RowLoss<CORPUS> loss{0.0f};
-    for (u32 first = threadIdx.x; first < a.vocab; first += LANES * BATCH) {
-        float wb[BATCH], tb[BATCH];
+    for (u32 first = 0; first < rounds; first += depth) {
+        float4 wq[depth], tq[depth];
 #pragma unroll
-        for (u32 b = 0; b < BATCH; ++b) {
-            const u32 j = first + LANES * b;
+        for (u32 d = 0; d < depth; ++d) {
+            const u32 j = ROUND * (first + d) + offset;
             if (j < a.vocab) {
-                wb[b] = w[j];
-                tb[b] = CORPUS ? t[j] : 0.0f;
+                wq[d] = load_quad(w + j);
+                tq[d] = CORPUS ? load_quad(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
 #pragma unroll
-        for (u32 b = 0; b < BATCH; ++b) {
-            const u32 j = first + LANES * b;
+        for (u32 d = 0; d < depth; ++d) {
+            const u32 start = ROUND * (first + d);  // uniform
+            if (start >= a.vocab) break;
+            const u32 j = start + offset;
             if (j < a.vocab) {
-                const float p = dvd(exponential_again(a, kept, wb[b], j, row_max), s);
-                a.gradients[base + j] = canonical(gradient<CORPUS>(a, p, j, target,
-                                                                   weight_sum, tb[b]));
-                loss.add_element(a, big_l, exponent(wb[b], row_max, a.log2e), j, target,
-                                 tb[b]);
+                float4 gq, terms;
+#pragma unroll
+                for (u32 c = 0; c < 4u; ++c) {
+                    const float w_c = part(wq[d], c), t_c = part(tq[d], c);
+                    const float p = dvd(exponential_again(a, kept, w_c, j + c, row_max), s);
+                    part(gq, c) = canonical(gradient<CORPUS>(a, p, j + c, target, weight_sum,
+                                                             t_c));
+                    const float z = exponent(w_c, row_max, a.log2e);
+                    if (CORPUS) {
+                        part(terms, c) = mul(sub(big_l, z), t_c);
+                    } else if (j + c == target) {
+                        a.loss[blockIdx.x] = canonical(mul(a.ln2, sub(big_l, z)));
+                    }
+                }
+                *(float4*)(g + j) = gq;
+                if (CORPUS) mine[i] = terms;
+            }
+            if (CORPUS) {
+                __syncwarp();
+#pragma unroll
+                for (u32 n = 0; n < 4u; ++n) {
+                    if (start + LANES * n + threadIdx.x < a.vocab) {
+                        loss.partial = add(loss.partial, warp_terms[WARP * n + i]);
+                    }
+                }
+                __syncwarp();  // the folds read `mine` before the next round overwrites it
             }
         }
     }
     loss.store(a, target, lanes);
 }
+
 #endif  // STREAM_VECTOR
 
 template <bool CORPUS>
@@ -1205,10 +1237,9 @@ static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* 
 }
 
 #if STREAM_VECTOR
-// The streamed row on quads (V % 4 == 0); the finish's gradient pass stays scalar. One
-// loop runs the updates and then the finish's max and sum, and one fold serves the
-// corpus weight sum and every row sum: each pass is inlined once (a smaller kernel, which
-// ptxas fits in 64 registers with no spill).
+// The streamed row on quads (V % 4 == 0). One loop runs the updates and then the
+// finish's max and sum, and one fold serves the corpus weight sum and every row sum: each
+// pass is inlined once (a smaller kernel, which ptxas fits in 64 registers, no spill).
 template <bool CORPUS>
 static __device__ void fused_streaming_vector(const FusedArgs& a, Lanes& lanes, float* kept,
                                               float4* staged, StagedScalars& scalars) {
@@ -1225,7 +1256,7 @@ static __device__ void fused_streaming_vector(const FusedArgs& a, Lanes& lanes, 
         const float s =
             lanes.sum(lane_partial(a, RowSource{w, true, row_max, a.log2e}, kept, staged));
         if (k == a.updates) {  // the finish: the trees' barriers ordered the quads' stores
-            streaming_finish<CORPUS>(a, lanes, kept, row_max, s, weight_sum, target);
+            vector_finish<CORPUS>(a, lanes, kept, staged, row_max, s, weight_sum, target);
             break;
         }
         const AdamStep step = scalars.step(a, k);  // after the trees' barriers
