@@ -574,8 +574,7 @@ class CudaBackend(Backend):
                     built.nodes.setdefault(index, []).append(node)
                     built.native_nodes.setdefault(index, []).append(int(node))
                     order.append(node)
-            for before, after in zip(order, order[1:], strict=False):
-                self._add_edge(graph, before, after)
+            self._add_chain(graph, order)
             built.exec = _call("cuGraphInstantiate", graph, 0)
         except BaseException:
             with contextlib.suppress(CudaError):  # the first error is the one to report
@@ -583,20 +582,25 @@ class CudaBackend(Backend):
             raise
         return built
 
-    def _add_edge(self, graph: Any, before: Any, after: Any) -> None:
-        """`after` runs after `before`: on sm_90 and later through a programmatic edge, so
-        the driver may start `after` while `before`'s last blocks finish (every kernel of
-        Bob's waits for its predecessors first: bob_kernels.cu, wait_for_prerequisites)."""
+    def _add_chain(self, graph: Any, order: list[Any]) -> None:
+        """Each node runs after the one before it, all edges added in one driver call: on
+        sm_90 and later through programmatic edges, so the driver may start a node while
+        its predecessor's last blocks finish (every kernel of Bob's waits for its
+        predecessors first: bob_kernels.cu, wait_for_prerequisites)."""
+        if len(order) < 2:
+            return
         driver = _driver()
         data = driver.CUgraphEdgeData()
         if self.programmatic_edges and self.capability >= (9, 0):
             data.type = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
             data.from_port = driver.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+        edges = len(order) - 1
+        befores, afters, datas = order[:-1], order[1:], [data] * edges
         add = getattr(driver, "cuGraphAddDependencies_v2", None)  # cuda-bindings 12.x
         if add is not None:
-            check("cuGraphAddDependencies_v2", add(graph, [before], [after], [data], 1))
+            check("cuGraphAddDependencies_v2", add(graph, befores, afters, datas, edges))
         else:
-            _call("cuGraphAddDependencies", graph, [before], [after], [data], 1)
+            _call("cuGraphAddDependencies", graph, befores, afters, datas, edges)
 
     # -- what the base class asks of a backend -------------------------------------------
     def _run(self, submissions: range) -> None:
