@@ -22,6 +22,11 @@ The kinds, by name:
   dimension is zero.
 - ``hardware-limit``: a launch's grid or block, or a region's shared memory or
   registers, exceed what the target's hardware can launch.
+
+Launches alike in everything their checks read (``_launch_key``: all but the index
+and label, which only name a launch in a hazard) pass or fail alike: a key that
+passed is not checked again, and a launch that fails is checked where it stands.
+The seed's 2N training launches are two keys.
 """
 
 from __future__ import annotations
