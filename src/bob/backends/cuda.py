@@ -289,6 +289,24 @@ def _native_node_update() -> Any:
     return _NATIVE_SET_PARAMS[0]
 
 
+_NATIVE_ADD_NODE: list[Any] = []  # [cuGraphAddKernelNode_v2 or None], looked up once
+
+
+def _native_add_node() -> Any:
+    """libcuda's cuGraphAddKernelNode_v2 through ctypes, or None: a training graph has
+    1 + 2N nodes, and each added through cuda-bindings costs tens of microseconds of
+    argument conversion (the first invocation's start-up)."""
+    if not _NATIVE_ADD_NODE:
+        function = None
+        with contextlib.suppress(OSError, AttributeError):
+            function = ctypes.CDLL("libcuda.so.1").cuGraphAddKernelNode_v2
+            function.argtypes = (ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+            function.restype = ctypes.c_int
+        _NATIVE_ADD_NODE.append(function)
+    return _NATIVE_ADD_NODE[0]
+
+
 _NATIVE_LAUNCH: list[Any] = []  # [cuLaunchKernel or None], looked up once
 
 # A kernel fault leaves these sticky errors in its context: every later call in it fails
@@ -569,8 +587,7 @@ class CudaBackend(Backend):
             order = []
             for submission in submissions:
                 for index in self.plan.submissions[submission].launches:
-                    node = _call("cuGraphAddKernelNode", graph, None, 0,
-                                 self._arguments[index].node_params)
+                    node = self._add_node(graph, index)
                     built.nodes.setdefault(index, []).append(node)
                     built.native_nodes.setdefault(index, []).append(int(node))
                     order.append(node)
@@ -581,6 +598,20 @@ class CudaBackend(Backend):
                 _call("cuGraphDestroy", graph)
             raise
         return built
+
+    def _add_node(self, graph: Any, index: int) -> Any:
+        """Launch `index`'s kernel node, with no dependencies yet (`_add_chain` adds them)."""
+        add = _native_add_node()
+        if add is None:
+            return _call("cuGraphAddKernelNode", graph, None, 0,
+                         self._arguments[index].node_params)
+        node = ctypes.c_void_p()
+        status = add(ctypes.byref(node), int(graph), None, 0,
+                     self._arguments[index].native_address)
+        driver = _driver()
+        if status:
+            raise CudaError("cuGraphAddKernelNode", *_status_text(driver, driver.CUresult(status)))
+        return driver.CUgraphNode(node.value)
 
     def _add_chain(self, graph: Any, order: list[Any]) -> None:
         """Each node runs after the one before it, all edges added in one driver call: on
