@@ -20,6 +20,7 @@ from bob.backends.cpu import CpuBackend
 from bob.backends.nv import decoder, encoder
 from bob.backends.nv.decoder import DecodeError, follow_chain
 from bob.backends.nv.encoder import EncodeError, chain_links, encode, encode_qmd
+from bob.backends.nv.qmd import QmdFieldError, QmdV03
 from bob.backends.nv.sim import NvSimBackend, NvSimError
 from bob.cli.main import main
 from bob.config import SUBMISSION_POLICIES
@@ -207,14 +208,91 @@ def test_decoder_reads_the_dependents_back(target):
             assert dependents == ()
 
 
-def test_only_the_dependent_fields_differ_from_the_per_launch_qmds(target):
+_LATCH_DEFINES = ("ENABLE_PROGRAM_PRE_EXIT", "ARRIVE_AT_LATCH_VALID", "ARRIVE_AT_LATCH_ID",
+                  "WAIT_ON_LATCH_VALID", "WAIT_ON_LATCH_ID",
+                  "LATCH_ACQUIRE_INVALIDATE_SHADER_DATA_CACHE",
+                  "LATCH_ACQUIRE_INVALIDATE_TEXTURE_DATA_CACHE")
+
+
+def _latch_bits() -> dict[str, tuple[int, int]]:
+    """(high, low) of V04's latch and pre-exit fields, read from the header by this test."""
+    text = (decoder.HEADERS / "clcbc0qmd.h").read_text()
+    found = {}
+    for name in _LATCH_DEFINES:
+        line = re.search(rf"^#define NVCBC0_QMDV04_00_{name}\s+MW\((\d+):(\d+)\)", text, re.M)
+        assert line, name
+        found[name] = (int(line.group(1)), int(line.group(2)))
+    return found
+
+
+def test_hopper_chains_pre_exit_into_a_latch_the_dependent_waits_on():
+    plan = _plan(SM90)
+    encoded = encode(plan)
+    assert encoded.qmd_version == "V04_00"
+    bits = _latch_bits()
+    links = chain_links(plan)
+    for index in range(plan.launch_count):
+        got = {name: _bits(_record(encoded, plan, index), *place)
+               for name, place in bits.items()}
+        arrives = index in links
+        waits = links.get(index - 1) == index
+        assert got == {
+            "ENABLE_PROGRAM_PRE_EXIT": int(arrives), "ARRIVE_AT_LATCH_VALID": int(arrives),
+            "ARRIVE_AT_LATCH_ID": index + 1 if arrives else 0,
+            "WAIT_ON_LATCH_VALID": int(waits), "WAIT_ON_LATCH_ID": index if waits else 0,
+            "LATCH_ACQUIRE_INVALIDATE_SHADER_DATA_CACHE": int(waits),
+            "LATCH_ACQUIRE_INVALIDATE_TEXTURE_DATA_CACHE": int(waits),
+        }, index
+    per_launch = encode(_plan(SM90, replace(CHAINED, submission="per-launch")))
+    for index in range(plan.launch_count):  # one submission per launch: nothing to latch
+        assert not any(_bits(_record(per_launch, plan, index), *place)
+                       for place in bits.values()), index
+
+
+def test_ampere_qmds_have_no_latches_and_chain_by_completion():
+    plan = _plan(SM86)
+    assert encode(plan).qmd_version == "V03_00"
+    for index in range(plan.launch_count):
+        assert not any("LATCH" in name or "PRE_EXIT" in name
+                       for name in encode_qmd(plan, index).fields_set), index
+    with pytest.raises(QmdFieldError, match="QMD V03_00 has no latches"):
+        QmdV03().set_latched_chain(1, None)
+
+
+@pytest.mark.parametrize("field, message", [
+    ("WAIT_ON_LATCH_VALID", "launch 1 may start before its predecessor completes .* waits on "
+                            "latch None, not on the predecessor's 1"),
+    ("ARRIVE_AT_LATCH_VALID", "launch 1 may start before .* latch 1, not on the "
+                              "predecessor's None"),
+])
+def test_decoder_refuses_an_early_dependent_without_its_latch(field, message):
+    plan = _plan(SM90)
+    encoded = encode(plan)
+    bad = _plant(encoded, 1 if field.startswith("WAIT") else 0, {field: 0})
+    with pytest.raises(DecodeError, match=message):
+        follow_chain(bad, bad.qmd_address(0))
+    with pytest.raises(DecodeError, match=message):
+        decoder.disassemble(bad, plan)
+
+
+def test_disasm_lists_the_latches():
+    plan = _plan(SM90)
+    text = decoder.disassemble(encode(plan), plan)
+    links = chain_links(plan)
+    assert text.count("on completion: arrive at latch") == len(links)
+    assert text.count("before running: wait on latch") == len(links)
+    assert text.count("(program pre-exit)") == len(links)
+    assert "before running: wait on latch 1, then invalidate the data caches" in text
+
+
+def test_only_the_chain_fields_differ_from_the_per_launch_qmds(target):
     chained = encode(_plan(target))
     per_launch = encode(_plan(target, replace(CHAINED, submission="per-launch")))
     assert chained.program == per_launch.program
     layout = decoder.TABLES.qmd[chained.qmd_version[1:]]
     mask = 0
     for name, f in layout.fields.items():
-        if name.startswith("DEPENDENT_QMD"):
+        if name.startswith("DEPENDENT_QMD") or "LATCH" in name or "PRE_EXIT" in name:
             mask |= f.mask
     for index in range(len(chained.qmd_table.data) // chained.qmd_stride):
         a = int.from_bytes(_record(chained, _plan(target), index), "little")
@@ -496,10 +574,11 @@ def test_nv_fields_doc_lists_the_dependent_fields_with_their_bits(target):
     rows = re.findall(r"^\| (V0[34]_00) \| `([A-Z0-9_()]+)` \| (\d+):(\d+) \|", text, re.M)
     documented = {(version, name): (int(high), int(low)) for version, name, high, low in rows}
     plan = _plan(target)
-    qmd = encode_qmd(plan, 0)  # launch 0 is chained to launch 1
-    assert any(name.startswith("DEPENDENT_QMD") for name in qmd.fields_set)
-    for name in qmd.fields_set:
-        assert documented.get((qmd.version, name)) == qmd.FIELDS[name], name
+    for launch in (0, 1):  # launch 0 is chained to launch 1, which is chained to 2
+        qmd = encode_qmd(plan, launch)
+        assert any(name.startswith("DEPENDENT_QMD") for name in qmd.fields_set)
+        for name in qmd.fields_set:
+            assert documented.get((qmd.version, name)) == qmd.FIELDS[name], name
 
 
 # -- the probe kernel's two-launch submission, chained; and Bob's plan on the H200 -----------

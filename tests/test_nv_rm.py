@@ -159,9 +159,12 @@ AMPERE_CLASSES = (s.NV01_ROOT_CLIENT, s.NV01_DEVICE_0, 0xC561, 0xC56F, 0xC6C0, 0
 class FakeDriver:
     """Answers escapes the way RM does, from a few rules; records every object."""
 
-    def __init__(self, classes=HOPPER_CLASSES, refuse=None, legacy_map_dma=False):
+    def __init__(self, classes=HOPPER_CLASSES, refuse=None, legacy_map_dma=False,
+                 refuse_controls=None):
         self.classes = classes
         self.refuse = refuse or {}  # class -> status
+        self.refuse_controls = refuse_controls or {}  # control -> status
+        self.boosts: list[tuple[int, int, int]] = []  # (object, flags, duration)
         self.legacy_map_dma = legacy_map_dma
         self.objects: dict[int, tuple[int, int]] = {}  # handle -> (class, parent)
         self.virtual_va: dict[int, int] = {}
@@ -226,6 +229,12 @@ class FakeDriver:
 
     def control(self, request):
         self.controls.append(request.cmd)
+        if request.cmd in self.refuse_controls:
+            request.status = self.refuse_controls[request.cmd]
+            return
+        if request.cmd == s.NV2080_CTRL_CMD_PERF_BOOST:
+            params = s.NV2080_CTRL_PERF_BOOST_PARAMS.from_address(request.params)
+            self.boosts.append((request.hObject, params.flags, params.duration))
         if request.cmd == s.NV0080_CTRL_CMD_GPU_GET_CLASSLIST:
             params = s.NV0080_CTRL_GPU_GET_CLASSLIST_PARAMS.from_address(request.params)
             if params.classList:
@@ -309,6 +318,21 @@ def test_device_bring_up_order_and_handles():
     assert word == 0x10023
     device.close()
     client.close()
+
+
+def test_the_device_asks_for_the_highest_p_state_for_as_long_as_it_lives():
+    driver = FakeDriver()
+    device = RmDevice(RmClient(driver.transport()))
+    # BOOST_TO_MAX (1:0 = 2), as a CUDA client (4:4) of high priority (6:6), no end.
+    assert driver.boosts == [(device.subdevice, 0x52, 0xFFFF_FFFF)]
+    assert device.boost == "highest P-state"
+
+
+def test_a_refused_boost_is_reported_and_the_device_still_opens():
+    driver = FakeDriver(refuse_controls={s.NV2080_CTRL_CMD_PERF_BOOST: 0x56})
+    device = RmDevice(RmClient(driver.transport()))
+    assert device.boost.startswith("refused: RM_CONTROL(NV2080_CTRL_CMD_PERF_BOOST")
+    assert device.vaspace and device.usermode  # the rest of the bring-up went on
 
 
 def test_map_dma_falls_back_to_the_pre_580_layout():

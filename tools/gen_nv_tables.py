@@ -115,6 +115,15 @@ QMD_WANTED = (
         "DEPENDENT_QMD_ACTION(0)",
         "DEPENDENT_QMD_PREFETCH(0)",
         "DEPENDENT_QMD0_POINTER",
+        # Chained launches: a grid's CTAs may signal its dependent early (pre-exit),
+        # which then waits for the grid's completion on a latch.
+        "ENABLE_PROGRAM_PRE_EXIT",
+        "ARRIVE_AT_LATCH_VALID",
+        "ARRIVE_AT_LATCH_ID",
+        "WAIT_ON_LATCH_VALID",
+        "WAIT_ON_LATCH_ID",
+        "LATCH_ACQUIRE_INVALIDATE_SHADER_DATA_CACHE",
+        "LATCH_ACQUIRE_INVALIDATE_TEXTURE_DATA_CACHE",
     )),
 )
 

@@ -289,6 +289,24 @@ def _native_node_update() -> Any:
     return _NATIVE_SET_PARAMS[0]
 
 
+_NATIVE_ADD_NODE: list[Any] = []  # [cuGraphAddKernelNode_v2 or None], looked up once
+
+
+def _native_add_node() -> Any:
+    """libcuda's cuGraphAddKernelNode_v2 through ctypes, or None: a training graph has
+    1 + 2N nodes, and each added through cuda-bindings costs tens of microseconds of
+    argument conversion (the first invocation's start-up)."""
+    if not _NATIVE_ADD_NODE:
+        function = None
+        with contextlib.suppress(OSError, AttributeError):
+            function = ctypes.CDLL("libcuda.so.1").cuGraphAddKernelNode_v2
+            function.argtypes = (ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+            function.restype = ctypes.c_int
+        _NATIVE_ADD_NODE.append(function)
+    return _NATIVE_ADD_NODE[0]
+
+
 _NATIVE_LAUNCH: list[Any] = []  # [cuLaunchKernel or None], looked up once
 
 # A kernel fault leaves these sticky errors in its context: every later call in it fails
@@ -380,7 +398,14 @@ class _Graph:
     native_nodes: dict[int, list[int]] = field(default_factory=dict)
 
 
-UPLOAD_CHUNK_BYTES = 16 << 20  # each of the two pinned chunks a write goes through
+UPLOAD_CHUNK_BYTES = 16 << 20  # each of the two pinned chunks a large write goes through
+# Writes up to SMALL_WRITE_BYTES (an invocation's input, cleared loss and health counts,
+# AdamW scalars) each take the next of a ring of pinned slots. A slot's last copy was
+# queued writes ago, before the graph still running, so the host does not wait for that
+# graph; through the two large chunks, an invocation's third write waited for the
+# previous invocation's graph, and the host could not prepare the next one beside it.
+SMALL_WRITE_BYTES = 1 << 20
+SMALL_WRITE_SLOTS = 8
 STAGING_ALIGNMENT = 256  # each tensor's start in the read-back staging
 COPY_OUT_CHUNK_BYTES = 32 << 20  # a larger tensor leaves the pinned staging in parallel pieces
 COPY_OUT_THREADS = 8
@@ -410,7 +435,7 @@ def copy_out(address: int, size: int, pool: ThreadPoolExecutor | None = None,
 
 @dataclass
 class _UploadChunk:
-    host: int  # pinned host memory, UPLOAD_CHUNK_BYTES
+    host: int  # pinned host memory: UPLOAD_CHUNK_BYTES, or SMALL_WRITE_BYTES for a slot
     copied: Any  # CUevent recorded after this chunk's last copy was queued
 
 
@@ -473,8 +498,10 @@ class CudaBackend(Backend):
         self._graphs: dict[range, _Graph] = {}
         self._arguments: dict[int, _LaunchArguments] = {}
         self._functions: dict[str, Any] = {}
-        self._uploads: list[_UploadChunk] = []  # the two pinned chunks, once written through
+        # The two large pinned chunks, then the small-write slots, once written through.
+        self._uploads: list[_UploadChunk] = []
         self._next_upload = 0
+        self._next_slot = 0
         self._staging: _ReadStaging | None = None
         self._reading: _CudaRead | None = None  # the read whose copies may be in flight
         self._landing: Landing | None = None  # page-locked buffers reads are handed out in
@@ -569,13 +596,11 @@ class CudaBackend(Backend):
             order = []
             for submission in submissions:
                 for index in self.plan.submissions[submission].launches:
-                    node = _call("cuGraphAddKernelNode", graph, None, 0,
-                                 self._arguments[index].node_params)
+                    node = self._add_node(graph, index)
                     built.nodes.setdefault(index, []).append(node)
                     built.native_nodes.setdefault(index, []).append(int(node))
                     order.append(node)
-            for before, after in zip(order, order[1:], strict=False):
-                self._add_edge(graph, before, after)
+            self._add_chain(graph, order)
             built.exec = _call("cuGraphInstantiate", graph, 0)
         except BaseException:
             with contextlib.suppress(CudaError):  # the first error is the one to report
@@ -583,20 +608,39 @@ class CudaBackend(Backend):
             raise
         return built
 
-    def _add_edge(self, graph: Any, before: Any, after: Any) -> None:
-        """`after` runs after `before`: on sm_90 and later through a programmatic edge, so
-        the driver may start `after` while `before`'s last blocks finish (every kernel of
-        Bob's waits for its predecessors first: bob_kernels.cu, wait_for_prerequisites)."""
+    def _add_node(self, graph: Any, index: int) -> Any:
+        """Launch `index`'s kernel node, with no dependencies yet (`_add_chain` adds them)."""
+        add = _native_add_node()
+        if add is None:
+            return _call("cuGraphAddKernelNode", graph, None, 0,
+                         self._arguments[index].node_params)
+        node = ctypes.c_void_p()
+        status = add(ctypes.byref(node), int(graph), None, 0,
+                     self._arguments[index].native_address)
+        driver = _driver()
+        if status:
+            raise CudaError("cuGraphAddKernelNode", *_status_text(driver, driver.CUresult(status)))
+        return driver.CUgraphNode(node.value)
+
+    def _add_chain(self, graph: Any, order: list[Any]) -> None:
+        """Each node runs after the one before it, all edges added in one driver call: on
+        sm_90 and later through programmatic edges, so the driver may start a node while
+        its predecessor's last blocks finish (every kernel of Bob's waits for its
+        predecessors first: bob_kernels.cu, wait_for_prerequisites)."""
+        if len(order) < 2:
+            return
         driver = _driver()
         data = driver.CUgraphEdgeData()
         if self.programmatic_edges and self.capability >= (9, 0):
             data.type = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
             data.from_port = driver.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+        edges = len(order) - 1
+        befores, afters, datas = order[:-1], order[1:], [data] * edges
         add = getattr(driver, "cuGraphAddDependencies_v2", None)  # cuda-bindings 12.x
         if add is not None:
-            check("cuGraphAddDependencies_v2", add(graph, [before], [after], [data], 1))
+            check("cuGraphAddDependencies_v2", add(graph, befores, afters, datas, edges))
         else:
-            _call("cuGraphAddDependencies", graph, [before], [after], [data], 1)
+            _call("cuGraphAddDependencies", graph, befores, afters, datas, edges)
 
     # -- what the base class asks of a backend -------------------------------------------
     def _run(self, submissions: range) -> None:
@@ -701,19 +745,29 @@ class CudaBackend(Backend):
             ctypes.memmove(self._host_arena + offset, source.ctypes.data, source.size)
             return
         _call("cuCtxSetCurrent", self._context)
-        chunks = self._upload_chunks()
+        uploads = self._upload_chunks()
+        if source.size <= SMALL_WRITE_BYTES:
+            slots = uploads[2:]
+            slot = slots[self._next_slot]
+            self._next_slot = (self._next_slot + 1) % len(slots)
+            self._upload(slot, offset, source.ctypes.data, source.size)
+            return
         position = 0
         while position < source.size:
-            # Fill one pinned chunk while the other's copy runs; its own last copy first.
-            chunk = chunks[self._next_upload]
+            # Fill one pinned chunk while the other's copy runs.
+            chunk = uploads[self._next_upload]
             self._next_upload = 1 - self._next_upload
-            _call("cuEventSynchronize", chunk.copied)  # an event never recorded is complete
             count = min(UPLOAD_CHUNK_BYTES, source.size - position)
-            ctypes.memmove(chunk.host, source.ctypes.data + position, count)
-            _call("cuMemcpyHtoDAsync", self._arena + offset + position, chunk.host, count,
-                  self._stream)
-            _call("cuEventRecord", chunk.copied, self._stream)
+            self._upload(chunk, offset + position, source.ctypes.data + position, count)
             position += count
+
+    def _upload(self, chunk: _UploadChunk, offset: int, source: int, count: int) -> None:
+        """`count` bytes at host address `source` to the arena at `offset`, through `chunk`
+        (its own last copy waited for first)."""
+        _call("cuEventSynchronize", chunk.copied)  # an event never recorded is complete
+        ctypes.memmove(chunk.host, source, count)
+        _call("cuMemcpyHtoDAsync", self._arena + offset, chunk.host, count, self._stream)
+        _call("cuEventRecord", chunk.copied, self._stream)
 
     def _read_arena(self, offset: int, size: int) -> bytes:
         self._require_open()
@@ -727,16 +781,25 @@ class CudaBackend(Backend):
 
     # -- staging: pinned memory allocated once, copies beside the graph ----------------
     def _upload_chunks(self) -> list[_UploadChunk]:
+        """The two large chunks, then the small-write slots: all made, or none kept."""
         if not self._uploads:
             flags = int(_driver().CUevent_flags.CU_EVENT_DISABLE_TIMING)
-            for _ in range(2):
-                host = int(_call("cuMemHostAlloc", UPLOAD_CHUNK_BYTES, 0))
-                try:
-                    event = _call("cuEventCreate", flags)
-                except BaseException:
-                    _call("cuMemFreeHost", host)
-                    raise
-                self._uploads.append(_UploadChunk(host, event))
+            made: list[_UploadChunk] = []
+            try:
+                for size in (UPLOAD_CHUNK_BYTES,) * 2 + (SMALL_WRITE_BYTES,) * SMALL_WRITE_SLOTS:
+                    host = int(_call("cuMemHostAlloc", size, 0))
+                    try:
+                        made.append(_UploadChunk(host, _call("cuEventCreate", flags)))
+                    except BaseException:
+                        _call("cuMemFreeHost", host)
+                        raise
+            except BaseException:
+                for chunk in made:  # the first error is the one to report
+                    with contextlib.suppress(CudaError):
+                        _call("cuEventDestroy", chunk.copied)
+                        _call("cuMemFreeHost", chunk.host)
+                raise
+            self._uploads = made
         return self._uploads
 
     def begin_read(self, names: Sequence[str]) -> ReadHandle:

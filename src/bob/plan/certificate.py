@@ -22,6 +22,11 @@ The kinds, by name:
   dimension is zero.
 - ``hardware-limit``: a launch's grid or block, or a region's shared memory or
   registers, exceed what the target's hardware can launch.
+
+Launches alike in everything their checks read (``_launch_key``: all but the index
+and label, which only name a launch in a hazard) pass or fail alike: a key that
+passed is not checked again, and a launch that fails is checked where it stands.
+The seed's 2N training launches are two keys.
 """
 
 from __future__ import annotations
@@ -126,8 +131,7 @@ def certify(plan: Plan) -> Certificate:
     hazards: list[Hazard] = []
     hazards += _check_tensors(plan)
     hazards += _check_regions(plan)
-    for index, launch in enumerate(plan.launches):
-        hazards += _check_launch(plan, index, launch)
+    hazards += _check_launches(plan)
     hazards += _check_submissions(plan)
     hazards += _check_hardware_limits(plan)
     return Certificate(tuple(hazards))
@@ -209,9 +213,54 @@ def _check_regions(plan: Plan) -> list[Hazard]:
     return hazards
 
 
-def _check_launch(plan: Plan, index: int, launch: Launch) -> list[Hazard]:
-    where = f"launch {index} ({launch.label or launch.region})"
+# What an f32 argument contributes to a launch's key (see _launch_key).
+_F32_THAT_FITS = object()
+
+
+def _launch_key(launch: Launch) -> tuple:
+    """Everything the checks of one launch read but its index and label, which only name it
+    in a hazard: the region's name (the plan's regions, tensors and target are the same for
+    every launch), grid, block, and each argument, whole, but an f32 scalar that fits 32
+    bits: no footprint reads its value, so only that it is one enters the key."""
+    args = tuple(
+        _F32_THAT_FITS
+        if isinstance(arg, Scalar) and arg.dtype == "f32" and 0 <= arg.bits < 1 << 32
+        else arg
+        for arg in launch.args
+    )
+    return launch.region, launch.grid, launch.block, args
+
+
+def _check_launches(plan: Plan) -> list[Hazard]:
+    """Every launch's region, geometry, arguments and footprints.
+
+    Launches with one key (_launch_key) pass or fail together, so a key that passed once
+    passes again unchecked: the seed's 2N training launches have two keys. A launch that
+    fails is checked in full, so each hazard names its own launch. A launch object seen
+    to pass (a plan may hold one many times) passes again without its key being built.
+    """
     declared = {r.name: r for r in plan.regions}
+    retained = {p.name for p in plan.placed_regions}
+    passed: set[tuple] = set()
+    passed_objects: set[int] = set()  # ids: plan.launches keeps every launch alive
+    hazards: list[Hazard] = []
+    for index, launch in enumerate(plan.launches):
+        if id(launch) in passed_objects:
+            continue
+        key = _launch_key(launch)
+        if key not in passed:
+            found = _check_launch(plan, declared, retained, index, launch)
+            if found:
+                hazards += found
+                continue
+            passed.add(key)
+        passed_objects.add(id(launch))
+    return hazards
+
+
+def _check_launch(plan: Plan, declared: dict[str, Region], retained: set[str], index: int,
+                  launch: Launch) -> list[Hazard]:
+    where = f"launch {index} ({launch.label or launch.region})"
     region = declared.get(launch.region)
     if region is None:
         return [Hazard(
@@ -219,7 +268,7 @@ def _check_launch(plan: Plan, index: int, launch: Launch) -> list[Hazard]:
             launch=index,
         )]
     hazards = []
-    if launch.region not in {p.name for p in plan.placed_regions}:
+    if launch.region not in retained:
         hazards.append(Hazard(
             "pruned-region",
             f"{where} names region {launch.region!r}, which is not retained in the program "
@@ -378,8 +427,18 @@ def _check_hardware_limits(plan: Plan) -> list[Hazard]:
     """Every launch within what the target's hardware launches at all."""
     hazards = [h for region in plan.regions for h in _region_limits(plan, region)]
     declared = {r.name: r for r in plan.regions}
+    # A launch's limits read its region, grid and block (its index only names it): what
+    # passed once passes again unchecked, and what fails is checked at each launch.
+    passed: set[tuple] = set()
     for index, launch in enumerate(plan.launches):
-        hazards += _launch_limits(plan, index, launch, declared.get(launch.region))
+        key = (launch.region, launch.grid, launch.block)
+        if key in passed:
+            continue
+        found = _launch_limits(plan, index, launch, declared.get(launch.region))
+        if found:
+            hazards += found
+        else:
+            passed.add(key)
     return hazards
 
 

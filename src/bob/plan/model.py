@@ -12,6 +12,8 @@ Nothing here knows what the kernels compute.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 import struct
 from collections.abc import Callable, Mapping
@@ -331,9 +333,26 @@ class Plan:
         raise KeyError(f"no tensor named {name!r} in the plan")
 
     def tensor_at(self, address: int) -> Tensor | None:
-        """The tensor holding `address`; where tensors overlap, the one starting last."""
-        holders = [t for t in self.tensors if t.address <= address < t.end]
-        return max(holders, key=lambda t: t.address, default=None)
+        """The tensor holding `address`; where tensors overlap, the one starting last (of
+        those starting together, the first in the plan)."""
+        starts, ordered = self._tensors_by_start
+        found = None
+        # Back from the last tensor starting at or below `address`: the first holder met
+        # starts last; past its start, no later holder can win.
+        for i in range(bisect.bisect_right(starts, address) - 1, -1, -1):
+            tensor = ordered[i]
+            if found is not None and tensor.address < found.address:
+                break
+            if address < tensor.end:
+                found = tensor  # an equal start earlier in the plan replaces it
+        return found
+
+    @functools.cached_property
+    def _tensors_by_start(self) -> tuple[list[int], list[Tensor]]:
+        """The tensors by address (a stable sort: equal starts keep the plan's order), and
+        their starts: tensor_at's index, built once per plan (the plan never changes)."""
+        ordered = sorted(self.tensors, key=lambda t: t.address)
+        return [t.address for t in ordered], ordered
 
     def parameter_block_address(self, launch_index: int) -> int:
         return (

@@ -92,9 +92,14 @@ def argument_slots(target: Target, params: tuple[Param, ...]) -> tuple[ArgumentS
 
 
 def argument_bytes_end(target: Target, params: tuple[Param, ...]) -> int:
-    """The first byte past the last argument, rounded to a whole word."""
-    slots = argument_slots(target, params)
-    end = max((s.offset + s.size for s in slots), default=target.parameter_base)
+    """The first byte past the last argument, rounded to a whole word.
+
+    The end of argument_slots' last slot, counted rather than laid out: hashing the
+    parameters to find the cached slots costs more than counting them.
+    """
+    pointers = sum(isinstance(param, PointerParam) for param in params)
+    scalars = sum(isinstance(param, ScalarParam) for param in params)
+    end = target.parameter_base + pointers * POINTER_WORD_BYTES + scalars * SCALAR_BYTES
     return align_up(end, POINTER_WORD_BYTES)
 
 
@@ -177,8 +182,7 @@ def place(
     arena = Component("arena", arena_base, address - arena_base)
     address_map = AddressMap(*components, arena)
 
-    by_name = {t.name: t for t in tensors}
-    launches = tuple(_place_launch(spec, by_name) for spec in program.launches)
+    launches = _place_launches(program.launches, {t.name: t for t in tensors})
     return Plan(
         target=target,
         address_map=address_map,
@@ -197,16 +201,36 @@ def place(
     )
 
 
-def _place_launch(spec: LaunchSpec, tensors: dict[str, Tensor]) -> Launch:
+def _place_launches(specs: tuple[LaunchSpec, ...], tensors: dict[str, Tensor],
+                    ) -> tuple[Launch, ...]:
+    """Each launch with its pointers at addresses. A program may repeat one spec (the
+    seed's training loss): placing is a pure function of the spec, so once is enough."""
+    addresses: dict[TensorRef, Address] = {}
+    placed: dict[int, Launch] = {}  # by id: every spec stays alive in `specs`
+    for spec in specs:
+        if id(spec) not in placed:
+            placed[id(spec)] = _place_launch(spec, tensors, addresses)
+    return tuple(placed[id(spec)] for spec in specs)
+
+
+def _place_launch(spec: LaunchSpec, tensors: dict[str, Tensor],
+                  addresses: dict[TensorRef, Address]) -> Launch:
     args: list[Address | Scalar] = []
     for arg in spec.args:
         if isinstance(arg, TensorRef):
-            if arg.tensor not in tensors:
-                raise PlacementError(
-                    f"launch {spec.label or spec.region!r} names tensor {arg.tensor!r}, "
-                    "which the program does not declare"
-                )
-            args.append(Address(tensors[arg.tensor].address + arg.offset))
+            address = addresses.get(arg)
+            if address is None:
+                address = addresses[arg] = _place_pointer(spec, arg, tensors)
+            args.append(address)
         else:
             args.append(arg)
     return Launch(spec.region, spec.grid, spec.block, tuple(args), spec.label)
+
+
+def _place_pointer(spec: LaunchSpec, ref: TensorRef, tensors: dict[str, Tensor]) -> Address:
+    if ref.tensor not in tensors:
+        raise PlacementError(
+            f"launch {spec.label or spec.region!r} names tensor {ref.tensor!r}, "
+            "which the program does not declare"
+        )
+    return Address(tensors[ref.tensor].address + ref.offset)

@@ -53,6 +53,8 @@ launches x the target's QMD stride (``Plan.program_bytes``, ``Plan.qmd_table_byt
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -83,6 +85,7 @@ from bob.plan.model import (
     ProgramSpec,
     Region,
     Scalar,
+    ScalarParam,
     Submission,
     Target,
     TensorRef,
@@ -275,19 +278,22 @@ def adam_scalar_table(hyper: Hyper, first_step: int, updates: int) -> np.ndarray
         return np.zeros((0, ADAM_SCALAR_STRIDE), np.float32)
     table = np.zeros((updates, ADAM_SCALAR_STRIDE), np.float64)
     # The constant columns once, then the two that depend on the step: the same
-    # float64 expressions as _adam_values, without a dict per step.
+    # float64 expressions as _adam_values, column by column.
     table[:, :len(ADAM_SCALAR_NAMES)] = tuple(_adam_values(hyper, first_step).values())
-    step_size = ADAM_SCALAR_NAMES.index("step_size")
-    eps_hat = ADAM_SCALAR_NAMES.index("eps_hat")
-    lr, eps, beta1, beta2 = hyper.lr, hyper.eps, hyper.beta1, hyper.beta2
-    for k, step in enumerate(range(first_step, first_step + updates)):
-        root = math.sqrt(1.0 - beta2**step)
-        table[k, step_size] = lr * root / (1.0 - beta1**step)
-        table[k, eps_hat] = eps * root
+    steps = range(first_step, first_step + updates)
+    # The powers stay Python's float ** int (C's pow, as in _adam_values): NumPy's power
+    # may take a SIMD route whose last bit differs. Subtraction, sqrt, product and
+    # quotient are correctly rounded in both, so the columns below are _adam_values' bits.
+    power1 = np.fromiter((hyper.beta1**step for step in steps), np.float64, updates)
+    power2 = np.fromiter((hyper.beta2**step for step in steps), np.float64, updates)
     with np.errstate(over="ignore"):  # a huge lr rounds to inf, as in adam_scalars
+        root = np.sqrt(1.0 - power2)
+        table[:, ADAM_SCALAR_NAMES.index("step_size")] = hyper.lr * root / (1.0 - power1)
+        table[:, ADAM_SCALAR_NAMES.index("eps_hat")] = hyper.eps * root
         return table.astype(np.float32)
 
 
+@functools.lru_cache(maxsize=64)
 def inverse_rows_bits(vocab: int) -> int:
     """1/V correctly rounded to binary32 (0x3b800000 for V = 256)."""
     return f32_bits_from_fraction(Fraction(1, vocab))
@@ -367,12 +373,13 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
         ), f"argmax[{i}]")
         return gather, argmax
 
-    def adamw(k: int) -> LaunchSpec:
-        scalars = adam_scalars(hyper, first_step + k)
-        return LaunchSpec(sig.ADAMW, Dim3(adamw_grid(v * v)), block, (
-            TensorRef("parameters"), TensorRef("gradients"), TensorRef("first_moment"),
-            TensorRef("second_moment"),
-            *(scalars[p.name] for p in sig.SIGNATURES[sig.ADAMW][4:11]),
+    adamw_pointers = (TensorRef("parameters"), TensorRef("gradients"),
+                      TensorRef("first_moment"), TensorRef("second_moment"))
+    adamw_grid_dim = Dim3(adamw_grid(v * v))
+
+    def adamw(k: int, scalars: tuple[Scalar, ...]) -> LaunchSpec:
+        return LaunchSpec(sig.ADAMW, adamw_grid_dim, block, (
+            *adamw_pointers, *scalars,
             vocab, vocab,  # rows, columns: V * V needs 33 bits at V = 65536
         ), f"adamw[{k}]")
 
@@ -400,8 +407,10 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
     for i in range(config.prompts):
         launches.extend(predict(i))
     if config.schedule == "seed":
+        scalars = adamw_scalar_arguments(hyper, first_step, config.updates)
+        training_loss = loss("training_loss")  # every update's is the same launch
         for k in range(config.updates):
-            launches.extend((adamw(k), loss("training_loss")))
+            launches.extend((adamw(k, scalars[k]), training_loss))
     elif config.updates:
         step = config.updates_per_fused_launch
         launches.extend(fused(first, step) for first in range(0, config.updates, step))
@@ -421,6 +430,19 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
                     "schedule": config.schedule, "submission": config.submission,
                     "first_step": first_step},
     )
+
+
+def adamw_scalar_arguments(hyper: Hyper, first_step: int, updates: int,
+                           ) -> list[tuple[Scalar, ...]]:
+    """Update k's f32 arguments of bob-adamw, in its signature's order: the values
+    ``adam_scalars(hyper, first_step + k)`` gives, from one ``adam_scalar_table``."""
+    names = [p.name for p in sig.SIGNATURES[sig.ADAMW] if isinstance(p, ScalarParam)
+             and p.dtype == "f32"]
+    columns = [ADAM_SCALAR_NAMES.index(name) for name in names]
+    rows = adam_scalar_table(hyper, first_step, updates).view(np.uint32)[:, columns].tolist()
+    # Most columns hold one value for every update: one Scalar per distinct pattern.
+    interned = {bits: Scalar("f32", bits) for bits in set(itertools.chain(*rows))}
+    return [tuple(map(interned.__getitem__, row)) for row in rows]
 
 
 def submission_schedule(config: BobConfig) -> tuple[Submission, ...]:

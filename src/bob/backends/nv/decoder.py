@@ -477,6 +477,9 @@ class Dispatch:
     constant_buffers: dict[int, tuple[int, int]]  # valid banks: index -> (address, size)
     releases: tuple[Release, ...]
     dependents: tuple[Dependent, ...] = ()
+    arrive_latch: int | None = None  # the latch the grid arrives at when it completes
+    wait_latch: int | None = None  # the latch the grid waits on before it runs
+    program_pre_exit: bool = False  # CTAs may schedule the dependent as they exit
 
 
 @dataclass(frozen=True)
@@ -635,7 +638,18 @@ class DecodedQmd:
                 self.value_name(names.action, action) or str(action),
                 bool(self.get(names.prefetch)),
             ))
+        arrive = wait = None
+        if "ARRIVE_AT_LATCH_VALID" in self.layout.fields:  # V04 on
+            if self.get("ARRIVE_AT_LATCH_VALID"):
+                arrive = self.get("ARRIVE_AT_LATCH_ID")
+            if self.get("WAIT_ON_LATCH_VALID"):
+                wait = self.get("WAIT_ON_LATCH_ID")
+        pre_exit = ("ENABLE_PROGRAM_PRE_EXIT" in self.layout.fields
+                    and bool(self.get("ENABLE_PROGRAM_PRE_EXIT")))
         return Dispatch(
+            arrive_latch=arrive,
+            wait_latch=wait,
+            program_pre_exit=pre_exit,
             major_version=self.get("QMD_MAJOR_VERSION"),
             program_address=self._join(*s.program),
             grid=(self.get(s.grid[0]), self.get(s.grid[1]), self.get(s.grid[2])),
@@ -700,14 +714,32 @@ def follow_chain(encoded: EncodedProgram, first: int,
         if qmd.get("QMD_MAJOR_VERSION") != version:
             raise DecodeError(f"the QMD of launch {launch} at {address:#x} says major version "
                               f"{qmd.get('QMD_MAJOR_VERSION')}, not {version}: not a QMD")
+        dispatch = qmd.dispatch()
+        if chain:
+            _check_latch(chain[-1][1].dispatch(), dispatch, launch)
         chain.append((address, qmd))
-        dependents = qmd.dispatch().dependents
+        dependents = dispatch.dependents
         if len(dependents) > 1 or any(d.action != "QMD_SCHEDULE" for d in dependents):
             raise DecodeError(f"the QMD of launch {launch} at {address:#x} asks for "
                               f"{[(hex(d.address), d.action) for d in dependents]}; Bob's chains "
                               "schedule one dependent QMD (QMD_SCHEDULE)")
+        if dispatch.program_pre_exit and not dependents:
+            raise DecodeError(f"the QMD of launch {launch} at {address:#x} enables program "
+                              "pre-exit but schedules no dependent")
         address = dependents[0].address if dependents else None
     return chain
+
+
+def _check_latch(before: Dispatch, after: Dispatch, launch: int) -> None:
+    """A dependent scheduled early (its predecessor's program pre-exit) must wait on the
+    latch its predecessor arrives at when it completes: else it could read what the
+    predecessor has not finished writing."""
+    if before.program_pre_exit and (before.arrive_latch is None
+                                    or after.wait_latch != before.arrive_latch):
+        raise DecodeError(
+            f"launch {launch} may start before its predecessor completes (program pre-exit) "
+            f"but waits on latch {after.wait_latch}, not on the predecessor's "
+            f"{before.arrive_latch}")
 
 
 # -- constant bank 0's driver area ----------------------------------------------------------
@@ -837,6 +869,13 @@ def _qmd_lines(encoded: EncodedProgram, plan: Plan, qmd_address: int) -> list[st
         lines.append(f"    on completion: {dependent.action} the QMD at {dependent.address:#x} "
                      f"(launch {qmd_launch(encoded, dependent.address)}"
                      f"{', prefetched' if dependent.prefetch else ''})")
+    if dispatch.program_pre_exit:
+        lines.append("    its CTAs schedule the dependent as they exit (program pre-exit)")
+    if dispatch.arrive_latch is not None:
+        lines.append(f"    on completion: arrive at latch {dispatch.arrive_latch}")
+    if dispatch.wait_latch is not None:
+        lines.append(f"    before running: wait on latch {dispatch.wait_latch}, then invalidate "
+                     "the data caches")
     return lines
 
 

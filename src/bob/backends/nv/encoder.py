@@ -346,6 +346,8 @@ class Dispatch:
     constant_buffer: tuple[int, int]  # bank 0: (address, bytes)
     release: tuple[int, int] | None  # a one-word release on completion: (address, payload)
     dependent: int | None = None  # the QMD this one schedules when it completes (chained)
+    arrive_latch: int | None = None  # the latch this grid arrives at (it has a dependent)
+    wait_latch: int | None = None  # the latch this grid waits on (it is a dependent)
 
 
 def build_qmd(arch: Architecture, dispatch: Dispatch) -> Qmd:
@@ -365,6 +367,8 @@ def build_qmd(arch: Architecture, dispatch: Dispatch) -> Qmd:
         qmd.set_release_semaphore(*dispatch.release)
     if dispatch.dependent is not None:
         qmd.set_dependent_qmd(dispatch.dependent)
+    if dispatch.arrive_latch is not None or dispatch.wait_latch is not None:
+        qmd.set_latched_chain(dispatch.arrive_latch, dispatch.wait_latch)
     return qmd
 
 
@@ -406,6 +410,9 @@ def encode_qmd(plan: Plan, index: int, links: dict[int, int] | None = None) -> Q
     arch = architecture(plan)
     launch = plan.launches[index]
     region = plan.region(launch.region)
+    # Latched chains (QMD V04): launch i arrives at latch i + 1, its dependent waits on it.
+    latched = arch.qmd.LATCHES
+    follows = index > 0 and links.get(index - 1) == index
     dispatch = Dispatch(
         program_address=plan.placed_region(launch.region).address,
         grid=_dims(launch.grid),
@@ -416,6 +423,8 @@ def encode_qmd(plan: Plan, index: int, links: dict[int, int] | None = None) -> Q
         release=(plan.address_map.semaphores.base + LAUNCH_PROGRESS_OFFSET, index + 1),
         dependent=(plan.address_map.qmd_table.base + links[index] * qmd_stride(plan)
                    if index in links else None),
+        arrive_latch=index + 1 if latched and index in links else None,
+        wait_latch=index if latched and follows else None,
     )
     try:
         return build_qmd(arch, dispatch)

@@ -160,6 +160,7 @@ class RmDevice:
         self.subdevice = client.alloc(self.device, s.NV20_SUBDEVICE_0,
                                       s.NV2080_ALLOC_PARAMETERS(subDeviceId=0))
         self.classes = self._class_list()
+        self.boost = self._boost_clocks()
         missing = [c for c in s.HOPPER_REQUIRED_CLASSES if c not in self.classes]
         if missing:
             compute = sorted(c for c in self.classes if c & 0xFF == 0xC0)
@@ -188,6 +189,22 @@ class RmDevice:
             # Some drivers refuse this query's layout; the module states its version too.
             return module_version() or f"unknown ({error.status_name})"
         return params.driverVersionBuffer.decode(errors="replace")
+
+    def _boost_clocks(self) -> str:
+        """Ask for the highest P-state while this client lives, as the CUDA driver does for
+        its contexts. Without it the GPU idles at low clocks between Bob's submissions:
+        the chained seed schedule ran 12.5-18.9 us/update on an H200 with no CUDA context
+        in the process, 5.0 with one. A refusal is not fatal; it is reported."""
+        params = s.NV2080_CTRL_PERF_BOOST_PARAMS(
+            flags=(s.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX
+                   | s.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_YES
+                   | s.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_PRIORITY_HIGH),
+            duration=s.NV2080_CTRL_PERF_BOOST_DURATION_INFINITE)
+        try:
+            self.client.control(self.subdevice, s.NV2080_CTRL_CMD_PERF_BOOST, params)
+        except RmError as error:
+            return f"refused: {error}"
+        return "highest P-state"
 
     def _class_list(self) -> frozenset[int]:
         # One call with room to spare; the driver writes the count it filled in.
