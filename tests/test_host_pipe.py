@@ -334,6 +334,36 @@ def test_set_scalars_many_gives_set_scalars_bytes():
                 {type(v) for v in a._arguments[launch].values()}
 
 
+def test_rows_held_back_from_the_host_blocks_keep_the_order_of_every_patch(monkeypatch):
+    """set_scalars_many's rows reach the host copies of the blocks only when a block is
+    asked for; whatever the interleaving, the bytes are those of patching in order."""
+    from bob.backends import base
+
+    monkeypatch.setattr(base, "MAX_PENDING_ROWS", 3)
+    config = BobConfig(vocab=16, prompts=0, updates=4)
+    launches = [config.adamw_launch(k) for k in range(4)]
+    rng = np.random.default_rng(5)
+    names = ADAM_SCALAR_NAMES
+    with Session(choose_backend("cpu")) as one, Session(choose_backend("cpu")) as many:
+        a, b = one._backend_for(config)[1], many._backend_for(config)[1]
+        for round_ in range(9):
+            chosen = launches if round_ % 3 else launches[round_ % 4:][:2]  # keys alternate
+            words = rng.integers(0, 2**32, (len(chosen), len(names)), np.uint32)
+            for launch, row in zip(chosen, words.tolist(), strict=True):
+                a.set_scalars(launch, {n: Scalar("f32", w) for n, w in zip(names, row,
+                                                                           strict=True)})
+            b.set_scalars_many(chosen, names, words)
+            assert len(b._pending_rows) <= 3
+            if round_ == 4:  # a single patch between batches lands on the rows before it
+                single = {"decay": Scalar("f32", 0x3F000000)}
+                a.set_scalars(launches[1], single)
+                b.set_scalars(launches[1], single)
+        words[:] = 0  # the caller's array is its own again: the rows were copied
+        for launch in range(a.plan.launch_count):
+            assert a.parameter_block(launch) == b.parameter_block(launch), launch
+        assert b._pending_rows == []
+
+
 def test_set_scalars_many_refuses_what_set_scalars_refuses():
     config = BobConfig(vocab=32, prompts=0, updates=2)
     with Session(choose_backend("cpu")) as session:

@@ -37,6 +37,7 @@ from bob.plan.model import Plan, PointerParam, Scalar, ScalarParam
 from bob.plan.placement import argument_slots, encode_parameter_block
 
 _WORD = struct.Struct("<I")
+MAX_PENDING_ROWS = 64  # set_scalars_many calls held before their rows go into the blocks
 
 # (offset in the parameter block, the 4-byte word written there)
 Patch = tuple[int, bytes]
@@ -70,6 +71,12 @@ class Backend(ABC):
         # are encoded from the plan when asked for.
         self._blocks: dict[int, bytearray] = {}
         self._block_views: dict[int, np.ndarray] = {}  # uint32 views of them, where made
+        # set_scalars_many's rows not yet in _blocks: (launches, word indices, words), in
+        # order. Nothing reads the host blocks on the hot path (each backend carries the
+        # words itself), so they are brought in only when a block is asked for.
+        self._pending_rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        # The last set_scalars_many key, its launches, block offsets and word indices.
+        self._many_places: tuple[tuple, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._patchable: dict[str, dict[str, tuple[str, int]]] = {}
         self.last_semaphore = 0
 
@@ -163,6 +170,7 @@ class Backend(ABC):
             if value.dtype != dtype:
                 raise TypeError(f"argument {name!r} is {dtype}, not {value.dtype}")
             patches.append((offset, _WORD.pack(value.bits)))
+        self._apply_pending_rows()
         block = self._blocks.get(launch_index)
         if block is None:
             block = self._blocks[launch_index] = bytearray(self.parameter_block(launch_index))
@@ -181,21 +189,42 @@ class Backend(ABC):
         if words.shape != (len(launches), len(names)):
             raise ValueError(f"words must be {len(launches)} x {len(names)}, not "
                              f"{' x '.join(map(str, words.shape))}")
-        by_region: dict[str, tuple[list[int], np.ndarray]] = {}  # a region's launches share
-        offsets = []                                              # the offsets
-        word_indices = []
-        for index in launches:
-            region = self.plan.launches[index].region
-            if region not in by_region:
-                places = self._scalar_offsets(region, names, dtype)
-                # Scalars sit at 4-byte boundaries (placement): word indices in the block.
-                by_region[region] = places, np.array([p // 4 for p in places], np.intp)
-            places, indices = by_region[region]
-            offsets.append(places)
-            word_indices.append(indices)
-        for index, row, indices in zip(launches, words, word_indices, strict=True):
-            self._block_words(index)[indices] = row  # one indexed store per block
+        launches = tuple(launches)
+        order, offsets, indices = self._places_of(launches, tuple(names), dtype)
+        row = (order, indices, words.copy())
+        if self._pending_rows and self._pending_rows[-1][0] is order:
+            self._pending_rows[-1] = row  # the same places: the newer words replace all
+        else:
+            if len(self._pending_rows) >= MAX_PENDING_ROWS:
+                self._apply_pending_rows()
+            self._pending_rows.append(row)
         self._carry_scalar_rows(list(launches), tuple(names), dtype, words, offsets)
+
+    def _places_of(self, launches: tuple[int, ...], names: tuple[str, ...], dtype: str,
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The launches as an array, then launches x names: each scalar's byte offset in
+        its launch's block and its word index (scalars sit at 4-byte boundaries). Kept for
+        the last key (the same objects while it lasts): an invocation's AdamW launches are
+        the same every time."""
+        key = (launches, names, dtype)
+        if self._many_places is None or self._many_places[0] != key:
+            by_region: dict[str, list[int]] = {}  # a region's launches share the offsets
+            rows = []
+            for index in launches:
+                region = self.plan.launches[index].region
+                if region not in by_region:
+                    by_region[region] = self._scalar_offsets(region, names, dtype)
+                rows.append(by_region[region])
+            offsets = np.array(rows, np.int64).reshape(len(launches), len(names))
+            self._many_places = (key, np.asarray(launches, np.intp), offsets, offsets // 4)
+        return self._many_places[1:]
+
+    def _apply_pending_rows(self) -> None:
+        """set_scalars_many's rows into the host blocks, in the order they came."""
+        pending, self._pending_rows = self._pending_rows, []
+        for launches, indices, words in pending:
+            for index, places, row in zip(launches.tolist(), indices, words, strict=True):
+                self._block_words(index)[places] = row
 
     def _block_words(self, launch_index: int) -> np.ndarray:
         """Launch `launch_index`'s patched block as 4-byte words (a view, made once)."""
@@ -224,6 +253,7 @@ class Backend(ABC):
 
     def parameter_block(self, launch_index: int) -> bytes:
         """Launch `launch_index`'s parameter block as it stands (patches included)."""
+        self._apply_pending_rows()
         block = self._blocks.get(launch_index)
         if block is not None:
             return bytes(block)
@@ -273,10 +303,12 @@ class Backend(ABC):
         """Block until the started submissions are done."""
 
     def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
-                           words: np.ndarray, offsets: list[list[int]]) -> None:
-        """`set_scalars_many`'s words (already in the blocks) to where the device reads
-        them; the default carries them launch by launch."""
-        for index, row, places in zip(launches, words.tolist(), offsets, strict=True):
+                           words: np.ndarray, offsets: np.ndarray) -> None:
+        """`set_scalars_many`'s words to where the device reads them (`offsets`: each
+        word's byte offset in its block, launches x names); the default carries them launch
+        by launch."""
+        for index, row, places in zip(launches, words.tolist(), offsets.tolist(),
+                                      strict=True):
             values = {name: Scalar(dtype, word) for name, word in zip(names, row, strict=True)}
             patches = [(offset, _WORD.pack(word)) for offset, word in zip(places, row,
                                                                           strict=True)]

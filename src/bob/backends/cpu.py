@@ -100,7 +100,7 @@ class CpuBackend(Backend):
                 self.kernels[region](self.memory, self._arguments[launch_index])
 
     def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
-                           words: np.ndarray, offsets: list[list[int]]) -> None:
+                           words: np.ndarray, offsets: np.ndarray) -> None:
         """The decoded arguments take the new values directly: no Scalar per word."""
         if dtype != "f32":
             super()._carry_scalar_rows(launches, names, dtype, words, offsets)

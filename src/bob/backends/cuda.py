@@ -930,7 +930,7 @@ class CudaBackend(Backend):
         self._update_nodes([launch_index])
 
     def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
-                           words: np.ndarray, offsets: list[list[int]]) -> None:
+                           words: np.ndarray, offsets: np.ndarray) -> None:
         """Every launch's words into the parameter store in one indexed store, then the
         graphs' nodes."""
         self._require_open()

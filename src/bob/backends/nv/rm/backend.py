@@ -395,7 +395,7 @@ class NvBackend(Backend):
             self._program[start:start + len(data)] = data
 
     def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
-                           words: np.ndarray, offsets: list[list[int]]) -> None:
+                           words: np.ndarray, offsets: np.ndarray) -> None:
         """Every launch's words compared with the program shadow in one numpy pass, and
         only the changed ones stored, shadow and device, in one indexed store each: the
         same bytes on the device as `_carry_patches` launch by launch, without a copy
@@ -414,7 +414,7 @@ class NvBackend(Backend):
         block.store_words(self.plan.address_map.program.base - block.gpu_va, where, values)
 
     def _word_indices(self, launches: list[int], names: tuple[str, ...], dtype: str,
-                      offsets: list[list[int]]) -> np.ndarray:
+                      offsets: np.ndarray) -> np.ndarray:
         """launches x names: where each scalar's word is in the program component.
 
         Kept for the last (launches, names, dtype) asked, which fix the offsets: every
