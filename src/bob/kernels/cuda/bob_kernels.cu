@@ -813,50 +813,13 @@ static __device__ void fused_small(const FusedArgs& a, float (*buffers)[LANES],
 // Lane l visits its elements j = l + 256 i in batches of BATCH: a batch's loads are issued
 // together, so each warp keeps several requests to memory in flight.
 
-// L2 eviction hints for rows too long for shared memory (STREAM_HINTS 1): w's reads in the
-// max and sum passes ask L2 to keep the line (the update pass reads it again), the update
-// pass's reads and writes of w, m and v ask L2 to evict first. Hints change where lines
-// live, never a value.
-#ifndef STREAM_HINTS
-#define STREAM_HINTS 0
-#endif
-
-static __device__ __forceinline__ float load_kept_in_l2(const float* p) {
-#if STREAM_HINTS
-    float x;
-    asm volatile("{\n\t.reg .b64 policy;\n\t"
-                 "createpolicy.fractional.L2::evict_last.b64 policy, 1.0;\n\t"
-                 "ld.global.L2::cache_hint.f32 %0, [%1], policy;\n\t}"
-                 : "=f"(x) : "l"(p) : "memory");
-    return x;
-#else
-    return *p;
-#endif
-}
-
-static __device__ __forceinline__ float load_last_use(const float* p) {
-#if STREAM_HINTS
-    return __ldcs(p);
-#else
-    return *p;
-#endif
-}
-
-static __device__ __forceinline__ void store_streamed(float* p, float x) {
-#if STREAM_HINTS
-    __stcs(p, x);
-#else
-    *p = x;
-#endif
-}
-
 // x[b] = w[first + LANES b] for each b inside the row: BATCH loads in flight before any use.
 static __device__ __forceinline__ void load_batch(const FusedArgs& a, const float* w, u32 first,
                                                   float (&x)[BATCH]) {
 #pragma unroll
     for (u32 b = 0; b < BATCH; ++b) {
         const u32 j = first + LANES * b;
-        if (j < a.vocab) x[b] = load_kept_in_l2(w + j);
+        if (j < a.vocab) x[b] = w[j];
     }
 }
 
@@ -1184,9 +1147,9 @@ static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* 
             for (u32 b = 0; b < BATCH; ++b) {
                 const u32 j = first + LANES * b;
                 if (j < a.vocab) {
-                    wb[b] = load_last_use(w + j);
-                    mb[b] = load_last_use(m + j);
-                    vb[b] = load_last_use(v + j);
+                    wb[b] = w[j];
+                    mb[b] = m[j];
+                    vb[b] = v[j];
                     tb[b] = CORPUS ? t[j] : 0.0f;
                 }
             }
@@ -1197,9 +1160,9 @@ static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* 
                     const float p = dvd(exponential_again(a, kept, wb[b], j, row_max), s);
                     const float g = gradient<CORPUS>(a, p, j, target, weight_sum, tb[b]);
                     adamw_element(step, g, wb[b], mb[b], vb[b]);
-                    store_streamed(w + j, canonical(wb[b]));
-                    store_streamed(m + j, canonical(mb[b]));
-                    store_streamed(v + j, canonical(vb[b]));
+                    w[j] = canonical(wb[b]);
+                    m[j] = canonical(mb[b]);
+                    v[j] = canonical(vb[b]);
                 }
             }
         }
