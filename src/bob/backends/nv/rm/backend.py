@@ -200,7 +200,7 @@ class NvBackend(Backend):
             assert arena.gpu_va is not None
             self._guarded(lambda: self.stream.write(arena.gpu_va + offset, data))
             return
-        arena.write(offset, bytes(data))
+        arena.write(offset, data)  # the caller's bytes straight into the mapping
 
     def _read_arena(self, offset: int, size: int) -> bytes:
         self._require_open()

@@ -77,7 +77,7 @@ class Allocation:
             raise IndexError(f"{size} bytes at +0x{offset:x} are outside {self.name} "
                              f"({self.size} bytes)")
 
-    def write(self, offset: int, data: bytes) -> None:
+    def write(self, offset: int, data: bytes | memoryview) -> None:
         self._check(offset, len(data))
         self.cpu[offset:offset + len(data)] = data
 
