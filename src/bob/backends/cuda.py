@@ -60,7 +60,7 @@ from typing import Any, Literal
 import numpy as np
 
 from bob.backends.base import Backend, Patch, ReadHandle
-from bob.backends.landing import Landing
+from bob.backends.landing import Landing, packed
 from bob.config import ARENA_KINDS
 from bob.errors import BackendUnavailable, RunFailure
 from bob.kernels.cuda.compile import NvrtcError, nvrtc_version
@@ -406,7 +406,6 @@ UPLOAD_CHUNK_BYTES = 16 << 20  # each of the two pinned chunks a large write goe
 # previous invocation's graph, and the host could not prepare the next one beside it.
 SMALL_WRITE_BYTES = 1 << 20
 SMALL_WRITE_SLOTS = 8
-STAGING_ALIGNMENT = 256  # each tensor's start in the read-back staging
 COPY_OUT_CHUNK_BYTES = 32 << 20  # a larger tensor leaves the pinned staging in parallel pieces
 COPY_OUT_THREADS = 8
 
@@ -809,12 +808,9 @@ class CudaBackend(Backend):
         self._require_open()
         if self._reading is not None:
             self._reading.wait()  # the staging is reused: the previous read completes first
-        layout: list[tuple[str, int, int]] = []
-        end = 0
-        for name in names:
-            size = self.plan.tensor(name).bytes
-            layout.append((name, end, size))
-            end += -(-size // STAGING_ALIGNMENT) * STAGING_ALIGNMENT
+        sizes = [self.plan.tensor(name).bytes for name in names]
+        positions, end = packed(sizes)
+        layout = list(zip(names, positions, sizes, strict=True))
         staging = self._read_staging(end)
         _call("cuCtxSetCurrent", self._context)
         landing = self._landing_for(end).take()

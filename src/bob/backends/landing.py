@@ -20,6 +20,17 @@ LANDING_BYTES = 8 << 30  # page-locked memory the landing buffers may take toget
 LANDING_MIN_BYTES = 64 << 20  # smaller reads are copied out of the staging (cheap)
 LANDING_BUFFERS = 4  # at most: the arena's checkpoint, the caller's, the writer's, the next
 PAGE = 4096
+PACKING = 256  # each tensor's start in a read packed into one buffer
+
+
+def packed(sizes: list[int]) -> tuple[list[int], int]:
+    """Where each of tensors of these sizes starts when one read packs them into one
+    buffer (each at a PACKING boundary), and the bytes the buffer needs."""
+    positions, end = [], 0
+    for size in sizes:
+        positions.append(end)
+        end += -(-size // PACKING) * PACKING
+    return positions, end
 
 
 class Landing:

@@ -47,7 +47,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bob.backends.base import Backend, Patch, ReadHandle
-from bob.backends.landing import LANDING_MIN_BYTES, Landing
+from bob.backends.landing import LANDING_MIN_BYTES, Landing, packed
 from bob.backends.nv.encoder import (
     LAUNCH_PROGRESS_OFFSET,
     SEMAPHORE_SLOT_BYTES,
@@ -77,7 +77,6 @@ from .stream import COPY_PIECE_BYTES, COPY_THRESHOLD, RuntimeStream
 SUPPORTED_TARGET = "sm_90"
 DEFAULT_DEADLINE_S = 30.0  # without progress; the clock restarts whenever GP_GET moves
 SEMAPHORE_BYTES = 8  # each submission releases a 64-bit value into its slot
-LANDING_ALIGNMENT = 256  # tensors packed in a landing buffer start at this alignment
 
 
 def nv_available() -> tuple[bool, str]:
@@ -145,7 +144,7 @@ class NvBackend(Backend):
             # pass compares and applies many launches' scalars.
             self._program_words = np.frombuffer(
                 memoryview(self._program)[:len(self._program) // 4 * 4], np.uint32)
-            self._patched_words: tuple[tuple, np.ndarray] | None = None  # _word_indices
+            self._patched_words: tuple[np.ndarray, np.ndarray] | None = None  # _word_indices
             self.channel = Channel(self.device)
             self.channel.submit([self.encoded.entry(i) for i in range(SETUP_ENTRIES)])
             self.channel.wait(lambda: self.channel.gp_get, SETUP_ENTRIES, deadline_s,
@@ -213,12 +212,11 @@ class NvBackend(Backend):
     def begin_read(self, names: Sequence[str]) -> ReadHandle:
         """Large reads of the device arena land, by copy engine, in one host buffer handed
         out as the tensors (packed, no copy on the host); small ones read as before."""
-        layout: list[tuple[str, int, int, int]] = []  # name, arena offset, position, bytes
-        end = 0
-        for name in names:
-            size = self.plan.tensor(name).bytes
-            layout.append((name, self._arena_offset(name, 0, size), end, size))
-            end += -(-size // LANDING_ALIGNMENT) * LANDING_ALIGNMENT
+        sizes = [self.plan.tensor(name).bytes for name in names]
+        positions, end = packed(sizes)
+        # name, arena offset, position in the buffer, bytes
+        layout = [(name, self._arena_offset(name, 0, size), position, size)
+                  for name, position, size in zip(names, positions, sizes, strict=True)]
         if end < LANDING_MIN_BYTES or not self._copies(end):
             return super().begin_read(names)
         self.wait()
@@ -403,7 +401,7 @@ class NvBackend(Backend):
         self._require_open()
         if not launches:
             return
-        indices = self._word_indices(launches, names, dtype, offsets)
+        indices = self._word_indices(launches, offsets)
         changed = self._program_words[indices] != words
         if not changed.any():
             return
@@ -413,20 +411,17 @@ class NvBackend(Backend):
         assert block.gpu_va is not None
         block.store_words(self.plan.address_map.program.base - block.gpu_va, where, values)
 
-    def _word_indices(self, launches: list[int], names: tuple[str, ...], dtype: str,
-                      offsets: np.ndarray) -> np.ndarray:
+    def _word_indices(self, launches: list[int], offsets: np.ndarray) -> np.ndarray:
         """launches x names: where each scalar's word is in the program component.
 
-        Kept for the last (launches, names, dtype) asked, which fix the offsets: every
-        invocation of a plan patches the same launches, and building the table from the
-        offsets' lists costs more than the rest of the pass."""
-        key = (tuple(launches), names, dtype)
-        if self._patched_words is None or self._patched_words[0] != key:
+        Kept for the offsets asked last: the base class hands the same array for as long
+        as an invocation patches the same launches (``Backend._places_of``)."""
+        if self._patched_words is None or self._patched_words[0] is not offsets:
             program = self.plan.address_map.program.base
             blocks = np.array([self.plan.parameter_block_address(index) - program
                                for index in launches], np.int64)
             places = blocks[:, None] + np.asarray(offsets, np.int64)
-            self._patched_words = (key, places // 4)  # scalars sit at 4-byte boundaries
+            self._patched_words = (offsets, places // 4)  # scalars sit at 4-byte boundaries
         return self._patched_words[1]
 
     def close(self) -> None:

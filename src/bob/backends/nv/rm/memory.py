@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import mmap
 import threading
 from dataclasses import dataclass, field
@@ -205,7 +206,7 @@ def _reserve_and_map(device: RmDevice, block: Allocation, gpu_va: int | None,
                       f"0x{block.gpu_va:x}")
 
 
-_host_handles = iter(range(0xB0B0_0001, 0xB0B0_FFFF))  # RM's own handles start at 0xcaf00000
+_host_handles = itertools.count(0xB0B0_0001)  # below RM's own handles, from 0xcaf00000
 
 
 def describe_host(device: RmDevice, address: int, size: int, *, gpu_va: int | None = None,
