@@ -428,6 +428,19 @@ extern "C" __global__ void bob_health(const float* parameters, const float* firs
 #ifndef SMALL_PATH
 #define SMALL_PATH 1  // V <= 256 on 128 lanes of two elements (fused_small)
 #endif
+// Threads that run a small row (V <= 256): 128 (fused_small, two elements each), or 64 or
+// 32 (fused_small_narrow: four or eight elements each). The block stays 256 threads (the
+// plan and the blockDim check are the same for every variant); the others leave at once.
+// The default is the one line to change when the H200 picks another (bench/bench_small.py).
+#ifndef SMALL_THREADS
+#define SMALL_THREADS 128u
+#endif
+#ifndef SMALL_FULL_ROWS
+#define SMALL_FULL_ROWS 0  // fused_small_narrow: a copy without bounds tests for V == 256 (1)
+#endif
+#ifndef SMALL_FAST_DIVIDE
+#define SMALL_FAST_DIVIDE 0  // fused_small_narrow: a thread's divisions and roots together (1)
+#endif
 #ifndef RESIDENT_SLOTS
 #define RESIDENT_SLOTS 4u  // row elements per lane in registers on the resident path
 #endif
@@ -451,8 +464,13 @@ extern "C" __global__ void bob_health(const float* parameters, const float* firs
 #define BATCH 4u  // elements per lane loaded together on the streaming path
 #endif
 #ifndef FUSED_BOUNDS
+#if SMALL_THREADS == 32
+// Eight row elements a thread on the small path need about 90 registers (64 spill).
+#define FUSED_BOUNDS __launch_bounds__(LANES, 2)
+#else
 // At most 64 registers, so 4 blocks of 256 lanes fit an SM: more warps hide memory latency.
 #define FUSED_BOUNDS __launch_bounds__(LANES, 4)
+#endif
 #endif
 
 // Block reductions over two shared buffers used in turn.
@@ -806,6 +824,315 @@ static __device__ void fused_small(const FusedArgs& a, float (*buffers)[LANES],
             a.second_moment[base + j[i]] = canonical(v[i]);
         }
     }
+}
+
+// -- small rows, narrow: 64 or 32 threads per row (SMALL_THREADS) ------------------------
+//
+// Thread t holds elements t + T i (T = SMALL_THREADS, i < 256 / T), the tree's lanes t,
+// t + T, ...: levels 128 down to T combine values one thread holds, in registers (fold).
+// With T = 64, level 32 is the one exchange between the row's two warps (shared memory and
+// a barrier of 64 threads); with T = 32 the row is one warp and needs neither shared memory
+// nor a barrier. (T = 128 is fused_small's layout, here so SMALL_FAST_DIVIDE can be measured
+// on it.) Levels 16 to 1 are shuffles: xor for sums (every lane ends with the same bits,
+// addition being commutative bit for bit), down then a broadcast of lane 0 for the literal
+// max. The row max is the integer max of order keys, one __reduce_max_sync per warp, and
+// the literal tree only when that maximum is a zero (as in fused_small).
+// Fewer threads each hold more of the row: the trees run mostly in registers, and one
+// update's dependent chain loses barriers and shared-memory round trips; the price is
+// 256 / T elements' exponentials, divisions and square roots issued by each thread, which
+// only overlap with SMALL_FAST_DIVIDE (below).
+
+// Levels N/2, N/4, ..., 1 (in units of the stride between a thread's lanes) over a[i] =
+// tree lane base + stride i: lane base + stride i takes base + stride (i + n), the lower
+// lane held. Returns the thread's partial of tree lane `base`; `a` is overwritten.
+template <u32 N, typename Op>
+static __device__ __forceinline__ float fold(float (&a)[N], Op op) {
+#pragma unroll
+    for (u32 n = N / 2; n > 0; n /= 2) {
+#pragma unroll
+        for (u32 i = 0; i < n; ++i) a[i] = op(a[i], a[i + n]);
+    }
+    return a[0];
+}
+
+template <u32 T>
+struct NarrowTrees {
+    static constexpr u32 ELEMENTS = LANES / T;
+    static constexpr u32 WARPS = T / WARP;
+    static_assert(T == 32u || T == 64u || T == 128u, "a small row runs on 32, 64 or 128 threads");
+    float (*buffers)[LANES];
+    u32 turn;
+    __device__ float* next() {
+        float* buffer = buffers[turn];
+        turn ^= 1u;
+        return buffer;
+    }
+    // Barrier 0 counting the row's threads (fused_small's reason: no other barrier id).
+    __device__ static void barrier() { asm volatile("bar.sync 0, %0;" ::"n"(T) : "memory"); }
+    // Levels T/2 ... 1, from each thread's partial of tree lane threadIdx.x.
+    template <typename Op>
+    __device__ float across(float partial, Op op, bool commutes) {
+        float x = partial;
+        if (WARPS > 1) {  // levels T/2 ... 32 across the row's warps, through shared memory
+            float* buffer = next();
+            buffer[threadIdx.x] = partial;
+            barrier();
+            float b[WARPS];
+#pragma unroll
+            for (u32 w = 0; w < WARPS; ++w) b[w] = buffer[threadIdx.x % WARP + WARP * w];
+            x = fold(b, op);
+        }
+        if (commutes) {
+#pragma unroll
+            for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_xor_sync(FULL_WARP, x, s));
+            return x;
+        }
+#pragma unroll
+        for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_down_sync(FULL_WARP, x, s));
+        return __shfl_sync(FULL_WARP, x, 0);
+    }
+    // The whole tree over the thread's lane partials (partials[i]: lane t + T i).
+    template <typename Op>
+    __device__ float reduce(const float (&partials)[ELEMENTS], Op op, bool commutes) {
+        float a[ELEMENTS];
+#pragma unroll
+        for (u32 i = 0; i < ELEMENTS; ++i) a[i] = partials[i];
+        return across(fold(a, op), op, commutes);
+    }
+    __device__ float sum(const float (&partials)[ELEMENTS]) {
+        return reduce(partials, SumOp(), true);
+    }
+    __device__ float max(const float (&partials)[ELEMENTS]) {
+        int key = order_key(partials[0]);
+#pragma unroll
+        for (u32 i = 1; i < ELEMENTS; ++i) key = ::max(key, order_key(partials[i]));
+        key = __reduce_max_sync(FULL_WARP, key);
+        if (WARPS > 1) {
+            int* keys = (int*)next() + T;  // past the partials a literal tree would use
+            if (threadIdx.x % WARP == 0) keys[threadIdx.x / WARP] = key;
+            barrier();
+            key = keys[0];
+#pragma unroll
+            for (u32 w = 1; w < WARPS; ++w) key = ::max(key, keys[w]);
+        }
+        const float m = from_order_key(key);
+        if (m != 0.0f) return m;  // uniform: every lane holds the same key
+        return reduce(partials, MaxOp(), false);  // a zero: whose sign the order decides
+    }
+};
+
+// IEEE division and square root on sm_90's own fast paths, without their branches.
+// ptxas expands __fdiv_rn and __fsqrt_rn into a short sequence (below), a range check, and
+// a branch to a slow subroutine where the check fails; each call is its own basic block,
+// so a thread's elements go through AdamW one after another (seen in the SASS: eight
+// elements per thread ran eight dependent chains in a row). Here every element's fast
+// sequence is issued together, then, only where some element's operands fall outside
+// the range where the sequence is the correctly rounded result, that stage is done again
+// with the intrinsics. The sequences are the instructions ptxas emits for the intrinsics'
+// fast paths (MUFU.RCP, then five FFMA; MUFU.RSQ, two FMUL.FTZ, two FFMA), so inside the
+// ranges they give the intrinsics' bits; the ranges are narrower than the intrinsics' own
+// checks: the sqrt check is the one ptxas emits, the division's keeps both operands and
+// the quotient far from the subnormal and overflow ranges (FCHK, the check ptxas uses,
+// is not reachable from PTX).
+
+// |x| in [2^-60, 2^60): a division of two such is a normal quotient in (2^-121, 2^121)
+// with an exact remainder (no underflow anywhere in the sequence).
+static __device__ __forceinline__ bool moderate(float x) {
+    const u32 biased = ((u32)__float_as_int(x) >> 23) & 0xFFu;
+    return biased - 67u <= 186u - 67u;
+}
+
+// a / b, correctly rounded when moderate(a) and moderate(b): the reciprocal estimate,
+// one Newton step, the quotient, and its correction by the exact remainder.
+static __device__ __forceinline__ float quotient_fast(float a, float b) {
+    float r0;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(b));
+    const float r = __fmaf_rn(r0, __fmaf_rn(-b, r0, 1.0f), r0);
+    const float q = __fmaf_rn(a, r, 0.0f);
+    return __fmaf_rn(r, __fmaf_rn(-b, q, a), q);
+}
+
+// The range ptxas's own check lets through to the fast square root: x in [2^-101, max].
+static __device__ __forceinline__ bool root_fast_applies(float x) {
+    return (u32)__float_as_int(x) - 0x0D000000u <= 0x727FFFFFu;
+}
+
+// sqrt(x), correctly rounded when root_fast_applies(x): y = x / sqrt(x) estimate, then one
+// correction by the exact residual x - y^2.
+static __device__ __forceinline__ float root_fast(float x) {
+    float r, y, h;
+    asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    asm("mul.rn.ftz.f32 %0, %1, %2;" : "=f"(y) : "f"(x), "f"(r));
+    asm("mul.rn.ftz.f32 %0, %1, 0f3F000000;" : "=f"(h) : "f"(r));
+    return __fmaf_rn(__fmaf_rn(-y, y, x), h, y);
+}
+
+// AdamW on a thread's E elements (adamw_element's operations and bits, p_i = e_i / s
+// first), each division and root stage issued for all elements together. Elements past
+// V are computed too (their values are never stored or reduced) but never force the
+// slow path.
+template <bool CORPUS, u32 E>
+static __device__ __forceinline__ void adamw_together(
+        const FusedArgs& a, const AdamStep& step, const float (&e)[E], float s,
+        const u32 (&j)[E], const bool (&inside)[E], u32 target, float weight_sum,
+        const float (&t)[E], float (&w)[E], float (&m)[E], float (&v)[E]) {
+    // The range tests combine with & rather than &&: no branch between elements.
+    float x[E], y[E];
+    bool fast = moderate(s);
+#pragma unroll
+    for (u32 i = 0; i < E; ++i) {
+        x[i] = quotient_fast(e[i], s);
+        fast &= !inside[i] | moderate(e[i]);
+    }
+    if (!fast) {
+#pragma unroll
+        for (u32 i = 0; i < E; ++i) x[i] = dvd(e[i], s);
+    }
+    fast = true;
+#pragma unroll
+    for (u32 i = 0; i < E; ++i) {  // x: p_i, then y: sqrt(v_i)
+        const float g = gradient<CORPUS>(a, x[i], j[i], target, weight_sum, t[i]);
+        m[i] = add(mul(m[i], step.beta1), mul(step.one_minus_beta1, g));
+        v[i] = add(mul(v[i], step.beta2), mul(mul(g, g), step.one_minus_beta2));
+        y[i] = root_fast(v[i]);
+        fast &= !inside[i] | root_fast_applies(v[i]);
+    }
+    if (!fast) {
+#pragma unroll
+        for (u32 i = 0; i < E; ++i) y[i] = __fsqrt_rn(v[i]);
+    }
+    fast = true;
+#pragma unroll
+    for (u32 i = 0; i < E; ++i) {  // x: step_size m_i, y: sqrt(v_i) + eps_hat, then the quotient
+        const float numerator = mul(step.step_size, m[i]);
+        y[i] = add(y[i], step.eps_hat);
+        fast &= !inside[i] | (moderate(numerator) & moderate(y[i]));
+        x[i] = quotient_fast(numerator, y[i]);
+    }
+    if (!fast) {
+#pragma unroll
+        for (u32 i = 0; i < E; ++i) x[i] = dvd(mul(step.step_size, m[i]), y[i]);
+    }
+#pragma unroll
+    for (u32 i = 0; i < E; ++i) w[i] = sub(mul(w[i], step.decay), x[i]);
+}
+
+// One row of V <= 256 on T threads. FULL: V == 256, so no element needs a bounds test.
+template <bool CORPUS, u32 T, bool FULL>
+static __device__ void fused_small_narrow(const FusedArgs& a, float (*buffers)[LANES],
+                                          float (*scalar_buffers)[LANES]) {
+    constexpr u32 E = LANES / T;  // elements per thread
+    if (threadIdx.x >= T) return;  // never at a barrier: the others count T
+    NarrowTrees<T> trees{buffers, 0u};
+    StagedScalars scalars{scalar_buffers[0], T};
+    const u64 base = (u64)blockIdx.x * a.vocab;
+    u32 j[E];
+    bool inside[E];
+    float w[E], m[E], v[E], t[E], e[E];
+#pragma unroll
+    for (u32 i = 0; i < E; ++i) {
+        j[i] = threadIdx.x + T * i;
+        inside[i] = FULL || j[i] < a.vocab;
+        w[i] = m[i] = v[i] = t[i] = e[i] = 0.0f;
+        if (inside[i]) {
+            w[i] = a.parameters[base + j[i]];
+            m[i] = a.first_moment[base + j[i]];
+            v[i] = a.second_moment[base + j[i]];
+            if (CORPUS) t[i] = a.weights[base + j[i]];
+        }
+    }
+    float partial[E];
+    float weight_sum = 0.0f;
+    if (CORPUS) {
+#pragma unroll
+        for (u32 i = 0; i < E; ++i) partial[i] = add(0.0f, t[i]);  // t is +0 past V
+        weight_sum = trees.sum(partial);
+    }
+    const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
+
+    // Row max, e_i, and the row sum s of the current w.
+    auto exponentials = [&](float& row_max) {
+#pragma unroll
+        for (u32 i = 0; i < E; ++i) partial[i] = max_partial(w[i], inside[i]);
+        row_max = trees.max(partial);
+#pragma unroll
+        for (u32 i = 0; i < E; ++i) {
+            e[i] = bob_exp2(exponent(w[i], row_max, a.log2e));
+            partial[i] = inside[i] ? add(0.0f, e[i]) : 0.0f;
+        }
+        return trees.sum(partial);
+    };
+
+    for (u32 k = 0; k < a.updates; ++k) {
+        scalars.stage(a, k);
+        // One warp has no barrier: order the staged chunk's writes before its reads.
+        if (T == WARP && k % scalars.rows() == 0) __syncwarp();
+        float row_max;
+        const float s = exponentials(row_max);
+        const AdamStep step = scalars.step(a, k);  // after the trees' barriers (T = 64)
+        if (SMALL_FAST_DIVIDE) {
+            adamw_together<CORPUS, E>(a, step, e, s, j, inside, target, weight_sum, t, w, m, v);
+            continue;
+        }
+#pragma unroll
+        for (u32 i = 0; i < E; ++i) {
+            if (inside[i]) {
+                const float g = gradient<CORPUS>(a, dvd(e[i], s), j[i], target, weight_sum, t[i]);
+                adamw_element(step, g, w[i], m[i], v[i]);
+            }
+        }
+    }
+
+    if (a.finish) {
+        float row_max;
+        const float s = exponentials(row_max);
+        const float big_l = bob_log2(s);
+#pragma unroll
+        for (u32 i = 0; i < E; ++i) {
+            partial[i] = 0.0f;
+            if (inside[i]) {
+                const float g = gradient<CORPUS>(a, dvd(e[i], s), j[i], target, weight_sum, t[i]);
+                a.gradients[base + j[i]] = canonical(g);
+                const float z = exponent(w[i], row_max, a.log2e);
+                if (CORPUS) {
+                    partial[i] = add(0.0f, mul(sub(big_l, z), t[i]));
+                } else if (j[i] == target) {
+                    a.loss[blockIdx.x] = canonical(mul(a.ln2, sub(big_l, z)));
+                }
+            }
+        }
+        if (CORPUS) {
+            const float total = trees.sum(partial);
+            if (threadIdx.x == 0) a.loss[blockIdx.x] = canonical(mul(a.ln2, total));
+        } else if (target >= a.vocab && threadIdx.x == 0) {
+            a.loss[blockIdx.x] = f32(CANONICAL_NAN);
+        }
+    }
+#pragma unroll
+    for (u32 i = 0; i < E; ++i) {
+        if (inside[i]) {
+            a.parameters[base + j[i]] = canonical(w[i]);
+            a.first_moment[base + j[i]] = canonical(m[i]);
+            a.second_moment[base + j[i]] = canonical(v[i]);
+        }
+    }
+}
+
+// The small path the macros pick: fused_small (the default) or its narrow twin.
+template <bool CORPUS>
+static __device__ void fused_small_row(const FusedArgs& a, float (*buffers)[LANES],
+                                       float (*scalar_buffers)[LANES]) {
+#if SMALL_THREADS == 128 && !SMALL_FAST_DIVIDE && !SMALL_FULL_ROWS
+    fused_small<CORPUS>(a, buffers, scalar_buffers);
+#elif SMALL_THREADS == 128 || SMALL_THREADS == 64 || SMALL_THREADS == 32
+    if (SMALL_FULL_ROWS && a.vocab == LANES) {
+        fused_small_narrow<CORPUS, SMALL_THREADS, true>(a, buffers, scalar_buffers);
+    } else {
+        fused_small_narrow<CORPUS, SMALL_THREADS, false>(a, buffers, scalar_buffers);
+    }
+#else
+#error "SMALL_THREADS must be 128, 64 or 32"
+#endif
 }
 
 // -- streaming: the row in global memory, its exponentials in shared memory ----------------
@@ -1244,7 +1571,7 @@ static __device__ void fused_train(const FusedArgs& a, FusedShared& shared) {
     Lanes lanes{shared.buffers, 0u};
     StagedScalars scalars{shared.scalars[0], LANES};
     if (SMALL_PATH && a.vocab <= LANES) {
-        fused_small<CORPUS>(a, shared.buffers, shared.scalars);
+        fused_small_row<CORPUS>(a, shared.buffers, shared.scalars);
     } else if (a.vocab <= SLOTS * LANES) {
         fused_resident<CORPUS, SLOTS>(a, lanes, scalars);
     } else {
