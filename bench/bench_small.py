@@ -38,6 +38,8 @@ from bob.program.bob import BobConfig, build_plan
 VARIANTS = {
     "128 threads (default)": "",
     "128 threads, fast divide": "#define SMALL_FAST_DIVIDE 1\n",
+    "128 threads, fast divide, full rows":
+        "#define SMALL_FAST_DIVIDE 1\n#define SMALL_FULL_ROWS 1\n",
     "64 threads": "#define SMALL_THREADS 64u\n",
     "64 threads, fast divide": "#define SMALL_THREADS 64u\n#define SMALL_FAST_DIVIDE 1\n",
     "64 threads, fast divide, full rows":

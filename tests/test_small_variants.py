@@ -302,7 +302,8 @@ def run_fast_path_kernel(arch: str, entry: str, *scalars: int) -> tuple[int, int
             *(ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values))
         cuda.cuLaunchKernel.argtypes = (ctypes.c_void_p, *(ctypes.c_uint,) * 7,
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-        call("cuLaunchKernel", function, BLOCKS, 1, 1, THREADS, 1, 1, 0, None, params, None)
+        call("cuLaunchKernel", function, BLOCKS, 1, 1, THREADS, 1, 1, 0, None,
+             ctypes.cast(params, ctypes.c_void_p), None)
         call("cuCtxSynchronize")
         words = (ctypes.c_uint64 * 2)()
         call("cuMemcpyDtoH_v2", words, memory, ctypes.c_size_t(16))
