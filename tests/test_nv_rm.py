@@ -415,6 +415,38 @@ def make_channel(driver=None):
     return driver, device, ch.Channel(device, entries=16)
 
 
+def test_a_copy_out_channel_joins_the_group_before_it_is_scheduled():
+    driver = FakeDriver()
+    device = RmDevice(RmClient(driver.transport()))
+    channel = ch.Channel(device, entries=16, copy_ring_va=ch.RUNTIME_VA_BASE + (2 << 20))
+    out = channel.copy_out
+    assert out is not None and channel.copy_out_refused == ""
+    channels = [(handle, parent) for handle, (cls, parent) in driver.objects.items()
+                if cls == s.HOPPER_CHANNEL_GPFIFO_A]
+    assert channels == [(channel.handle, channel.group), (out.handle, channel.group)]
+    assert out.ring.gpu_va == ch.RUNTIME_VA_BASE + (2 << 20) and out.entries == 256
+    # Both channels' tokens were asked for, then the group went on the runlist once.
+    assert driver.controls[-3:] == [s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN] * 2 + [
+        s.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE]
+    channel.close()
+    assert channel.copy_out is None
+
+
+def test_a_refused_copy_out_channel_leaves_the_plans_channel_working():
+    class RefusesTheSecondChannel(FakeDriver):
+        def handle(self, fd, number, argument):
+            channels = sum(cls == s.HOPPER_CHANNEL_GPFIFO_A for cls, _ in self.objects.values())
+            self.refuse = {s.HOPPER_CHANNEL_GPFIFO_A: 0x51} if channels else {}
+            return super().handle(fd, number, argument)
+
+    driver = RefusesTheSecondChannel()
+    device = RmDevice(RmClient(driver.transport()))
+    channel = ch.Channel(device, entries=16, copy_ring_va=ch.RUNTIME_VA_BASE + (2 << 20))
+    assert channel.copy_out is None and "NV_ERR_NO_MEMORY" in channel.copy_out_refused
+    assert driver.controls[-1] == s.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE
+    channel.close()
+
+
 def test_channel_objects_and_parameters():
     driver, device, channel = make_channel()
     by_class = {cls: (handle, parent) for handle, (cls, parent) in driver.objects.items()}
@@ -620,6 +652,8 @@ def test_the_plan_check_names_what_differs_on_a_driver_that_runs_nothing(monkeyp
 
 
 def test_nv_backend_run_submits_the_encoded_entries_and_waits_for_the_last_slot(monkeypatch):
+    # The run waited for by its own slot, not queued on the runtime stream.
+    monkeypatch.setattr("bob.backends.nv.rm.backend.NvBackend.queue_runs", False)
     plan = _plan()
     backend, completes = _open_on_fake_driver(monkeypatch, plan)
     semaphores = backend.blocks["semaphores"]
@@ -663,9 +697,9 @@ def test_nv_backend_set_scalars_writes_the_patched_words_into_the_block(monkeypa
 def test_nv_backend_timeout_names_the_last_launch_completed(monkeypatch):
     plan = _plan()
     backend, _ = _open_on_fake_driver(monkeypatch, plan)
-    monkeypatch.undo()  # the real wait: no GPU moves the semaphore
-    with pytest.raises(ioctl.SubmissionTimeout, match="submission 0's semaphore is 0, not 1.*"
-                       "no launch has completed"):
+    monkeypatch.undo()  # the real wait: no GPU moves the runtime counter
+    with pytest.raises(ioctl.SubmissionTimeout, match=r"submissions 0 to 0 \(runtime item 1\) "
+                       r"is 0, not 1.*no launch has completed"):
         backend.run(range(1))
     progress = backend.encoded.launch_progress_address - backend.blocks["semaphores"].gpu_va
     backend.blocks["semaphores"].write(progress, struct.pack("<I", 3))
