@@ -1071,7 +1071,7 @@ static __device__ void fused_small_narrow(const FusedArgs& a, float (*buffers)[L
         if (T == WARP && k % scalars.rows() == 0) __syncwarp();
         float row_max;
         const float s = exponentials(row_max);
-        const AdamStep step = scalars.step(a, k);  // after the trees' barriers (T = 64)
+        const AdamStep step = scalars.step(a, k);  // after the max's barrier (T >= 64)
         if (SMALL_FAST_DIVIDE) {
             adamw_together<CORPUS, E>(a, step, e, s, j, inside, target, weight_sum, t, w, m, v);
             continue;
