@@ -101,7 +101,7 @@ class GpfifoRing:
     and waiting. `Channel` is the plan's; a copy-out ring is a second channel beside it."""
 
     def __init__(self, device: RmDevice, group: int, context_share: int, entries: int,
-                 ring_va: int, engine: int):
+                 ring_va: int):
         if entries & (entries - 1) or entries < 2:
             raise ValueError(f"GPFIFO entries must be a power of two, not {entries}")
         self.device = device
@@ -116,7 +116,7 @@ class GpfifoRing:
             self.notifier.close()
             raise
         try:
-            self._open(device, group, context_share, entries, engine)
+            self._open(device, group, context_share, entries)
         except BaseException:
             self.ring.close()
             self.notifier.close()
@@ -125,10 +125,7 @@ class GpfifoRing:
         self._gp_get = self.ring.u32(self.userd_offset + s.USERD_GP_GET)
         self.put_count = 0
 
-    def _open(self, device: RmDevice, group: int, context_share: int, entries: int,
-              engine: int) -> None:
-        """The channel, then its engine's object (which binds the channel to the engine: the
-        driver gives a work submit token only to a bound channel), then the token."""
+    def _open(self, device: RmDevice, group: int, context_share: int, entries: int) -> None:
         client = device.client
         params = s.NV_CHANNEL_ALLOC_PARAMS(
             hObjectError=self.notifier.memory, hObjectBuffer=self.ring.memory,
@@ -137,7 +134,6 @@ class GpfifoRing:
         params.hUserdMemory[0] = self.ring.memory
         params.userdOffset[0] = self.userd_offset
         self.handle = client.alloc(group, s.HOPPER_CHANNEL_GPFIFO_A, params)
-        self.engine_object = client.alloc(self.handle, engine)
         token = s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN_PARAMS(workSubmitToken=0xFFFF_FFFF)
         client.control(self.handle, s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN, token)
         self.token = token.workSubmitToken
@@ -229,15 +225,14 @@ class Channel(GpfifoRing):
                                           s.NV_CTXSHARE_ALLOCATION_PARAMETERS(
                                               hVASpace=device.vaspace,
                                               flags=s.NV_CTXSHARE_ALLOCATION_FLAGS_SUBCONTEXT_ASYNC))
-        super().__init__(device, self.group, self.context_share, entries, ring_va,
-                         s.HOPPER_COMPUTE_A)
-        self.compute = self.engine_object
+        super().__init__(device, self.group, self.context_share, entries, ring_va)
+        self.compute = client.alloc(self.handle, s.HOPPER_COMPUTE_A)
         self.copy_out: GpfifoRing | None = None
         self.copy_out_refused = "not asked for"
         if copy_ring_va is not None:
             try:  # before the group is scheduled: its channels go on the runlist together
                 self.copy_out = GpfifoRing(device, self.group, self.context_share,
-                                           COPY_OUT_ENTRIES, copy_ring_va, s.HOPPER_DMA_COPY_A)
+                                           COPY_OUT_ENTRIES, copy_ring_va)
                 self.copy_out_refused = ""
             except RmError as error:
                 self.copy_out_refused = str(error)

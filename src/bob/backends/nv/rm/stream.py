@@ -191,6 +191,7 @@ class _Queue:
         self._segment_free_after = [start] * SEGMENTS
         self._next_segment = 0
         self._bound = False  # the first batch of copies binds the class on its subchannel
+        self.copy_object = 0
 
     @property
     def completed(self) -> int:
@@ -379,6 +380,7 @@ class RuntimeStream:
                 return None
             try:
                 out = _Queue(self.device, ring, COPY_OUT_BLOCK_VA, self._wait, 0, "copy-out")
+                out.copy_object = self.device.client.alloc(ring.handle, s.HOPPER_DMA_COPY_A)
             except RmError as error:
                 self.out_refused = f"the copy-out queue could not be set up: {error}"
                 return None
