@@ -244,6 +244,9 @@ class FakeDriver:
             filled = min(len(self.classes), params.numClasses)
             params.numClasses = filled if params.classList else len(self.classes)
         elif request.cmd == s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN:
+            if not any(parent == request.hObject for _, parent in self.objects.values()):
+                request.status = 0x40  # NV_ERR_INVALID_STATE: no engine object binds it yet
+                return  # (the H200's 580 driver answers so)
             params = s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN_PARAMS.from_address(
                 request.params)
             params.workSubmitToken = 0x10023
