@@ -123,7 +123,7 @@ ONE_LAUNCH_MAX_VOCAB = 8192
 # The fused kernels' on-chip rows (bob_kernels.cu: RESIDENT_SLOTS and WIDE_SLOTS x 256).
 RESIDENT_VOCAB = 1024
 WIDE_VOCAB = 4096
-TALL_VOCAB = 8192  # bob_kernels.cu: TALL_THREADS x TALL_SLOTS
+TALL_VOCAB = 8192  # bob_kernels.cu: TALL_VOCAB (TALL_THREADS x TALL_SLOTS)
 # Where the tall kernels overtake the streaming narrow ones (H200, 100 updates, us/update
 # tall against narrow): hard 108 vs 105 at V = 4097, 122 vs 128 at 4608; corpus 139 vs
 # 130 at 4608, 159 vs 158 at 5120, 211 vs 321 at 6000 (docs/BENCHMARKS.md).

@@ -1374,6 +1374,10 @@ extern "C" __global__ STREAM_BOUNDS void bob_fused_train_stream_corpus(
 // - TALL_HOLD_WEIGHTS: corpus weights held in registers (1) or read from L1 per update (0).
 // - TALL_CORPUS_FULL: the corpus kernel also takes the full-row path without per-element
 //   bounds tests at V = 8192 (1). At 1024 threads both corpus paths spilled (8 bytes).
+// - TALL_REGISTER_CHAIN: the exponentials stay in registers and each lane's sum chain runs
+//   through its parts in turn, part q handing its running sum to part q + 1 through shared
+//   memory behind a barrier (TALL_PARTS barriers: meant for 512 threads, two parts), rather
+//   than through shared memory element by element (0).
 #ifndef TALL_THREADS
 #define TALL_THREADS 1024u
 #endif
@@ -1391,6 +1395,9 @@ extern "C" __global__ STREAM_BOUNDS void bob_fused_train_stream_corpus(
 #ifndef TALL_EVERY_WARP_TREE
 #define TALL_EVERY_WARP_TREE 0
 #endif
+#ifndef TALL_REGISTER_CHAIN
+#define TALL_REGISTER_CHAIN 0
+#endif
 #define TALL_BOUNDS __launch_bounds__(TALL_THREADS, 1)
 
 struct __align__(16) TallShared {
@@ -1400,6 +1407,9 @@ struct __align__(16) TallShared {
     float scalars[2 * TALL_THREADS];  // StagedScalars: TALL_THREADS / 4 updates per chunk
     int keys[TALL_WARPS];  // each warp's max key
     float result;
+#if TALL_REGISTER_CHAIN
+    float handoff[LANES];  // a lane's running sum, from one part to the next
+#endif
 };
 
 // How many of thread (part, lane)'s elements j = lane + 256 (TALL_SLOTS part + i) are < V.
@@ -1477,6 +1487,35 @@ struct TallRow {
         return sum_kept();
     }
 
+#if TALL_REGISTER_CHAIN
+    // The row max, e_j into e, and the row sum: each lane's chain through its parts in turn.
+    __device__ float chain_exponentials(const float (&w)[TALL_SLOTS], float (&e)[TALL_SLOTS],
+                                        float& row_max) {
+        row_max = max(w);
+#pragma unroll
+        for (u32 i = 0; i < TALL_SLOTS; ++i) {
+            e[i] = inside(i) ? bob_exp2(exponent(w[i], row_max, a.log2e)) : 0.0f;
+        }
+#pragma unroll
+        for (u32 q = 0; q < TALL_PARTS; ++q) {
+            if (part == q) {
+                float acc = q == 0 ? 0.0f : shared.handoff[lane];
+#pragma unroll
+                for (u32 i = 0; i < TALL_SLOTS; ++i) {
+                    if (inside(i)) acc = add(acc, e[i]);
+                }
+                if (q + 1 < TALL_PARTS) {
+                    shared.handoff[lane] = acc;
+                } else {
+                    shared.partials[lane] = acc;
+                }
+            }
+            __syncthreads();
+        }
+        return publish(SumOp());
+    }
+#endif
+
     // The row sum of the values each thread put in kept[element(i)] (past V: nothing).
     __device__ float sum_kept() {
         __syncthreads();
@@ -1513,6 +1552,32 @@ struct TallWeights<false> {
     __device__ float at(const float* t, u32, u32 j) const { return t[j]; }
 };
 
+// A thread's exponentials of the current row: in shared memory (kept, the lanes' folds
+// read them there) or in registers (TALL_REGISTER_CHAIN).
+template <bool HELD>
+struct TallExponentials;
+
+template <>
+struct TallExponentials<false> {
+    template <bool FULL>
+    __device__ float row_sum(TallRow<FULL>& row, const float (&w)[TALL_SLOTS], float& row_max) {
+        return row.exponentials(w, row_max);
+    }
+    __device__ float at(const TallShared& shared, u32, u32 j) const { return shared.kept[j]; }
+};
+
+#if TALL_REGISTER_CHAIN
+template <>
+struct TallExponentials<true> {
+    float held[TALL_SLOTS];
+    template <bool FULL>
+    __device__ float row_sum(TallRow<FULL>& row, const float (&w)[TALL_SLOTS], float& row_max) {
+        return row.chain_exponentials(w, held, row_max);
+    }
+    __device__ float at(const TallShared&, u32 i, u32) const { return held[i]; }
+};
+#endif
+
 template <bool CORPUS, bool FULL>
 static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
     const u32 lane = threadIdx.x % LANES, part = threadIdx.x / LANES;
@@ -1538,17 +1603,18 @@ static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
     }
     const float weight_sum = CORPUS ? row.sum_kept() : 0.0f;
     const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
+    TallExponentials<TALL_REGISTER_CHAIN != 0> e;
 
     for (u32 k = 0; k < a.updates; ++k) {
         scalars.stage(a, k);
         float row_max;
-        const float s = row.exponentials(w, row_max);
+        const float s = e.row_sum(row, w, row_max);
         const AdamStep step = scalars.step(a, k);  // after the trees' barriers
 #pragma unroll
         for (u32 i = 0; i < TALL_SLOTS; ++i) {
             if (row.inside(i)) {
                 const u32 j = row.element(i);
-                const float g = gradient<CORPUS>(a, dvd(shared.kept[j], s), j, target,
+                const float g = gradient<CORPUS>(a, dvd(e.at(shared, i, j), s), j, target,
                                                  weight_sum,
                                                  CORPUS ? weights.at(t, i, j) : 0.0f);
                 adamw_element(step, g, w[i], m[i], v[i]);
@@ -1558,13 +1624,13 @@ static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
 
     if (a.finish) {
         float row_max;
-        const float s = row.exponentials(w, row_max);
+        const float s = e.row_sum(row, w, row_max);
         const float big_l = bob_log2(s);
 #pragma unroll
         for (u32 i = 0; i < TALL_SLOTS; ++i) {
             if (row.inside(i)) {
                 const u32 j = row.element(i);
-                const float p = dvd(shared.kept[j], s);
+                const float p = dvd(e.at(shared, i, j), s);
                 const float weight = CORPUS ? weights.at(t, i, j) : 0.0f;
                 a.gradients[base + j] = canonical(gradient<CORPUS>(a, p, j, target, weight_sum,
                                                                    weight));

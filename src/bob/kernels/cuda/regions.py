@@ -190,10 +190,20 @@ def load_regions(path: str | Path | None = None, arch: str = "sm_90") -> Mapping
                        "re-export it with --export-regions")
     if document.get("arch") != arch:
         raise BadInput(f"{path}: regions for {document.get('arch')}, not {arch}")
-    # block_x: files written before it was exported hold the declared blocks
     return {name: sig.declared_region(name, bytes.fromhex(entry["code"]), entry["registers"],
-                                      entry["shared_bytes"], entry.get("block_x"))
+                                      entry["shared_bytes"], file_block(path, name, entry))
             for name, entry in document["regions"].items()}
+
+
+def file_block(path: str | Path, name: str, entry: dict) -> int | None:
+    """A region's exported block; None (the declared one) in files written before blocks
+    were exported."""
+    block = entry.get("block_x")
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int)
+                              or not 0 < block <= 1024):
+        raise BadInput(f"{path}: region {name}: block_x must be an integer in [1, 1024], "
+                       f"not {block!r}")
+    return block
 
 
 def main(argv: list[str] | None = None) -> int:
