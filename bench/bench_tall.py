@@ -44,6 +44,9 @@ from bob.program.bob import BobConfig, build_plan
 VARIANTS = {
     "shipped (1024 threads)": "",
     "1024 threads, every warp runs the tree": "#define TALL_EVERY_WARP_TREE 1\n",
+    "1024 threads, unguarded arithmetic": "#define TALL_UNGUARDED 1\n",
+    "1024 threads, unguarded, every warp runs the tree":
+        "#define TALL_UNGUARDED 1\n#define TALL_EVERY_WARP_TREE 1\n",
     "512 threads x 16 (weights held, corpus full path)": "#define TALL_THREADS 512u\n",
     "512 threads x 16, every warp runs the tree":
         "#define TALL_THREADS 512u\n#define TALL_EVERY_WARP_TREE 1\n",

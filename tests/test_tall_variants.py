@@ -1,6 +1,6 @@
 """The tall kernels' tuning macros (bob_kernels.cu: TALL_THREADS, TALL_HOLD_WEIGHTS,
-TALL_CORPUS_FULL, TALL_EVERY_WARP_TREE, TALL_REGISTER_CHAIN), as bench/bench_tall.py
-compiles them.
+TALL_CORPUS_FULL, TALL_EVERY_WARP_TREE, TALL_REGISTER_CHAIN, TALL_UNGUARDED), as
+bench/bench_tall.py compiles them.
 
     .venv/bin/python -m pytest -q tests/test_tall_variants.py              # NVRTC, no GPU
     PYTHONPATH=src python -m pytest -m gpu tests/test_tall_variants.py      # on a GPU machine
@@ -105,7 +105,7 @@ def test_a_variant_changes_the_tall_kernels_and_no_other(nvrtc: None, name: str)
 def test_the_macros_defaults_are_the_shipped_image(nvrtc: None) -> None:
     defaults = ("#define TALL_THREADS 1024u\n#define TALL_HOLD_WEIGHTS 0\n"
                 "#define TALL_CORPUS_FULL 0\n#define TALL_EVERY_WARP_TREE 0\n"
-                "#define TALL_REGISTER_CHAIN 0\n")
+                "#define TALL_REGISTER_CHAIN 0\n#define TALL_UNGUARDED 0\n")
     _, shipped = compiled("")
     _, spelled = compiled(defaults)
     assert {e: k.code for e, k in shipped.items()} == {e: k.code for e, k in spelled.items()}

@@ -1378,6 +1378,11 @@ extern "C" __global__ STREAM_BOUNDS void bob_fused_train_stream_corpus(
 //   through its parts in turn, part q handing its running sum to part q + 1 through shared
 //   memory behind a barrier (TALL_PARTS barriers: meant for 512 threads, two parts), rather
 //   than through shared memory element by element (0).
+// - TALL_UNGUARDED: on rows shorter than TALL_VOCAB every slot runs the arithmetic (max,
+//   exponentials, AdamW) as straight-line code, a slot past V holding w = -inf (its e_j is
+//   0, it never wins the max, it stays -inf, and no fold reads it); only memory accesses and
+//   the sums' chains test the bounds (1). Or each slot's arithmetic sits behind its bounds
+//   test, a branch around code with division subroutines (0).
 #ifndef TALL_THREADS
 #define TALL_THREADS 1024u
 #endif
@@ -1397,6 +1402,9 @@ extern "C" __global__ STREAM_BOUNDS void bob_fused_train_stream_corpus(
 #endif
 #ifndef TALL_REGISTER_CHAIN
 #define TALL_REGISTER_CHAIN 0
+#endif
+#ifndef TALL_UNGUARDED
+#define TALL_UNGUARDED 0
 #endif
 #define TALL_BOUNDS __launch_bounds__(TALL_THREADS, 1)
 
@@ -1429,6 +1437,8 @@ struct TallRow {
 
     __device__ u32 element(u32 i) const { return lane + LANES * (TALL_SLOTS * part + i); }
     __device__ bool inside(u32 i) const { return FULL || i < count; }
+    // Does slot i run the arithmetic? Every slot when TALL_UNGUARDED (past V: w = -inf).
+    __device__ bool computed(u32 i) const { return TALL_UNGUARDED || inside(i); }
 
     // The tree over `partials` (written before a barrier): warp 0 runs it and publishes it
     // behind one more barrier, or every warp runs it.
@@ -1449,7 +1459,7 @@ struct TallRow {
         float held = f32(NEG_INF);
 #pragma unroll
         for (u32 i = 0; i < TALL_SLOTS; ++i) {
-            if (inside(i)) held = select_max(held, w[i]);
+            if (computed(i)) held = select_max(held, w[i]);
         }
         const int key = __reduce_max_sync(FULL_WARP, order_key(held));
         if (threadIdx.x % WARP == 0) shared.keys[threadIdx.x / WARP] = key;
@@ -1482,7 +1492,9 @@ struct TallRow {
         row_max = max(w);
 #pragma unroll
         for (u32 i = 0; i < TALL_SLOTS; ++i) {
-            if (inside(i)) shared.kept[element(i)] = bob_exp2(exponent(w[i], row_max, a.log2e));
+            if (computed(i)) {
+                shared.kept[element(i)] = bob_exp2(exponent(w[i], row_max, a.log2e));
+            }
         }
         return sum_kept();
     }
@@ -1494,7 +1506,7 @@ struct TallRow {
         row_max = max(w);
 #pragma unroll
         for (u32 i = 0; i < TALL_SLOTS; ++i) {
-            e[i] = inside(i) ? bob_exp2(exponent(w[i], row_max, a.log2e)) : 0.0f;
+            e[i] = computed(i) ? bob_exp2(exponent(w[i], row_max, a.log2e)) : 0.0f;
         }
 #pragma unroll
         for (u32 q = 0; q < TALL_PARTS; ++q) {
@@ -1539,17 +1551,22 @@ struct TallRow {
 template <bool HOLD>
 struct TallWeights;
 
+// A slot past V (TALL_UNGUARDED computes it) has weight 0 and reads no memory.
 template <>
 struct TallWeights<true> {
     float held[TALL_SLOTS];
-    __device__ void load(const float* t, u32 i, u32 j) { held[i] = t[j]; }
-    __device__ float at(const float*, u32 i, u32) const { return held[i]; }
+    __device__ void load(const float* t, u32 i, u32 j, bool inside) {
+        held[i] = inside ? t[j] : 0.0f;
+    }
+    __device__ float at(const float*, u32 i, u32, bool) const { return held[i]; }
 };
 
 template <>
 struct TallWeights<false> {
-    __device__ void load(const float*, u32, u32) {}
-    __device__ float at(const float* t, u32, u32 j) const { return t[j]; }
+    __device__ void load(const float*, u32, u32, bool) {}
+    __device__ float at(const float* t, u32, u32 j, bool inside) const {
+        return inside ? t[j] : 0.0f;
+    }
 };
 
 // A thread's exponentials of the current row: in shared memory (kept, the lanes' folds
@@ -1589,16 +1606,15 @@ static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
     float w[TALL_SLOTS], m[TALL_SLOTS], v[TALL_SLOTS];
 #pragma unroll
     for (u32 i = 0; i < TALL_SLOTS; ++i) {
-        w[i] = m[i] = v[i] = 0.0f;
+        w[i] = TALL_UNGUARDED ? f32(NEG_INF) : 0.0f;  // past V: never the max, e_j = 0
+        m[i] = v[i] = 0.0f;
+        if (CORPUS) weights.load(t, i, row.element(i), row.inside(i));
         if (row.inside(i)) {
             const u32 j = row.element(i);
             w[i] = a.parameters[base + j];
             m[i] = a.first_moment[base + j];
             v[i] = a.second_moment[base + j];
-            if (CORPUS) {
-                weights.load(t, i, j);
-                shared.kept[j] = weights.at(t, i, j);
-            }
+            if (CORPUS) shared.kept[j] = weights.at(t, i, j, true);
         }
     }
     const float weight_sum = CORPUS ? row.sum_kept() : 0.0f;
@@ -1612,11 +1628,11 @@ static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
         const AdamStep step = scalars.step(a, k);  // after the trees' barriers
 #pragma unroll
         for (u32 i = 0; i < TALL_SLOTS; ++i) {
-            if (row.inside(i)) {
+            if (row.computed(i)) {
                 const u32 j = row.element(i);
-                const float g = gradient<CORPUS>(a, dvd(e.at(shared, i, j), s), j, target,
-                                                 weight_sum,
-                                                 CORPUS ? weights.at(t, i, j) : 0.0f);
+                const float g = gradient<CORPUS>(
+                        a, dvd(e.at(shared, i, j), s), j, target, weight_sum,
+                        CORPUS ? weights.at(t, i, j, row.inside(i)) : 0.0f);
                 adamw_element(step, g, w[i], m[i], v[i]);
             }
         }
@@ -1631,7 +1647,7 @@ static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
             if (row.inside(i)) {
                 const u32 j = row.element(i);
                 const float p = dvd(e.at(shared, i, j), s);
-                const float weight = CORPUS ? weights.at(t, i, j) : 0.0f;
+                const float weight = CORPUS ? weights.at(t, i, j, true) : 0.0f;
                 a.gradients[base + j] = canonical(gradient<CORPUS>(a, p, j, target, weight_sum,
                                                                    weight));
                 const float z = exponent(w[i], row_max, a.log2e);
