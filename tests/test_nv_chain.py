@@ -486,16 +486,29 @@ def _open(monkeypatch, plan):
     return backend, waits, doorbells
 
 
-def test_nv_backend_runs_a_chained_invocation_with_one_doorbell(monkeypatch):
+@pytest.mark.parametrize("queued", [True, False])
+def test_nv_backend_runs_a_chained_invocation_with_one_doorbell(monkeypatch, queued):
+    from bob.backends.nv.rm.backend import NvBackend
+    from bob.backends.nv.rm.stream import RUNTIME_BLOCK_VA, SEGMENT_BYTES
+
+    monkeypatch.setattr(NvBackend, "queue_runs", queued)
     plan = _hopper_plan(replace(CHAINED, updates=20))
     backend, waits, doorbells = _open(monkeypatch, plan)
     assert doorbells == [backend.channel.token]  # the set-up
     backend.run(range(plan.submission_count))
     assert len(doorbells) == 2  # the whole invocation: one more
     ring = backend.channel.ring
-    assert [ring.read(8 * (1 + i), 8) for i in range(3)] == [
-        backend.encoded.submission_entry(i) for i in range(3)]
-    assert waits[-1] == (3, "submission 2's semaphore")
+    entries = [ring.read(8 * slot, 8) for slot in range(1, backend.channel.put_count)]
+    plan_entries = [backend.encoded.submission_entry(i) for i in range(3)]
+    if queued:  # between the runtime's acquire and its release of counter value 1
+        assert entries[1:4] == plan_entries and len(entries) == 5
+        addresses = [decoder.decode_gpfifo(entry, 0xC86F)[0].address
+                     for entry in (entries[0], entries[4])]
+        assert addresses == [RUNTIME_BLOCK_VA, RUNTIME_BLOCK_VA + SEGMENT_BYTES]
+        assert waits[-1] == (1, "submissions 0 to 2 (runtime item 1)")
+    else:
+        assert entries == plan_entries
+        assert waits[-1] == (3, "submission 2's semaphore")
     program = backend.blocks["qmd-table"]
     assert program.read(0, len(backend.encoded.qmd_table.data)) == backend.encoded.qmd_table.data
     backend.close()
@@ -669,13 +682,13 @@ def test_nv_backend_wait_restarts_its_deadline_while_a_chain_makes_progress(monk
 
     monkeypatch.setattr(ch.Channel, "wait", slow_chain)
     backend.run(range(1, 2))
-    assert calls == [2, 2, 2]
+    assert calls == [1, 1, 1]  # the runtime counter's first value: the run queued
 
     def stuck(channel, read, target, deadline, what):
         raise SubmissionTimeout(f"{what} is 0, not {target}")
 
     monkeypatch.setattr(ch.Channel, "wait", stuck)
-    with pytest.raises(SubmissionTimeout, match=r"submission 1's semaphore is 0, not 2; the "
-                                                r"last launch completed is 6 \("):
+    with pytest.raises(SubmissionTimeout, match=r"submissions 1 to 1 \(runtime item 2\) is 0, "
+                                                r"not 2; the last launch completed is 6 \("):
         backend.run(range(1, 2))
     backend.close()

@@ -620,6 +620,8 @@ def test_the_plan_check_names_what_differs_on_a_driver_that_runs_nothing(monkeyp
 
 
 def test_nv_backend_run_submits_the_encoded_entries_and_waits_for_the_last_slot(monkeypatch):
+    # The run waited for by its own slot, not queued on the runtime stream.
+    monkeypatch.setattr("bob.backends.nv.rm.backend.NvBackend.queue_runs", False)
     plan = _plan()
     backend, completes = _open_on_fake_driver(monkeypatch, plan)
     semaphores = backend.blocks["semaphores"]
@@ -663,9 +665,9 @@ def test_nv_backend_set_scalars_writes_the_patched_words_into_the_block(monkeypa
 def test_nv_backend_timeout_names_the_last_launch_completed(monkeypatch):
     plan = _plan()
     backend, _ = _open_on_fake_driver(monkeypatch, plan)
-    monkeypatch.undo()  # the real wait: no GPU moves the semaphore
-    with pytest.raises(ioctl.SubmissionTimeout, match="submission 0's semaphore is 0, not 1.*"
-                       "no launch has completed"):
+    monkeypatch.undo()  # the real wait: no GPU moves the runtime counter
+    with pytest.raises(ioctl.SubmissionTimeout, match=r"submissions 0 to 0 \(runtime item 1\) "
+                       r"is 0, not 1.*no launch has completed"):
         backend.run(range(1))
     progress = backend.encoded.launch_progress_address - backend.blocks["semaphores"].gpu_va
     backend.blocks["semaphores"].write(progress, struct.pack("<I", 3))

@@ -161,7 +161,8 @@ def test_semaphore_spans_join_consecutive_slots_but_leave_the_launch_progress():
 
 @pytest.mark.parametrize(("submissions", "copies"), [(range(0, 5), 2), (range(2, 5), 1)])
 def test_run_zeroes_the_slots_in_spans_and_keeps_the_launch_progress(submissions, copies,
-                                                                     writes):
+                                                                     writes, monkeypatch):
+    monkeypatch.setattr(NvBackend, "queue_runs", False)  # runs waited for by their slots
     config = BobConfig(vocab=256, prompts=1, updates=3)
     plan = _plan(config)
     with _open(plan) as backend:

@@ -171,6 +171,7 @@ class FakeGpu:
         self.error_after_launch = error_after_launch
         self.error_on_copy = error_on_copy
         self.launches: list[int] = []
+        self.acquires: list[int] = []
         monkeypatch.setattr(ch.Channel, "wait", lambda channel, *args: self.wait(channel, *args))
 
     def blocks(self):
@@ -178,7 +179,8 @@ class FakeGpu:
         found = list(backend.blocks.values())
         stream = backend._stream
         if stream is not None:
-            found += [b for b in (stream.block, stream.staging, stream.profile_buffer) if b]
+            found += [b for b in (stream.block, stream.staging, stream.writes,
+                                  stream.profile_buffer) if b]
         found.append(backend.channel.ring)
         found += [HostMemory(address, block) for address, block in backend._described.items()]
         return found
@@ -249,6 +251,12 @@ class FakeGpu:
         fields = {f.name: f.value_name for f in call.fields}
         address = state["SEM_ADDR_HI"] << 32 | state["SEM_ADDR_LO"]
         payload = state["SEM_PAYLOAD_HI"] << 32 | state["SEM_PAYLOAD_LO"]
+        if call.field("OPERATION").value != 1:  # an acquire: in order, it is always met here
+            assert call.field("OPERATION").value == 3 and fields["PAYLOAD_SIZE"] == "64BIT"
+            value, = struct.unpack("<Q", self.read(address, 8))
+            assert value >= payload, f"acquired {payload} with the semaphore at {value}"
+            self.acquires.append(payload)
+            return
         data = struct.pack("<Q", payload)
         if fields.get("RELEASE_TIMESTAMP") == "EN":
             data += struct.pack("<Q", self.clock)
@@ -263,7 +271,9 @@ class FakeGpu:
         except _Stopped:
             raise ioctl.ChannelError(f"the driver stopped the channel while waiting for {what}: "
                                      f"{channel.state().describe()}") from None
-        if what.startswith(("copy-engine", "the timestamp")):
+        if channel.state().error:  # as the real wait: a stopped channel runs nothing more
+            raise ioctl.ChannelError(f"the driver stopped the channel while waiting for {what}")
+        if not what.startswith("submission"):  # the runtime's own releases: executed here
             value = read_value()
             assert value >= target, (what, value, target)
             return value
@@ -311,17 +321,8 @@ def test_large_reads_and_writes_go_through_the_copy_engine(monkeypatch):
     backend.close()
 
 
-def _small_landing(monkeypatch) -> None:
-    """Landing buffers for reads from 64 KiB (the fake plans' tables are 256 KiB)."""
-    from bob.backends import landing
-
-    monkeypatch.setattr(nv_backend, "LANDING_MIN_BYTES", 64 << 10)
-    monkeypatch.setattr(landing, "LANDING_MIN_BYTES", 64 << 10)
-
-
 def test_a_large_read_lands_in_a_described_host_buffer_handed_out_as_the_tables(monkeypatch):
     monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
-    _small_landing(monkeypatch)
     backend, gpu = _open(monkeypatch)
     driver = backend.client.transport.handler.__self__
     names = ("parameters", "first_moment", "initial_loss")
@@ -349,7 +350,6 @@ def test_a_large_read_lands_in_a_described_host_buffer_handed_out_as_the_tables(
 
 def test_a_read_while_every_landing_buffer_is_held_goes_through_the_staging(monkeypatch):
     monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
-    _small_landing(monkeypatch)
     backend, gpu = _open(monkeypatch)
     table = np.arange(256 * 256, dtype=np.float32)
     backend.write_tensor("parameters", table)
@@ -520,3 +520,93 @@ def test_without_a_runtime_area_large_reads_stay_on_bar1(monkeypatch):
     assert backend.read_tensor("parameters") == b"\x02" * (256 * 256 * 4)
     assert "NV_ERR_NO_MEMORY" in backend._no_stream
     backend.close()
+
+
+# -- the runtime stream as a queue ------------------------------------------------------------
+
+
+def test_an_acquire_waits_for_a_64_bit_value_as_clc56f_defines_it():
+    pushbuffer = Pushbuffer(0x1000, 0x2000)
+    CommandWriter(pushbuffer, HOPPER_COMPUTE_A, HOPPER_CHANNEL_GPFIFO_A).acquire_semaphore(
+        0x10_0010_0008, 2**32 + 5)
+    words = _words(pushbuffer)
+    # SEM_ADDR_LO .. SEM_EXECUTE: five consecutive host methods from 0x5c on subchannel 0.
+    assert words[0] == incrementing_header(0, 0x5C, 5)
+    assert words[1:5] == [0x0010_0008, 0x10, 5, 1]
+    # OPERATION ACQ_CIRC_GEQ (3, bits 2:0), PAYLOAD_SIZE 64BIT (bit 24), no release bits.
+    assert words[5] == 3 | 1 << 24
+    execute = _calls(words)[-1]
+    assert execute.field("OPERATION").value == 3
+    assert {f.name: f.value_name for f in execute.fields}["PAYLOAD_SIZE"] == "64BIT"
+    with pytest.raises(CommandError, match="not 8-byte aligned"):
+        CommandWriter(pushbuffer, HOPPER_COMPUTE_A, HOPPER_CHANNEL_GPFIFO_A).acquire_semaphore(
+            0x10_0010_0004, 1)
+
+
+def _tensor_bytes(backend, name: str) -> bytes:
+    size = backend.plan.tensor(name).bytes
+    return backend.blocks["arena"].read(backend._arena_offset(name, 0, size), size)
+
+
+def test_queued_work_runs_in_the_order_it_was_queued(monkeypatch):
+    backend, gpu = _open(monkeypatch)  # this fake GPU runs what it was handed when waited on
+    before = np.full(256 * 256, 1.0, np.float32).tobytes()
+    after = np.full(256 * 256, 2.0, np.float32).tobytes()
+    backend.write_tensor("parameters", before)  # nothing queued: straight into the mapping
+    backend.start(range(backend.plan.submission_count))
+    read = backend.begin_read(["parameters", "first_moment"])  # queued behind the run
+    backend.write_tensor("parameters", after)  # staged, queued behind the read
+    assert gpu.launches == [] and _tensor_bytes(backend, "parameters") == before
+    tables = read.wait()
+    assert tables["parameters"].tobytes() == before  # the state the run left, not the write
+    assert gpu.launches  # the run went first
+    backend.wait()
+    assert _tensor_bytes(backend, "parameters") == after
+    # Each item acquired the value of the one before: run, read, write.
+    assert gpu.acquires == [0, 1, 2]
+    assert backend._stream.completed == backend._stream.counter == 3
+    backend.close()
+
+
+def test_a_write_slot_is_reused_only_after_its_copy_ran(monkeypatch):
+    backend, gpu = _open(monkeypatch)
+    backend.start(range(backend.plan.submission_count))
+    chunks = [bytes([index]) * 4096 for index in range(3 * st.WRITE_SLOTS)]  # three rounds
+    for index, chunk in enumerate(chunks):
+        backend.write_tensor("parameters", chunk, offset=index * 4096)
+    backend.wait()
+    assert _tensor_bytes(backend, "parameters")[:len(chunks) * 4096] == b"".join(chunks)
+    assert backend._stream.counter == 1 + len(chunks)
+    backend.close()
+
+
+def test_small_and_host_side_access_waits_for_the_queue_first(monkeypatch):
+    monkeypatch.setattr(nv_backend, "WRITE_SLOT_BYTES", 64 << 10)
+    backend, gpu = _open(monkeypatch)
+    count = backend.plan.submission_count
+    backend.start(range(count))
+    small = backend.begin_read(["initial_loss"])  # below QUEUED_READ_MIN_BYTES: waits, reads
+    assert gpu.launches and not backend._stream.pending
+    assert len(small.wait()["initial_loss"]) == backend.plan.tensor("initial_loss").bytes
+    backend.start(range(count))
+    backend.read_tensor("parameters")
+    assert not backend._stream.pending
+    backend.start(range(count))
+    backend.write_tensor("parameters", bytes(256 << 10))  # larger than a write slot: waits
+    assert not backend._stream.pending
+    backend.close()
+
+
+def test_closing_lets_queued_work_finish_before_memory_goes(monkeypatch):
+    backend, gpu = _open(monkeypatch)
+    backend.start(range(backend.plan.submission_count))
+    backend.write_tensor("parameters", bytes(4096))
+    stream = backend._stream
+    assert stream.pending
+    drained = []
+    original = st.RuntimeStream.drain
+    monkeypatch.setattr(st.RuntimeStream, "drain", lambda stream: drained.append(
+        (stream.counter, stream.completed)) or original(stream))
+    backend.close()
+    assert drained == [(2, 0)]  # waited for both items before anything was freed
+    assert gpu.launches and gpu.acquires == [0, 1]

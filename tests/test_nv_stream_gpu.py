@@ -110,6 +110,48 @@ def test_nv_100k_launches_in_one_process_do_not_hang(trap_region):
 
 @pytest.mark.gpu
 @nv_present
+@needs_nvrtc
+def test_nv_queued_read_is_the_state_before_later_runs_and_writes():
+    """A read queued behind a run gives the state the run left, though a write and the
+    next run were queued after it; the host waited for none of them."""
+    from bob.backends import choose_backend
+    from bob.config import CHECKPOINT_TENSORS, Hyper
+    from bob.host.check import random_record
+    from bob.host.session import Session
+    from bob.program.bob import BobConfig
+    from bob.records.checkpoint import Checkpoint
+
+    config = BobConfig(vocab=1024, prompts=0, updates=2, mode="corpus", submission="chained")
+    record = random_record(config, 2)
+    with Session(choose_backend("nv")) as session:
+        session.invoke(config, Checkpoint.zeros(1024, Hyper(), "corpus"), record, "train")
+        backend = session.last_backend
+        count = backend.plan.submission_count
+        backend.run(range(count))
+        before = {name: backend.read_tensor(name) for name in CHECKPOINT_TENSORS}
+        backend.start(range(count))
+        handle = backend.begin_read(CHECKPOINT_TENSORS)  # queued behind the run
+        zeros = bytes(backend.plan.tensor("training_loss").bytes)
+        backend.write_tensor("training_loss", zeros)  # staged, queued behind the read
+        backend.start(range(count))  # and the next run behind that
+        assert backend._stream.pending  # the host has not waited
+        tables = handle.wait()
+        backend.wait()
+        after = {name: backend.read_tensor(name) for name in CHECKPOINT_TENSORS}
+        assert all(tables[name].tobytes() != before[name] for name in CHECKPOINT_TENSORS)
+        assert all(tables[name].tobytes() != after[name] for name in CHECKPOINT_TENSORS)
+        assert backend.read_tensor("training_loss") != zeros  # the last run wrote it again
+        for name in CHECKPOINT_TENSORS:  # one run from `before`, waited for: the same bytes
+            backend.write_tensor(name, before[name])
+        backend.run(range(count))
+        assert all(tables[name].tobytes() == backend.read_tensor(name)
+                   for name in CHECKPOINT_TENSORS)
+        print(f"queued read of {sum(len(t) for t in tables.values()):,} bytes; "
+              f"{backend._stream.counter} runtime items")
+
+
+@pytest.mark.gpu
+@nv_present
 @pytest.mark.parametrize("schedule", ["seed", "fused"])
 def test_nv_profile_counts_equal_the_plans(schedule):
     _check_profile_counts("nv", schedule)

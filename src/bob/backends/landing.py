@@ -44,8 +44,9 @@ class Landing:
     """
 
     def __init__(self, size: int, register: Callable[[int, int], None],
-                 unregister: Callable[[int], None]):
+                 unregister: Callable[[int], None], *, minimum: int = LANDING_MIN_BYTES):
         self.size = size
+        self.minimum = minimum  # smaller reads are not worth a buffer of their own
         self.limit = min(LANDING_BUFFERS, LANDING_BYTES // max(1, size))
         self._register, self._unregister = register, unregister
         self._free: list[np.ndarray] = []
@@ -54,7 +55,7 @@ class Landing:
 
     @property
     def usable(self) -> bool:
-        return self.size >= LANDING_MIN_BYTES and self.limit >= 2 and not self._closed
+        return self.size >= self.minimum and self.limit >= 2 and not self._closed
 
     def take(self) -> np.ndarray | None:
         """A free buffer of `size` bytes (page-aligned, registered), or None."""

@@ -379,6 +379,35 @@ class CommandWriter:
         self.pushbuffer.incrementing(HOST_SUBCHANNEL, first, data)
 
 
+    def acquire_semaphore(self, address: int, payload: int) -> None:
+        """Hold the channel until the 64-bit value at `address` reaches `payload` (compared
+        circularly, ACQ_CIRC_GEQ, as tinygrad's queues wait): what comes after runs only
+        once the work that releases it is done."""
+        _check_payload(payload)
+        if address % SEMAPHORE_BYTES:
+            raise CommandError(f"a 64-bit semaphore at {address:#x} is not "
+                               f"{SEMAPHORE_BYTES}-byte aligned")
+        host = self.host
+        split = split_address(host, "SEM_ADDR_LO_OFFSET", "SEM_ADDR_HI_OFFSET", address,
+                              "semaphore address")
+        execute = host.pack({
+            "SEM_EXECUTE_OPERATION": host_value(host, "SEM_EXECUTE_OPERATION",
+                                                "SEM_EXECUTE_OPERATION_ACQ_CIRC_GEQ"),
+            "SEM_EXECUTE_PAYLOAD_SIZE": host_value(host, "SEM_EXECUTE_PAYLOAD_SIZE",
+                                                   "SEM_EXECUTE_PAYLOAD_SIZE_64BIT"),
+        })
+        data = [
+            host.pack({"SEM_ADDR_LO_OFFSET": split["SEM_ADDR_LO_OFFSET"]}),
+            host.pack({"SEM_ADDR_HI_OFFSET": split["SEM_ADDR_HI_OFFSET"]}),
+            payload % (1 << WORD_BITS),
+            payload >> WORD_BITS,
+            execute,
+        ]
+        first = host.consecutive(["SEM_ADDR_LO", "SEM_ADDR_HI", "SEM_PAYLOAD_LO",
+                                  "SEM_PAYLOAD_HI", "SEM_EXECUTE"])
+        self.pushbuffer.incrementing(HOST_SUBCHANNEL, first, data)
+
+
 def _check_payload(payload: int) -> None:
     if isinstance(payload, bool) or not isinstance(payload, int) or \
             not 0 <= payload < 1 << SEMAPHORE_BITS:

@@ -47,7 +47,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bob.backends.base import Backend, Patch, ReadHandle
-from bob.backends.landing import LANDING_MIN_BYTES, Landing, packed
+from bob.backends.landing import Landing, packed
 from bob.backends.nv.encoder import (
     LAUNCH_PROGRESS_OFFSET,
     SEMAPHORE_SLOT_BYTES,
@@ -72,11 +72,12 @@ from .memory import (
     release,
     round_up,
 )
-from .stream import COPY_PIECE_BYTES, COPY_THRESHOLD, RuntimeStream
+from .stream import COPY_PIECE_BYTES, COPY_THRESHOLD, WRITE_SLOT_BYTES, RuntimeStream
 
 SUPPORTED_TARGET = "sm_90"
 DEFAULT_DEADLINE_S = 30.0  # without progress; the clock restarts whenever GP_GET moves
 SEMAPHORE_BYTES = 8  # each submission releases a 64-bit value into its slot
+QUEUED_READ_MIN_BYTES = 64 << 10  # smaller reads wait for the device and read the mapping
 
 
 def nv_available() -> tuple[bool, str]:
@@ -103,6 +104,9 @@ def _require_code(plan: Plan) -> None:
 
 class NvBackend(Backend):
     name = "nv"
+    # Runs queued on the runtime stream (start returns at once). False: every run is
+    # submitted and waited for by its last submission's own semaphore slot.
+    queue_runs = True
 
     def __init__(self, plan: Plan | CertifiedPlan, arena: str = "device", *,
                  transport: Transport | None = None, deadline_s: float = DEFAULT_DEADLINE_S,
@@ -181,9 +185,9 @@ class NvBackend(Backend):
                                          start=self._counter_start)
         return self._stream
 
-    def _copies(self, size: int) -> bool:
-        """Whether `size` bytes of the arena move by copy engine (else CPU through BAR1)."""
-        if self.arena_kind != "device" or size < COPY_THRESHOLD or self._no_stream:
+    def _stream_ready(self) -> bool:
+        """Whether the runtime stream, with its copy engine, can queue work."""
+        if self._no_stream:
             return False
         try:
             return self.stream.copies
@@ -191,10 +195,31 @@ class NvBackend(Backend):
             self._no_stream = str(error)
             return False
 
+    def _copies(self, size: int) -> bool:
+        """Whether `size` bytes of the arena move by copy engine (else CPU through BAR1)."""
+        return self.arena_kind == "device" and size >= COPY_THRESHOLD and self._stream_ready()
+
+    def _in_flight(self) -> bool:
+        """Whether work queued on the runtime stream may still be running."""
+        return self._stream is not None and self._stream.pending
+
+    def _drain(self) -> None:
+        """Wait for everything queued (before the CPU touches what it may use)."""
+        if self._in_flight():
+            assert self._stream is not None
+            self._guarded(self._stream.drain)
+
     # -- the arena and submission ------------------------------------------------------------
     def _write_arena(self, offset: int, data: memoryview) -> None:
+        """Behind queued work a small write is staged and queued after it (the host need
+        not wait); otherwise the queue is drained and the bytes go as before."""
         self._require_open()
         arena = self.blocks["arena"]
+        if self._in_flight() and len(data) <= WRITE_SLOT_BYTES:
+            assert arena.gpu_va is not None
+            self._guarded(lambda: self.stream.queue_write(arena.gpu_va + offset, data))
+            return
+        self._drain()
         if self._copies(len(data)):
             assert arena.gpu_va is not None
             self._guarded(lambda: self.stream.write(arena.gpu_va + offset, data))
@@ -203,6 +228,7 @@ class NvBackend(Backend):
 
     def _read_arena(self, offset: int, size: int) -> bytes:
         self._require_open()
+        self._drain()
         arena = self.blocks["arena"]
         if self._copies(size):
             assert arena.gpu_va is not None
@@ -210,16 +236,19 @@ class NvBackend(Backend):
         return arena.read(offset, size)
 
     def begin_read(self, names: Sequence[str]) -> ReadHandle:
-        """Large reads of the device arena land, by copy engine, in one host buffer handed
-        out as the tensors (packed, no copy on the host); small ones read as before."""
+        """The tensors' copy into one host buffer, queued behind the started work: the
+        buffer is handed out as the tensors (packed, no copy on the host) and `wait`
+        waits for the copy alone, while later work runs. Small reads wait and read the
+        mapping as before."""
+        self._require_open()
         sizes = [self.plan.tensor(name).bytes for name in names]
         positions, end = packed(sizes)
         # name, arena offset, position in the buffer, bytes
         layout = [(name, self._arena_offset(name, 0, size), position, size)
                   for name, position, size in zip(names, positions, sizes, strict=True)]
-        if end < LANDING_MIN_BYTES or not self._copies(end):
+        if end < QUEUED_READ_MIN_BYTES or self.arena_kind != "device" \
+                or not self._stream_ready():
             return super().begin_read(names)
-        self.wait()
         landing = self._landing_for(round_up(end, SYSMEM_GRANULE))  # described in pages
         buffer = landing.take()
         if buffer is None:  # every buffer is still in use
@@ -231,17 +260,27 @@ class NvBackend(Backend):
                    min(COPY_PIECE_BYTES, size - done))
                   for _, offset, position, size in layout
                   for done in range(0, size, COPY_PIECE_BYTES)]
-        self._guarded(lambda: self.stream.copy_pieces(pieces))
+        target = self._guarded(lambda: self.stream.queue_copies(pieces))
         whole = landing.hand_out(buffer)
-        return ReadHandle({name: whole[position:position + size]
-                           for name, _, position, size in layout})
+        return _QueuedRead({name: whole[position:position + size]
+                            for name, _, position, size in layout},
+                           lambda: self._settle_read(target))
+
+    def _settle_read(self, target: int) -> None:
+        self._require_open()
+        assert self._stream is not None
+        stream = self._stream
+        self._guarded(lambda: stream.wait_for(target, f"copy-engine read {target}"))
 
     def _landing_for(self, size: int) -> Landing:
         """The landing buffers for reads of `size` bytes (made anew when the size changes),
         each described to the driver once, when made."""
         if self._landing is None or self._landing.size != size:
+            if self._landing is not None:
+                self._drain()  # a queued read may still be landing in the old buffers
             self._close_landing()
-            self._landing = Landing(size, self._describe, self._forget)
+            self._landing = Landing(size, self._describe, self._forget,
+                                    minimum=QUEUED_READ_MIN_BYTES)
         return self._landing
 
     def _describe(self, address: int, size: int) -> None:
@@ -261,7 +300,27 @@ class NvBackend(Backend):
 
     def _run(self, submissions: range) -> None:
         self._require_open()
+        self._drain()
         self._guarded(lambda: self._submit(submissions))
+
+    def _start_submissions(self, submissions: range) -> None:
+        """Queue the submissions on the runtime stream and return: they run after the
+        work queued before them (copies included) and before the work queued after. A
+        run too long for half the ring, a profiled run, or one without the stream goes
+        as before: submitted and waited for."""
+        self._require_open()
+        assert self.channel is not None
+        if (not self.queue_runs or self.launch_times is not None
+                or len(submissions) + 2 > self.channel.entries // 2 or not self._stream_ready()):
+            self._run(submissions)
+            return
+        entries = [self.encoded.submission_entry(index) for index in submissions]
+        what = f"submissions {submissions[0]} to {submissions[-1]}"
+        self._guarded(lambda: self.stream.queue_entries(entries, what))
+
+    def _wait_started(self) -> None:
+        self._require_open()
+        self._drain()
 
     def _guarded(self, work):
         """Run `work`; a channel error closes the backend (the channel is dead) and is
@@ -328,35 +387,28 @@ class NvBackend(Backend):
         return struct.unpack("<I", block.read(offset, 4))[0]
 
     def _wait(self, submission: int) -> None:
-        assert self.channel is not None
         target = self.plan.submissions[submission].semaphore
-        what = f"submission {submission}'s semaphore"
-        # The deadline restarts while the channel makes progress: GP_GET moves, or (within
-        # one long chained submission, fetched at once) the launch-progress word does.
+        self._wait_for(lambda: self.semaphore(submission), target,
+                       f"submission {submission}'s semaphore")
+
+    def _wait_for(self, read_value, target: int, what: str) -> None:
+        """Every wait: a deadline that restarts while the channel makes progress (GP_GET
+        moves, or, within one long chained submission fetched at once, the launch-progress
+        word does), and one report of a channel error (a copy that faults is named as the
+        copy, anything else by the launch after the last completed)."""
+        assert self.channel is not None
         while True:
             before = (self.channel.gp_get, self.launch_progress())
             try:
-                self.channel.wait(lambda: self.semaphore(submission), target, self.deadline_s,
-                                  what)
+                self.channel.wait(read_value, target, self.deadline_s, what)
                 return
             except ChannelError as error:
-                raise ChannelError(f"{self._fault()}: {error}; {self._progress()}") from None
+                subject = what if what.startswith("copy-engine") else None
+                raise ChannelError(f"{self._fault(subject)}: {error}; {self._progress()}") \
+                    from None
             except SubmissionTimeout as error:
                 if (self.channel.gp_get, self.launch_progress()) == before:
                     raise SubmissionTimeout(f"{error}; {self._progress()}") from None
-
-    def _wait_for(self, read_value, target: int, what: str) -> None:
-        """The runtime stream's waits: the same deadline, the same channel-error report
-        (a copy that faults is named as the copy, a profiled launch as the launch)."""
-        assert self.channel is not None
-        try:
-            self.channel.wait(read_value, target, self.deadline_s, what)
-        except ChannelError as error:
-            subject = what if what.startswith("copy-engine") else None
-            raise ChannelError(f"{self._fault(subject)}: {error}; {self._progress()}") \
-                from None
-        except SubmissionTimeout as error:
-            raise SubmissionTimeout(f"{error}; {self._progress()}") from None
 
     def _launch_label(self, index: int) -> str:
         if not 0 <= index < self.plan.launch_count:
@@ -385,6 +437,7 @@ class NvBackend(Backend):
         launch's QMD points constant buffer 0; the driver area there stays. A word that
         already holds its value is not written (every write crosses BAR1)."""
         self._require_open()
+        self._drain()  # queued launches may still read the block
         base = self.plan.parameter_block_address(launch_index) - self.plan.address_map.program.base
         changed = sorted((base + offset, word) for offset, word in patches
                          if self._program[base + offset:base + offset + len(word)] != word)
@@ -405,6 +458,7 @@ class NvBackend(Backend):
         changed = self._program_words[indices] != words
         if not changed.any():
             return
+        self._drain()  # queued launches may still read the blocks
         where, values = indices[changed], words[changed]
         self._program_words[where] = values
         block = self.blocks["program"]
@@ -425,6 +479,11 @@ class NvBackend(Backend):
         return self._patched_words[1]
 
     def close(self) -> None:
+        # Queued work may still write memory about to go: let it finish (or fail) first.
+        if self._in_flight() and self.channel is not None and not self._failure:
+            assert self._stream is not None
+            with contextlib.suppress(RunFailure):
+                self._stream.drain()
         # Before the channel and the client go: the buffers' arrays stay valid as memory.
         with contextlib.suppress(RmError):
             self._close_landing()
@@ -445,6 +504,20 @@ class NvBackend(Backend):
         if self.client is not None:
             self.client.close()
             self.client = None
+
+
+class _QueuedRead(ReadHandle):
+    """Tensors whose copy is queued: `wait` waits for that copy, then gives them."""
+
+    def __init__(self, tables: dict, settle):
+        super().__init__(tables)
+        self._settle = settle
+
+    def wait(self) -> dict:
+        if self._settle is not None:
+            self._settle()
+            self._settle = None
+        return self._tables
 
 
 def semaphore_spans(first_slot: int, submissions: range) -> list[tuple[int, int]]:

@@ -42,6 +42,7 @@ from .memory import Allocation, allocate, round_up, store_fence
 
 RUNTIME_VA_BASE = 0x10_0000_0000  # below every plan (DEFAULT_VA_BASE is 0x20_0000_0000)
 GPFIFO_ENTRIES = 1024
+SPIN_S = 0.005  # a wait polls without sleeping this long before it backs off
 
 # What the driver writes as info32 of the error notifier when it stops a channel: the
 # robust-channel error, the number nvidia-smi and the kernel log call an Xid
@@ -180,9 +181,22 @@ class Channel:
         return ChannelState(self.gp_get, self._gp_put.value, self.put_count, tuple(notes))
 
     def wait(self, read_value, target: int, deadline_s: float, what: str) -> int:
-        """Poll `read_value()` until it reaches `target`; a deadline, never a hang."""
+        """Poll `read_value()` until it reaches `target`; a deadline, never a hang.
+
+        The first SPIN_S are a busy poll: a sleep is never shorter than the kernel's timer
+        slack (about 50 us), which would add that much to every short wait. Longer waits
+        back off to sleeps of up to 1 ms."""
         start = time.monotonic()
-        delay = 1e-6
+        spin_until = start + SPIN_S
+        polls = 0
+        while time.monotonic() < spin_until:
+            value = read_value()
+            if value >= target:
+                return value
+            polls += 1
+            if polls % 256 == 0 and self.state().error:
+                break  # reported below
+        delay = 50e-6
         while True:
             value = read_value()
             if value >= target:

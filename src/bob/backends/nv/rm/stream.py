@@ -1,19 +1,27 @@
-"""Bob's own work on the plan's channel: copy-engine transfers and launch timestamps.
+"""Bob's own work on the plan's channel: copy-engine transfers, runs queued behind
+one another, and launch timestamps.
 
 The plan's command stream is fixed bytes (``encoder.encode``); what the runtime
-adds goes in a second, runtime-owned area of uncached system memory mapped
-below every plan::
+adds goes in a second, runtime-owned area mapped below every plan::
 
-    RUNTIME_VA_BASE + 1 MiB   runtime block: pushbuffer segments, then the counter slot
+    RUNTIME_VA_BASE + 1 MiB   runtime block: a ring of pushbuffer segments, then the counter
+    RUNTIME_VA_BASE + 128 MiB write slots: process memory small writes are staged in
     RUNTIME_VA_BASE + 256 MiB staging: process memory pinned for copy-engine transfers
     RUNTIME_VA_BASE + 512 MiB profile: timestamp structures and their segments
 
+The runtime stream is a queue, as a CUDA stream is: every item (a batch of copies,
+a staged write, a run of the plan's submissions) is a segment that begins by
+acquiring the runtime counter's previous value (the channel holds there until the
+item before is done) and ends by releasing the next value: the copy engine's
+semaphore after a batch of copies, a host release with wait-for-idle after a run.
+So items execute in the order they were queued whatever engine runs them, and the
+host waits for any item by its counter value, compared as a 64-bit integer, so it
+never wraps (``start`` lets a test begin just below 2**32 and run across it). A
+segment, and a write slot, is written again only once the counter shows the GPU
+is past the item that used it.
+
 Copies run on the channel's copy engine: HOPPER_DMA_COPY_A is allocated on the
-same channel and bound on subchannel 4 (``pushbuffer.CopyWriter``), so a copy
-is ordered after every launch the channel ran before it. A batch of copies
-ends with a 64-bit semaphore release of the runtime counter; the CPU waits
-for the counter's value, compared as a 64-bit integer, so it never wraps
-(``start`` lets a test begin just below 2**32 and run across it).
+same channel and bound on subchannel 4 (``pushbuffer.CopyWriter``).
 
 Timestamps: a host semaphore release with RELEASE_WFI and RELEASE_TIMESTAMP
 writes (payload, GPU nanoseconds) when everything before it is idle. Profiling
@@ -45,18 +53,24 @@ from .ioctl import RmError
 from .memory import SYSMEM_GRANULE, Allocation, allocate, host_allocation, round_up
 
 RUNTIME_BLOCK_VA = RUNTIME_VA_BASE + (1 << 20)
+WRITES_VA = RUNTIME_VA_BASE + (128 << 20)
 STAGING_VA = RUNTIME_VA_BASE + (256 << 20)
 PROFILE_VA = RUNTIME_VA_BASE + (512 << 20)
-RUNTIME_PUSHBUFFER_BYTES = 60 << 10
-COUNTER_OFFSET = RUNTIME_PUSHBUFFER_BYTES  # the 64-bit runtime counter, after the segments
-RUNTIME_BLOCK_BYTES = 64 << 10
+SEGMENT_BYTES = 4 << 10  # one queued item's commands
+SEGMENTS = 63  # in flight at most; the ring's last page holds the counter
+COUNTER_OFFSET = SEGMENTS * SEGMENT_BYTES  # the 64-bit runtime counter, after the segments
+RUNTIME_BLOCK_BYTES = COUNTER_OFFSET + SEGMENT_BYTES
+PIECES_PER_SEGMENT = 64  # copies of one segment (14 words each at most)
 STAGING_BYTES = 32 << 20  # pinned once per backend; larger transfers go in chunks
+WRITE_SLOT_BYTES = 1 << 20  # a write queued behind running work: staged in a slot
+WRITE_SLOTS = 8
 COPY_THRESHOLD = 1 << 20  # smaller reads and writes stay CPU accesses through the mapping
 COPY_PIECE_BYTES = 1 << 30  # one copy line at most (the line length is a 32-bit field)
 PROFILE_LIMIT = 100_000  # launches timed per fill of the profile buffer
 SEGMENT_STRIDE = 32  # one timestamped release is 6 words
 PROFILE_SEGMENTS = 2 * PROFILE_LIMIT * TIMESTAMP_RELEASE_BYTES  # segments after the structures
 PROFILE_BYTES = round_up(PROFILE_SEGMENTS + 2 * PROFILE_LIMIT * SEGMENT_STRIDE, SYSMEM_GRANULE)
+COUNTER_ADDRESS = RUNTIME_BLOCK_VA + COUNTER_OFFSET
 
 Wait = Callable[[Callable[[], int], int, str], None]
 
@@ -105,55 +119,85 @@ def timestamp_segment(address: int, slot_address: int, payload: int) -> bytes:
     return pushbuffer.to_bytes()
 
 
-def copy_segment(address: int, pieces: list[tuple[int, int, int]], semaphore: int,
-                 payload: int, *, bind: bool = False) -> bytes:
-    """Copies (source, destination, size), the last releasing `payload` at `semaphore`."""
-    pushbuffer = Pushbuffer(address, address + RUNTIME_PUSHBUFFER_BYTES)
+def _commands(pushbuffer: Pushbuffer) -> CommandWriter:
+    return CommandWriter(pushbuffer, HOPPER_COMPUTE_A, HOPPER_CHANNEL_GPFIFO_A)
+
+
+def copy_segment(address: int, pieces: list[tuple[int, int, int]], after: int, payload: int,
+                 *, bind: bool = False) -> bytes:
+    """Once the counter reaches `after`: copies (source, destination, size), the last
+    releasing `payload` into the counter."""
+    pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
+    _commands(pushbuffer).acquire_semaphore(COUNTER_ADDRESS, after)
     writer = CopyWriter(pushbuffer)
     if bind:
         writer.bind()
     for index, (source, destination, size) in enumerate(pieces):
         last = index == len(pieces) - 1
-        writer.copy(source, destination, size, release=(semaphore, payload) if last else None)
+        writer.copy(source, destination, size,
+                    release=(COUNTER_ADDRESS, payload) if last else None)
+    return pushbuffer.to_bytes()
+
+
+def acquire_segment(address: int, after: int) -> bytes:
+    """Hold the channel until the counter reaches `after`."""
+    pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
+    _commands(pushbuffer).acquire_semaphore(COUNTER_ADDRESS, after)
+    return pushbuffer.to_bytes()
+
+
+def release_segment(address: int, payload: int) -> bytes:
+    """Release `payload` into the counter once everything before is idle."""
+    pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
+    _commands(pushbuffer).release_semaphore(COUNTER_ADDRESS, payload)
     return pushbuffer.to_bytes()
 
 
 class RuntimeStream:
-    """The copy engine object, the runtime block and the staging buffer of one channel."""
+    """The copy engine object, the runtime block, the write slots and the staging of one
+    channel, and the queue of work on it."""
 
     def __init__(self, device: RmDevice, channel: Channel, wait: Wait, *, start: int = 0):
         self.device = device
         self.channel = channel
         self._wait = wait
-        self.counter = start
+        self.counter = start  # the value the last item queued releases
+        self.last_item = "nothing"  # what the last item queued is, for waits' reports
+        self._stamps = start  # timestamp payloads: their own numbering
         self.block = allocate(device, RUNTIME_BLOCK_BYTES, location="sysmem",
                               gpu_va=RUNTIME_BLOCK_VA, name="runtime block")
         self.staging: Allocation | None = None
+        self.writes: Allocation | None = None  # made at the first write queued behind work
         self.profile_buffer: Allocation | None = None
         self.copy_object = 0
         self.copy_refused = ""  # why large transfers stay CPU accesses, when they do
         self.staging_note = "process memory described to the driver"
         self._counter = self.block.u64(COUNTER_OFFSET)
         self._counter.value = start
+        # The counter value after which each segment (and write slot) may be written again.
+        self._segment_free_after = [start] * SEGMENTS
+        self._next_segment = 0
+        self._slot_free_after = [start] * WRITE_SLOTS
+        self._next_slot = 0
+        self._bound = False  # the first batch of copies binds the class on its subchannel
         if s.HOPPER_DMA_COPY_A not in device.classes:
             self.copy_refused = "this GPU lists no HOPPER_DMA_COPY_A"
             return
         try:
             self.copy_object = device.client.alloc(channel.handle, s.HOPPER_DMA_COPY_A)
-            self.staging = self._staging_memory(device)
+            self.staging = self._host_memory(STAGING_BYTES, STAGING_VA, "copy staging")
         except RmError as error:
             self.copy_refused = f"the copy engine is not available: {error}"
-        self._bound = False  # the first batch of copies binds the class on its subchannel
 
-    def _staging_memory(self, device: RmDevice) -> Allocation:
+    def _host_memory(self, size: int, gpu_va: int, name: str) -> Allocation:
         """Memory of Bob's own described to the driver (the CPU reads it at memory speed),
         or, where the driver refuses that, RM's cached system memory."""
         try:
-            return host_allocation(device, STAGING_BYTES, gpu_va=STAGING_VA, name="copy staging")
+            return host_allocation(self.device, size, gpu_va=gpu_va, name=name)
         except RmError as error:
             self.staging_note = f"RM system memory (an OS descriptor was refused: {error})"
-            return allocate(device, STAGING_BYTES, location="sysmem", gpu_va=STAGING_VA,
-                            cached=True, name="copy staging")
+            return allocate(self.device, size, location="sysmem", gpu_va=gpu_va, cached=True,
+                            name=name)
 
     @property
     def copies(self) -> bool:
@@ -164,23 +208,95 @@ class RuntimeStream:
         """The runtime counter's 64-bit value as the GPU last released it."""
         return self._counter.value
 
-    # -- copies -------------------------------------------------------------------------
+    @property
+    def pending(self) -> bool:
+        """Whether an item queued has not completed yet."""
+        return self.completed < self.counter
+
+    def wait_for(self, target: int, what: str = "") -> None:
+        """Block until the item that releases `target` (and every one before) is done."""
+        if self.completed < target:
+            self._wait(lambda: self.completed, target, what or f"runtime item {target}")
+
+    def drain(self) -> None:
+        """Block until everything queued is done."""
+        self.wait_for(self.counter, f"{self.last_item} (runtime item {self.counter})")
+
+    # -- the queue ----------------------------------------------------------------------
+    def _segment(self) -> tuple[int, int]:
+        """The next segment of the ring (index, GPU address), once the GPU is past its
+        last use."""
+        index = self._next_segment
+        self._next_segment = (index + 1) % SEGMENTS
+        self.wait_for(self._segment_free_after[index], f"runtime segment {index}")
+        return index, RUNTIME_BLOCK_VA + index * SEGMENT_BYTES
+
+    def _place(self, index: int, data: bytes, free_after: int) -> bytes:
+        """Segment `index`'s bytes in the block; its GPFIFO entry."""
+        self.block.write(index * SEGMENT_BYTES, data)
+        self._segment_free_after[index] = free_after
+        return gpfifo_entry(HOPPER_CHANNEL_GPFIFO_A, RUNTIME_BLOCK_VA + index * SEGMENT_BYTES,
+                            len(data) // WORD_BYTES)
+
+    def queue_copies(self, pieces: list[tuple[int, int, int]]) -> int:
+        """Queue copies (source, destination, bytes) between GPU addresses, each at most
+        COPY_PIECE_BYTES, after everything queued before; the counter value they release."""
+        if any(not 0 < size <= COPY_PIECE_BYTES for *_, size in pieces):
+            raise ValueError(f"a copy piece is 1 to {COPY_PIECE_BYTES} bytes")
+        if len(pieces) > PIECES_PER_SEGMENT * (SEGMENTS // 2):
+            raise ValueError(f"{len(pieces)} copy pieces at once: at most "
+                             f"{PIECES_PER_SEGMENT * (SEGMENTS // 2)}")
+        entries = []
+        for start in range(0, len(pieces), PIECES_PER_SEGMENT):
+            index, address = self._segment()
+            data = copy_segment(address, pieces[start:start + PIECES_PER_SEGMENT],
+                                self.counter, self.counter + 1, bind=not self._bound)
+            self._bound = True
+            self.counter += 1
+            entries.append(self._place(index, data, self.counter))
+        self.last_item = f"copy-engine batch {self.counter}"
+        if entries:
+            self.channel.submit(entries)
+        return self.counter
+
+    def queue_entries(self, entries: list[bytes], what: str = "queued entries") -> int:
+        """Queue GPFIFO entries (the plan's submissions: `what`) after everything queued
+        before; the counter value released once they are done and the channel is idle."""
+        first, first_address = self._segment()
+        last, last_address = self._segment()
+        after, self.counter = self.counter, self.counter + 1
+        ring = [self._place(first, acquire_segment(first_address, after), self.counter),
+                *entries,
+                self._place(last, release_segment(last_address, self.counter), self.counter)]
+        self.last_item = what
+        self.channel.submit(ring)
+        return self.counter
+
+    def queue_write(self, destination: int, data: memoryview) -> int:
+        """Queue `data` (at most WRITE_SLOT_BYTES) for GPU address `destination`: staged in
+        the next write slot now, copied in its turn; the counter value of the copy."""
+        if not 0 < len(data) <= WRITE_SLOT_BYTES:
+            raise ValueError(f"a queued write is 1 to {WRITE_SLOT_BYTES} bytes, not {len(data)}")
+        if self.writes is None:
+            self.writes = self._host_memory(WRITE_SLOTS * WRITE_SLOT_BYTES, WRITES_VA,
+                                            "write slots")
+        slot = self._next_slot
+        self._next_slot = (slot + 1) % WRITE_SLOTS
+        self.wait_for(self._slot_free_after[slot], f"write slot {slot}")
+        self.writes.write(slot * WRITE_SLOT_BYTES, data)
+        target = self.queue_copies([(WRITES_VA + slot * WRITE_SLOT_BYTES, destination,
+                                     len(data))])
+        self._slot_free_after[slot] = target
+        return target
+
+    # -- copies waited for --------------------------------------------------------------
     def _submit_copies(self, pieces: list[tuple[int, int, int]]) -> None:
-        self.counter += 1
-        target = self.counter
-        semaphore = RUNTIME_BLOCK_VA + COUNTER_OFFSET
-        data = copy_segment(RUNTIME_BLOCK_VA, pieces, semaphore, target, bind=not self._bound)
-        self._bound = True
-        self.block.write(0, data)
-        self.channel.submit([gpfifo_entry(HOPPER_CHANNEL_GPFIFO_A, RUNTIME_BLOCK_VA,
-                                          len(data) // WORD_BYTES)])
-        self._wait(lambda: self.completed, target, f"copy-engine batch {target}")
+        target = self.queue_copies(pieces)
+        self.wait_for(target, f"copy-engine batch {target}")
 
     def copy_pieces(self, pieces: list[tuple[int, int, int]]) -> None:
         """Copy (source, destination, bytes) pieces between GPU addresses (memory of either
-        side), each at most COPY_PIECE_BYTES, in one batch."""
-        if any(not 0 < size <= COPY_PIECE_BYTES for *_, size in pieces):
-            raise ValueError(f"a copy piece is 1 to {COPY_PIECE_BYTES} bytes")
+        side), each at most COPY_PIECE_BYTES, and wait for them."""
         if pieces:
             self._submit_copies(pieces)
 
@@ -199,7 +315,8 @@ class RuntimeStream:
         return bytes(out)
 
     def write(self, destination: int, data: memoryview) -> None:
-        """`data` to GPU address `destination`: through staging, chunk by chunk."""
+        """`data` to GPU address `destination`: through staging, chunk by chunk (each
+        chunk waited for: the staging is reused)."""
         assert self.staging is not None
         for done in range(0, len(data), STAGING_BYTES):
             chunk = data[done:done + STAGING_BYTES]
@@ -224,8 +341,8 @@ class RuntimeStream:
                                            gpu_va=PROFILE_VA, name="profile")
         buffer = self.profile_buffer
         stamps = 2 * len(entries)
-        first = self.counter + 1
-        self.counter += stamps
+        first = self._stamps + 1
+        self._stamps += stamps
         buffer.write(0, bytes(stamps * TIMESTAMP_RELEASE_BYTES))
         ring: list[bytes] = []
         for stamp in range(stamps):
@@ -249,12 +366,12 @@ class RuntimeStream:
 
     def close(self) -> None:
         del self._counter
-        for block in (self.staging, self.profile_buffer):
+        for block in (self.staging, self.writes, self.profile_buffer):
             if block is not None:
                 block.close()
-        self.staging = self.profile_buffer = None
+        self.staging = self.writes = self.profile_buffer = None
         self.block.close()
 
 
-__all__ = ["COPY_THRESHOLD", "RuntimeStream", "Stamp", "copy_segment", "launch_nanoseconds",
-           "read_stamps", "timestamp_segment"]
+__all__ = ["COPY_THRESHOLD", "RuntimeStream", "Stamp", "acquire_segment", "copy_segment",
+           "launch_nanoseconds", "read_stamps", "release_segment", "timestamp_segment"]
