@@ -418,38 +418,6 @@ def make_channel(driver=None):
     return driver, device, ch.Channel(device, entries=16)
 
 
-def test_a_copy_out_channel_joins_the_group_before_it_is_scheduled():
-    driver = FakeDriver()
-    device = RmDevice(RmClient(driver.transport()))
-    channel = ch.Channel(device, entries=16, copy_ring_va=ch.RUNTIME_VA_BASE + (2 << 20))
-    out = channel.copy_out
-    assert out is not None and channel.copy_out_refused == ""
-    channels = [(handle, parent) for handle, (cls, parent) in driver.objects.items()
-                if cls == s.HOPPER_CHANNEL_GPFIFO_A]
-    assert channels == [(channel.handle, channel.group), (out.handle, channel.group)]
-    assert out.ring.gpu_va == ch.RUNTIME_VA_BASE + (2 << 20) and out.entries == 256
-    # Both channels' tokens were asked for, then the group went on the runlist once.
-    assert driver.controls[-3:] == [s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN] * 2 + [
-        s.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE]
-    channel.close()
-    assert channel.copy_out is None
-
-
-def test_a_refused_copy_out_channel_leaves_the_plans_channel_working():
-    class RefusesTheSecondChannel(FakeDriver):
-        def handle(self, fd, number, argument):
-            channels = sum(cls == s.HOPPER_CHANNEL_GPFIFO_A for cls, _ in self.objects.values())
-            self.refuse = {s.HOPPER_CHANNEL_GPFIFO_A: 0x51} if channels else {}
-            return super().handle(fd, number, argument)
-
-    driver = RefusesTheSecondChannel()
-    device = RmDevice(RmClient(driver.transport()))
-    channel = ch.Channel(device, entries=16, copy_ring_va=ch.RUNTIME_VA_BASE + (2 << 20))
-    assert channel.copy_out is None and "NV_ERR_NO_MEMORY" in channel.copy_out_refused
-    assert driver.controls[-1] == s.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE
-    channel.close()
-
-
 def test_channel_objects_and_parameters():
     driver, device, channel = make_channel()
     by_class = {cls: (handle, parent) for handle, (cls, parent) in driver.objects.items()}

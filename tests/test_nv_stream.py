@@ -157,33 +157,9 @@ class HostMemory:
         ctypes.memmove(self.address + offset, data, len(data))
 
 
-@dataclass
-class DeviceOnly:
-    """Video memory the CPU has no mapping of (the snapshot): the fake GPU's own bytes."""
-
-    block: object
-    data: bytearray
-
-    @property
-    def gpu_va(self) -> int:
-        return self.block.gpu_va
-
-    @property
-    def size(self) -> int:
-        return self.block.size
-
-    def read(self, offset: int, size: int) -> bytes:
-        return bytes(self.data[offset:offset + size])
-
-    def write(self, offset: int, data: bytes) -> None:
-        self.data[offset:offset + len(data)] = data
-
-
 class FakeGpu:
-    """Executes what the channels were handed: runtime segments (copies, releases,
-    acquires) from the bytes, plan submissions as launches of a known duration
-    (1 us * (launch + 1)). Both rings run in turn; an entry whose acquires are not met
-    waits while the other ring goes on, as the hardware's would."""
+    """Executes what the channel was handed: runtime segments (copies, releases) from the
+    bytes, plan submissions as launches of a known duration (1 us * (launch + 1))."""
 
     def __init__(self, monkeypatch, error_after_launch: int | None = None,
                  error_on_copy: bool = False):
@@ -196,11 +172,7 @@ class FakeGpu:
         self.error_on_copy = error_on_copy
         self.launches: list[int] = []
         self.acquires: list[int] = []
-        self.executed_out = 0  # entries of the copy-out ring run
-        self.acquired: list[tuple[int, int]] = []  # (semaphore, value) of every acquire
-        self.device_only: dict[int, DeviceOnly] = {}
-        monkeypatch.setattr(ch.GpfifoRing, "wait",
-                            lambda channel, *args: self.wait(channel, *args))
+        monkeypatch.setattr(ch.Channel, "wait", lambda channel, *args: self.wait(channel, *args))
 
     def blocks(self):
         backend = self.backend
@@ -209,14 +181,6 @@ class FakeGpu:
         if stream is not None:
             found += [b for b in (stream.block, stream.staging, stream.writes,
                                   stream.profile_buffer) if b]
-            if stream.out is not None:
-                found.append(stream.out.block)
-            if stream.snapshot is not None:
-                snapshot = stream.snapshot
-                if id(snapshot) not in self.device_only:
-                    self.device_only[id(snapshot)] = DeviceOnly(snapshot,
-                                                                bytearray(snapshot.size))
-                found.append(self.device_only[id(snapshot)])
         found.append(backend.channel.ring)
         found += [HostMemory(address, block) for address, block in backend._described.items()]
         return found
@@ -236,43 +200,14 @@ class FakeGpu:
         block, offset = self.memory(address, len(data))
         block.write(offset, data)
 
-    def _entry_calls(self, ring, index: int) -> list[decoder.MethodCall]:
-        slot = index % ring.entries
-        entry = decoder.decode_gpfifo(ring.ring.read(8 * slot, 8), 0xC86F)[0]
-        words = struct.unpack(f"<{entry.words}I", self.read(entry.address, 4 * entry.words))
-        return decoder.decode_segment(words, entry.address, 0xC86F, self.bindings)
-
-    def _acquires_met(self, calls: list[decoder.MethodCall]) -> bool:
-        state: dict[str, int] = {}
-        for call in calls:
-            if call.class_name == "HOPPER_CHANNEL_GPFIFO_A" and call.name.startswith("SEM_"):
-                state[call.name] = call.data
-                if call.name == "SEM_EXECUTE" and call.field("OPERATION").value != 1:
-                    address = state["SEM_ADDR_HI"] << 32 | state["SEM_ADDR_LO"]
-                    payload = state["SEM_PAYLOAD_HI"] << 32 | state["SEM_PAYLOAD_LO"]
-                    if struct.unpack("<Q", self.read(address, 8))[0] < payload:
-                        return False
-        return True
-
-    def execute(self, channel=None) -> None:
-        """Run both rings until neither can go on: every entry, or a wait on each other
-        that nothing will meet (an error)."""
-        main, out = self.backend.channel, self.backend.channel.copy_out
-        rings = [(main, "executed")] + ([(out, "executed_out")] if out is not None else [])
-        moved = True
-        while moved:
-            moved = False
-            for ring, counter in rings:
-                while getattr(self, counter) < ring.put_count:
-                    calls = self._entry_calls(ring, getattr(self, counter))
-                    if not self._acquires_met(calls):
-                        break
-                    setattr(self, counter, getattr(self, counter) + 1)
-                    for call in calls:
-                        self.method(call)
-                    moved = True
-        stuck = [counter for ring, counter in rings if getattr(self, counter) < ring.put_count]
-        assert not stuck, f"the fake GPU's rings wait on each other: {stuck}"
+    def execute(self, channel) -> None:
+        while self.executed < channel.put_count:
+            slot = self.executed % channel.entries
+            entry = decoder.decode_gpfifo(channel.ring.read(8 * slot, 8), 0xC86F)[0]
+            self.executed += 1
+            words = struct.unpack(f"<{entry.words}I", self.read(entry.address, 4 * entry.words))
+            for call in decoder.decode_segment(words, entry.address, 0xC86F, self.bindings):
+                self.method(call)
 
     def method(self, call: decoder.MethodCall) -> None:
         if call.class_name == "HOPPER_DMA_COPY_A":
@@ -321,7 +256,6 @@ class FakeGpu:
             value, = struct.unpack("<Q", self.read(address, 8))
             assert value >= payload, f"acquired {payload} with the semaphore at {value}"
             self.acquires.append(payload)
-            self.acquired.append((address, payload))
             return
         data = struct.pack("<Q", payload)
         if fields.get("RELEASE_TIMESTAMP") == "EN":
@@ -670,49 +604,9 @@ def test_closing_lets_queued_work_finish_before_memory_goes(monkeypatch):
     stream = backend._stream
     assert stream.pending
     drained = []
-    original = st.RuntimeStream.drain_all
-    monkeypatch.setattr(st.RuntimeStream, "drain_all", lambda stream: drained.append(
+    original = st.RuntimeStream.drain
+    monkeypatch.setattr(st.RuntimeStream, "drain", lambda stream: drained.append(
         (stream.counter, stream.completed)) or original(stream))
     backend.close()
     assert drained == [(2, 0)]  # waited for both items before anything was freed
     assert gpu.launches and gpu.acquires == [0, 1]
-
-
-def test_a_large_read_leaves_by_the_copy_out_channel_beside_the_next_run(monkeypatch):
-    monkeypatch.setattr(nv_backend, "BESIDE_MIN_BYTES", 64 << 10)
-    backend, gpu = _open(monkeypatch)
-    count = backend.plan.submission_count
-    before = np.arange(256 * 256, dtype=np.float32).tobytes()
-    after = np.full(256 * 256, 3.0, np.float32).tobytes()
-    backend.write_tensor("parameters", before)
-    backend.start(range(count))
-    first = backend.begin_read(["parameters", "first_moment"])
-    stream = backend._stream
-    assert stream.out is not None and stream.snapshot is not None
-    snapped, copied_out = stream.main.counter, stream.out.counter
-    backend.write_tensor("parameters", after)  # after the snapshot, on the plan's channel
-    backend.start(range(count))
-    assert first.wait()["parameters"].tobytes() == before
-    backend.wait()
-    assert _tensor_bytes(backend, "parameters") == after
-    # The copy-out ring waited for the snapshot on the plan's channel ...
-    assert (stream.main.counter_address, snapped) in gpu.acquired
-    second = backend.begin_read(["parameters", "first_moment"])
-    assert second.wait()["parameters"].tobytes() == after
-    # ... and the next snapshot waited for the first one's copy-out.
-    assert (stream.out.counter_address, copied_out) in gpu.acquired
-    assert gpu.executed_out == 2 and stream.out.completed == stream.out.counter == 2
-    backend.close()
-
-
-def test_without_a_copy_out_channel_a_large_read_waits_its_turn_on_the_plans(monkeypatch):
-    monkeypatch.setattr(nv_backend, "BESIDE_MIN_BYTES", 64 << 10)
-    backend, gpu = _open(monkeypatch)
-    backend.channel.copy_out, backend.channel.copy_out_refused = None, "refused here"
-    table = np.arange(256 * 256, dtype=np.float32).tobytes()
-    backend.write_tensor("parameters", table)
-    backend.start(range(backend.plan.submission_count))
-    assert backend.begin_read(["parameters"]).wait()["parameters"].tobytes() == table
-    stream = backend._stream
-    assert stream.out is None and stream.out_refused == "no copy-out channel (refused here)"
-    backend.close()

@@ -44,7 +44,11 @@ HEALTH = "bob-health"
 
 BLOCK = 256  # threads per block; reductions run over 256 lanes whatever the block
 # Regions launched with other blocks (their kernels trap on any other width).
-BLOCKS = {FUSED_TALL_HARD: 1024, FUSED_TALL_CORPUS: 1024}
+TALL_BLOCK = 1024  # bob_kernels.cu: TALL_THREADS's default (tests check they agree)
+BLOCKS = {FUSED_TALL_HARD: TALL_BLOCK, FUSED_TALL_CORPUS: TALL_BLOCK}
+# Regions whose compiled image names their block (its launch bounds): a kernel compiled with
+# another TALL_THREADS (bench/bench_tall.py's variants) is planned with its own block.
+BLOCK_FROM_IMAGE = frozenset({FUSED_TALL_HARD, FUSED_TALL_CORPUS})
 
 
 def block_of(region: str) -> int:
@@ -197,13 +201,14 @@ ENTRIES = {
 
 
 def declared_region(name: str, code: bytes = b"", registers: int = 32,
-                    shared_bytes: int = 0) -> Region:
-    """A region as declared; code and resources come from a compiled image when there is one."""
+                    shared_bytes: int = 0, block_x: int | None = None) -> Region:
+    """A region as declared; code and resources (and, for BLOCK_FROM_IMAGE, the block) come
+    from a compiled image when there is one."""
     return Region(
         name=name,
         code=code,
         registers=registers,
-        block_x=block_of(name),
+        block_x=block_of(name) if block_x is None else block_x,
         shared_bytes=shared_bytes,
         params=SIGNATURES[name],
         entry=ENTRIES[name],

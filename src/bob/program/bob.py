@@ -123,7 +123,7 @@ ONE_LAUNCH_MAX_VOCAB = 8192
 # The fused kernels' on-chip rows (bob_kernels.cu: RESIDENT_SLOTS and WIDE_SLOTS x 256).
 RESIDENT_VOCAB = 1024
 WIDE_VOCAB = 4096
-TALL_VOCAB = 8192  # bob_kernels.cu: TALL_THREADS x TALL_SLOTS
+TALL_VOCAB = 8192  # bob_kernels.cu: TALL_VOCAB (TALL_THREADS x TALL_SLOTS)
 # Where the tall kernels overtake the streaming narrow ones (H200, 100 updates, us/update
 # tall against narrow): hard 108 vs 105 at V = 4097, 122 vs 128 at 4608; corpus 139 vs
 # 130 at 4608, 159 vs 158 at 5120, 211 vs 321 at 6000 (docs/BENCHMARKS.md).
@@ -349,6 +349,9 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
     (``adam_scalar_table(hyper, first_step, N)``).
     """
     v, block = config.vocab, Dim3(sig.BLOCK)
+    regions = declared_regions(config, compiled)
+    # Each launch's block is its region's: a compiled tall kernel names its own.
+    region_blocks = {r.name: r.block_x for r in regions}
     vocab = Scalar.u32(v)
     log2e, ln2 = Scalar.f32_bits(LOG2E_BITS), Scalar.f32_bits(LN2_BITS)
     row_bytes = 4 * v
@@ -392,7 +395,7 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
         scalars_row = TensorRef(ADAM_SCALARS_TENSOR, 4 * ADAM_SCALAR_STRIDE * first)
         label = f"fused[{first}]" if updates == 1 else f"fused[{first}:{first + updates}]"
         region = config.fused_region
-        return LaunchSpec(region, Dim3(v), Dim3(sig.block_of(region)), (
+        return LaunchSpec(region, Dim3(v), Dim3(region_blocks[region]), (
             TensorRef("parameters"), TensorRef("first_moment"), TensorRef("second_moment"),
             TensorRef("gradients"), TensorRef("input"), TensorRef("training_loss"),
             scalars_row, *data, vocab, Scalar.u32(updates), finish,
@@ -418,7 +421,7 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
         launches.append(health())
 
     return ProgramSpec(
-        regions=declared_regions(config, compiled),
+        regions=regions,
         tensors=tensor_specs(config),
         launches=tuple(launches),
         submissions=submission_schedule(config),

@@ -111,16 +111,25 @@ def check_no_local_memory(kernel: Kernel) -> None:
                          "memory per thread (a stack frame); regions may use none")
 
 
+def image_block(kernel: Kernel, declared: Region) -> int:
+    """The block the plan launches: the declared one, or for sig.BLOCK_FROM_IMAGE the
+    kernel's launch bounds (a variant compiled with another TALL_THREADS)."""
+    if declared.name in sig.BLOCK_FROM_IMAGE and kernel.max_threads is not None:
+        return kernel.max_threads[0] * kernel.max_threads[1] * kernel.max_threads[2]
+    return declared.block_x
+
+
 def region_from_kernel(kernel: Kernel, declared: Region, target: Target) -> Region:
     """The declared region with the image's code and resources, after checking the image."""
     check_parameter_layout(kernel, target, declared.params)
-    check_block(kernel, declared.block_x)
+    block_x = image_block(kernel, declared)
+    check_block(kernel, block_x)
     check_no_local_memory(kernel)
     return Region(
         name=declared.name,
         code=kernel.code,
         registers=kernel.registers,
-        block_x=declared.block_x,
+        block_x=block_x,
         shared_bytes=kernel.shared_bytes,
         params=declared.params,
         entry=kernel.entry,
@@ -160,7 +169,7 @@ def export_regions(path: str | Path, arch: str = "sm_90") -> CompiledRegions:
     document = {
         "format": REGIONS_FORMAT, "version": REGIONS_VERSION, "arch": normalize_arch(arch),
         "regions": {name: {"code": region.code.hex(), "registers": region.registers,
-                           "shared_bytes": region.shared_bytes}
+                           "shared_bytes": region.shared_bytes, "block_x": region.block_x}
                     for name, region in regions.items()},
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -182,8 +191,19 @@ def load_regions(path: str | Path | None = None, arch: str = "sm_90") -> Mapping
     if document.get("arch") != arch:
         raise BadInput(f"{path}: regions for {document.get('arch')}, not {arch}")
     return {name: sig.declared_region(name, bytes.fromhex(entry["code"]), entry["registers"],
-                                      entry["shared_bytes"])
+                                      entry["shared_bytes"], file_block(path, name, entry))
             for name, entry in document["regions"].items()}
+
+
+def file_block(path: str | Path, name: str, entry: dict) -> int | None:
+    """A region's exported block; None (the declared one) in files written before blocks
+    were exported."""
+    block = entry.get("block_x")
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int)
+                              or not 0 < block <= 1024):
+        raise BadInput(f"{path}: region {name}: block_x must be an integer in [1, 1024], "
+                       f"not {block!r}")
+    return block
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,19 +72,12 @@ from .memory import (
     release,
     round_up,
 )
-from .stream import (
-    COPY_OUT_RING_VA,
-    COPY_PIECE_BYTES,
-    COPY_THRESHOLD,
-    WRITE_SLOT_BYTES,
-    RuntimeStream,
-)
+from .stream import COPY_PIECE_BYTES, COPY_THRESHOLD, WRITE_SLOT_BYTES, RuntimeStream
 
 SUPPORTED_TARGET = "sm_90"
 DEFAULT_DEADLINE_S = 30.0  # without progress; the clock restarts whenever GP_GET moves
 SEMAPHORE_BYTES = 8  # each submission releases a 64-bit value into its slot
 QUEUED_READ_MIN_BYTES = 64 << 10  # smaller reads wait for the device and read the mapping
-BESIDE_MIN_BYTES = 64 << 20  # larger reads leave the device by the copy-out channel
 
 
 def nv_available() -> tuple[bool, str]:
@@ -156,7 +149,7 @@ class NvBackend(Backend):
             self._program_words = np.frombuffer(
                 memoryview(self._program)[:len(self._program) // 4 * 4], np.uint32)
             self._patched_words: tuple[np.ndarray, np.ndarray] | None = None  # _word_indices
-            self.channel = Channel(self.device, copy_ring_va=COPY_OUT_RING_VA)
+            self.channel = Channel(self.device)
             self.channel.submit([self.encoded.entry(i) for i in range(SETUP_ENTRIES)])
             self.channel.wait(lambda: self.channel.gp_get, SETUP_ENTRIES, deadline_s,
                               "channel set-up")
@@ -267,28 +260,24 @@ class NvBackend(Backend):
                    min(COPY_PIECE_BYTES, size - done))
                   for _, offset, position, size in layout
                   for done in range(0, size, COPY_PIECE_BYTES)]
-        stream = self.stream
-        beside = None
-        if end >= BESIDE_MIN_BYTES:
-            beside = self._guarded(lambda: stream.queue_read_beside(pieces))
-        queue, target = beside or (stream.main, self._guarded(lambda: stream.queue_copies(pieces)))
+        target = self._guarded(lambda: self.stream.queue_copies(pieces))
         whole = landing.hand_out(buffer)
         return _QueuedRead({name: whole[position:position + size]
                             for name, _, position, size in layout},
-                           lambda: self._settle_read(queue, target))
+                           lambda: self._settle_read(target))
 
-    def _settle_read(self, queue, target: int) -> None:
+    def _settle_read(self, target: int) -> None:
         self._require_open()
-        self._guarded(lambda: queue.wait_for(target, f"copy-engine read {target} "
-                                                     f"({queue.name})"))
+        assert self._stream is not None
+        stream = self._stream
+        self._guarded(lambda: stream.wait_for(target, f"copy-engine read {target}"))
 
     def _landing_for(self, size: int) -> Landing:
         """The landing buffers for reads of `size` bytes (made anew when the size changes),
         each described to the driver once, when made."""
         if self._landing is None or self._landing.size != size:
-            if self._landing is not None and self._stream is not None:
-                stream = self._stream  # a queued read may still be landing in the old buffers
-                self._guarded(stream.drain_all)
+            if self._landing is not None:
+                self._drain()  # a queued read may still be landing in the old buffers
             self._close_landing()
             self._landing = Landing(size, self._describe, self._forget,
                                     minimum=QUEUED_READ_MIN_BYTES)
@@ -491,9 +480,10 @@ class NvBackend(Backend):
 
     def close(self) -> None:
         # Queued work may still write memory about to go: let it finish (or fail) first.
-        if self._stream is not None and self.channel is not None and not self._failure:
+        if self._in_flight() and self.channel is not None and not self._failure:
+            assert self._stream is not None
             with contextlib.suppress(RunFailure):
-                self._stream.drain_all()
+                self._stream.drain()
         # Before the channel and the client go: the buffers' arrays stay valid as memory.
         with contextlib.suppress(RmError):
             self._close_landing()

@@ -35,7 +35,6 @@ from .ioctl import (
     NV_ERR_INVALID_ARGUMENT,
     NV_ERR_INVALID_PARAM_STRUCT,
     ChannelError,
-    RmError,
     RmStatusError,
     SubmissionTimeout,
 )
@@ -43,7 +42,6 @@ from .memory import Allocation, allocate, round_up, store_fence
 
 RUNTIME_VA_BASE = 0x10_0000_0000  # below every plan (DEFAULT_VA_BASE is 0x20_0000_0000)
 GPFIFO_ENTRIES = 1024
-COPY_OUT_ENTRIES = 256  # the copy-out channel's ring: a few copies per read
 SPIN_S = 0.005  # a wait polls without sleeping this long before it backs off
 
 # What the driver writes as info32 of the error notifier when it stops a channel: the
@@ -96,51 +94,60 @@ class ChannelState:
         return status != 0 or info32 != 0
 
 
-class GpfifoRing:
-    """One channel's GPFIFO ring, USERD and error notifier in a channel group: submitting
-    and waiting. `Channel` is the plan's; a copy-out ring is a second channel beside it."""
+class Channel:
+    """A scheduled GPFIFO channel with the compute class bound to an object."""
 
-    def __init__(self, device: RmDevice, group: int, context_share: int, entries: int,
-                 ring_va: int, engine: int):
+    def __init__(self, device: RmDevice, entries: int = GPFIFO_ENTRIES,
+                 ring_va: int = RUNTIME_VA_BASE):
         if entries & (entries - 1) or entries < 2:
             raise ValueError(f"GPFIFO entries must be a power of two, not {entries}")
+        client = device.client
         self.device = device
         self.entries = entries
         self.userd_offset = round_up(entries * s.GP_ENTRY_BYTES, 4096)
         self.notifier = allocate(device, 4096, location="sysmem", map_gpu=False,
                                  name="error notifier")
-        try:
-            self.ring = allocate(device, round_up(self.userd_offset + s.USERD_BYTES, 4096),
-                                 location="sysmem", gpu_va=ring_va, name="GPFIFO ring + USERD")
-        except BaseException:
-            self.notifier.close()
-            raise
-        try:
-            self._open(device, group, context_share, entries, engine)
-        except BaseException:
-            self.ring.close()
-            self.notifier.close()
-            raise
+        self.ring = allocate(device, round_up(self.userd_offset + s.USERD_BYTES, 4096),
+                             location="sysmem", gpu_va=ring_va, name="GPFIFO ring + USERD")
+        self.group = client.alloc(device.device, s.KEPLER_CHANNEL_GROUP_A,
+                                  s.NV_CHANNEL_GROUP_ALLOCATION_PARAMETERS(
+                                      engineType=s.NV2080_ENGINE_TYPE_GRAPHICS))
+        self.context_share = client.alloc(self.group, s.FERMI_CONTEXT_SHARE_A,
+                                          s.NV_CTXSHARE_ALLOCATION_PARAMETERS(
+                                              hVASpace=device.vaspace,
+                                              flags=s.NV_CTXSHARE_ALLOCATION_FLAGS_SUBCONTEXT_ASYNC))
+        params = s.NV_CHANNEL_ALLOC_PARAMS(
+            hObjectError=self.notifier.memory, hObjectBuffer=self.ring.memory,
+            gpFifoOffset=self.ring.gpu_va, gpFifoEntries=entries,
+            hContextShare=self.context_share)
+        params.hUserdMemory[0] = self.ring.memory
+        params.userdOffset[0] = self.userd_offset
+        self.handle = client.alloc(self.group, s.HOPPER_CHANNEL_GPFIFO_A, params)
+        self.compute = client.alloc(self.handle, s.HOPPER_COMPUTE_A)
+        token = s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN_PARAMS(workSubmitToken=0xFFFF_FFFF)
+        client.control(self.handle, s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN, token)
+        self.token = token.workSubmitToken
+        self._schedule()
         self._gp_put = self.ring.u32(self.userd_offset + s.USERD_GP_PUT)
         self._gp_get = self.ring.u32(self.userd_offset + s.USERD_GP_GET)
         self.put_count = 0
 
-    def _open(self, device: RmDevice, group: int, context_share: int, entries: int,
-              engine: int) -> None:
-        """The channel, then its engine's object (which binds the channel to the engine: the
-        driver gives a work submit token only to a bound channel), then the token."""
-        client = device.client
-        params = s.NV_CHANNEL_ALLOC_PARAMS(
-            hObjectError=self.notifier.memory, hObjectBuffer=self.ring.memory,
-            gpFifoOffset=self.ring.gpu_va, gpFifoEntries=entries,
-            hContextShare=context_share)
-        params.hUserdMemory[0] = self.ring.memory
-        params.userdOffset[0] = self.userd_offset
-        self.handle = client.alloc(group, s.HOPPER_CHANNEL_GPFIFO_A, params)
-        self.engine_object = client.alloc(self.handle, engine)
-        token = s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN_PARAMS(workSubmitToken=0xFFFF_FFFF)
-        client.control(self.handle, s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN, token)
-        self.token = token.workSubmitToken
+    def _schedule(self) -> None:
+        """Put the channel group on the runlist (580 layout first, then 570's)."""
+        client = self.device.client
+        last: RmStatusError | None = None
+        for layout in (s.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS,
+                       s.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS_570):
+            try:
+                client.control(self.group, s.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE,
+                               layout(bEnable=1, bSkipSubmit=0))
+                return
+            except RmStatusError as error:
+                if error.code not in (NV_ERR_INVALID_ARGUMENT, NV_ERR_INVALID_PARAM_STRUCT):
+                    raise
+                last = error
+        assert last is not None
+        raise last
 
     # -- submission ------------------------------------------------------------------
     def submit(self, entries: list[bytes]) -> None:
@@ -211,61 +218,4 @@ class GpfifoRing:
         self.notifier.close()
 
 
-
-class Channel(GpfifoRing):
-    """A scheduled GPFIFO channel with the compute class bound to an object; with
-    `copy_ring_va`, a second channel in its group for copies that run beside it
-    (`copy_out`, None where the driver refused it: `copy_out_refused` says why)."""
-
-    def __init__(self, device: RmDevice, entries: int = GPFIFO_ENTRIES,
-                 ring_va: int = RUNTIME_VA_BASE, *, copy_ring_va: int | None = None):
-        if entries & (entries - 1) or entries < 2:
-            raise ValueError(f"GPFIFO entries must be a power of two, not {entries}")
-        client = device.client
-        self.group = client.alloc(device.device, s.KEPLER_CHANNEL_GROUP_A,
-                                  s.NV_CHANNEL_GROUP_ALLOCATION_PARAMETERS(
-                                      engineType=s.NV2080_ENGINE_TYPE_GRAPHICS))
-        self.context_share = client.alloc(self.group, s.FERMI_CONTEXT_SHARE_A,
-                                          s.NV_CTXSHARE_ALLOCATION_PARAMETERS(
-                                              hVASpace=device.vaspace,
-                                              flags=s.NV_CTXSHARE_ALLOCATION_FLAGS_SUBCONTEXT_ASYNC))
-        super().__init__(device, self.group, self.context_share, entries, ring_va,
-                         s.HOPPER_COMPUTE_A)
-        self.compute = self.engine_object
-        self.copy_out: GpfifoRing | None = None
-        self.copy_out_refused = "not asked for"
-        if copy_ring_va is not None:
-            try:  # before the group is scheduled: its channels go on the runlist together
-                self.copy_out = GpfifoRing(device, self.group, self.context_share,
-                                           COPY_OUT_ENTRIES, copy_ring_va, s.HOPPER_DMA_COPY_A)
-                self.copy_out_refused = ""
-            except RmError as error:
-                self.copy_out_refused = str(error)
-        self._schedule()
-
-    def _schedule(self) -> None:
-        """Put the channel group on the runlist (580 layout first, then 570's)."""
-        client = self.device.client
-        last: RmStatusError | None = None
-        for layout in (s.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS,
-                       s.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS_570):
-            try:
-                client.control(self.group, s.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE,
-                               layout(bEnable=1, bSkipSubmit=0))
-                return
-            except RmStatusError as error:
-                if error.code not in (NV_ERR_INVALID_ARGUMENT, NV_ERR_INVALID_PARAM_STRUCT):
-                    raise
-                last = error
-        assert last is not None
-        raise last
-
-    def close(self) -> None:
-        if self.copy_out is not None:
-            self.copy_out.close()
-            self.copy_out = None
-        super().close()
-
-
-__all__ = ["Allocation", "Channel", "ChannelState", "GPFIFO_ENTRIES", "GpfifoRing",
-           "RUNTIME_VA_BASE"]
+__all__ = ["Allocation", "Channel", "ChannelState", "GPFIFO_ENTRIES", "RUNTIME_VA_BASE"]

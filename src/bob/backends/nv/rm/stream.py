@@ -5,12 +5,9 @@ The plan's command stream is fixed bytes (``encoder.encode``); what the runtime
 adds goes in a second, runtime-owned area mapped below every plan::
 
     RUNTIME_VA_BASE + 1 MiB   runtime block: a ring of pushbuffer segments, then the counter
-    RUNTIME_VA_BASE + 2 MiB   the copy-out channel's GPFIFO ring (channel.Channel)
-    RUNTIME_VA_BASE + 3 MiB   copy-out block: its segments and its counter
     RUNTIME_VA_BASE + 128 MiB write slots: process memory small writes are staged in
     RUNTIME_VA_BASE + 256 MiB staging: process memory pinned for copy-engine transfers
     RUNTIME_VA_BASE + 512 MiB profile: timestamp structures and their segments
-    RUNTIME_VA_BASE + 4 GiB   snapshot: video memory a large read is copied into first
 
 The runtime stream is a queue, as a CUDA stream is: every item (a batch of copies,
 a staged write, a run of the plan's submissions) is a segment that begins by
@@ -25,13 +22,6 @@ is past the item that used it.
 
 Copies run on the channel's copy engine: HOPPER_DMA_COPY_A is allocated on the
 same channel and bound on subchannel 4 (``pushbuffer.CopyWriter``).
-
-A large read (the checkpoint's tables at V = 8192: 768 MiB, about 20 ms over the bus)
-would hold the next run back for as long. So it is copied in its turn into a snapshot
-in video memory (fast), and a second channel of the same group, the copy-out channel,
-copies the snapshot to the host beside the next runs: its segment acquires the plan
-channel's counter value of the snapshot copy, and the next snapshot copy acquires the
-copy-out counter's value of the last copy out.
 
 Timestamps: a host semaphore release with RELEASE_WFI and RELEASE_TIMESTAMP
 writes (payload, GPU nanoseconds) when everything before it is idle. Profiling
@@ -57,15 +47,12 @@ from bob.backends.nv.pushbuffer import (
 from bob.errors import RunFailure
 
 from . import structs as s
-from .channel import RUNTIME_VA_BASE, Channel, GpfifoRing
+from .channel import RUNTIME_VA_BASE, Channel
 from .device import RmDevice
 from .ioctl import RmError
 from .memory import SYSMEM_GRANULE, Allocation, allocate, host_allocation, round_up
 
 RUNTIME_BLOCK_VA = RUNTIME_VA_BASE + (1 << 20)
-COPY_OUT_RING_VA = RUNTIME_VA_BASE + (2 << 20)
-COPY_OUT_BLOCK_VA = RUNTIME_VA_BASE + (3 << 20)
-SNAPSHOT_VA = RUNTIME_VA_BASE + (4 << 30)
 WRITES_VA = RUNTIME_VA_BASE + (128 << 20)
 STAGING_VA = RUNTIME_VA_BASE + (256 << 20)
 PROFILE_VA = RUNTIME_VA_BASE + (512 << 20)
@@ -83,8 +70,7 @@ PROFILE_LIMIT = 100_000  # launches timed per fill of the profile buffer
 SEGMENT_STRIDE = 32  # one timestamped release is 6 words
 PROFILE_SEGMENTS = 2 * PROFILE_LIMIT * TIMESTAMP_RELEASE_BYTES  # segments after the structures
 PROFILE_BYTES = round_up(PROFILE_SEGMENTS + 2 * PROFILE_LIMIT * SEGMENT_STRIDE, SYSMEM_GRANULE)
-SNAPSHOT_GRANULE = 2 << 20
-SNAPSHOT_MAX_BYTES = 16 << 30  # a larger read is copied on the plan's channel, in its turn
+COUNTER_ADDRESS = RUNTIME_BLOCK_VA + COUNTER_OFFSET
 
 Wait = Callable[[Callable[[], int], int, str], None]
 
@@ -137,159 +123,63 @@ def _commands(pushbuffer: Pushbuffer) -> CommandWriter:
     return CommandWriter(pushbuffer, HOPPER_COMPUTE_A, HOPPER_CHANNEL_GPFIFO_A)
 
 
-Acquire = tuple[int, int]  # (semaphore address, the value to wait for)
-
-
-def copy_segment(address: int, pieces: list[tuple[int, int, int]], acquires: list[Acquire],
-                 release: tuple[int, int], *, bind: bool = False) -> bytes:
-    """Once every semaphore of `acquires` has its value: copies (source, destination,
-    size), the last releasing `release` (address, payload)."""
+def copy_segment(address: int, pieces: list[tuple[int, int, int]], after: int, payload: int,
+                 *, bind: bool = False) -> bytes:
+    """Once the counter reaches `after`: copies (source, destination, size), the last
+    releasing `payload` into the counter."""
     pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
-    for semaphore, value in acquires:
-        _commands(pushbuffer).acquire_semaphore(semaphore, value)
+    _commands(pushbuffer).acquire_semaphore(COUNTER_ADDRESS, after)
     writer = CopyWriter(pushbuffer)
     if bind:
         writer.bind()
     for index, (source, destination, size) in enumerate(pieces):
         last = index == len(pieces) - 1
-        writer.copy(source, destination, size, release=release if last else None)
+        writer.copy(source, destination, size,
+                    release=(COUNTER_ADDRESS, payload) if last else None)
     return pushbuffer.to_bytes()
 
 
-def acquire_segment(address: int, semaphore: int, value: int) -> bytes:
-    """Hold the channel until the semaphore at `semaphore` reaches `value`."""
+def acquire_segment(address: int, after: int) -> bytes:
+    """Hold the channel until the counter reaches `after`."""
     pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
-    _commands(pushbuffer).acquire_semaphore(semaphore, value)
+    _commands(pushbuffer).acquire_semaphore(COUNTER_ADDRESS, after)
     return pushbuffer.to_bytes()
 
 
-def release_segment(address: int, semaphore: int, payload: int) -> bytes:
-    """Release `payload` at `semaphore` once everything before is idle."""
+def release_segment(address: int, payload: int) -> bytes:
+    """Release `payload` into the counter once everything before is idle."""
     pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
-    _commands(pushbuffer).release_semaphore(semaphore, payload)
+    _commands(pushbuffer).release_semaphore(COUNTER_ADDRESS, payload)
     return pushbuffer.to_bytes()
-
-
-class _Queue:
-    """One channel's queue: a ring of segments in a runtime block, the counter after them,
-    and the copy engine object the channel's copies run on."""
-
-    def __init__(self, device: RmDevice, ring: GpfifoRing, block_va: int, wait: Wait,
-                 start: int, name: str):
-        self.ring = ring
-        self.name = name
-        self._wait = wait
-        self.counter = start  # the value the last item queued releases
-        self.last_item = "nothing"  # what the last item queued is, for waits' reports
-        self.block = allocate(device, RUNTIME_BLOCK_BYTES, location="sysmem", gpu_va=block_va,
-                              name=name)
-        self.block_va = block_va
-        self.counter_address = block_va + COUNTER_OFFSET
-        self._counter = self.block.u64(COUNTER_OFFSET)
-        self._counter.value = start
-        # The counter value after which each segment may be written again.
-        self._segment_free_after = [start] * SEGMENTS
-        self._next_segment = 0
-        self._bound = False  # the first batch of copies binds the class on its subchannel
-
-    @property
-    def completed(self) -> int:
-        return self._counter.value
-
-    @property
-    def pending(self) -> bool:
-        return self.completed < self.counter
-
-    def wait_for(self, target: int, what: str = "") -> None:
-        if self.completed < target:
-            self._wait(lambda: self.completed, target, what or f"{self.name} item {target}")
-
-    def drain(self) -> None:
-        self.wait_for(self.counter, f"{self.last_item} ({self.name} item {self.counter})")
-
-    def _segment(self) -> tuple[int, int]:
-        """The next segment (index, GPU address), once the GPU is past its last use."""
-        index = self._next_segment
-        self._next_segment = (index + 1) % SEGMENTS
-        self.wait_for(self._segment_free_after[index], f"{self.name} segment {index}")
-        return index, self.block_va + index * SEGMENT_BYTES
-
-    def _place(self, index: int, data: bytes, free_after: int) -> bytes:
-        """Segment `index`'s bytes in the block; its GPFIFO entry."""
-        self.block.write(index * SEGMENT_BYTES, data)
-        self._segment_free_after[index] = free_after
-        return gpfifo_entry(HOPPER_CHANNEL_GPFIFO_A, self.block_va + index * SEGMENT_BYTES,
-                            len(data) // WORD_BYTES)
-
-    def queue_copies(self, pieces: list[tuple[int, int, int]],
-                     after: Acquire | None = None) -> int:
-        """Copies (source, destination, bytes), each at most COPY_PIECE_BYTES, after
-        everything queued here before (and, with `after`, once that semaphore has its
-        value); the counter value they release."""
-        if any(not 0 < size <= COPY_PIECE_BYTES for *_, size in pieces):
-            raise ValueError(f"a copy piece is 1 to {COPY_PIECE_BYTES} bytes")
-        if len(pieces) > PIECES_PER_SEGMENT * (SEGMENTS // 2):
-            raise ValueError(f"{len(pieces)} copy pieces at once: at most "
-                             f"{PIECES_PER_SEGMENT * (SEGMENTS // 2)}")
-        entries = []
-        for start in range(0, len(pieces), PIECES_PER_SEGMENT):
-            index, address = self._segment()
-            acquires = [(self.counter_address, self.counter)]
-            if after is not None:
-                acquires.append(after)
-            data = copy_segment(address, pieces[start:start + PIECES_PER_SEGMENT], acquires,
-                                (self.counter_address, self.counter + 1), bind=not self._bound)
-            self._bound = True
-            self.counter += 1
-            entries.append(self._place(index, data, self.counter))
-        self.last_item = f"copy-engine batch {self.counter}"
-        if entries:
-            self.ring.submit(entries)
-        return self.counter
-
-    def queue_entries(self, entries: list[bytes], what: str) -> int:
-        """GPFIFO entries after everything queued before; the counter value released once
-        they are done and the channel is idle."""
-        first, first_address = self._segment()
-        last, last_address = self._segment()
-        after, self.counter = self.counter, self.counter + 1
-        ring = [self._place(first, acquire_segment(first_address, self.counter_address, after),
-                            self.counter),
-                *entries,
-                self._place(last, release_segment(last_address, self.counter_address,
-                                                  self.counter), self.counter)]
-        self.last_item = what
-        self.ring.submit(ring)
-        return self.counter
-
-    def close(self) -> None:
-        del self._counter
-        self.block.close()
 
 
 class RuntimeStream:
-    """The runtime's queue on the plan's channel (runs, copies, staged writes), the
-    copy-out queue beside it, the write slots, the staging and the snapshot."""
+    """The copy engine object, the runtime block, the write slots and the staging of one
+    channel, and the queue of work on it."""
 
     def __init__(self, device: RmDevice, channel: Channel, wait: Wait, *, start: int = 0):
         self.device = device
         self.channel = channel
         self._wait = wait
+        self.counter = start  # the value the last item queued releases
+        self.last_item = "nothing"  # what the last item queued is, for waits' reports
         self._stamps = start  # timestamp payloads: their own numbering
-        self.main = _Queue(device, channel, RUNTIME_BLOCK_VA, wait, start, "runtime")
-        self.block = self.main.block
-        self.out: _Queue | None = None  # the copy-out queue, made at the first large read
-        self.out_refused = ""  # why large reads stay on the plan's channel, when they do
+        self.block = allocate(device, RUNTIME_BLOCK_BYTES, location="sysmem",
+                              gpu_va=RUNTIME_BLOCK_VA, name="runtime block")
         self.staging: Allocation | None = None
         self.writes: Allocation | None = None  # made at the first write queued behind work
-        self.snapshot: Allocation | None = None  # video memory large reads are snapped into
-        self._snapshot_free_after = 0  # the copy-out item that last read the snapshot
         self.profile_buffer: Allocation | None = None
         self.copy_object = 0
         self.copy_refused = ""  # why large transfers stay CPU accesses, when they do
         self.staging_note = "process memory described to the driver"
-        self._slot_free_after = [start] * WRITE_SLOTS  # as the segments, per write slot
+        self._counter = self.block.u64(COUNTER_OFFSET)
+        self._counter.value = start
+        # The counter value after which each segment (and write slot) may be written again.
+        self._segment_free_after = [start] * SEGMENTS
+        self._next_segment = 0
+        self._slot_free_after = [start] * WRITE_SLOTS
         self._next_slot = 0
+        self._bound = False  # the first batch of copies binds the class on its subchannel
         if s.HOPPER_DMA_COPY_A not in device.classes:
             self.copy_refused = "this GPU lists no HOPPER_DMA_COPY_A"
             return
@@ -314,43 +204,73 @@ class RuntimeStream:
         return self.staging is not None
 
     @property
-    def counter(self) -> int:
-        """The value the last item queued on the plan's channel releases."""
-        return self.main.counter
-
-    @property
     def completed(self) -> int:
         """The runtime counter's 64-bit value as the GPU last released it."""
-        return self.main.completed
+        return self._counter.value
 
     @property
     def pending(self) -> bool:
-        """Whether an item queued on the plan's channel has not completed yet."""
-        return self.main.pending
+        """Whether an item queued has not completed yet."""
+        return self.completed < self.counter
 
     def wait_for(self, target: int, what: str = "") -> None:
-        """Block until the item that releases `target` on the plan's channel is done."""
-        self.main.wait_for(target, what)
+        """Block until the item that releases `target` (and every one before) is done."""
+        if self.completed < target:
+            self._wait(lambda: self.completed, target, what or f"runtime item {target}")
 
     def drain(self) -> None:
-        """Block until everything queued on the plan's channel is done."""
-        self.main.drain()
+        """Block until everything queued is done."""
+        self.wait_for(self.counter, f"{self.last_item} (runtime item {self.counter})")
 
-    def drain_all(self) -> None:
-        """Block until everything queued on either channel is done."""
-        self.main.drain()
-        if self.out is not None:
-            self.out.drain()
+    # -- the queue ----------------------------------------------------------------------
+    def _segment(self) -> tuple[int, int]:
+        """The next segment of the ring (index, GPU address), once the GPU is past its
+        last use."""
+        index = self._next_segment
+        self._next_segment = (index + 1) % SEGMENTS
+        self.wait_for(self._segment_free_after[index], f"runtime segment {index}")
+        return index, RUNTIME_BLOCK_VA + index * SEGMENT_BYTES
+
+    def _place(self, index: int, data: bytes, free_after: int) -> bytes:
+        """Segment `index`'s bytes in the block; its GPFIFO entry."""
+        self.block.write(index * SEGMENT_BYTES, data)
+        self._segment_free_after[index] = free_after
+        return gpfifo_entry(HOPPER_CHANNEL_GPFIFO_A, RUNTIME_BLOCK_VA + index * SEGMENT_BYTES,
+                            len(data) // WORD_BYTES)
 
     def queue_copies(self, pieces: list[tuple[int, int, int]]) -> int:
         """Queue copies (source, destination, bytes) between GPU addresses, each at most
         COPY_PIECE_BYTES, after everything queued before; the counter value they release."""
-        return self.main.queue_copies(pieces)
+        if any(not 0 < size <= COPY_PIECE_BYTES for *_, size in pieces):
+            raise ValueError(f"a copy piece is 1 to {COPY_PIECE_BYTES} bytes")
+        if len(pieces) > PIECES_PER_SEGMENT * (SEGMENTS // 2):
+            raise ValueError(f"{len(pieces)} copy pieces at once: at most "
+                             f"{PIECES_PER_SEGMENT * (SEGMENTS // 2)}")
+        entries = []
+        for start in range(0, len(pieces), PIECES_PER_SEGMENT):
+            index, address = self._segment()
+            data = copy_segment(address, pieces[start:start + PIECES_PER_SEGMENT],
+                                self.counter, self.counter + 1, bind=not self._bound)
+            self._bound = True
+            self.counter += 1
+            entries.append(self._place(index, data, self.counter))
+        self.last_item = f"copy-engine batch {self.counter}"
+        if entries:
+            self.channel.submit(entries)
+        return self.counter
 
     def queue_entries(self, entries: list[bytes], what: str = "queued entries") -> int:
         """Queue GPFIFO entries (the plan's submissions: `what`) after everything queued
         before; the counter value released once they are done and the channel is idle."""
-        return self.main.queue_entries(entries, what)
+        first, first_address = self._segment()
+        last, last_address = self._segment()
+        after, self.counter = self.counter, self.counter + 1
+        ring = [self._place(first, acquire_segment(first_address, after), self.counter),
+                *entries,
+                self._place(last, release_segment(last_address, self.counter), self.counter)]
+        self.last_item = what
+        self.channel.submit(ring)
+        return self.counter
 
     def queue_write(self, destination: int, data: memoryview) -> int:
         """Queue `data` (at most WRITE_SLOT_BYTES) for GPU address `destination`: staged in
@@ -368,64 +288,6 @@ class RuntimeStream:
                                      len(data))])
         self._slot_free_after[slot] = target
         return target
-
-    # -- large reads beside the next runs ---------------------------------------------------
-    def _copy_out(self) -> _Queue | None:
-        """The copy-out queue on the channel's second ring, made the first time asked."""
-        if self.out is None and not self.out_refused:
-            ring = self.channel.copy_out
-            if ring is None:
-                self.out_refused = f"no copy-out channel ({self.channel.copy_out_refused})"
-                return None
-            try:
-                out = _Queue(self.device, ring, COPY_OUT_BLOCK_VA, self._wait, 0, "copy-out")
-            except RmError as error:
-                self.out_refused = f"the copy-out queue could not be set up: {error}"
-                return None
-            self.out = out
-        return self.out
-
-    def _snapshot_for(self, size: int) -> Allocation:
-        """Video memory for `size` bytes of snapshot (grown, never shrunk)."""
-        if self.snapshot is None or self.snapshot.size < size:
-            self.drain_all()  # the old snapshot may still be read
-            if self.snapshot is not None:
-                self.snapshot.close()
-                self.snapshot = None
-            self.snapshot = allocate(self.device, round_up(size, SNAPSHOT_GRANULE),
-                                     location="vidmem", gpu_va=SNAPSHOT_VA, map_cpu=False,
-                                     name="read snapshot")
-        return self.snapshot
-
-    def queue_read_beside(self, pieces: list[tuple[int, int, int]]) -> tuple[_Queue, int] | None:
-        """Copies (source, host destination, bytes) of a large read, made beside the runs
-        queued after it: on the plan's channel the sources are copied into the snapshot in
-        video memory, in their turn (fast); the copy-out channel then copies the snapshot to
-        the host while the plan's channel goes on. The queue and value to wait for; None
-        where there is no copy-out channel or the read is too large for a snapshot."""
-        size = sum(piece for *_, piece in pieces)
-        if size > SNAPSHOT_MAX_BYTES:
-            return None
-        out = self._copy_out()
-        if out is None:
-            return None
-        try:
-            self._snapshot_for(size)
-        except RmError as error:
-            self.out_refused = f"no video memory for a snapshot of {size} bytes: {error}"
-            return None
-        snap, drain = [], []
-        position = 0
-        for source, destination, piece in pieces:
-            snap.append((source, SNAPSHOT_VA + position, piece))
-            drain.append((SNAPSHOT_VA + position, destination, piece))
-            position += piece
-        # The snapshot is written only once the copy-out queue has read the last one.
-        taken = self.main.queue_copies(snap, after=(out.counter_address,
-                                                    self._snapshot_free_after))
-        done = out.queue_copies(drain, after=(self.main.counter_address, taken))
-        self._snapshot_free_after = done
-        return out, done
 
     # -- copies waited for --------------------------------------------------------------
     def _submit_copies(self, pieces: list[tuple[int, int, int]]) -> None:
@@ -503,13 +365,12 @@ class RuntimeStream:
         return launch_nanoseconds(found, first)
 
     def close(self) -> None:
-        for block in (self.staging, self.writes, self.snapshot, self.profile_buffer):
+        del self._counter
+        for block in (self.staging, self.writes, self.profile_buffer):
             if block is not None:
                 block.close()
-        self.staging = self.writes = self.snapshot = self.profile_buffer = None
-        for queue in (self.main, self.out):
-            if queue is not None:
-                queue.close()
+        self.staging = self.writes = self.profile_buffer = None
+        self.block.close()
 
 
 __all__ = ["COPY_THRESHOLD", "RuntimeStream", "Stamp", "acquire_segment", "copy_segment",

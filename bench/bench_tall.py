@@ -1,0 +1,229 @@
+"""PYTHONPATH=src python3 bench/bench_tall.py [--variants]   (B=cuda VS=8192 N=100 by default)
+
+The fused schedule's tall kernels (bob-fused-train-tall(-corpus), a row on chip per block)
+at V = 8192: one invocation of N = 100 updates, hard and corpus, from the zero table
+(reloaded, untimed, before each run), the median of three runs after a warm-up, in us
+per update (docs/BENCHMARKS.md, issue 14). Each row ends with the digest of the state one
+run leaves (parameters, moments, gradients, losses): equal digests, equal bytes.
+
+Then the check: from a random table (row 0 all zeros, so the literal max's fallback runs
+too), N = 3 updates at V = 4608 and 8192 (CHECK_VS), hard and corpus, with the plan's tall
+kernels from that V in both modes (corpus rows of 4608 stream by default), the digests of
+each kernel beside those of the CPU backend; a row that differs from the CPU says DIFFERS.
+
+``--variants`` (cuda): every entry of VARIANTS (bob_kernels.cu's TALL_* macros), each
+compiled into this process, timed and checked the same way; a variant that does not
+compile (a spill: regions refuse a stack frame) is named and skipped.
+
+B picks the backend: B=cpu runs the same logic on the cpu backend (no GPU, no variants)
+at a small V, e.g. ``B=cpu VS=300 CHECK_VS=300 N=3`` to check the script itself.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import statistics
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+import bob.program.bob as program
+from bob.backends import BackendChoice, choose_backend
+from bob.bench.measurement import time_runs
+from bob.bench.peers import bench_targets
+from bob.config import Hyper, Mode
+from bob.host.session import Session
+from bob.plan.certificate import require_certified
+from bob.program.bob import BobConfig, build_plan
+
+# name -> the #defines put in front of the shipped source. The first is the shipped kernel.
+VARIANTS = {
+    "shipped (1024 threads)": "",
+    "1024 threads, every warp runs the tree": "#define TALL_EVERY_WARP_TREE 1\n",
+    "1024 threads, unguarded arithmetic": "#define TALL_UNGUARDED 1\n",
+    "1024 threads, unguarded, every warp runs the tree":
+        "#define TALL_UNGUARDED 1\n#define TALL_EVERY_WARP_TREE 1\n",
+    "512 threads x 16 (weights held, corpus full path)": "#define TALL_THREADS 512u\n",
+    "512 threads x 16, every warp runs the tree":
+        "#define TALL_THREADS 512u\n#define TALL_EVERY_WARP_TREE 1\n",
+    "512 threads x 16, weights read from L1, corpus counted":
+        "#define TALL_THREADS 512u\n#define TALL_HOLD_WEIGHTS 0\n#define TALL_CORPUS_FULL 0\n",
+    "512 threads x 16, weights held, corpus counted":
+        "#define TALL_THREADS 512u\n#define TALL_CORPUS_FULL 0\n",
+    "512 threads x 16, chain handed between halves in registers":
+        "#define TALL_THREADS 512u\n#define TALL_REGISTER_CHAIN 1\n",
+    "512 threads x 16, register chain, every warp runs the tree":
+        "#define TALL_THREADS 512u\n#define TALL_REGISTER_CHAIN 1\n"
+        "#define TALL_EVERY_WARP_TREE 1\n",
+}
+MODES: tuple[Mode, ...] = ("hard", "corpus")
+DIGEST_TENSORS = ("parameters", "first_moment", "second_moment", "gradients",
+                  "training_loss")
+
+
+@dataclass(frozen=True)
+class TallRun:
+    config: BobConfig
+    seconds: float | None  # per update: the median run; None for a check (untimed)
+    digest: str  # of DIGEST_TENSORS after one run from the start state
+    region: str
+    block: int
+
+    def line(self, name: str, reference: str | None = None) -> str:
+        config = self.config
+        head = f"V={config.vocab} {config.mode:<6} N={config.updates} {name}: "
+        timing = f"{self.seconds * 1e6:8.1f} us/update; " if self.seconds is not None else ""
+        verdict = ""
+        if reference is not None:
+            verdict = " = cpu" if self.digest == reference else f" DIFFERS from cpu {reference}"
+        return (f"{head}{timing}{self.region} x{self.block} threads; "
+                f"state {self.digest}{verdict}")
+
+
+def input_bytes(config: BobConfig, size: int) -> bytes:
+    """Hard: the bench targets; corpus: fixed pseudo-random weights summing to 1."""
+    if config.mode == "hard":
+        head = bench_targets(config.vocab).astype(np.uint32).tobytes()
+    else:
+        weights = np.random.default_rng(0).random((config.vocab, config.vocab), np.float32)
+        head = (weights / weights.sum(dtype=np.float64)).astype(np.float32).tobytes()
+    return head + bytes(size - len(head))
+
+
+def start_parameters(vocab: int, random: bool) -> bytes:
+    """Zeros (the timed runs, as the recorded figures), or a seeded normal table whose row
+    0 is all zeros: rows with distinct maxima and one whose maximum is a zero."""
+    if not random:
+        return bytes(4 * vocab * vocab)
+    table = np.random.default_rng(3).standard_normal((vocab, vocab), dtype=np.float32)
+    table[0] = 0.0
+    return table.tobytes()
+
+
+def state_digest(backend) -> str:
+    digest = hashlib.sha256()
+    for name in DIGEST_TENSORS:
+        digest.update(backend.read_tensor(name))
+    return digest.hexdigest()[:12]
+
+
+def run_tall(choice: BackendChoice, config: BobConfig, timed: bool) -> TallRun:
+    """Timed: a warm-up and three runs from the zero table. Untimed: one run from the
+    random table. Either way the digest is of the state one run from the start leaves."""
+    plan = build_plan(config, choice.target, Hyper(), compiled=choice.regions)
+    backend = choice.open(require_certified(plan))
+    try:
+        parameters = start_parameters(config.vocab, random=not timed)
+        data = input_bytes(config, plan.tensor("input").bytes)
+
+        def reset() -> None:
+            backend.write_tensor("parameters", parameters)
+            for name in ("first_moment", "second_moment"):
+                backend.write_tensor(name, bytes(plan.tensor(name).bytes))
+            backend.write_tensor("input", data)
+            Session(choice).write_update_scalars(config, backend, 1)
+
+        def run() -> None:
+            backend.run(range(plan.submission_count))
+
+        seconds = None
+        if timed:
+            seconds = statistics.median(time_runs(run, reset, repeats=3)) / config.updates
+        reset()  # the digest of exactly one run from the start
+        run()
+        fused = next(launch for launch in plan.launches
+                     if launch.region == config.fused_region)
+        return TallRun(config, seconds, state_digest(backend), config.fused_region,
+                       fused.block.x)
+    finally:
+        backend.close()
+
+
+def fused(vocab: int, mode: Mode, updates: int) -> BobConfig:
+    return BobConfig(vocab=vocab, prompts=0, updates=updates, mode=mode, schedule="fused")
+
+
+def variant_choice(macros: str) -> BackendChoice:
+    """The cuda backend on Bob's kernels compiled with these #defines in front."""
+    from bob.backends.cuda import CudaBackend, device_arch
+    from bob.kernels.cuda.compile import KernelSource, shipped_source
+    from bob.kernels.cuda.regions import compiled_regions
+    from bob.plan.placement import TARGETS
+
+    shipped = shipped_source()
+    source = KernelSource(shipped.name, macros + shipped.text, shipped.headers)
+    arch = device_arch()
+    regions = compiled_regions(arch, source)
+    return BackendChoice("cuda", TARGETS[arch], regions,
+                         lambda plan: CudaBackend(plan, regions))
+
+
+def compiled_variants(names: list[str]) -> dict[str, BackendChoice]:
+    choices = {}
+    for name in names:
+        try:
+            choices[name] = variant_choice(VARIANTS[name])
+        except Exception as error:  # noqa: BLE001 - a refused variant (a spill) ends no bench
+            print(f"{name}: not compiled: {type(error).__name__}: {error}", flush=True)
+    return choices
+
+
+def sizes(variable: str, default: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in os.environ.get(variable, default).split(","))
+
+
+@contextlib.contextmanager
+def tall_from(vocab: int) -> Iterator[None]:
+    """The plan's tall kernels from `vocab` in both modes (corpus rows of 4608 stream by
+    default): the check runs the kernels under test."""
+    shipped = program.TALL_FROM_VOCAB
+    program.TALL_FROM_VOCAB = {mode: min(start, vocab) for mode, start in shipped.items()}
+    try:
+        yield
+    finally:
+        program.TALL_FROM_VOCAB = shipped
+
+
+def bench(choices: dict[str, BackendChoice], cpu: Callable[[], BackendChoice]) -> None:
+    updates = int(os.environ.get("N", "100"))
+    for vocab in sizes("VS", "8192"):
+        for mode in MODES:
+            for name, choice in choices.items():
+                print(run_tall(choice, fused(vocab, mode, updates), timed=True).line(name),
+                      flush=True)
+    reference_choice = cpu()
+    for vocab in sizes("CHECK_VS", "4608,8192"):
+        for mode in MODES:
+            config = fused(vocab, mode, 3)
+            with tall_from(vocab):
+                reference = run_tall(reference_choice, config, timed=False)
+                print(reference.line("cpu backend"), flush=True)
+                for name, choice in choices.items():
+                    print(run_tall(choice, config, timed=False).line(name, reference.digest),
+                          flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", action="store_true",
+                        help="every TALL_* variant of the kernels, timed and checked (cuda)")
+    args = parser.parse_args()
+    backend = os.environ.get("B", "cuda")
+    if backend == "cuda":
+        names = list(VARIANTS) if args.variants else list(VARIANTS)[:1]
+        choices = compiled_variants(names)
+    elif args.variants:
+        print("--variants needs B=cuda: the variants are CUDA kernels", file=sys.stderr)
+        return 2
+    else:
+        choices = {f"{backend} backend": choose_backend(backend)}
+    bench(choices, lambda: choose_backend("cpu"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

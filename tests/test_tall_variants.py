@@ -1,0 +1,269 @@
+"""The tall kernels' tuning macros (bob_kernels.cu: TALL_THREADS, TALL_HOLD_WEIGHTS,
+TALL_CORPUS_FULL, TALL_EVERY_WARP_TREE, TALL_REGISTER_CHAIN, TALL_UNGUARDED), as
+bench/bench_tall.py compiles them.
+
+    .venv/bin/python -m pytest -q tests/test_tall_variants.py              # NVRTC, no GPU
+    PYTHONPATH=src python -m pytest -m gpu tests/test_tall_variants.py      # on a GPU machine
+
+Without a GPU: every variant compiles for sm_90 with no stack frame, within the registers
+its launch bounds allow, and plans with the block its image names; the macros' defaults
+are the shipped image; bench_tall's logic runs on the cpu backend. On a GPU: each variant
+byte-identical to the CPU at V = 4608 and 8192, hard and corpus.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import bob.kernels.signatures as sig
+import bob.program.bob as program
+from bob.backends import BackendChoice
+from bob.errors import BadInput
+from bob.kernels.cuda.cubin import CubinError
+from bob.program.bob import BobConfig, build_plan
+
+BENCH = Path(__file__).parent.parent / "bench" / "bench_tall.py"
+TALL = (sig.FUSED_TALL_HARD, sig.FUSED_TALL_CORPUS)
+TALL_ENTRIES = {sig.ENTRIES[name] for name in TALL}
+REGISTER_FILE = 65536  # 32-bit registers per SM (sm_90): a block of B threads gets 65536 / B
+STATIC_SHARED_LIMIT = 48 * 1024
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_tall", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_tall"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_tall = load_bench()
+
+
+@pytest.fixture(scope="module")
+def nvrtc() -> None:
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from bob.kernels.cuda import compile as nv_compile
+
+    try:
+        nv_compile.nvrtc_version()
+    except nv_compile.NvrtcError as why:
+        pytest.skip(f"NVRTC is not usable here: {why}")
+
+
+def compiled(macros: str, arch: str = "sm_90"):
+    """Bob's regions compiled with `macros` in front (refusing any stack frame), and the
+    image's kernels by entry."""
+    from bob.kernels.cuda.compile import KernelSource, shipped_source
+    from bob.kernels.cuda.cubin import Cubin
+    from bob.kernels.cuda.regions import compiled_regions
+
+    shipped = shipped_source()
+    regions = compiled_regions(arch, KernelSource(shipped.name, macros + shipped.text,
+                                                  shipped.headers))
+    return regions, Cubin(regions.image).kernels()
+
+
+def threads_of(macros: str) -> int:
+    return 512 if "TALL_THREADS 512u" in macros else 1024
+
+
+# -- every variant compiles within its resources ---------------------------------------
+
+
+@pytest.mark.parametrize("name", list(bench_tall.VARIANTS))
+def test_each_variant_compiles_without_local_memory_within_its_registers(
+        nvrtc: None, name: str) -> None:
+    macros = bench_tall.VARIANTS[name]
+    regions, kernels = compiled(macros)  # compiled_regions refuses a stack frame
+    assert {k.entry: k.frame_bytes for k in kernels.values() if k.frame_bytes} == {}
+    threads = threads_of(macros)
+    for region_name in TALL:
+        kernel = kernels[sig.ENTRIES[region_name]]
+        assert kernel.max_threads == (threads, 1, 1), kernel.max_threads
+        assert regions[region_name].block_x == threads  # the plan launches the image's block
+        assert kernel.registers <= min(255, REGISTER_FILE // threads), kernel.registers
+        assert kernel.static_shared_bytes <= STATIC_SHARED_LIMIT
+        assert regions[region_name].registers == kernel.registers
+        assert regions[region_name].shared_bytes == kernel.shared_bytes
+
+
+@pytest.mark.parametrize("name", list(bench_tall.VARIANTS)[1:])
+def test_a_variant_changes_the_tall_kernels_and_no_other(nvrtc: None, name: str) -> None:
+    _, shipped = compiled("")
+    _, variant = compiled(bench_tall.VARIANTS[name])
+    changed = {entry for entry in shipped if shipped[entry].code != variant[entry].code}
+    assert changed == TALL_ENTRIES
+
+
+def test_the_macros_defaults_are_the_shipped_image(nvrtc: None) -> None:
+    defaults = ("#define TALL_THREADS 1024u\n#define TALL_HOLD_WEIGHTS 0\n"
+                "#define TALL_CORPUS_FULL 0\n#define TALL_EVERY_WARP_TREE 0\n"
+                "#define TALL_REGISTER_CHAIN 0\n#define TALL_UNGUARDED 0\n")
+    _, shipped = compiled("")
+    _, spelled = compiled(defaults)
+    assert {e: k.code for e, k in shipped.items()} == {e: k.code for e, k in spelled.items()}
+
+
+def test_the_shipped_tall_block_is_the_declared_one(nvrtc: None) -> None:
+    """Switching the default TALL_THREADS in bob_kernels.cu needs signatures.TALL_BLOCK to
+    follow (plans without an image, exported regions files of old): this says so."""
+    regions, kernels = compiled("")
+    for name in TALL:
+        assert regions[name].block_x == sig.block_of(name) == sig.TALL_BLOCK
+        assert kernels[sig.ENTRIES[name]].max_threads == (sig.TALL_BLOCK, 1, 1)
+
+
+def test_a_full_corpus_path_at_1024_threads_is_refused_for_its_spill(nvrtc: None) -> None:
+    """Why TALL_CORPUS_FULL is off at 1024 threads: ptxas spills, and regions refuse it."""
+    with pytest.raises(CubinError, match="bob_fused_train_tall_corpus.*local memory"):
+        compiled("#define TALL_CORPUS_FULL 1\n")
+
+
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_a_512_thread_variant_plans_and_certifies_with_its_block(nvrtc: None,
+                                                                 mode: str) -> None:
+    from bob.plan.certificate import certify
+    from bob.plan.placement import TARGETS
+
+    regions, _ = compiled("#define TALL_THREADS 512u\n")
+    config = BobConfig(vocab=8192, prompts=1, updates=3, mode=mode, schedule="fused")
+    plan = build_plan(config, TARGETS["sm_90"], compiled=regions)
+    fused = [launch for launch in plan.launches if launch.region == config.fused_region]
+    assert fused and all(launch.block.x == 512 for launch in fused)
+    assert all(launch.block.x == 256 for launch in plan.launches
+               if launch.region != config.fused_region)
+    assert certify(plan).holds, certify(plan).hazards
+
+
+def test_a_declared_block_the_image_forbids_is_refused(nvrtc: None) -> None:
+    """Outside BLOCK_FROM_IMAGE the declared block stands: a kernel bounded to 512 threads
+    under a region declared at 1024 is refused, never launched wrongly."""
+    from bob.kernels.cuda.regions import region_from_kernel
+    from bob.plan.placement import TARGETS
+
+    _, kernels = compiled("#define TALL_THREADS 512u\n")
+    declared = sig.declared_region(sig.FUSED_TALL_HARD, block_x=1024)
+    outside = sig.declared_region(sig.FUSED_HARD, block_x=1024)
+    kernel = kernels[sig.ENTRIES[sig.FUSED_TALL_HARD]]
+    assert region_from_kernel(kernel, declared, TARGETS["sm_90"]).block_x == 512
+    with pytest.raises(CubinError, match="allows 512 threads per block, the plan launches 1024"):
+        region_from_kernel(kernel, outside, TARGETS["sm_90"])  # the same signature
+
+
+# -- exported regions carry their blocks ------------------------------------------------
+
+
+def regions_file(tmp_path: Path, entry: dict) -> Path:
+    from bob.kernels.cuda.regions import REGIONS_FORMAT, REGIONS_VERSION
+
+    path = tmp_path / "regions.json"
+    path.write_text(json.dumps({"format": REGIONS_FORMAT, "version": REGIONS_VERSION,
+                                "arch": "sm_90", "regions": {sig.FUSED_TALL_HARD: entry}}))
+    return path
+
+
+def test_a_regions_file_carries_the_block(tmp_path: Path) -> None:
+    from bob.kernels.cuda.regions import load_regions
+
+    entry = {"code": "00ff", "registers": 128, "shared_bytes": 40016}
+    old = load_regions(regions_file(tmp_path, entry))
+    assert old[sig.FUSED_TALL_HARD].block_x == sig.TALL_BLOCK  # written before blocks were
+    new = load_regions(regions_file(tmp_path, {**entry, "block_x": 512}))
+    assert new[sig.FUSED_TALL_HARD].block_x == 512
+
+
+@pytest.mark.parametrize("block", [0, 2048, "512", True, 1.5])
+def test_a_bad_block_in_a_regions_file_is_one_line(tmp_path: Path, block: object) -> None:
+    from bob.kernels.cuda.regions import load_regions
+
+    path = regions_file(tmp_path, {"code": "00", "registers": 1, "shared_bytes": 0,
+                                   "block_x": block})
+    with pytest.raises(BadInput) as caught:
+        load_regions(path)
+    assert str(caught.value) == (f"{path}: region {sig.FUSED_TALL_HARD}: block_x must be an "
+                                 f"integer in [1, 1024], not {block!r}")
+
+
+def test_an_exported_regions_file_round_trips_the_blocks(nvrtc: None, tmp_path: Path) -> None:
+    from bob.kernels.cuda.regions import export_regions, load_regions
+
+    exported = export_regions(tmp_path / "regions.json")
+    loaded = load_regions(tmp_path / "regions.json")
+    assert {n: r.block_x for n, r in loaded.items()} == \
+        {n: r.block_x for n, r in exported.items()}
+
+
+# -- bench_tall's logic on the cpu backend ----------------------------------------------
+
+
+def test_bench_tall_runs_on_the_cpu_backend(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("B", "cpu")
+    monkeypatch.setenv("VS", "40")
+    monkeypatch.setenv("CHECK_VS", "40")
+    monkeypatch.setenv("N", "2")
+    monkeypatch.setattr("sys.argv", ["bench_tall.py"])
+    shipped_start = dict(program.TALL_FROM_VOCAB)
+    assert bench_tall.main() == 0
+    assert program.TALL_FROM_VOCAB == shipped_start  # the check's override is undone
+    lines = capsys.readouterr().out.splitlines()
+    timed = [line for line in lines if "us/update" in line]
+    assert [line.split()[1] for line in timed] == ["hard", "corpus"]
+    checked = [line for line in lines if line.endswith("= cpu")]
+    assert len(checked) == 2 and all("bob-fused-train-tall" in line for line in checked)
+    assert not any("DIFFERS" in line for line in lines)
+
+
+def test_bench_tall_variants_need_cuda(monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("B", "cpu")
+    monkeypatch.setattr("sys.argv", ["bench_tall.py", "--variants"])
+    assert bench_tall.main() == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "--variants needs B=cuda: the variants are CUDA kernels\n"
+
+
+def test_a_differing_digest_is_named() -> None:
+    run = bench_tall.TallRun(BobConfig(vocab=40, prompts=0, updates=2, schedule="fused"),
+                             None, "abc", sig.FUSED_TALL_HARD, 512)
+    assert run.line("x", "abc").endswith("state abc = cpu")
+    assert run.line("x", "def").endswith("state abc DIFFERS from cpu def")
+
+
+# -- on the GPU: each variant's bytes are the CPU's --------------------------------------
+
+
+def variant_choice(macros: str) -> BackendChoice:
+    from bob.backends.cuda import CudaBackend, device_arch
+    from bob.plan.placement import TARGETS
+
+    arch = device_arch()
+    regions, _ = compiled(macros, arch)
+    return BackendChoice("cuda", TARGETS[arch], regions,
+                         lambda plan: CudaBackend(plan, regions))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(bench_tall.VARIANTS))
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+@pytest.mark.parametrize("vocab", [4608, 8192])
+def test_each_variant_equals_the_seed_on_the_cpu(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                  mode: str, vocab: int) -> None:
+    """Three updates: an invocation of two (every update in one launch) then one, from a
+    random table with a row of zeros (the literal max's fallback), against the seed."""
+    from test_fused_gpu import train_both
+
+    monkeypatch.setattr(program, "TALL_FROM_VOCAB", {"hard": 4608, "corpus": 4608})
+    choice = variant_choice(bench_tall.VARIANTS[name])
+    config = BobConfig(vocab=vocab, prompts=1, updates=2, mode=mode)
+    assert config.fused_region in TALL
+    assert choice.regions[config.fused_region].block_x == threads_of(bench_tall.VARIANTS[name])
+    train_both(choice, config, 3)
