@@ -498,7 +498,10 @@ class CudaBackend(Backend):
         self._arguments: dict[int, _LaunchArguments] = {}
         self._functions: dict[str, Any] = {}
         # The two large pinned chunks, then the small-write slots, once written through.
-        self._uploads: list[_UploadChunk] = []
+        # Pinned host memory writes go through, each kind made at its first use: a V = 256
+        # run never writes more than a slot, and pinning costs milliseconds at start-up.
+        self._uploads: list[_UploadChunk] = []  # the two large chunks
+        self._slots: list[_UploadChunk] = []  # the small-write slots
         self._next_upload = 0
         self._next_slot = 0
         self._staging: _ReadStaging | None = None
@@ -744,13 +747,14 @@ class CudaBackend(Backend):
             ctypes.memmove(self._host_arena + offset, source.ctypes.data, source.size)
             return
         _call("cuCtxSetCurrent", self._context)
-        uploads = self._upload_chunks()
         if source.size <= SMALL_WRITE_BYTES:
-            slots = uploads[2:]
+            slots = self._slots = self._slots or self._pinned((SMALL_WRITE_BYTES,) *
+                                                             SMALL_WRITE_SLOTS)
             slot = slots[self._next_slot]
             self._next_slot = (self._next_slot + 1) % len(slots)
             self._upload(slot, offset, source.ctypes.data, source.size)
             return
+        uploads = self._uploads = self._uploads or self._pinned((UPLOAD_CHUNK_BYTES,) * 2)
         position = 0
         while position < source.size:
             # Fill one pinned chunk while the other's copy runs.
@@ -779,27 +783,26 @@ class CudaBackend(Backend):
         return out.tobytes()
 
     # -- staging: pinned memory allocated once, copies beside the graph ----------------
-    def _upload_chunks(self) -> list[_UploadChunk]:
-        """The two large chunks, then the small-write slots: all made, or none kept."""
-        if not self._uploads:
-            flags = int(_driver().CUevent_flags.CU_EVENT_DISABLE_TIMING)
-            made: list[_UploadChunk] = []
-            try:
-                for size in (UPLOAD_CHUNK_BYTES,) * 2 + (SMALL_WRITE_BYTES,) * SMALL_WRITE_SLOTS:
-                    host = int(_call("cuMemHostAlloc", size, 0))
-                    try:
-                        made.append(_UploadChunk(host, _call("cuEventCreate", flags)))
-                    except BaseException:
-                        _call("cuMemFreeHost", host)
-                        raise
-            except BaseException:
-                for chunk in made:  # the first error is the one to report
-                    with contextlib.suppress(CudaError):
-                        _call("cuEventDestroy", chunk.copied)
-                        _call("cuMemFreeHost", chunk.host)
-                raise
-            self._uploads = made
-        return self._uploads
+    @staticmethod
+    def _pinned(sizes: tuple[int, ...]) -> list[_UploadChunk]:
+        """Pinned chunks of these sizes, each with its event: all made, or none kept."""
+        flags = int(_driver().CUevent_flags.CU_EVENT_DISABLE_TIMING)
+        made: list[_UploadChunk] = []
+        try:
+            for size in sizes:
+                host = int(_call("cuMemHostAlloc", size, 0))
+                try:
+                    made.append(_UploadChunk(host, _call("cuEventCreate", flags)))
+                except BaseException:
+                    _call("cuMemFreeHost", host)
+                    raise
+        except BaseException:
+            for chunk in made:  # the first error is the one to report
+                with contextlib.suppress(CudaError):
+                    _call("cuEventDestroy", chunk.copied)
+                    _call("cuMemFreeHost", chunk.host)
+            raise
+        return made
 
     def begin_read(self, names: Sequence[str]) -> ReadHandle:
         """Snapshot the tensors after the started work; copy them out beside later work."""
@@ -1004,10 +1007,10 @@ class CudaBackend(Backend):
             self._free_read_staging()
         except CudaError as error:
             errors.append(error)
-        for chunk in self._uploads:
+        for chunk in self._uploads + self._slots:
             release("cuEventDestroy", chunk.copied)
             release("cuMemFreeHost", chunk.host)
-        self._uploads.clear()
+        self._uploads, self._slots = [], []
         if self._copiers is not None:
             self._copiers.shutdown()
             self._copiers = None
