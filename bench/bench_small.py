@@ -36,18 +36,18 @@ from bob.program.bob import BobConfig, build_plan
 
 # Name -> the #defines put in front of the shipped source.
 VARIANTS = {
-    "128 threads (default)": "",
-    "128 threads, fast divide": "#define SMALL_FAST_DIVIDE 1\n",
-    "128 threads, fast divide, full rows":
-        "#define SMALL_FAST_DIVIDE 1\n#define SMALL_FULL_ROWS 1\n",
-    "64 threads": "#define SMALL_THREADS 64u\n",
-    "64 threads, fast divide": "#define SMALL_THREADS 64u\n#define SMALL_FAST_DIVIDE 1\n",
-    "64 threads, fast divide, full rows":
-        "#define SMALL_THREADS 64u\n#define SMALL_FAST_DIVIDE 1\n#define SMALL_FULL_ROWS 1\n",
-    "32 threads": "#define SMALL_THREADS 32u\n",
-    "32 threads, fast divide": "#define SMALL_THREADS 32u\n#define SMALL_FAST_DIVIDE 1\n",
-    "32 threads, fast divide, full rows":
-        "#define SMALL_THREADS 32u\n#define SMALL_FAST_DIVIDE 1\n#define SMALL_FULL_ROWS 1\n",
+    "128 threads, fast divide, full rows (default)": "",
+    "128 threads (the previous default)":
+        "#define SMALL_FAST_DIVIDE 0\n#define SMALL_FULL_ROWS 0\n",
+    "128 threads, fast divide": "#define SMALL_FULL_ROWS 0\n",
+    "64 threads":
+        "#define SMALL_THREADS 64u\n#define SMALL_FAST_DIVIDE 0\n#define SMALL_FULL_ROWS 0\n",
+    "64 threads, fast divide": "#define SMALL_THREADS 64u\n#define SMALL_FULL_ROWS 0\n",
+    "64 threads, fast divide, full rows": "#define SMALL_THREADS 64u\n",
+    "32 threads":
+        "#define SMALL_THREADS 32u\n#define SMALL_FAST_DIVIDE 0\n#define SMALL_FULL_ROWS 0\n",
+    "32 threads, fast divide": "#define SMALL_THREADS 32u\n#define SMALL_FULL_ROWS 0\n",
+    "32 threads, fast divide, full rows": "#define SMALL_THREADS 32u\n",
 }
 MODES: tuple[Mode, ...] = ("hard", "corpus")
 CHECK_UPDATES = 20

@@ -42,23 +42,22 @@ from bob.program.bob import BobConfig, build_plan
 
 # name -> the #defines put in front of the shipped source. The first is the shipped kernel.
 VARIANTS = {
-    "shipped (1024 threads)": "",
-    "1024 threads, every warp runs the tree": "#define TALL_EVERY_WARP_TREE 1\n",
-    "1024 threads, unguarded arithmetic": "#define TALL_UNGUARDED 1\n",
-    "1024 threads, unguarded, every warp runs the tree":
-        "#define TALL_UNGUARDED 1\n#define TALL_EVERY_WARP_TREE 1\n",
-    "512 threads x 16 (weights held, corpus full path)": "#define TALL_THREADS 512u\n",
-    "512 threads x 16, every warp runs the tree":
-        "#define TALL_THREADS 512u\n#define TALL_EVERY_WARP_TREE 1\n",
-    "512 threads x 16, weights read from L1, corpus counted":
-        "#define TALL_THREADS 512u\n#define TALL_HOLD_WEIGHTS 0\n#define TALL_CORPUS_FULL 0\n",
-    "512 threads x 16, weights held, corpus counted":
-        "#define TALL_THREADS 512u\n#define TALL_CORPUS_FULL 0\n",
-    "512 threads x 16, chain handed between halves in registers":
-        "#define TALL_THREADS 512u\n#define TALL_REGISTER_CHAIN 1\n",
+    "512 threads x 16, register chain (shipped)": "",
     "512 threads x 16, register chain, every warp runs the tree":
-        "#define TALL_THREADS 512u\n#define TALL_REGISTER_CHAIN 1\n"
         "#define TALL_EVERY_WARP_TREE 1\n",
+    "512 threads x 16 (weights held, corpus full path)": "#define TALL_REGISTER_CHAIN 0\n",
+    "512 threads x 16, every warp runs the tree":
+        "#define TALL_REGISTER_CHAIN 0\n#define TALL_EVERY_WARP_TREE 1\n",
+    "512 threads x 16, weights read from L1, corpus counted":
+        "#define TALL_REGISTER_CHAIN 0\n#define TALL_HOLD_WEIGHTS 0\n#define TALL_CORPUS_FULL 0\n",
+    "512 threads x 16, weights held, corpus counted":
+        "#define TALL_REGISTER_CHAIN 0\n#define TALL_CORPUS_FULL 0\n",
+    "1024 threads (the previous default)": "#define TALL_THREADS 1024u\n",
+    "1024 threads, every warp runs the tree":
+        "#define TALL_THREADS 1024u\n#define TALL_EVERY_WARP_TREE 1\n",
+    "1024 threads, unguarded arithmetic": "#define TALL_THREADS 1024u\n#define TALL_UNGUARDED 1\n",
+    "1024 threads, unguarded, every warp runs the tree":
+        "#define TALL_THREADS 1024u\n#define TALL_UNGUARDED 1\n#define TALL_EVERY_WARP_TREE 1\n",
 }
 MODES: tuple[Mode, ...] = ("hard", "corpus")
 DIGEST_TENSORS = ("parameters", "first_moment", "second_moment", "gradients",

@@ -160,16 +160,16 @@ needs_nvrtc = pytest.mark.skipif(nvrtc_problem() is not None,
                                  reason=str(nvrtc_problem()))
 
 
-def shipped_ptx(arch: str) -> str:
-    """bob_kernels.cu compiled to PTX by NVRTC with Bob's arithmetic options (tests that
-    read the instructions the compiler chose)."""
+def shipped_ptx(arch: str, macros: str = "") -> str:
+    """bob_kernels.cu (with `macros` in front) compiled to PTX by NVRTC with Bob's
+    arithmetic options (tests that read the instructions the compiler chose)."""
     from cuda.bindings import nvrtc
 
     from bob.kernels.cuda.compile import options_for, shipped_source
 
     ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
-    err, program = nvrtc.nvrtcCreateProgram(shipped_source().text.encode(), b"bob_kernels.cu",
-                                            0, [], [])
+    source = (macros + shipped_source().text).encode()
+    err, program = nvrtc.nvrtcCreateProgram(source, b"bob_kernels.cu", 0, [], [])
     assert err == ok, err
     options = [option.encode() for option in options_for(arch)]
     try:

@@ -474,10 +474,10 @@ def test_cuda_constants_are_the_proved_ones():
 
 
 def test_cuda_uses_no_library_math_or_contraction():
-    # Two helpers are exempt, by name: quotient_fast and root_fast (the SMALL_FAST_DIVIDE
-    # variant, off by default) give the correctly rounded a / b and sqrt(a) with the
-    # instructions ptxas emits for __fdiv_rn and __fsqrt_rn, FMA among them; no operation of
-    # Bob's is contracted there. The shipped PTX holds no fma (the test below).
+    # Two helpers are exempt, by name: quotient_fast and root_fast (SMALL_FAST_DIVIDE, on by
+    # default) give the correctly rounded a / b and sqrt(a) with the instructions ptxas
+    # emits for __fdiv_rn and __fsqrt_rn, FMA among them; no operation of Bob's is
+    # contracted there. Only the small-row kernels hold them (the test below).
     code, exempt = re.subn(r"static __device__ __forceinline__ float (?:quotient_fast|root_fast)"
                            r"\([^)]*\) \{.*?\n\}", "", cuda_code(), flags=re.S)
     assert exempt == 2
@@ -486,15 +486,40 @@ def test_cuda_uses_no_library_math_or_contraction():
     assert not re.search(forbidden, code), re.search(forbidden, code)
 
 
+# No contraction, no approximate division or square root, no max/min instructions (any
+# modifiers: fma.rn.f32 as well as fma.f32), except a max against -inf: max.f32(x, -inf) is
+# the select from -inf for every x (NaN gives -inf, zeros keep their sign), which the
+# compiler may emit for it.
+UNEXACT = re.compile(r"\b(fma|mad|div\.approx|div\.full|sqrt\.approx|rcp\.approx|"
+                     r"rsqrt\.approx|ex2|lg2|max|min)(?:\.\w+)*\.f32[^;]*;")
+SELECT_FROM_NEG_INF = re.compile(r"max\.f32\s+%f\d+, %f\d+, 0fFF800000;")
+# What quotient_fast and root_fast compile to: the fast paths of the correctly rounded
+# division and square root, in the small-row fused kernels (and the wide ones, which
+# contain the small path) only.
+FAST_DIVIDE = re.compile(r"(fma\.rn|rcp\.approx\.ftz|rsqrt\.approx\.ftz)\.f32[^;]*;")
+SMALL_ROW_ENTRIES = {"bob_fused_train_hard", "bob_fused_train_corpus",
+                     "bob_fused_train_wide_hard", "bob_fused_train_wide_corpus"}
+
+
+def _unexact_by_entry(text: str) -> dict[str, list[str]]:
+    found = {}
+    for part in text.split(".entry ")[1:]:
+        entry = part.split("(", 1)[0]
+        found[entry] = [m.group(0) for m in UNEXACT.finditer(part)
+                        if not SELECT_FROM_NEG_INF.fullmatch(m.group(0))]
+    return found
+
+
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
 def test_cuda_source_compiles_with_nvrtc(arch):
     pytest.importorskip("cuda.bindings.nvrtc")
     text = shipped_ptx(arch)
     for entry in sig.ENTRIES.values():
         assert f".entry {entry}(" in text
-    # no contraction, no approximate division or square root, no max/min instructions,
-    # except a max against -inf: max.f32(x, -inf) is the select from -inf for every x
-    # (NaN gives -inf, zeros keep their sign), which the compiler may emit for it
-    found = [m.group(0) for m in re.finditer(
-        r"\b(fma|mad|div\.approx|div\.full|sqrt\.approx|ex2|lg2|max|min)\.\w*f32[^;]*;", text)]
-    assert [f for f in found if not re.fullmatch(r"max\.f32\s+%f\d+, %f\d+, 0fFF800000;", f)] == []
+    found = _unexact_by_entry(text)
+    assert {entry for entry, hits in found.items() if hits} == SMALL_ROW_ENTRIES
+    for entry in SMALL_ROW_ENTRIES:  # the fast divide's own instructions, nothing else
+        assert all(FAST_DIVIDE.fullmatch(hit) for hit in found[entry]), entry
+    # Without the fast divide not one such instruction is left anywhere.
+    strict = _unexact_by_entry(shipped_ptx(arch, "#define SMALL_FAST_DIVIDE 0\n"))
+    assert {entry: hits for entry, hits in strict.items() if hits} == {}

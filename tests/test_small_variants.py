@@ -40,7 +40,7 @@ def bench_small():
 
 
 VARIANTS: dict[str, str] = bench_small().VARIANTS
-DEFAULT = "128 threads (default)"
+DEFAULT = "128 threads, fast divide, full rows (default)"
 NARROW_ENTRIES = {sig.ENTRIES[sig.FUSED_HARD], sig.ENTRIES[sig.FUSED_CORPUS]}
 # Every kernel built on fused_train holds the small path (the wide ones never run it: the
 # plan gives them V > 1024), so the macros reach these four and no other.

@@ -71,7 +71,7 @@ def compiled(macros: str, arch: str = "sm_90"):
 
 
 def threads_of(macros: str) -> int:
-    return 512 if "TALL_THREADS 512u" in macros else 1024
+    return 1024 if "TALL_THREADS 1024u" in macros else 512
 
 
 # -- every variant compiles within its resources ---------------------------------------
@@ -103,9 +103,9 @@ def test_a_variant_changes_the_tall_kernels_and_no_other(nvrtc: None, name: str)
 
 
 def test_the_macros_defaults_are_the_shipped_image(nvrtc: None) -> None:
-    defaults = ("#define TALL_THREADS 1024u\n#define TALL_HOLD_WEIGHTS 0\n"
-                "#define TALL_CORPUS_FULL 0\n#define TALL_EVERY_WARP_TREE 0\n"
-                "#define TALL_REGISTER_CHAIN 0\n#define TALL_UNGUARDED 0\n")
+    defaults = ("#define TALL_THREADS 512u\n#define TALL_HOLD_WEIGHTS 1\n"
+                "#define TALL_CORPUS_FULL 1\n#define TALL_EVERY_WARP_TREE 0\n"
+                "#define TALL_REGISTER_CHAIN 1\n#define TALL_UNGUARDED 0\n")
     _, shipped = compiled("")
     _, spelled = compiled(defaults)
     assert {e: k.code for e, k in shipped.items()} == {e: k.code for e, k in spelled.items()}
@@ -123,20 +123,20 @@ def test_the_shipped_tall_block_is_the_declared_one(nvrtc: None) -> None:
 def test_a_full_corpus_path_at_1024_threads_is_refused_for_its_spill(nvrtc: None) -> None:
     """Why TALL_CORPUS_FULL is off at 1024 threads: ptxas spills, and regions refuse it."""
     with pytest.raises(CubinError, match="bob_fused_train_tall_corpus.*local memory"):
-        compiled("#define TALL_CORPUS_FULL 1\n")
+        compiled("#define TALL_THREADS 1024u\n#define TALL_CORPUS_FULL 1\n")
 
 
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
-def test_a_512_thread_variant_plans_and_certifies_with_its_block(nvrtc: None,
-                                                                 mode: str) -> None:
+def test_a_1024_thread_variant_plans_and_certifies_with_its_block(nvrtc: None,
+                                                                  mode: str) -> None:
     from bob.plan.certificate import certify
     from bob.plan.placement import TARGETS
 
-    regions, _ = compiled("#define TALL_THREADS 512u\n")
+    regions, _ = compiled("#define TALL_THREADS 1024u\n")
     config = BobConfig(vocab=8192, prompts=1, updates=3, mode=mode, schedule="fused")
     plan = build_plan(config, TARGETS["sm_90"], compiled=regions)
     fused = [launch for launch in plan.launches if launch.region == config.fused_region]
-    assert fused and all(launch.block.x == 512 for launch in fused)
+    assert fused and all(launch.block.x == 1024 for launch in fused)
     assert all(launch.block.x == 256 for launch in plan.launches
                if launch.region != config.fused_region)
     assert certify(plan).holds, certify(plan).hazards

@@ -44,7 +44,7 @@ HEALTH = "bob-health"
 
 BLOCK = 256  # threads per block; reductions run over 256 lanes whatever the block
 # Regions launched with other blocks (their kernels trap on any other width).
-TALL_BLOCK = 1024  # bob_kernels.cu: TALL_THREADS's default (tests check they agree)
+TALL_BLOCK = 512  # bob_kernels.cu: TALL_THREADS's default (tests check they agree)
 BLOCKS = {FUSED_TALL_HARD: TALL_BLOCK, FUSED_TALL_CORPUS: TALL_BLOCK}
 # Regions whose compiled image names their block (its launch bounds): a kernel compiled with
 # another TALL_THREADS (bench/bench_tall.py's variants) is planned with its own block.

@@ -436,10 +436,10 @@ extern "C" __global__ void bob_health(const float* parameters, const float* firs
 #define SMALL_THREADS 128u
 #endif
 #ifndef SMALL_FULL_ROWS
-#define SMALL_FULL_ROWS 0  // fused_small_narrow: a copy without bounds tests for V == 256 (1)
+#define SMALL_FULL_ROWS 1  // a copy without bounds tests for V == 256 (1); H200: 0.474 vs 0.502
 #endif
 #ifndef SMALL_FAST_DIVIDE
-#define SMALL_FAST_DIVIDE 0  // fused_small_narrow: a thread's divisions and roots together (1)
+#define SMALL_FAST_DIVIDE 1  // a thread's divisions and roots together (1); 0.502 vs 0.588
 #endif
 #ifndef RESIDENT_SLOTS
 #define RESIDENT_SLOTS 4u  // row elements per lane in registers on the resident path
@@ -1713,7 +1713,7 @@ extern "C" __global__ STREAM_BOUNDS void bob_fused_train_stream_corpus(
 //   the sums' chains test the bounds (1). Or each slot's arithmetic sits behind its bounds
 //   test, a branch around code with division subroutines (0).
 #ifndef TALL_THREADS
-#define TALL_THREADS 1024u
+#define TALL_THREADS 512u  // with TALL_REGISTER_CHAIN, H200 V = 8192: corpus 236.8 us, hard 241.2
 #endif
 #define TALL_VOCAB 8192u
 #define TALL_SLOTS (TALL_VOCAB / TALL_THREADS)  // elements per thread
@@ -1730,7 +1730,7 @@ extern "C" __global__ STREAM_BOUNDS void bob_fused_train_stream_corpus(
 #define TALL_EVERY_WARP_TREE 0
 #endif
 #ifndef TALL_REGISTER_CHAIN
-#define TALL_REGISTER_CHAIN 0
+#define TALL_REGISTER_CHAIN (TALL_THREADS <= 512u)
 #endif
 #ifndef TALL_UNGUARDED
 #define TALL_UNGUARDED 0
