@@ -553,6 +553,21 @@ static __device__ __forceinline__ float gradient(const FusedArgs& a, float p, u3
     return j == target ? mul(sub(p, 1.0f), a.inverse_rows) : mul(p, a.inverse_rows);
 }
 
+// The finish of one element of a row held in registers: its gradient stored, and its
+// corpus loss term returned (hard: the lane holding the target stores the row's loss).
+template <bool CORPUS>
+static __device__ __forceinline__ float finish_element(const FusedArgs& a, u64 base, float e,
+                                                       float s, float big_l, float w,
+                                                       float row_max, u32 j, u32 target,
+                                                       float weight_sum, float weight) {
+    const float g = gradient<CORPUS>(a, dvd(e, s), j, target, weight_sum, weight);
+    a.gradients[base + j] = canonical(g);
+    const float z = exponent(w, row_max, a.log2e);
+    if (CORPUS) return add(0.0f, mul(sub(big_l, z), weight));
+    if (j == target) a.loss[blockIdx.x] = canonical(mul(a.ln2, sub(big_l, z)));
+    return 0.0f;
+}
+
 // The row's loss from the final row, element by element: hard, the lane holding the
 // target stores it (a target >= V, never admitted, gives NaN); corpus, a sum.
 template <bool CORPUS>
@@ -799,14 +814,8 @@ static __device__ void fused_small(const FusedArgs& a, float (*buffers)[LANES],
 #pragma unroll
         for (u32 i = 0; i < 2; ++i) {
             if (inside[i]) {
-                const float g = gradient<CORPUS>(a, dvd(e[i], s), j[i], target, weight_sum, t[i]);
-                a.gradients[base + j[i]] = canonical(g);
-                const float z = exponent(w[i], row_max, a.log2e);
-                if (CORPUS) {
-                    loss_partial[i] = add(0.0f, mul(sub(big_l, z), t[i]));
-                } else if (j[i] == target) {
-                    a.loss[blockIdx.x] = canonical(mul(a.ln2, sub(big_l, z)));
-                }
+                loss_partial[i] = finish_element<CORPUS>(a, base, e[i], s, big_l, w[i], row_max,
+                                                         j[i], target, weight_sum, t[i]);
             }
         }
         if (CORPUS) {
@@ -1093,14 +1102,8 @@ static __device__ void fused_small_narrow(const FusedArgs& a, float (*buffers)[L
         for (u32 i = 0; i < E; ++i) {
             partial[i] = 0.0f;
             if (inside[i]) {
-                const float g = gradient<CORPUS>(a, dvd(e[i], s), j[i], target, weight_sum, t[i]);
-                a.gradients[base + j[i]] = canonical(g);
-                const float z = exponent(w[i], row_max, a.log2e);
-                if (CORPUS) {
-                    partial[i] = add(0.0f, mul(sub(big_l, z), t[i]));
-                } else if (j[i] == target) {
-                    a.loss[blockIdx.x] = canonical(mul(a.ln2, sub(big_l, z)));
-                }
+                partial[i] = finish_element<CORPUS>(a, base, e[i], s, big_l, w[i], row_max, j[i],
+                                                    target, weight_sum, t[i]);
             }
         }
         if (CORPUS) {
