@@ -33,6 +33,7 @@ from bob.backends import BackendChoice, choose_backend
 from bob.backends.cpu import CpuBackend
 from bob.bench.peers import bench_targets, numpy_train
 from bob.bench.suite import copy_bandwidth
+from bob.bench.variants import variant_choice
 from bob.config import Hyper
 from bob.host.session import Session
 from bob.kernels import reference
@@ -130,19 +131,6 @@ def bench_cpu() -> None:
         print(row.line() + f"  ({loop / row.seconds:.2f}x the numpy loop)")
 
 
-def variant_choice(macros: str) -> BackendChoice:
-    """The cuda backend on Bob's kernels compiled with these #defines in front."""
-    from bob.backends.cuda import CudaBackend, device_arch
-    from bob.kernels.cuda.compile import KernelSource, shipped_source
-    from bob.kernels.cuda.regions import compiled_regions
-    from bob.plan.placement import TARGETS
-
-    shipped = shipped_source()
-    source = KernelSource(shipped.name, macros + shipped.text, shipped.headers)
-    arch = device_arch()
-    regions = compiled_regions(arch, source)
-    return BackendChoice("cuda", TARGETS[arch], regions,
-                         lambda plan: CudaBackend(plan, regions))
 
 
 VARIANTS = {

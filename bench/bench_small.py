@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import os
 import statistics
 import sys
@@ -27,7 +26,7 @@ import numpy as np
 
 from bob.backends import BackendChoice, choose_backend
 from bob.bench.measurement import time_runs
-from bob.bench.peers import bench_targets
+from bob.bench.variants import input_bytes, state_digest, variant_choice
 from bob.config import MIN_VOCAB, Hyper, Mode
 from bob.errors import BadInput, BobError
 from bob.host.session import Session
@@ -52,8 +51,6 @@ VARIANTS = {
 MODES: tuple[Mode, ...] = ("hard", "corpus")
 CHECK_UPDATES = 20
 SMALL_VOCAB = 256  # the small-row path's rows: V <= 256
-DIGEST_TENSORS = ("parameters", "first_moment", "second_moment", "gradients",
-                  "training_loss")
 
 
 @dataclass(frozen=True)
@@ -81,22 +78,8 @@ def start_parameters(vocab: int) -> bytes:
     return table.tobytes()
 
 
-def input_bytes(config: BobConfig, size: int) -> bytes:
-    """Hard: the bench targets; corpus: fixed pseudo-random weights summing to 1."""
-    vocab = config.vocab
-    if config.mode == "hard":
-        head = bench_targets(vocab).astype(np.uint32).tobytes()
-    else:
-        weights = np.random.default_rng(0).random((vocab, vocab), np.float32)
-        head = (weights / weights.sum(dtype=np.float64)).astype(np.float32).tobytes()
-    return head + bytes(size - len(head))
 
 
-def state_digest(backend) -> str:
-    digest = hashlib.sha256()
-    for name in DIGEST_TENSORS:
-        digest.update(backend.read_tensor(name))
-    return digest.hexdigest()[:12]
 
 
 def run_small(choice: BackendChoice, config: BobConfig, timed: bool) -> SmallRun:
@@ -128,7 +111,6 @@ def run_small(choice: BackendChoice, config: BobConfig, timed: bool) -> SmallRun
 
 
 def compiled_variant(name: str) -> BackendChoice | None:
-    from bench_fused import variant_choice  # bench/ is the script's directory
 
     try:
         return variant_choice(VARIANTS[name])

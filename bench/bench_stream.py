@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import os
 import statistics
 from dataclasses import dataclass
 
-import numpy as np
-
 from bob.backends import BackendChoice, choose_backend
 from bob.bench.measurement import time_runs
-from bob.bench.peers import bench_targets
 from bob.bench.suite import copy_bandwidth
 from bob.bench.tables import BYTES_PER_PARAMETER
+from bob.bench.variants import input_bytes, state_digest, variant_choice
 from bob.config import Hyper, Mode
 from bob.host.session import Session
 from bob.plan.certificate import require_certified
@@ -47,8 +44,6 @@ VARIANTS = {
 }
 DIGEST_VARIANTS = ("vector (default)", "scalar twin (STREAM_VECTOR 0)")
 DIGEST_CASES = ((4100, "hard", 20), (4100, "corpus", 20), (8193, "hard", 2))
-DIGEST_TENSORS = ("parameters", "first_moment", "second_moment", "gradients",
-                  "training_loss")
 
 
 @dataclass(frozen=True)
@@ -68,21 +63,8 @@ class StreamRun:
                 f"{self.config.fused_region}; state {self.digest}")
 
 
-def input_bytes(config: BobConfig, size: int) -> bytes:
-    """Hard: the bench targets; corpus: fixed pseudo-random weights summing to 1."""
-    if config.mode == "hard":
-        head = bench_targets(config.vocab).astype(np.uint32).tobytes()
-    else:
-        weights = np.random.default_rng(0).random((config.vocab, config.vocab), np.float32)
-        head = (weights / weights.sum(dtype=np.float64)).astype(np.float32).tobytes()
-    return head + bytes(size - len(head))
 
 
-def state_digest(backend) -> str:
-    digest = hashlib.sha256()
-    for name in DIGEST_TENSORS:
-        digest.update(backend.read_tensor(name))
-    return digest.hexdigest()[:12]
 
 
 def run_stream(choice: BackendChoice, config: BobConfig) -> StreamRun:
@@ -107,7 +89,6 @@ def fused(vocab: int, mode: Mode = "hard", updates: int = 2) -> BobConfig:
 
 
 def compiled_variant(name: str) -> BackendChoice | None:
-    from bench_fused import variant_choice  # bench/ is the script's directory
 
     try:
         return variant_choice(VARIANTS[name])

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import os
 import statistics
 import sys
@@ -34,7 +33,7 @@ import numpy as np
 import bob.program.bob as program
 from bob.backends import BackendChoice, choose_backend
 from bob.bench.measurement import time_runs
-from bob.bench.peers import bench_targets
+from bob.bench.variants import input_bytes, state_digest, variant_choice
 from bob.config import Hyper, Mode
 from bob.host.session import Session
 from bob.plan.certificate import require_certified
@@ -60,8 +59,6 @@ VARIANTS = {
         "#define TALL_THREADS 1024u\n#define TALL_UNGUARDED 1\n#define TALL_EVERY_WARP_TREE 1\n",
 }
 MODES: tuple[Mode, ...] = ("hard", "corpus")
-DIGEST_TENSORS = ("parameters", "first_moment", "second_moment", "gradients",
-                  "training_loss")
 
 
 @dataclass(frozen=True)
@@ -83,14 +80,6 @@ class TallRun:
                 f"state {self.digest}{verdict}")
 
 
-def input_bytes(config: BobConfig, size: int) -> bytes:
-    """Hard: the bench targets; corpus: fixed pseudo-random weights summing to 1."""
-    if config.mode == "hard":
-        head = bench_targets(config.vocab).astype(np.uint32).tobytes()
-    else:
-        weights = np.random.default_rng(0).random((config.vocab, config.vocab), np.float32)
-        head = (weights / weights.sum(dtype=np.float64)).astype(np.float32).tobytes()
-    return head + bytes(size - len(head))
 
 
 def start_parameters(vocab: int, random: bool) -> bytes:
@@ -103,11 +92,6 @@ def start_parameters(vocab: int, random: bool) -> bytes:
     return table.tobytes()
 
 
-def state_digest(backend) -> str:
-    digest = hashlib.sha256()
-    for name in DIGEST_TENSORS:
-        digest.update(backend.read_tensor(name))
-    return digest.hexdigest()[:12]
 
 
 def run_tall(choice: BackendChoice, config: BobConfig, timed: bool) -> TallRun:
@@ -146,19 +130,6 @@ def fused(vocab: int, mode: Mode, updates: int) -> BobConfig:
     return BobConfig(vocab=vocab, prompts=0, updates=updates, mode=mode, schedule="fused")
 
 
-def variant_choice(macros: str) -> BackendChoice:
-    """The cuda backend on Bob's kernels compiled with these #defines in front."""
-    from bob.backends.cuda import CudaBackend, device_arch
-    from bob.kernels.cuda.compile import KernelSource, shipped_source
-    from bob.kernels.cuda.regions import compiled_regions
-    from bob.plan.placement import TARGETS
-
-    shipped = shipped_source()
-    source = KernelSource(shipped.name, macros + shipped.text, shipped.headers)
-    arch = device_arch()
-    regions = compiled_regions(arch, source)
-    return BackendChoice("cuda", TARGETS[arch], regions,
-                         lambda plan: CudaBackend(plan, regions))
 
 
 def compiled_variants(names: list[str]) -> dict[str, BackendChoice]:
