@@ -348,59 +348,46 @@ class CommandWriter:
     def release_semaphore(self, address: int, payload: int, *, timestamp: bool = False) -> None:
         """Write `payload` (64 bits) at `address` once all earlier work is idle; with
         `timestamp`, the GPU's nanosecond clock follows it (a 16-byte structure)."""
-        _check_payload(payload)
         alignment = TIMESTAMP_RELEASE_BYTES if timestamp else SEMAPHORE_BYTES
-        if address % alignment:
-            raise CommandError(f"a {'timestamped ' if timestamp else ''}64-bit semaphore at "
-                               f"{address:#x} is not {alignment}-byte aligned")
         host = self.host
-        split = split_address(host, "SEM_ADDR_LO_OFFSET", "SEM_ADDR_HI_OFFSET", address,
-                              "semaphore address")
         fields = {
             "SEM_EXECUTE_OPERATION": host.value("SEM_EXECUTE_OPERATION_RELEASE"),
             "SEM_EXECUTE_RELEASE_WFI": host_value(host, "SEM_EXECUTE_RELEASE_WFI",
                                                   "SEM_EXECUTE_RELEASE_WFI_EN"),
-            "SEM_EXECUTE_PAYLOAD_SIZE": host_value(host, "SEM_EXECUTE_PAYLOAD_SIZE",
-                                                   "SEM_EXECUTE_PAYLOAD_SIZE_64BIT"),
         }
         if timestamp:
             fields["SEM_EXECUTE_RELEASE_TIMESTAMP"] = host.value(
                 "SEM_EXECUTE_RELEASE_TIMESTAMP_EN")
-        execute = host.pack(fields)
-        data = [
-            host.pack({"SEM_ADDR_LO_OFFSET": split["SEM_ADDR_LO_OFFSET"]}),
-            host.pack({"SEM_ADDR_HI_OFFSET": split["SEM_ADDR_HI_OFFSET"]}),
-            payload % (1 << WORD_BITS),  # SEM_PAYLOAD_LO: the whole word, payload bits 31:0
-            payload >> WORD_BITS,  # SEM_PAYLOAD_HI: payload bits 63:32
-            execute,
-        ]
-        first = host.consecutive(["SEM_ADDR_LO", "SEM_ADDR_HI", "SEM_PAYLOAD_LO",
-                                  "SEM_PAYLOAD_HI", "SEM_EXECUTE"])
-        self.pushbuffer.incrementing(HOST_SUBCHANNEL, first, data)
-
+        self._semaphore(address, payload, fields, alignment,
+                        "timestamped 64-bit" if timestamp else "64-bit")
 
     def acquire_semaphore(self, address: int, payload: int) -> None:
         """Hold the channel until the 64-bit value at `address` reaches `payload` (compared
         circularly, ACQ_CIRC_GEQ, as tinygrad's queues wait): what comes after runs only
         once the work that releases it is done."""
+        operation = host_value(self.host, "SEM_EXECUTE_OPERATION",
+                               "SEM_EXECUTE_OPERATION_ACQ_CIRC_GEQ")
+        self._semaphore(address, payload, {"SEM_EXECUTE_OPERATION": operation},
+                        SEMAPHORE_BYTES, "64-bit")
+
+    def _semaphore(self, address: int, payload: int, fields: dict[str, int], alignment: int,
+                   what: str) -> None:
+        """SEM_ADDR_LO .. SEM_EXECUTE in one packet: the address, the 64-bit payload, and
+        SEM_EXECUTE with `fields` and a 64-bit payload size."""
         _check_payload(payload)
-        if address % SEMAPHORE_BYTES:
-            raise CommandError(f"a 64-bit semaphore at {address:#x} is not "
-                               f"{SEMAPHORE_BYTES}-byte aligned")
+        if address % alignment:
+            raise CommandError(f"a {what} semaphore at {address:#x} is not "
+                               f"{alignment}-byte aligned")
         host = self.host
         split = split_address(host, "SEM_ADDR_LO_OFFSET", "SEM_ADDR_HI_OFFSET", address,
                               "semaphore address")
-        execute = host.pack({
-            "SEM_EXECUTE_OPERATION": host_value(host, "SEM_EXECUTE_OPERATION",
-                                                "SEM_EXECUTE_OPERATION_ACQ_CIRC_GEQ"),
-            "SEM_EXECUTE_PAYLOAD_SIZE": host_value(host, "SEM_EXECUTE_PAYLOAD_SIZE",
-                                                   "SEM_EXECUTE_PAYLOAD_SIZE_64BIT"),
-        })
+        execute = host.pack({**fields, "SEM_EXECUTE_PAYLOAD_SIZE": host_value(
+            host, "SEM_EXECUTE_PAYLOAD_SIZE", "SEM_EXECUTE_PAYLOAD_SIZE_64BIT")})
         data = [
             host.pack({"SEM_ADDR_LO_OFFSET": split["SEM_ADDR_LO_OFFSET"]}),
             host.pack({"SEM_ADDR_HI_OFFSET": split["SEM_ADDR_HI_OFFSET"]}),
-            payload % (1 << WORD_BITS),
-            payload >> WORD_BITS,
+            payload % (1 << WORD_BITS),  # SEM_PAYLOAD_LO: the whole word, payload bits 31:0
+            payload >> WORD_BITS,  # SEM_PAYLOAD_HI: payload bits 63:32
             execute,
         ]
         first = host.consecutive(["SEM_ADDR_LO", "SEM_ADDR_HI", "SEM_PAYLOAD_LO",
