@@ -610,3 +610,42 @@ def test_closing_lets_queued_work_finish_before_memory_goes(monkeypatch):
     backend.close()
     assert drained == [(2, 0)]  # waited for both items before anything was freed
     assert gpu.launches and gpu.acquires == [0, 1]
+
+
+def test_a_patch_of_the_parameter_blocks_waits_for_the_queued_runs(monkeypatch):
+    """Queued launches read the parameter blocks: a patch writes them only once the queue
+    is drained (one AdamW launch, set_scalars and set_scalars_many)."""
+    import numpy as np
+
+    from bob.backends.nv.rm.memory import Allocation
+    from bob.config import Hyper
+    from bob.program.bob import ADAM_SCALAR_NAMES, BobConfig, adam_scalar_table, adam_scalars
+
+    backend, gpu = _open(monkeypatch)
+    seen: list[bool] = []
+    original, original_words = Allocation.write, Allocation.store_words
+
+    def write(block, offset, data):
+        if block.name == "program":
+            seen.append(backend._stream.pending)
+        original(block, offset, data)
+
+    def store_words(block, offset, indices, values):
+        if block.name == "program":
+            seen.append(backend._stream.pending)
+        original_words(block, offset, indices, values)
+
+    monkeypatch.setattr(Allocation, "write", write)
+    monkeypatch.setattr(Allocation, "store_words", store_words)
+    count = backend.plan.submission_count
+    config = BobConfig(vocab=256, prompts=1, updates=2)
+    launch = config.adamw_launch(1)
+    backend.start(range(count))
+    backend.set_scalars(launch, adam_scalars(Hyper(lr=0.05), 9))
+    backend.start(range(count))
+    bits = adam_scalar_table(Hyper(lr=0.07), 3, 2).view(np.uint32)[:, :len(ADAM_SCALAR_NAMES)]
+    backend.set_scalars_many([config.adamw_launch(k) for k in range(2)], ADAM_SCALAR_NAMES,
+                             bits)
+    assert seen and not any(seen)  # every write to the blocks came after the drain
+    assert gpu.acquires == [0, 1]  # both runs were queued and ran
+    backend.close()
