@@ -40,23 +40,31 @@ from bob.plan.certificate import require_certified
 from bob.program.bob import BobConfig, build_plan
 
 # name -> the #defines put in front of the shipped source. The first is the shipped kernel.
+
+
+def both(threads: int, unguarded: int = 0, flags: str = "") -> str:
+    """#defines giving both modes' tall kernels one shape (bob_kernels.cu)."""
+    return (f"#define TALL_HARD_THREADS {threads}u\n#define TALL_CORPUS_THREADS {threads}u\n"
+            f"#define TALL_HARD_UNGUARDED {unguarded}\n"
+            f"#define TALL_CORPUS_UNGUARDED {unguarded}\n{flags}")
+
+
+EVERY_WARP = "#define TALL_EVERY_WARP_TREE 1\n"
+NO_CHAIN = "#define TALL_REGISTER_CHAIN 0\n"
 VARIANTS = {
-    "512 threads x 16, register chain (shipped)": "",
-    "512 threads x 16, register chain, every warp runs the tree":
-        "#define TALL_EVERY_WARP_TREE 1\n",
-    "512 threads x 16 (weights held, corpus full path)": "#define TALL_REGISTER_CHAIN 0\n",
-    "512 threads x 16, every warp runs the tree":
-        "#define TALL_REGISTER_CHAIN 0\n#define TALL_EVERY_WARP_TREE 1\n",
+    "shipped (hard: 1024 threads unguarded; corpus: 512 with the register chain)": "",
+    "1024 threads x 8": both(1024),
+    "1024 threads, every warp runs the tree": both(1024, 0, EVERY_WARP),
+    "1024 threads, unguarded arithmetic": both(1024, 1),
+    "1024 threads, unguarded, every warp runs the tree": both(1024, 1, EVERY_WARP),
+    "512 threads x 16, register chain": both(512),
+    "512 threads x 16, register chain, every warp runs the tree": both(512, 0, EVERY_WARP),
+    "512 threads x 16 (weights held, corpus full path)": both(512, 0, NO_CHAIN),
+    "512 threads x 16, every warp runs the tree": both(512, 0, NO_CHAIN + EVERY_WARP),
     "512 threads x 16, weights read from L1, corpus counted":
-        "#define TALL_REGISTER_CHAIN 0\n#define TALL_HOLD_WEIGHTS 0\n#define TALL_CORPUS_FULL 0\n",
+        both(512, 0, NO_CHAIN + "#define TALL_HOLD_WEIGHTS 0\n#define TALL_CORPUS_FULL 0\n"),
     "512 threads x 16, weights held, corpus counted":
-        "#define TALL_REGISTER_CHAIN 0\n#define TALL_CORPUS_FULL 0\n",
-    "1024 threads (the previous default)": "#define TALL_THREADS 1024u\n",
-    "1024 threads, every warp runs the tree":
-        "#define TALL_THREADS 1024u\n#define TALL_EVERY_WARP_TREE 1\n",
-    "1024 threads, unguarded arithmetic": "#define TALL_THREADS 1024u\n#define TALL_UNGUARDED 1\n",
-    "1024 threads, unguarded, every warp runs the tree":
-        "#define TALL_THREADS 1024u\n#define TALL_UNGUARDED 1\n#define TALL_EVERY_WARP_TREE 1\n",
+        both(512, 0, NO_CHAIN + "#define TALL_CORPUS_FULL 0\n"),
 }
 MODES: tuple[Mode, ...] = ("hard", "corpus")
 

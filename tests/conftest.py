@@ -168,8 +168,12 @@ def shipped_ptx(arch: str, macros: str = "") -> str:
     from bob.kernels.cuda.compile import options_for, shipped_source
 
     ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
-    source = (macros + shipped_source().text).encode()
-    err, program = nvrtc.nvrtcCreateProgram(source, b"bob_kernels.cu", 0, [], [])
+    shipped = shipped_source()
+    source = (macros + shipped.text).encode()
+    headers = [text.encode() for _, text in shipped.headers]
+    names = [name.encode() for name, _ in shipped.headers]
+    err, program = nvrtc.nvrtcCreateProgram(source, b"bob_kernels.cu", len(headers), headers,
+                                            names)
     assert err == ok, err
     options = [option.encode() for option in options_for(arch)]
     try:

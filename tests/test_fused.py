@@ -240,8 +240,8 @@ def test_the_scalar_table_equals_the_per_step_scalars_bit_for_bit():
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
     """1024 < V <= 4096: the wide region; from where it is faster (4608 hard, 5121 corpus)
-    to 8192 the tall one (sig.TALL_BLOCK threads a block); other streamed rows the stream one when
-    V % 4 == 0, else narrow. One signature everywhere, the stream one's tables 16-byte
+    to 8192 the tall one (sig.TALL_BLOCKS: 1024 threads hard, 512 corpus); other streamed
+    rows the stream one when V % 4 == 0, else narrow. One signature everywhere, the stream one's tables 16-byte
     aligned (it moves them as float4)."""
     hard = mode == "hard"
     narrow = sig.FUSED_HARD if hard else sig.FUSED_CORPUS
@@ -252,8 +252,8 @@ def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
     for vocab, region, block in ((256, narrow, 256), (1024, narrow, 256), (1025, wide, 256),
                                  (4096, wide, 256), (4097, narrow, 256), (4100, stream, 256),
                                  (first_tall - 1, narrow if hard else stream, 256),
-                                 (first_tall, tall, sig.TALL_BLOCK),
-                                 (8192, tall, sig.TALL_BLOCK), (8193, narrow, 256),
+                                 (first_tall, tall, sig.TALL_BLOCKS[tall]),
+                                 (8192, tall, sig.TALL_BLOCKS[tall]), (8193, narrow, 256),
                                  (8196, stream, 256),
                                  (9000, stream, 256), (9002, narrow, 256)):
         config = BobConfig(vocab=vocab, prompts=0, updates=2, mode=mode, schedule="fused")

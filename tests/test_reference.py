@@ -441,7 +441,9 @@ def test_every_region_has_a_kernel():
 
 
 def cuda_code() -> str:
-    text = CUDA_SOURCE.read_text()
+    """bob_kernels.cu and the headers beside it (bob_tall.cuh), comments removed."""
+    text = "\n".join(path.read_text() for path in
+                     [CUDA_SOURCE, *sorted(CUDA_SOURCE.parent.glob("*.cuh"))])
     return re.sub(r"//[^\n]*", "", text)
 
 

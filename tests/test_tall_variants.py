@@ -1,6 +1,6 @@
-"""The tall kernels' tuning macros (bob_kernels.cu: TALL_THREADS, TALL_HOLD_WEIGHTS,
-TALL_CORPUS_FULL, TALL_EVERY_WARP_TREE, TALL_REGISTER_CHAIN, TALL_UNGUARDED), as
-bench/bench_tall.py compiles them.
+"""The tall kernels' tuning macros (bob_kernels.cu and bob_tall.cuh: TALL_<MODE>_THREADS,
+TALL_<MODE>_UNGUARDED per mode; TALL_HOLD_WEIGHTS, TALL_CORPUS_FULL, TALL_EVERY_WARP_TREE,
+TALL_REGISTER_CHAIN for both), as bench/bench_tall.py compiles them.
 
     .venv/bin/python -m pytest -q tests/test_tall_variants.py              # NVRTC, no GPU
     PYTHONPATH=src python -m pytest -m gpu tests/test_tall_variants.py      # on a GPU machine
@@ -70,8 +70,13 @@ def compiled(macros: str, arch: str = "sm_90"):
     return regions, Cubin(regions.image).kernels()
 
 
-def threads_of(macros: str) -> int:
-    return 1024 if "TALL_THREADS 1024u" in macros else 512
+def threads_of(macros: str, region: str) -> int:
+    """The block a mode's tall kernel has with these #defines (bench_tall.both's form)."""
+    mode = "CORPUS" if region == sig.FUSED_TALL_CORPUS else "HARD"
+    for threads in (512, 1024):
+        if f"TALL_{mode}_THREADS {threads}u" in macros:
+            return threads
+    return sig.TALL_BLOCKS[region]
 
 
 # -- every variant compiles within its resources ---------------------------------------
@@ -83,8 +88,8 @@ def test_each_variant_compiles_without_local_memory_within_its_registers(
     macros = bench_tall.VARIANTS[name]
     regions, kernels = compiled(macros)  # compiled_regions refuses a stack frame
     assert {k.entry: k.frame_bytes for k in kernels.values() if k.frame_bytes} == {}
-    threads = threads_of(macros)
     for region_name in TALL:
+        threads = threads_of(macros, region_name)
         kernel = kernels[sig.ENTRIES[region_name]]
         assert kernel.max_threads == (threads, 1, 1), kernel.max_threads
         assert regions[region_name].block_x == threads  # the plan launches the image's block
@@ -99,31 +104,32 @@ def test_a_variant_changes_the_tall_kernels_and_no_other(nvrtc: None, name: str)
     _, shipped = compiled("")
     _, variant = compiled(bench_tall.VARIANTS[name])
     changed = {entry for entry in shipped if shipped[entry].code != variant[entry].code}
-    assert changed == TALL_ENTRIES
+    assert changed and changed <= TALL_ENTRIES
 
 
 def test_the_macros_defaults_are_the_shipped_image(nvrtc: None) -> None:
-    defaults = ("#define TALL_THREADS 512u\n#define TALL_HOLD_WEIGHTS 1\n"
-                "#define TALL_CORPUS_FULL 1\n#define TALL_EVERY_WARP_TREE 0\n"
-                "#define TALL_REGISTER_CHAIN 1\n#define TALL_UNGUARDED 0\n")
+    defaults = ("#define TALL_HARD_THREADS 1024u\n#define TALL_HARD_UNGUARDED 1\n"
+                "#define TALL_CORPUS_THREADS 512u\n#define TALL_CORPUS_UNGUARDED 0\n"
+                "#define TALL_EVERY_WARP_TREE 0\n")
     _, shipped = compiled("")
     _, spelled = compiled(defaults)
     assert {e: k.code for e, k in shipped.items()} == {e: k.code for e, k in spelled.items()}
 
 
 def test_the_shipped_tall_block_is_the_declared_one(nvrtc: None) -> None:
-    """Switching the default TALL_THREADS in bob_kernels.cu needs signatures.TALL_BLOCK to
-    follow (plans without an image, exported regions files of old): this says so."""
+    """Switching a mode's default TALL_<MODE>_THREADS in bob_kernels.cu needs
+    signatures.TALL_BLOCKS to follow (plans without an image, exported regions files of
+    old): this says so."""
     regions, kernels = compiled("")
     for name in TALL:
-        assert regions[name].block_x == sig.block_of(name) == sig.TALL_BLOCK
-        assert kernels[sig.ENTRIES[name]].max_threads == (sig.TALL_BLOCK, 1, 1)
+        assert regions[name].block_x == sig.block_of(name) == sig.TALL_BLOCKS[name]
+        assert kernels[sig.ENTRIES[name]].max_threads == (sig.TALL_BLOCKS[name], 1, 1)
 
 
 def test_a_full_corpus_path_at_1024_threads_is_refused_for_its_spill(nvrtc: None) -> None:
     """Why TALL_CORPUS_FULL is off at 1024 threads: ptxas spills, and regions refuse it."""
     with pytest.raises(CubinError, match="bob_fused_train_tall_corpus.*local memory"):
-        compiled("#define TALL_THREADS 1024u\n#define TALL_CORPUS_FULL 1\n")
+        compiled("#define TALL_CORPUS_THREADS 1024u\n#define TALL_CORPUS_FULL 1\n")
 
 
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
@@ -132,7 +138,7 @@ def test_a_1024_thread_variant_plans_and_certifies_with_its_block(nvrtc: None,
     from bob.plan.certificate import certify
     from bob.plan.placement import TARGETS
 
-    regions, _ = compiled("#define TALL_THREADS 1024u\n")
+    regions, _ = compiled(bench_tall.both(1024))
     config = BobConfig(vocab=8192, prompts=1, updates=3, mode=mode, schedule="fused")
     plan = build_plan(config, TARGETS["sm_90"], compiled=regions)
     fused = [launch for launch in plan.launches if launch.region == config.fused_region]
@@ -148,7 +154,7 @@ def test_a_declared_block_the_image_forbids_is_refused(nvrtc: None) -> None:
     from bob.kernels.cuda.regions import region_from_kernel
     from bob.plan.placement import TARGETS
 
-    _, kernels = compiled("#define TALL_THREADS 512u\n")
+    _, kernels = compiled("#define TALL_HARD_THREADS 512u\n")
     declared = sig.declared_region(sig.FUSED_TALL_HARD, block_x=1024)
     outside = sig.declared_region(sig.FUSED_HARD, block_x=1024)
     kernel = kernels[sig.ENTRIES[sig.FUSED_TALL_HARD]]
@@ -174,7 +180,7 @@ def test_a_regions_file_carries_the_block(tmp_path: Path) -> None:
 
     entry = {"code": "00ff", "registers": 128, "shared_bytes": 40016}
     old = load_regions(regions_file(tmp_path, entry))
-    assert old[sig.FUSED_TALL_HARD].block_x == sig.TALL_BLOCK  # written before blocks were
+    assert old[sig.FUSED_TALL_HARD].block_x == sig.TALL_BLOCKS[sig.FUSED_TALL_HARD]  # no block
     new = load_regions(regions_file(tmp_path, {**entry, "block_x": 512}))
     assert new[sig.FUSED_TALL_HARD].block_x == 512
 
@@ -265,5 +271,6 @@ def test_each_variant_equals_the_seed_on_the_cpu(monkeypatch: pytest.MonkeyPatch
     choice = variant_choice(bench_tall.VARIANTS[name])
     config = BobConfig(vocab=vocab, prompts=1, updates=2, mode=mode)
     assert config.fused_region in TALL
-    assert choice.regions[config.fused_region].block_x == threads_of(bench_tall.VARIANTS[name])
+    assert choice.regions[config.fused_region].block_x == threads_of(
+        bench_tall.VARIANTS[name], config.fused_region)
     train_both(choice, config, 3)

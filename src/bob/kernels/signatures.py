@@ -44,8 +44,9 @@ HEALTH = "bob-health"
 
 BLOCK = 256  # threads per block; reductions run over 256 lanes whatever the block
 # Regions launched with other blocks (their kernels trap on any other width).
-TALL_BLOCK = 512  # bob_kernels.cu: TALL_THREADS's default (tests check they agree)
-BLOCKS = {FUSED_TALL_HARD: TALL_BLOCK, FUSED_TALL_CORPUS: TALL_BLOCK}
+# bob_kernels.cu: TALL_HARD_THREADS and TALL_CORPUS_THREADS's defaults (tests check they agree)
+TALL_BLOCKS = {FUSED_TALL_HARD: 1024, FUSED_TALL_CORPUS: 512}
+BLOCKS = dict(TALL_BLOCKS)
 # Regions whose compiled image names their block (its launch bounds): a kernel compiled with
 # another TALL_THREADS (bench/bench_tall.py's variants) is planned with its own block.
 BLOCK_FROM_IMAGE = frozenset({FUSED_TALL_HARD, FUSED_TALL_CORPUS})
