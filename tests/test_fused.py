@@ -241,8 +241,8 @@ def test_the_scalar_table_equals_the_per_step_scalars_bit_for_bit():
 def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
     """1024 < V <= 4096: the wide region; from where it is faster (4608 hard, 5121 corpus)
     to 8192 the tall one (sig.TALL_BLOCKS: 1024 threads hard, 512 corpus); other streamed
-    rows the stream one when V % 4 == 0, else narrow. One signature everywhere, the stream one's tables 16-byte
-    aligned (it moves them as float4)."""
+    rows the stream one when V % 4 == 0, else narrow. One signature everywhere, the stream
+    one's tables 16-byte aligned (it moves them as float4)."""
     hard = mode == "hard"
     narrow = sig.FUSED_HARD if hard else sig.FUSED_CORPUS
     wide = sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS

@@ -10,6 +10,9 @@
 // by warp 0, which publishes the result (TALL_EVERY_WARP_TREE 0), or by every warp after
 // the same barrier (1): the same operations in the same order, one barrier fewer.
 //
+// bob_kernels.cu includes this file once per mode, in a namespace of its own, with
+// TALL_MODE_CORPUS, TALL_THREADS and TALL_UNGUARDED defined for that mode (from
+// TALL_<MODE>_THREADS and TALL_<MODE>_UNGUARDED); it defines that mode's entry point.
 // The tuning macros change speed, never bits (bench/bench_tall.py --variants):
 // - TALL_THREADS: 1024 (8 elements per thread, 64 registers) or 512 (16 elements per
 //   thread, 128 registers). The plan launches the block the image's launch bounds name
