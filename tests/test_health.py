@@ -401,7 +401,8 @@ def test_every_kernel_waits_for_the_launches_before_it_first():
 
     from bob.kernels.cuda.compile import shipped_source
 
-    code = re.sub(r"//[^\n]*", "", shipped_source().text)
+    shipped = shipped_source()  # bob_kernels.cu and the headers it includes (bob_tall.cuh)
+    code = re.sub(r"//[^\n]*", "", "\n".join([shipped.text, *(t for _, t in shipped.headers)]))
     for entry in sig.ENTRIES.values():
         found = re.search(r'extern "C" __global__ (?:\w+ )?void ' + entry + r"\([^)]*\)\s*\{"
                           r"\s*([^;]*);", code)
