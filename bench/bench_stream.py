@@ -8,11 +8,12 @@ the script without a GPU). Each row ends with the digest of the state the runs l
 (parameters, moments, gradients, losses): equal digests, equal bytes.
 
 ``--variants`` (cuda): the stream kernels' tuning macros (bob_kernels.cu: STREAM_VECTOR,
-VECTOR_DEPTH, UPDATE_DEPTH, STREAM_BOUNDS, KEPT_EXPONENTIALS), each compiled into this
-process, timed the same way at V = 32768 (and 65536 with BIG=1), hard targets; then the
-digests alone of V = 4100 (hard and corpus, N = 20: the stream kernels, every update in
-one launch) and V = 8193 (N = 2: the narrow kernels' scalar path, which the macros leave
-alone) for the vector path and its scalar twin (STREAM_VECTOR 0).
+STREAM_FAST_DIVIDE, VECTOR_DEPTH, UPDATE_DEPTH, STREAM_BOUNDS, KEPT_EXPONENTIALS), each
+compiled into this process, timed the same way at V = 32768 (and 65536 with BIG=1), hard
+targets; then the digests alone of V = 4100 (hard and corpus, N = 20: the stream kernels,
+every update in one launch) and V = 8193 (N = 2: the narrow kernels' scalar path, which
+the macros leave alone) for the vector path, its fast-divide variant and its scalar twin
+(STREAM_VECTOR 0).
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ from bob.program.bob import BobConfig, build_plan
 
 VARIANTS = {
     "vector (default)": "",
+    "vector, fast divide, 3 blocks/SM (STREAM_FAST_DIVIDE 1)":
+        "#define STREAM_FAST_DIVIDE 1\n#define STREAM_BOUNDS __launch_bounds__(256, 3)\n",
     "scalar twin (STREAM_VECTOR 0)": "#define STREAM_VECTOR 0\n",
     "vector, VECTOR_DEPTH 2": "#define VECTOR_DEPTH 2u\n",
     "vector, 3 blocks/SM": "#define STREAM_BOUNDS __launch_bounds__(256, 3)\n",
@@ -42,7 +45,8 @@ VARIANTS = {
         "#define UPDATE_DEPTH 2u\n",
     "vector, no kept exponentials": "#define KEPT_EXPONENTIALS 0u\n",
 }
-DIGEST_VARIANTS = ("vector (default)", "scalar twin (STREAM_VECTOR 0)")
+DIGEST_VARIANTS = ("vector (default)", "vector, fast divide, 3 blocks/SM (STREAM_FAST_DIVIDE 1)",
+                   "scalar twin (STREAM_VECTOR 0)")
 DIGEST_CASES = ((4100, "hard", 20), (4100, "corpus", 20), (8193, "hard", 2))
 
 

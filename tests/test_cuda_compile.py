@@ -317,3 +317,27 @@ def test_stream_vector_on_and_off_compile_without_local_memory(arch: str) -> Non
     scalar = kernel_codes(arch, "#define STREAM_VECTOR 0\n")
     assert vector == kernel_codes(arch, "")  # 1 is the default
     assert {entry for entry in vector if vector[entry] != scalar[entry]} == STREAM_ENTRIES
+
+
+FAST_STREAM = "#define STREAM_FAST_DIVIDE 1\n#define STREAM_BOUNDS __launch_bounds__(256, 3)\n"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_stream_fast_divide_variant_compiles_without_local_memory(arch: str) -> None:
+    """STREAM_FAST_DIVIDE 1 (a quad's divisions and roots together, not yet the default)
+    spills at four blocks per SM (64 registers: refused), and compiles with no local memory
+    at three (bench_stream's variant), changing the stream kernels' code and no other's;
+    0 is the default."""
+    shipped = kernel_codes(arch, "")
+    assert shipped == kernel_codes(arch, "#define STREAM_FAST_DIVIDE 0\n")
+    with pytest.raises(CubinError, match="bob_fused_train_stream_corpus.*local memory"):
+        kernel_codes(arch, "#define STREAM_FAST_DIVIDE 1\n")
+    source = nv_compile.shipped_source()
+    regions = compiled_regions(arch, KernelSource(source.name, FAST_STREAM + source.text,
+                                                  source.headers))
+    kernels = Cubin(regions.image).kernels()
+    assert {k.entry: k.frame_bytes for k in kernels.values() if k.frame_bytes} == {}
+    for name in (sig.FUSED_STREAM_HARD, sig.FUSED_STREAM_CORPUS):
+        assert kernels[sig.ENTRIES[name]].registers <= 65536 // (256 * 3)
+    changed = {entry for entry, kernel in kernels.items() if kernel.code != shipped[entry]}
+    assert changed == STREAM_ENTRIES

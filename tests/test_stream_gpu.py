@@ -37,7 +37,10 @@ def compiled_with(macros: str) -> BackendChoice:
 
 
 @gpu
-@pytest.mark.parametrize("macros", ["", "#define STREAM_VECTOR 0\n"], ids=["vector", "scalar"])
+@pytest.mark.parametrize("macros", [
+    "", "#define STREAM_VECTOR 0\n",
+    "#define STREAM_FAST_DIVIDE 1\n#define STREAM_BOUNDS __launch_bounds__(256, 3)\n",
+], ids=["vector", "scalar", "fast-divide"])
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 @pytest.mark.parametrize("vocab,steps,per_invocation", [
     (1028, 3, 2),  # with the wide kernels off: two rounds, the last of one quad per warp

@@ -1219,6 +1219,12 @@ static __device__ __forceinline__ float exponential_again(const FusedArgs& a, co
 #ifndef UPDATE_DEPTH
 #define UPDATE_DEPTH 1u  // the same in the update pass (w, m, v and corpus t per round)
 #endif
+#ifndef STREAM_FAST_DIVIDE
+// A quad's divisions and square roots issued together (adamw_together, as the small rows
+// ship it) (1), or element by element, each behind its own slow-path branch (0). Not yet
+// measured on a GPU: bench/bench_stream.py --variants times it.
+#define STREAM_FAST_DIVIDE 0
+#endif
 #define ROUND (4u * LANES)  // elements per round: one quad per thread
 #define QUADS_PER_WARP WARP  // a warp's staged values of one round: 32 quads
 
@@ -1338,6 +1344,34 @@ static __device__ float lane_partial(const FusedArgs& a, const RowSource& source
     return partial;
 }
 
+// A quad's update with its four divisions, square roots and quotients each issued
+// together (adamw_together: the same operations and bits as adamw_element). V % 4 == 0
+// on this path, so a quad inside the row is inside it whole.
+template <bool CORPUS>
+static __device__ __forceinline__ void quad_adamw_together(
+        const FusedArgs& a, const float* kept, float row_max, float s, const AdamStep& step,
+        u32 target, float weight_sum, u32 j, float4& wq, float4& mq, float4& vq, float4 tq) {
+    float e[4], t[4], w[4], m[4], v[4];
+    u32 js[4];
+    const bool inside[4] = {true, true, true, true};
+#pragma unroll
+    for (u32 c = 0; c < 4u; ++c) {
+        w[c] = part(wq, c);
+        m[c] = part(mq, c);
+        v[c] = part(vq, c);
+        t[c] = part(tq, c);
+        js[c] = j + c;
+        e[c] = exponential_again(a, kept, w[c], j + c, row_max);
+    }
+    adamw_together<CORPUS, 4>(a, step, e, s, js, inside, target, weight_sum, t, w, m, v);
+#pragma unroll
+    for (u32 c = 0; c < 4u; ++c) {
+        part(wq, c) = w[c];
+        part(mq, c) = m[c];
+        part(vq, c) = v[c];
+    }
+}
+
 // The update pass: per element today's operations (p, gradient, AdamW, canonical stores)
 // on quads; e_j from kept (this thread staged the quad) or computed again.
 template <bool CORPUS>
@@ -1365,6 +1399,10 @@ static __device__ void vector_update(const FusedArgs& a, u64 base, const float* 
         for (u32 d = 0; d < UPDATE_DEPTH; ++d) {
             const u32 j = ROUND * (first + d) + offset;
             if (j < a.vocab) {
+#if STREAM_FAST_DIVIDE
+                quad_adamw_together<CORPUS>(a, kept, row_max, s, step, target, weight_sum, j,
+                                            wq[d], mq[d], vq[d], tq[d]);
+#else
 #pragma unroll
                 for (u32 c = 0; c < 4u; ++c) {
                     const float p = dvd(exponential_again(a, kept, part(wq[d], c), j + c,
@@ -1373,6 +1411,7 @@ static __device__ void vector_update(const FusedArgs& a, u64 base, const float* 
                                                      part(tq[d], c));
                     adamw_element(step, g, part(wq[d], c), part(mq[d], c), part(vq[d], c));
                 }
+#endif
                 *(float4*)(w + j) = canonical_quad(wq[d]);
                 *(float4*)(m + j) = canonical_quad(mq[d]);
                 *(float4*)(v + j) = canonical_quad(vq[d]);
