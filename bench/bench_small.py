@@ -26,7 +26,7 @@ import numpy as np
 
 from bob.backends import BackendChoice, choose_backend
 from bob.bench.measurement import time_runs
-from bob.bench.variants import input_bytes, state_digest, variant_choice
+from bob.bench.variants import compiled_variants, input_bytes, state_digest
 from bob.config import MIN_VOCAB, Hyper, Mode
 from bob.errors import BadInput, BobError
 from bob.host.session import Session
@@ -110,15 +110,6 @@ def run_small(choice: BackendChoice, config: BobConfig, timed: bool) -> SmallRun
         backend.close()
 
 
-def compiled_variant(name: str) -> BackendChoice | None:
-
-    try:
-        return variant_choice(VARIANTS[name])
-    except Exception as error:  # noqa: BLE001 - a refused variant (a spill) ends no bench
-        print(f"{name}: not compiled: {type(error).__name__}: {error}", flush=True)
-        return None
-
-
 def check_against_cpu(choices: dict[str, BackendChoice], sizes: tuple[int, ...]) -> int:
     """Each choice's digest at N = CHECK_UPDATES beside the cpu backend's; the differing."""
     cpu = choose_backend("cpu")
@@ -166,8 +157,7 @@ def main() -> int:
     try:
         sizes, updates = settings()
         if args.variants:
-            compiled = {name: compiled_variant(name) for name in VARIANTS}
-            choices = {name: choice for name, choice in compiled.items() if choice}
+            choices = compiled_variants(VARIANTS)
         else:
             choices = {"shipped": choose_backend(os.environ.get("B", "cuda"))}
         differing = bench(choices, sizes, updates)

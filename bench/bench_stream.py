@@ -27,7 +27,7 @@ from bob.backends import BackendChoice, choose_backend
 from bob.bench.measurement import time_runs
 from bob.bench.suite import copy_bandwidth
 from bob.bench.tables import BYTES_PER_PARAMETER
-from bob.bench.variants import input_bytes, state_digest, variant_choice
+from bob.bench.variants import compiled_variants, input_bytes, state_digest
 from bob.config import Hyper, Mode
 from bob.host.session import Session
 from bob.plan.certificate import require_certified
@@ -92,25 +92,15 @@ def fused(vocab: int, mode: Mode = "hard", updates: int = 2) -> BobConfig:
     return BobConfig(vocab=vocab, prompts=0, updates=updates, mode=mode, schedule="fused")
 
 
-def compiled_variant(name: str) -> BackendChoice | None:
-
-    try:
-        return variant_choice(VARIANTS[name])
-    except Exception as error:  # noqa: BLE001 - a refused variant (a spill) ends no bench
-        print(f"{name}: not compiled: {type(error).__name__}: {error}", flush=True)
-        return None
-
-
 def bench_variants(copy: float | None) -> None:
     sizes = (32768, 65536) if os.environ.get("BIG") == "1" else (32768,)
-    choices = {name: compiled_variant(name) for name in VARIANTS}
+    choices = compiled_variants(VARIANTS)
     for vocab in sizes:
         for name, choice in choices.items():
-            if choice is not None:
-                print(run_stream(choice, fused(vocab)).line(name, copy), flush=True)
+            print(run_stream(choice, fused(vocab)).line(name, copy), flush=True)
     for vocab, mode, updates in DIGEST_CASES:
         for name in DIGEST_VARIANTS:
-            choice = choices[name]
+            choice = choices.get(name)
             if choice is not None:
                 print(run_stream(choice, fused(vocab, mode, updates)).line(name, copy),
                       flush=True)

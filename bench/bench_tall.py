@@ -33,7 +33,7 @@ import numpy as np
 import bob.program.bob as program
 from bob.backends import BackendChoice, choose_backend
 from bob.bench.measurement import time_runs
-from bob.bench.variants import input_bytes, state_digest, variant_choice
+from bob.bench.variants import compiled_variants, input_bytes, state_digest
 from bob.config import Hyper, Mode
 from bob.host.session import Session
 from bob.plan.certificate import require_certified
@@ -140,16 +140,6 @@ def fused(vocab: int, mode: Mode, updates: int) -> BobConfig:
 
 
 
-def compiled_variants(names: list[str]) -> dict[str, BackendChoice]:
-    choices = {}
-    for name in names:
-        try:
-            choices[name] = variant_choice(VARIANTS[name])
-        except Exception as error:  # noqa: BLE001 - a refused variant (a spill) ends no bench
-            print(f"{name}: not compiled: {type(error).__name__}: {error}", flush=True)
-    return choices
-
-
 def sizes(variable: str, default: str) -> tuple[int, ...]:
     return tuple(int(v) for v in os.environ.get(variable, default).split(","))
 
@@ -193,7 +183,7 @@ def main() -> int:
     backend = os.environ.get("B", "cuda")
     if backend == "cuda":
         names = list(VARIANTS) if args.variants else list(VARIANTS)[:1]
-        choices = compiled_variants(names)
+        choices = compiled_variants({name: VARIANTS[name] for name in names})
     elif args.variants:
         print("--variants needs B=cuda: the variants are CUDA kernels", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from bob.backends import BackendChoice, choose_backend
+from bob.bench.variants import variant_choice
 from bob.host.check import compare_backends, random_record
 from bob.host.session import Session, split_updates
 from bob.kernels import signatures as sig
@@ -143,15 +144,6 @@ def test_bad_settings_are_one_line_and_status_2(env: tuple[str, ...], message: s
 # -- on the GPU: every variant byte for byte as the CPU --------------------------------
 
 
-def variant_choice(arch: str, macros: str) -> BackendChoice:
-    from bob.backends.cuda import CudaBackend
-    from bob.kernels.cuda.regions import compiled_regions
-    from bob.plan.placement import TARGETS
-
-    regions = compiled_regions(arch, variant_source(macros))
-    return BackendChoice("cuda", TARGETS[arch], regions, lambda plan: CudaBackend(plan, regions))
-
-
 def start_table(vocab: int) -> np.ndarray:
     """Standard normal rows, and rows that take the kernels' rarer ways: row 0 all equal (a
     zero maximum: the literal max tree); row 1 spread over 300 (exponentials that underflow
@@ -186,7 +178,7 @@ def train_both(cuda: BackendChoice, config: BobConfig, steps: int) -> None:
 
 @pytest.fixture(scope="module")
 def variant_choices(cuda_arch: str) -> dict[str, BackendChoice]:
-    return {name: variant_choice(cuda_arch, macros) for name, macros in VARIANTS.items()}
+    return {name: variant_choice(macros) for name, macros in VARIANTS.items()}
 
 
 @pytest.mark.gpu

@@ -14,26 +14,11 @@ import pytest
 
 import bob.kernels.signatures as sig
 import bob.program.bob as program
-from bob.backends import BackendChoice
+from bob.bench.variants import variant_choice
 from bob.program.bob import BobConfig
 from test_fused_gpu import train_both
 
 gpu = pytest.mark.gpu
-
-
-def compiled_with(macros: str) -> BackendChoice:
-    """The cuda backend on Bob's kernels compiled with these #defines in front."""
-    from bob.backends.cuda import CudaBackend, device_arch
-    from bob.kernels.cuda.compile import KernelSource, shipped_source
-    from bob.kernels.cuda.regions import compiled_regions
-    from bob.plan.placement import TARGETS
-
-    shipped = shipped_source()
-    arch = device_arch()
-    regions = compiled_regions(arch, KernelSource(shipped.name, macros + shipped.text,
-                                                  shipped.headers))
-    return BackendChoice("cuda", TARGETS[arch], regions,
-                         lambda plan: CudaBackend(plan, regions))
 
 
 @gpu
@@ -53,4 +38,4 @@ def test_the_stream_kernels_equal_the_seed_on_the_cpu(monkeypatch: pytest.Monkey
     monkeypatch.setattr(program, "WIDE_VOCAB", 1024)  # rows past 1024 stream
     config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
     assert config.fused_region in (sig.FUSED_STREAM_HARD, sig.FUSED_STREAM_CORPUS)
-    train_both(compiled_with(macros), config, steps)
+    train_both(variant_choice(macros), config, steps)

@@ -22,7 +22,7 @@ import pytest
 
 import bob.kernels.signatures as sig
 import bob.program.bob as program
-from bob.backends import BackendChoice
+from bob.bench.variants import variant_choice
 from bob.errors import BadInput
 from bob.kernels.cuda.cubin import CubinError
 from bob.program.bob import BobConfig, build_plan
@@ -245,16 +245,6 @@ def test_a_differing_digest_is_named() -> None:
 
 
 # -- on the GPU: each variant's bytes are the CPU's --------------------------------------
-
-
-def variant_choice(macros: str) -> BackendChoice:
-    from bob.backends.cuda import CudaBackend, device_arch
-    from bob.plan.placement import TARGETS
-
-    arch = device_arch()
-    regions, _ = compiled(macros, arch)
-    return BackendChoice("cuda", TARGETS[arch], regions,
-                         lambda plan: CudaBackend(plan, regions))
 
 
 @pytest.mark.gpu

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import struct
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -50,14 +50,21 @@ class ArenaRangeError(RunFailure):
 class ReadHandle:
     """Tensors being read back: `wait()` gives name -> a flat uint8 array the caller owns.
 
-    This one is already complete (the synchronous default); a backend that copies
-    in the background returns its own kind, whose `wait` blocks until the copy is done.
+    Without `settle` it is already complete (the synchronous default). A backend whose
+    copy into these arrays is still running passes `settle`, which `wait` calls once
+    (it blocks until the copy is done); one that makes the arrays only at the end
+    returns its own kind.
     """
 
-    def __init__(self, tables: dict[str, np.ndarray]):
+    def __init__(self, tables: dict[str, np.ndarray],
+                 settle: Callable[[], None] | None = None):
         self._tables = tables
+        self._settle = settle
 
     def wait(self) -> dict[str, np.ndarray]:
+        if self._settle is not None:
+            self._settle()
+            self._settle = None
         return self._tables
 
 

@@ -8,6 +8,7 @@ A variant changes speed, never bits: equal digests, equal bytes.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -33,6 +34,18 @@ def variant_choice(macros: str) -> BackendChoice:
     regions = compiled_regions(arch, source)
     return BackendChoice("cuda", TARGETS[arch], regions,
                          lambda plan: CudaBackend(plan, regions))
+
+
+def compiled_variants(variants: Mapping[str, str]) -> dict[str, BackendChoice]:
+    """name -> the cuda backend on that variant's #defines; a variant the compiler or the
+    regions refuse (a spill) is named on stdout and left out: it ends no bench."""
+    choices = {}
+    for name, macros in variants.items():
+        try:
+            choices[name] = variant_choice(macros)
+        except Exception as error:  # noqa: BLE001 - reported, and the others still run
+            print(f"{name}: not compiled: {type(error).__name__}: {error}", flush=True)
+    return choices
 
 
 def input_bytes(config: BobConfig, size: int) -> bytes:

@@ -262,9 +262,9 @@ class NvBackend(Backend):
                   for done in range(0, size, COPY_PIECE_BYTES)]
         target = self._guarded(lambda: self.stream.queue_copies(pieces))
         whole = landing.hand_out(buffer)
-        return _QueuedRead({name: whole[position:position + size]
-                            for name, _, position, size in layout},
-                           lambda: self._settle_read(target))
+        return ReadHandle({name: whole[position:position + size]
+                           for name, _, position, size in layout},
+                          lambda: self._settle_read(target))
 
     def _settle_read(self, target: int) -> None:
         self._require_open()
@@ -504,20 +504,6 @@ class NvBackend(Backend):
         if self.client is not None:
             self.client.close()
             self.client = None
-
-
-class _QueuedRead(ReadHandle):
-    """Tensors whose copy is queued: `wait` waits for that copy, then gives them."""
-
-    def __init__(self, tables: dict, settle):
-        super().__init__(tables)
-        self._settle = settle
-
-    def wait(self) -> dict:
-        if self._settle is not None:
-            self._settle()
-            self._settle = None
-        return self._tables
 
 
 def semaphore_spans(first_slot: int, submissions: range) -> list[tuple[int, int]]:
