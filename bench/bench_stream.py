@@ -1,28 +1,39 @@
 """PYTHONPATH=src python3 bench/bench_stream.py [--variants]   (B=cuda VS=32768,65536 by default)
 
-The fused schedule's streaming path at large V: one invocation of N = 2 updates on zero
-tables (written once; the timings reuse the state), the median of three runs after a
-warm-up, as bandwidth at 24 bytes per parameter beside the device-to-device copy
-(docs/BENCHMARKS.md, issue 14). B picks the backend, VS the sizes (B=cpu VS=300 checks
-the script without a GPU). Each row ends with the digest of the state the runs leave
-(parameters, moments, gradients, losses): equal digests, equal bytes.
+The fused schedule past the tall kernels' rows, where a row no longer fits one SM and
+every update moves it through DRAM: the held kernels (the row's w in shared memory) and
+the stream kernels (w read three times). Per V: invocations of N = 2 and N = 6 updates on
+zero tables (written once; the timings reuse the state), each the median of three runs
+after a warm-up. Two figures per row (docs/BENCHMARKS.md, issue 14):
 
-``--variants`` (cuda): the stream kernels' tuning macros (bob_kernels.cu: STREAM_VECTOR,
-STREAM_FAST_DIVIDE, VECTOR_DEPTH, UPDATE_DEPTH, STREAM_BOUNDS, KEPT_EXPONENTIALS), each
-compiled into this process, timed the same way at V = 32768 (and 65536 with BIG=1), hard
-targets; then the digests alone of V = 4100 (hard and corpus, N = 20: the stream kernels,
-every update in one launch) and V = 8193 (N = 2: the narrow kernels' scalar path, which
-the macros leave alone) for the vector path, its fast-divide variant and its scalar twin
-(STREAM_VECTOR 0).
+- invocation: the N = 6 invocation over its 6 updates. An invocation also runs the initial
+  loss, the finish (gradients and loss of the final table, in the last update's launch)
+  and the health check: at N = 2 these weigh as much as an update.
+- per update: (T(6) - T(2)) / 4, the time one more update's launch adds: the streaming
+  path itself, as bandwidth at 24 bytes per parameter beside the device-to-device copy.
+
+B picks the backend, VS the sizes (B=cpu VS=300 checks the script without a GPU). With
+DIGEST=1 each row ends with the digest of the state the runs leave (at V = 32768 that
+reads 16 GB back).
+
+``--variants`` (cuda): the held and stream kernels' tuning macros (bob_held.cuh:
+HELD_THREADS, HELD_DEPTH, HELD_UPDATE_DEPTH, HELD_KEEP_EXPONENTIALS, HELD_FAST_DIVIDE;
+bob_kernels.cu: STREAM_VECTOR, STREAM_FAST_DIVIDE, VECTOR_DEPTH, UPDATE_DEPTH,
+STREAM_BOUNDS, KEPT_EXPONENTIALS, STREAM_CACHE_HINTS), each compiled into this process
+and timed the same way at V = 32768 (and 65536 with BIG=1), hard targets; then the
+digests alone of V = 4100 (hard and corpus, N = 20: every update in one launch) and 8196
+(N = 2) for the shipped kernels and a few variants.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import statistics
 from dataclasses import dataclass
 
+import bob.program.bob as program
 from bob.backends import BackendChoice, choose_backend
 from bob.bench.measurement import time_runs
 from bob.bench.suite import copy_bandwidth
@@ -33,46 +44,52 @@ from bob.host.session import Session
 from bob.plan.certificate import require_certified
 from bob.program.bob import BobConfig, build_plan
 
+SHORT, LONG = 2, 6  # the two invocations whose difference is LONG - SHORT updates
+
+# name -> (the kernels: "held" or "stream", the macros)
 VARIANTS = {
-    "vector (default)": "",
-    "vector, fast divide, 3 blocks/SM (STREAM_FAST_DIVIDE 1)":
-        "#define STREAM_FAST_DIVIDE 1\n#define STREAM_BOUNDS __launch_bounds__(256, 3)\n",
-    "scalar twin (STREAM_VECTOR 0)": "#define STREAM_VECTOR 0\n",
-    "vector, VECTOR_DEPTH 2": "#define VECTOR_DEPTH 2u\n",
-    "vector, 3 blocks/SM": "#define STREAM_BOUNDS __launch_bounds__(256, 3)\n",
-    "vector, 2 blocks/SM, VECTOR_DEPTH 8, UPDATE_DEPTH 2":
-        "#define STREAM_BOUNDS __launch_bounds__(256, 2)\n#define VECTOR_DEPTH 8u\n"
-        "#define UPDATE_DEPTH 2u\n",
-    "vector, no kept exponentials": "#define KEPT_EXPONENTIALS 0u\n",
+    "held (shipped)": ("held", ""),
+    "held, no kept exponentials": ("held", "#define HELD_KEEP_EXPONENTIALS 0\n"),
+    "held, element by element (HELD_FAST_DIVIDE 0)": ("held", "#define HELD_FAST_DIVIDE 0\n"),
+    "held, HELD_DEPTH 8": ("held", "#define HELD_DEPTH 8u\n"),
+    "held, HELD_UPDATE_DEPTH 1": ("held", "#define HELD_UPDATE_DEPTH 1u\n"),
+    "held, 768 threads": ("held", "#define HELD_THREADS 768u\n#define HELD_UPDATE_DEPTH 1u\n"
+                                  "#define HELD_DEPTH 2u\n"),
+    "stream (vector)": ("stream", ""),
+    "stream, fast divide, 3 blocks/SM": ("stream", "#define STREAM_FAST_DIVIDE 1\n"
+                                         "#define STREAM_BOUNDS __launch_bounds__(256, 3)\n"),
+    "stream, cache hints": ("stream", "#define STREAM_CACHE_HINTS 1\n"),
+    "stream, evict-last w": ("stream", "#define STREAM_CACHE_HINTS 2\n"),
+    "stream, scalar twin (STREAM_VECTOR 0)": ("stream", "#define STREAM_VECTOR 0\n"),
+    "stream, VECTOR_DEPTH 2": ("stream", "#define VECTOR_DEPTH 2u\n"),
 }
-DIGEST_VARIANTS = ("vector (default)", "vector, fast divide, 3 blocks/SM (STREAM_FAST_DIVIDE 1)",
-                   "scalar twin (STREAM_VECTOR 0)")
-DIGEST_CASES = ((4100, "hard", 20), (4100, "corpus", 20), (8193, "hard", 2))
+DIGEST_VARIANTS = ("held (shipped)", "held, 768 threads", "stream (vector)",
+                   "stream, fast divide, 3 blocks/SM")
+DIGEST_CASES = ((4100, "hard", 20), (4100, "corpus", 20), (8196, "hard", 2))
 
 
 @dataclass(frozen=True)
 class StreamRun:
-    config: BobConfig
-    seconds: float  # per update: the median run over config.updates
-    digest: str  # of DIGEST_TENSORS after the warm-up and the timed runs
-    launches: int
+    config: BobConfig  # of the long invocation
+    invocation: float  # seconds per update of the long invocation
+    update: float  # seconds one more update adds: (T(LONG) - T(SHORT)) / (LONG - SHORT)
+    digest: str  # of DIGEST_TENSORS after the long invocation's runs
+    launches: int  # of the long invocation
 
     def line(self, name: str, copy: float | None) -> str:
         vocab = self.config.vocab
-        rate = BYTES_PER_PARAMETER * vocab * vocab / self.seconds
+        rate = BYTES_PER_PARAMETER * vocab * vocab / self.update
         share = f" = {rate / copy:.1%} of the copy" if copy else ""
-        return (f"V={vocab} {self.config.mode} N={self.config.updates} {name}: "
-                f"{self.seconds * 1e3:.3f} ms/update, {rate / 1e9:.0f} GB/s at "
-                f"{BYTES_PER_PARAMETER} B/parameter{share}; {self.launches} launches of "
-                f"{self.config.fused_region}; state {self.digest}")
+        return (f"V={vocab} {self.config.mode} {name}: {self.update * 1e3:.3f} ms per update "
+                f"({rate / 1e9:.0f} GB/s at {BYTES_PER_PARAMETER} B/parameter{share}); "
+                f"invocation of N={self.config.updates} {self.invocation * 1e3:.3f} ms/update, "
+                f"{self.launches} launches of {self.config.fused_region}; state {self.digest}")
 
 
-
-
-
-
-def run_stream(choice: BackendChoice, config: BobConfig) -> StreamRun:
-    """Zero tables, then a warm-up and three timed runs of the invocation, in turn."""
+def time_invocation(choice: BackendChoice, config: BobConfig,
+                    digest: bool) -> tuple[float, str, int]:
+    """Zero tables, then a warm-up and three timed runs of the invocation, in turn: the
+    median's seconds, the state's digest (unless `digest` is false) and the launches."""
     plan = build_plan(config, choice.target, Hyper(), compiled=choice.regions)
     backend = choice.open(require_certified(plan))
     try:
@@ -81,35 +98,66 @@ def run_stream(choice: BackendChoice, config: BobConfig) -> StreamRun:
         backend.write_tensor("input", input_bytes(config, plan.tensor("input").bytes))
         Session(choice).write_update_scalars(config, backend, 1)
         run = functools.partial(backend.run, range(plan.submission_count))
-        samples = time_runs(run, lambda: None, repeats=3)
-        return StreamRun(config, statistics.median(samples) / config.updates,
-                         state_digest(backend), plan.launch_count)
+        seconds = statistics.median(time_runs(run, lambda: None, repeats=3))
+        return seconds, state_digest(backend) if digest else "not digested", plan.launch_count
     finally:
         backend.close()
 
 
-def fused(vocab: int, mode: Mode = "hard", updates: int = 2) -> BobConfig:
+def run_stream(choice: BackendChoice, config: BobConfig, digest: bool = False) -> StreamRun:
+    """The invocations of SHORT and config.updates (LONG) updates, timed apart."""
+    short, _, _ = time_invocation(choice, fused(config.vocab, config.mode, SHORT), False)
+    long, state, launches = time_invocation(choice, config, digest)
+    return StreamRun(config, long / config.updates,
+                     (long - short) / (config.updates - SHORT), state, launches)
+
+
+def digest_only(choice: BackendChoice, config: BobConfig) -> str:
+    _, state, _ = time_invocation(choice, config, True)
+    return state
+
+
+def fused(vocab: int, mode: Mode = "hard", updates: int = LONG) -> BobConfig:
     return BobConfig(vocab=vocab, prompts=0, updates=updates, mode=mode, schedule="fused")
+
+
+@contextlib.contextmanager
+def with_kernels(kernels: str):
+    """The plan picks the held kernels (from V = 4097, any V % 4 == 0) or the stream ones
+    past the tall kernels' rows, inside the block."""
+    held_from, held_to = program.HELD_FROM_VOCAB, program.HELD_TO_VOCAB
+    if kernels == "stream":
+        program.HELD_FROM_VOCAB = program.MAX_VOCAB + 1
+    else:
+        program.HELD_FROM_VOCAB, program.HELD_TO_VOCAB = 4097, program.MAX_VOCAB
+    try:
+        yield
+    finally:
+        program.HELD_FROM_VOCAB, program.HELD_TO_VOCAB = held_from, held_to
 
 
 def bench_variants(copy: float | None) -> None:
     sizes = (32768, 65536) if os.environ.get("BIG") == "1" else (32768,)
-    choices = compiled_variants(VARIANTS)
+    choices = compiled_variants({name: macros for name, (_, macros) in VARIANTS.items()})
     for vocab in sizes:
         for name, choice in choices.items():
-            print(run_stream(choice, fused(vocab)).line(name, copy), flush=True)
+            with with_kernels(VARIANTS[name][0]):
+                print(run_stream(choice, fused(vocab)).line(name, copy), flush=True)
     for vocab, mode, updates in DIGEST_CASES:
         for name in DIGEST_VARIANTS:
             choice = choices.get(name)
             if choice is not None:
-                print(run_stream(choice, fused(vocab, mode, updates)).line(name, copy),
-                      flush=True)
+                with with_kernels(VARIANTS[name][0]):
+                    config = fused(vocab, mode, updates)
+                    print(f"V={vocab} {mode} N={updates} {name} ({config.fused_region}): "
+                          f"state {digest_only(choice, config)}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", action="store_true",
-                        help="the stream kernels' tuning macros, timed and digested (cuda)")
+                        help="the held and stream kernels' tuning macros, timed and digested "
+                             "(cuda)")
     args = parser.parse_args()
     copy = copy_bandwidth()
     print("device-to-device copy: " + (f"{copy / 1e9:.1f} GB/s" if copy else
@@ -118,8 +166,12 @@ def main() -> None:
         bench_variants(copy)
         return
     choice = choose_backend(os.environ.get("B", "cuda"))
+    digest = os.environ.get("DIGEST") == "1"
     for vocab in (int(v) for v in os.environ.get("VS", "32768,65536").split(",")):
-        print(run_stream(choice, fused(vocab)).line("fused streaming", copy), flush=True)
+        for kernels in ("held", "stream"):
+            with with_kernels(kernels):
+                config = fused(vocab)
+                print(run_stream(choice, config, digest).line(kernels, copy), flush=True)
 
 
 if __name__ == "__main__":

@@ -294,15 +294,16 @@ def test_program_component_holds_code_then_parameter_blocks(plan):
 
 
 def test_driver_area_layout():
-    area = encoder.driver_area((256, 1, 1), (64, 2, 1))
+    area = encoder.driver_area((256, 1, 1), (64, 2, 1), 0x1_2000)
     assert len(area) == 0x30 == encoder.DRIVER_AREA_BYTES
     assert struct.unpack_from("<6I", area, 0) == (256, 1, 1, 64, 2, 1)  # blockDim, gridDim
-    assert struct.unpack_from("<3Q", area, 0x18) == (encoder.SHARED_MEMORY_WINDOW,
-                                                     encoder.LOCAL_MEMORY_WINDOW, 0xFFFDC0)
+    assert struct.unpack_from("<2Q2I", area, 0x18) == (
+        encoder.SHARED_MEMORY_WINDOW, encoder.LOCAL_MEMORY_WINDOW, 0xFFFDC0, 0x1_2000)
+    assert encoder.driver_area((256, 1, 1), (64, 2, 1))[0x2C:] == bytes(4)  # none by default
     assert [(name, offset) for name, offset, _ in decoder.DRIVER_AREA_WORDS] == [
         ("blockDim.x", 0x0), ("blockDim.y", 0x4), ("blockDim.z", 0x8), ("gridDim.x", 0xC),
         ("gridDim.y", 0x10), ("gridDim.z", 0x14), ("shared_window", 0x18),
-        ("local_window", 0x20), ("stack_top", 0x28)]
+        ("local_window", 0x20), ("stack_top", 0x28), ("dynamic_shared", 0x2C)]
 
 
 def test_patched_parameter_block_keeps_the_driver_area(plan):

@@ -329,7 +329,7 @@ def arena_for(region: str, vocab: int, count: int, rng: np.random.Generator, fin
 
 FUSED_REGIONS = (sig.FUSED_HARD, sig.FUSED_CORPUS, sig.FUSED_WIDE_HARD, sig.FUSED_WIDE_CORPUS,
                  sig.FUSED_TALL_HARD, sig.FUSED_TALL_CORPUS, sig.FUSED_STREAM_HARD,
-                 sig.FUSED_STREAM_CORPUS)
+                 sig.FUSED_STREAM_CORPUS, sig.FUSED_HELD_HARD, sig.FUSED_HELD_CORPUS)
 FOOTPRINT_CASES = [(region, 1) for region in sig.SIGNATURES] + [
     (region, 0) for region in FUSED_REGIONS]  # finish 0: no gradients, no loss
 
@@ -497,10 +497,11 @@ UNEXACT = re.compile(r"\b(fma|mad|div\.approx|div\.full|sqrt\.approx|rcp\.approx
 SELECT_FROM_NEG_INF = re.compile(r"max\.f32\s+%f\d+, %f\d+, 0fFF800000;")
 # What quotient_fast and root_fast compile to: the fast paths of the correctly rounded
 # division and square root, in the small-row fused kernels (and the wide ones, which
-# contain the small path) only.
+# contain the small path) and the held ones only.
 FAST_DIVIDE = re.compile(r"(fma\.rn|rcp\.approx\.ftz|rsqrt\.approx\.ftz)\.f32[^;]*;")
-SMALL_ROW_ENTRIES = {"bob_fused_train_hard", "bob_fused_train_corpus",
-                     "bob_fused_train_wide_hard", "bob_fused_train_wide_corpus"}
+FAST_DIVIDE_ENTRIES = {"bob_fused_train_hard", "bob_fused_train_corpus",
+                       "bob_fused_train_wide_hard", "bob_fused_train_wide_corpus",
+                       "bob_fused_train_held_hard", "bob_fused_train_held_corpus"}
 
 
 def _unexact_by_entry(text: str) -> dict[str, list[str]]:
@@ -519,9 +520,10 @@ def test_cuda_source_compiles_with_nvrtc(arch):
     for entry in sig.ENTRIES.values():
         assert f".entry {entry}(" in text
     found = _unexact_by_entry(text)
-    assert {entry for entry, hits in found.items() if hits} == SMALL_ROW_ENTRIES
-    for entry in SMALL_ROW_ENTRIES:  # the fast divide's own instructions, nothing else
+    assert {entry for entry, hits in found.items() if hits} == FAST_DIVIDE_ENTRIES
+    for entry in FAST_DIVIDE_ENTRIES:  # the fast divide's own instructions, nothing else
         assert all(FAST_DIVIDE.fullmatch(hit) for hit in found[entry]), entry
     # Without the fast divide not one such instruction is left anywhere.
-    strict = _unexact_by_entry(shipped_ptx(arch, "#define SMALL_FAST_DIVIDE 0\n"))
+    strict = _unexact_by_entry(shipped_ptx(arch, "#define SMALL_FAST_DIVIDE 0\n"
+                                                 "#define HELD_FAST_DIVIDE 0\n"))
     assert {entry: hits for entry, hits in strict.items() if hits} == {}

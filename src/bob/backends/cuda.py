@@ -517,6 +517,8 @@ class CudaBackend(Backend):
         self.image = compiled.image  # referenced while the driver reads it
         self.entries = {placed.name: self.plan.region(placed.name).entry
                         for placed in self.plan.placed_regions}
+        self._dynamic_shared = {placed.name: self.plan.region(placed.name).dynamic_shared_bytes
+                                for placed in self.plan.placed_regions}
         _initialize()
         self._device = _call("cuDeviceGet", device)
         self.capability = _compute_capability(self._device)
@@ -538,6 +540,10 @@ class CudaBackend(Backend):
         self._module = _call("cuModuleLoadData", image.ctypes.data)
         for name, entry in self.entries.items():
             self._functions[name] = _call("cuModuleGetFunction", self._module, entry.encode())
+            dynamic = self._dynamic_shared.get(name, 0)
+            if dynamic:  # past 48 KiB a kernel's dynamic shared memory must be allowed first
+                _call("cuFuncSetAttribute", self._functions[name], driver.CUfunction_attribute
+                      .CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic)
         size = max(1, self.plan.arena_bytes)
         if self.arena_kind == "device":
             self._arena = int(_call("cuMemAlloc", size))
@@ -579,14 +585,14 @@ class CudaBackend(Backend):
         node.gridDimX, node.gridDimY, node.gridDimZ = launch.grid.x, launch.grid.y, launch.grid.z
         node.blockDimX, node.blockDimY, node.blockDimZ = (launch.block.x, launch.block.y,
                                                           launch.block.z)
-        node.sharedMemBytes = 0  # all shared memory is static, declared in the image
+        node.sharedMemBytes = region.dynamic_shared_bytes  # beyond the image's static bytes
         if self.parameter_mode == "extra":
             node.extra = ctypes.addressof(extra)
         else:
             node.kernelParams = ctypes.addressof(pointers)
         native = _NativeKernelNodeParams(
             int(node.func), launch.grid.x, launch.grid.y, launch.grid.z,
-            launch.block.x, launch.block.y, launch.block.z, 0,
+            launch.block.x, launch.block.y, launch.block.z, region.dynamic_shared_bytes,
             ctypes.addressof(pointers) if self.parameter_mode == "pointers" else None,
             ctypes.addressof(extra) if self.parameter_mode == "extra" else None, None, None)
         return _LaunchArguments(buffer, size, extra, pointers, node, native)
@@ -722,8 +728,9 @@ class CudaBackend(Backend):
                 arguments = self._arguments[index]
                 _call("cuEventRecord", events[2 * position], self._stream)
                 status = launch(int(self._functions[spec.region]), spec.grid.x, spec.grid.y,
-                                spec.grid.z, spec.block.x, spec.block.y, spec.block.z, 0,
-                                stream, ctypes.addressof(arguments.pointers), None)
+                                spec.grid.z, spec.block.x, spec.block.y, spec.block.z,
+                                self._dynamic_shared.get(spec.region, 0), stream,
+                                ctypes.addressof(arguments.pointers), None)
                 if status:
                     driver = _driver()
                     raise CudaError(f"cuLaunchKernel(launch {index}, {spec.region})",

@@ -487,6 +487,8 @@ KERNELS: dict[str, ref.Kernel] = {
     sig.FUSED_TALL_CORPUS: fused_train_corpus,
     sig.FUSED_STREAM_HARD: fused_train_hard,
     sig.FUSED_STREAM_CORPUS: fused_train_corpus,
+    sig.FUSED_HELD_HARD: fused_train_hard,
+    sig.FUSED_HELD_CORPUS: fused_train_corpus,
     # NumPy's isfinite runs at memory speed already; a Numba loop measured 2-3x slower
     # (and a parallel one pays its threads' start-up at every size)
     sig.HEALTH: ref.health,

@@ -374,5 +374,7 @@ KERNELS: dict[str, Kernel] = {
     sig.FUSED_TALL_CORPUS: fused_train_corpus,
     sig.FUSED_STREAM_HARD: fused_train_hard,
     sig.FUSED_STREAM_CORPUS: fused_train_corpus,
+    sig.FUSED_HELD_HARD: fused_train_hard,
+    sig.FUSED_HELD_CORPUS: fused_train_corpus,
     sig.HEALTH: health,
 }

@@ -40,16 +40,25 @@ FUSED_TALL_CORPUS = "bob-fused-train-tall-corpus"
 # tables (and corpus weights) must be 16-byte aligned. Same bits.
 FUSED_STREAM_HARD = "bob-fused-train-stream"
 FUSED_STREAM_CORPUS = "bob-fused-train-stream-corpus"
+# And for rows beyond TALL's with V % 4 == 0: a block of 1024 threads holds as much of its row's
+# w in shared memory as the target leaves it (all of it to V = 46 K on sm_90), so each update
+# reads w from memory once. Same bits.
+FUSED_HELD_HARD = "bob-fused-train-held"
+FUSED_HELD_CORPUS = "bob-fused-train-held-corpus"
 HEALTH = "bob-health"
 
 BLOCK = 256  # threads per block; reductions run over 256 lanes whatever the block
 # Regions launched with other blocks (their kernels trap on any other width).
 # bob_kernels.cu: TALL_HARD_THREADS and TALL_CORPUS_THREADS's defaults (tests check they agree)
 TALL_BLOCKS = {FUSED_TALL_HARD: 1024, FUSED_TALL_CORPUS: 512}
-BLOCKS = dict(TALL_BLOCKS)
+BLOCKS = {**TALL_BLOCKS, FUSED_HELD_HARD: 512, FUSED_HELD_CORPUS: 512}
+# Regions that ask, at launch, for all the shared memory their target leaves beyond the
+# image's own (dynamic shared memory): the kernel reads how much it got.
+SHARED_REST = frozenset({FUSED_HELD_HARD, FUSED_HELD_CORPUS})
 # Regions whose compiled image names their block (its launch bounds): a kernel compiled with
 # another TALL_THREADS (bench/bench_tall.py's variants) is planned with its own block.
-BLOCK_FROM_IMAGE = frozenset({FUSED_TALL_HARD, FUSED_TALL_CORPUS})
+BLOCK_FROM_IMAGE = frozenset({FUSED_TALL_HARD, FUSED_TALL_CORPUS, FUSED_HELD_HARD,
+                              FUSED_HELD_CORPUS})
 
 
 def block_of(region: str) -> int:
@@ -181,6 +190,8 @@ def _quad_aligned(params: tuple[Param, ...]) -> tuple[Param, ...]:
 
 SIGNATURES[FUSED_STREAM_HARD] = _quad_aligned(SIGNATURES[FUSED_HARD])
 SIGNATURES[FUSED_STREAM_CORPUS] = _quad_aligned(SIGNATURES[FUSED_CORPUS])
+SIGNATURES[FUSED_HELD_HARD] = SIGNATURES[FUSED_STREAM_HARD]
+SIGNATURES[FUSED_HELD_CORPUS] = SIGNATURES[FUSED_STREAM_CORPUS]
 
 # The CUDA entry point of each region.
 ENTRIES = {
@@ -197,12 +208,15 @@ ENTRIES = {
     FUSED_TALL_CORPUS: "bob_fused_train_tall_corpus",
     FUSED_STREAM_HARD: "bob_fused_train_stream_hard",
     FUSED_STREAM_CORPUS: "bob_fused_train_stream_corpus",
+    FUSED_HELD_HARD: "bob_fused_train_held_hard",
+    FUSED_HELD_CORPUS: "bob_fused_train_held_corpus",
     HEALTH: "bob_health",
 }
 
 
 def declared_region(name: str, code: bytes = b"", registers: int = 32,
-                    shared_bytes: int = 0, block_x: int | None = None) -> Region:
+                    shared_bytes: int = 0, block_x: int | None = None,
+                    dynamic_shared_bytes: int = 0) -> Region:
     """A region as declared; code and resources (and, for BLOCK_FROM_IMAGE, the block) come
     from a compiled image when there is one."""
     return Region(
@@ -213,7 +227,14 @@ def declared_region(name: str, code: bytes = b"", registers: int = 32,
         shared_bytes=shared_bytes,
         params=SIGNATURES[name],
         entry=ENTRIES[name],
+        dynamic_shared_bytes=dynamic_shared_bytes,
     )
+
+
+def shared_rest(target: Target, static_bytes: int) -> int:
+    """The dynamic shared memory a SHARED_REST region asks for: what the target allows a
+    block beyond the image's static bytes, in whole KiB."""
+    return max(0, (target.max_shared_bytes_per_block - static_bytes) // 1024 * 1024)
 
 
 def catalogue() -> RegionCatalogue:

@@ -444,10 +444,10 @@ def _check_hardware_limits(plan: Plan) -> list[Hazard]:
 
 def _region_limits(plan: Plan, region: Region) -> list[Hazard]:
     target, hazards = plan.target, []
-    if region.shared_bytes > target.max_shared_bytes_per_block:
+    if region.shared_window_bytes > target.max_shared_bytes_per_block:
         hazards.append(Hazard(
             "hardware-limit",
-            f"region {region.name!r} uses {region.shared_bytes} bytes of shared memory, "
+            f"region {region.name!r} uses {region.shared_window_bytes} bytes of shared memory, "
             f"{target.name} allows {target.max_shared_bytes_per_block} per block",
         ))
     if region.registers > target.max_registers_per_thread:

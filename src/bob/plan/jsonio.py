@@ -91,7 +91,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "regions": [
             {
                 "name": r.name, "entry": r.entry, "registers": r.registers, "block_x": r.block_x,
-                "shared_bytes": r.shared_bytes, "params": [_param_json(p) for p in r.params],
+                "shared_bytes": r.shared_bytes, "dynamic_shared_bytes": r.dynamic_shared_bytes,
+                "params": [_param_json(p) for p in r.params],
                 "code": r.code.hex(),
             }
             for r in plan.regions
@@ -476,7 +477,7 @@ def _regions(r: _Reader, value: Any, target: Target) -> tuple[Region, ...]:
     regions: list[Region] = []
     for i, item in enumerate(r.array(value, "regions")):
         path = f"regions[{i}]"
-        fields = r.fields(item, path, _REGION_KEYS)
+        fields = r.fields(item, path, _REGION_KEYS, ("dynamic_shared_bytes",))
         name = r.name(fields["name"], f"{path}.name")
         if any(region.name == name for region in regions):
             raise r.fail(f"{path}.name", f"region {_show(name)} is declared twice")
@@ -530,6 +531,10 @@ def _stated_region(r: _Reader, fields: dict[str, Any], path: str,
         "shared_bytes": r.integer(fields["shared_bytes"], f"{path}.shared_bytes",
                                   high=target.max_shared_bytes_per_block,
                                   limit=f"{target.name}'s {target.max_shared_bytes_per_block}"),
+        "dynamic_shared_bytes": r.integer(
+            fields.get("dynamic_shared_bytes", 0), f"{path}.dynamic_shared_bytes",
+            high=target.max_shared_bytes_per_block,
+            limit=f"{target.name}'s {target.max_shared_bytes_per_block}"),
     }
 
 
@@ -539,7 +544,7 @@ def _region_difference(stated: dict[str, Any], code: bytes, trusted: Region,
     difference = _params_difference(stated["params"], trusted.params, origin)
     if difference is not None:
         return difference
-    for key in ("entry", "registers", "block_x", "shared_bytes"):
+    for key in ("entry", "registers", "block_x", "shared_bytes", "dynamic_shared_bytes"):
         if stated[key] != getattr(trusted, key):
             return (f"{key} is {stated[key]!r} in the plan, {getattr(trusted, key)!r} "
                     f"in {origin}")

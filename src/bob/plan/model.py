@@ -75,9 +75,15 @@ class Region:
     code: bytes = b""
     registers: int = 32
     block_x: int = 256
-    shared_bytes: int = 0
+    shared_bytes: int = 0  # static: what the image declares
     params: tuple[Param, ...] = ()
     entry: str = ""  # the symbol in the compiled image, where there is one
+    dynamic_shared_bytes: int = 0  # asked for at launch, beyond the image's
+
+    @property
+    def shared_window_bytes(self) -> int:
+        """The block's whole shared memory: the image's and the launch's."""
+        return self.shared_bytes + self.dynamic_shared_bytes
 
 
 @dataclass(frozen=True)

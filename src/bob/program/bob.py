@@ -128,6 +128,15 @@ TALL_VOCAB = 8192  # bob_kernels.cu: TALL_VOCAB (TALL_THREADS x TALL_SLOTS)
 # tall against narrow): hard 108 vs 105 at V = 4097, 122 vs 128 at 4608; corpus 139 vs
 # 130 at 4608, 159 vs 158 at 5120, 211 vs 321 at 6000 (docs/BENCHMARKS.md).
 TALL_FROM_VOCAB = {"hard": 4608, "corpus": 5121}
+# Past the tall kernels' rows the held ones (w in shared memory, read from DRAM once a launch)
+# take V % 4 == 0 while an H200 holds the whole row (52224 floats: 227 KiB less the kernel's
+# own). Measured (H200, one launch per update, bench/bench_stream.py): V = 32768 8.13
+# ms/update held, 8.80 streamed; V = 65536, 52224 of a row held, 36.8 held, 35.3 streamed.
+HELD_FROM_VOCAB = TALL_VOCAB + 1
+HELD_TO_VOCAB = 52224
+# Their grid: one block per SM of an H200 (132), each taking rows blockIdx.x, + 132, ... and
+# copying its next row's w in while it updates the last. Any grid gives the same bits.
+HELD_GRID = 132
 # The stream kernels move rows as float4 quads, so a row must start 16 bytes aligned:
 # V % 4 == 0 (bob_kernels.cu traps otherwise).
 STREAM_QUAD = 4
@@ -170,9 +179,12 @@ class BobConfig:
     def fused_region(self) -> str:
         """The narrow kernels (rows to 1024 in registers, longer rows streamed), the wide
         ones whose rows up to WIDE_VOCAB stay on chip, the tall ones (a block of 1024
-        threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB, or, for the other
+        threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB, past it with V % 4 == 0
+        the held ones (the row's w in shared memory, the rest streamed), or, for the other
         streamed rows with V % 4 == 0, the stream ones (float4 loads and stores)."""
         hard = self.mode == "hard"
+        if HELD_FROM_VOCAB <= self.vocab <= HELD_TO_VOCAB and self.vocab % STREAM_QUAD == 0:
+            return sig.FUSED_HELD_HARD if hard else sig.FUSED_HELD_CORPUS
         if RESIDENT_VOCAB < self.vocab <= WIDE_VOCAB:
             return sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS
         if TALL_FROM_VOCAB[self.mode] <= self.vocab <= TALL_VOCAB:
@@ -395,7 +407,8 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
         scalars_row = TensorRef(ADAM_SCALARS_TENSOR, 4 * ADAM_SCALAR_STRIDE * first)
         label = f"fused[{first}]" if updates == 1 else f"fused[{first}:{first + updates}]"
         region = config.fused_region
-        return LaunchSpec(region, Dim3(v), Dim3(region_blocks[region]), (
+        rows = min(v, HELD_GRID) if region in sig.SHARED_REST else v
+        return LaunchSpec(region, Dim3(rows), Dim3(region_blocks[region]), (
             TensorRef("parameters"), TensorRef("first_moment"), TensorRef("second_moment"),
             TensorRef("gradients"), TensorRef("input"), TensorRef("training_loss"),
             scalars_row, *data, vocab, Scalar.u32(updates), finish,

@@ -750,7 +750,8 @@ def _check_latch(before: Dispatch, after: Dispatch, launch: int) -> None:
 DRIVER_AREA_WORDS = (
     ("blockDim.x", 0x00, 4), ("blockDim.y", 0x04, 4), ("blockDim.z", 0x08, 4),
     ("gridDim.x", 0x0C, 4), ("gridDim.y", 0x10, 4), ("gridDim.z", 0x14, 4),
-    ("shared_window", 0x18, 8), ("local_window", 0x20, 8), ("stack_top", 0x28, 8),
+    ("shared_window", 0x18, 8), ("local_window", 0x20, 8), ("stack_top", 0x28, 4),
+    ("dynamic_shared", 0x2C, 4),
 )
 _SIZE_FORMATS = {4: "<I", 8: "<Q"}
 
@@ -762,6 +763,7 @@ class DriverArea:
     shared_window: int
     local_window: int
     stack_top: int
+    dynamic_shared: int  # bytes of dynamic shared memory (%dynamic_smem_size)
 
 
 def _driver_words(block: bytes) -> dict[str, int]:
@@ -782,6 +784,7 @@ def decode_driver_area(block: bytes) -> DriverArea:
         shared_window=words["shared_window"],
         local_window=words["local_window"],
         stack_top=words["stack_top"],
+        dynamic_shared=words["dynamic_shared"],
     )
 
 

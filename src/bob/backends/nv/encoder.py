@@ -111,8 +111,10 @@ WINDOW_BYTES = 4 << 30
 # The driver area at the start of constant bank 0, as the CUDA driver fills it and
 # compiled code reads it (seen on the H200: without blockDim and gridDim there,
 # every CTA computed blockIdx.x * 0 + threadIdx.x). The initial stack pointer is
-# tinygrad's value; Bob's regions use no stack.
-DRIVER_AREA = struct.Struct("<3I3IQQQ")  # blockDim, gridDim, shared, local window, stack top
+# tinygrad's value; Bob's regions use no stack. The last word is the launch's dynamic
+# shared memory in bytes: PTX's %dynamic_smem_size compiles to a load of c[0x0][0x2c].
+DRIVER_AREA = struct.Struct("<3I3IQQII")  # blockDim, gridDim, shared window, local window,
+# stack top, dynamic shared bytes
 DRIVER_AREA_BYTES = DRIVER_AREA.size  # 0x30
 STACK_TOP = 0xFFFDC0
 SEMAPHORE_SLOT_BYTES = SEMAPHORE_STRIDE  # the plan reserves one slot per submission
@@ -247,9 +249,11 @@ def qmd_stride(plan: Plan) -> int:
 # -- constant bank 0 ----------------------------------------------------------------
 
 
-def driver_area(block: tuple[int, int, int], grid: tuple[int, int, int]) -> bytes:
+def driver_area(block: tuple[int, int, int], grid: tuple[int, int, int],
+                dynamic_shared_bytes: int = 0) -> bytes:
     """The first 0x30 bytes of constant bank 0, as the CUDA driver fills them."""
-    return DRIVER_AREA.pack(*block, *grid, SHARED_MEMORY_WINDOW, LOCAL_MEMORY_WINDOW, STACK_TOP)
+    return DRIVER_AREA.pack(*block, *grid, SHARED_MEMORY_WINDOW, LOCAL_MEMORY_WINDOW, STACK_TOP,
+                            dynamic_shared_bytes)
 
 
 def _dims(dim) -> tuple[int, int, int]:
@@ -279,7 +283,8 @@ def parameter_block(plan: Plan, index: int, launch: Launch | None = None) -> byt
     if any(block[:DRIVER_AREA_BYTES]):
         raise EncodeError(f"launch {index}: the plan's parameter block is not zero where the "
                           "driver area goes")
-    block[:DRIVER_AREA_BYTES] = driver_area(_dims(launch.block), _dims(launch.grid))
+    block[:DRIVER_AREA_BYTES] = driver_area(_dims(launch.block), _dims(launch.grid),
+                                            region.dynamic_shared_bytes)
     return bytes(block)
 
 
@@ -342,7 +347,7 @@ class Dispatch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     registers: int
-    shared_bytes: int  # the kernel's own static shared memory (the region's)
+    shared_bytes: int  # the block's shared memory: the image's static and the dynamic bytes
     constant_buffer: tuple[int, int]  # bank 0: (address, bytes)
     release: tuple[int, int] | None  # a one-word release on completion: (address, payload)
     dependent: int | None = None  # the QMD this one schedules when it completes (chained)
@@ -418,7 +423,7 @@ def encode_qmd(plan: Plan, index: int, links: dict[int, int] | None = None) -> Q
         grid=_dims(launch.grid),
         block=_dims(launch.block),
         registers=region.registers,
-        shared_bytes=region.shared_bytes,
+        shared_bytes=region.shared_window_bytes,
         constant_buffer=(plan.parameter_block_address(index), plan.target.parameter_block_bytes),
         release=(plan.address_map.semaphores.base + LAUNCH_PROGRESS_OFFSET, index + 1),
         dependent=(plan.address_map.qmd_table.base + links[index] * qmd_stride(plan)

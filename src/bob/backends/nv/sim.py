@@ -303,7 +303,10 @@ class NvSimBackend(Backend):
             raise NvSimError(f"QMD at {qmd_address:#x}: constant buffer 0 is {size} bytes; "
                              f"{region_name} reads {needed}")
         block = self._read(address, size)
-        self._check_driver_area(qmd_address, block, dispatch.grid, dispatch.block)
+        self._check_driver_area(qmd_address, block, dispatch.grid, dispatch.block,
+                                region.dynamic_shared_bytes)
+        self._check_shared_memory(qmd_address, region_name, dispatch.shared_memory,
+                                  region.shared_window_bytes)
         arguments = kernel_arguments(decode_parameter_block(self.plan.target, region, block))
         if region_name not in self.kernels:
             raise NvSimError(f"no kernel for region {region_name!r}")
@@ -317,17 +320,28 @@ class NvSimBackend(Backend):
             self._write(release.address, struct.pack("<I", release.payload))
             self.releases.append(Release("qmd", release.address, release.payload))
 
+    @staticmethod
+    def _check_shared_memory(qmd_address: int, region_name: str, granted: int,
+                             needed: int) -> None:
+        """A block must be given the shared memory its region uses, dynamic bytes too."""
+        if granted < needed:
+            raise NvSimError(f"QMD at {qmd_address:#x}: {granted} bytes of shared memory for "
+                             f"{region_name}, which uses {needed}")
+
     def _window(self, name: str) -> int:
         """A window base the set-up set: A holds bits 63:32, B bits 31:0."""
         return self._compute[f"{name}_A"] << WORD_BITS | self._compute[f"{name}_B"]
 
     def _check_driver_area(self, qmd_address: int, block: bytes,
-                           grid: tuple[int, int, int], dims: tuple[int, int, int]) -> None:
-        """Compiled code reads blockDim, gridDim and the windows from constant bank 0."""
+                           grid: tuple[int, int, int], dims: tuple[int, int, int],
+                           dynamic_shared: int) -> None:
+        """Compiled code reads blockDim, gridDim, the windows and its dynamic shared memory
+        from constant bank 0."""
         area = decode_driver_area(block)
         expected = {
             "blockDim": (area.block, dims),
             "gridDim": (area.grid, grid),
+            "dynamic shared bytes": (area.dynamic_shared, dynamic_shared),
             "shared window": (area.shared_window, self._window("SET_SHADER_SHARED_MEMORY_WINDOW")),
             "local window": (area.local_window, self._window("SET_SHADER_LOCAL_MEMORY_WINDOW")),
         }

@@ -1228,6 +1228,68 @@ static __device__ __forceinline__ float exponential_again(const FusedArgs& a, co
 #define ROUND (4u * LANES)  // elements per round: one quad per thread
 #define QUADS_PER_WARP WARP  // a warp's staged values of one round: 32 quads
 
+// -- quads: the stream and held kernels' float4 loads and stores --------------------------
+
+// Component c of a quad (c a constant once unrolled: no local memory).
+static __device__ __forceinline__ float& part(float4& q, u32 c) {
+    return c == 0u ? q.x : c == 1u ? q.y : c == 2u ? q.z : q.w;
+}
+static __device__ __forceinline__ float part(const float4& q, u32 c) {
+    return c == 0u ? q.x : c == 1u ? q.y : c == 2u ? q.z : q.w;
+}
+
+static __device__ __forceinline__ float4 load_quad(const float* p) { return *(const float4*)p; }
+
+#ifndef STREAM_CACHE_HINTS
+// The update and finish passes' loads (a quad's last read in its launch) and every store
+// marked evict-first (1), so that L2 keeps the rows' w between the passes that read it
+// again; or no hints (0).
+#define STREAM_CACHE_HINTS 0
+#endif
+
+// A quad the launch reads again (the max and sum passes' w): with STREAM_CACHE_HINTS 2
+// marked evict-last in L2.
+static __device__ __forceinline__ float4 load_quad_again(const float* p) {
+#if STREAM_CACHE_HINTS >= 2
+    float4 q;
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("ld.global.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=f"(q.x), "=f"(q.y), "=f"(q.z), "=f"(q.w)
+                 : "l"(p), "l"(policy)
+                 : "memory");
+    return q;
+#else
+    return load_quad(p);
+#endif
+}
+
+// A quad read for the last time in this launch.
+static __device__ __forceinline__ float4 load_quad_last(const float* p) {
+#if STREAM_CACHE_HINTS
+    return __ldcs((const float4*)p);
+#else
+    return load_quad(p);
+#endif
+}
+
+static __device__ __forceinline__ void store_quad(float* p, float4 q) {
+#if STREAM_CACHE_HINTS
+    __stcs((float4*)p, q);
+#else
+    *(float4*)p = q;
+#endif
+}
+
+static __device__ __forceinline__ float4 exponentials_of(float4 x, float m, float log2e) {
+    return float4{bob_exp2(exponent(x.x, m, log2e)), bob_exp2(exponent(x.y, m, log2e)),
+                  bob_exp2(exponent(x.z, m, log2e)), bob_exp2(exponent(x.w, m, log2e))};
+}
+
+static __device__ __forceinline__ float4 canonical_quad(float4 q) {
+    return float4{canonical(q.x), canonical(q.y), canonical(q.z), canonical(q.w)};
+}
+
 #if STREAM_VECTOR
 // A round lies wholly inside kept or wholly past it, so a quad is all kept or none.
 static_assert(KEPT_EXPONENTIALS % ROUND == 0, "KEPT_EXPONENTIALS must be a multiple of 1024");
@@ -1242,21 +1304,6 @@ static __device__ __forceinline__ u32 round_count(u32 vocab) {
     return (vocab + ROUND - 1u) / ROUND;
 }
 
-// Component c of a quad (c a constant once unrolled: no local memory).
-static __device__ __forceinline__ float& part(float4& q, u32 c) {
-    return c == 0u ? q.x : c == 1u ? q.y : c == 2u ? q.z : q.w;
-}
-
-static __device__ __forceinline__ float4 load_quad(const float* p) { return *(const float4*)p; }
-
-static __device__ __forceinline__ float4 exponentials_of(float4 x, float m, float log2e) {
-    return float4{bob_exp2(exponent(x.x, m, log2e)), bob_exp2(exponent(x.y, m, log2e)),
-                  bob_exp2(exponent(x.z, m, log2e)), bob_exp2(exponent(x.w, m, log2e))};
-}
-
-static __device__ __forceinline__ float4 canonical_quad(float4 q) {
-    return float4{canonical(q.x), canonical(q.y), canonical(q.z), canonical(q.w)};
-}
 
 // Row max of w: each thread's select_max over its quads (any order gives the value), the
 // block's integer max of order keys, and the literal tree when that max is a zero.
@@ -1268,7 +1315,7 @@ static __device__ float vector_max(const FusedArgs& a, const float* w, Lanes& la
 #pragma unroll
         for (u32 d = 0; d < VECTOR_DEPTH; ++d) {
             const u32 j = ROUND * (first + d) + offset;
-            if (j < a.vocab) x[d] = load_quad(w + j);
+            if (j < a.vocab) x[d] = load_quad_again(w + j);
         }
 #pragma unroll
         for (u32 d = 0; d < VECTOR_DEPTH; ++d) {
@@ -1315,7 +1362,7 @@ static __device__ float lane_partial(const FusedArgs& a, const RowSource& source
 #pragma unroll
         for (u32 d = 0; d < VECTOR_DEPTH; ++d) {
             const u32 j = ROUND * (first + d) + offset;
-            if (j < a.vocab) x[d] = load_quad(source.w + j);
+            if (j < a.vocab) x[d] = load_quad_again(source.w + j);
         }
 #pragma unroll
         for (u32 d = 0; d < VECTOR_DEPTH; ++d) {
@@ -1389,10 +1436,10 @@ static __device__ void vector_update(const FusedArgs& a, u64 base, const float* 
         for (u32 d = 0; d < UPDATE_DEPTH; ++d) {
             const u32 j = ROUND * (first + d) + offset;
             if (j < a.vocab) {
-                wq[d] = load_quad(w + j);
-                mq[d] = load_quad(m + j);
-                vq[d] = load_quad(v + j);
-                tq[d] = CORPUS ? load_quad(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                wq[d] = load_quad_last(w + j);
+                mq[d] = load_quad_last(m + j);
+                vq[d] = load_quad_last(v + j);
+                tq[d] = CORPUS ? load_quad_last(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
 #pragma unroll
@@ -1412,9 +1459,9 @@ static __device__ void vector_update(const FusedArgs& a, u64 base, const float* 
                     adamw_element(step, g, part(wq[d], c), part(mq[d], c), part(vq[d], c));
                 }
 #endif
-                *(float4*)(w + j) = canonical_quad(wq[d]);
-                *(float4*)(m + j) = canonical_quad(mq[d]);
-                *(float4*)(v + j) = canonical_quad(vq[d]);
+                store_quad(w + j, canonical_quad(wq[d]));
+                store_quad(m + j, canonical_quad(mq[d]));
+                store_quad(v + j, canonical_quad(vq[d]));
             }
         }
     }
@@ -1447,8 +1494,8 @@ static __device__ void vector_finish(const FusedArgs& a, Lanes& lanes, const flo
         for (u32 d = 0; d < depth; ++d) {
             const u32 j = ROUND * (first + d) + offset;
             if (j < a.vocab) {
-                wq[d] = load_quad(w + j);
-                tq[d] = CORPUS ? load_quad(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                wq[d] = load_quad_last(w + j);
+                tq[d] = CORPUS ? load_quad_last(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
 #pragma unroll
@@ -1471,7 +1518,7 @@ static __device__ void vector_finish(const FusedArgs& a, Lanes& lanes, const flo
                         a.loss[blockIdx.x] = canonical(mul(a.ln2, sub(big_l, z)));
                     }
                 }
-                *(float4*)(g + j) = gq;
+                store_quad(g + j, gq);
                 if (CORPUS) mine[i] = terms;
             }
             if (CORPUS) {
@@ -1766,3 +1813,6 @@ namespace tall_corpus {
 #undef TALL_THREADS
 #undef TALL_UNGUARDED
 }  // namespace tall_corpus
+
+// -- held: a block per row past TALL_VOCAB, the row's w in shared memory: bob_held.cuh -----
+#include "bob_held.cuh"

@@ -133,6 +133,8 @@ def region_from_kernel(kernel: Kernel, declared: Region, target: Target) -> Regi
         shared_bytes=kernel.shared_bytes,
         params=declared.params,
         entry=kernel.entry,
+        dynamic_shared_bytes=(sig.shared_rest(target, kernel.shared_bytes)
+                              if declared.name in sig.SHARED_REST else 0),
     )
 
 
@@ -169,7 +171,8 @@ def export_regions(path: str | Path, arch: str = "sm_90") -> CompiledRegions:
     document = {
         "format": REGIONS_FORMAT, "version": REGIONS_VERSION, "arch": normalize_arch(arch),
         "regions": {name: {"code": region.code.hex(), "registers": region.registers,
-                           "shared_bytes": region.shared_bytes, "block_x": region.block_x}
+                           "shared_bytes": region.shared_bytes, "block_x": region.block_x,
+                           "dynamic_shared_bytes": region.dynamic_shared_bytes}
                     for name, region in regions.items()},
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +194,8 @@ def load_regions(path: str | Path | None = None, arch: str = "sm_90") -> Mapping
     if document.get("arch") != arch:
         raise BadInput(f"{path}: regions for {document.get('arch')}, not {arch}")
     return {name: sig.declared_region(name, bytes.fromhex(entry["code"]), entry["registers"],
-                                      entry["shared_bytes"], file_block(path, name, entry))
+                                      entry["shared_bytes"], file_block(path, name, entry),
+                                      entry.get("dynamic_shared_bytes", 0))
             for name, entry in document["regions"].items()}
 
 

@@ -1,0 +1,209 @@
+"""The held kernels' plumbing, checked without a GPU: which rows the plan gives them and
+with what grid, the dynamic shared memory a region asks for at launch (compiled image,
+plan file, certificate), and how Bob's own stream passes it (the QMD's shared memory, the
+driver area word %dynamic_smem_size reads, the simulator's checks). The kernels' bytes
+against the CPU: tests/test_held_gpu.py.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import replace
+
+import pytest
+
+import bob.kernels.signatures as sig
+from bob.backends.nv import decoder, encoder
+from bob.backends.nv.sim import NvSimBackend, NvSimError
+from bob.cli.main import main
+from bob.errors import BadInput
+from bob.plan.certificate import certify
+from bob.plan.jsonio import dumps, loads
+from bob.plan.placement import SM86, SM90
+from bob.program.bob import HELD_GRID, HELD_TO_VOCAB, BobConfig, build_plan
+from conftest import stand_in_regions
+
+
+def compiled(arch: str):
+    pytest.importorskip("cuda.bindings.nvrtc", reason="the kernels compile with NVRTC")
+    from bob.kernels.cuda.regions import compiled_regions
+
+    return compiled_regions(arch)
+
+
+# -- which rows, which grid -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vocab, mode, region", [
+    (8192, "hard", sig.FUSED_TALL_HARD),  # the tall kernels' last row length
+    (8196, "hard", sig.FUSED_HELD_HARD),
+    (8196, "corpus", sig.FUSED_HELD_CORPUS),
+    (32768, "hard", sig.FUSED_HELD_HARD),
+    (HELD_TO_VOCAB, "corpus", sig.FUSED_HELD_CORPUS),  # the longest row an H200 holds whole
+    (HELD_TO_VOCAB + 4, "hard", sig.FUSED_STREAM_HARD),  # past it, streamed
+    (65536, "corpus", sig.FUSED_STREAM_CORPUS),
+    (8194, "hard", sig.FUSED_HARD),  # V % 4 != 0: the narrow kernels' scalar path
+])
+def test_the_plan_gives_rows_past_8192_to_the_held_kernels_while_they_fit(vocab, mode, region):
+    assert BobConfig(vocab=vocab, mode=mode, schedule="fused").fused_region == region
+
+
+@pytest.mark.parametrize("vocab, grid", [(9216, HELD_GRID), (32768, HELD_GRID)])
+def test_held_launches_take_one_block_per_sm_and_loop_over_rows(vocab, grid):
+    config = BobConfig(vocab=vocab, prompts=0, updates=2, schedule="fused")
+    plan = build_plan(config, SM90, compiled=stand_in_regions(config))
+    held = [launch for launch in plan.launches if launch.region == sig.FUSED_HELD_HARD]
+    assert len(held) == 2  # one launch per update past 8192
+    assert {(launch.grid.x, launch.block.x) for launch in held} == {(grid, 512)}
+    assert certify(plan).holds
+
+
+# -- the region: its dynamic shared memory -------------------------------------------------
+
+
+@pytest.mark.parametrize("arch, target", [("sm_90", SM90), ("sm_86", SM86)])
+def test_a_held_region_asks_for_the_shared_memory_its_target_leaves(arch, target):
+    regions = compiled(arch)
+    for name in sig.SHARED_REST:
+        region = regions[name]
+        assert region.block_x == 512  # the image's launch bounds
+        assert region.dynamic_shared_bytes == sig.shared_rest(target, region.shared_bytes)
+        assert region.dynamic_shared_bytes % 1024 == 0
+        assert target.max_shared_bytes_per_block - 1024 < region.shared_window_bytes \
+            <= target.max_shared_bytes_per_block
+        if arch == "sm_90":  # a row of 32768 floats held whole, 52224 at most
+            assert region.dynamic_shared_bytes // 4 >= HELD_TO_VOCAB
+    assert all(regions[name].dynamic_shared_bytes == 0
+               for name in regions if name not in sig.SHARED_REST)
+
+
+def test_shared_rest_is_what_the_target_leaves_in_whole_kib():
+    assert sig.shared_rest(SM90, 22608) == (232448 - 22608) // 1024 * 1024 == 208896
+    assert sig.shared_rest(SM86, 200_000) == 0
+
+
+def test_the_certificate_counts_dynamic_shared_memory():
+    config = BobConfig(vocab=9216, prompts=0, updates=1, schedule="fused")
+    regions = stand_in_regions(config, shared_bytes=20_000)
+    held = regions[sig.FUSED_HELD_HARD]
+    fits = SM90.max_shared_bytes_per_block - held.shared_bytes
+    regions[sig.FUSED_HELD_HARD] = replace(held, dynamic_shared_bytes=fits)
+    assert certify(build_plan(config, SM90, compiled=regions)).holds
+    regions[sig.FUSED_HELD_HARD] = replace(held, dynamic_shared_bytes=fits + 4)
+    certificate = certify(build_plan(config, SM90, compiled=regions))
+    assert certificate.kinds() == {"hardware-limit"}
+    assert [str(h) for h in certificate.hazards] == [
+        f"hardware-limit: region 'bob-fused-train-held' uses "
+        f"{SM90.max_shared_bytes_per_block + 4} bytes of shared memory, sm_90 allows "
+        f"{SM90.max_shared_bytes_per_block} per block"]
+
+
+def test_a_plan_file_states_the_dynamic_shared_memory_and_is_checked_against_the_image(
+        tmp_path, capsys):
+    pytest.importorskip("cuda.bindings.nvrtc")
+    assert main(["plan", "--json", "-V", "9216", "-P", "0", "-N", "1", "--schedule", "fused",
+                 "--arch", "sm_90"]) == 0
+    text = capsys.readouterr().out
+    data = json.loads(text)
+    index, held = next((i, r) for i, r in enumerate(data["regions"])
+                       if r["name"] == sig.FUSED_HELD_HARD)
+    asked = held["dynamic_shared_bytes"]
+    assert asked == compiled("sm_90")[sig.FUSED_HELD_HARD].dynamic_shared_bytes > 0
+    path = tmp_path / "plan.json"
+    data["regions"][index]["dynamic_shared_bytes"] = 1024
+    path.write_text(json.dumps(data))
+    assert main(["certify", "--plan", str(path)]) != 0
+    assert capsys.readouterr().err == (
+        f"bob: {path}: regions[{index}]: region 'bob-fused-train-held' differs from Bob's "
+        f"own: dynamic_shared_bytes is 1024 in the plan, {asked} in "
+        "Bob's sm_90 image\n")
+    assert not list(tmp_path.glob("*.npy"))  # nothing but the file we wrote
+
+
+def test_a_plan_file_without_code_is_checked_against_the_signature():
+    """A region without code asks for what its signature says: no dynamic shared memory."""
+    config = BobConfig(vocab=9216, prompts=0, updates=1, schedule="fused")
+    regions = {name: replace(region, code=b"")
+               for name, region in stand_in_regions(config).items()}
+    plan = build_plan(config, SM90, compiled=regions)
+    data = json.loads(dumps(plan))
+    index = next(i for i, r in enumerate(data["regions"]) if r["name"] == sig.FUSED_HELD_HARD)
+    assert data["regions"][index]["dynamic_shared_bytes"] == 0
+    assert loads(json.dumps(data), regions=sig.catalogue()) == plan
+    data["regions"][index]["dynamic_shared_bytes"] = 65536
+    with pytest.raises(BadInput, match=rf"regions\[{index}\]: region 'bob-fused-train-held' "
+                                       "differs from Bob's own: dynamic_shared_bytes is 65536 "
+                                       "in the plan, 0 in Bob's signature"):
+        loads(json.dumps(data), regions=sig.catalogue())
+    for region in data["regions"]:
+        region.pop("dynamic_shared_bytes")  # files from before the field: none asked for
+    assert loads(json.dumps(data), regions=sig.catalogue()) == plan
+
+
+# -- Bob's own stream ---------------------------------------------------------------------
+
+
+def held_plan(dynamic: int = 65536):
+    config = BobConfig(vocab=9216, prompts=0, updates=1, schedule="fused")
+    regions = stand_in_regions(config, shared_bytes=4096)
+    regions[sig.FUSED_HELD_HARD] = replace(regions[sig.FUSED_HELD_HARD],
+                                           dynamic_shared_bytes=dynamic)
+    plan = build_plan(config, SM90, compiled=regions)
+    index = next(i for i, launch in enumerate(plan.launches)
+                 if launch.region == sig.FUSED_HELD_HARD)
+    return plan, index
+
+
+def doing_nothing(plan) -> dict:
+    """A kernel for each region that runs, as far as nv-sim's checks go, and does nothing."""
+    return {launch.region: (lambda memory, args: None) for launch in plan.launches}
+
+
+def test_the_qmd_gives_the_block_its_dynamic_shared_memory_and_the_driver_area_says_how_much():
+    plan, index = held_plan(65536)
+    encoded = encoder.encode(plan)
+    record = encoded.qmd_table.data[index * encoded.qmd_stride:][:plan.target.qmd_record_bytes]
+    dispatch = decoder.decode_qmd(record, encoded.compute_class).dispatch()
+    assert dispatch.shared_memory == 1024 + 4096 + 65536  # system, static, dynamic
+    block = encoder.parameter_block(plan, index)
+    area = decoder.decode_driver_area(block)
+    assert area.dynamic_shared == 65536 == struct.unpack_from("<I", block, 0x2C)[0]
+    assert area.stack_top == encoder.STACK_TOP
+    other = next(i for i, launch in enumerate(plan.launches) if i != index)
+    assert decoder.decode_driver_area(encoder.parameter_block(plan, other)).dynamic_shared == 0
+
+
+def test_the_listing_shows_the_dynamic_shared_word():
+    plan, _ = held_plan(65536)
+    listing = decoder.disassemble(encoder.encode(plan), plan)
+    assert "+0x02c  dynamic_shared   0x00010000  (driver area)" in listing
+
+
+def test_the_simulator_refuses_a_launch_short_of_its_shared_memory():
+    plan, index = held_plan(65536)
+    backend = NvSimBackend(plan, kernels=doing_nothing(plan))
+    backend.run(range(plan.submission_count))  # as encoded: every check holds
+    _, program = backend._components["program"]
+    start = plan.parameter_block_address(index) - plan.address_map.program.base + 0x2C
+    program[start:start + 4] = struct.pack("<I", 1024)
+    with pytest.raises(NvSimError, match="driver area holds dynamic shared bytes 1024, "
+                                         "the launch has 65536"):
+        backend.run(range(plan.submission_count))
+
+
+def test_the_simulator_refuses_a_qmd_short_of_the_regions_shared_memory():
+    plan, index = held_plan(65536)
+    smaller = replace(plan.region(sig.FUSED_HELD_HARD), dynamic_shared_bytes=0)
+    short_plan = replace(plan, regions=tuple(smaller if r.name == smaller.name else r
+                                             for r in plan.regions))
+    encoded = encoder.encode(short_plan)  # a QMD and driver area for no dynamic bytes
+    backend = NvSimBackend(plan, kernels=doing_nothing(plan))
+    _, table = backend._components["qmd-table"]
+    table[:] = encoded.qmd_table.data
+    _, program = backend._components["program"]
+    start = plan.parameter_block_address(index) - plan.address_map.program.base + 0x2C
+    program[start:start + 4] = struct.pack("<I", 65536)  # the driver area as the plan says
+    with pytest.raises(NvSimError, match=f"{1024 + 4096} bytes of shared memory for "
+                                         f"bob-fused-train-held, which uses {4096 + 65536}"):
+        backend.run(range(plan.submission_count))
