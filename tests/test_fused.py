@@ -12,6 +12,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bob.program.bob as program
 from bob.backends import choose_backend
@@ -271,3 +273,87 @@ def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
         tables = {"parameters", "first_moment", "second_moment", "gradients"} | (
             set() if hard else {"weights"})
         assert quads == (tables if region in (stream, held) else set()), (vocab, quads)
+
+
+# -- the table's powers: NumPy's, checked against C's pow where it could matter ----------
+
+TABLE_HYPERS = (
+    Hyper(), Hyper(lr=3e-4, beta1=0.5, beta2=0.95, eps=1e-12, weight_decay=0.3),
+    Hyper(beta1=0.5, beta2=0.99999), Hyper(beta2=0.999999999),  # steps flagged for long
+    Hyper(lr=3e38), Hyper(lr=1e39, eps=1e-45),  # overflow to inf, subnormal eps_hat
+    Hyper(lr=1e-40), Hyper(beta1=0.0, beta2=0.0),
+)
+
+
+@pytest.mark.parametrize("hyper", TABLE_HYPERS, ids=str)
+def test_the_fast_step_columns_are_the_exact_ones_over_many_steps(hyper):
+    """NumPy's powers with C's pow where a row is unsure: the bits of C's pow everywhere,
+    over the first 200,000 steps and a window far out."""
+    from bob.program.bob import _exact_step_columns, _step_columns
+
+    for first, count in ((1, 200_000), (10**9, 5_000)):
+        steps = np.arange(first, first + count, dtype=np.int64)
+        fast, exact = _step_columns(hyper, steps), _exact_step_columns(hyper, steps)
+        for got, want in zip(fast, exact, strict=True):
+            assert (got.view(np.uint32) == want.view(np.uint32)).all(), (hyper, first)
+
+
+@pytest.mark.parametrize("hyper", TABLE_HYPERS[:4], ids=str)
+def test_powers_a_few_ulps_off_still_give_the_exact_columns(monkeypatch, hyper):
+    """Another NumPy (a SIMD route) may give powers off in their last bits: with every
+    power moved by up to 32 ulps at random, the check sends the rows it could change to
+    C's pow, so the table keeps its bits; and it does send some."""
+    import bob.program.bob as program
+
+    rng = np.random.default_rng(5)
+    true_power = np.power
+    sent: list[int] = []
+    exact_columns = program._exact_step_columns
+
+    def shaky_power(base, exponents):
+        exact = true_power(base, exponents)
+        moves = rng.integers(-32, 33, exact.shape)
+        return (exact.view(np.int64) + moves * (exact > 0)).view(np.float64)
+
+    def counted(hyper, steps):
+        sent.append(steps.size)
+        return exact_columns(hyper, steps)
+
+    steps = np.arange(1, 100_001, dtype=np.int64)
+    want = exact_columns(hyper, steps)
+    monkeypatch.setattr(program.np, "power", shaky_power)
+    monkeypatch.setattr(program, "_exact_step_columns", counted)
+    got = program._step_columns(hyper, steps)
+    for column, exact in zip(got, want, strict=True):
+        assert (column.view(np.uint32) == exact.view(np.uint32)).all(), hyper
+    assert sent and 0 < sum(sent) < steps.size  # some rows checked again, most not
+
+
+def test_a_boundary_is_where_the_dropped_bits_are_one_half():
+    from bob.program.bob import _near_a_boundary
+
+    one = np.float64(1.0)
+    midpoint = one + 2.0**-24  # halfway between binary32 1 and its successor
+    values = np.array([midpoint, np.nextafter(midpoint, 2.0), one, 1.0 + 2.0**-23,
+                       0.0, -1.0, np.inf, np.nan, 1e-39, 2.0**128, 3.0e38])
+    bound = np.full(values.shape, 2.0**-50)
+    assert _near_a_boundary(values, bound).tolist() == [
+        True, True,  # on a boundary, one ulp of it away
+        False, False,  # binary32 values themselves: as far from a boundary as can be
+        True, True, True, True, True, True,  # zero, negative, inf, NaN, subnormal, >= 2^128
+        False]  # 3e38: normal, far from its boundaries
+    assert not _near_a_boundary(np.array([np.nextafter(midpoint, 2.0)]),
+                                np.array([2.0**-60])).any()  # 2 ulps > 2^-60 2^53 ulps
+
+
+@settings(max_examples=150, deadline=None)
+@given(lr=st.floats(1e-12, 1e6), beta1=st.floats(0.0, 0.999999),
+       beta2=st.floats(0.0, 0.999999999), eps=st.floats(1e-30, 1.0),
+       first=st.integers(1, 10**12))
+def test_the_scalar_table_is_the_per_step_scalars_for_any_hyperparameters(lr, beta1, beta2, eps,
+                                                                          first):
+    hyper = Hyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps)
+    table = adam_scalar_table(hyper, first, 24).view(np.uint32)
+    for k in range(24):
+        assert [int(b) for b in table[k, :7]] == \
+            [s.bits for s in adam_scalars(hyper, first + k).values()], (hyper, first + k)

@@ -288,21 +288,83 @@ def adam_scalar_table(hyper: Hyper, first_step: int, updates: int) -> np.ndarray
     """
     if updates == 0:
         return np.zeros((0, ADAM_SCALAR_STRIDE), np.float32)
-    table = np.zeros((updates, ADAM_SCALAR_STRIDE), np.float64)
-    # The constant columns once, then the two that depend on the step: the same
-    # float64 expressions as _adam_values, column by column.
-    table[:, :len(ADAM_SCALAR_NAMES)] = tuple(_adam_values(hyper, first_step).values())
-    steps = range(first_step, first_step + updates)
-    # The powers stay Python's float ** int (C's pow, as in _adam_values): NumPy's power
-    # may take a SIMD route whose last bit differs. Subtraction, sqrt, product and
-    # quotient are correctly rounded in both, so the columns below are _adam_values' bits.
-    power1 = np.fromiter((hyper.beta1**step for step in steps), np.float64, updates)
-    power2 = np.fromiter((hyper.beta2**step for step in steps), np.float64, updates)
+    table = np.zeros((updates, ADAM_SCALAR_STRIDE), np.float32)
+    # The constant columns once, then the two that depend on the step.
+    constants = np.array(tuple(_adam_values(hyper, first_step).values()), np.float64)
     with np.errstate(over="ignore"):  # a huge lr rounds to inf, as in adam_scalars
+        table[:, :len(ADAM_SCALAR_NAMES)] = constants.astype(np.float32)
+    steps = np.arange(first_step, first_step + updates, dtype=np.int64)
+    step_size, eps_hat = _step_columns(hyper, steps)
+    table[:, ADAM_SCALAR_NAMES.index("step_size")] = step_size
+    table[:, ADAM_SCALAR_NAMES.index("eps_hat")] = eps_hat
+    return table
+
+
+def _exact_step_columns(hyper: Hyper, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """step_size and eps_hat as binary32 for each step: _adam_values' float64 expressions,
+    the powers Python's float ** int (C's pow), then rounded once."""
+    power1 = np.fromiter(map(hyper.beta1.__pow__, steps.tolist()), np.float64, steps.size)
+    power2 = np.fromiter(map(hyper.beta2.__pow__, steps.tolist()), np.float64, steps.size)
+    with np.errstate(over="ignore"):
         root = np.sqrt(1.0 - power2)
-        table[:, ADAM_SCALAR_NAMES.index("step_size")] = hyper.lr * root / (1.0 - power1)
-        table[:, ADAM_SCALAR_NAMES.index("eps_hat")] = hyper.eps * root
-        return table.astype(np.float32)
+        return ((hyper.lr * root / (1.0 - power1)).astype(np.float32),
+                (hyper.eps * root).astype(np.float32))
+
+
+# The float64 powers NumPy's power gives may differ from C's pow in their last bits (a
+# SIMD route); glibc's pow is within 1 ulp, NumPy's routes within a few. This bound on
+# the powers' error, in ulps, is 16 times that: a generous margin.
+POWER_ERROR_ULPS = 64.0
+
+
+def _step_columns(hyper: Hyper, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """_exact_step_columns' bits, fast: NumPy's powers, and C's pow again for the steps
+    whose float64 value lies too close to a binary32 rounding boundary for the two powers'
+    difference to be ruled out.
+
+    A power p off by at most E ulps (E = POWER_ERROR_ULPS) moves 1 - p by E ulps of p,
+    a relative E 2^-52 p / (1 - p) of it; sqrt halves that, and the product and quotient
+    add their own roundings (a few 2^-53) in either pipeline. Where the float64 result is
+    farther from every rounding boundary of its binary32 than twice that bound, both
+    pipelines round to the same binary32.
+    """
+    exponents = steps.astype(np.float64)
+    power1, power2 = np.power(hyper.beta1, exponents), np.power(hyper.beta2, exponents)
+    # One errstate for all (entering one costs microseconds): a huge lr overflows, and a
+    # beta of 0 divides 0 by 1 - 0 harmlessly.
+    with np.errstate(all="ignore"):
+        root = np.sqrt(1.0 - power2)
+        columns64 = (hyper.lr * root / (1.0 - power1), hyper.eps * root)
+        bound = (2.0 * POWER_ERROR_ULPS * 2.0**-52) * (power1 / (1.0 - power1)
+                                                       + power2 / (1.0 - power2)) + 16 * 2.0**-53
+        unsure = _near_a_boundary(columns64[0], bound) | _near_a_boundary(columns64[1], bound)
+        columns = tuple(column.astype(np.float32) for column in columns64)
+    if unsure.any():
+        exact = _exact_step_columns(hyper, steps[unsure])
+        for column, again in zip(columns, exact, strict=True):
+            column[unsure] = again
+    return columns
+
+
+F64_DROPPED_BITS = 29  # of a float64's 52 fraction bits, rounding to binary32 drops these
+F64_HALF_DROPPED = 1 << (F64_DROPPED_BITS - 1)  # the dropped bits of a rounding boundary
+
+
+def _near_a_boundary(value: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """Where float64 `value` lies within a relative `bound` of a binary32 rounding
+    boundary, or is not a positive number in binary32's normal range.
+
+    Inside that range the boundaries (midpoints between neighbouring binary32 values)
+    are the float64 values whose 29 dropped fraction bits are 1 followed by zeros; a
+    value x in [2^e, 2^(e+1)) is |dropped - 2^28| of its ulps 2^(e-52) from the nearest
+    one, and a relative distance of `bound` is at most bound 2^53 of them.
+    """
+    bits = value.view(np.uint64)
+    dropped = (bits & np.uint64((1 << F64_DROPPED_BITS) - 1)).astype(np.int64)
+    room = np.abs(dropped - F64_HALF_DROPPED)
+    exponent = bits >> np.uint64(52)  # with the sign bit: a negative value is > 2047
+    normal = (exponent >= 1023 - 126) & (exponent <= 1023 + 127)
+    return ~(normal & (room > bound * 2.0**53))  # a NaN bound compares false: unsure
 
 
 @functools.lru_cache(maxsize=64)
