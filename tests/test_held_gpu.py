@@ -32,6 +32,7 @@ SHAPES = {
                    "#define HELD_DEPTH 2u\n",
     "512, one round in flight, no fast divide": "#define HELD_UPDATE_DEPTH 1u\n"
                                                 "#define HELD_FAST_DIVIDE 0\n",
+    "moments copied in": "#define HELD_MOMENT_ROUNDS 4u\n",
 }
 
 

@@ -30,6 +30,11 @@
 // - HELD_UPDATE_DEPTH: rounds of m and v (and corpus weights) loads in flight in the update.
 // - HELD_KEEP_EXPONENTIALS: the shared memory past the held w keeps the first exponentials
 //   of the sum for the update (1), or the update computes them all again (0).
+// - HELD_MOMENT_ROUNDS: the first rounds (at most this many) whose m and v are copied into
+//   the shared memory past the held w (cp.async) while the sum is folded, so memory works
+//   during the sum, and the update finds them there (the exponentials keep what is left);
+//   0: none. Only a launch's first update of a row: m and v of memory the launch has not
+//   written.
 // - HELD_FAST_DIVIDE: a quad's divisions and roots issued together (adamw_together) (1), or
 //   element by element (0).
 #ifndef HELD_THREADS
@@ -46,6 +51,9 @@
 #endif
 #ifndef HELD_KEEP_EXPONENTIALS
 #define HELD_KEEP_EXPONENTIALS 1
+#endif
+#ifndef HELD_MOMENT_ROUNDS
+#define HELD_MOMENT_ROUNDS 0u
 #endif
 #ifndef HELD_FAST_DIVIDE
 #define HELD_FAST_DIVIDE 1
@@ -91,10 +99,24 @@ struct HeldRow {
     u32 held;  // elements held, a multiple of 4
     float4* kept;  // the current exponentials: element j < kept_count at kept[j / 4]
     u32 kept_count;  // a multiple of 4
+    float4* moments;  // round r < moment_rounds: the thread's m quad at moments[moment(r)],
+    u32 moment_rounds;  // its v quad just after
 
     __device__ u32 rounds() const { return (a.vocab + HELD_ROUND - 1u) / HELD_ROUND; }
     __device__ u32 quad(u32 r) const { return HELD_ROUND * r + 4u * threadIdx.x; }
     __device__ bool is_held(u32 j) const { return j < held; }
+    __device__ u32 moment(u32 r) const { return 2u * (HELD_THREADS * r + threadIdx.x); }
+
+    // Copy this thread's m and v quads of the first moment_rounds rounds in (cp.async).
+    __device__ void copy_moments_in(const float* m, const float* v) const {
+        for (u32 r = 0; r < moment_rounds; ++r) {
+            const u32 j = quad(r);
+            if (j < a.vocab) {
+                copy_quad_in(moments + moment(r), m + j);
+                copy_quad_in(moments + moment(r) + 1u, v + j);
+            }
+        }
+    }
     // w's current quad at j: held, or read from memory.
     __device__ float4 w_quad(u32 j) const { return is_held(j) ? row[j / 4u] : load_quad(w + j); }
 
@@ -254,19 +276,23 @@ static __device__ __forceinline__ void held_update_quad(
 template <bool CORPUS>
 static __device__ void held_update(const FusedArgs& a, HeldRow& row, u64 base, float row_max,
                                    float s, const AdamStep& step, u32 target,
-                                   float weight_sum, bool last, const float* next_w) {
+                                   float weight_sum, bool last, const float* next_w,
+                                   bool moments_in) {
     const float* m = a.first_moment + base;
     const float* v = a.second_moment + base;
     const float* t = CORPUS ? a.weights + base : nullptr;
     const u32 rounds = row.rounds();
+    const u32 copied = moments_in ? row.moment_rounds : 0u;
+    if (copied > 0u) copies_done();
     for (u32 r0 = 0; r0 < rounds; r0 += HELD_UPDATE_DEPTH) {
         float4 mq[HELD_UPDATE_DEPTH], vq[HELD_UPDATE_DEPTH], tq[HELD_UPDATE_DEPTH];
 #pragma unroll
         for (u32 d = 0; d < HELD_UPDATE_DEPTH; ++d) {
             const u32 j = row.quad(r0 + d);
             if (j < a.vocab) {
-                mq[d] = load_quad_last(m + j);
-                vq[d] = load_quad_last(v + j);
+                const bool here = r0 + d < copied;
+                mq[d] = here ? row.moments[row.moment(r0 + d)] : load_quad_last(m + j);
+                vq[d] = here ? row.moments[row.moment(r0 + d) + 1u] : load_quad_last(v + j);
                 tq[d] = CORPUS ? load_quad_last(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
@@ -296,6 +322,9 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
     for (u32 k = 0; k < passes; ++k) {
         if (k < a.updates) scalars.stage(a, k);
         const float row_max = row.max(k == 0, prefetched);
+        // A launch's first update of the row: m and v as the launch found them.
+        const bool moments_in = k == 0 && k < a.updates && row.moment_rounds > 0u;
+        if (moments_in) row.copy_moments_in(a.first_moment + base, a.second_moment + base);
         const float s = row.fold([&](u32 j) {
             return exponentials_of(row.w_quad(j), row_max, a.log2e);
         }, true);
@@ -338,7 +367,7 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
         // Each thread reads back only the held quads it stored until the next max's barrier.
         const bool last = k + 1u == a.updates;
         held_update<CORPUS>(a, row, base, row_max, s, step, target, weight_sum, last,
-                            last && !a.finish ? next_w : nullptr);
+                            last && !a.finish ? next_w : nullptr, moments_in);
     }
 }
 
@@ -352,15 +381,22 @@ static __device__ void fused_train_held(const FusedArgs& a) {
     // The dynamic shared memory holds w first, then as many exponentials as fit.
     const u32 capacity = dynamic_shared_bytes() / 16u * 4u;
     const u32 held = capacity < a.vocab ? capacity : a.vocab;
-    const u32 room = HELD_KEEP_EXPONENTIALS ? capacity - held : 0u;
+    // Past w: the first rounds' moments (HELD_MOMENT_ROUNDS), then kept exponentials.
+    const u32 rounds = (a.vocab + HELD_ROUND - 1u) / HELD_ROUND;
+    u32 moment_rounds = (capacity - held) / (2u * HELD_ROUND);
+    moment_rounds = ::min(::min(moment_rounds, HELD_MOMENT_ROUNDS), rounds);
+    float4* const moments = held_row + held / 4u;
+    float4* const kept = moments + 2u * HELD_THREADS * moment_rounds;
+    const u32 room = HELD_KEEP_EXPONENTIALS ? capacity - held - 2u * HELD_ROUND * moment_rounds
+                                            : 0u;
     StagedScalars scalars{shared.scalars, HELD_THREADS};
     bool prefetched = false;
     for (u32 index = blockIdx.x; index < a.vocab; index += gridDim.x) {
         if (index != blockIdx.x) __syncthreads();  // the last row's reads of shared memory
         const u32 next = index + gridDim.x;
         const float* next_w = next < a.vocab ? a.parameters + (u64)next * a.vocab : nullptr;
-        HeldRow row{a, shared, held_row, a.parameters + (u64)index * a.vocab, held,
-                    held_row + held / 4u, room < a.vocab ? room : a.vocab};
+        HeldRow row{a, shared, held_row, a.parameters + (u64)index * a.vocab, held, kept,
+                    room < a.vocab ? room : a.vocab, moments, moment_rounds};
         held_row_updates<CORPUS>(a, row, scalars, index, prefetched, next_w);
         prefetched = next_w != nullptr && a.updates + (a.finish ? 1u : 0u) > 0u;
     }
