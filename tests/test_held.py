@@ -72,8 +72,8 @@ def test_a_held_region_asks_for_the_shared_memory_its_target_leaves(arch, target
         assert region.dynamic_shared_bytes % 1024 == 0
         assert target.max_shared_bytes_per_block - 1024 < region.shared_window_bytes \
             <= target.max_shared_bytes_per_block
-        if arch == "sm_90":  # a row of 32768 floats held whole, 52224 at most
-            assert region.dynamic_shared_bytes // 4 >= HELD_TO_VOCAB
+        if arch == "sm_90":  # a row of 32768 floats held whole (52224 with NVRTC 13.x)
+            assert region.dynamic_shared_bytes // 4 >= 32768
     assert all(regions[name].dynamic_shared_bytes == 0
                for name in regions if name not in sig.SHARED_REST)
 
