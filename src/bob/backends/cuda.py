@@ -517,8 +517,6 @@ class CudaBackend(Backend):
         self.image = compiled.image  # referenced while the driver reads it
         self.entries = {placed.name: self.plan.region(placed.name).entry
                         for placed in self.plan.placed_regions}
-        self._dynamic_shared = {placed.name: self.plan.region(placed.name).dynamic_shared_bytes
-                                for placed in self.plan.placed_regions}
         _initialize()
         self._device = _call("cuDeviceGet", device)
         self.capability = _compute_capability(self._device)
@@ -540,7 +538,7 @@ class CudaBackend(Backend):
         self._module = _call("cuModuleLoadData", image.ctypes.data)
         for name, entry in self.entries.items():
             self._functions[name] = _call("cuModuleGetFunction", self._module, entry.encode())
-            dynamic = self._dynamic_shared.get(name, 0)
+            dynamic = self.plan.region(name).dynamic_shared_bytes
             if dynamic:  # past 48 KiB a kernel's dynamic shared memory must be allowed first
                 _call("cuFuncSetAttribute", self._functions[name], driver.CUfunction_attribute
                       .CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic)
@@ -729,7 +727,7 @@ class CudaBackend(Backend):
                 _call("cuEventRecord", events[2 * position], self._stream)
                 status = launch(int(self._functions[spec.region]), spec.grid.x, spec.grid.y,
                                 spec.grid.z, spec.block.x, spec.block.y, spec.block.z,
-                                self._dynamic_shared.get(spec.region, 0), stream,
+                                self.plan.region(spec.region).dynamic_shared_bytes, stream,
                                 ctypes.addressof(arguments.pointers), None)
                 if status:
                     driver = _driver()

@@ -123,12 +123,7 @@ struct HeldRow {
     // Warp 0's tree over partials (written before a barrier), published behind one more.
     template <typename Op>
     __device__ float publish(Op op) {
-        if (threadIdx.x < WARP) {
-            const float total = warp_tree(shared.partials, op);
-            if (threadIdx.x == 0) shared.result = total;
-        }
-        __syncthreads();
-        return shared.result;
+        return published_tree(shared.partials, shared.result, op);
     }
 
     // Lane-order fold of the row's values: values(j) gives this thread's quad at j (called
@@ -195,13 +190,8 @@ struct HeldRow {
                 }
             }
         }
-        const int key = __reduce_max_sync(FULL_WARP, order_key(best));  // never NaN
-        if (threadIdx.x % WARP == 0) shared.keys[threadIdx.x / WARP] = key;
-        __syncthreads();  // also: the held quads are in shared memory for every thread
-        const u32 lane = threadIdx.x % WARP;  // fewer warps than lanes: -inf for the rest
-        const int mine = lane < HELD_WARPS ? shared.keys[lane] : order_key(f32(NEG_INF));
-        const int found = __reduce_max_sync(FULL_WARP, mine);
-        const float m = from_order_key(found);
+        // Its barrier also puts the held quads in shared memory for every thread.
+        const float m = keyed_block_max(best, shared.keys, HELD_WARPS);
         if (m != 0.0f) return m;  // uniform: every warp reduced the same keys
         return literal_max();
     }

@@ -708,6 +708,31 @@ static __device__ __forceinline__ float from_order_key(int key) {
     return __int_as_float(key >= 0 ? key : key ^ 0x7FFFFFFF);
 }
 
+// The block's max of `held` (never NaN) as the integer max of order keys: each warp's, then
+// every warp's reduction of the `warps` keys in `keys`, behind one barrier. Every thread
+// gets it (the tall and held kernels; a zero's sign needs the literal tree).
+static __device__ __forceinline__ float keyed_block_max(float held, int* keys, u32 warps) {
+    const int key = __reduce_max_sync(FULL_WARP, order_key(held));
+    if (threadIdx.x % WARP == 0) keys[threadIdx.x / WARP] = key;
+    __syncthreads();
+    const u32 lane = threadIdx.x % WARP;  // fewer warps than lanes: -inf for the rest
+    const int mine = lane < warps ? keys[lane] : order_key(f32(NEG_INF));
+    return from_order_key(__reduce_max_sync(FULL_WARP, mine));
+}
+
+// Warp 0's tree over the 256 `partials` (written before a barrier), published through
+// `result` behind one more barrier: every thread returns it.
+template <typename Op>
+static __device__ __forceinline__ float published_tree(const float* partials, float& result,
+                                                       Op op) {
+    if (threadIdx.x < WARP) {
+        const float total = warp_tree(partials, op);
+        if (threadIdx.x == 0) result = total;
+    }
+    __syncthreads();
+    return result;
+}
+
 struct SmallTrees {
     float (*buffers)[LANES];
     u32 turn;

@@ -89,12 +89,7 @@ struct TallRow {
     template <typename Op>
     __device__ float publish(Op op) {
         if (TALL_EVERY_WARP_TREE) return warp_tree(shared.partials, op);
-        if (threadIdx.x < WARP) {
-            const float total = warp_tree(shared.partials, op);
-            if (threadIdx.x == 0) shared.result = total;
-        }
-        __syncthreads();
-        return shared.result;
+        return published_tree(shared.partials, shared.result, op);
     }
 
     // The row max: the integer max of order-preserving keys over the block (two warp
@@ -105,13 +100,7 @@ struct TallRow {
         for (u32 i = 0; i < TALL_SLOTS; ++i) {
             if (computed(i)) held = select_max(held, w[i]);
         }
-        const int key = __reduce_max_sync(FULL_WARP, order_key(held));
-        if (threadIdx.x % WARP == 0) shared.keys[threadIdx.x / WARP] = key;
-        __syncthreads();
-        const u32 warp = threadIdx.x % WARP;  // fewer warps than lanes: -inf for the rest
-        const int mine = warp < TALL_WARPS ? shared.keys[warp] : order_key(f32(NEG_INF));
-        const int best = __reduce_max_sync(FULL_WARP, mine);
-        const float m = from_order_key(best);
+        const float m = keyed_block_max(held, shared.keys, TALL_WARPS);
         if (m != 0.0f) return m;  // uniform: every warp reduced the same keys
         return literal_max(held);
     }
