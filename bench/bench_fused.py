@@ -8,7 +8,9 @@ warm-up; the state is reloaded before each timing, untimed):
   V = 256 and 1024 (1000 updates) and V = 8192 (100 updates), seed and fused;
   at V = 8192 the bandwidth of the fused run counted at 24 bytes per parameter
   per update, beside the device-to-device copy bandwidth.
-  ``--experiments`` adds variants of the fused kernel (its tuning macros:
+  ``--experiments`` adds the seed schedule's variants (SEED_KEPT, SEED_FAST_DIVIDE, and
+  SEED_LAUNCH_ONLY, the launches alone) on cuda and nv (chained) at V = 256 and 1024,
+  variants of the fused kernel (its tuning macros:
   BATCH, FUSED_BOUNDS, KEPT_EXPONENTIALS) at V = 8192, and all the updates in
   one launch rather than one launch per update at V = 2048, 4096 and 8192. Each
   row ends with a digest of the trained state: equal digests, equal bytes.
@@ -133,6 +135,27 @@ def bench_cpu() -> None:
 
 
 
+# The seed schedule's kernels (bob_kernels.cu): their tuning macros, and the launch floor.
+SEED_VARIANTS = {
+    "shipped": "",
+    "SEED_KEPT 1": "#define SEED_KEPT 1u\n",
+    "division intrinsics (SEED_FAST_DIVIDE 0)": "#define SEED_FAST_DIVIDE 0\n",
+    "launch floor (SEED_LAUNCH_ONLY: empty kernels, wrong bytes)": "#define SEED_LAUNCH_ONLY 1\n",
+}
+
+
+def bench_seed_variants() -> None:
+    """The seed schedule (two launches per update) on cuda (graph) and nv (chained) at
+    V = 256 and 1024: each variant beside the launches alone."""
+    for vocab in (256, 1024):
+        for name, macros in SEED_VARIANTS.items():
+            for backend, submission in (("cuda", "per-launch"), ("nv", "chained")):
+                config = BobConfig(vocab=vocab, prompts=0, updates=1000,
+                                   submission=submission)  # type: ignore[arg-type]
+                choice = variant_choice(macros, backend)
+                print(time_bob(f"{backend} seed, {name}", choice, config).line(), flush=True)
+
+
 VARIANTS = {
     "no launch bounds": "#define FUSED_BOUNDS\n",
     "BATCH 2": "#define BATCH 2u\n",
@@ -155,6 +178,7 @@ def bench_gpu(experiments: bool) -> None:
             print(timing.line(bandwidth=vocab > 1024 and schedule == "fused"), flush=True)
     if not experiments:
         return
+    bench_seed_variants()
     fused = BobConfig(vocab=8192, prompts=0, updates=100, schedule="fused")
     for name, macros in VARIANTS.items():
         timing = time_bob(f"fused, {name}", variant_choice(macros), fused)

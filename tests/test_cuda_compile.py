@@ -341,3 +341,24 @@ def test_the_stream_fast_divide_variant_compiles_without_local_memory(arch: str)
         assert kernels[sig.ENTRIES[name]].registers <= 65536 // (256 * 3)
     changed = {entry for entry, kernel in kernels.items() if kernel.code != shipped[entry]}
     assert changed == STREAM_ENTRIES
+
+
+SEED_ENTRIES = {sig.ENTRIES[sig.LOSS_HARD], sig.ENTRIES[sig.ADAMW]}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_seed_macros_change_the_seed_kernels_and_no_other(arch: str) -> None:
+    """The seed schedule's tuning macros (bench/bench_fused.py --experiments) compile with
+    no local memory: SEED_KEPT 2 and SEED_FAST_DIVIDE 1 are the defaults; SEED_KEPT 1
+    changes the hard loss-gradient alone; SEED_FAST_DIVIDE 0 (the intrinsics) and
+    SEED_LAUNCH_ONLY (empty kernels: the launch floor) change it and AdamW."""
+    shipped = kernel_codes(arch, "")
+    assert shipped == kernel_codes(arch, "#define SEED_KEPT 2u\n#define SEED_FAST_DIVIDE 1\n")
+
+    def changed(macros: str) -> set[str]:
+        codes = kernel_codes(arch, macros)
+        return {entry for entry in shipped if codes[entry] != shipped[entry]}
+
+    assert changed("#define SEED_KEPT 1u\n") == {sig.ENTRIES[sig.LOSS_HARD]}
+    assert changed("#define SEED_FAST_DIVIDE 0\n") == SEED_ENTRIES
+    assert changed("#define SEED_LAUNCH_ONLY 1\n") == SEED_ENTRIES

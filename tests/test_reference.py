@@ -479,7 +479,7 @@ def test_cuda_uses_no_library_math_or_contraction():
     # Two helpers are exempt, by name: quotient_fast and root_fast (SMALL_FAST_DIVIDE, on by
     # default) give the correctly rounded a / b and sqrt(a) with the instructions ptxas
     # emits for __fdiv_rn and __fsqrt_rn, FMA among them; no operation of Bob's is
-    # contracted there. Only the small-row kernels hold them (the test below).
+    # contracted there. Only the kernels the test below names hold them.
     code, exempt = re.subn(r"static __device__ __forceinline__ float (?:quotient_fast|root_fast)"
                            r"\([^)]*\) \{.*?\n\}", "", cuda_code(), flags=re.S)
     assert exempt == 2
@@ -497,9 +497,11 @@ UNEXACT = re.compile(r"\b(fma|mad|div\.approx|div\.full|sqrt\.approx|rcp\.approx
 SELECT_FROM_NEG_INF = re.compile(r"max\.f32\s+%f\d+, %f\d+, 0fFF800000;")
 # What quotient_fast and root_fast compile to: the fast paths of the correctly rounded
 # division and square root, in the small-row fused kernels (and the wide ones, which
-# contain the small path) and the held ones only.
+# contain the small path), the held ones and the seed schedule's hard loss-gradient and
+# AdamW only.
 FAST_DIVIDE = re.compile(r"(fma\.rn|rcp\.approx\.ftz|rsqrt\.approx\.ftz)\.f32[^;]*;")
-FAST_DIVIDE_ENTRIES = {"bob_fused_train_hard", "bob_fused_train_corpus",
+FAST_DIVIDE_ENTRIES = {"bob_loss_gradient_hard", "bob_adamw",
+                       "bob_fused_train_hard", "bob_fused_train_corpus",
                        "bob_fused_train_wide_hard", "bob_fused_train_wide_corpus",
                        "bob_fused_train_held_hard", "bob_fused_train_held_corpus"}
 
@@ -525,5 +527,6 @@ def test_cuda_source_compiles_with_nvrtc(arch):
         assert all(FAST_DIVIDE.fullmatch(hit) for hit in found[entry]), entry
     # Without the fast divide not one such instruction is left anywhere.
     strict = _unexact_by_entry(shipped_ptx(arch, "#define SMALL_FAST_DIVIDE 0\n"
-                                                 "#define HELD_FAST_DIVIDE 0\n"))
+                                                 "#define HELD_FAST_DIVIDE 0\n"
+                                                 "#define SEED_FAST_DIVIDE 0\n"))
     assert {entry: hits for entry, hits in strict.items() if hits} == {}

@@ -21,15 +21,21 @@ DIGEST_TENSORS = ("parameters", "first_moment", "second_moment", "gradients",
                   "training_loss")
 
 
-def variant_choice(macros: str) -> BackendChoice:
-    """The cuda backend on Bob's kernels compiled with these #defines in front."""
-    from bob.backends.cuda import CudaBackend, device_arch
+def variant_choice(macros: str, backend: str = "cuda") -> BackendChoice:
+    """The cuda (or nv) backend on Bob's kernels compiled with these #defines in front."""
     from bob.kernels.cuda.compile import KernelSource, shipped_source
     from bob.kernels.cuda.regions import compiled_regions
     from bob.plan.placement import TARGETS
 
     shipped = shipped_source()
     source = KernelSource(shipped.name, macros + shipped.text, shipped.headers)
+    if backend == "nv":
+        from bob.backends.nv.rm.backend import NvBackend
+
+        regions = compiled_regions("sm_90", source)
+        return BackendChoice("nv", TARGETS["sm_90"], regions, NvBackend)
+    from bob.backends.cuda import CudaBackend, device_arch
+
     arch = device_arch()
     regions = compiled_regions(arch, source)
     return BackendChoice("cuda", TARGETS[arch], regions,

@@ -101,6 +101,15 @@ static __device__ float bob_log2(float x) {
 }
 
 
+#ifndef SEED_KEPT
+#define SEED_KEPT 2u  // the seed loss-gradient: elements per lane kept in registers
+#endif
+#ifndef SEED_FAST_DIVIDE
+#define SEED_FAST_DIVIDE 1  // the seed kernels' divisions and roots on the fast paths (below)
+#endif
+#ifndef SEED_LAUNCH_ONLY
+#define SEED_LAUNCH_ONLY 0  // a measurement, wrong bytes: the seed kernels return at once
+#endif
 #ifndef PDL_TRIGGER_EARLY
 #define PDL_TRIGGER_EARLY 0  // dependents may launch once a kernel starts (1), or at its exit (0)
 #endif
@@ -205,13 +214,103 @@ extern "C" __global__ void bob_row_gather(float* logits, const u32* prompt, cons
     }
 }
 
+// The float order as a signed integer order (-0 below +0); NaN never reaches it.
+static __device__ __forceinline__ int order_key(float x) {
+    const int bits = __float_as_int(x);
+    return bits >= 0 ? bits : bits ^ 0x7FFFFFFF;
+}
+
+// The float whose order_key is `key` (the map is its own inverse).
+static __device__ __forceinline__ float from_order_key(int key) {
+    return __int_as_float(key >= 0 ? key : key ^ 0x7FFFFFFF);
+}
+
+// The block's max of `held` (never NaN) as the integer max of order keys: each warp's, then
+// every warp's reduction of the `warps` keys in `keys`, behind one barrier. Every thread
+// gets it (the tall and held kernels; a zero's sign needs the literal tree).
+static __device__ __forceinline__ float keyed_block_max(float held, int* keys, u32 warps) {
+    const int key = __reduce_max_sync(FULL_WARP, order_key(held));
+    if (threadIdx.x % WARP == 0) keys[threadIdx.x / WARP] = key;
+    __syncthreads();
+    const u32 lane = threadIdx.x % WARP;  // fewer warps than lanes: -inf for the rest
+    const int mine = lane < warps ? keys[lane] : order_key(f32(NEG_INF));
+    return from_order_key(__reduce_max_sync(FULL_WARP, mine));
+}
+
+// IEEE division and square root on sm_90's own fast paths, without their branches.
+// ptxas expands __fdiv_rn and __fsqrt_rn into a short sequence (below), a range check, and
+// a branch to a slow subroutine where the check fails; each call is its own basic block,
+// so a thread's elements go through AdamW one after another (seen in the SASS: eight
+// elements per thread ran eight dependent chains in a row). Here every element's fast
+// sequence is issued together, then, only where some element's operands fall outside
+// the range where the sequence is the correctly rounded result, that stage is done again
+// with the intrinsics. The sequences are the instructions ptxas emits for the intrinsics'
+// fast paths (MUFU.RCP, then five FFMA; MUFU.RSQ, two FMUL.FTZ, two FFMA), so inside the
+// ranges they give the intrinsics' bits; the ranges are narrower than the intrinsics' own
+// checks: the sqrt check is the one ptxas emits, the division's keeps both operands and
+// the quotient far from the subnormal and overflow ranges (FCHK, the check ptxas uses,
+// is not reachable from PTX). tests/test_small_variants.py (gpu) compares root_fast with
+// __fsqrt_rn on every binary32 its check admits, and quotient_fast with __fdiv_rn on
+// 3.5e10 pseudo-random moderate pairs.
+
+// |x| in [2^-60, 2^60): a division of two such is a normal quotient in (2^-121, 2^121)
+// with an exact remainder (no underflow anywhere in the sequence).
+static __device__ __forceinline__ bool moderate(float x) {
+    const u32 biased = ((u32)__float_as_int(x) >> 23) & 0xFFu;
+    return biased - 67u <= 186u - 67u;
+}
+
+// a / b, correctly rounded when moderate(a) and moderate(b): the reciprocal estimate,
+// one Newton step, the quotient, and its correction by the exact remainder.
+static __device__ __forceinline__ float quotient_fast(float a, float b) {
+    float r0;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(b));
+    const float r = __fmaf_rn(r0, __fmaf_rn(-b, r0, 1.0f), r0);
+    const float q = __fmaf_rn(a, r, 0.0f);
+    return __fmaf_rn(r, __fmaf_rn(-b, q, a), q);
+}
+
+// The range ptxas's own check lets through to the fast square root: x in [2^-101, max].
+static __device__ __forceinline__ bool root_fast_applies(float x) {
+    return (u32)__float_as_int(x) - 0x0D000000u <= 0x727FFFFFu;
+}
+
+// sqrt(x), correctly rounded when root_fast_applies(x): y = x / sqrt(x) estimate, then one
+// correction by the exact residual x - y^2.
+static __device__ __forceinline__ float root_fast(float x) {
+    float r, y, h;
+    asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    asm("mul.rn.ftz.f32 %0, %1, %2;" : "=f"(y) : "f"(x), "f"(r));
+    asm("mul.rn.ftz.f32 %0, %1, 0f3F000000;" : "=f"(h) : "f"(r));
+    return __fmaf_rn(__fmaf_rn(-y, y, x), h, y);
+}
+
+// a / b as __fdiv_rn gives it: the fast sequence where both operands admit it, else the
+// intrinsic (SEED_FAST_DIVIDE 0: the intrinsic always). The seed kernels hold one element
+// per thread at V = 256, so the branch costs nothing there.
+static __device__ __forceinline__ float quotient(float a, float b) {
+    return SEED_FAST_DIVIDE && (moderate(a) & moderate(b)) ? quotient_fast(a, b) : dvd(a, b);
+}
+
+// sqrt(x) as __fsqrt_rn gives it, likewise.
+static __device__ __forceinline__ float root(float x) {
+    return SEED_FAST_DIVIDE && root_fast_applies(x) ? root_fast(x) : __fsqrt_rn(x);
+}
+
 // One block per row r (grid.x = V): loss[r] = ln2 * (log2(s) - z_t) and
 // gradients[r][j] = p_j * (1/V), (p_t - 1) * (1/V) at the target, p_j = e_j / s.
+// At V = 256 a seed update is two short launches whose every step waits on the one
+// before, so the kernel keeps latency low: a lane keeps its first SEED_KEPT elements (w,
+// then e_j) in registers rather than reading and computing them again; the max is the
+// integer max of order keys (the literal tree only for a zero); the two trees have a
+// buffer each, so no barrier follows them.
 extern "C" __global__ void bob_loss_gradient_hard(const float* parameters, float* gradients,
                                                   const u32* targets, float* loss, float log2e,
                                                   float ln2, float inverse_rows, u32 vocab) {
     wait_for_prerequisites();
-    __shared__ float shared[LANES];
+    if (SEED_LAUNCH_ONLY) return;
+    __shared__ float partials[2][LANES];
+    __shared__ int keys[LANES / WARP];
     if (blockDim.x != LANES) __trap();
     const u32 row = blockIdx.x;
     if (row >= vocab) return;  // the whole block: no barrier is left waiting
@@ -219,24 +318,52 @@ extern "C" __global__ void bob_loss_gradient_hard(const float* parameters, float
     float* g = gradients + (u64)row * vocab;
     const u32 target = targets[row];
 
-    const float m = row_max(w, vocab, shared);
+    // Lane l takes elements l, l + 256, ... in turn from -inf: the first SEED_KEPT kept.
+    float x[SEED_KEPT];
+#pragma unroll
+    for (u32 i = 0; i < SEED_KEPT; ++i) {
+        const u32 j = threadIdx.x + LANES * i;
+        x[i] = j < vocab ? w[j] : f32(NEG_INF);  // -inf: no element, changes no max
+    }
+    float held = f32(NEG_INF);
+#pragma unroll
+    for (u32 i = 0; i < SEED_KEPT; ++i) held = select_max(held, x[i]);
+    for (u32 j = threadIdx.x + LANES * SEED_KEPT; j < vocab; j += LANES) {
+        held = select_max(held, w[j]);
+    }
+    float m = keyed_block_max(held, keys, LANES / WARP);
+    if (m == 0.0f) m = tree(held, partials[0], MaxOp());  // uniform: a zero's sign
 
+    float e[SEED_KEPT];
     float partial = 0.0f;
-    for (u32 j = threadIdx.x; j < vocab; j += LANES) {
+#pragma unroll
+    for (u32 i = 0; i < SEED_KEPT; ++i) {
+        e[i] = bob_exp2(exponent(x[i], m, log2e));
+        if (threadIdx.x + LANES * i < vocab) partial = add(partial, e[i]);
+    }
+    for (u32 j = threadIdx.x + LANES * SEED_KEPT; j < vocab; j += LANES) {
         partial = add(partial, bob_exp2(exponent(w[j], m, log2e)));
     }
-    const float s = block_sum(partial, shared);
+    const float s = tree(partial, partials[1], SumOp());
 
-    // e_j again rather than stored: the same operations give the same bits.
-    for (u32 j = threadIdx.x; j < vocab; j += LANES) {
-        const float p = dvd(bob_exp2(exponent(w[j], m, log2e)), s);
-        const float grad = j == target ? mul(sub(p, 1.0f), inverse_rows) : mul(p, inverse_rows);
-        g[j] = canonical(grad);
-    }
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == LANES - 1u) {  // the last warp, beside its own gradients
         float value = f32(CANONICAL_NAN);  // a target >= V (never admitted) has no loss
         if (target < vocab) value = mul(ln2, sub(bob_log2(s), exponent(w[target], m, log2e)));
         loss[row] = canonical(value);
+    }
+#pragma unroll
+    for (u32 i = 0; i < SEED_KEPT; ++i) {
+        const u32 j = threadIdx.x + LANES * i;
+        if (j < vocab) {
+            const float p = quotient(e[i], s);
+            g[j] = canonical(j == target ? mul(sub(p, 1.0f), inverse_rows)
+                                         : mul(p, inverse_rows));
+        }
+    }
+    // e_j again past the kept ones: the same operations give the same bits.
+    for (u32 j = threadIdx.x + LANES * SEED_KEPT; j < vocab; j += LANES) {
+        const float p = quotient(bob_exp2(exponent(w[j], m, log2e)), s);
+        g[j] = canonical(j == target ? mul(sub(p, 1.0f), inverse_rows) : mul(p, inverse_rows));
     }
 }
 
@@ -286,6 +413,7 @@ extern "C" __global__ void bob_adamw(float* parameters, const float* gradients,
                                      float one_minus_beta2, float step_size, float eps_hat,
                                      u32 rows, u32 columns) {
     wait_for_prerequisites();
+    if (SEED_LAUNCH_ONLY) return;
     const u64 count = (u64)rows * columns;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
@@ -293,7 +421,7 @@ extern "C" __global__ void bob_adamw(float* parameters, const float* gradients,
         const float w = mul(parameters[i], decay);
         const float m = add(mul(first_moment[i], beta1), mul(one_minus_beta1, g));
         const float v = add(mul(second_moment[i], beta2), mul(mul(g, g), one_minus_beta2));
-        const float step = dvd(mul(step_size, m), add(__fsqrt_rn(v), eps_hat));
+        const float step = quotient(mul(step_size, m), add(root(v), eps_hat));
         parameters[i] = canonical(sub(w, step));
         first_moment[i] = canonical(m);
         second_moment[i] = canonical(v);
@@ -697,29 +825,6 @@ static __device__ __forceinline__ void small_barrier() {
     asm volatile("bar.sync 0, 128;" ::: "memory");
 }
 
-// The float order as a signed integer order (-0 below +0); NaN never reaches it.
-static __device__ __forceinline__ int order_key(float x) {
-    const int bits = __float_as_int(x);
-    return bits >= 0 ? bits : bits ^ 0x7FFFFFFF;
-}
-
-// The float whose order_key is `key` (the map is its own inverse).
-static __device__ __forceinline__ float from_order_key(int key) {
-    return __int_as_float(key >= 0 ? key : key ^ 0x7FFFFFFF);
-}
-
-// The block's max of `held` (never NaN) as the integer max of order keys: each warp's, then
-// every warp's reduction of the `warps` keys in `keys`, behind one barrier. Every thread
-// gets it (the tall and held kernels; a zero's sign needs the literal tree).
-static __device__ __forceinline__ float keyed_block_max(float held, int* keys, u32 warps) {
-    const int key = __reduce_max_sync(FULL_WARP, order_key(held));
-    if (threadIdx.x % WARP == 0) keys[threadIdx.x / WARP] = key;
-    __syncthreads();
-    const u32 lane = threadIdx.x % WARP;  // fewer warps than lanes: -inf for the rest
-    const int mine = lane < warps ? keys[lane] : order_key(f32(NEG_INF));
-    return from_order_key(__reduce_max_sync(FULL_WARP, mine));
-}
-
 // Warp 0's tree over the 256 `partials` (written before a barrier), published through
 // `result` behind one more barrier: every thread returns it.
 template <typename Op>
@@ -954,54 +1059,6 @@ struct NarrowTrees {
         return reduce(partials, MaxOp(), false);  // a zero: whose sign the order decides
     }
 };
-
-// IEEE division and square root on sm_90's own fast paths, without their branches.
-// ptxas expands __fdiv_rn and __fsqrt_rn into a short sequence (below), a range check, and
-// a branch to a slow subroutine where the check fails; each call is its own basic block,
-// so a thread's elements go through AdamW one after another (seen in the SASS: eight
-// elements per thread ran eight dependent chains in a row). Here every element's fast
-// sequence is issued together, then, only where some element's operands fall outside
-// the range where the sequence is the correctly rounded result, that stage is done again
-// with the intrinsics. The sequences are the instructions ptxas emits for the intrinsics'
-// fast paths (MUFU.RCP, then five FFMA; MUFU.RSQ, two FMUL.FTZ, two FFMA), so inside the
-// ranges they give the intrinsics' bits; the ranges are narrower than the intrinsics' own
-// checks: the sqrt check is the one ptxas emits, the division's keeps both operands and
-// the quotient far from the subnormal and overflow ranges (FCHK, the check ptxas uses,
-// is not reachable from PTX). tests/test_small_variants.py (gpu) compares root_fast with
-// __fsqrt_rn on every binary32 its check admits, and quotient_fast with __fdiv_rn on
-// 3.5e10 pseudo-random moderate pairs.
-
-// |x| in [2^-60, 2^60): a division of two such is a normal quotient in (2^-121, 2^121)
-// with an exact remainder (no underflow anywhere in the sequence).
-static __device__ __forceinline__ bool moderate(float x) {
-    const u32 biased = ((u32)__float_as_int(x) >> 23) & 0xFFu;
-    return biased - 67u <= 186u - 67u;
-}
-
-// a / b, correctly rounded when moderate(a) and moderate(b): the reciprocal estimate,
-// one Newton step, the quotient, and its correction by the exact remainder.
-static __device__ __forceinline__ float quotient_fast(float a, float b) {
-    float r0;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(b));
-    const float r = __fmaf_rn(r0, __fmaf_rn(-b, r0, 1.0f), r0);
-    const float q = __fmaf_rn(a, r, 0.0f);
-    return __fmaf_rn(r, __fmaf_rn(-b, q, a), q);
-}
-
-// The range ptxas's own check lets through to the fast square root: x in [2^-101, max].
-static __device__ __forceinline__ bool root_fast_applies(float x) {
-    return (u32)__float_as_int(x) - 0x0D000000u <= 0x727FFFFFu;
-}
-
-// sqrt(x), correctly rounded when root_fast_applies(x): y = x / sqrt(x) estimate, then one
-// correction by the exact residual x - y^2.
-static __device__ __forceinline__ float root_fast(float x) {
-    float r, y, h;
-    asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    asm("mul.rn.ftz.f32 %0, %1, %2;" : "=f"(y) : "f"(x), "f"(r));
-    asm("mul.rn.ftz.f32 %0, %1, 0f3F000000;" : "=f"(h) : "f"(r));
-    return __fmaf_rn(__fmaf_rn(-y, y, x), h, y);
-}
 
 // AdamW on a thread's E elements (adamw_element's operations and bits, p_i = e_i / s
 // first), each division and root stage issued for all elements together. Elements past
