@@ -17,8 +17,8 @@ DIGEST=1 each row ends with the digest of the state the runs leave (at V = 32768
 reads 16 GB back).
 
 ``--variants`` (cuda): the held and stream kernels' tuning macros (bob_held.cuh:
-HELD_THREADS, HELD_DEPTH, HELD_UPDATE_DEPTH, HELD_KEEP_EXPONENTIALS, HELD_MOMENT_ROUNDS,
-HELD_FAST_DIVIDE;
+HELD_THREADS, HELD_DEPTH, HELD_UPDATE_DEPTH, HELD_KEEP_EXPONENTIALS, HELD_FAST_DIVIDE,
+HELD_L2_PREFETCH, HELD_L2_AHEAD;
 bob_kernels.cu: STREAM_VECTOR, STREAM_FAST_DIVIDE, VECTOR_DEPTH, UPDATE_DEPTH,
 STREAM_BOUNDS, KEPT_EXPONENTIALS, STREAM_CACHE_HINTS), each compiled into this process
 and timed the same way at V = 32768 (and 65536 with BIG=1), hard targets; then the
@@ -56,10 +56,11 @@ VARIANTS = {
     "held, HELD_UPDATE_DEPTH 1": ("held", "#define HELD_UPDATE_DEPTH 1u\n"),
     "held, 768 threads": ("held", "#define HELD_THREADS 768u\n#define HELD_UPDATE_DEPTH 1u\n"
                                   "#define HELD_DEPTH 2u\n"),
-    "held, 4 rounds of m and v copied in during the sum": ("held",
-                                                           "#define HELD_MOMENT_ROUNDS 4u\n"),
-    "held, 2 rounds of m and v copied in, no kept exponentials": (
-        "held", "#define HELD_MOMENT_ROUNDS 2u\n#define HELD_KEEP_EXPONENTIALS 0\n"),
+    "held, no L2 prefetch": ("held", "#define HELD_L2_PREFETCH 0u\n#define HELD_L2_AHEAD 0u\n"),
+    "held, 2/8 of m and v asked into L2 first, none ahead": (
+        "held", "#define HELD_L2_PREFETCH 2u\n#define HELD_L2_AHEAD 0u\n"),
+    "held, 2/8 first, 4 rounds ahead": ("held", "#define HELD_L2_PREFETCH 2u\n"
+                                                "#define HELD_L2_AHEAD 4u\n"),
     "stream (vector)": ("stream", ""),
     "stream, fast divide, 3 blocks/SM": ("stream", "#define STREAM_FAST_DIVIDE 1\n"
                                          "#define STREAM_BOUNDS __launch_bounds__(256, 3)\n"),
@@ -68,8 +69,8 @@ VARIANTS = {
     "stream, scalar twin (STREAM_VECTOR 0)": ("stream", "#define STREAM_VECTOR 0\n"),
     "stream, VECTOR_DEPTH 2": ("stream", "#define VECTOR_DEPTH 2u\n"),
 }
-DIGEST_VARIANTS = ("held (shipped)", "held, 768 threads",
-                   "held, 4 rounds of m and v copied in during the sum", "stream (vector)",
+DIGEST_VARIANTS = ("held (shipped)", "held, 768 threads", "held, no L2 prefetch",
+                   "stream (vector)",
                    "stream, fast divide, 3 blocks/SM")
 DIGEST_CASES = ((4100, "hard", 20), (4100, "corpus", 20), (8196, "hard", 2))
 

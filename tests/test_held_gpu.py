@@ -32,7 +32,9 @@ SHAPES = {
                    "#define HELD_DEPTH 2u\n",
     "512, one round in flight, no fast divide": "#define HELD_UPDATE_DEPTH 1u\n"
                                                 "#define HELD_FAST_DIVIDE 0\n",
-    "moments copied in": "#define HELD_MOMENT_ROUNDS 4u\n",
+    "no L2 prefetch": "#define HELD_L2_PREFETCH 0u\n#define HELD_L2_AHEAD 0u\n",
+    "half of m and v asked into L2, 4 rounds ahead": "#define HELD_L2_PREFETCH 4u\n"
+                                                      "#define HELD_L2_AHEAD 4u\n",
 }
 
 

@@ -30,13 +30,13 @@
 // - HELD_UPDATE_DEPTH: rounds of m and v (and corpus weights) loads in flight in the update.
 // - HELD_KEEP_EXPONENTIALS: the shared memory past the held w keeps the first exponentials
 //   of the sum for the update (1), or the update computes them all again (0).
-// - HELD_MOMENT_ROUNDS: the first rounds (at most this many) whose m and v are copied into
-//   the shared memory past the held w (cp.async) while the sum is folded, so memory works
-//   during the sum, and the update finds them there (the exponentials keep what is left);
-//   0: none. Only a launch's first update of a row: m and v of memory the launch has not
-//   written.
 // - HELD_FAST_DIVIDE: a quad's divisions and roots issued together (adamw_together) (1), or
 //   element by element (0).
+// - HELD_L2_PREFETCH: eighths of the row's m and v (from its start) the block asks into the
+//   L2 cache as it begins a launch's first update of the row (cp.async.bulk.prefetch, sm_90),
+//   so memory works during the max and the sum and the update finds them in L2; 0: none.
+// - HELD_L2_AHEAD: the update asks L2 for the m and v of the round this many rounds ahead
+//   of the one it reads (past those HELD_L2_PREFETCH asked for); 0: none.
 #ifndef HELD_THREADS
 #define HELD_THREADS 512u
 #endif
@@ -52,11 +52,17 @@
 #ifndef HELD_KEEP_EXPONENTIALS
 #define HELD_KEEP_EXPONENTIALS 1
 #endif
-#ifndef HELD_MOMENT_ROUNDS
-#define HELD_MOMENT_ROUNDS 0u
-#endif
 #ifndef HELD_FAST_DIVIDE
 #define HELD_FAST_DIVIDE 1
+#endif
+#ifndef HELD_L2_PREFETCH
+#define HELD_L2_PREFETCH 1u
+#endif
+#ifndef HELD_L2_AHEAD
+#define HELD_L2_AHEAD 2u
+#endif
+#ifndef HELD_PREFETCH_CHUNK
+#define HELD_PREFETCH_CHUNK 4096u  // bytes one thread asks into L2 at a time
 #endif
 #ifndef HELD_BLOCKS
 #define HELD_BLOCKS 1u  // blocks per SM the launch bounds ask registers for
@@ -87,6 +93,41 @@ static __device__ __forceinline__ void copy_quad_in(float4* to, const float* fro
                  : "memory");
 }
 
+// Ask the L2 cache to fetch `bytes` (a multiple of 16) from 16-byte aligned memory: no
+// registers, no shared memory, nothing to wait for (sm_90; elsewhere nothing).
+static __device__ __forceinline__ void prefetch_into_l2(const float* from, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" : : "l"(from), "r"(bytes)
+                 : "memory");
+#endif
+}
+
+// This row's m and v, their first HELD_L2_PREFETCH eighths, asked into L2 in chunks, one
+// chunk per thread.
+static __device__ __forceinline__ void prefetch_moments(const float* m, const float* v,
+                                                        u32 vocab) {
+    const u32 bytes = vocab * 4u / 8u * HELD_L2_PREFETCH / 16u * 16u;
+    const u32 chunks = (bytes + HELD_PREFETCH_CHUNK - 1u) / HELD_PREFETCH_CHUNK;
+    for (u32 c = threadIdx.x; c < 2u * chunks; c += HELD_THREADS) {
+        const u32 offset = (c % chunks) * HELD_PREFETCH_CHUNK;
+        const u32 size = ::min(HELD_PREFETCH_CHUNK, bytes - offset);
+        prefetch_into_l2((c < chunks ? m : v) + offset / 4u, size);
+    }
+}
+
+// Round q's m and v asked into L2, a chunk per thread, unless HELD_L2_PREFETCH asked already.
+static __device__ __forceinline__ void prefetch_round(const float* m, const float* v, u32 q,
+                                                      u32 vocab) {
+    constexpr u32 chunks = HELD_ROUND * 4u / HELD_PREFETCH_CHUNK;  // of m, and of v
+    static_assert(chunks * HELD_PREFETCH_CHUNK == HELD_ROUND * 4u, "whole chunks per round");
+    const u32 asked = vocab * 4u / 8u * HELD_L2_PREFETCH / 16u * 16u;
+    const u32 offset = HELD_ROUND * 4u * q + (threadIdx.x % chunks) * HELD_PREFETCH_CHUNK;
+    if (threadIdx.x < 2u * chunks && offset >= asked && offset < vocab * 4u) {
+        const u32 size = ::min(HELD_PREFETCH_CHUNK, vocab * 4u - offset);
+        prefetch_into_l2((threadIdx.x < chunks ? m : v) + offset / 4u, size);
+    }
+}
+
 static __device__ __forceinline__ void copies_done() {
     asm volatile("cp.async.wait_all;" : : : "memory");
 }
@@ -99,24 +140,10 @@ struct HeldRow {
     u32 held;  // elements held, a multiple of 4
     float4* kept;  // the current exponentials: element j < kept_count at kept[j / 4]
     u32 kept_count;  // a multiple of 4
-    float4* moments;  // round r < moment_rounds: the thread's m quad at moments[moment(r)],
-    u32 moment_rounds;  // its v quad just after
 
     __device__ u32 rounds() const { return (a.vocab + HELD_ROUND - 1u) / HELD_ROUND; }
     __device__ u32 quad(u32 r) const { return HELD_ROUND * r + 4u * threadIdx.x; }
     __device__ bool is_held(u32 j) const { return j < held; }
-    __device__ u32 moment(u32 r) const { return 2u * (HELD_THREADS * r + threadIdx.x); }
-
-    // Copy this thread's m and v quads of the first moment_rounds rounds in (cp.async).
-    __device__ void copy_moments_in(const float* m, const float* v) const {
-        for (u32 r = 0; r < moment_rounds; ++r) {
-            const u32 j = quad(r);
-            if (j < a.vocab) {
-                copy_quad_in(moments + moment(r), m + j);
-                copy_quad_in(moments + moment(r) + 1u, v + j);
-            }
-        }
-    }
     // w's current quad at j: held, or read from memory.
     __device__ float4 w_quad(u32 j) const { return is_held(j) ? row[j / 4u] : load_quad(w + j); }
 
@@ -266,23 +293,25 @@ static __device__ __forceinline__ void held_update_quad(
 template <bool CORPUS>
 static __device__ void held_update(const FusedArgs& a, HeldRow& row, u64 base, float row_max,
                                    float s, const AdamStep& step, u32 target,
-                                   float weight_sum, bool last, const float* next_w,
-                                   bool moments_in) {
+                                   float weight_sum, bool last, const float* next_w) {
     const float* m = a.first_moment + base;
     const float* v = a.second_moment + base;
     const float* t = CORPUS ? a.weights + base : nullptr;
     const u32 rounds = row.rounds();
-    const u32 copied = moments_in ? row.moment_rounds : 0u;
-    if (copied > 0u) copies_done();
     for (u32 r0 = 0; r0 < rounds; r0 += HELD_UPDATE_DEPTH) {
         float4 mq[HELD_UPDATE_DEPTH], vq[HELD_UPDATE_DEPTH], tq[HELD_UPDATE_DEPTH];
+        if (HELD_L2_AHEAD > 0u) {
+#pragma unroll
+            for (u32 d = 0; d < HELD_UPDATE_DEPTH; ++d) {
+                prefetch_round(m, v, r0 + d + HELD_L2_AHEAD, a.vocab);
+            }
+        }
 #pragma unroll
         for (u32 d = 0; d < HELD_UPDATE_DEPTH; ++d) {
             const u32 j = row.quad(r0 + d);
             if (j < a.vocab) {
-                const bool here = r0 + d < copied;
-                mq[d] = here ? row.moments[row.moment(r0 + d)] : load_quad_last(m + j);
-                vq[d] = here ? row.moments[row.moment(r0 + d) + 1u] : load_quad_last(v + j);
+                mq[d] = load_quad_last(m + j);
+                vq[d] = load_quad_last(v + j);
                 tq[d] = CORPUS ? load_quad_last(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
@@ -309,12 +338,12 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
         CORPUS ? row.fold([&](u32 j) { return load_quad(t + j); }) : 0.0f;
     const u32 target = CORPUS ? 0u : a.targets[index];
     const u32 passes = a.updates + (a.finish ? 1u : 0u);
+    if (HELD_L2_PREFETCH > 0u && a.updates > 0u) {
+        prefetch_moments(a.first_moment + base, a.second_moment + base, a.vocab);
+    }
     for (u32 k = 0; k < passes; ++k) {
         if (k < a.updates) scalars.stage(a, k);
         const float row_max = row.max(k == 0, prefetched);
-        // A launch's first update of the row: m and v as the launch found them.
-        const bool moments_in = k == 0 && k < a.updates && row.moment_rounds > 0u;
-        if (moments_in) row.copy_moments_in(a.first_moment + base, a.second_moment + base);
         const float s = row.fold([&](u32 j) {
             return exponentials_of(row.w_quad(j), row_max, a.log2e);
         }, true);
@@ -357,7 +386,7 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
         // Each thread reads back only the held quads it stored until the next max's barrier.
         const bool last = k + 1u == a.updates;
         held_update<CORPUS>(a, row, base, row_max, s, step, target, weight_sum, last,
-                            last && !a.finish ? next_w : nullptr, moments_in);
+                            last && !a.finish ? next_w : nullptr);
     }
 }
 
@@ -371,14 +400,8 @@ static __device__ void fused_train_held(const FusedArgs& a) {
     // The dynamic shared memory holds w first, then as many exponentials as fit.
     const u32 capacity = dynamic_shared_bytes() / 16u * 4u;
     const u32 held = capacity < a.vocab ? capacity : a.vocab;
-    // Past w: the first rounds' moments (HELD_MOMENT_ROUNDS), then kept exponentials.
-    const u32 rounds = (a.vocab + HELD_ROUND - 1u) / HELD_ROUND;
-    u32 moment_rounds = (capacity - held) / (2u * HELD_ROUND);
-    moment_rounds = ::min(::min(moment_rounds, HELD_MOMENT_ROUNDS), rounds);
-    float4* const moments = held_row + held / 4u;
-    float4* const kept = moments + 2u * HELD_THREADS * moment_rounds;
-    const u32 room = HELD_KEEP_EXPONENTIALS ? capacity - held - 2u * HELD_ROUND * moment_rounds
-                                            : 0u;
+    float4* const kept = held_row + held / 4u;
+    const u32 room = HELD_KEEP_EXPONENTIALS ? capacity - held : 0u;
     StagedScalars scalars{shared.scalars, HELD_THREADS};
     bool prefetched = false;
     for (u32 index = blockIdx.x; index < a.vocab; index += gridDim.x) {
@@ -386,7 +409,7 @@ static __device__ void fused_train_held(const FusedArgs& a) {
         const u32 next = index + gridDim.x;
         const float* next_w = next < a.vocab ? a.parameters + (u64)next * a.vocab : nullptr;
         HeldRow row{a, shared, held_row, a.parameters + (u64)index * a.vocab, held, kept,
-                    room < a.vocab ? room : a.vocab, moments, moment_rounds};
+                    room < a.vocab ? room : a.vocab};
         held_row_updates<CORPUS>(a, row, scalars, index, prefetched, next_w);
         prefetched = next_w != nullptr && a.updates + (a.finish ? 1u : 0u) > 0u;
     }
