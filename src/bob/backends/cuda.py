@@ -37,7 +37,8 @@ How the plan maps onto CUDA:
   (``cuMemHostAlloc``), each copied with ``cuMemcpyHtoDAsync`` on the stream
   while the next chunk is filled. ``begin_read`` snapshots the tensors into a
   second device buffer on the stream (ordered after the work started before
-  it, before any started after), then a second, non-blocking stream copies the
+  it, before any started after; neighbouring tensors as one copy,
+  ``landing.read_spans``), then a second, non-blocking stream copies the
   snapshot into pinned host buffers allocated once (``cuMemcpyDtoHAsync``)
   while the next graph runs; the handle's ``wait`` copies them out.
 
@@ -60,7 +61,7 @@ from typing import Any, Literal
 import numpy as np
 
 from bob.backends.base import Backend, Patch, ReadHandle
-from bob.backends.landing import Landing, packed
+from bob.backends.landing import Landing, read_spans
 from bob.config import ARENA_KINDS
 from bob.errors import BackendUnavailable, RunFailure
 from bob.kernels.cuda.compile import NvrtcError, nvrtc_version
@@ -89,13 +90,19 @@ class CudaUnavailable(BackendUnavailable):
     """The CUDA backend cannot run here; the message says why."""
 
 
+_DRIVER: list[Any] = []  # the module once imported: every driver call looks it up
+
+
 def _driver():
+    if _DRIVER:
+        return _DRIVER[0]
     try:
         from cuda.bindings import driver
     except ImportError as error:
         raise CudaUnavailable(
             f"cuda-bindings is not installed ({error}): pip install 'bob[cuda]'"
         ) from error
+    _DRIVER.append(driver)
     return driver
 
 
@@ -817,18 +824,22 @@ class CudaBackend(Backend):
         if self._reading is not None:
             self._reading.wait()  # the staging is reused: the previous read completes first
         sizes = [self.plan.tensor(name).bytes for name in names]
-        positions, end = packed(sizes)
+        # Tensors near each other in the arena go as one copy: at V = 256 the host's driver
+        # calls take longer than the device's whole invocation.
+        spans, positions, end = read_spans(
+            [(self._arena_offset(name, 0, size), size)
+             for name, size in zip(names, sizes, strict=True)])
         layout = list(zip(names, positions, sizes, strict=True))
         staging = self._read_staging(end)
         _call("cuCtxSetCurrent", self._context)
         landing = self._landing_for(end).take()
         host = self._staging_host(staging) if landing is None else landing.ctypes.data
-        for name, position, size in layout:
-            _call("cuMemcpyDtoDAsync", staging.snapshot + position,
-                  self._arena + self._arena_offset(name, 0, size), size, self._stream)
+        for offset, size, position in spans:
+            _call("cuMemcpyDtoDAsync", staging.snapshot + position, self._arena + offset, size,
+                  self._stream)
         _call("cuEventRecord", staging.snapped, self._stream)
         _call("cuStreamWaitEvent", staging.stream, staging.snapped, 0)
-        for _, position, size in layout:
+        for _, size, position in spans:
             _call("cuMemcpyDtoHAsync", host + position, staging.snapshot + position,
                   size, staging.stream)
         self._reading = _CudaRead(self, layout, landing)

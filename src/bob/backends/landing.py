@@ -21,6 +21,7 @@ LANDING_MIN_BYTES = 64 << 20  # smaller reads are copied out of the staging (che
 LANDING_BUFFERS = 4  # at most: the arena's checkpoint, the caller's, the writer's, the next
 PAGE = 4096
 PACKING = 256  # each tensor's start in a read packed into one buffer
+SPAN_GAP = 64 << 10  # ranges of a read this close in the arena are copied as one
 
 
 def packed(sizes: list[int]) -> tuple[list[int], int]:
@@ -31,6 +32,32 @@ def packed(sizes: list[int]) -> tuple[list[int], int]:
         positions.append(end)
         end += -(-size // PACKING) * PACKING
     return positions, end
+
+
+def read_spans(ranges: list[tuple[int, int]], gap: int = SPAN_GAP,
+               ) -> tuple[list[tuple[int, int, int]], list[int], int]:
+    """A read of these (offset, bytes) ranges of the arena as few copies: in offset order,
+    a range starting within `gap` bytes of the current span's end joins it (the bytes
+    between are copied too). Returns the spans (arena offset, bytes, position in the
+    buffer, packed as `packed` packs tensors), each range's position in the buffer, and
+    the buffer's bytes. An empty range reads nothing (position 0)."""
+    spans: list[list[int]] = []  # [start, stop) in the arena
+    for offset, size in sorted(r for r in ranges if r[1]):
+        if spans and offset <= spans[-1][1] + gap:
+            spans[-1][1] = max(spans[-1][1], offset + size)
+        else:
+            spans.append([offset, offset + size])
+    starts, end = packed([stop - start for start, stop in spans])
+    positions = []
+    for offset, size in ranges:
+        at = 0
+        for (start, stop), start_at in zip(spans, starts, strict=True):
+            if size and start <= offset and offset + size <= stop:
+                at = start_at + offset - start
+                break
+        positions.append(at)
+    return ([(start, stop - start, at) for (start, stop), at in zip(spans, starts, strict=True)],
+            positions, end)
 
 
 class Landing:

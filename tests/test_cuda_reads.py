@@ -1,0 +1,141 @@
+"""The cuda backend's read-back (`begin_read`) on the CPU: the driver replaced by one whose
+"device" memory is host memory and whose copies are memmove, so what `begin_read` queues
+(one copy per span of neighbouring tensors) and what `wait` hands out are checked byte for
+byte, through the pinned staging and through a landing buffer. The same reads on a GPU:
+tests/test_host_pipe_cuda.py and tests/test_cuda_backend.py."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from bob.backends import cuda
+from bob.backends.landing import PACKING, SPAN_GAP, Landing, read_spans
+from bob.host.session import CHECKPOINT_TENSORS, HEALTH_TENSOR, RESULT_TENSORS
+from bob.program.bob import BobConfig, build_plan
+
+READ = (*RESULT_TENSORS, HEALTH_TENSOR, *CHECKPOINT_TENSORS)  # what an invocation reads
+
+
+class HostDriver:
+    """Driver calls on host memory: allocations are NumPy buffers, copies memmove."""
+
+    def __init__(self):
+        self.buffers: list[np.ndarray] = []
+        self.copies: list[tuple[str, int]] = []  # (call, bytes)
+
+    def allocate(self, size: int) -> int:
+        buffer = np.zeros(size, np.uint8)
+        self.buffers.append(buffer)
+        return buffer.ctypes.data
+
+    def __call__(self, name: str, *args):
+        if name in ("cuMemAlloc", "cuMemHostAlloc"):
+            return self.allocate(args[0])
+        if name in ("cuMemcpyDtoDAsync", "cuMemcpyDtoHAsync"):
+            destination, source, size, _stream = args
+            ctypes.memmove(destination, source, size)
+            self.copies.append((name, size))
+            return None
+        if name in ("cuStreamCreate", "cuEventCreate"):
+            return f"{name} handle"
+        assert name in ("cuCtxSetCurrent", "cuEventRecord", "cuStreamWaitEvent",
+                        "cuStreamSynchronize", "cuMemHostRegister", "cuMemHostUnregister"), name
+        return None
+
+
+def _reading_backend(monkeypatch, vocab: int, schedule: str = "fused",
+                     ) -> tuple[cuda.CudaBackend, HostDriver, np.ndarray]:
+    """A cuda backend with only what begin_read uses, its arena random bytes."""
+    driver = HostDriver()
+    monkeypatch.setattr(cuda, "_call", driver)
+    monkeypatch.setattr(cuda, "_driver", lambda: SimpleNamespace(
+        CUstream_flags=SimpleNamespace(CU_STREAM_NON_BLOCKING=1),
+        CUevent_flags=SimpleNamespace(CU_EVENT_DISABLE_TIMING=2)))
+    plan = build_plan(BobConfig(vocab=vocab, prompts=2, updates=3, schedule=schedule))
+    arena = np.random.default_rng(vocab).integers(0, 256, plan.address_map.arena.bytes,
+                                                  np.uint8)
+    backend = object.__new__(cuda.CudaBackend)
+    backend.plan = plan
+    backend.arena_kind = "device"
+    backend._closed = False
+    backend._context = backend._stream = None
+    backend._arena = arena.ctypes.data
+    backend._staging = backend._reading = backend._landing = backend._copiers = None
+    return backend, driver, arena
+
+
+def _arena_bytes(backend: cuda.CudaBackend, arena: np.ndarray, name: str) -> bytes:
+    start = backend._arena_offset(name, 0, 0)
+    return arena[start:start + backend.plan.tensor(name).bytes].tobytes()
+
+
+@pytest.mark.parametrize("vocab", [256, 1000])
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+def test_a_read_copies_each_span_once_and_hands_out_every_tensor(monkeypatch, vocab: int,
+                                                                 schedule: str) -> None:
+    backend, driver, arena = _reading_backend(monkeypatch, vocab, schedule)
+    expected = {name: _arena_bytes(backend, arena, name) for name in READ}
+    tables = backend.begin_read(READ).wait()
+    assert {name: tables[name].tobytes() for name in READ} == expected
+    spans, _, _ = read_spans([(backend._arena_offset(name, 0, 0),
+                               backend.plan.tensor(name).bytes) for name in READ])
+    # The three tables lie together, and so do the losses, predictions and health counts.
+    assert len(spans) == 2
+    assert [call for call, _ in driver.copies] == ["cuMemcpyDtoDAsync"] * 2 + \
+        ["cuMemcpyDtoHAsync"] * 2
+
+
+def test_a_read_into_a_landing_buffer_hands_out_the_same_bytes(monkeypatch) -> None:
+    backend, driver, arena = _reading_backend(monkeypatch, 256)
+    monkeypatch.setattr(cuda, "Landing", functools.partial(Landing, minimum=0))
+    expected = {name: _arena_bytes(backend, arena, name) for name in READ}
+    first = backend.begin_read(READ).wait()
+    arena[:] = 255 - arena  # the next read must not show through the first's arrays
+    second = backend.begin_read(READ).wait()
+    assert {name: first[name].tobytes() for name in READ} == expected
+    assert {name: second[name].tobytes() for name in READ} == \
+        {name: bytes(255 - b for b in data) for name, data in expected.items()}
+
+
+def test_read_spans_joins_neighbours_and_places_every_range() -> None:
+    gap = SPAN_GAP
+    ranges = [(gap * 10, 100), (0, 10), (5, 20), (25 + gap, 4), (gap * 10 + 50, 0),
+              (gap * 10 + 100, 8), (30 + 2 * gap, 1)]
+    spans, positions, end = read_spans(ranges)
+    # [0, 25) and [25 + gap, 29 + gap) are a gap apart: one span; 30 + 2 gap is a byte
+    # too far for it; the last pair is another.
+    second = PACKING * -(-(29 + gap) // PACKING)
+    assert spans == [(0, 29 + gap, 0), (30 + 2 * gap, 1, second),
+                     (gap * 10, 108, second + PACKING)]
+    assert positions == [second + PACKING, 0, 5, 25 + gap, 0, second + PACKING + 100, second]
+    assert end == second + 2 * PACKING
+    assert read_spans([]) == ([], [], 0)
+    assert read_spans([(7, 0)]) == ([], [0], 0)
+
+
+def test_read_spans_reads_what_a_tensor_by_tensor_copy_would() -> None:
+    hypothesis = pytest.importorskip("hypothesis")
+    strategies = pytest.importorskip("hypothesis.strategies")
+    arena = np.random.default_rng(1).integers(0, 256, 1 << 20, np.uint8)
+
+    @hypothesis.given(strategies.lists(strategies.tuples(strategies.integers(0, 1 << 19),
+                                                         strategies.integers(0, 1 << 18)),
+                                       max_size=8),
+                      strategies.sampled_from([0, 16, SPAN_GAP]))
+    def check(ranges: list[tuple[int, int]], gap: int) -> None:
+        spans, positions, end = read_spans(ranges, gap)
+        buffer = np.zeros(end, np.uint8)
+        for offset, size, at in spans:
+            assert at % PACKING == 0 and at + size <= end
+            buffer[at:at + size] = arena[offset:offset + size]
+        for (offset, size), at in zip(ranges, positions, strict=True):
+            assert buffer[at:at + size].tobytes() == arena[offset:offset + size].tobytes()
+        assert sum(size for _, size, _ in spans) <= max(
+            [0] + [offset + size for offset, size in ranges])
+
+    check()
