@@ -348,6 +348,32 @@ def test_a_large_read_lands_in_a_described_host_buffer_handed_out_as_the_tables(
     assert np.array_equal(again["first_moment"], written["first_moment"])
 
 
+def test_a_read_copies_neighbouring_tensors_as_one_piece(monkeypatch):
+    """An invocation's read: the three tables lie together in the arena (one copy), the
+    losses and health counts together (another); every tensor comes back as written."""
+    from bob.host.session import CHECKPOINT_TENSORS, HEALTH_TENSOR, RESULT_TENSORS
+
+    monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
+    backend, gpu = _open(monkeypatch)
+    names = (*RESULT_TENSORS, HEALTH_TENSOR, *CHECKPOINT_TENSORS)
+    written = {name: np.random.default_rng(len(name)).integers(
+        0, 255, backend.plan.tensor(name).bytes, np.uint8) for name in names}
+    for name, data in written.items():
+        backend.write_tensor(name, data)
+    stream = backend._stream
+    assert stream is not None
+    queued: list[list[tuple[int, int, int]]] = []
+    queue_copies = stream.queue_copies
+    monkeypatch.setattr(stream, "queue_copies",
+                        lambda pieces: queued.append(pieces) or queue_copies(pieces))
+    tables = backend.begin_read(names).wait()
+    assert all(np.array_equal(tables[name], written[name]) for name in names)
+    (pieces,) = queued
+    assert sorted(size for _, _, size in pieces)[-1] == 3 * backend.plan.tensor(
+        "parameters").bytes and len(pieces) == 2
+    backend.close()
+
+
 def test_a_read_while_every_landing_buffer_is_held_goes_through_the_staging(monkeypatch):
     monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
     backend, gpu = _open(monkeypatch)
