@@ -147,13 +147,14 @@ SEED_VARIANTS = {
 def bench_seed_variants() -> None:
     """The seed schedule (two launches per update) on cuda (graph) and nv (chained) at
     V = 256 and 1024: each variant beside the launches alone."""
+    policies = {"cuda": "per-launch", "nv": "chained"}
+    choices = {(name, backend): variant_choice(macros, backend)
+               for name, macros in SEED_VARIANTS.items() for backend in policies}
     for vocab in (256, 1024):
-        for name, macros in SEED_VARIANTS.items():
-            for backend, submission in (("cuda", "per-launch"), ("nv", "chained")):
-                config = BobConfig(vocab=vocab, prompts=0, updates=1000,
-                                   submission=submission)  # type: ignore[arg-type]
-                choice = variant_choice(macros, backend)
-                print(time_bob(f"{backend} seed, {name}", choice, config).line(), flush=True)
+        for (name, backend), choice in choices.items():
+            config = BobConfig(vocab=vocab, prompts=0, updates=1000,
+                               submission=policies[backend])  # type: ignore[arg-type]
+            print(time_bob(f"{backend} seed, {name}", choice, config).line(), flush=True)
 
 
 VARIANTS = {

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import struct
 from collections.abc import Sequence
@@ -90,19 +91,14 @@ class CudaUnavailable(BackendUnavailable):
     """The CUDA backend cannot run here; the message says why."""
 
 
-_DRIVER: list[Any] = []  # the module once imported: every driver call looks it up
-
-
+@functools.cache  # imported once: every driver call looks the module up
 def _driver():
-    if _DRIVER:
-        return _DRIVER[0]
     try:
         from cuda.bindings import driver
     except ImportError as error:
         raise CudaUnavailable(
             f"cuda-bindings is not installed ({error}): pip install 'bob[cuda]'"
         ) from error
-    _DRIVER.append(driver)
     return driver
 
 

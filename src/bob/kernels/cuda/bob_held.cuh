@@ -104,9 +104,14 @@ static __device__ __forceinline__ void prefetch_into_l2(const float* from, u32 b
 
 // This row's m and v, their first HELD_L2_PREFETCH eighths, asked into L2 in chunks, one
 // chunk per thread.
+// The bytes of a row's m (and of its v) HELD_L2_PREFETCH asks for: a multiple of 16.
+static __device__ __forceinline__ u32 first_asked_bytes(u32 vocab) {
+    return vocab * 4u / 8u * HELD_L2_PREFETCH / 16u * 16u;
+}
+
 static __device__ __forceinline__ void prefetch_moments(const float* m, const float* v,
                                                         u32 vocab) {
-    const u32 bytes = vocab * 4u / 8u * HELD_L2_PREFETCH / 16u * 16u;
+    const u32 bytes = first_asked_bytes(vocab);
     const u32 chunks = (bytes + HELD_PREFETCH_CHUNK - 1u) / HELD_PREFETCH_CHUNK;
     for (u32 c = threadIdx.x; c < 2u * chunks; c += HELD_THREADS) {
         const u32 offset = (c % chunks) * HELD_PREFETCH_CHUNK;
@@ -120,7 +125,7 @@ static __device__ __forceinline__ void prefetch_round(const float* m, const floa
                                                       u32 vocab) {
     constexpr u32 chunks = HELD_ROUND * 4u / HELD_PREFETCH_CHUNK;  // of m, and of v
     static_assert(chunks * HELD_PREFETCH_CHUNK == HELD_ROUND * 4u, "whole chunks per round");
-    const u32 asked = vocab * 4u / 8u * HELD_L2_PREFETCH / 16u * 16u;
+    const u32 asked = first_asked_bytes(vocab);
     const u32 offset = HELD_ROUND * 4u * q + (threadIdx.x % chunks) * HELD_PREFETCH_CHUNK;
     if (threadIdx.x < 2u * chunks && offset >= asked && offset < vocab * 4u) {
         const u32 size = ::min(HELD_PREFETCH_CHUNK, vocab * 4u - offset);
