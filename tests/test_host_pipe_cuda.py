@@ -14,8 +14,10 @@ from bob.backends.base import Backend
 from bob.backends.cuda import (
     UPLOAD_CHUNK_BYTES,
     CudaBackend,
+    LaunchTables,
     ParameterStore,
-    _LaunchArguments,
+    _NativeKernelNodeParams,
+    kernel_parameter_buffers,
     kernel_parameters,
 )
 from bob.backends.landing import LANDING_BYTES, LANDING_MIN_BYTES, Landing
@@ -24,7 +26,7 @@ from bob.errors import RunFailure
 from bob.host.check import random_record
 from bob.host.session import Session, train
 from bob.plan.model import Scalar
-from bob.plan.placement import TARGETS
+from bob.plan.placement import TARGETS, argument_slots
 from bob.program.bob import ADAM_SCALAR_NAMES, BobConfig, adam_scalar_table, build_plan
 from bob.records.checkpoint import Checkpoint
 from conftest import assert_same_tensors
@@ -32,22 +34,27 @@ from conftest import assert_same_tensors
 gpu = pytest.mark.gpu
 
 
-def _driverless_cuda(plan) -> CudaBackend:
+FAKE_ARENA = 0x7F00_0000_0000
+
+
+def _driverless_cuda(plan, mode: str = "extra") -> CudaBackend:
     """A CudaBackend's host-side state for `plan`, opened without the driver: the kernel
-    parameter buffers as _open builds them, no graphs (so no node is updated)."""
+    parameter buffers and launch tables as _open builds them (each region's function a
+    made-up handle), no graphs (so no node is updated)."""
     backend = object.__new__(CudaBackend)
     Backend.__init__(backend, plan)  # the blocks' bookkeeping, no allocation
     backend._closed = False
     backend._graphs = {}
-    backend._arguments = {}
-    backend._store = ParameterStore([
-        kernel_parameters(plan, plan.region(launch.region), backend.parameter_block(index),
-                          0x7f00_0000_0000) for index, launch in enumerate(plan.launches)])
-    for index in range(plan.launch_count):
-        backend._arguments[index] = _LaunchArguments(
-            backend._store.buffer(index), ctypes.c_size_t(backend._store.size(index)), None,
-            None, None, None)
+    backend._arena = FAKE_ARENA
+    backend.parameter_mode = mode
+    backend._functions = {placed.name: 0x1000 + 0x100 * index
+                          for index, placed in enumerate(plan.placed_regions)}
+    backend._make_arguments()
     return backend
+
+
+def _buffer(backend: CudaBackend, index: int) -> bytes:
+    return bytes(backend._store.buffer(index))
 
 
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
@@ -62,10 +69,80 @@ def test_cuda_scalar_rows_write_the_words_set_scalars_writes(arch):
                                  for name, word in zip(ADAM_SCALAR_NAMES, row, strict=True)})
     many.set_scalars_many(launches, ADAM_SCALAR_NAMES, words)
     for index in range(plan.launch_count):
-        assert bytes(one._arguments[index].buffer) == bytes(many._arguments[index].buffer)
+        assert _buffer(one, index) == _buffer(many, index)
         assert one.parameter_block(index) == many.parameter_block(index)
-    assert bytes(many._arguments[launches[0]].buffer) != bytes(
-        _driverless_cuda(plan)._arguments[launches[0]].buffer)  # something did change
+    assert _buffer(many, launches[0]) != _buffer(_driverless_cuda(plan), launches[0])
+
+
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+def test_the_buffers_packed_by_region_are_the_plan_blocks_relocated(arch, schedule):
+    config = BobConfig(vocab=64, prompts=2, updates=5, schedule=schedule)
+    plan = build_plan(config, TARGETS[arch])
+    backend = object.__new__(CudaBackend)
+    Backend.__init__(backend, plan)
+    expected = [kernel_parameters(plan, plan.region(launch.region),
+                                  backend.parameter_block(index), FAKE_ARENA)
+                for index, launch in enumerate(plan.launches)]
+    assert kernel_parameter_buffers(plan, FAKE_ARENA, {}) == expected
+    patched = bytearray(backend.parameter_block(1))
+    patched[-4:] = b"\x01\x02\x03\x04"
+    buffers = kernel_parameter_buffers(plan, FAKE_ARENA, {1: bytes(patched)})
+    assert buffers[1] == kernel_parameters(plan, plan.region(plan.launches[1].region),
+                                           bytes(patched), FAKE_ARENA)
+    assert buffers[:1] + buffers[2:] == expected[:1] + expected[2:]
+
+
+def test_a_pointer_outside_the_arena_is_refused_by_the_packed_buffers():
+    plan = build_plan(BobConfig(vocab=64, prompts=1, updates=2), TARGETS["sm_90"])
+    launch = plan.launches[0]
+    region = plan.region(launch.region)
+    moved = replace(launch, args=tuple(
+        replace(arg, address=plan.address_map.arena.end) if hasattr(arg, "address") else arg
+        for arg in launch.args))
+    outside = replace(plan, launches=(moved, *plan.launches[1:]))
+    with pytest.raises(ValueError, match=f"region '{region.name}' argument .* is outside "
+                                         "the arena"):
+        kernel_parameter_buffers(outside, FAKE_ARENA, {})
+
+
+@pytest.mark.parametrize("mode", ["extra", "pointers"])
+def test_the_launch_tables_point_at_each_launchs_buffer(mode):
+    """What a graph node or cuLaunchKernel reads, followed through the tables' addresses:
+    the function, grid, block and shared bytes of the launch, and its kernel parameters."""
+    plan = build_plan(BobConfig(vocab=300, prompts=2, updates=4), TARGETS["sm_90"])
+    backend = _driverless_cuda(plan, mode)
+    tables = backend._launch_tables
+    assert isinstance(tables, LaunchTables)
+    base = plan.target.parameter_base
+    for index, launch in enumerate(plan.launches):
+        region = plan.region(launch.region)
+        native = _NativeKernelNodeParams.from_address(tables.native_address(index))
+        assert native.func == backend._functions[launch.region]
+        assert (native.gridDimX, native.gridDimY, native.gridDimZ) == \
+            (launch.grid.x, launch.grid.y, launch.grid.z)
+        assert (native.blockDimX, native.blockDimY, native.blockDimZ) == \
+            (launch.block.x, launch.block.y, launch.block.z)
+        assert native.sharedMemBytes == region.dynamic_shared_bytes
+        assert native.kern is None and native.ctx is None
+        expected = _buffer(backend, index)[:backend._store.size(index)]
+        assert expected == kernel_parameters(plan, region, backend.parameter_block(index),
+                                             FAKE_ARENA)
+        slots = argument_slots(plan.target, region.params)
+        pointers = (ctypes.c_uint64 * max(1, len(slots))).from_address(
+            tables.pointers_address(index))
+        for slot, pointer in zip(slots, pointers, strict=False):
+            assert ctypes.string_at(pointer, slot.size) == \
+                expected[slot.offset - base:slot.offset - base + slot.size]
+        if mode == "extra":
+            assert native.kernelParams is None
+            extra = (ctypes.c_uint64 * 5).from_address(native.extra)
+            assert list(extra)[0::2] == [1, 2, 0]  # BUFFER_POINTER, BUFFER_SIZE, END
+            size = ctypes.c_uint64.from_address(extra[3]).value
+            assert size == len(expected) and ctypes.string_at(extra[1], size) == expected
+        else:
+            assert native.extra is None
+            assert native.kernelParams == tables.pointers_address(index)
 
 
 def test_the_parameter_store_is_one_array_of_aligned_views():

@@ -53,7 +53,7 @@ import ctypes
 import functools
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +69,7 @@ from bob.kernels.cuda.compile import NvrtcError, nvrtc_version
 from bob.kernels.cuda.regions import CompiledRegions
 from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Plan, PointerParam, Region, Scalar
-from bob.plan.placement import argument_slots
+from bob.plan.placement import ArgumentLayout, argument_layout, argument_slots
 
 ArenaKind = Literal["device", "host"]
 ParameterMode = Literal["extra", "pointers"]
@@ -243,6 +243,43 @@ def kernel_parameters(plan: Plan, region: Region, block: bytes, arena_base: int)
     return bytes(buffer)
 
 
+def kernel_parameter_buffers(plan: Plan, arena_base: int,
+                             patched: Mapping[int, bytes]) -> list[bytes]:
+    """Every launch's kernel parameter buffer (as `kernel_parameters` makes it), packed
+    from the launch's arguments with one struct per region; a launch in `patched` (its
+    block as the host patched it) through `kernel_parameters`.
+
+    A training plan has thousands of launches: laid out launch by launch, the buffers
+    were most of the first invocation's start-up."""
+    window = plan.address_map.arena
+    layouts: dict[str, ArgumentLayout] = {}
+    buffers = []
+    for index, launch in enumerate(plan.launches):
+        layout = layouts.get(launch.region)
+        if layout is None:
+            region = plan.region(launch.region)
+            if len(launch.args) != len(region.params):
+                raise ValueError(f"launch {index} has {len(launch.args)} arguments for "
+                                 f"{len(region.params)} parameters of {region.name!r}")
+            layout = layouts[launch.region] = argument_layout(plan.target, region.params)
+        block = patched.get(index)
+        if block is not None:
+            buffers.append(kernel_parameters(plan, plan.region(launch.region), block,
+                                             arena_base))
+            continue
+        values = layout.values(launch)
+        for slot in range(layout.pointers):
+            address = values[slot]
+            if not window.base <= address < window.end:
+                name = plan.region(launch.region).params[layout.order[slot]].name
+                raise ValueError(
+                    f"region {launch.region!r} argument {name!r}: 0x{address:x} is outside "
+                    f"the arena [0x{window.base:x}, 0x{window.end:x})")
+            values[slot] = arena_base + address - window.base
+        buffers.append(layout.packer.pack(*values))
+    return buffers
+
+
 # -- the backend -------------------------------------------------------------------
 
 
@@ -335,20 +372,70 @@ def _native_launch() -> Any:
     return _NATIVE_LAUNCH[0]
 
 
-@dataclass
-class _LaunchArguments:
-    """Host storage for one launch's parameters; graph nodes point into it."""
+class LaunchTables:
+    """What the driver reads for every launch, as three numpy tables beside the parameter
+    store (host memory graph nodes and launches point into; it lives as long as they do):
 
-    buffer: ctypes.Array  # the kernel parameter buffer
-    size: ctypes.c_size_t
-    extra: ctypes.Array  # [BUFFER_POINTER, &buffer, BUFFER_SIZE, &size, END]
-    pointers: ctypes.Array  # kernelParams: one pointer per argument into buffer
-    node_params: Any  # CUDA_KERNEL_NODE_PARAMS referring to the arrays above
-    native_params: _NativeKernelNodeParams  # the same, for the ctypes node update
+    - ``pointers``: per launch, one address per argument into its parameter buffer (the
+      kernelParams array);
+    - ``extra``: per launch, [BUFFER_POINTER, &buffer, BUFFER_SIZE, &size, END], with the
+      sizes in ``sizes``;
+    - ``native``: per launch, CUDA_KERNEL_NODE_PARAMS_v2 (`_NativeKernelNodeParams`).
 
-    @property
-    def native_address(self) -> int:
-        return ctypes.addressof(self.native_params)
+    A training plan has thousands of launches; made as tables, not a ctypes object or
+    three per launch, they cost the first invocation a few milliseconds, not a hundred.
+    """
+
+    def __init__(self, plan: Plan, store: ParameterStore, functions: Mapping[str, int],
+                 parameter_mode: ParameterMode, constants: tuple[int, int, int]):
+        launches = plan.launches
+        count = len(launches)
+        base = plan.target.parameter_base
+        regions = {launch.region for launch in launches}
+        offsets = {name: np.array([slot.offset - base for slot in
+                                   argument_slots(plan.target, plan.region(name).params)],
+                                  np.uint64) for name in regions}
+        region_of = np.array([launch.region for launch in launches], dtype=object)
+        arguments = np.array([max(1, len(offsets[launch.region])) for launch in launches],
+                             np.int64)
+        self.pointer_starts = np.zeros(count, np.int64)
+        np.cumsum(arguments[:-1], out=self.pointer_starts[1:])
+        self.pointers = np.zeros(max(1, int(arguments.sum())), np.uint64)
+        buffers = store.addresses()
+        self.sizes = store.sizes().astype(np.uint64)
+        native = np.zeros(count, np.dtype(_NativeKernelNodeParams))
+        for name in regions:
+            chosen = np.flatnonzero(region_of == name)
+            relative = offsets[name]
+            if len(relative):
+                places = self.pointer_starts[chosen][:, None] + np.arange(len(relative))
+                self.pointers[places] = buffers[chosen][:, None] + relative[None, :]
+            native["func"][chosen] = functions[name]
+            native["sharedMemBytes"][chosen] = plan.region(name).dynamic_shared_bytes
+        for axis, values in (("gridDim", [launch.grid for launch in launches]),
+                             ("blockDim", [launch.block for launch in launches])):
+            for coordinate in "XYZ":
+                native[axis + coordinate] = [getattr(value, coordinate.lower())
+                                             for value in values]
+        buffer_pointer, buffer_size, end = constants
+        self.extra = np.zeros((count, 5), np.uint64)
+        self.extra[:, 0], self.extra[:, 2], self.extra[:, 4] = buffer_pointer, buffer_size, end
+        self.extra[:, 1] = buffers
+        self.extra[:, 3] = self.sizes.ctypes.data + 8 * np.arange(count, dtype=np.uint64)
+        if parameter_mode == "extra":
+            native["extra"] = self.extra.ctypes.data + 40 * np.arange(count, dtype=np.uint64)
+        else:
+            native["kernelParams"] = self.pointers.ctypes.data + 8 * self.pointer_starts
+        self.native = native
+        self.node_params: dict[int, Any] = {}  # cuda-bindings' structures, where made
+
+    def native_address(self, index: int) -> int:
+        """Launch `index`'s CUDA_KERNEL_NODE_PARAMS_v2, for libcuda's own entry points."""
+        return self.native.ctypes.data + index * self.native.itemsize
+
+    def pointers_address(self, index: int) -> int:
+        """Launch `index`'s kernelParams array."""
+        return self.pointers.ctypes.data + 8 * int(self.pointer_starts[index])
 
 
 class ParameterStore:
@@ -372,6 +459,13 @@ class ParameterStore:
 
     def size(self, index: int) -> int:
         return int(self._sizes[index])
+
+    def sizes(self) -> np.ndarray:
+        return self._sizes.copy()
+
+    def addresses(self) -> np.ndarray:
+        """Each launch's buffer's host address (uint64)."""
+        return (self._bytes.ctypes.data + self._starts).astype(np.uint64)
 
     def buffer(self, index: int) -> ctypes.Array:
         """Launch `index`'s parameter buffer: a ctypes view into the store (never a copy)."""
@@ -498,7 +592,8 @@ class CudaBackend(Backend):
         self._arena = 0  # device address of the arena (of the mapping, for host)
         self._host_arena = 0  # host address of a host arena
         self._graphs: dict[range, _Graph] = {}
-        self._arguments: dict[int, _LaunchArguments] = {}
+        self._store: ParameterStore | None = None  # every launch's kernel parameters
+        self._launch_tables: LaunchTables | None = None  # what the driver reads of them
         self._functions: dict[str, Any] = {}
         # The two large pinned chunks, then the small-write slots, once written through.
         # Pinned host memory writes go through, each kind made at its first use: a V = 256
@@ -558,45 +653,37 @@ class CudaBackend(Backend):
         self._make_arguments()
 
     def _make_arguments(self) -> None:
-        blocks = [kernel_parameters(self.plan, self.plan.region(launch.region),
-                                    self.parameter_block(index), self._arena)
-                  for index, launch in enumerate(self.plan.launches)]
-        self._store = ParameterStore(blocks)
-        for index in range(len(blocks)):
-            self._arguments[index] = self._launch_arguments(index)
-
-    def _launch_arguments(self, index: int) -> _LaunchArguments:
+        self._apply_pending_rows()  # a block patched before a fresh context's arguments
+        patched = {index: bytes(block) for index, block in self._blocks.items()}
+        self._store = ParameterStore(kernel_parameter_buffers(self.plan, self._arena, patched))
         driver = _driver()
-        launch = self.plan.launches[index]
-        region = self.plan.region(launch.region)
-        buffer = self._store.buffer(index)
-        size = ctypes.c_size_t(self._store.size(index))
-        extra = (ctypes.c_void_p * 5)(
-            driver.CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(buffer),
-            driver.CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(size),
-            driver.CU_LAUNCH_PARAM_END,
-        )
-        base = self.plan.target.parameter_base
-        slots = argument_slots(self.plan.target, region.params)
-        pointers = (ctypes.c_void_p * max(1, len(slots)))(
-            *(ctypes.addressof(buffer) + slot.offset - base for slot in slots)
-        )
-        node = driver.CUDA_KERNEL_NODE_PARAMS()
-        node.func = self._functions[region.name]
-        node.gridDimX, node.gridDimY, node.gridDimZ = launch.grid.x, launch.grid.y, launch.grid.z
-        node.blockDimX, node.blockDimY, node.blockDimZ = (launch.block.x, launch.block.y,
-                                                          launch.block.z)
-        node.sharedMemBytes = region.dynamic_shared_bytes  # beyond the image's static bytes
-        if self.parameter_mode == "extra":
-            node.extra = ctypes.addressof(extra)
-        else:
-            node.kernelParams = ctypes.addressof(pointers)
-        native = _NativeKernelNodeParams(
-            int(node.func), launch.grid.x, launch.grid.y, launch.grid.z,
-            launch.block.x, launch.block.y, launch.block.z, region.dynamic_shared_bytes,
-            ctypes.addressof(pointers) if self.parameter_mode == "pointers" else None,
-            ctypes.addressof(extra) if self.parameter_mode == "extra" else None, None, None)
-        return _LaunchArguments(buffer, size, extra, pointers, node, native)
+        constants = (int(driver.CU_LAUNCH_PARAM_BUFFER_POINTER),
+                     int(driver.CU_LAUNCH_PARAM_BUFFER_SIZE), int(driver.CU_LAUNCH_PARAM_END))
+        self._launch_tables = LaunchTables(self.plan, self._store,
+                                    {name: int(function)
+                                     for name, function in self._functions.items()},
+                                    self.parameter_mode, constants)
+
+    def _node_params(self, index: int) -> Any:
+        """Launch `index`'s CUDA_KERNEL_NODE_PARAMS through cuda-bindings, made when first
+        asked for: only where libcuda's own entry points cannot be found by ctypes."""
+        tables = self._launch_tables
+        node = tables.node_params.get(index)
+        if node is None:
+            native = tables.native[index]
+            node = _driver().CUDA_KERNEL_NODE_PARAMS()
+            node.func = self._functions[self.plan.launches[index].region]
+            node.gridDimX, node.gridDimY, node.gridDimZ = (
+                int(native["gridDimX"]), int(native["gridDimY"]), int(native["gridDimZ"]))
+            node.blockDimX, node.blockDimY, node.blockDimZ = (
+                int(native["blockDimX"]), int(native["blockDimY"]), int(native["blockDimZ"]))
+            node.sharedMemBytes = int(native["sharedMemBytes"])  # past the image's static
+            if self.parameter_mode == "extra":
+                node.extra = int(native["extra"])
+            else:
+                node.kernelParams = int(native["kernelParams"])
+            tables.node_params[index] = node
+        return node
 
     def _build_graph(self, submissions: range) -> _Graph:
         graph = _call("cuGraphCreate", 0)
@@ -621,11 +708,11 @@ class CudaBackend(Backend):
         """Launch `index`'s kernel node, with no dependencies yet (`_add_chain` adds them)."""
         add = _native_add_node()
         if add is None:
-            return _call("cuGraphAddKernelNode", graph, None, 0,
-                         self._arguments[index].node_params)
+            return _call("cuGraphAddKernelNode", graph, None, 0, self._node_params(index))
+        assert self._launch_tables is not None
         node = ctypes.c_void_p()
         status = add(ctypes.byref(node), int(graph), None, 0,
-                     self._arguments[index].native_address)
+                     self._launch_tables.native_address(index))
         driver = _driver()
         if status:
             raise CudaError("cuGraphAddKernelNode", *_status_text(driver, driver.CUresult(status)))
@@ -726,12 +813,11 @@ class CudaBackend(Backend):
             stream = int(self._stream)
             for position, index in enumerate(order):
                 spec = self.plan.launches[index]
-                arguments = self._arguments[index]
                 _call("cuEventRecord", events[2 * position], self._stream)
                 status = launch(int(self._functions[spec.region]), spec.grid.x, spec.grid.y,
                                 spec.grid.z, spec.block.x, spec.block.y, spec.block.z,
                                 self.plan.region(spec.region).dynamic_shared_bytes, stream,
-                                ctypes.addressof(arguments.pointers), None)
+                                self._launch_tables.pointers_address(index), None)
                 if status:
                     driver = _driver()
                     raise CudaError(f"cuLaunchKernel(launch {index}, {spec.region})",
@@ -931,13 +1017,14 @@ class CudaBackend(Backend):
                        patches: list[Patch]) -> None:
         """Scalars are not relocated: their words go straight into the kernel's buffer."""
         self._require_open()
-        arguments = self._arguments[launch_index]
+        assert self._store is not None
+        size, buffer = self._store.size(launch_index), self._store.buffer(launch_index)
         base = self.plan.target.parameter_base
         for offset, word in patches:
-            if not 0 <= offset - base <= arguments.size.value - len(word):
+            if not 0 <= offset - base <= size - len(word):
                 raise RunFailure(f"launch {launch_index}: scalar at block offset {offset} is "
                                  "outside its parameter buffer")
-            ctypes.memmove(ctypes.addressof(arguments.buffer) + offset - base, word, len(word))
+            ctypes.memmove(ctypes.addressof(buffer) + offset - base, word, len(word))
         self._update_nodes([launch_index])
 
     def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
@@ -948,6 +1035,7 @@ class CudaBackend(Backend):
         if not launches:
             return
         relative = np.asarray(offsets, np.int64) - self.plan.target.parameter_base
+        assert self._store is not None
         self._store.write_words(launches, relative, words)
         self._update_nodes(launches)
 
@@ -959,17 +1047,19 @@ class CudaBackend(Backend):
         _call("cuCtxSetCurrent", self._context)
         native = _native_node_update()
         graphs = list(self._graphs.values())
+        tables = self._launch_tables
+        assert tables is not None
         if native is None:
             for index in launches:
                 for graph in graphs:
                     for node in graph.nodes.get(index, ()):
                         _call("cuGraphExecKernelNodeSetParams", graph.exec, node,
-                              self._arguments[index].node_params)
+                              self._node_params(index))
             return
         for graph in graphs:
             handle = int(graph.exec)
             for index in launches:
-                params = self._arguments[index].native_address
+                params = tables.native_address(index)
                 for node in graph.native_nodes.get(index, ()):
                     status = native(handle, node, params)
                     if status:
@@ -1051,6 +1141,6 @@ class CudaBackend(Backend):
                 release("cuDevicePrimaryCtxRelease", self._device)
             self._context = None
         self._functions.clear()
-        self._arguments.clear()
+        self._store = self._launch_tables = None
         if errors:
             raise errors[0]

@@ -103,18 +103,62 @@ def argument_bytes_end(target: Target, params: tuple[Param, ...]) -> int:
     return align_up(end, POINTER_WORD_BYTES)
 
 
+@dataclass(frozen=True)
+class ArgumentLayout:
+    """One region's arguments as a single struct from the target's parameter base, in
+    argument_slots' order: pointer words first, then scalars. Made once per region, so
+    encoding a plan's thousands of launches packs each in one call."""
+
+    base: int  # the target's parameter base: where the struct starts in a block
+    block_bytes: int  # a whole parameter block (the driver area included)
+    order: tuple[int, ...]  # the position in Launch.args of each slot's argument
+    pointers: int  # how many of the slots (the first ones) are pointer words
+    packer: struct.Struct
+
+    def values(self, launch: Launch) -> list[int]:
+        """The launch's arguments as the struct's integers (addresses, then scalar bits)."""
+        args = launch.args
+        pointer_positions, scalar_positions = self.order[:self.pointers], self.order[self.pointers:]
+        values = []
+        for position in pointer_positions:
+            arg = args[position]
+            if not isinstance(arg, Address):
+                raise TypeError(f"argument {position} of a {launch.region!r} launch is a "
+                                f"pointer parameter given {arg!r}")
+            values.append(arg.address)
+        for position in scalar_positions:
+            arg = args[position]
+            if not isinstance(arg, Scalar):
+                raise TypeError(f"argument {position} of a {launch.region!r} launch is a "
+                                f"scalar parameter given {arg!r}")
+            values.append(arg.bits)
+        return values
+
+    def encode(self, launch: Launch) -> bytes:
+        """The parameter block of one launch: driver area zero, arguments after."""
+        block = bytearray(self.block_bytes)
+        self.packer.pack_into(block, self.base, *self.values(launch))
+        return bytes(block)
+
+
+@functools.lru_cache(maxsize=256)
+def argument_layout(target: Target, params: tuple[Param, ...]) -> ArgumentLayout:
+    """A region's arguments (its `params`) as one struct (see ArgumentLayout)."""
+    slots = argument_slots(target, params)
+    position = {param.name: index for index, param in enumerate(params)}
+    pointers = sum(isinstance(slot.param, PointerParam) for slot in slots)
+    packer = struct.Struct("<" + "Q" * pointers + "I" * (len(slots) - pointers))
+    end = argument_bytes_end(target, params)
+    return ArgumentLayout(target.parameter_base, max(end, target.parameter_block_bytes),
+                          tuple(position[slot.param.name] for slot in slots), pointers, packer)
+
+
 def encode_parameter_block(target: Target, region: Region, launch: Launch) -> bytes:
     """The parameter block of one launch: driver area zero, arguments after."""
-    end = argument_bytes_end(target, region.params)
-    block = bytearray(max(end, target.parameter_block_bytes))
-    by_name = dict(zip((p.name for p in region.params), launch.args, strict=True))
-    for slot in argument_slots(target, region.params):
-        arg = by_name[slot.param.name]
-        if isinstance(arg, Address):
-            struct.pack_into("<Q", block, slot.offset, arg.address)
-        else:
-            struct.pack_into("<I", block, slot.offset, arg.bits)
-    return bytes(block)
+    if len(launch.args) != len(region.params):
+        raise ValueError(f"a {region.name!r} launch has {len(launch.args)} arguments for "
+                         f"{len(region.params)} parameters")
+    return argument_layout(target, region.params).encode(launch)
 
 
 def decode_parameter_block(
