@@ -242,8 +242,8 @@ def test_the_scalar_table_equals_the_per_step_scalars_bit_for_bit():
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
     """1024 < V <= 4096: the wide region; from where it is faster (4608 hard, 5121 corpus)
-    to 8192 the tall one (sig.TALL_BLOCKS: 1024 threads hard, 512 corpus); past it to 52224
-    the held one (512 threads) when V % 4 == 0; other streamed rows the stream one when
+    to 8192 the tall one (sig.TALL_BLOCKS: 1024 threads hard, 512 corpus); past it the held
+    one (512 threads) when V % 4 == 0; other streamed rows the stream one when
     V % 4 == 0, else narrow. One signature everywhere, the stream
     one's tables 16-byte aligned (it moves them as float4)."""
     hard = mode == "hard"
@@ -259,7 +259,8 @@ def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
                                  (first_tall, tall, sig.TALL_BLOCKS[tall]),
                                  (8192, tall, sig.TALL_BLOCKS[tall]), (8193, narrow, 256),
                                  (8196, held, 512), (9000, held, 512), (9002, narrow, 256),
-                                 (52224, held, 512), (52228, stream, 256)):
+                                 (52224, held, 512), (52228, held, 512),
+                                 (65536, held, 512)):
         config = BobConfig(vocab=vocab, prompts=0, updates=2, mode=mode, schedule="fused")
         assert config.fused_region == region, vocab
         plan = build_plan(config, SM90)

@@ -40,9 +40,10 @@ def compiled(arch: str):
     (8196, "hard", sig.FUSED_HELD_HARD),
     (8196, "corpus", sig.FUSED_HELD_CORPUS),
     (32768, "hard", sig.FUSED_HELD_HARD),
-    (HELD_TO_VOCAB, "corpus", sig.FUSED_HELD_CORPUS),  # the longest row an H200 holds whole
-    (HELD_TO_VOCAB + 4, "hard", sig.FUSED_STREAM_HARD),  # past it, streamed
-    (65536, "corpus", sig.FUSED_STREAM_CORPUS),
+    (52224, "corpus", sig.FUSED_HELD_CORPUS),  # the longest row an H200 holds whole
+    (52228, "hard", sig.FUSED_HELD_HARD),  # past it, held in part, the rest streamed
+    (HELD_TO_VOCAB, "corpus", sig.FUSED_HELD_CORPUS),  # MAX_VOCAB
+    (4100, "hard", sig.FUSED_STREAM_HARD),  # below the tall rows: streamed
     (8194, "hard", sig.FUSED_HARD),  # V % 4 != 0: the narrow kernels' scalar path
 ])
 def test_the_plan_gives_rows_past_8192_to_the_held_kernels_while_they_fit(vocab, mode, region):

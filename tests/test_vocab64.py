@@ -30,7 +30,7 @@ from bob.plan.certificate import certify
 from bob.plan.jsonio import dumps, loads
 from bob.plan.model import Scalar
 from bob.plan.placement import SM86, SM90, decode_parameter_block
-from bob.program.bob import BobConfig, adam_scalar_table, build_plan
+from bob.program.bob import HELD_GRID, BobConfig, adam_scalar_table, build_plan
 from bob.records import checkpoint as ckpt
 from bob.records import corpus
 from bob.records.binary import HEADER, INPUT_MAGIC, InputRecord
@@ -121,7 +121,7 @@ def test_the_encoder_encodes_a_plan_at_65536(schedule: str, target) -> None:
     assert encoded.program.base == plan.address_map.program.base
     # The fused launch's parameter block carries the 64-bit addresses of its tables.
     index = next(i for i, launch in enumerate(plan.launches)
-                 if launch.region in (sig.ADAMW, sig.FUSED_STREAM_HARD))
+                 if launch.region in (sig.ADAMW, sig.FUSED_HELD_HARD))
     decoded = decode_parameter_block(plan.target, plan.region(plan.launches[index].region),
                                      parameter_block(plan, index))
     assert decoded["second_moment"].address == plan.tensor("second_moment").address
@@ -133,11 +133,11 @@ def certify_and(plan):
     return plan
 
 
-def test_the_fused_schedule_streams_one_update_per_launch_at_65536() -> None:
+def test_the_fused_schedule_holds_rows_in_part_one_update_per_launch_at_65536() -> None:
     config, plan = big_plan("fused", "hard", updates=3)
-    fused = [launch for launch in plan.launches if launch.region == sig.FUSED_STREAM_HARD]
+    fused = [launch for launch in plan.launches if launch.region == sig.FUSED_HELD_HARD]
     assert len(fused) == 3 == config.updates
-    assert all(launch.grid.x == V for launch in fused)
+    assert all(launch.grid.x == HELD_GRID for launch in fused)  # a block per SM, rows looped
 
 
 # -- records ---------------------------------------------------------------------------

@@ -129,11 +129,12 @@ TALL_VOCAB = 8192  # bob_kernels.cu: TALL_VOCAB (TALL_THREADS x TALL_SLOTS)
 # 130 at 4608, 159 vs 158 at 5120, 211 vs 321 at 6000 (docs/BENCHMARKS.md).
 TALL_FROM_VOCAB = {"hard": 4608, "corpus": 5121}
 # Past the tall kernels' rows the held ones (w in shared memory, read from DRAM once a launch)
-# take V % 4 == 0 while an H200 holds the whole row (52224 floats: 227 KiB less the kernel's
-# own). Measured (H200, one launch per update, bench/bench_stream.py): V = 32768 8.13
-# ms/update held, 8.80 streamed; V = 65536, 52224 of a row held, 36.8 held, 35.3 streamed.
+# take V % 4 == 0, holding as much of the row as an H200's shared memory takes (52224 floats:
+# 227 KiB less the kernel's own) and streaming the rest. Measured (H200, one launch per
+# update, bench/bench_stream.py): V = 32768 7.21 ms/update held, 8.80 streamed; V = 65536
+# 33.75-34.11 held (m and v asked into L2 ahead), 35.33 streamed, the same state digest.
 HELD_FROM_VOCAB = TALL_VOCAB + 1
-HELD_TO_VOCAB = 52224
+HELD_TO_VOCAB = MAX_VOCAB
 # Their grid: one block per SM of an H200 (132), each taking rows blockIdx.x, + 132, ... and
 # copying its next row's w in while it updates the last. Any grid gives the same bits.
 HELD_GRID = 132
@@ -180,8 +181,9 @@ class BobConfig:
         """The narrow kernels (rows to 1024 in registers, longer rows streamed), the wide
         ones whose rows up to WIDE_VOCAB stay on chip, the tall ones (a block of 1024
         threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB, past it with V % 4 == 0
-        the held ones (the row's w in shared memory, the rest streamed), or, for the other
-        streamed rows with V % 4 == 0, the stream ones (float4 loads and stores)."""
+        the held ones (as much of the row's w in shared memory as fits, the rest
+        streamed), or, for the other streamed rows with V % 4 == 0 (below the tall ones),
+        the stream ones (float4 loads and stores)."""
         hard = self.mode == "hard"
         if HELD_FROM_VOCAB <= self.vocab <= HELD_TO_VOCAB and self.vocab % STREAM_QUAD == 0:
             return sig.FUSED_HELD_HARD if hard else sig.FUSED_HELD_CORPUS
