@@ -157,28 +157,6 @@ class HostMemory:
         ctypes.memmove(self.address + offset, data, len(data))
 
 
-@dataclass
-class DeviceOnly:
-    """Video memory with no CPU mapping (a read's snapshot) as the fake GPU reaches it."""
-
-    block: object
-    data: bytearray
-
-    @property
-    def gpu_va(self) -> int:
-        return self.block.gpu_va
-
-    @property
-    def size(self) -> int:
-        return self.block.size
-
-    def read(self, offset: int, size: int) -> bytes:
-        return bytes(self.data[offset:offset + size])
-
-    def write(self, offset: int, data: bytes) -> None:
-        self.data[offset:offset + len(data)] = data
-
-
 class FakeGpu:
     """Executes what the channel was handed: runtime segments (copies, releases) from the
     bytes, plan submissions as launches of a known duration (1 us * (launch + 1))."""
@@ -194,8 +172,6 @@ class FakeGpu:
         self.error_on_copy = error_on_copy
         self.launches: list[int] = []
         self.acquires: list[int] = []
-        self.acquired: list[tuple[int, int]] = []  # (semaphore address, payload)
-        self.device_only: dict[int, DeviceOnly] = {}  # id of an allocation -> its bytes
         monkeypatch.setattr(ch.Channel, "wait", lambda channel, *args: self.wait(channel, *args))
 
     def blocks(self):
@@ -207,11 +183,6 @@ class FakeGpu:
                                   stream.profile_buffer) if b]
         found.append(backend.channel.ring)
         found += [HostMemory(address, block) for address, block in backend._described.items()]
-        snapshot = backend._snapshot
-        if snapshot is not None:
-            if id(snapshot) not in self.device_only:
-                self.device_only[id(snapshot)] = DeviceOnly(snapshot, bytearray(snapshot.size))
-            found.append(self.device_only[id(snapshot)])
         return found
 
     def memory(self, address: int, size: int):
@@ -285,7 +256,6 @@ class FakeGpu:
             value, = struct.unpack("<Q", self.read(address, 8))
             assert value >= payload, f"acquired {payload} with the semaphore at {value}"
             self.acquires.append(payload)
-            self.acquired.append((address, payload))
             return
         data = struct.pack("<Q", payload)
         if fields.get("RELEASE_TIMESTAMP") == "EN":
@@ -704,94 +674,4 @@ def test_a_patch_of_the_parameter_blocks_waits_for_the_queued_runs(monkeypatch):
                              bits)
     assert seen and not any(seen)  # every write to the blocks came after the drain
     assert gpu.acquires == [0, 1]  # both runs were queued and ran
-    backend.close()
-
-
-def _detached(monkeypatch):
-    monkeypatch.setattr(nv_backend, "DETACHED_READ_MIN_BYTES", 4096)
-    backend, gpu = _open(monkeypatch)
-    tables = {name: np.random.default_rng(len(name)).integers(
-        0, 255, backend.plan.tensor(name).bytes, np.uint8) for name in CHECKPOINT}
-    for name, data in tables.items():
-        backend.write_tensor(name, data)  # nothing queued: straight into the mapping
-    return backend, gpu, tables
-
-
-CHECKPOINT = ("parameters", "first_moment", "second_moment")
-
-
-def test_a_large_read_is_detached_and_the_next_run_waits_for_its_snapshot_only(monkeypatch):
-    backend, gpu, tables = _detached(monkeypatch)
-    count = backend.plan.submission_count
-    backend.start(range(count))  # counter 1
-    read = backend.begin_read(CHECKPOINT)  # the snapshot: counter 2; the copy out: reads 1
-    later = np.full(backend.plan.tensor("parameters").bytes, 7, np.uint8)
-    backend.write_tensor("parameters", later)  # queued behind the snapshot: counter 3
-    backend.start(range(count))  # counter 4
-    stream = backend._stream
-    assert (stream.counter, stream.reads) == (4, 1) and gpu.launches == []
-    got = read.wait()
-    for name in CHECKPOINT:  # the state the first run left, not the write queued after
-        assert np.array_equal(got[name], tables[name])
-    assert stream.completed_reads == 1
-    backend.wait()
-    assert np.array_equal(np.frombuffer(_tensor_bytes(backend, "parameters"), np.uint8), later)
-    counter, reads = st.COUNTER_ADDRESS, st.READS_ADDRESS
-    # Run 1; the snapshot, after run 1 and after no read; the copy out, after the snapshot;
-    # the write and run 2 after the item before them, never after the copy out.
-    assert gpu.acquired == [(counter, 0), (counter, 1), (reads, 0), (counter, 2),
-                            (counter, 2), (counter, 3)]
-    snapshot = backend._snapshot
-    again = backend.begin_read(CHECKPOINT).wait()  # the same snapshot, after read 1's copy
-    assert backend._snapshot is snapshot
-    assert gpu.acquired[-3:] == [(counter, 4), (reads, 1), (counter, 5)]
-    assert np.array_equal(again["parameters"], later)
-    assert all(np.array_equal(again[name], tables[name]) for name in CHECKPOINT[1:])
-    backend.close()
-
-
-def test_draining_and_closing_wait_for_a_detached_read(monkeypatch):
-    backend, gpu, _ = _detached(monkeypatch)
-    backend.begin_read(CHECKPOINT)
-    stream = backend._stream
-    assert stream.completed_reads == 0 and stream.reads == 1
-    backend.wait()  # drains: the copy out included, though no item waits for it
-    assert stream.completed_reads == 1
-    backend.begin_read(CHECKPOINT)
-    waited = []
-    original = st.RuntimeStream.wait_for_read
-    monkeypatch.setattr(st.RuntimeStream, "wait_for_read", lambda stream, target, what="":
-                        waited.append(target) or original(stream, target, what))
-    backend.close()
-    assert waited == [2] and backend._snapshot is None
-
-
-def test_a_read_with_no_snapshot_to_be_had_goes_straight_to_the_host(monkeypatch):
-    backend, gpu, tables = _detached(monkeypatch)
-    allocate = nv_backend.allocate
-
-    def no_video_memory(device, size, **options):
-        if options.get("name") == "read snapshot":
-            raise ioctl.RmError("NV01_MEMORY_LOCAL_USER", "NV_ERR_NO_MEMORY", "out of memory")
-        return allocate(device, size, **options)
-
-    monkeypatch.setattr(nv_backend, "allocate", no_video_memory)
-    for _ in range(2):  # refused once, not asked again at the same size
-        got = backend.begin_read(CHECKPOINT).wait()
-        assert all(np.array_equal(got[name], tables[name]) for name in CHECKPOINT)
-    stream = backend._stream
-    assert backend._snapshot is None and stream.reads == 0 and stream.counter == 2
-    assert backend._no_snapshot > 0
-    backend.close()
-
-
-def test_a_detached_read_refuses_copies_one_segment_cannot_hold(monkeypatch):
-    backend, gpu, _ = _detached(monkeypatch)
-    stream = backend.stream
-    piece = (0x1000, 0x2000, 4096)
-    with pytest.raises(ValueError, match="a detached read is 1 to 64 copies"):
-        stream.queue_detached_read([piece] * 65, [piece])
-    with pytest.raises(ValueError, match="a detached read is 1 to 64 copies"):
-        stream.queue_detached_read([piece], [])
-    assert (stream.counter, stream.reads) == (0, 0)  # nothing was queued
     backend.close()

@@ -41,7 +41,6 @@ command line's and the API's default) builds chained plans for this backend
 from __future__ import annotations
 
 import contextlib
-import functools
 import struct
 from collections.abc import Sequence
 
@@ -61,7 +60,7 @@ from bob.errors import BackendUnavailable, RunFailure
 from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Component, Plan, Scalar
 
-from .channel import RUNTIME_VA_BASE, Channel
+from .channel import Channel
 from .device import RmClient, RmDevice
 from .ioctl import ChannelError, RmError, SubmissionTimeout, Transport
 from .memory import (
@@ -73,23 +72,12 @@ from .memory import (
     release,
     round_up,
 )
-from .stream import (
-    COPY_PIECE_BYTES,
-    COPY_THRESHOLD,
-    PIECES_PER_SEGMENT,
-    WRITE_SLOT_BYTES,
-    RuntimeStream,
-)
+from .stream import COPY_PIECE_BYTES, COPY_THRESHOLD, WRITE_SLOT_BYTES, RuntimeStream
 
 SUPPORTED_TARGET = "sm_90"
 DEFAULT_DEADLINE_S = 30.0  # without progress; the clock restarts whenever GP_GET moves
 SEMAPHORE_BYTES = 8  # each submission releases a 64-bit value into its slot
 QUEUED_READ_MIN_BYTES = 64 << 10  # smaller reads wait for the device and read the mapping
-# Reads this large are detached (stream.queue_detached_read): a snapshot in video memory
-# first, so the next run waits for that, not for the copy to the host. At V = 8192 the
-# tables are 805 MB, and their crossing to the host held each invocation back.
-DETACHED_READ_MIN_BYTES = 4 << 20
-SNAPSHOT_VA = RUNTIME_VA_BASE + (1 << 30)  # the snapshot: below every plan component
 
 
 def nv_available() -> tuple[bool, str]:
@@ -141,8 +129,6 @@ class NvBackend(Backend):
         self._no_stream = ""  # why the runtime stream could not be set up, if it could not
         self._landing: Landing | None = None  # host buffers large reads land in (begin_read)
         self._described: dict[int, Allocation] = {}  # landing buffer address -> its mapping
-        self._snapshot: Allocation | None = None  # video memory detached reads go through
-        self._no_snapshot = 0  # the size at which a snapshot could not be had
         self.encoded: EncodedProgram = encode(self.certified)
         self.client = RmClient(transport)
         self.blocks: dict[str, Allocation] = {}
@@ -270,59 +256,22 @@ class NvBackend(Backend):
         arena = self.blocks["arena"]
         destination = self._described[buffer.ctypes.data].gpu_va
         assert arena.gpu_va is not None and destination is not None
-        def copies_into(base: int) -> list[tuple[int, int, int]]:
-            return [(arena.gpu_va + offset + done, base + position + done,
-                     min(COPY_PIECE_BYTES, size - done))
-                    for offset, size, position in spans
-                    for done in range(0, size, COPY_PIECE_BYTES)]
-
-        snapshot = self._snapshot_for(end) if end >= DETACHED_READ_MIN_BYTES else None
-        taken = copies_into(snapshot) if snapshot is not None else []
-        out = [] if snapshot is None else [
-            (snapshot + done, destination + done, min(COPY_PIECE_BYTES, end - done))
-            for done in range(0, end, COPY_PIECE_BYTES)]
-        if taken and max(len(taken), len(out)) <= PIECES_PER_SEGMENT:
-            target = self._guarded(lambda: self.stream.queue_detached_read(taken, out))
-            settle = functools.partial(self._settle_read, target, detached=True)
-        else:  # small, no snapshot to be had, or too many pieces: straight to the host
-            pieces = copies_into(destination)
-            target = self._guarded(lambda: self.stream.queue_copies(pieces))
-            settle = functools.partial(self._settle_read, target)
+        pieces = [(arena.gpu_va + offset + done, destination + position + done,
+                   min(COPY_PIECE_BYTES, size - done))
+                  for offset, size, position in spans
+                  for done in range(0, size, COPY_PIECE_BYTES)]
+        target = self._guarded(lambda: self.stream.queue_copies(pieces))
         whole = landing.hand_out(buffer)
         return ReadHandle({name: whole[position:position + size]
                            for name, position, size in zip(names, positions, sizes,
-                                                           strict=True)}, settle)
+                                                           strict=True)},
+                          lambda: self._settle_read(target))
 
-    def _settle_read(self, target: int, detached: bool = False) -> None:
+    def _settle_read(self, target: int) -> None:
         self._require_open()
         assert self._stream is not None
         stream = self._stream
-        if detached:
-            self._guarded(lambda: stream.wait_for_read(target, f"detached read {target}"))
-        else:
-            self._guarded(lambda: stream.wait_for(target, f"copy-engine read {target}"))
-
-    def _snapshot_for(self, size: int) -> int | None:
-        """The GPU address of video memory for a detached read of `size` bytes (made, or
-        made larger, when first needed), or None where there is none to be had: the read
-        then goes straight to the host, as smaller ones do."""
-        size = round_up(size, VIDMEM_GRANULE)
-        if self._snapshot is not None and self._snapshot.size >= size:
-            return SNAPSHOT_VA
-        lowest = min(component.base for component in self.plan.address_map.components)
-        if (self._no_snapshot and size >= self._no_snapshot) or SNAPSHOT_VA + size > lowest:
-            return None
-        if self._snapshot is not None:
-            self._drain()  # the last detached read may still be copying out of it
-            release(self.device, self._snapshot)
-            self._snapshot = None
-        try:
-            self._snapshot = allocate(self.device, size, location="vidmem", gpu_va=SNAPSHOT_VA,
-                                      map_cpu=False, name="read snapshot")
-        except RmError:  # out of video memory beside the arena: no snapshot at this size
-            self._no_snapshot = size
-            return None
-        return SNAPSHOT_VA
+        self._guarded(lambda: stream.wait_for(target, f"copy-engine read {target}"))
 
     def _landing_for(self, size: int) -> Landing:
         """The landing buffers for reads of `size` bytes (made anew when the size changes),
@@ -540,10 +489,6 @@ class NvBackend(Backend):
         with contextlib.suppress(RmError):
             self._close_landing()
         self._described.clear()
-        if self._snapshot is not None and self.device is not None:
-            with contextlib.suppress(RmError):
-                release(self.device, self._snapshot)
-        self._snapshot = None
         if self._stream is not None:
             self._stream.close()
             self._stream = None

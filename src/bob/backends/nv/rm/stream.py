@@ -20,14 +20,6 @@ never wraps (``start`` lets a test begin just below 2**32 and run across it). A
 segment, and a write slot, is written again only once the counter shows the GPU
 is past the item that used it.
 
-A large read need not hold the queue while it crosses to the host: a *detached*
-read (``queue_detached_read``) first copies the tensors into a snapshot in video
-memory, as an item of the queue, then copies the snapshot to the host in a
-segment that releases a second counter, the reads counter, and that no later
-item waits for. The next run then starts once the snapshot is taken, beside the
-copy to the host (the copy engine and the compute engine each take their own
-methods from the channel). The next snapshot waits for the last read out of it.
-
 Copies run on the channel's copy engine: HOPPER_DMA_COPY_A is allocated on the
 same channel and bound on subchannel 4 (``pushbuffer.CopyWriter``).
 
@@ -79,8 +71,6 @@ SEGMENT_STRIDE = 32  # one timestamped release is 6 words
 PROFILE_SEGMENTS = 2 * PROFILE_LIMIT * TIMESTAMP_RELEASE_BYTES  # segments after the structures
 PROFILE_BYTES = round_up(PROFILE_SEGMENTS + 2 * PROFILE_LIMIT * SEGMENT_STRIDE, SYSMEM_GRANULE)
 COUNTER_ADDRESS = RUNTIME_BLOCK_VA + COUNTER_OFFSET
-READS_OFFSET = COUNTER_OFFSET + 16  # the detached reads' 64-bit counter
-READS_ADDRESS = RUNTIME_BLOCK_VA + READS_OFFSET
 
 Wait = Callable[[Callable[[], int], int, str], None]
 
@@ -134,23 +124,18 @@ def _commands(pushbuffer: Pushbuffer) -> CommandWriter:
 
 
 def copy_segment(address: int, pieces: list[tuple[int, int, int]], after: int, payload: int,
-                 *, bind: bool = False, reads_after: int | None = None,
-                 release_to: int = COUNTER_ADDRESS) -> bytes:
-    """Once the counter reaches `after` (and, with `reads_after`, the reads counter that):
-    copies (source, destination, size), the last releasing `payload` into the counter at
-    `release_to` (the runtime counter unless said otherwise)."""
+                 *, bind: bool = False) -> bytes:
+    """Once the counter reaches `after`: copies (source, destination, size), the last
+    releasing `payload` into the counter."""
     pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
-    commands = _commands(pushbuffer)
-    commands.acquire_semaphore(COUNTER_ADDRESS, after)
-    if reads_after is not None:
-        commands.acquire_semaphore(READS_ADDRESS, reads_after)
+    _commands(pushbuffer).acquire_semaphore(COUNTER_ADDRESS, after)
     writer = CopyWriter(pushbuffer)
     if bind:
         writer.bind()
     for index, (source, destination, size) in enumerate(pieces):
         last = index == len(pieces) - 1
         writer.copy(source, destination, size,
-                    release=(release_to, payload) if last else None)
+                    release=(COUNTER_ADDRESS, payload) if last else None)
     return pushbuffer.to_bytes()
 
 
@@ -177,7 +162,6 @@ class RuntimeStream:
         self.channel = channel
         self._wait = wait
         self.counter = start  # the value the last item queued releases
-        self.reads = start  # the value the last detached read releases into the reads counter
         self.last_item = "nothing"  # what the last item queued is, for waits' reports
         self._stamps = start  # timestamp payloads: their own numbering
         self.block = allocate(device, RUNTIME_BLOCK_BYTES, location="sysmem",
@@ -190,11 +174,8 @@ class RuntimeStream:
         self.staging_note = "process memory described to the driver"
         self._counter = self.block.u64(COUNTER_OFFSET)
         self._counter.value = start
-        self._reads = self.block.u64(READS_OFFSET)
-        self._reads.value = start
-        # After which value each segment may be written again: (runtime counter, reads
-        # counter), the second for a detached read's segment, which no later item waits for.
-        self._segment_free_after: list[tuple[int, int | None]] = [(start, None)] * SEGMENTS
+        # The counter value after which each segment (and write slot) may be written again.
+        self._segment_free_after = [start] * SEGMENTS
         self._next_segment = 0
         self._slot_free_after = [start] * WRITE_SLOTS
         self._next_slot = 0
@@ -228,13 +209,8 @@ class RuntimeStream:
         return self._counter.value
 
     @property
-    def completed_reads(self) -> int:
-        """The reads counter's 64-bit value as the copy engine last released it."""
-        return self._reads.value
-
-    @property
     def pending(self) -> bool:
-        """Whether an item queued has not completed yet (detached reads aside)."""
+        """Whether an item queued has not completed yet."""
         return self.completed < self.counter
 
     def wait_for(self, target: int, what: str = "") -> None:
@@ -242,16 +218,9 @@ class RuntimeStream:
         if self.completed < target:
             self._wait(lambda: self.completed, target, what or f"runtime item {target}")
 
-    def wait_for_read(self, target: int, what: str = "") -> None:
-        """Block until the detached read that releases `target` (and every one before) is
-        done."""
-        if self.completed_reads < target:
-            self._wait(lambda: self.completed_reads, target, what or f"detached read {target}")
-
     def drain(self) -> None:
-        """Block until everything queued is done, detached reads included."""
+        """Block until everything queued is done."""
         self.wait_for(self.counter, f"{self.last_item} (runtime item {self.counter})")
-        self.wait_for_read(self.reads)
 
     # -- the queue ----------------------------------------------------------------------
     def _segment(self) -> tuple[int, int]:
@@ -259,18 +228,13 @@ class RuntimeStream:
         last use."""
         index = self._next_segment
         self._next_segment = (index + 1) % SEGMENTS
-        counter, reads = self._segment_free_after[index]
-        self.wait_for(counter, f"runtime segment {index}")
-        if reads is not None:
-            self.wait_for_read(reads, f"runtime segment {index} (a detached read)")
+        self.wait_for(self._segment_free_after[index], f"runtime segment {index}")
         return index, RUNTIME_BLOCK_VA + index * SEGMENT_BYTES
 
-    def _place(self, index: int, data: bytes, free_after: int,
-               reads_after: int | None = None) -> bytes:
-        """Segment `index`'s bytes in the block; its GPFIFO entry. It is written again once
-        the runtime counter reaches `free_after` (and the reads counter `reads_after`)."""
+    def _place(self, index: int, data: bytes, free_after: int) -> bytes:
+        """Segment `index`'s bytes in the block; its GPFIFO entry."""
         self.block.write(index * SEGMENT_BYTES, data)
-        self._segment_free_after[index] = (free_after, reads_after)
+        self._segment_free_after[index] = free_after
         return gpfifo_entry(HOPPER_CHANNEL_GPFIFO_A, RUNTIME_BLOCK_VA + index * SEGMENT_BYTES,
                             len(data) // WORD_BYTES)
 
@@ -307,33 +271,6 @@ class RuntimeStream:
         self.last_item = what
         self.channel.submit(ring)
         return self.counter
-
-    def queue_detached_read(self, snapshot: list[tuple[int, int, int]],
-                            out: list[tuple[int, int, int]]) -> int:
-        """Queue a read that does not hold the queue: the `snapshot` copies (into video
-        memory), an item like any other, once the last detached read out of the snapshot is
-        done; then the `out` copies (from the snapshot to the host), which release the
-        reads counter and which no later item waits for. The reads counter's value they
-        release (`wait_for_read`)."""
-        for pieces in (snapshot, out):
-            if not pieces or len(pieces) > PIECES_PER_SEGMENT or any(
-                    not 0 < size <= COPY_PIECE_BYTES for *_, size in pieces):
-                raise ValueError(f"a detached read is 1 to {PIECES_PER_SEGMENT} copies of 1 to "
-                                 f"{COPY_PIECE_BYTES} bytes each way")
-        first, first_address = self._segment()
-        last, last_address = self._segment()
-        taken = copy_segment(first_address, snapshot, self.counter, self.counter + 1,
-                             bind=not self._bound, reads_after=self.reads)
-        self._bound = True
-        self.counter += 1
-        self.reads += 1
-        read = copy_segment(last_address, out, self.counter, self.reads,
-                            release_to=READS_ADDRESS)
-        entries = [self._place(first, taken, self.counter),
-                   self._place(last, read, self.counter, self.reads)]
-        self.last_item = f"the snapshot of detached read {self.reads}"
-        self.channel.submit(entries)
-        return self.reads
 
     def queue_write(self, destination: int, data: memoryview) -> int:
         """Queue `data` (at most WRITE_SLOT_BYTES) for GPU address `destination`: staged in
@@ -428,7 +365,7 @@ class RuntimeStream:
         return launch_nanoseconds(found, first)
 
     def close(self) -> None:
-        del self._counter, self._reads
+        del self._counter
         for block in (self.staging, self.writes, self.profile_buffer):
             if block is not None:
                 block.close()
@@ -436,6 +373,5 @@ class RuntimeStream:
         self.block.close()
 
 
-__all__ = ["COPY_THRESHOLD", "READS_ADDRESS", "RuntimeStream", "Stamp", "acquire_segment",
-           "copy_segment", "launch_nanoseconds", "read_stamps", "release_segment",
-           "timestamp_segment"]
+__all__ = ["COPY_THRESHOLD", "RuntimeStream", "Stamp", "acquire_segment", "copy_segment",
+           "launch_nanoseconds", "read_stamps", "release_segment", "timestamp_segment"]
