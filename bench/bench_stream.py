@@ -136,7 +136,8 @@ def with_kernels(kernels: str):
     if kernels == "stream":
         program.HELD_FROM_VOCAB = program.MAX_VOCAB + 1
     else:
-        program.HELD_FROM_VOCAB, program.HELD_TO_VOCAB = 4097, program.MAX_VOCAB
+        program.HELD_FROM_VOCAB = 4097
+        program.HELD_TO_VOCAB = {"hard": program.MAX_VOCAB, "corpus": program.MAX_VOCAB}
     try:
         yield
     finally:

@@ -243,9 +243,9 @@ def test_the_scalar_table_equals_the_per_step_scalars_bit_for_bit():
 def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
     """1024 < V <= 4096: the wide region; from where it is faster (4608 hard, 5121 corpus)
     to 8192 the tall one (sig.TALL_BLOCKS: 1024 threads hard, 512 corpus); past it the held
-    one (512 threads) when V % 4 == 0; other streamed rows the stream one when
-    V % 4 == 0, else narrow. One signature everywhere, the stream
-    one's tables 16-byte aligned (it moves them as float4)."""
+    one (512 threads) when V % 4 == 0 (corpus rows to 52224); other streamed rows the
+    stream one when V % 4 == 0, else narrow. One signature everywhere, the stream one's
+    tables 16-byte aligned (it moves them as float4)."""
     hard = mode == "hard"
     narrow = sig.FUSED_HARD if hard else sig.FUSED_CORPUS
     wide = sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS
@@ -259,8 +259,9 @@ def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
                                  (first_tall, tall, sig.TALL_BLOCKS[tall]),
                                  (8192, tall, sig.TALL_BLOCKS[tall]), (8193, narrow, 256),
                                  (8196, held, 512), (9000, held, 512), (9002, narrow, 256),
-                                 (52224, held, 512), (52228, held, 512),
-                                 (65536, held, 512)):
+                                 (52224, held, 512),
+                                 (52228, held if hard else stream, 512 if hard else 256),
+                                 (65536, held if hard else stream, 512 if hard else 256)):
         config = BobConfig(vocab=vocab, prompts=0, updates=2, mode=mode, schedule="fused")
         assert config.fused_region == region, vocab
         plan = build_plan(config, SM90)

@@ -40,9 +40,11 @@ def compiled(arch: str):
     (8196, "hard", sig.FUSED_HELD_HARD),
     (8196, "corpus", sig.FUSED_HELD_CORPUS),
     (32768, "hard", sig.FUSED_HELD_HARD),
-    (52224, "corpus", sig.FUSED_HELD_CORPUS),  # the longest row an H200 holds whole
-    (52228, "hard", sig.FUSED_HELD_HARD),  # past it, held in part, the rest streamed
-    (HELD_TO_VOCAB, "corpus", sig.FUSED_HELD_CORPUS),  # MAX_VOCAB
+    (HELD_TO_VOCAB["corpus"], "corpus", sig.FUSED_HELD_CORPUS),  # held whole on an H200
+    (HELD_TO_VOCAB["corpus"] + 4, "corpus", sig.FUSED_STREAM_CORPUS),  # past it, streamed
+    (52228, "hard", sig.FUSED_HELD_HARD),  # hard: held in part, the rest streamed
+    (HELD_TO_VOCAB["hard"], "hard", sig.FUSED_HELD_HARD),  # to MAX_VOCAB
+    (65536, "corpus", sig.FUSED_STREAM_CORPUS),
     (4100, "hard", sig.FUSED_STREAM_HARD),  # below the tall rows: streamed
     (8194, "hard", sig.FUSED_HARD),  # V % 4 != 0: the narrow kernels' scalar path
 ])

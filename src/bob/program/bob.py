@@ -132,9 +132,11 @@ TALL_FROM_VOCAB = {"hard": 4608, "corpus": 5121}
 # take V % 4 == 0, holding as much of the row as an H200's shared memory takes (52224 floats:
 # 227 KiB less the kernel's own) and streaming the rest. Measured (H200, one launch per
 # update, bench/bench_stream.py): V = 32768 7.21 ms/update held, 8.80 streamed; V = 65536
-# 33.75-34.11 held (m and v asked into L2 ahead), 35.33 streamed, the same state digest.
+# hard 33.75-34.11 held (m and v asked into L2 ahead), 35.33 streamed, the same state
+# digest; V = 65536 corpus 49.95 held, 44.92 streamed: a corpus row past what shared memory
+# holds stays streamed.
 HELD_FROM_VOCAB = TALL_VOCAB + 1
-HELD_TO_VOCAB = MAX_VOCAB
+HELD_TO_VOCAB = {"hard": MAX_VOCAB, "corpus": 52224}
 # Their grid: one block per SM of an H200 (132), each taking rows blockIdx.x, + 132, ... and
 # copying its next row's w in while it updates the last. Any grid gives the same bits.
 HELD_GRID = 132
@@ -182,10 +184,11 @@ class BobConfig:
         ones whose rows up to WIDE_VOCAB stay on chip, the tall ones (a block of 1024
         threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB, past it with V % 4 == 0
         the held ones (as much of the row's w in shared memory as fits, the rest
-        streamed), or, for the other streamed rows with V % 4 == 0 (below the tall ones),
-        the stream ones (float4 loads and stores)."""
+        streamed; corpus rows only while they fit whole), or, for the other streamed rows
+        with V % 4 == 0, the stream ones (float4 loads and stores)."""
         hard = self.mode == "hard"
-        if HELD_FROM_VOCAB <= self.vocab <= HELD_TO_VOCAB and self.vocab % STREAM_QUAD == 0:
+        if HELD_FROM_VOCAB <= self.vocab <= HELD_TO_VOCAB[self.mode] \
+                and self.vocab % STREAM_QUAD == 0:
             return sig.FUSED_HELD_HARD if hard else sig.FUSED_HELD_CORPUS
         if RESIDENT_VOCAB < self.vocab <= WIDE_VOCAB:
             return sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS
