@@ -106,6 +106,20 @@ def test_a_pointer_outside_the_arena_is_refused_by_the_packed_buffers():
         kernel_parameter_buffers(outside, FAKE_ARENA, {})
 
 
+def test_a_launch_with_too_few_arguments_is_refused_by_the_packed_buffers():
+    plan = build_plan(BobConfig(vocab=64, prompts=1, updates=2), TARGETS["sm_90"])
+    later = [i for i, launch in enumerate(plan.launches)
+             if launch.region == plan.launches[0].region][1]  # its region's layout made
+    launch = plan.launches[later]
+    launches = list(plan.launches)
+    launches[later] = replace(launch, args=launch.args[:-1])
+    short = replace(plan, launches=tuple(launches))
+    with pytest.raises(ValueError, match=f"launch {later} has {len(launch.args) - 1} arguments for "
+                                         f"{len(launch.args)} parameters of "
+                                         f"'{launch.region}'"):
+        kernel_parameter_buffers(short, FAKE_ARENA, {})
+
+
 @pytest.mark.parametrize("mode", ["extra", "pointers"])
 def test_the_launch_tables_point_at_each_launchs_buffer(mode):
     """What a graph node or cuLaunchKernel reads, followed through the tables' addresses:

@@ -112,6 +112,24 @@ def test_parameter_block_layout_pointers_then_packed_scalars():
     assert len(encode_parameter_block(SM90, region, sm90.launches[0])) == 1024
 
 
+def test_a_block_refuses_arguments_that_do_not_match_the_parameters():
+    plan = bob_plan()
+    launch = plan.launches[0]  # pointers first, then scalars
+    region = plan.region(launch.region)
+    swapped = replace(launch, args=(launch.args[4], *launch.args[1:4], launch.args[0],
+                                    *launch.args[5:]))
+    with pytest.raises(TypeError, match=f"argument 0 of a '{launch.region}' launch is a "
+                                        "pointer parameter given Scalar"):
+        encode_parameter_block(SM86, region, swapped)
+    as_pointer = replace(launch, args=(*launch.args[:4], Address(0x1000), *launch.args[5:]))
+    with pytest.raises(TypeError, match="argument 4 .* is a scalar parameter given Address"):
+        encode_parameter_block(SM86, region, as_pointer)
+    short = replace(launch, args=launch.args[:-1])
+    with pytest.raises(ValueError, match=f"a '{launch.region}' launch has 7 arguments for 8 "
+                                         "parameters"):
+        encode_parameter_block(SM86, region, short)
+
+
 def test_json_round_trip_is_exact():
     for mode in ("hard", "corpus"):
         plan = bob_plan(mode=mode)

@@ -257,11 +257,11 @@ def kernel_parameter_buffers(plan: Plan, arena_base: int,
     for index, launch in enumerate(plan.launches):
         layout = layouts.get(launch.region)
         if layout is None:
-            region = plan.region(launch.region)
-            if len(launch.args) != len(region.params):
-                raise ValueError(f"launch {index} has {len(launch.args)} arguments for "
-                                 f"{len(region.params)} parameters of {region.name!r}")
-            layout = layouts[launch.region] = argument_layout(plan.target, region.params)
+            layout = layouts[launch.region] = argument_layout(
+                plan.target, plan.region(launch.region).params)
+        if len(launch.args) != len(layout.order):
+            raise ValueError(f"launch {index} has {len(launch.args)} arguments for "
+                             f"{len(layout.order)} parameters of {launch.region!r}")
         block = patched.get(index)
         if block is not None:
             buffers.append(kernel_parameters(plan, plan.region(launch.region), block,

@@ -117,21 +117,14 @@ class ArgumentLayout:
 
     def values(self, launch: Launch) -> list[int]:
         """The launch's arguments as the struct's integers (addresses, then scalar bits)."""
-        args = launch.args
-        pointer_positions, scalar_positions = self.order[:self.pointers], self.order[self.pointers:]
         values = []
-        for position in pointer_positions:
-            arg = args[position]
-            if not isinstance(arg, Address):
+        for slot, position in enumerate(self.order):
+            arg = launch.args[position]
+            pointer = slot < self.pointers
+            if not isinstance(arg, Address if pointer else Scalar):
                 raise TypeError(f"argument {position} of a {launch.region!r} launch is a "
-                                f"pointer parameter given {arg!r}")
-            values.append(arg.address)
-        for position in scalar_positions:
-            arg = args[position]
-            if not isinstance(arg, Scalar):
-                raise TypeError(f"argument {position} of a {launch.region!r} launch is a "
-                                f"scalar parameter given {arg!r}")
-            values.append(arg.bits)
+                                f"{'pointer' if pointer else 'scalar'} parameter given {arg!r}")
+            values.append(arg.address if pointer else arg.bits)
         return values
 
     def encode(self, launch: Launch) -> bytes:
