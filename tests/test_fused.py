@@ -304,7 +304,8 @@ def test_the_fast_step_columns_are_the_exact_ones_over_many_steps(hyper):
 def test_powers_a_few_ulps_off_still_give_the_exact_columns(monkeypatch, hyper):
     """Another NumPy (a SIMD route) may give powers off in their last bits: with every
     power moved by up to 32 ulps at random, the check sends the rows it could change to
-    C's pow, so the table keeps its bits; and it does send some."""
+    C's pow, so the table keeps its bits; and with beta2 near 1 (wide bounds over many
+    steps) it does send some."""
     import bob.program.bob as program
 
     rng = np.random.default_rng(5)
@@ -328,7 +329,25 @@ def test_powers_a_few_ulps_off_still_give_the_exact_columns(monkeypatch, hyper):
     got = program._step_columns(hyper, steps)
     for column, exact in zip(got, want, strict=True):
         assert (column.view(np.uint32) == exact.view(np.uint32)).all(), hyper
-    assert sent and 0 < sum(sent) < steps.size  # some rows checked again, most not
+    assert sum(sent) < steps.size  # most rows are not checked again
+    if hyper.beta2 >= 0.99999:  # 2 and 8,703 of these 100,000 rows are
+        assert sent
+
+
+@pytest.mark.parametrize("beta", [0.9, 0.5, 0.95, 0.999, 0.99999, 1e-300])
+def test_powers_that_cannot_matter_are_not_computed_where_they_underflow(beta):
+    """_powers gives NumPy's power until it falls below 2^-70, and past that a power
+    below 2^-69 (NumPy computes underflowing ones slowly): 1 - beta^t is 1 either way."""
+    from bob.program.bob import _powers
+
+    exponents = np.unique(np.round(np.geomspace(1.0, 1e9, 100_000)))
+    got, numpy = _powers(beta, exponents), np.power(beta, exponents)
+    same = got == numpy
+    assert same[numpy >= 2.0**-69].all()  # no power that could matter is changed
+    assert (got[~same] < 2.0**-69).all()
+    assert (got[~same] >= np.finfo(np.float64).tiny).all()  # normal: no underflow path
+    assert (~same).any()  # this range reaches the powers that underflow
+    assert (1.0 - got[~same] == 1.0).all() and (1.0 - numpy[~same] == 1.0).all()
 
 
 def test_a_boundary_is_where_the_dropped_bits_are_one_half():
