@@ -90,6 +90,23 @@ def test_a_read_copies_each_span_once_and_hands_out_every_tensor(monkeypatch, vo
         ["cuMemcpyDtoHAsync"] * 2
 
 
+def test_a_read_through_the_staging_is_a_copy_of_its_own(monkeypatch) -> None:
+    """Copied out of the staging in one piece, the tensors are views of one new array:
+    the next read, through the same staging, does not show through them."""
+    backend, driver, arena = _reading_backend(monkeypatch, 256)
+    expected = {name: _arena_bytes(backend, arena, name) for name in READ}
+    first = backend.begin_read(READ).wait()
+    arena[:] = 255 - arena
+    second = backend.begin_read(READ).wait()
+    assert {name: first[name].tobytes() for name in READ} == expected
+    assert {name: second[name].tobytes() for name in READ} == \
+        {name: bytes(255 - b for b in data) for name, data in expected.items()}
+    base = first[READ[0]].base
+    assert base is not None and all(first[name].base is base for name in READ)
+    staging = backend._staging.host
+    assert not staging <= base.ctypes.data < staging + backend._staging.size
+
+
 def test_a_read_into_a_landing_buffer_hands_out_the_same_bytes(monkeypatch) -> None:
     backend, driver, arena = _reading_backend(monkeypatch, 256)
     monkeypatch.setattr(cuda, "Landing", functools.partial(Landing, minimum=0))

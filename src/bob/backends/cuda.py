@@ -957,13 +957,15 @@ class CudaBackend(Backend):
             assert self._landing is not None
             whole = self._landing.hand_out(landing)
             return {name: whole[position:position + size] for name, position, size in layout}
-        if self._copiers is None and sum(size for _, _, size in layout) > COPY_OUT_CHUNK_BYTES:
+        end = max((position + size for _, position, size in layout), default=0)
+        if end <= COPY_OUT_CHUNK_BYTES:  # small (V = 256: 0.8 MB): one copy, views of it
+            whole = copy_out(staging.host, end)
+            return {name: whole[position:position + size] for name, position, size in layout}
+        if self._copiers is None:
             self._copiers = ThreadPoolExecutor(min(COPY_OUT_THREADS, os.cpu_count() or 1),
                                                thread_name_prefix="bob-copy-out")
-        tables = {name: copy_out(staging.host + position, size, self._copiers)
-                  for name, position, size in layout}
-        self._reading = None
-        return tables
+        return {name: copy_out(staging.host + position, size, self._copiers)
+                for name, position, size in layout}
 
     def _read_staging(self, size: int) -> _ReadStaging:
         """The read-back staging, at least `size` bytes: allocated once, grown if asked."""
