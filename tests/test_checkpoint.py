@@ -23,7 +23,8 @@ from safetensors.numpy import load_file, save_file
 from bob import files
 from bob.config import Hyper
 from bob.errors import BadInput, RunFailure
-from bob.records.checkpoint import Checkpoint, Segment
+from bob.records import checkpoint as checkpoint_module
+from bob.records.checkpoint import Checkpoint, History, Segment
 from conftest import listing
 
 DIGEST = "ab" * 32
@@ -81,6 +82,30 @@ def test_history_and_optimum_round_trip(tmp_path: Path) -> None:
         plain.with_history(((1, float("nan")),))
     with pytest.raises(ValueError, match="optimum"):
         replace(plain, optimum=-1.0)
+
+
+def test_a_history_is_checked_once_and_extending_it_checks_only_the_new_pairs(monkeypatch):
+    """A long run extends its history at every invocation: each pair is checked when it
+    is added, not again at every later invocation, nor by a Checkpoint given a History."""
+    plain = Checkpoint.zeros(4, Hyper(), "hard")
+    checked: list[int] = []
+    problem = checkpoint_module._history_problem
+    monkeypatch.setattr(checkpoint_module, "_history_problem",
+                        lambda pairs: checked.append(len(pairs)) or problem(pairs))
+    history = History.of([(0, 5.5)])
+    for step in range(1, 301):
+        history = history.extended([(step, np.float32(1.0 / step))])
+        state = replace(plain, step=step, history=history, val_history=plain.val_history)
+        assert state.history is history
+    assert checked == [1] * 301  # each pair once, when it was added
+    assert history[-1] == (300, float(np.float32(1.0 / 300))) and type(history[-1][1]) is float
+    assert history == tuple((step, loss) for step, loss in history)  # equal to a tuple
+    with pytest.raises(ValueError, match=r"history entry \(301, inf\) is not a \[step, "
+                                         r"finite loss\] pair"):
+        history.extended([(301, float("inf"))])
+    assert len(history) == 301  # nothing was added
+    with pytest.raises(ValueError, match="history entry"):
+        History.of([(-1, 1.0)])
 
 
 def test_segments_round_trip_and_old_checkpoints_have_none(tmp_path: Path) -> None:
@@ -368,7 +393,7 @@ CHILD = textwrap.dedent("""
     import sys
     import numpy as np
     from bob.config import Hyper
-    from bob.records.checkpoint import Checkpoint, Segment
+    from bob.records.checkpoint import Checkpoint
 
     def state(step, v):
         table = np.full((v, v), step, np.float32)

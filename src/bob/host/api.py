@@ -40,7 +40,7 @@ from bob.host.writer import BackgroundWriter
 from bob.program.bob import BobConfig
 from bob.records import corpus, counting, sources
 from bob.records.binary import InputRecord, ResultRecord
-from bob.records.checkpoint import HYPER_FIELDS, Checkpoint, Segment, checkpoint_lock
+from bob.records.checkpoint import HYPER_FIELDS, Checkpoint, History, Segment, checkpoint_lock
 from bob.records.countsfile import CountsFile, table_weights
 
 DEFAULT_CHECKPOINT = "bob.safetensors"
@@ -366,28 +366,30 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
                        updates=min(updates_per_invocation, max(steps, 1)),
                        mode=data.record.mode, schedule=schedule,  # type: ignore[arg-type]
                        submission=submission)  # type: ignore[arg-type]
-    history = list(start.history)
+    # The loss and validation histories so far, each extended by what an invocation adds
+    # (only that is checked: a long run's history is not checked again at every step).
+    history = [History.of(start.history)]
+    val_history = [History.of(start.val_history)]
     written: list[str] = []
     kept = [start.step if resume else None]  # the step of the checkpoint on disk
-    val_history = list(start.val_history)
 
     def validate(state: Checkpoint) -> None:
         if validation is not None:
-            val_history.append((state.step, validation_loss(session, state, validation)))
+            val_history[0] = val_history[0].extended(
+                [(state.step, validation_loss(session, state, validation))])
 
     first_initial: list[float] = []  # the first invocation's initial loss
 
     def after(invocation: Invocation, done: int) -> None:
         if not first_initial:
             first_initial.append(invocation.initial_loss)
-        if not history:
-            history.append((start.step, invocation.initial_loss))
-        history.append((invocation.checkpoint.step, invocation.loss))
-        if validation is not None and not val_history:
+        first = [] if history[0] else [(start.step, invocation.initial_loss)]
+        history[0] = history[0].extended([*first, (invocation.checkpoint.step, invocation.loss)])
+        if validation is not None and not val_history[0]:
             validate(start)
         validate(invocation.checkpoint)
-        state = replace(invocation.checkpoint.with_history(tuple(history)),
-                        optimum=data.optimum, val_history=tuple(val_history))
+        state = replace(invocation.checkpoint, history=history[0], optimum=data.optimum,
+                        val_history=val_history[0])
 
         def save() -> None:  # on the writer's thread, while the next invocation runs
             state.save(checkpoint)
@@ -428,10 +430,10 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
     return TrainReport(
         checkpoint=checkpoint, backend=choice.name, data=data.description,
         mode=data.record.mode, steps=steps, global_step=start.step + steps,
-        initial_loss=initial, loss=final, optimum=data.optimum, history=tuple(history),
+        initial_loss=initial, loss=final, optimum=data.optimum, history=history[0],
         last_result=result, written=tuple(written), segments=start.segments,
-        val_loss=val_history[-1][1] if val_history else None,
-        val_history=tuple(val_history),
+        val_loss=val_history[0][-1][1] if val_history[0] else None,
+        val_history=val_history[0],
     )
 
 

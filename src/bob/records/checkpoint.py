@@ -96,6 +96,32 @@ def _history_problem(history: Iterable[object]) -> str | None:
     return None
 
 
+class History(tuple):
+    """(step, loss) pairs, checked and made (int, float): a Checkpoint keeps one as it is,
+    and `extended` checks only the pairs it adds. A long run extends its loss history at
+    every invocation; checking all of it again each time grew with the run (2.4 ms an
+    invocation after 1,000 of them, 26 ms after 10,000, on the 2-core machine; 0.03 and
+    0.11 ms extended)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, pairs: Iterable[object]) -> History:
+        """The pairs checked ([step >= 0, finite loss] each) and made (int, float)."""
+        if type(pairs) is cls:
+            return pairs  # type: ignore[return-value]
+        pairs = tuple(pairs)
+        problem = _history_problem(pairs)
+        if problem:
+            raise ValueError(problem)
+        return tuple.__new__(cls, ((int(step), float(loss))  # type: ignore[misc]
+                                   for step, loss in pairs))
+
+    def extended(self, pairs: Iterable[object]) -> History:
+        """This history and then `pairs` (only they are checked)."""
+        return tuple.__new__(History, self + History.of(pairs))
+
+
 def _optimum_problem(optimum: object) -> str | None:
     if optimum is None:
         return None
@@ -212,18 +238,15 @@ class Checkpoint:
             raise ValueError(f"mode must be 'hard' or 'corpus', not {self.mode!r}")
         if not isinstance(self.hyper, Hyper):  # a Hyper checks its own values
             raise TypeError(f"hyper must be a Hyper, not {type(self.hyper).__name__}")
-        problem = (_digest_problem(self.data_digest) or _history_problem(self.history)
-                   or _optimum_problem(self.optimum)
-                   or _segments_problem(tuple(self.segments), self.step)
-                   or _history_problem(self.val_history))
+        problem = (_digest_problem(self.data_digest) or _optimum_problem(self.optimum)
+                   or _segments_problem(tuple(self.segments), self.step))
         if problem:
             raise ValueError(problem)
-        # Tuples of (int, float), so equality does not depend on how they were given.
-        history = tuple((int(step), float(loss)) for step, loss in self.history)
-        object.__setattr__(self, "history", history)
+        # Pairs of (int, float), so equality does not depend on how they were given; a
+        # History given is already checked.
+        object.__setattr__(self, "history", History.of(self.history))
         object.__setattr__(self, "segments", tuple(self.segments))
-        object.__setattr__(self, "val_history",
-                           tuple((int(step), float(loss)) for step, loss in self.val_history))
+        object.__setattr__(self, "val_history", History.of(self.val_history))
 
     @property
     def vocab(self) -> int:
