@@ -107,6 +107,55 @@ def test_a_read_through_the_staging_is_a_copy_of_its_own(monkeypatch) -> None:
     assert not staging <= base.ctypes.data < staging + backend._staging.size
 
 
+class NoRoomDriver(HostDriver):
+    """A device with no room for the snapshot beside the arena; every call recorded."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, tuple]] = []
+
+    def __call__(self, name: str, *args):
+        self.calls.append((name, args))
+        if name == "cuMemAlloc":
+            raise cuda.CudaError("cuMemAlloc", "CUDA_ERROR_OUT_OF_MEMORY", "out of memory")
+        return super().__call__(name, *args)
+
+
+def test_with_no_room_for_a_snapshot_a_read_copies_from_the_arena_and_later_work_waits(
+        monkeypatch) -> None:
+    backend, _, arena = _reading_backend(monkeypatch, 256)
+    driver = NoRoomDriver()
+    monkeypatch.setattr(cuda, "_call", driver)
+    backend._stream = "graph stream"
+    expected = {name: _arena_bytes(backend, arena, name) for name in READ}
+    for _ in range(2):  # the staging without a snapshot is kept: not asked for again
+        tables = backend.begin_read(READ).wait()
+        assert {name: tables[name].tobytes() for name in READ} == expected
+    names = [name for name, _ in driver.calls]
+    assert names.count("cuMemAlloc") == 1 and "cuMemcpyDtoDAsync" not in names
+    assert [call for call, _ in driver.copies] == ["cuMemcpyDtoHAsync"] * 4
+    arena_range = range(arena.ctypes.data, arena.ctypes.data + arena.size)
+    assert all(args[1] in arena_range for name, args in driver.calls
+               if name == "cuMemcpyDtoHAsync")  # straight from the arena
+    # The copy waits for the work before it, and the graph's stream for the copy.
+    waits = [args[0] for name, args in driver.calls if name == "cuStreamWaitEvent"]
+    assert waits == [backend._staging.stream, "graph stream"] * 2
+
+
+def test_a_snapshot_refused_for_another_reason_is_reported(monkeypatch) -> None:
+    backend, _, _ = _reading_backend(monkeypatch, 256)
+
+    def refuse(name: str, *args):
+        if name == "cuMemAlloc":
+            raise cuda.CudaError(name, "CUDA_ERROR_INVALID_VALUE", "invalid argument")
+        return None
+
+    monkeypatch.setattr(cuda, "_call", refuse)
+    with pytest.raises(cuda.CudaError, match="cuMemAlloc failed: CUDA_ERROR_INVALID_VALUE"):
+        backend.begin_read(READ)
+    assert backend._staging is None  # nothing half made is kept
+
+
 def test_a_read_into_a_landing_buffer_hands_out_the_same_bytes(monkeypatch) -> None:
     backend, driver, arena = _reading_backend(monkeypatch, 256)
     monkeypatch.setattr(cuda, "Landing", functools.partial(Landing, minimum=0))

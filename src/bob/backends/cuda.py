@@ -538,13 +538,18 @@ class _UploadChunk:
 @dataclass
 class _ReadStaging:
     """Where `begin_read` puts tensors: a device snapshot and pinned host memory, both
-    `size` bytes, reused by every read; the copy stream; the event the snapshot ends with."""
+    `size` bytes, reused by every read; the copy stream; the event the snapshot ends with.
+
+    Where the device has no room for the snapshot beside the arena (V = 65536 on a GPU
+    of 80 GB), reads copy from the arena itself and later work waits for them (`copied`).
+    """
 
     size: int
-    snapshot: int  # device memory
+    snapshot: int  # device memory; 0 where there was none to be had
     host: int  # pinned host memory, 0 until a read finds no landing buffer free
     stream: Any  # CUstream, non-blocking: it runs beside the graph's stream
     snapped: Any  # CUevent
+    copied: Any = None  # CUevent, without a snapshot: the copy the graph's stream waits for
 
 
 class _CudaRead(ReadHandle):
@@ -916,14 +921,18 @@ class CudaBackend(Backend):
         _call("cuCtxSetCurrent", self._context)
         landing = self._landing_for(end).take()
         host = self._staging_host(staging) if landing is None else landing.ctypes.data
-        for offset, size, position in spans:
-            _call("cuMemcpyDtoDAsync", staging.snapshot + position, self._arena + offset, size,
-                  self._stream)
+        if staging.snapshot:
+            for offset, size, position in spans:
+                _call("cuMemcpyDtoDAsync", staging.snapshot + position, self._arena + offset,
+                      size, self._stream)
         _call("cuEventRecord", staging.snapped, self._stream)
         _call("cuStreamWaitEvent", staging.stream, staging.snapped, 0)
-        for _, size, position in spans:
-            _call("cuMemcpyDtoHAsync", host + position, staging.snapshot + position,
-                  size, staging.stream)
+        for offset, size, position in spans:
+            source = staging.snapshot + position if staging.snapshot else self._arena + offset
+            _call("cuMemcpyDtoHAsync", host + position, source, size, staging.stream)
+        if not staging.snapshot:  # later work writes what is being copied: it waits
+            _call("cuEventRecord", staging.copied, staging.stream)
+            _call("cuStreamWaitEvent", self._stream, staging.copied, 0)
         self._reading = _CudaRead(self, layout, landing)
         return self._reading
 
@@ -976,11 +985,19 @@ class CudaBackend(Backend):
         driver = _driver()
         staging = _ReadStaging(max(1, size), 0, 0, None, None)
         try:
-            staging.snapshot = int(_call("cuMemAlloc", staging.size))
+            try:
+                staging.snapshot = int(_call("cuMemAlloc", staging.size))
+            except CudaError as error:
+                if error.status != "CUDA_ERROR_OUT_OF_MEMORY":
+                    raise
+                staging.snapshot = 0  # no room beside the arena: reads copy from it, in order
             staging.stream = _call("cuStreamCreate",
                                    int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))
             staging.snapped = _call("cuEventCreate",
                                     int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+            if not staging.snapshot:
+                staging.copied = _call("cuEventCreate",
+                                       int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))
         except BaseException:
             self._staging = staging
             with contextlib.suppress(CudaError):  # the allocation's error is the one to report
@@ -996,8 +1013,8 @@ class CudaBackend(Backend):
         if staging is None:
             return
         calls = [("cuStreamSynchronize", staging.stream), ("cuEventDestroy", staging.snapped),
-                 ("cuStreamDestroy", staging.stream), ("cuMemFreeHost", staging.host),
-                 ("cuMemFree", staging.snapshot)]
+                 ("cuEventDestroy", staging.copied), ("cuStreamDestroy", staging.stream),
+                 ("cuMemFreeHost", staging.host), ("cuMemFree", staging.snapshot)]
         errors = []
         for call, handle in calls:
             if handle is None or (isinstance(handle, int) and handle == 0):
