@@ -52,7 +52,6 @@ import contextlib
 import ctypes
 import functools
 import os
-import struct
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -68,7 +67,7 @@ from bob.errors import BackendUnavailable, RunFailure
 from bob.kernels.cuda.compile import NvrtcError, nvrtc_version
 from bob.kernels.cuda.regions import CompiledRegions
 from bob.plan.certificate import CertifiedPlan
-from bob.plan.model import Plan, PointerParam, Region, Scalar
+from bob.plan.model import Plan, Region, Scalar
 from bob.plan.placement import ArgumentLayout, argument_layout, argument_slots
 
 ArenaKind = Literal["device", "host"]
@@ -225,59 +224,48 @@ def kernel_parameters(plan: Plan, region: Region, block: bytes, arena_base: int)
     bytes from the target's parameter base to the end of the last argument,
     with every pointer word moved from the plan's arena to `arena_base`.
     """
-    base = plan.target.parameter_base
-    slots = argument_slots(plan.target, region.params)
-    end = max((slot.offset + slot.size for slot in slots), default=base)
-    buffer = bytearray(block[base:end])
-    window = plan.address_map.arena
-    for slot in slots:
-        if not isinstance(slot.param, PointerParam):
-            continue
-        (address,) = struct.unpack_from("<Q", block, slot.offset)
-        if not window.base <= address < window.end:
-            raise ValueError(
-                f"region {region.name!r} argument {slot.param.name!r}: 0x{address:x} is "
-                f"outside the arena [0x{window.base:x}, 0x{window.end:x})"
-            )
-        struct.pack_into("<Q", buffer, slot.offset - base, arena_base + address - window.base)
-    return bytes(buffer)
+    layout = argument_layout(plan.target, region.params)
+    return _relocated(plan, region, layout, list(layout.packer.unpack_from(block, layout.base)),
+                      arena_base)
 
 
 def kernel_parameter_buffers(plan: Plan, arena_base: int,
                              patched: Mapping[int, bytes]) -> list[bytes]:
     """Every launch's kernel parameter buffer (as `kernel_parameters` makes it), packed
-    from the launch's arguments with one struct per region; a launch in `patched` (its
-    block as the host patched it) through `kernel_parameters`.
+    from the launch's arguments with one struct per region, or, for a launch in
+    `patched`, from its block as the host patched it.
 
     A training plan has thousands of launches: laid out launch by launch, the buffers
     were most of the first invocation's start-up."""
-    window = plan.address_map.arena
-    layouts: dict[str, ArgumentLayout] = {}
+    layouts: dict[str, tuple[Region, ArgumentLayout]] = {}
     buffers = []
     for index, launch in enumerate(plan.launches):
-        layout = layouts.get(launch.region)
-        if layout is None:
-            layout = layouts[launch.region] = argument_layout(
-                plan.target, plan.region(launch.region).params)
+        if launch.region not in layouts:
+            region = plan.region(launch.region)
+            layouts[launch.region] = (region, argument_layout(plan.target, region.params))
+        region, layout = layouts[launch.region]
         if len(launch.args) != len(layout.order):
             raise ValueError(f"launch {index} has {len(launch.args)} arguments for "
                              f"{len(layout.order)} parameters of {launch.region!r}")
         block = patched.get(index)
-        if block is not None:
-            buffers.append(kernel_parameters(plan, plan.region(launch.region), block,
-                                             arena_base))
-            continue
-        values = layout.values(launch)
-        for slot in range(layout.pointers):
-            address = values[slot]
-            if not window.base <= address < window.end:
-                name = plan.region(launch.region).params[layout.order[slot]].name
-                raise ValueError(
-                    f"region {launch.region!r} argument {name!r}: 0x{address:x} is outside "
-                    f"the arena [0x{window.base:x}, 0x{window.end:x})")
-            values[slot] = arena_base + address - window.base
-        buffers.append(layout.packer.pack(*values))
+        values = layout.values(launch) if block is None else \
+            list(layout.packer.unpack_from(block, layout.base))
+        buffers.append(_relocated(plan, region, layout, values, arena_base))
     return buffers
+
+
+def _relocated(plan: Plan, region: Region, layout: ArgumentLayout, values: list[int],
+               arena_base: int) -> bytes:
+    """The arguments packed, each pointer moved from the plan's arena to `arena_base`."""
+    window = plan.address_map.arena
+    for slot in range(layout.pointers):
+        address = values[slot]
+        if not window.base <= address < window.end:
+            raise ValueError(
+                f"region {region.name!r} argument {region.params[layout.order[slot]].name!r}: "
+                f"0x{address:x} is outside the arena [0x{window.base:x}, 0x{window.end:x})")
+        values[slot] = arena_base + address - window.base
+    return layout.packer.pack(*values)
 
 
 # -- the backend -------------------------------------------------------------------

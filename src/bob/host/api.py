@@ -368,28 +368,30 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
                        submission=submission)  # type: ignore[arg-type]
     # The loss and validation histories so far, each extended by what an invocation adds
     # (only that is checked: a long run's history is not checked again at every step).
-    history = [History.of(start.history)]
-    val_history = [History.of(start.val_history)]
+    history = History.of(start.history)
+    val_history = History.of(start.val_history)
     written: list[str] = []
     kept = [start.step if resume else None]  # the step of the checkpoint on disk
 
     def validate(state: Checkpoint) -> None:
+        nonlocal val_history
         if validation is not None:
-            val_history[0] = val_history[0].extended(
+            val_history = val_history.extended(
                 [(state.step, validation_loss(session, state, validation))])
 
     first_initial: list[float] = []  # the first invocation's initial loss
 
     def after(invocation: Invocation, done: int) -> None:
+        nonlocal history
         if not first_initial:
             first_initial.append(invocation.initial_loss)
-        first = [] if history[0] else [(start.step, invocation.initial_loss)]
-        history[0] = history[0].extended([*first, (invocation.checkpoint.step, invocation.loss)])
-        if validation is not None and not val_history[0]:
+        first = [] if history else [(start.step, invocation.initial_loss)]
+        history = history.extended([*first, (invocation.checkpoint.step, invocation.loss)])
+        if validation is not None and not val_history:
             validate(start)
         validate(invocation.checkpoint)
-        state = replace(invocation.checkpoint, history=history[0], optimum=data.optimum,
-                        val_history=val_history[0])
+        state = replace(invocation.checkpoint, history=history, optimum=data.optimum,
+                        val_history=val_history)
 
         def save() -> None:  # on the writer's thread, while the next invocation runs
             state.save(checkpoint)
@@ -430,10 +432,10 @@ def _train_from(start: Checkpoint, data: TrainingData, steps: int, checkpoint: s
     return TrainReport(
         checkpoint=checkpoint, backend=choice.name, data=data.description,
         mode=data.record.mode, steps=steps, global_step=start.step + steps,
-        initial_loss=initial, loss=final, optimum=data.optimum, history=history[0],
+        initial_loss=initial, loss=final, optimum=data.optimum, history=history,
         last_result=result, written=tuple(written), segments=start.segments,
-        val_loss=val_history[0][-1][1] if val_history[0] else None,
-        val_history=val_history[0],
+        val_loss=val_history[-1][1] if val_history else None,
+        val_history=val_history,
     )
 
 
