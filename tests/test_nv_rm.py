@@ -160,8 +160,9 @@ class FakeDriver:
     """Answers escapes the way RM does, from a few rules; records every object."""
 
     def __init__(self, classes=HOPPER_CLASSES, refuse=None, legacy_map_dma=False,
-                 refuse_controls=None):
+                 refuse_controls=None, engines=(s.NV2080_ENGINE_TYPE_GRAPHICS, 0x9, 0xA)):
         self.classes = classes
+        self.engines = engines  # what NV2080_CTRL_CMD_GPU_GET_ENGINES_V2 lists
         self.refuse = refuse or {}  # class -> status
         self.refuse_controls = refuse_controls or {}  # control -> status
         self.boosts: list[tuple[int, int, int]] = []  # (object, flags, duration)
@@ -243,6 +244,11 @@ class FakeDriver:
                     array[i] = cls
             filled = min(len(self.classes), params.numClasses)
             params.numClasses = filled if params.classList else len(self.classes)
+        elif request.cmd == s.NV2080_CTRL_CMD_GPU_GET_ENGINES_V2:
+            params = s.NV2080_CTRL_GPU_GET_ENGINES_V2_PARAMS.from_address(request.params)
+            params.engineCount = len(self.engines)
+            for index, engine in enumerate(self.engines):
+                params.engineList[index] = engine
         elif request.cmd == s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN:
             if not any(parent == request.hObject for _, parent in self.objects.values()):
                 request.status = 0x40  # NV_ERR_INVALID_STATE: no engine object binds it yet

@@ -5,6 +5,7 @@ a fake GPU that executes the runtime segments it is handed (decoded from the byt
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import struct
 from dataclasses import dataclass
@@ -26,7 +27,9 @@ from bob.backends.nv.pushbuffer import (
 from bob.backends.nv.rm import backend as nv_backend
 from bob.backends.nv.rm import channel as ch
 from bob.backends.nv.rm import ioctl
+from bob.backends.nv.rm import snapshot as st_snapshot
 from bob.backends.nv.rm import stream as st
+from bob.backends.nv.rm import structs as s
 from bob.errors import RunFailure
 from conftest import bob_plan, needs_nvrtc
 from test_nv_rm import FakeDriver
@@ -157,14 +160,38 @@ class HostMemory:
         ctypes.memmove(self.address + offset, data, len(data))
 
 
+@dataclass
+class DeviceOnly:
+    """Video memory with no CPU mapping (a read's snapshot) as the fake GPU reaches it."""
+
+    block: object
+    data: bytearray
+
+    @property
+    def gpu_va(self) -> int:
+        return self.block.gpu_va
+
+    @property
+    def size(self) -> int:
+        return self.block.size
+
+    def read(self, offset: int, size: int) -> bytes:
+        return bytes(self.data[offset:offset + size])
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.data[offset:offset + len(data)] = data
+
+
 class FakeGpu:
-    """Executes what the channel was handed: runtime segments (copies, releases) from the
-    bytes, plan submissions as launches of a known duration (1 us * (launch + 1))."""
+    """Executes what the channels were handed: runtime segments (copies, releases, the
+    copy kernels' QMDs) from the bytes, plan submissions as launches of a known duration
+    (1 us * (launch + 1)). A channel holds at a segment whose acquires are not met, and
+    the other channel runs meanwhile, as the GPU's do."""
 
     def __init__(self, monkeypatch, error_after_launch: int | None = None,
                  error_on_copy: bool = False):
         self.backend = None
-        self.executed = 0
+        self.executed: dict[int, int] = {}  # id of a channel -> entries it has run
         self.clock = 10_000
         self.bindings: dict[int, int] = {1: 0xCBC0}  # what the skipped set-up entry binds
         self.copy_state: dict[str, int] = {}
@@ -172,6 +199,9 @@ class FakeGpu:
         self.error_on_copy = error_on_copy
         self.launches: list[int] = []
         self.acquires: list[int] = []
+        self.acquired: list[tuple[int, int]] = []  # (semaphore address, payload)
+        self.kernel_copies: list[tuple[int, int, int]] = []  # (source, destination, bytes)
+        self.device_only: dict[int, DeviceOnly] = {}  # id of an allocation -> its bytes
         monkeypatch.setattr(ch.Channel, "wait", lambda channel, *args: self.wait(channel, *args))
 
     def blocks(self):
@@ -181,8 +211,17 @@ class FakeGpu:
         if stream is not None:
             found += [b for b in (stream.block, stream.staging, stream.writes,
                                   stream.profile_buffer) if b]
+            if stream.copy_channel is not None:
+                found.append(stream.copy_channel.ring)
+            if stream.snapshots is not None:
+                found.append(stream.snapshots.block)
         found.append(backend.channel.ring)
         found += [HostMemory(address, block) for address, block in backend._described.items()]
+        snapshot = backend._snapshot
+        if snapshot is not None:
+            if id(snapshot) not in self.device_only:
+                self.device_only[id(snapshot)] = DeviceOnly(snapshot, bytearray(snapshot.size))
+            found.append(self.device_only[id(snapshot)])
         return found
 
     def memory(self, address: int, size: int):
@@ -200,14 +239,48 @@ class FakeGpu:
         block, offset = self.memory(address, len(data))
         block.write(offset, data)
 
-    def execute(self, channel) -> None:
-        while self.executed < channel.put_count:
-            slot = self.executed % channel.entries
-            entry = decoder.decode_gpfifo(channel.ring.read(8 * slot, 8), 0xC86F)[0]
-            self.executed += 1
-            words = struct.unpack(f"<{entry.words}I", self.read(entry.address, 4 * entry.words))
-            for call in decoder.decode_segment(words, entry.address, 0xC86F, self.bindings):
-                self.method(call)
+    def channels(self) -> list:
+        stream = self.backend._stream
+        copy = stream.copy_channel if stream is not None else None
+        return [self.backend.channel] + ([copy] if copy is not None else [])
+
+    def _calls(self, channel, index: int, bindings: dict[int, int]) -> list:
+        slot = index % channel.entries
+        entry = decoder.decode_gpfifo(channel.ring.read(8 * slot, 8), 0xC86F)[0]
+        words = struct.unpack(f"<{entry.words}I", self.read(entry.address, 4 * entry.words))
+        return decoder.decode_segment(words, entry.address, 0xC86F, bindings)
+
+    def _acquires_met(self, calls) -> bool:
+        """Whether every acquire of a segment (they open it) would pass now."""
+        state = {}
+        for call in calls:
+            if call.class_name == "HOPPER_CHANNEL_GPFIFO_A" and call.name.startswith("SEM_"):
+                state[call.name] = call.data
+                if call.name == "SEM_EXECUTE" and call.field("OPERATION").value == 3:
+                    address = state["SEM_ADDR_HI"] << 32 | state["SEM_ADDR_LO"]
+                    payload = state["SEM_PAYLOAD_HI"] << 32 | state["SEM_PAYLOAD_LO"]
+                    if struct.unpack("<Q", self.read(address, 8))[0] < payload:
+                        return False
+        return True
+
+    def execute(self, channel=None) -> None:
+        """Run every channel's entries in order until each is done or held by an acquire."""
+        moved = True
+        while moved:
+            moved = False
+            for each in self.channels():
+                if each.state().error:  # a stopped channel runs nothing more
+                    continue
+                done = self.executed.setdefault(id(each), 0)
+                while done < each.put_count:
+                    if not self._acquires_met(self._calls(each, done, dict(self.bindings))):
+                        break
+                    calls = self._calls(each, done, self.bindings)
+                    done += 1
+                    self.executed[id(each)] = done
+                    moved = True
+                    for call in calls:
+                        self.method(call)
 
     def method(self, call: decoder.MethodCall) -> None:
         if call.class_name == "HOPPER_DMA_COPY_A":
@@ -219,12 +292,29 @@ class FakeGpu:
             if call.name == "SEM_EXECUTE":
                 self.host_release(call)
         elif call.name == "SEND_PCAS_A":
-            launch = decoder.qmd_launch(self.backend.encoded, call.field(
-                "QMD_ADDRESS_SHIFTED8").unshifted)
+            address = call.field("QMD_ADDRESS_SHIFTED8").unshifted
+            snapshots = self.backend._stream.snapshots if self.backend._stream else None
+            if snapshots is not None and snapshots.block.gpu_va <= address < \
+                    snapshots.block.gpu_va + snapshots.block.size:
+                self.copy_kernel(snapshots, address)
+                return
+            launch = decoder.qmd_launch(self.backend.encoded, address)
             self.launches.append(launch)
             self.clock += 1000 * (launch + 1)
             if self.error_after_launch is not None and launch >= self.error_after_launch:
                 self.stop(13)
+
+    def copy_kernel(self, snapshots, address: int) -> None:
+        """A copy kernel's launch, read from its QMD and constant bank as the GPU would."""
+        record = self.read(address, snapshots.target.qmd_record_bytes)
+        dispatch = decoder.decode_qmd(record, 0xCBC0).dispatch()
+        copy = snapshots.entry_at(dispatch.program_address)
+        bank, size = dispatch.constant_buffers[0]
+        source, destination, units = st_snapshot.COPY_ARGUMENTS.unpack(
+            self.read(bank + copy.kernel.parameter_base, st_snapshot.COPY_ARGUMENTS.size))
+        assert dispatch.block == (256, 1, 1) and dispatch.grid[0] >= 1
+        self.write(destination, self.read(source, units * copy.unit))
+        self.kernel_copies.append((source, destination, units * copy.unit))
 
     def stop(self, error: int) -> None:
         """What RM does to a channel that faults: the error notifier, then nothing runs."""
@@ -256,6 +346,7 @@ class FakeGpu:
             value, = struct.unpack("<Q", self.read(address, 8))
             assert value >= payload, f"acquired {payload} with the semaphore at {value}"
             self.acquires.append(payload)
+            self.acquired.append((address, payload))
             return
         data = struct.pack("<Q", payload)
         if fields.get("RELEASE_TIMESTAMP") == "EN":
@@ -264,17 +355,18 @@ class FakeGpu:
 
     def wait(self, channel, read_value, target, deadline_s, what):
         if self.backend is None:  # the channel set-up, while the backend opens
-            self.executed = channel.put_count
+            self.executed[id(channel)] = channel.put_count
             return target
-        try:
+        with contextlib.suppress(_Stopped):  # the channel's error notifier says so below
             self.execute(channel)
-        except _Stopped:
-            raise ioctl.ChannelError(f"the driver stopped the channel while waiting for {what}: "
-                                     f"{channel.state().describe()}") from None
         if channel.state().error:  # as the real wait: a stopped channel runs nothing more
-            raise ioctl.ChannelError(f"the driver stopped the channel while waiting for {what}")
+            raise ioctl.ChannelError(f"the driver stopped the channel while waiting for {what}: "
+                                     f"{channel.state().describe()}")
         if not what.startswith("submission"):  # the runtime's own releases: executed here
             value = read_value()
+            if value < target and any(each.state().error for each in self.channels()):
+                # held behind the other, stopped channel: this wait's slice runs out
+                raise ioctl.SubmissionTimeout(f"{what} is {value}, not {target}")
             assert value >= target, (what, value, target)
             return value
         return target  # the plan's own releases are the QMDs': not simulated here
@@ -675,3 +767,218 @@ def test_a_patch_of_the_parameter_blocks_waits_for_the_queued_runs(monkeypatch):
     assert seen and not any(seen)  # every write to the blocks came after the drain
     assert gpu.acquires == [0, 1]  # both runs were queued and ran
     backend.close()
+
+
+# -- detached reads: a snapshot by the copy kernels, the copy out on the copy channel ------
+
+CHECKPOINT = ("parameters", "first_moment", "second_moment")
+
+
+def _detached(monkeypatch, **options):
+    monkeypatch.setattr(nv_backend, "DETACHED_READ_MIN_BYTES", 4096)
+    backend, gpu = _open(monkeypatch, **options)
+    tables = {name: np.random.default_rng(len(name)).integers(
+        0, 255, backend.plan.tensor(name).bytes, np.uint8) for name in CHECKPOINT}
+    for name, data in tables.items():
+        backend.write_tensor(name, data)  # nothing queued: straight into the mapping
+    return backend, gpu, tables
+
+
+@needs_nvrtc
+def test_a_large_read_is_detached_and_the_next_run_waits_for_its_snapshot_only(monkeypatch):
+    backend, gpu, tables = _detached(monkeypatch)
+    count = backend.plan.submission_count
+    backend.start(range(count))  # counter 1
+    read = backend.begin_read(CHECKPOINT)  # the snapshot: counter 2; the copy out: reads 1
+    later = np.full(backend.plan.tensor("parameters").bytes, 7, np.uint8)
+    backend.write_tensor("parameters", later)  # queued behind the snapshot: counter 3
+    backend.start(range(count))  # counter 4
+    stream = backend._stream
+    assert stream.copy_channel is not None and stream.copy_channel.engine == 0x9
+    assert (stream.counter, stream.reads) == (4, 1) and gpu.launches == []
+    got = read.wait()
+    for name in CHECKPOINT:  # the state the first run left, not the write queued after
+        assert np.array_equal(got[name], tables[name])
+    assert stream.completed_reads == 1
+    backend.wait()
+    assert np.array_equal(np.frombuffer(_tensor_bytes(backend, "parameters"), np.uint8), later)
+    counter, reads = st.COUNTER_ADDRESS, st.READS_ADDRESS
+    # Run 1; the snapshot, after run 1 and after no read; the copy out, after the snapshot;
+    # the write and run 2 after the item before them, never after the copy out.
+    order = list(gpu.acquired)
+    assert sorted(order) == sorted([(counter, 0), (counter, 1), (reads, 0), (counter, 2),
+                                    (counter, 2), (counter, 3)])
+    assert order.index((reads, 0)) == order.index((counter, 1)) + 1  # the snapshot's two
+    # The three tensors are neighbours in the arena: one kernel copy, one copy out.
+    arena = backend.blocks["arena"].gpu_va
+    first = min(backend._arena_offset(name, 0, 1) for name in CHECKPOINT)
+    end = sum(backend.plan.tensor(name).bytes for name in CHECKPOINT)
+    assert gpu.kernel_copies == [(arena + first, nv_backend.SNAPSHOT_VA, end)]
+    snapshot = backend._snapshot
+    again = backend.begin_read(CHECKPOINT).wait()  # the same snapshot, after read 1's copy
+    assert backend._snapshot is snapshot and len(gpu.kernel_copies) == 2
+    assert gpu.acquired[-3:] == [(counter, 4), (reads, 1), (counter, 5)]
+    assert np.array_equal(again["parameters"], later)
+    assert all(np.array_equal(again[name], tables[name]) for name in CHECKPOINT[1:])
+    backend.close()
+
+
+@needs_nvrtc
+def test_the_copy_kernels_qmds_are_written_once_for_the_same_copies(monkeypatch):
+    from bob.backends.nv.rm.memory import Allocation
+
+    backend, gpu, _ = _detached(monkeypatch)
+    backend.begin_read(CHECKPOINT).wait()
+    snapshots = backend._stream.snapshots
+    writes: list[int] = []
+    original = Allocation.write
+    monkeypatch.setattr(Allocation, "write", lambda block, offset, data: (
+        writes.append(offset) if block is snapshots.block else None,
+        original(block, offset, data))[1])
+    backend.begin_read(CHECKPOINT).wait()
+    assert writes == []  # the same tensors: the QMD and its bank as they were
+    got = backend.begin_read(CHECKPOINT[1:]).wait()  # other copies: written again
+    assert writes == [st_snapshot.BANKS_OFFSET, st_snapshot.QMDS_OFFSET]
+    assert set(got) == set(CHECKPOINT[1:])
+    backend.close()
+
+
+@needs_nvrtc
+def test_a_copy_kernel_launch_is_a_qmd_the_decoder_reads_back(monkeypatch):
+    from bob.backends.nv.encoder import DRIVER_AREA
+
+    backend, gpu, _ = _detached(monkeypatch)
+    stream = backend.stream
+    assert stream.detaches()
+    snapshots = stream.snapshots
+    copies = ((0x20_0100_0000, 0x10_4000_0000, 1 << 20),  # 16-byte units
+              (0x20_0200_0004, 0x10_5000_0004, 4096 + 4))  # 4-byte units
+    addresses = snapshots.write(copies)
+    assert addresses == [st_snapshot.KERNELS_VA + st_snapshot.QMDS_OFFSET + i * 512
+                         for i in range(2)]
+    for address, (source, destination, size), (entry, unit) in zip(
+            addresses, copies, [("bob_copy_16", 16), ("bob_copy_4", 4)], strict=True):
+        record = snapshots.block.read(address - st_snapshot.KERNELS_VA, 384)
+        dispatch = decoder.decode_qmd(record, 0xCBC0).dispatch()
+        kernel = snapshots.kernels[entry].kernel
+        assert dispatch.program_address == snapshots.code_address[entry]
+        assert dispatch.block == (256, 1, 1) and dispatch.registers == kernel.registers
+        assert dispatch.releases == () and dispatch.dependents == ()
+        blocks = min(st_snapshot.MAX_BLOCKS, -(-(size // unit) // 256))
+        assert dispatch.grid == (blocks, 1, 1)
+        bank, bank_size = dispatch.constant_buffers[0]
+        data = snapshots.block.read(bank - st_snapshot.KERNELS_VA, bank_size)
+        assert DRIVER_AREA.unpack_from(data)[:6] == (256, 1, 1, blocks, 1, 1)
+        assert st_snapshot.COPY_ARGUMENTS.unpack_from(data, kernel.parameter_base) == (
+            source, destination, size // unit)
+    backend.close()
+
+
+@needs_nvrtc
+def test_draining_and_closing_wait_for_a_detached_read(monkeypatch):
+    backend, gpu, _ = _detached(monkeypatch)
+    backend.begin_read(CHECKPOINT)
+    stream = backend._stream
+    assert stream.completed_reads == 0 and stream.reads == 1
+    backend.wait()  # drains: the copy out included, though no item waits for it
+    assert stream.completed_reads == 1
+    backend.begin_read(CHECKPOINT)
+    waited = []
+    original = st.RuntimeStream.wait_for_read
+    monkeypatch.setattr(st.RuntimeStream, "wait_for_read", lambda stream, target, what="":
+                        waited.append(target) or original(stream, target, what))
+    backend.close()
+    assert waited == [2] and backend._snapshot is None
+
+
+@needs_nvrtc
+def test_a_read_with_no_snapshot_to_be_had_goes_in_the_queues_order(monkeypatch):
+    backend, gpu, tables = _detached(monkeypatch)
+    allocate = nv_backend.allocate
+
+    def no_video_memory(device, size, **options):
+        if options.get("name") == "read snapshot":
+            raise ioctl.RmError("NV01_MEMORY_LOCAL_USER", "NV_ERR_NO_MEMORY", "out of memory")
+        return allocate(device, size, **options)
+
+    monkeypatch.setattr(nv_backend, "allocate", no_video_memory)
+    for _ in range(2):  # refused once, not asked again at the same size
+        got = backend.begin_read(CHECKPOINT).wait()
+        assert all(np.array_equal(got[name], tables[name]) for name in CHECKPOINT)
+    stream = backend._stream
+    assert backend._snapshot is None and stream.reads == 0 and stream.counter == 2
+    assert backend._no_snapshot > 0 and gpu.kernel_copies == []
+    backend.close()
+
+
+def test_without_a_copy_engine_reads_stay_in_order_and_say_why(monkeypatch):
+    monkeypatch.setattr(nv_backend, "DETACHED_READ_MIN_BYTES", 4096)
+    gpu = FakeGpu(monkeypatch)
+    driver = FakeDriver(engines=(s.NV2080_ENGINE_TYPE_GRAPHICS,))
+    backend = nv_backend.NvBackend(bob_plan(1, 2, target=_sm90(), compiled=True, registers=24,
+                                            shared_bytes=2048),
+                                   transport=driver.transport(), deadline_s=0.01)
+    gpu.backend = backend
+    table = np.arange(256 * 256, dtype=np.float32)
+    backend.write_tensor("parameters", table.tobytes())
+    got = backend.begin_read(CHECKPOINT).wait()
+    assert np.array_equal(got["parameters"].view(np.float32), table)
+    stream = backend._stream
+    assert "the GPU lists no copy engine" in stream.detach_refused
+    assert stream.copy_channel is None and stream.reads == 0 and stream.counter == 1
+    backend.close()
+
+
+def test_a_copy_channel_tries_each_copy_engine_and_names_every_refusal():
+    driver = FakeDriver(engines=(1, 0x9, 0xA, 0x13))
+    refused = []
+    original = driver.alloc
+
+    def alloc(request):  # RM refuses a channel on COPY0 and COPY1, as it may on some parts
+        if request.hClass == s.HOPPER_CHANNEL_GPFIFO_A:
+            params = s.NV_CHANNEL_ALLOC_PARAMS.from_address(request.pAllocParms)
+            refused.append(params.engineType)
+            request.status = 0x1F
+            return
+        original(request)
+
+    driver.alloc = alloc
+    from bob.backends.nv.rm.device import RmClient, RmDevice
+
+    device = RmDevice(RmClient(driver.transport()))
+    with pytest.raises(ioctl.RmError) as raised:
+        ch.copy_channel(device, st.COPY_RING_VA)
+    assert refused == [0x9, 0xA]  # the copy engines only, each named in its channel
+    message = str(raised.value)
+    assert "COPY0: RM_ALLOC(HOPPER_CHANNEL_GPFIFO_A" in message and "COPY1:" in message
+    # The groups of the refused channels were freed.
+    groups = [h for h, (cls, _) in driver.objects.items() if cls == s.KEPLER_CHANNEL_GROUP_A]
+    assert sorted(groups) == sorted(h for h in driver.freed if h in groups) and len(groups) == 2
+
+
+@needs_nvrtc
+def test_a_detached_read_refuses_copies_out_one_segment_cannot_hold(monkeypatch):
+    backend, gpu, _ = _detached(monkeypatch)
+    stream = backend.stream
+    assert stream.detaches()
+    piece = (0x1000, 0x2000, 4096)
+    with pytest.raises(ValueError, match="copy out is 1 to 64 copies"):
+        stream.queue_detached_read((piece,), [piece] * 65)
+    with pytest.raises(ValueError, match="copy out is 1 to 64 copies"):
+        stream.queue_detached_read((piece,), [])
+    with pytest.raises(ValueError, match="a snapshot is 1 to 64 copies"):
+        stream.queue_detached_read((piece,) * 65, [piece])
+    assert (stream.counter, stream.reads) == (0, 0)  # nothing was queued
+    backend.close()
+
+
+@needs_nvrtc
+def test_a_fault_on_the_compute_channel_ends_a_wait_for_a_detached_read(monkeypatch):
+    monkeypatch.setattr(nv_backend, "COPY_WAIT_SLICE_S", 0.001)
+    backend, gpu, _ = _detached(monkeypatch, error_after_launch=0)
+    backend.start(range(backend.plan.submission_count))
+    read = backend.begin_read(CHECKPOINT)
+    with pytest.raises(ioctl.ChannelError, match="channel error 13") as raised:
+        read.wait()
+    assert "closed its channel and memory" in str(raised.value)
+    assert backend.channel is None

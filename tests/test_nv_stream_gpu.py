@@ -113,7 +113,8 @@ def test_nv_100k_launches_in_one_process_do_not_hang(trap_region):
 @needs_nvrtc
 def test_nv_queued_read_is_the_state_before_later_runs_and_writes():
     """A read queued behind a run gives the state the run left, though a write and the
-    next run were queued after it; the host waited for none of them."""
+    next run were queued after it; the host waited for none of them. The read is large
+    enough to be detached: its snapshot is what the run left."""
     from bob.backends import choose_backend
     from bob.config import CHECKPOINT_TENSORS, Hyper
     from bob.host.check import random_record
@@ -146,8 +147,13 @@ def test_nv_queued_read_is_the_state_before_later_runs_and_writes():
         backend.run(range(count))
         assert all(tables[name].tobytes() == backend.read_tensor(name)
                    for name in CHECKPOINT_TENSORS)
+        stream = backend._stream
+        # 16 MB: detached (a snapshot by the copy kernels, the copy out on the copy channel)
+        assert stream.detach_refused == "" and stream.reads >= 1
+        assert stream.completed_reads == stream.reads
         print(f"queued read of {sum(len(t) for t in tables.values()):,} bytes; "
-              f"{backend._stream.counter} runtime items")
+              f"{stream.counter} runtime items, {stream.reads} detached reads on copy engine "
+              f"type {stream.copy_channel.engine:#x}")
 
 
 @pytest.mark.gpu

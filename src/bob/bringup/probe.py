@@ -172,7 +172,7 @@ class Probe:
         self.channel = Channel(self.device)
         channel = self.channel
         self.say(f"channel group 0x{channel.group:08x}, context share 0x{channel.context_share:08x}"
-                 f", channel 0x{channel.handle:08x}, compute 0x{channel.compute:08x}")
+                 f", channel 0x{channel.handle:08x}, compute 0x{channel.engine_object:08x}")
         self.say(f"GPFIFO ring at GPU VA 0x{channel.ring.gpu_va:x} ({channel.entries} entries), "
                  f"USERD at +0x{channel.userd_offset:x}, work submit token 0x{channel.token:x}")
         self.say("channel state after schedule: " + channel.state().describe())

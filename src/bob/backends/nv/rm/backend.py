@@ -41,7 +41,9 @@ command line's and the API's default) builds chained plans for this backend
 from __future__ import annotations
 
 import contextlib
+import functools
 import struct
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -60,7 +62,7 @@ from bob.errors import BackendUnavailable, RunFailure
 from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Component, Plan, Scalar
 
-from .channel import Channel
+from .channel import RUNTIME_VA_BASE, Channel
 from .device import RmClient, RmDevice
 from .ioctl import ChannelError, RmError, SubmissionTimeout, Transport
 from .memory import (
@@ -72,12 +74,25 @@ from .memory import (
     release,
     round_up,
 )
-from .stream import COPY_PIECE_BYTES, COPY_THRESHOLD, WRITE_SLOT_BYTES, RuntimeStream
+from .snapshot import MAX_COPIES
+from .stream import (
+    COPY_PIECE_BYTES,
+    COPY_THRESHOLD,
+    PIECES_PER_SEGMENT,
+    WRITE_SLOT_BYTES,
+    RuntimeStream,
+)
 
 SUPPORTED_TARGET = "sm_90"
 DEFAULT_DEADLINE_S = 30.0  # without progress; the clock restarts whenever GP_GET moves
 SEMAPHORE_BYTES = 8  # each submission releases a 64-bit value into its slot
 QUEUED_READ_MIN_BYTES = 64 << 10  # smaller reads wait for the device and read the mapping
+# Reads this large are detached (stream.queue_detached_read): a snapshot in video memory
+# first, so that the next run waits for that, not for the copy to the host. At V = 8192
+# the tables are 805 MB, and their crossing to the host held each invocation back.
+DETACHED_READ_MIN_BYTES = 4 << 20
+SNAPSHOT_VA = RUNTIME_VA_BASE + (1 << 30)  # the snapshot: below every plan component
+COPY_WAIT_SLICE_S = 0.5  # a copy-out wait looks at the compute channel this often
 
 
 def nv_available() -> tuple[bool, str]:
@@ -129,6 +144,8 @@ class NvBackend(Backend):
         self._no_stream = ""  # why the runtime stream could not be set up, if it could not
         self._landing: Landing | None = None  # host buffers large reads land in (begin_read)
         self._described: dict[int, Allocation] = {}  # landing buffer address -> its mapping
+        self._snapshot: Allocation | None = None  # video memory detached reads go through
+        self._no_snapshot = 0  # the size at which a snapshot could not be had
         self.encoded: EncodedProgram = encode(self.certified)
         self.client = RmClient(transport)
         self.blocks: dict[str, Allocation] = {}
@@ -182,7 +199,8 @@ class NvBackend(Backend):
         assert self.channel is not None
         if self._stream is None:
             self._stream = RuntimeStream(self.device, self.channel, self._wait_for,
-                                         start=self._counter_start)
+                                         start=self._counter_start,
+                                         wait_copy=self._wait_for_copy)
         return self._stream
 
     def _stream_ready(self) -> bool:
@@ -256,22 +274,67 @@ class NvBackend(Backend):
         arena = self.blocks["arena"]
         destination = self._described[buffer.ctypes.data].gpu_va
         assert arena.gpu_va is not None and destination is not None
-        pieces = [(arena.gpu_va + offset + done, destination + position + done,
-                   min(COPY_PIECE_BYTES, size - done))
-                  for offset, size, position in spans
-                  for done in range(0, size, COPY_PIECE_BYTES)]
-        target = self._guarded(lambda: self.stream.queue_copies(pieces))
+        snapshot = self._detached_snapshot(spans, end)
+        if snapshot is not None:
+            taken = tuple((arena.gpu_va + offset, snapshot + position, size)
+                          for offset, size, position in spans)
+            out = [(snapshot + done, destination + done, min(COPY_PIECE_BYTES, end - done))
+                   for done in range(0, end, COPY_PIECE_BYTES)]
+            target = self._guarded(lambda: self.stream.queue_detached_read(taken, out))
+            settle = functools.partial(self._settle_read, target, detached=True)
+        else:  # small, or no snapshot to be had: straight to the host, in the queue's order
+            pieces = [(arena.gpu_va + offset + done, destination + position + done,
+                       min(COPY_PIECE_BYTES, size - done))
+                      for offset, size, position in spans
+                      for done in range(0, size, COPY_PIECE_BYTES)]
+            target = self._guarded(lambda: self.stream.queue_copies(pieces))
+            settle = functools.partial(self._settle_read, target)
         whole = landing.hand_out(buffer)
         return ReadHandle({name: whole[position:position + size]
                            for name, position, size in zip(names, positions, sizes,
-                                                           strict=True)},
-                          lambda: self._settle_read(target))
+                                                           strict=True)}, settle)
 
-    def _settle_read(self, target: int) -> None:
+    def _settle_read(self, target: int, detached: bool = False) -> None:
         self._require_open()
         assert self._stream is not None
         stream = self._stream
-        self._guarded(lambda: stream.wait_for(target, f"copy-engine read {target}"))
+        if detached:
+            self._guarded(lambda: stream.wait_for_read(target, f"detached read {target}"))
+        else:
+            self._guarded(lambda: stream.wait_for(target, f"copy-engine read {target}"))
+
+    def _detached_snapshot(self, spans: list[tuple[int, int, int]], end: int) -> int | None:
+        """The snapshot's GPU address for a read of these spans if it can be detached: large
+        enough, whole 4-byte words, few enough copies, the copy channel and kernels set
+        up, and video memory for the snapshot. None sends the read in the queue's order."""
+        if (end < DETACHED_READ_MIN_BYTES or len(spans) > MAX_COPIES
+                or -(-end // COPY_PIECE_BYTES) > PIECES_PER_SEGMENT
+                or any(value % 4 for span in spans for value in span)):
+            return None
+        if not self._guarded(self.stream.detaches):
+            return None
+        return self._snapshot_for(end)
+
+    def _snapshot_for(self, size: int) -> int | None:
+        """The GPU address of video memory for a detached read of `size` bytes (made, or
+        made larger, when first needed), or None where there is none to be had."""
+        size = round_up(size, VIDMEM_GRANULE)
+        if self._snapshot is not None and self._snapshot.size >= size:
+            return SNAPSHOT_VA
+        lowest = min(component.base for component in self.plan.address_map.components)
+        if (self._no_snapshot and size >= self._no_snapshot) or SNAPSHOT_VA + size > lowest:
+            return None
+        if self._snapshot is not None:
+            self._drain()  # the last detached read may still be copying out of it
+            release(self.device, self._snapshot)
+            self._snapshot = None
+        try:
+            self._snapshot = allocate(self.device, size, location="vidmem", gpu_va=SNAPSHOT_VA,
+                                      map_cpu=False, name="read snapshot")
+        except RmError:  # out of video memory beside the arena: no snapshot at this size
+            self._no_snapshot = size
+            return None
+        return SNAPSHOT_VA
 
     def _landing_for(self, size: int) -> Landing:
         """The landing buffers for reads of `size` bytes (made anew when the size changes),
@@ -411,6 +474,34 @@ class NvBackend(Backend):
                 if (self.channel.gp_get, self.launch_progress()) == before:
                     raise SubmissionTimeout(f"{error}; {self._progress()}") from None
 
+    def _wait_for_copy(self, read_value, target: int, what: str) -> None:
+        """A wait on the copy channel's work (a detached read's copy out). The copy waits for
+        the compute channel's snapshot, so the deadline restarts while either channel makes
+        progress, and a compute channel's error ends the wait as a run's would, within a
+        slice (COPY_WAIT_SLICE_S), not at the deadline."""
+        assert self._stream is not None and self._stream.copy_channel is not None
+        assert self.channel is not None
+        channel, compute = self._stream.copy_channel, self.channel
+        progress = (channel.gp_get, compute.gp_get, self.launch_progress())
+        since = time.monotonic()
+        while True:
+            try:
+                channel.wait(read_value, target, COPY_WAIT_SLICE_S, what)
+                return
+            except ChannelError as error:
+                raise ChannelError(f"the copy of a read to the host (copy channel): {error}") \
+                    from None
+            except SubmissionTimeout as error:
+                if compute.state().error:
+                    raise ChannelError(f"{self._fault()}: the driver stopped the channel "
+                                       f"while {what} waited for it: "
+                                       f"{compute.state().describe()}") from None
+                now = (channel.gp_get, compute.gp_get, self.launch_progress())
+                if now != progress:
+                    progress, since = now, time.monotonic()
+                elif time.monotonic() - since > self.deadline_s:
+                    raise SubmissionTimeout(f"{error}; {self._progress()}") from None
+
     def _launch_label(self, index: int) -> str:
         if not 0 <= index < self.plan.launch_count:
             return "not in the plan"
@@ -489,6 +580,10 @@ class NvBackend(Backend):
         with contextlib.suppress(RmError):
             self._close_landing()
         self._described.clear()
+        if self._snapshot is not None and self.device is not None:
+            with contextlib.suppress(RmError):
+                release(self.device, self._snapshot)
+        self._snapshot = None
         if self._stream is not None:
             self._stream.close()
             self._stream = None

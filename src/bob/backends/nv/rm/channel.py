@@ -1,10 +1,15 @@
-"""A GPFIFO channel for HOPPER_COMPUTE_A, its doorbell and its deadlines.
+"""A GPFIFO channel for HOPPER_COMPUTE_A (or a copy engine), its doorbell and its deadlines.
 
     device
-     └ channel group (KEPLER_CHANNEL_GROUP_A, engine GRAPHICS)
+     └ channel group (KEPLER_CHANNEL_GROUP_A, engine GRAPHICS, or COPYn)
         ├ context share (FERMI_CONTEXT_SHARE_A, Bob's VA space)
         └ channel (HOPPER_CHANNEL_GPFIFO_A)
-           └ compute object (HOPPER_COMPUTE_A)
+           └ engine object (HOPPER_COMPUTE_A, or HOPPER_DMA_COPY_A)
+
+A channel group is one engine's: a second channel in the compute channel's group
+ran its copies after the compute work, never beside it (measured on the H200). A
+copy channel (``copy_channel``) has a group of its own on a copy engine; its
+copies run while the compute channel computes.
 
 The GPFIFO ring and the channel's USERD live in one system-memory block
 (uncached: the CPU's stores to GP_PUT are ordered without fences); the ring
@@ -25,6 +30,7 @@ they are. Nothing here builds a pushbuffer word.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import time
 from dataclasses import dataclass
@@ -35,6 +41,7 @@ from .ioctl import (
     NV_ERR_INVALID_ARGUMENT,
     NV_ERR_INVALID_PARAM_STRUCT,
     ChannelError,
+    RmError,
     RmStatusError,
     SubmissionTimeout,
 )
@@ -98,32 +105,41 @@ class Channel:
     """A scheduled GPFIFO channel with the compute class bound to an object."""
 
     def __init__(self, device: RmDevice, entries: int = GPFIFO_ENTRIES,
-                 ring_va: int = RUNTIME_VA_BASE):
+                 ring_va: int = RUNTIME_VA_BASE, *,
+                 engine: int = s.NV2080_ENGINE_TYPE_GRAPHICS,
+                 engine_class: int = s.HOPPER_COMPUTE_A):
         if entries & (entries - 1) or entries < 2:
             raise ValueError(f"GPFIFO entries must be a power of two, not {entries}")
         client = device.client
         self.device = device
         self.entries = entries
+        self.engine = engine
         self.userd_offset = round_up(entries * s.GP_ENTRY_BYTES, 4096)
         self.notifier = allocate(device, 4096, location="sysmem", map_gpu=False,
                                  name="error notifier")
         self.ring = allocate(device, round_up(self.userd_offset + s.USERD_BYTES, 4096),
                              location="sysmem", gpu_va=ring_va, name="GPFIFO ring + USERD")
         self.group = client.alloc(device.device, s.KEPLER_CHANNEL_GROUP_A,
-                                  s.NV_CHANNEL_GROUP_ALLOCATION_PARAMETERS(
-                                      engineType=s.NV2080_ENGINE_TYPE_GRAPHICS))
-        self.context_share = client.alloc(self.group, s.FERMI_CONTEXT_SHARE_A,
-                                          s.NV_CTXSHARE_ALLOCATION_PARAMETERS(
-                                              hVASpace=device.vaspace,
-                                              flags=s.NV_CTXSHARE_ALLOCATION_FLAGS_SUBCONTEXT_ASYNC))
-        params = s.NV_CHANNEL_ALLOC_PARAMS(
-            hObjectError=self.notifier.memory, hObjectBuffer=self.ring.memory,
-            gpFifoOffset=self.ring.gpu_va, gpFifoEntries=entries,
-            hContextShare=self.context_share)
-        params.hUserdMemory[0] = self.ring.memory
-        params.userdOffset[0] = self.userd_offset
-        self.handle = client.alloc(self.group, s.HOPPER_CHANNEL_GPFIFO_A, params)
-        self.compute = client.alloc(self.handle, s.HOPPER_COMPUTE_A)
+                                  s.NV_CHANNEL_GROUP_ALLOCATION_PARAMETERS(engineType=engine))
+        try:
+            self.context_share = client.alloc(
+                self.group, s.FERMI_CONTEXT_SHARE_A, s.NV_CTXSHARE_ALLOCATION_PARAMETERS(
+                    hVASpace=device.vaspace,
+                    flags=s.NV_CTXSHARE_ALLOCATION_FLAGS_SUBCONTEXT_ASYNC))
+            # The graphics channel takes its engine from its group; a copy channel names it
+            # (RM refused one without: NV_ERR_INVALID_ARGUMENT on the H200's 580 driver).
+            params = s.NV_CHANNEL_ALLOC_PARAMS(
+                hObjectError=self.notifier.memory, hObjectBuffer=self.ring.memory,
+                gpFifoOffset=self.ring.gpu_va, gpFifoEntries=entries,
+                hContextShare=self.context_share,
+                engineType=0 if engine == s.NV2080_ENGINE_TYPE_GRAPHICS else engine)
+            params.hUserdMemory[0] = self.ring.memory
+            params.userdOffset[0] = self.userd_offset
+            self.handle = client.alloc(self.group, s.HOPPER_CHANNEL_GPFIFO_A, params)
+            self.engine_object = client.alloc(self.handle, engine_class)
+        except BaseException:
+            self._free_group()
+            raise
         token = s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN_PARAMS(workSubmitToken=0xFFFF_FFFF)
         client.control(self.handle, s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN, token)
         self.token = token.workSubmitToken
@@ -212,10 +228,41 @@ class Channel:
             time.sleep(delay)
             delay = min(delay * 2, 1e-3)
 
+    def _free_group(self) -> None:
+        """Free the group (and what was made under it); its memory goes."""
+        with contextlib.suppress(RmError):
+            self.device.client.free(self.group)
+        self.ring.close()
+        self.notifier.close()
+
     def close(self) -> None:
         del self._gp_put, self._gp_get
         self.ring.close()
         self.notifier.close()
 
 
-__all__ = ["Allocation", "Channel", "ChannelState", "GPFIFO_ENTRIES", "RUNTIME_VA_BASE"]
+def gpu_engines(device: RmDevice) -> tuple[int, ...]:
+    """The engine types the GPU has (NV2080_ENGINE_TYPE_*)."""
+    params = s.NV2080_CTRL_GPU_GET_ENGINES_V2_PARAMS()
+    device.client.control(device.subdevice, s.NV2080_CTRL_CMD_GPU_GET_ENGINES_V2, params)
+    return tuple(params.engineList[:min(params.engineCount, len(params.engineList))])
+
+
+def copy_channel(device: RmDevice, ring_va: int, entries: int = GPFIFO_ENTRIES) -> Channel:
+    """A channel on the first of the GPU's copy engines that RM gives one on, with
+    HOPPER_DMA_COPY_A bound; RmError naming every refusal where none does."""
+    refusals = []
+    for engine in gpu_engines(device):
+        if engine not in s.NV2080_ENGINE_TYPE_COPY:
+            continue
+        try:
+            return Channel(device, entries, ring_va, engine=engine,
+                           engine_class=s.HOPPER_DMA_COPY_A)
+        except RmError as error:
+            refusals.append(f"COPY{engine - s.NV2080_ENGINE_TYPE_COPY[0]}: {error}")
+    raise RmError("a copy channel", "no copy engine",
+                  "; ".join(refusals) or "the GPU lists no copy engine")
+
+
+__all__ = ["Allocation", "Channel", "ChannelState", "GPFIFO_ENTRIES", "RUNTIME_VA_BASE",
+           "copy_channel", "gpu_engines"]

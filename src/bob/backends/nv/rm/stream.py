@@ -4,7 +4,9 @@ one another, and launch timestamps.
 The plan's command stream is fixed bytes (``encoder.encode``); what the runtime
 adds goes in a second, runtime-owned area mapped below every plan::
 
-    RUNTIME_VA_BASE + 1 MiB   runtime block: a ring of pushbuffer segments, then the counter
+    RUNTIME_VA_BASE + 1 MiB   runtime block: a ring of pushbuffer segments, then the counters
+    RUNTIME_VA_BASE + 64 MiB  the copy channel's GPFIFO ring and USERD
+    RUNTIME_VA_BASE + 80 MiB  the copy kernels, their QMDs and banks (rm/snapshot.py)
     RUNTIME_VA_BASE + 128 MiB write slots: process memory small writes are staged in
     RUNTIME_VA_BASE + 256 MiB staging: process memory pinned for copy-engine transfers
     RUNTIME_VA_BASE + 512 MiB profile: timestamp structures and their segments
@@ -22,6 +24,16 @@ is past the item that used it.
 
 Copies run on the channel's copy engine: HOPPER_DMA_COPY_A is allocated on the
 same channel and bound on subchannel 4 (``pushbuffer.CopyWriter``).
+
+A large read need not hold the queue while it crosses to the host: a *detached*
+read (``queue_detached_read``) is an item of the queue that copies the tensors
+into a snapshot in video memory with Bob's copy kernels (rm/snapshot.py: at memory
+bandwidth, where the copy engine managed a tenth of it), and then a copy of the
+snapshot to the host on a second channel, the copy channel, whose channel group
+is a copy engine's, so that it runs beside the compute channel (a second channel in
+the compute channel's group ran after it; measured). That copy waits for the
+snapshot's counter value and releases a second counter, the reads counter; no item
+waits for it except the next snapshot, which overwrites what it copies.
 
 Timestamps: a host semaphore release with RELEASE_WFI and RELEASE_TIMESTAMP
 writes (payload, GPU nanoseconds) when everything before it is idle. Profiling
@@ -47,12 +59,14 @@ from bob.backends.nv.pushbuffer import (
 from bob.errors import RunFailure
 
 from . import structs as s
-from .channel import RUNTIME_VA_BASE, Channel
+from .channel import RUNTIME_VA_BASE, Channel, copy_channel
 from .device import RmDevice
 from .ioctl import RmError
 from .memory import SYSMEM_GRANULE, Allocation, allocate, host_allocation, round_up
+from .snapshot import Copy, SnapshotKernels
 
 RUNTIME_BLOCK_VA = RUNTIME_VA_BASE + (1 << 20)
+COPY_RING_VA = RUNTIME_VA_BASE + (64 << 20)
 WRITES_VA = RUNTIME_VA_BASE + (128 << 20)
 STAGING_VA = RUNTIME_VA_BASE + (256 << 20)
 PROFILE_VA = RUNTIME_VA_BASE + (512 << 20)
@@ -71,6 +85,8 @@ SEGMENT_STRIDE = 32  # one timestamped release is 6 words
 PROFILE_SEGMENTS = 2 * PROFILE_LIMIT * TIMESTAMP_RELEASE_BYTES  # segments after the structures
 PROFILE_BYTES = round_up(PROFILE_SEGMENTS + 2 * PROFILE_LIMIT * SEGMENT_STRIDE, SYSMEM_GRANULE)
 COUNTER_ADDRESS = RUNTIME_BLOCK_VA + COUNTER_OFFSET
+READS_OFFSET = COUNTER_OFFSET + 16  # the detached reads' 64-bit counter
+READS_ADDRESS = RUNTIME_BLOCK_VA + READS_OFFSET
 
 Wait = Callable[[Callable[[], int], int, str], None]
 
@@ -139,6 +155,36 @@ def copy_segment(address: int, pieces: list[tuple[int, int, int]], after: int, p
     return pushbuffer.to_bytes()
 
 
+def snapshot_segment(address: int, qmds: list[int], after: int, reads_after: int,
+                     payload: int) -> bytes:
+    """Once the counter reaches `after` and the reads counter `reads_after` (the last copy
+    out of the snapshot is done): dispatch the copy kernels' QMDs, and release `payload`
+    into the counter when they are idle."""
+    pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
+    commands = _commands(pushbuffer)
+    commands.acquire_semaphore(COUNTER_ADDRESS, after)
+    commands.acquire_semaphore(READS_ADDRESS, reads_after)
+    for qmd in qmds:
+        commands.dispatch(qmd)
+    commands.release_semaphore(COUNTER_ADDRESS, payload)
+    return pushbuffer.to_bytes()
+
+
+def copy_out_segment(address: int, pieces: list[tuple[int, int, int]], after: int,
+                     payload: int, *, bind: bool = False) -> bytes:
+    """For the copy channel: once the counter reaches `after` (the snapshot is taken), copy
+    the pieces, the last releasing `payload` into the reads counter."""
+    pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
+    _commands(pushbuffer).acquire_semaphore(COUNTER_ADDRESS, after)
+    writer = CopyWriter(pushbuffer)
+    if bind:
+        writer.bind()
+    for index, (source, destination, size) in enumerate(pieces):
+        last = index == len(pieces) - 1
+        writer.copy(source, destination, size, release=(READS_ADDRESS, payload) if last else None)
+    return pushbuffer.to_bytes()
+
+
 def acquire_segment(address: int, after: int) -> bytes:
     """Hold the channel until the counter reaches `after`."""
     pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
@@ -157,11 +203,14 @@ class RuntimeStream:
     """The copy engine object, the runtime block, the write slots and the staging of one
     channel, and the queue of work on it."""
 
-    def __init__(self, device: RmDevice, channel: Channel, wait: Wait, *, start: int = 0):
+    def __init__(self, device: RmDevice, channel: Channel, wait: Wait, *, start: int = 0,
+                 wait_copy: Wait | None = None):
         self.device = device
         self.channel = channel
         self._wait = wait
+        self._wait_copy = wait_copy or wait  # waits on the copy channel's work
         self.counter = start  # the value the last item queued releases
+        self.reads = start  # the value the last detached read releases into the reads counter
         self.last_item = "nothing"  # what the last item queued is, for waits' reports
         self._stamps = start  # timestamp payloads: their own numbering
         self.block = allocate(device, RUNTIME_BLOCK_BYTES, location="sysmem",
@@ -171,11 +220,20 @@ class RuntimeStream:
         self.profile_buffer: Allocation | None = None
         self.copy_object = 0
         self.copy_refused = ""  # why large transfers stay CPU accesses, when they do
+        self.copy_channel: Channel | None = None  # made by the first detached read
+        self.snapshots: SnapshotKernels | None = None
+        self.detach_refused = ""  # why reads are not detached, once a set-up failed
+        self._copy_bound = False  # the copy channel's first segment binds the copy class
+        self._snapshot_free_after = start  # the counter value after which the QMDs may change
         self.staging_note = "process memory described to the driver"
         self._counter = self.block.u64(COUNTER_OFFSET)
         self._counter.value = start
-        # The counter value after which each segment (and write slot) may be written again.
-        self._segment_free_after = [start] * SEGMENTS
+        self._reads = self.block.u64(READS_OFFSET)
+        self._reads.value = start
+        # After which values each segment may be written again: (runtime counter, reads
+        # counter), the second for a segment on the copy channel, which no later item of
+        # the queue waits for.
+        self._segment_free_after: list[tuple[int, int | None]] = [(start, None)] * SEGMENTS
         self._next_segment = 0
         self._slot_free_after = [start] * WRITE_SLOTS
         self._next_slot = 0
@@ -209,8 +267,13 @@ class RuntimeStream:
         return self._counter.value
 
     @property
+    def completed_reads(self) -> int:
+        """The reads counter's 64-bit value as the copy channel last released it."""
+        return self._reads.value
+
+    @property
     def pending(self) -> bool:
-        """Whether an item queued has not completed yet."""
+        """Whether an item queued has not completed yet (detached reads' copies out aside)."""
         return self.completed < self.counter
 
     def wait_for(self, target: int, what: str = "") -> None:
@@ -218,9 +281,17 @@ class RuntimeStream:
         if self.completed < target:
             self._wait(lambda: self.completed, target, what or f"runtime item {target}")
 
+    def wait_for_read(self, target: int, what: str = "") -> None:
+        """Block until the detached read that releases `target` (and every one before) is
+        on the host."""
+        if self.completed_reads < target:
+            self._wait_copy(lambda: self.completed_reads, target,
+                            what or f"detached read {target}")
+
     def drain(self) -> None:
-        """Block until everything queued is done."""
+        """Block until everything queued is done, detached reads included."""
         self.wait_for(self.counter, f"{self.last_item} (runtime item {self.counter})")
+        self.wait_for_read(self.reads)
 
     # -- the queue ----------------------------------------------------------------------
     def _segment(self) -> tuple[int, int]:
@@ -228,13 +299,18 @@ class RuntimeStream:
         last use."""
         index = self._next_segment
         self._next_segment = (index + 1) % SEGMENTS
-        self.wait_for(self._segment_free_after[index], f"runtime segment {index}")
+        counter, reads = self._segment_free_after[index]
+        self.wait_for(counter, f"runtime segment {index}")
+        if reads is not None:
+            self.wait_for_read(reads, f"runtime segment {index} (a detached read's copy out)")
         return index, RUNTIME_BLOCK_VA + index * SEGMENT_BYTES
 
-    def _place(self, index: int, data: bytes, free_after: int) -> bytes:
-        """Segment `index`'s bytes in the block; its GPFIFO entry."""
+    def _place(self, index: int, data: bytes, free_after: int,
+               reads_after: int | None = None) -> bytes:
+        """Segment `index`'s bytes in the block; its GPFIFO entry. It is written again once
+        the counter reaches `free_after` (and the reads counter `reads_after`)."""
         self.block.write(index * SEGMENT_BYTES, data)
-        self._segment_free_after[index] = free_after
+        self._segment_free_after[index] = (free_after, reads_after)
         return gpfifo_entry(HOPPER_CHANNEL_GPFIFO_A, RUNTIME_BLOCK_VA + index * SEGMENT_BYTES,
                             len(data) // WORD_BYTES)
 
@@ -271,6 +347,57 @@ class RuntimeStream:
         self.last_item = what
         self.channel.submit(ring)
         return self.counter
+
+    # -- detached reads -------------------------------------------------------------------
+    def detaches(self) -> bool:
+        """Whether reads can be detached: the copy channel and the copy kernels, set up the
+        first time asked; a refusal is kept (``detach_refused``) and reads stay in order."""
+        if self.snapshots is not None:
+            return True
+        if self.detach_refused or not self.copies:
+            return False
+        try:
+            self.copy_channel = copy_channel(self.device, COPY_RING_VA)
+            self.snapshots = SnapshotKernels(self.device)
+        except (RmError, RunFailure, OSError) as error:  # no copy engine, NVRTC, memory
+            self.detach_refused = str(error)
+            if self.copy_channel is not None:
+                self.copy_channel.close()
+                self.copy_channel = None
+            return False
+        return True
+
+    def queue_detached_read(self, snapshot: tuple[Copy, ...],
+                            out: list[tuple[int, int, int]]) -> int:
+        """Queue a read that does not hold the queue: the `snapshot` copies (arena to video
+        memory, by the copy kernels) as an item, once the last detached read's copy out is
+        done; then on the copy channel the `out` copies (snapshot to host), which release
+        the reads counter. The reads counter's value they release (``wait_for_read``)."""
+        assert self.snapshots is not None and self.copy_channel is not None, "detaches() first"
+        if not out or len(out) > PIECES_PER_SEGMENT or any(
+                not 0 < size <= COPY_PIECE_BYTES for *_, size in out):
+            raise ValueError(f"a detached read's copy out is 1 to {PIECES_PER_SEGMENT} copies "
+                             f"of 1 to {COPY_PIECE_BYTES} bytes")
+        snapshots = self.snapshots
+        if snapshot == snapshots.written:
+            qmds = snapshots.qmd_addresses(len(snapshot))
+        else:  # the QMDs and banks change: once the GPU is past the last snapshot's
+            self.wait_for(self._snapshot_free_after, "the last snapshot's copy kernels")
+            qmds = snapshots.write(snapshot)
+        first, first_address = self._segment()
+        last, last_address = self._segment()
+        taken = snapshot_segment(first_address, qmds, self.counter, self.reads,
+                                 self.counter + 1)
+        self.counter += 1
+        self.reads += 1
+        self._snapshot_free_after = self.counter
+        read = copy_out_segment(last_address, out, self.counter, self.reads,
+                                bind=not self._copy_bound)
+        self._copy_bound = True
+        self.last_item = f"the snapshot of detached read {self.reads}"
+        self.channel.submit([self._place(first, taken, self.counter)])
+        self.copy_channel.submit([self._place(last, read, self.counter, self.reads)])
+        return self.reads
 
     def queue_write(self, destination: int, data: memoryview) -> int:
         """Queue `data` (at most WRITE_SLOT_BYTES) for GPU address `destination`: staged in
@@ -365,13 +492,20 @@ class RuntimeStream:
         return launch_nanoseconds(found, first)
 
     def close(self) -> None:
-        del self._counter
+        del self._counter, self._reads
         for block in (self.staging, self.writes, self.profile_buffer):
             if block is not None:
                 block.close()
         self.staging = self.writes = self.profile_buffer = None
+        if self.snapshots is not None:
+            self.snapshots.close()
+            self.snapshots = None
+        if self.copy_channel is not None:
+            self.copy_channel.close()
+            self.copy_channel = None
         self.block.close()
 
 
-__all__ = ["COPY_THRESHOLD", "RuntimeStream", "Stamp", "acquire_segment", "copy_segment",
-           "launch_nanoseconds", "read_stamps", "release_segment", "timestamp_segment"]
+__all__ = ["COPY_THRESHOLD", "READS_ADDRESS", "RuntimeStream", "Stamp", "acquire_segment",
+           "copy_out_segment", "copy_segment", "launch_nanoseconds", "read_stamps",
+           "release_segment", "snapshot_segment", "timestamp_segment"]
