@@ -875,20 +875,46 @@ def test_a_copy_kernel_launch_is_a_qmd_the_decoder_reads_back(monkeypatch):
 
 
 @needs_nvrtc
-def test_draining_and_closing_wait_for_a_detached_read(monkeypatch):
-    backend, gpu, _ = _detached(monkeypatch)
-    backend.begin_read(CHECKPOINT)
-    stream = backend._stream
-    assert stream.completed_reads == 0 and stream.reads == 1
-    backend.wait()  # drains: the copy out included, though no item waits for it
-    assert stream.completed_reads == 1
-    backend.begin_read(CHECKPOINT)
+def test_runs_and_patches_wait_for_the_queue_not_for_a_copy_out(monkeypatch):
+    """The copy out reads only the snapshot: later runs, arena writes and parameter-block
+    patches wait for the compute channel's queue, never for the copy to the host."""
+    from bob.config import Hyper
+    from bob.program.bob import BobConfig, adam_scalars
+
+    backend, gpu, tables = _detached(monkeypatch)
     waited = []
     original = st.RuntimeStream.wait_for_read
     monkeypatch.setattr(st.RuntimeStream, "wait_for_read", lambda stream, target, what="":
                         waited.append(target) or original(stream, target, what))
+    count = backend.plan.submission_count
+    backend.start(range(count))
+    read = backend.begin_read(CHECKPOINT)
+    backend.wait()  # the run and the snapshot
+    stream = backend._stream
+    assert stream.completed == stream.counter == 2
+    backend.set_scalars(BobConfig(vocab=256, prompts=1, updates=2).adamw_launch(1),
+                        adam_scalars(Hyper(lr=0.05), 9))
+    backend.write_tensor("parameters", bytes(4096))
+    backend.run(range(count))
+    assert waited == []  # nothing waited for the copy out (this fake GPU ran it anyway)
+    got = read.wait()
+    assert waited == [1] and all(np.array_equal(got[n], tables[n]) for n in CHECKPOINT)
     backend.close()
-    assert waited == [2] and backend._snapshot is None
+
+
+@needs_nvrtc
+def test_closing_and_new_landing_buffers_wait_for_a_detached_read(monkeypatch):
+    backend, gpu, _ = _detached(monkeypatch)
+    waited = []
+    original = st.RuntimeStream.wait_for_read
+    monkeypatch.setattr(st.RuntimeStream, "wait_for_read", lambda stream, target, what="":
+                        waited.append(target) or original(stream, target, what))
+    backend.begin_read(CHECKPOINT)
+    assert waited == [] and backend._stream.reads == 1
+    backend.begin_read(CHECKPOINT[:2])  # another size: the old buffers go once it landed
+    assert waited == [1] and backend._stream.reads == 2
+    backend.close()
+    assert waited == [1, 2] and backend._snapshot is None
 
 
 @needs_nvrtc

@@ -222,10 +222,21 @@ class NvBackend(Backend):
         return self._stream is not None and self._stream.pending
 
     def _drain(self) -> None:
-        """Wait for everything queued (before the CPU touches what it may use)."""
+        """Wait for everything queued on the compute channel (before the CPU touches the
+        arena or the parameter blocks). A detached read's copy out is not waited for: it
+        reads only its snapshot."""
         if self._in_flight():
-            assert self._stream is not None
-            self._guarded(self._stream.drain)
+            stream = self._stream
+            assert stream is not None
+            self._guarded(lambda: stream.wait_for(
+                stream.counter, f"{stream.last_item} (runtime item {stream.counter})"))
+
+    def _drain_all(self) -> None:
+        """Wait for everything queued, detached reads' copies out included (before the
+        landing buffers or the snapshot go)."""
+        stream = self._stream
+        if stream is not None and (stream.pending or stream.completed_reads < stream.reads):
+            self._guarded(stream.drain)
 
     # -- the arena and submission ------------------------------------------------------------
     def _write_arena(self, offset: int, data: memoryview) -> None:
@@ -325,7 +336,7 @@ class NvBackend(Backend):
         if (self._no_snapshot and size >= self._no_snapshot) or SNAPSHOT_VA + size > lowest:
             return None
         if self._snapshot is not None:
-            self._drain()  # the last detached read may still be copying out of it
+            self._drain_all()  # the last detached read may still be copying out of it
             release(self.device, self._snapshot)
             self._snapshot = None
         try:
@@ -341,7 +352,7 @@ class NvBackend(Backend):
         each described to the driver once, when made."""
         if self._landing is None or self._landing.size != size:
             if self._landing is not None:
-                self._drain()  # a queued read may still be landing in the old buffers
+                self._drain_all()  # a queued read may still be landing in the old buffers
             self._close_landing()
             self._landing = Landing(size, self._describe, self._forget,
                                     minimum=QUEUED_READ_MIN_BYTES)
@@ -572,8 +583,7 @@ class NvBackend(Backend):
 
     def close(self) -> None:
         # Queued work may still write memory about to go: let it finish (or fail) first.
-        if self._in_flight() and self.channel is not None and not self._failure:
-            assert self._stream is not None
+        if self._stream is not None and self.channel is not None and not self._failure:
             with contextlib.suppress(RunFailure):
                 self._stream.drain()
         # Before the channel and the client go: the buffers' arrays stay valid as memory.

@@ -50,6 +50,7 @@ from .memory import Allocation, allocate, round_up, store_fence
 RUNTIME_VA_BASE = 0x10_0000_0000  # below every plan (DEFAULT_VA_BASE is 0x20_0000_0000)
 GPFIFO_ENTRIES = 1024
 SPIN_S = 0.005  # a wait polls without sleeping this long before it backs off
+LONGEST_SLEEP_S = 1e-4  # then sleeps between polls, doubling from 50 us up to this
 
 # What the driver writes as info32 of the error notifier when it stops a channel: the
 # robust-channel error, the number nvidia-smi and the kernel log call an Xid
@@ -226,7 +227,7 @@ class Channel:
                     f"{what} is {value}, not {target}, after {deadline_s:g} s: "
                     f"{state.describe()}")
             time.sleep(delay)
-            delay = min(delay * 2, 1e-3)
+            delay = min(delay * 2, LONGEST_SLEEP_S)
 
     def _free_group(self) -> None:
         """Free the group (and what was made under it); its memory goes."""
