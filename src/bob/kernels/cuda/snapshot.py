@@ -25,7 +25,7 @@ from bob.kernels.cuda.cubin import Cubin, CubinError, Kernel
 
 SOURCE_TEXT = r"""
 #define BOB_COPY_THREADS 256
-#define BOB_COPY_UNROLL 4
+#define BOB_COPY_UNROLL 8
 
 /* Every thread keeps BOB_COPY_UNROLL loads in flight before it stores: one load at
    a time leaves too little memory traffic in flight to reach the bandwidth. */

@@ -33,9 +33,9 @@ QMDS_OFFSET = 64 << 10
 BANKS_OFFSET = 128 << 10
 MAX_COPIES = 64
 KERNELS_BYTES = 256 << 10
-# Blocks per copy at most: 16 resident blocks of 256 threads on each of the H200's 132
-# SMs, rounded up; a grid-stride loop covers the rest.
-MAX_BLOCKS = 2176
+# Blocks per copy at most; a grid-stride loop covers the rest. Measured on the H200 (805 MB,
+# 8 units in flight per thread): 1056 blocks 0.75 ms, 2176 0.78, 8704 0.57, 17408 0.57.
+MAX_BLOCKS = 8704
 ARCH = "sm_90"
 COPY_ARGUMENTS = struct.Struct("<QQQ")
 
