@@ -139,10 +139,9 @@ def test_stamps_pair_into_launch_times():
 
 
 @dataclass
-class HostMemory:
-    """A landing buffer as the fake GPU reaches it: process memory at `address`."""
+class Reached:
+    """Memory the fake GPU reaches other than through an allocation's own mapping."""
 
-    address: int
     block: object
 
     @property
@@ -152,6 +151,13 @@ class HostMemory:
     @property
     def size(self) -> int:
         return self.block.size
+
+
+@dataclass
+class HostMemory(Reached):
+    """A landing buffer as the fake GPU reaches it: process memory at `address`."""
+
+    address: int
 
     def read(self, offset: int, size: int) -> bytes:
         return ctypes.string_at(self.address + offset, size)
@@ -161,19 +167,10 @@ class HostMemory:
 
 
 @dataclass
-class DeviceOnly:
+class DeviceOnly(Reached):
     """Video memory with no CPU mapping (a read's snapshot) as the fake GPU reaches it."""
 
-    block: object
     data: bytearray
-
-    @property
-    def gpu_va(self) -> int:
-        return self.block.gpu_va
-
-    @property
-    def size(self) -> int:
-        return self.block.size
 
     def read(self, offset: int, size: int) -> bytes:
         return bytes(self.data[offset:offset + size])
@@ -216,7 +213,7 @@ class FakeGpu:
             if stream.snapshots is not None:
                 found.append(stream.snapshots.block)
         found.append(backend.channel.ring)
-        found += [HostMemory(address, block) for address, block in backend._described.items()]
+        found += [HostMemory(block, address) for address, block in backend._described.items()]
         snapshot = backend._snapshot
         if snapshot is not None:
             if id(snapshot) not in self.device_only:

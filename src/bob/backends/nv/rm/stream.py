@@ -140,9 +140,10 @@ def _commands(pushbuffer: Pushbuffer) -> CommandWriter:
 
 
 def copy_segment(address: int, pieces: list[tuple[int, int, int]], after: int, payload: int,
-                 *, bind: bool = False) -> bytes:
+                 *, bind: bool = False, release_to: int = COUNTER_ADDRESS) -> bytes:
     """Once the counter reaches `after`: copies (source, destination, size), the last
-    releasing `payload` into the counter."""
+    releasing `payload` into the counter at `release_to` (the runtime counter, or for a
+    detached read's copy out on the copy channel, the reads counter)."""
     pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
     _commands(pushbuffer).acquire_semaphore(COUNTER_ADDRESS, after)
     writer = CopyWriter(pushbuffer)
@@ -150,8 +151,7 @@ def copy_segment(address: int, pieces: list[tuple[int, int, int]], after: int, p
         writer.bind()
     for index, (source, destination, size) in enumerate(pieces):
         last = index == len(pieces) - 1
-        writer.copy(source, destination, size,
-                    release=(COUNTER_ADDRESS, payload) if last else None)
+        writer.copy(source, destination, size, release=(release_to, payload) if last else None)
     return pushbuffer.to_bytes()
 
 
@@ -167,21 +167,6 @@ def snapshot_segment(address: int, qmds: list[int], after: int, reads_after: int
     for qmd in qmds:
         commands.dispatch(qmd)
     commands.release_semaphore(COUNTER_ADDRESS, payload)
-    return pushbuffer.to_bytes()
-
-
-def copy_out_segment(address: int, pieces: list[tuple[int, int, int]], after: int,
-                     payload: int, *, bind: bool = False) -> bytes:
-    """For the copy channel: once the counter reaches `after` (the snapshot is taken), copy
-    the pieces, the last releasing `payload` into the reads counter."""
-    pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
-    _commands(pushbuffer).acquire_semaphore(COUNTER_ADDRESS, after)
-    writer = CopyWriter(pushbuffer)
-    if bind:
-        writer.bind()
-    for index, (source, destination, size) in enumerate(pieces):
-        last = index == len(pieces) - 1
-        writer.copy(source, destination, size, release=(READS_ADDRESS, payload) if last else None)
     return pushbuffer.to_bytes()
 
 
@@ -391,8 +376,8 @@ class RuntimeStream:
         self.counter += 1
         self.reads += 1
         self._snapshot_free_after = self.counter
-        read = copy_out_segment(last_address, out, self.counter, self.reads,
-                                bind=not self._copy_bound)
+        read = copy_segment(last_address, out, self.counter, self.reads,
+                            bind=not self._copy_bound, release_to=READS_ADDRESS)
         self._copy_bound = True
         self.last_item = f"the snapshot of detached read {self.reads}"
         self.channel.submit([self._place(first, taken, self.counter)])
@@ -507,5 +492,5 @@ class RuntimeStream:
 
 
 __all__ = ["COPY_THRESHOLD", "READS_ADDRESS", "RuntimeStream", "Stamp", "acquire_segment",
-           "copy_out_segment", "copy_segment", "launch_nanoseconds", "read_stamps",
+           "copy_segment", "launch_nanoseconds", "read_stamps",
            "release_segment", "snapshot_segment", "timestamp_segment"]
