@@ -952,6 +952,28 @@ def test_without_a_copy_engine_reads_stay_in_order_and_say_why(monkeypatch):
     backend.close()
 
 
+def test_without_the_copy_kernels_reads_stay_in_order_and_the_copy_channel_goes(monkeypatch):
+    from bob.kernels.cuda.compile import NvrtcUnavailable
+
+    def no_nvrtc(device):
+        raise NvrtcUnavailable("import cuda.bindings.nvrtc", "ModuleNotFoundError",
+                               "install nvidia-cuda-nvrtc")
+
+    monkeypatch.setattr(st, "SnapshotKernels", no_nvrtc)
+    backend, gpu, tables = _detached(monkeypatch)
+    driver = backend.client.transport.handler.__self__
+    got = backend.begin_read(CHECKPOINT).wait()
+    assert all(np.array_equal(got[name], tables[name]) for name in CHECKPOINT)
+    stream = backend._stream
+    assert "install nvidia-cuda-nvrtc" in stream.detach_refused
+    assert stream.copy_channel is None and stream.reads == 0 and stream.counter == 1
+    groups = [h for h, (cls, _) in driver.objects.items() if cls == s.KEPLER_CHANNEL_GROUP_A]
+    assert len(groups) == 2 and groups[1] in driver.freed  # the copy channel's, given up
+    assert backend.begin_read(CHECKPOINT).wait() and stream.counter == 2  # not asked again
+    assert len([h for h, (c, _) in driver.objects.items() if c == s.KEPLER_CHANNEL_GROUP_A]) == 2
+    backend.close()
+
+
 def test_a_copy_channel_tries_each_copy_engine_and_names_every_refusal():
     driver = FakeDriver(engines=(1, 0x9, 0xA, 0x13))
     refused = []

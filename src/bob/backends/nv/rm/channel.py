@@ -139,7 +139,7 @@ class Channel:
             self.handle = client.alloc(self.group, s.HOPPER_CHANNEL_GPFIFO_A, params)
             self.engine_object = client.alloc(self.handle, engine_class)
         except BaseException:
-            self._free_group()
+            self.free()
             raise
         token = s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN_PARAMS(workSubmitToken=0xFFFF_FFFF)
         client.control(self.handle, s.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN, token)
@@ -229,8 +229,9 @@ class Channel:
             time.sleep(delay)
             delay = min(delay * 2, LONGEST_SLEEP_S)
 
-    def _free_group(self) -> None:
-        """Free the group (and what was made under it); its memory goes."""
+    def free(self) -> None:
+        """Free the channel group (and what was made under it) and the channel's memory:
+        for a channel given up before its client closes."""
         with contextlib.suppress(RmError):
             self.device.client.free(self.group)
         self.ring.close()

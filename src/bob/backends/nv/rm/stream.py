@@ -347,7 +347,7 @@ class RuntimeStream:
         except (RmError, RunFailure, OSError) as error:  # no copy engine, NVRTC, memory
             self.detach_refused = str(error)
             if self.copy_channel is not None:
-                self.copy_channel.close()
+                self.copy_channel.free()
                 self.copy_channel = None
             return False
         return True
