@@ -226,10 +226,8 @@ class NvBackend(Backend):
         arena or the parameter blocks). A detached read's copy out is not waited for: it
         reads only its snapshot."""
         if self._in_flight():
-            stream = self._stream
-            assert stream is not None
-            self._guarded(lambda: stream.wait_for(
-                stream.counter, f"{stream.last_item} (runtime item {stream.counter})"))
+            assert self._stream is not None
+            self._guarded(self._stream.drain_queue)
 
     def _drain_all(self) -> None:
         """Wait for everything queued, detached reads' copies out included (before the

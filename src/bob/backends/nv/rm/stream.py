@@ -273,9 +273,14 @@ class RuntimeStream:
             self._wait_copy(lambda: self.completed_reads, target,
                             what or f"detached read {target}")
 
+    def drain_queue(self) -> None:
+        """Block until everything queued on the plan's channel is done (detached reads'
+        copies out, on the copy channel, may still run)."""
+        self.wait_for(self.counter, f"{self.last_item} (runtime item {self.counter})")
+
     def drain(self) -> None:
         """Block until everything queued is done, detached reads included."""
-        self.wait_for(self.counter, f"{self.last_item} (runtime item {self.counter})")
+        self.drain_queue()
         self.wait_for_read(self.reads)
 
     # -- the queue ----------------------------------------------------------------------
