@@ -9,7 +9,8 @@ after a warm-up. Two figures per row (docs/BENCHMARKS.md, issue 14):
 - invocation: the N = 6 invocation over its 6 updates. An invocation also runs the initial
   loss, the finish (gradients and loss of the final table, in the last update's launch)
   and the health check: at N = 2 these weigh as much as an update.
-- per update: (T(6) - T(2)) / 4, the time one more update's launch adds: the streaming
+- per update: (T(6) - T(2)) / 4, the time one more update adds (the held kernels run all
+  of an invocation's updates in one launch, the stream kernels one launch each): the
   path itself, as bandwidth at 24 bytes per parameter beside the device-to-device copy.
 
 B picks the backend, VS the sizes (B=cpu VS=300 checks the script without a GPU). With
@@ -18,7 +19,7 @@ reads 16 GB back).
 
 ``--variants`` (cuda): the held and stream kernels' tuning macros (bob_held.cuh:
 HELD_THREADS, HELD_DEPTH, HELD_UPDATE_DEPTH, HELD_KEEP_EXPONENTIALS, HELD_FAST_DIVIDE,
-HELD_L2_PREFETCH, HELD_L2_AHEAD;
+HELD_L2_PREFETCH, HELD_L2_PREFETCH_EACH, HELD_L2_AHEAD, HELD_RUNNING_MAX, HELD_W_LIMIT;
 bob_kernels.cu: STREAM_VECTOR, STREAM_FAST_DIVIDE, VECTOR_DEPTH, UPDATE_DEPTH,
 STREAM_BOUNDS, KEPT_EXPONENTIALS, STREAM_CACHE_HINTS), each compiled into this process
 and timed the same way at V = 32768 (and 65536 with BIG=1), hard targets; then the
@@ -52,10 +53,14 @@ VARIANTS = {
     "held (shipped)": ("held", ""),
     "held, no kept exponentials": ("held", "#define HELD_KEEP_EXPONENTIALS 0\n"),
     "held, element by element (HELD_FAST_DIVIDE 0)": ("held", "#define HELD_FAST_DIVIDE 0\n"),
-    "held, HELD_DEPTH 8": ("held", "#define HELD_DEPTH 8u\n"),
     "held, HELD_UPDATE_DEPTH 1": ("held", "#define HELD_UPDATE_DEPTH 1u\n"),
     "held, 768 threads": ("held", "#define HELD_THREADS 768u\n#define HELD_UPDATE_DEPTH 1u\n"
-                                  "#define HELD_DEPTH 2u\n"),
+                                  "#define HELD_DEPTH 2u\n#define HELD_RUNNING_MAX 0\n"),
+    "held, a max pass every update (HELD_RUNNING_MAX 0)": ("held",
+                                                           "#define HELD_RUNNING_MAX 0\n"),
+    "held, m and v asked into L2 at a row's first update only": (
+        "held", "#define HELD_L2_PREFETCH_EACH 0\n"),
+    "held, at most 45056 of w held (HELD_W_LIMIT)": ("held", "#define HELD_W_LIMIT 45056u\n"),
     "held, no L2 prefetch": ("held", "#define HELD_L2_PREFETCH 0u\n#define HELD_L2_AHEAD 0u\n"),
     "held, 2/8 of m and v asked into L2 first, none ahead": (
         "held", "#define HELD_L2_PREFETCH 2u\n#define HELD_L2_AHEAD 0u\n"),

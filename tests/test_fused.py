@@ -104,7 +104,8 @@ def test_the_reference_fused_kernel_equals_the_seed(mode):
 
 # training: the fused launches, then the health check (when N > 0)
 @pytest.mark.parametrize("vocab,updates,training", [
-    (256, 100, 1 + 1), (1025, 7, 1 + 1), (8192, 3, 1 + 1), (8193, 7, 7 + 1), (16384, 3, 3 + 1),
+    (256, 100, 1 + 1), (1025, 7, 1 + 1), (8192, 3, 1 + 1), (8193, 7, 7 + 1), (16384, 3, 1 + 1),
+    (16386, 3, 3 + 1),  # past 8192: held (V % 4 == 0) in one launch, streamed one per update
     (256, 0, 0), (16384, 0, 0),
 ])
 @pytest.mark.parametrize("prompts", [0, 3])

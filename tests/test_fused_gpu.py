@@ -10,6 +10,7 @@ logit rows, predictions) must hold the same bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -22,13 +23,16 @@ from bob.host.check import compare_backends, differential_check, random_record
 from bob.host.session import Session, split_updates
 from bob.plan.certificate import certify
 from bob.program.bob import BobConfig, Hyper
+from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
 
 gpu = pytest.mark.gpu
 
 
-def train_both(cuda: BackendChoice, config: BobConfig, steps: int, seed: int = 3) -> None:
-    """`steps` updates in invocations of config.updates: seed on the CPU, fused on the GPU."""
+def train_both(cuda: BackendChoice, config: BobConfig, steps: int, seed: int = 3,
+               shape_start: Callable[[np.ndarray, InputRecord], None] | None = None) -> None:
+    """`steps` updates in invocations of config.updates: seed on the CPU, fused on the GPU.
+    `shape_start` may change the start table in place (given the record) first."""
     record = random_record(config, seed)
     seed_config = replace(config, schedule="seed")
     fused_config = replace(config, schedule="fused")
@@ -37,6 +41,8 @@ def train_both(cuda: BackendChoice, config: BobConfig, steps: int, seed: int = 3
     rng = np.random.default_rng(seed)
     parameters = rng.standard_normal((config.vocab, config.vocab), dtype=np.float32)
     parameters[0] = 0.0
+    if shape_start is not None:
+        shape_start(parameters, record)
     start = replace(start, parameters=parameters)
     states = [start, start]
     with Session(choose_backend("cpu")) as cpu, Session(cuda) as gpu_session:

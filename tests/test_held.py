@@ -54,12 +54,23 @@ def test_the_plan_gives_rows_past_8192_to_the_held_kernels_while_they_fit(vocab,
 
 @pytest.mark.parametrize("vocab, grid", [(9216, HELD_GRID), (32768, HELD_GRID)])
 def test_held_launches_take_one_block_per_sm_and_loop_over_rows(vocab, grid):
-    config = BobConfig(vocab=vocab, prompts=0, updates=2, schedule="fused")
+    config = BobConfig(vocab=vocab, prompts=0, updates=3, schedule="fused")
     plan = build_plan(config, SM90, compiled=stand_in_regions(config))
-    held = [launch for launch in plan.launches if launch.region == sig.FUSED_HELD_HARD]
-    assert len(held) == 2  # one launch per update past 8192
-    assert {(launch.grid.x, launch.block.x) for launch in held} == {(grid, 512)}
+    (held,) = [launch for launch in plan.launches if launch.region == sig.FUSED_HELD_HARD]
+    # every update in one launch: a block keeps its row's w for all three
+    assert held.label == "fused[0:3]" and config.updates_per_fused_launch == 3
+    assert (held.grid.x, held.block.x) == (grid, 512)
     assert certify(plan).holds
+
+
+@pytest.mark.parametrize("vocab, mode", [(65536, "corpus"), (9002, "hard")])
+def test_rows_past_8192_the_held_kernels_do_not_take_get_a_launch_per_update(vocab, mode):
+    """Streamed rows (corpus past what shared memory holds; V % 4 != 0) keep no part of
+    the row from one update to the next, so each update is a launch of its own."""
+    config = BobConfig(vocab=vocab, prompts=0, updates=3, mode=mode, schedule="fused")
+    assert config.fused_region not in sig.SHARED_REST
+    assert config.updates_per_fused_launch == 1
+    assert config.training_launches == 3 + 1  # and the health check
 
 
 # -- the region: its dynamic shared memory -------------------------------------------------

@@ -6,13 +6,15 @@ pass, as the stream kernels read it).
     PYTHONPATH=src python -m pytest -m gpu tests/test_held_gpu.py     # on a GPU machine
 
 The start table has a row of zeros (train_both), so the order-key max's fall back to the
-literal lane-order max runs too.
+literal lane-order max runs too; a row whose max stays zero from update to update takes it
+in the running max as well.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 import bob.kernels.signatures as sig
@@ -22,6 +24,7 @@ from bob.backends.cuda import CudaBackend
 from bob.bench.variants import variant_choice
 from bob.kernels.cuda.regions import CompiledRegions
 from bob.program.bob import BobConfig
+from bob.records.binary import InputRecord
 from test_fused_gpu import train_both
 
 gpu = pytest.mark.gpu
@@ -29,7 +32,10 @@ gpu = pytest.mark.gpu
 SHAPES = {
     "shipped": "",
     "768 threads": "#define HELD_THREADS 768u\n#define HELD_UPDATE_DEPTH 1u\n"
-                   "#define HELD_DEPTH 2u\n",
+                   "#define HELD_DEPTH 2u\n#define HELD_RUNNING_MAX 0\n",
+    "a max pass every update, a prefetch at the first": "#define HELD_RUNNING_MAX 0\n"
+                                                         "#define HELD_L2_PREFETCH_EACH 0\n",
+    "at most 4096 of w held": "#define HELD_W_LIMIT 4096u\n",
     "512, one round in flight, no fast divide": "#define HELD_UPDATE_DEPTH 1u\n"
                                                 "#define HELD_FAST_DIVIDE 0\n",
     "no L2 prefetch": "#define HELD_L2_PREFETCH 0u\n#define HELD_L2_AHEAD 0u\n",
@@ -49,9 +55,9 @@ def held_capacity(choice: BackendChoice, dynamic_bytes: int) -> BackendChoice:
 
 
 CASES = [
-    (9216, 3, 2),  # one launch per update; whole rounds
-    (9000, 3, 2),  # a last round in part
-    (4100, 5, 3),  # (held from 4097) every update in one launch: w stays held between them
+    (9216, 3, 1),  # one update per invocation (so per launch); whole rounds
+    (9000, 3, 2),  # a last round in part; every update of an invocation in one launch
+    (4100, 5, 3),  # (held from 4097) w and the running max stay with the row between updates
 ]
 
 
@@ -82,3 +88,23 @@ def test_a_row_held_in_part_equals_the_seed_on_the_cpu(monkeypatch: pytest.Monke
     monkeypatch.setattr(program, "HELD_FROM_VOCAB", 4097)
     config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
     train_both(held_capacity(variant_choice(""), held_bytes), config, steps)
+
+
+@gpu
+@pytest.mark.parametrize("vocab,steps,per_invocation", [(9000, 4, 2), (4100, 3, 3)])
+def test_a_max_that_stays_zero_takes_the_lane_order_tree_each_update(
+        monkeypatch: pytest.MonkeyPatch, vocab: int, steps: int, per_invocation: int) -> None:
+    """Rows 1 and 2: zero at their target, -1e30 elsewhere. The target's probability is 1
+    and every gradient 0, so w keeps those values through AdamW and every update's max
+    (taken from the update before it, HELD_RUNNING_MAX) is a zero: the lane-order tree
+    gives its sign, on the GPU as on the CPU."""
+    monkeypatch.setattr(program, "HELD_FROM_VOCAB", 4097)
+    config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode="hard")
+
+    def zero_max_rows(parameters: np.ndarray, record: InputRecord) -> None:
+        assert record.targets is not None
+        for row in (1, 2):
+            parameters[row] = -1e30
+            parameters[row, record.targets[row]] = 0.0 if row == 1 else -0.0
+
+    train_both(variant_choice(""), config, steps, shape_start=zero_max_rows)

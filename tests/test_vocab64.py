@@ -133,11 +133,11 @@ def certify_and(plan):
     return plan
 
 
-def test_the_fused_schedule_holds_rows_in_part_one_update_per_launch_at_65536() -> None:
+def test_the_fused_schedule_holds_rows_in_part_all_updates_in_one_launch_at_65536() -> None:
     config, plan = big_plan("fused", "hard", updates=3)
-    fused = [launch for launch in plan.launches if launch.region == sig.FUSED_HELD_HARD]
-    assert len(fused) == 3 == config.updates
-    assert all(launch.grid.x == HELD_GRID for launch in fused)  # a block per SM, rows looped
+    (fused,) = [launch for launch in plan.launches if launch.region == sig.FUSED_HELD_HARD]
+    assert fused.label == "fused[0:3]" and config.updates == 3
+    assert fused.grid.x == HELD_GRID  # a block per SM, rows looped
 
 
 # -- records ---------------------------------------------------------------------------

@@ -14,7 +14,8 @@ For a configuration (V, P, N, mode, schedule) the program is:
     scalars read from the ``adam_scalars`` tensor (the host writes it each
     invocation). Rows are independent, so a block can run many updates of its
     row without any grid-wide synchronization. For V <= ONE_LAUNCH_MAX_VOCAB
-    (8192) one launch runs all N updates; above, one streaming launch per
+    (8192), and past it wherever the held kernels keep the row's w in shared
+    memory, one launch runs all N updates; otherwise one streaming launch per
     update reads and writes each parameter and both moments once, and only the
     last writes the gradients and the training loss. After the invocation
     every tensor the seed schedule has holds the seed schedule's bytes;
@@ -41,8 +42,8 @@ the health check, H = 1 if N > 0 else 0):
 | schedule | training launches T | launches | submissions (per-launch) |
 | --- | --- | --- | --- |
 | seed | 2N + H | F + T | F + T + 2P |
-| fused, V <= ONE_LAUNCH_MAX_VOCAB | 1 + H if N > 0, else 0 | F + T | F + T + 2P |
-| fused, larger V | N + H | F + T | F + T + 2P |
+| fused, V <= ONE_LAUNCH_MAX_VOCAB or held | 1 + H if N > 0, else 0 | F + T | F + T + 2P |
+| fused, larger V streamed | N + H | F + T | F + T + 2P |
 
 Chained: 1 + (1 if T > 0) + (1 if P > 0) submissions, the launches the same
 (the health check ends the training submission).
@@ -118,7 +119,13 @@ ADAM_SCALAR_STRIDE = 8  # floats per row
 # streaming launch per update moves 24 bytes per parameter through DRAM. Measured on an
 # H200 (bench/bench_fused.py --experiments, 100 updates): one launch 27.6, 102 and 441
 # us/update at V = 2048, 4096, 8192; one launch per update 38.4, 139 and 528. Past 8192
-# the rows of the resident blocks (4 per SM, 96 KiB each at V = 8192) outgrow the L2.
+# the rows of the resident blocks (4 per SM, 96 KiB each at V = 8192) outgrow the L2, so
+# the stream kernels take one launch per update. The held kernels (below) keep the row's
+# w in shared memory and run each row's N updates in turn, so they too take all N in one
+# launch: DRAM moves m and v (16 bytes per parameter-update) and w once a launch. H200,
+# (T(6) - T(2)) / 4 (bench/bench_stream.py), ms/update one launch against one per update:
+# V = 16384 1.49 against 1.98, 32768 6.18 against 7.25, 65536 29.4 against 33.7 (28.2
+# with the running max, bob_held.cuh).
 ONE_LAUNCH_MAX_VOCAB = 8192
 # The fused kernels' on-chip rows (bob_kernels.cu: RESIDENT_SLOTS and WIDE_SLOTS x 256).
 RESIDENT_VOCAB = 1024
@@ -214,8 +221,9 @@ class BobConfig:
 
     @property
     def updates_per_fused_launch(self) -> int:
-        """Updates each fused launch runs: all N while V is small, else one."""
-        if self.vocab <= ONE_LAUNCH_MAX_VOCAB:
+        """Updates each fused launch runs: all N while V is small or the held kernels
+        keep the row's w in shared memory, else one."""
+        if self.vocab <= ONE_LAUNCH_MAX_VOCAB or self.fused_region in sig.SHARED_REST:
             return self.updates
         return min(1, self.updates)
 

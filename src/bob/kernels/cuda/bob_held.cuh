@@ -1,12 +1,16 @@
 // -- held: a block per SM looping over rows past 8192, each row's w in shared memory -------
 //
 // Past TALL_VOCAB a row's w, m and v no longer fit one SM, so every update reads m and v
-// from memory and writes w, m and v back: 24 bytes per parameter at best. The stream
-// kernels read w three times (max, sum, update: 32 bytes). Here a block keeps as much of
-// its row's w as the launch's dynamic shared memory holds (a row of 52224 floats on sm_90;
-// the driver reports the size in %dynamic_smem_size), so w comes from memory once per
-// launch; quads past that capacity are read from memory in each pass, as the stream kernels
-// read them. What shared memory is left keeps the sum's exponentials for the update.
+// from memory and writes them back. The stream kernels also read w three times (max, sum,
+// update) and write it: 32 bytes per parameter-update. Here a block keeps as much of its
+// row's w as the launch's dynamic shared memory holds (a row of 52224 floats on sm_90; the
+// driver reports the size in %dynamic_smem_size) and runs all of the launch's updates of
+// the row in turn (the plan gives these kernels all N updates in one launch), so w comes
+// from memory once per launch and goes back once: 16 bytes per parameter-update. Quads
+// past that capacity are read from memory in each pass, as the stream kernels read them.
+// What shared memory is left keeps the sum's exponentials for the update. An update's max
+// is taken from the w the update before it wrote (HELD_RUNNING_MAX), so only a launch's
+// first update of a row has a pass of its own for the max.
 //
 // The grid is one block per SM (program.bob.HELD_GRID); block b takes rows b, b + gridDim.x,
 // ... While it writes a row's last update (or its finish), each thread copies the next
@@ -33,8 +37,17 @@
 // - HELD_FAST_DIVIDE: a quad's divisions and roots issued together (adamw_together) (1), or
 //   element by element (0).
 // - HELD_L2_PREFETCH: eighths of the row's m and v (from its start) the block asks into the
-//   L2 cache as it begins a launch's first update of the row (cp.async.bulk.prefetch, sm_90),
-//   so memory works during the max and the sum and the update finds them in L2; 0: none.
+//   L2 cache as it begins an update of the row (cp.async.bulk.prefetch, sm_90), so memory
+//   works during the max and the sum and the update finds them in L2; 0: none.
+// - HELD_L2_PREFETCH_EACH: HELD_L2_PREFETCH asks at every update of the row (1), or only at
+//   the launch's first (0).
+// - HELD_RUNNING_MAX: the update keeps each thread's max of the w it writes, and the next
+//   pass (update or finish) takes the block's max of those (the same keyed max, the same
+//   fallback to the lane-order tree for a zero) instead of reading the row again (1); or
+//   each pass reads the row for its max (0). The max of a set of values is the same whoever
+//   folds it: only a zero's sign depends on the order, and a zero takes the tree.
+// - HELD_W_LIMIT: hold at most this many of a row's w in shared memory (the rest is read
+//   from memory in each pass; the room freed keeps more exponentials). Unlimited by default.
 // - HELD_L2_AHEAD: the update asks L2 for the m and v of the round this many rounds ahead
 //   of the one it reads (past those HELD_L2_PREFETCH asked for); 0: none.
 #ifndef HELD_THREADS
@@ -57,6 +70,15 @@
 #endif
 #ifndef HELD_L2_PREFETCH
 #define HELD_L2_PREFETCH 1u
+#endif
+#ifndef HELD_RUNNING_MAX
+#define HELD_RUNNING_MAX 1
+#endif
+#ifndef HELD_W_LIMIT
+#define HELD_W_LIMIT 0xFFFFFFFFu
+#endif
+#ifndef HELD_L2_PREFETCH_EACH
+#define HELD_L2_PREFETCH_EACH 1
 #endif
 #ifndef HELD_L2_AHEAD
 #define HELD_L2_AHEAD 2u
@@ -250,7 +272,7 @@ template <bool CORPUS>
 static __device__ __forceinline__ void held_update_quad(
         const FusedArgs& a, HeldRow& row, u64 base, u32 j, float row_max, float s,
         const AdamStep& step, u32 target, float weight_sum, bool last, const float* next_w,
-        float4 wq, float4 mq, float4 vq, float4 tq) {
+        float4 wq, float4 mq, float4 vq, float4 tq, float& best) {
     const float4 eq = j < row.kept_count ? row.kept[j / 4u] : exponentials_of(wq, row_max,
                                                                               a.log2e);
 #if HELD_FAST_DIVIDE
@@ -282,6 +304,10 @@ static __device__ __forceinline__ void held_update_quad(
     }
 #endif
     wq = canonical_quad(wq);
+    if (HELD_RUNNING_MAX) {
+#pragma unroll
+        for (u32 c = 0; c < 4u; ++c) best = select_max(best, part(wq, c));
+    }
     if (row.is_held(j)) {
         if (next_w != nullptr) {  // the launch is done with this row: its slot takes the next's
             copy_quad_in(row.row + j / 4u, next_w + j);
@@ -298,7 +324,8 @@ static __device__ __forceinline__ void held_update_quad(
 template <bool CORPUS>
 static __device__ void held_update(const FusedArgs& a, HeldRow& row, u64 base, float row_max,
                                    float s, const AdamStep& step, u32 target,
-                                   float weight_sum, bool last, const float* next_w) {
+                                   float weight_sum, bool last, const float* next_w,
+                                   float& best) {
     const float* m = a.first_moment + base;
     const float* v = a.second_moment + base;
     const float* t = CORPUS ? a.weights + base : nullptr;
@@ -325,7 +352,8 @@ static __device__ void held_update(const FusedArgs& a, HeldRow& row, u64 base, f
             const u32 j = row.quad(r0 + d);
             if (j < a.vocab) {
                 held_update_quad<CORPUS>(a, row, base, j, row_max, s, step, target, weight_sum,
-                                         last, next_w, row.w_quad(j), mq[d], vq[d], tq[d]);
+                                         last, next_w, row.w_quad(j), mq[d], vq[d], tq[d],
+                                         best);
             }
         }
     }
@@ -343,12 +371,14 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
         CORPUS ? row.fold([&](u32 j) { return load_quad(t + j); }) : 0.0f;
     const u32 target = CORPUS ? 0u : a.targets[index];
     const u32 passes = a.updates + (a.finish ? 1u : 0u);
-    if (HELD_L2_PREFETCH > 0u && a.updates > 0u) {
-        prefetch_moments(a.first_moment + base, a.second_moment + base, a.vocab);
-    }
+    float running_max = 0.0f;  // the max of the w the last update wrote (HELD_RUNNING_MAX)
     for (u32 k = 0; k < passes; ++k) {
+        if (HELD_L2_PREFETCH > 0u && k < a.updates && (k == 0u || HELD_L2_PREFETCH_EACH)) {
+            prefetch_moments(a.first_moment + base, a.second_moment + base, a.vocab);
+        }
         if (k < a.updates) scalars.stage(a, k);
-        const float row_max = row.max(k == 0, prefetched);
+        const float row_max =
+            HELD_RUNNING_MAX && k > 0u ? running_max : row.max(k == 0, prefetched);
         const float s = row.fold([&](u32 j) {
             return exponentials_of(row.w_quad(j), row_max, a.log2e);
         }, true);
@@ -390,8 +420,13 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
         const AdamStep step = scalars.step(a, k);  // after the folds' barriers
         // Each thread reads back only the held quads it stored until the next max's barrier.
         const bool last = k + 1u == a.updates;
+        float best = f32(NEG_INF);
         held_update<CORPUS>(a, row, base, row_max, s, step, target, weight_sum, last,
-                            last && !a.finish ? next_w : nullptr);
+                            last && !a.finish ? next_w : nullptr, best);
+        if (HELD_RUNNING_MAX && k + 1u < passes) {  // the next pass's max, behind one barrier
+            running_max = keyed_block_max(best, row.shared.keys, HELD_WARPS);
+            if (running_max == 0.0f) running_max = row.literal_max();  // a zero's sign
+        }
     }
 }
 
@@ -404,7 +439,7 @@ static __device__ void fused_train_held(const FusedArgs& a) {
     if (blockDim.x != HELD_THREADS || a.vocab % 4u != 0u) __trap();
     // The dynamic shared memory holds w first, then as many exponentials as fit.
     const u32 capacity = dynamic_shared_bytes() / 16u * 4u;
-    const u32 held = capacity < a.vocab ? capacity : a.vocab;
+    const u32 held = ::min(::min(capacity, a.vocab), HELD_W_LIMIT / 4u * 4u);
     float4* const kept = held_row + held / 4u;
     const u32 room = HELD_KEEP_EXPONENTIALS ? capacity - held : 0u;
     StagedScalars scalars{shared.scalars, HELD_THREADS};
