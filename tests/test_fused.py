@@ -351,21 +351,27 @@ def test_powers_that_cannot_matter_are_not_computed_where_they_underflow(beta):
     assert (1.0 - got[~same] == 1.0).all() and (1.0 - numpy[~same] == 1.0).all()
 
 
-def test_a_boundary_is_where_the_dropped_bits_are_one_half():
-    from bob.program.bob import _near_a_boundary
+def test_values_round_alike_only_where_the_whole_bound_rounds_to_one_binary32():
+    from bob.program.bob import _rounds_alike
 
     one = np.float64(1.0)
     midpoint = one + 2.0**-24  # halfway between binary32 1 and its successor
     values = np.array([midpoint, np.nextafter(midpoint, 2.0), one, 1.0 + 2.0**-23,
-                       0.0, -1.0, np.inf, np.nan, 1e-39, 2.0**128, 3.0e38])
+                       0.0, -1.0, np.inf, np.nan, 3.0e38, 2.0**128 - 2.0**103])
     bound = np.full(values.shape, 2.0**-50)
-    assert _near_a_boundary(values, bound).tolist() == [
-        True, True,  # on a boundary, one ulp of it away
-        False, False,  # binary32 values themselves: as far from a boundary as can be
-        True, True, True, True, True, True,  # zero, negative, inf, NaN, subnormal, >= 2^128
-        False]  # 3e38: normal, far from its boundaries
-    assert not _near_a_boundary(np.array([np.nextafter(midpoint, 2.0)]),
-                                np.array([2.0**-60])).any()  # 2 ulps > 2^-60 2^53 ulps
+    with np.errstate(over="ignore", invalid="ignore"):  # as _step_columns calls it
+        rounded = values.astype(np.float32)
+        alike = _rounds_alike(values, rounded, bound)
+    assert alike.tolist() == [
+        False, False,  # on a boundary, one ulp of it away
+        True, True,  # binary32 values themselves: as far from a boundary as can be
+        True, True, True,  # zero, a negative value, inf: every neighbour rounds alike
+        False,  # NaN
+        True,  # 3e38: far from its boundaries
+        False]  # the boundary to inf: above it rounds to inf, below to the largest float
+    assert _rounds_alike(np.array([np.nextafter(midpoint, 2.0)]),
+                         np.array([np.float32(1.0 + 2.0**-23)]),
+                         np.array([2.0**-60])).all()  # 1 ulp of it > 2^-60 2^53 ulps
 
 
 @settings(max_examples=150, deadline=None)

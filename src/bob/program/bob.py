@@ -367,8 +367,9 @@ def _step_columns(hyper: Hyper, steps: np.ndarray) -> tuple[np.ndarray, np.ndarr
         columns64 = (hyper.lr * root / (1.0 - power1), hyper.eps * root)
         bound = (2.0 * POWER_ERROR_ULPS * 2.0**-52) * (power1 / (1.0 - power1)
                                                        + power2 / (1.0 - power2)) + 16 * 2.0**-53
-        unsure = _near_a_boundary(columns64[0], bound) | _near_a_boundary(columns64[1], bound)
         columns = tuple(column.astype(np.float32) for column in columns64)
+        unsure = ~(_rounds_alike(columns64[0], columns[0], bound)
+                   & _rounds_alike(columns64[1], columns[1], bound))
     if unsure.any():
         exact = _exact_step_columns(hyper, steps[unsure])
         for column, again in zip(columns, exact, strict=True):
@@ -376,25 +377,17 @@ def _step_columns(hyper: Hyper, steps: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return columns
 
 
-F64_DROPPED_BITS = 29  # of a float64's 52 fraction bits, rounding to binary32 drops these
-F64_HALF_DROPPED = 1 << (F64_DROPPED_BITS - 1)  # the dropped bits of a rounding boundary
+def _rounds_alike(value: np.ndarray, rounded: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """Where every float64 within a relative `bound` of `value` rounds to binary32
+    `rounded` (value's own rounding): both ends of that interval do, and rounding is
+    monotonic, so everything between them does too.
 
-
-def _near_a_boundary(value: np.ndarray, bound: np.ndarray) -> np.ndarray:
-    """Where float64 `value` lies within a relative `bound` of a binary32 rounding
-    boundary, or is not a positive number in binary32's normal range.
-
-    Inside that range the boundaries (midpoints between neighbouring binary32 values)
-    are the float64 values whose 29 dropped fraction bits are 1 followed by zeros; a
-    value x in [2^e, 2^(e+1)) is |dropped - 2^28| of its ulps 2^(e-52) from the nearest
-    one, and a relative distance of `bound` is at most bound 2^53 of them.
+    The ends are computed in float64, each a relative 2^-53 off at most, which the
+    bounds' own margin (16 2^-53) covers. A NaN anywhere compares unequal: not alike.
     """
-    bits = value.view(np.uint64)
-    dropped = (bits & np.uint64((1 << F64_DROPPED_BITS) - 1)).astype(np.int64)
-    room = np.abs(dropped - F64_HALF_DROPPED)
-    exponent = bits >> np.uint64(52)  # with the sign bit: a negative value is > 2047
-    normal = (exponent >= 1023 - 126) & (exponent <= 1023 + 127)
-    return ~(normal & (room > bound * 2.0**53))  # a NaN bound compares false: unsure
+    low = (value * (1.0 - bound)).astype(np.float32)
+    high = (value * (1.0 + bound)).astype(np.float32)
+    return (low == rounded) & (high == rounded)
 
 
 @functools.lru_cache(maxsize=64)
