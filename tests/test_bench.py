@@ -231,3 +231,24 @@ def test_the_command_row_finds_bob_from_another_directory(monkeypatch, tmp_path)
                           cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     import bob
     assert done.stdout.strip() == bob.__file__
+
+
+def test_bench_host_times_the_session_with_the_device_program_made_instant() -> None:
+    """bench/bench_host.py in a process of its own (it makes the cpu backend's run a
+    no-op): the steady line, then each of the session's steps with its calls counted."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "V": "16", "N": "10"}
+    done = subprocess.run([sys.executable, str(root / "bench" / "bench_host.py")], env=env,
+                          capture_output=True, text=True, timeout=300, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("V=16 N=10 fused: host part ")
+    assert "us per steady invocation (median of 5: " in lines[0]
+    steps = {line.split(":")[0].strip().rsplit(".", 1)[-1]: line for line in lines[1:]}
+    assert set(steps) == {"begin_after", "_start", "write_update_scalars", "read_after",
+                          "settle", "finish"}
+    assert steps["settle"].endswith("median of 50 calls")  # every invocation settled
+    assert steps["begin_after"].endswith("median of 49 calls")  # all but the first
