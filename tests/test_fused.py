@@ -93,6 +93,20 @@ def test_either_launch_split_gives_the_seed_bytes(monkeypatch, mode, one_launch_
 
 
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_held_launches_of_a_few_updates_each_give_the_seed_bytes(monkeypatch, mode):
+    """The held kernels' split (here 2 updates a launch, so 2 + 2 + 1 in an invocation of
+    5): each launch reads its own rows of the AdamW table, only the last finishes."""
+    monkeypatch.setattr(program, "ONE_LAUNCH_MAX_VOCAB", 16)
+    monkeypatch.setattr(program, "HELD_FROM_VOCAB", 64)
+    monkeypatch.setattr(program, "HELD_UPDATES_PER_LAUNCH", 2)
+    config = BobConfig(vocab=68, prompts=1, updates=5, mode=mode)
+    fused_config = replace(config, schedule="fused")
+    assert fused_config.fused_region in sig.SHARED_REST
+    assert fused_config.training_launches == 3 + 1
+    assert_same_arenas(run_schedule(config, 7), run_schedule(fused_config, 7))
+
+
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_the_reference_fused_kernel_equals_the_seed(mode):
     config = BobConfig(vocab=96, prompts=1, updates=3, mode=mode)
     assert_same_arenas(run_schedule(config, 5, "reference"),

@@ -20,8 +20,17 @@ from bob.cli.main import main
 from bob.errors import BadInput
 from bob.plan.certificate import certify
 from bob.plan.jsonio import dumps, loads
+from bob.plan.model import Address, Scalar
 from bob.plan.placement import SM86, SM90
-from bob.program.bob import HELD_GRID, HELD_TO_VOCAB, BobConfig, build_plan
+from bob.program.bob import (
+    ADAM_SCALAR_STRIDE,
+    ADAM_SCALARS_TENSOR,
+    HELD_GRID,
+    HELD_TO_VOCAB,
+    HELD_UPDATES_PER_LAUNCH,
+    BobConfig,
+    build_plan,
+)
 from conftest import stand_in_regions
 
 
@@ -60,6 +69,32 @@ def test_held_launches_take_one_block_per_sm_and_loop_over_rows(vocab, grid):
     # every update in one launch: a block keeps its row's w for all three
     assert held.label == "fused[0:3]" and config.updates_per_fused_launch == 3
     assert (held.grid.x, held.block.x) == (grid, 512)
+    assert certify(plan).holds
+
+
+@pytest.mark.parametrize("updates, counts", [
+    (70, [32, 32, 6]), (65, [32, 32, 1]), (64, [32, 32]), (32, [32]), (1, [1])])
+def test_a_held_launch_runs_at_most_32_updates_and_the_last_the_rest(updates, counts):
+    """Each held launch reads and writes w once, and lasts under a second at V = 65536: the
+    updates go 32 to a launch, each launch reading its own rows of the AdamW table, and only
+    the last writes the gradients and the loss."""
+    assert HELD_UPDATES_PER_LAUNCH == 32
+    config = BobConfig(vocab=9216, prompts=0, updates=updates, schedule="fused")
+    plan = build_plan(config, SM90, compiled=stand_in_regions(config))
+    held = [launch for launch in plan.launches if launch.region == sig.FUSED_HELD_HARD]
+    names = [p.name for p in plan.region(sig.FUSED_HELD_HARD).params]
+    firsts = [sum(counts[:i]) for i in range(len(counts))]
+    assert [launch.label for launch in held] == [
+        f"fused[{first}]" if count == 1 else f"fused[{first}:{first + count}]"
+        for first, count in zip(firsts, counts, strict=True)]
+    scalars = plan.tensor(ADAM_SCALARS_TENSOR).address
+    for launch, first, count in zip(held, firsts, counts, strict=True):
+        args = dict(zip(names, launch.args, strict=True))
+        assert args["updates"] == Scalar.u32(count)
+        assert args["finish"] == Scalar.u32(int(first + count == updates))
+        assert args["adam_scalars"] == Address(scalars + 4 * ADAM_SCALAR_STRIDE * first)
+    assert config.training_launches == len(counts) + 1  # and the health check
+    assert plan.launch_count == config.launch_count
     assert certify(plan).holds
 
 

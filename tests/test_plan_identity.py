@@ -156,12 +156,13 @@ def _reference_launches(config: BobConfig, hyper: Hyper, first_step: int,
         region = config.fused_region
         for first in range(0, config.updates, each):
             data = (log2e, ln2, inverse) if hard else (log2e, ln2)
-            label = f"fused[{first}]" if each == 1 else f"fused[{first}:{first + each}]"
+            count = min(each, config.updates - first)  # the last launch may run fewer
+            label = f"fused[{first}]" if count == 1 else f"fused[{first}:{first + count}]"
             launches.append(Launch(region, Dim3(v), Dim3(sig.block_of(region)), (
                 at("parameters"), at("first_moment"), at("second_moment"), at("gradients"),
                 at("input"), at("training_loss"),
                 at(ADAM_SCALARS_TENSOR, 4 * ADAM_SCALAR_STRIDE * first), *data, vocab,
-                Scalar("u32", each), Scalar("u32", int(first + each == config.updates)),
+                Scalar("u32", count), Scalar("u32", int(first + count == config.updates)),
             ), label))
     if config.updates:
         launches.append(Launch(sig.HEALTH, Dim3(health_grid(v * v)), block, (

@@ -14,10 +14,11 @@ For a configuration (V, P, N, mode, schedule) the program is:
     scalars read from the ``adam_scalars`` tensor (the host writes it each
     invocation). Rows are independent, so a block can run many updates of its
     row without any grid-wide synchronization. For V <= ONE_LAUNCH_MAX_VOCAB
-    (8192), and past it wherever the held kernels keep the row's w in shared
-    memory, one launch runs all N updates; otherwise one streaming launch per
-    update reads and writes each parameter and both moments once, and only the
-    last writes the gradients and the training loss. After the invocation
+    (8192) one launch runs all N updates; past it, where the held kernels keep
+    the row's w in shared memory, each launch runs up to HELD_UPDATES_PER_LAUNCH
+    (32) of them; otherwise one streaming launch per update reads and writes each
+    parameter and both moments once. Only the last launch writes the gradients
+    and the training loss. After the invocation
     every tensor the seed schedule has holds the seed schedule's bytes;
 
 - when N > 0, the health check (``bob-health``): each table's count of
@@ -42,7 +43,8 @@ the health check, H = 1 if N > 0 else 0):
 | schedule | training launches T | launches | submissions (per-launch) |
 | --- | --- | --- | --- |
 | seed | 2N + H | F + T | F + T + 2P |
-| fused, V <= ONE_LAUNCH_MAX_VOCAB or held | 1 + H if N > 0, else 0 | F + T | F + T + 2P |
+| fused, V <= ONE_LAUNCH_MAX_VOCAB | 1 + H if N > 0, else 0 | F + T | F + T + 2P |
+| fused, larger V held | ceil(N / 32) + H | F + T | F + T + 2P |
 | fused, larger V streamed | N + H | F + T | F + T + 2P |
 
 Chained: 1 + (1 if T > 0) + (1 if P > 0) submissions, the launches the same
@@ -127,6 +129,12 @@ ADAM_SCALAR_STRIDE = 8  # floats per row
 # V = 16384 1.49 against 1.98, 32768 6.18 against 7.25, 65536 29.4 against 33.7 (28.2
 # with the running max, bob_held.cuh).
 ONE_LAUNCH_MAX_VOCAB = 8192
+# A held launch runs at most this many updates. w is read and written once a launch: 8
+# bytes per parameter over 32 updates, a quarter of a byte each. A launch then lasts under
+# a second even at V = 65536 (28 ms per update), far inside nv's 30 s without progress
+# (the launch-progress word moves once a launch), and a long invocation still shows
+# progress launch by launch.
+HELD_UPDATES_PER_LAUNCH = 32
 # The fused kernels' on-chip rows (bob_kernels.cu: RESIDENT_SLOTS and WIDE_SLOTS x 256).
 RESIDENT_VOCAB = 1024
 WIDE_VOCAB = 4096
@@ -221,10 +229,13 @@ class BobConfig:
 
     @property
     def updates_per_fused_launch(self) -> int:
-        """Updates each fused launch runs: all N while V is small or the held kernels
-        keep the row's w in shared memory, else one."""
-        if self.vocab <= ONE_LAUNCH_MAX_VOCAB or self.fused_region in sig.SHARED_REST:
+        """Updates each fused launch runs (the last may run fewer): all N while V is
+        small, up to HELD_UPDATES_PER_LAUNCH where the held kernels keep the row's w in
+        shared memory, else one."""
+        if self.vocab <= ONE_LAUNCH_MAX_VOCAB:
             return self.updates
+        if self.fused_region in sig.SHARED_REST:
+            return min(self.updates, HELD_UPDATES_PER_LAUNCH)
         return min(1, self.updates)
 
     @property
@@ -239,7 +250,8 @@ class BobConfig:
             return 0
         if self.schedule == "seed":
             return 2 * self.updates + self.health_launches
-        return self.updates // self.updates_per_fused_launch + self.health_launches
+        each = self.updates_per_fused_launch
+        return (self.updates + each - 1) // each + self.health_launches
 
     @property
     def launch_count(self) -> int:
@@ -514,7 +526,8 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
             launches.extend((adamw(k, scalars[k]), training_loss))
     elif config.updates:
         step = config.updates_per_fused_launch
-        launches.extend(fused(first, step) for first in range(0, config.updates, step))
+        launches.extend(fused(first, min(step, config.updates - first))
+                        for first in range(0, config.updates, step))
     if config.health_launches:
         launches.append(health())
 

@@ -5,7 +5,7 @@
 // update) and write it: 32 bytes per parameter-update. Here a block keeps as much of its
 // row's w as the launch's dynamic shared memory holds (a row of 52224 floats on sm_90; the
 // driver reports the size in %dynamic_smem_size) and runs all of the launch's updates of
-// the row in turn (the plan gives these kernels all N updates in one launch), so w comes
+// the row in turn (the plan gives these kernels up to 32 updates a launch), so w comes
 // from memory once per launch and goes back once: 16 bytes per parameter-update. Quads
 // past that capacity are read from memory in each pass, as the stream kernels read them.
 // What shared memory is left keeps the sum's exponentials for the update. An update's max
