@@ -108,3 +108,15 @@ def test_a_max_that_stays_zero_takes_the_lane_order_tree_each_update(
             parameters[row, record.targets[row]] = 0.0 if row == 1 else -0.0
 
     train_both(variant_choice(""), config, steps, shape_start=zero_max_rows)
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_an_invocation_of_several_held_launches_equals_the_seed_on_the_cpu(
+        monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """Two updates a launch (HELD_UPDATES_PER_LAUNCH 2), so an invocation of 5 is three
+    launches of 2, 2 and 1: w goes back to memory between them, the last finishes."""
+    monkeypatch.setattr(program, "HELD_UPDATES_PER_LAUNCH", 2)
+    config = BobConfig(vocab=9000, prompts=1, updates=5, mode=mode)
+    assert replace(config, schedule="fused").training_launches == 3 + 1
+    train_both(variant_choice(""), config, 5)
