@@ -245,6 +245,12 @@ struct HeldRow {
             }
         }
         // Its barrier also puts the held quads in shared memory for every thread.
+        return block_max(best);
+    }
+
+    // The block's max of each thread's `best` (never NaN): the keyed max, or the literal
+    // lane-order tree when it is a zero (its sign is the lane order's). One barrier first.
+    __device__ float block_max(float best) {
         const float m = keyed_block_max(best, shared.keys, HELD_WARPS);
         if (m != 0.0f) return m;  // uniform: every warp reduced the same keys
         return literal_max();
@@ -424,8 +430,7 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
         held_update<CORPUS>(a, row, base, row_max, s, step, target, weight_sum, last,
                             last && !a.finish ? next_w : nullptr, best);
         if (HELD_RUNNING_MAX && k + 1u < passes) {  // the next pass's max, behind one barrier
-            running_max = keyed_block_max(best, row.shared.keys, HELD_WARPS);
-            if (running_max == 0.0f) running_max = row.literal_max();  // a zero's sign
+            running_max = row.block_max(best);
         }
     }
 }
