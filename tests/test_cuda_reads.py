@@ -1,7 +1,8 @@
 """The cuda backend's read-back (`begin_read`) on the CPU: the driver replaced by one whose
 "device" memory is host memory and whose copies are memmove, so what `begin_read` queues
 (one copy per span of neighbouring tensors) and what `wait` hands out are checked byte for
-byte, through the pinned staging and through a landing buffer. The same reads on a GPU:
+byte, through the pinned staging and through a landing buffer; and an invocation's small
+writes, batched through one pinned slot. The same reads and writes on a GPU:
 tests/test_host_pipe_cuda.py and tests/test_cuda_backend.py."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class HostDriver:
     def __init__(self):
         self.buffers: list[np.ndarray] = []
         self.copies: list[tuple[str, int]] = []  # (call, bytes)
+        self.names: list[str] = []  # every call's name, in order
 
     def allocate(self, size: int) -> int:
         buffer = np.zeros(size, np.uint8)
@@ -34,9 +36,10 @@ class HostDriver:
         return buffer.ctypes.data
 
     def __call__(self, name: str, *args):
+        self.names.append(name)
         if name in ("cuMemAlloc", "cuMemHostAlloc"):
             return self.allocate(args[0])
-        if name in ("cuMemcpyDtoDAsync", "cuMemcpyDtoHAsync"):
+        if name in ("cuMemcpyDtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"):
             destination, source, size, _stream = args
             ctypes.memmove(destination, source, size)
             self.copies.append((name, size))
@@ -44,7 +47,8 @@ class HostDriver:
         if name in ("cuStreamCreate", "cuEventCreate"):
             return f"{name} handle"
         assert name in ("cuCtxSetCurrent", "cuEventRecord", "cuStreamWaitEvent",
-                        "cuStreamSynchronize", "cuMemHostRegister", "cuMemHostUnregister"), name
+                        "cuStreamSynchronize", "cuMemHostRegister", "cuMemHostUnregister",
+                        "cuEventSynchronize"), name
         return None
 
 
@@ -66,6 +70,7 @@ def _reading_backend(monkeypatch, vocab: int, schedule: str = "fused",
     backend._context = backend._stream = None
     backend._arena = arena.ctypes.data
     backend._staging = backend._reading = backend._landing = backend._copiers = None
+    backend._slots, backend._next_slot = [], 0
     return backend, driver, arena
 
 
@@ -93,6 +98,7 @@ def test_a_read_copies_each_span_once_and_hands_out_every_tensor(monkeypatch, vo
 def test_a_read_through_the_staging_is_a_copy_of_its_own(monkeypatch) -> None:
     """Copied out of the staging in one piece, the tensors are views of one new array:
     the next read, through the same staging, does not show through them."""
+    monkeypatch.setattr(cuda, "LANDING_MIN_BYTES", 1 << 30)  # no read lands
     backend, driver, arena = _reading_backend(monkeypatch, 256)
     expected = {name: _arena_bytes(backend, arena, name) for name in READ}
     first = backend.begin_read(READ).wait()
@@ -205,3 +211,48 @@ def test_read_spans_reads_what_a_tensor_by_tensor_copy_would() -> None:
             [0] + [offset + size for offset, size in ranges])
 
     check()
+
+
+def test_an_invocations_small_writes_go_through_one_slot_in_one_batch(monkeypatch) -> None:
+    backend, driver, arena = _reading_backend(monkeypatch, 256)
+    rng = np.random.default_rng(1)
+    writes = [(name, rng.integers(0, 256, backend.plan.tensor(name).bytes, np.uint8).tobytes())
+              for name in ("adam_scalars", "training_loss", HEALTH_TENSOR)]
+    backend.write_tensors(writes)
+    for name, data in writes:
+        assert _arena_bytes(backend, arena, name) == data, name
+    # The slot's last copy waited for once, a copy per tensor, one event after them.
+    assert [call for call in driver.names if call not in ("cuMemHostAlloc", "cuEventCreate")] \
+        == ["cuCtxSetCurrent", "cuEventSynchronize", *["cuMemcpyHtoDAsync"] * 3, "cuEventRecord"]
+    assert backend._next_slot == 1
+
+
+def test_a_batch_with_one_bad_write_writes_nothing(monkeypatch) -> None:
+    from bob.backends.base import ArenaRangeError
+
+    backend, driver, arena = _reading_backend(monkeypatch, 256)
+    before = arena.copy()
+    too_long = bytes(backend.plan.tensor(HEALTH_TENSOR).bytes + 4)
+    with pytest.raises(ArenaRangeError, match="do not fit tensor 'health'"):
+        backend.write_tensors([("training_loss", b"\1" * 8), (HEALTH_TENSOR, too_long)])
+    with pytest.raises(KeyError, match="no tensor named 'helth'"):
+        backend.write_tensors([("training_loss", b"\1" * 8), ("helth", b"\0")])
+    assert (arena == before).all() and driver.names == []
+
+
+def test_a_training_read_lands_and_a_small_read_leaves_the_landing_buffers(monkeypatch):
+    """At V = 256 an invocation's read (0.8 MB) lands in a page-locked buffer handed out as
+    the tables (no copy on the host); a prediction's small read is copied out of the
+    staging and does not replace the landing buffers."""
+    backend, driver, arena = _reading_backend(monkeypatch, 256)
+    expected = {name: _arena_bytes(backend, arena, name) for name in READ}
+    tables = backend.begin_read(READ).wait()
+    landing = backend._landing
+    assert landing is not None and len(landing._made) == 1
+    assert tables[READ[0]].base is not None
+    assert {name: tables[name].tobytes() for name in READ} == expected
+    lands = landing._made[0].ctypes.data
+    assert lands <= tables["parameters"].ctypes.data < lands + landing.size
+    small = backend.begin_read(["predictions"]).wait()
+    assert small["predictions"].tobytes() == expected["predictions"]
+    assert backend._landing is landing and "cuMemHostUnregister" not in driver.names

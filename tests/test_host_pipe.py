@@ -48,6 +48,10 @@ class CountingCpu(CpuBackend):
         self.writes[name] += 1
         super().write_tensor(name, data, offset)
 
+    def write_tensors(self, writes):
+        self.writes.update(name for name, _ in writes)
+        super().write_tensors(writes)
+
     def begin_read(self, names):
         self.begun_reads += 1
         return super().begin_read(names)
@@ -175,6 +179,10 @@ class StreamCpu(CountingCpu):
     def write_tensor(self, name, data, offset=0):
         data = bytes(memoryview(data).cast("B"))  # the host may reuse its buffer at once
         self.queue.append(lambda: CountingCpu.write_tensor(self, name, data, offset))
+
+    def write_tensors(self, writes):
+        writes = [(name, bytes(memoryview(data).cast("B"))) for name, data in writes]
+        self.queue.append(lambda: CountingCpu.write_tensors(self, writes))
 
     def read_tensor(self, name):
         self._drain(len(self.queue))

@@ -695,6 +695,56 @@ def test_a_write_slot_is_reused_only_after_its_copy_ran(monkeypatch):
     backend.close()
 
 
+@pytest.mark.parametrize("bind", [False, True])
+@pytest.mark.parametrize("count", [1, 3, st.PIECES_PER_SEGMENT])
+def test_segments_from_templates_are_the_words_the_builders_write(bind, count):
+    """The runtime stream encodes each distinct copy segment once and writes only its
+    values after: every value the builders would write lands where they would."""
+    rng = np.random.default_rng(count)
+    pieces = [(int(rng.integers(0, 1 << 48)), int(rng.integers(0, 1 << 48)),
+               int(rng.integers(1, st.COPY_PIECE_BYTES))) for _ in range(count)]
+    for after, payload in ((0, 1), (5, 6), ((1 << 32) - 1, 1 << 32),
+                           (int(rng.integers(0, 1 << 63)), (1 << 64) - 1)):
+        for release_to in (st.COUNTER_ADDRESS, st.READS_ADDRESS):
+            assert st.copy_segment(st.RUNTIME_BLOCK_VA, pieces, after, payload, bind=bind,
+                                   release_to=release_to) == st.encode_copy_segment(
+                st.RUNTIME_BLOCK_VA, pieces, after, payload, bind=bind, release_to=release_to)
+        assert st.acquire_segment(st.RUNTIME_BLOCK_VA, after) == \
+            st.encode_acquire_segment(st.RUNTIME_BLOCK_VA, after)
+        assert st.release_segment(st.RUNTIME_BLOCK_VA, payload) == \
+            st.encode_release_segment(st.RUNTIME_BLOCK_VA, payload)
+
+
+@pytest.mark.parametrize("value", [-1, 1 << 64, True, 2.0])
+def test_a_templated_segment_refuses_a_value_the_builders_refuse(value):
+    with pytest.raises(CommandError, match="does not fit 64 bits"):
+        st.copy_segment(st.RUNTIME_BLOCK_VA, [(0, 4096, 8)], value, 1)
+    with pytest.raises(CommandError, match="does not fit 64 bits"):
+        st.copy_segment(st.RUNTIME_BLOCK_VA, [(0, 4096, 8)], 1, value)
+    with pytest.raises(CommandError, match="does not fit 64 bits"):
+        st.acquire_segment(st.RUNTIME_BLOCK_VA, value)
+    with pytest.raises(CommandError, match="does not fit 64 bits"):
+        st.encode_acquire_segment(st.RUNTIME_BLOCK_VA, value)
+
+
+def test_small_writes_in_one_batch_are_one_slot_and_one_queued_copy_item(monkeypatch):
+    backend, gpu = _open(monkeypatch)
+    backend.start(range(backend.plan.submission_count))
+    rng = np.random.default_rng(3)
+    writes = [(name, rng.integers(0, 256, backend.plan.tensor(name).bytes, np.uint8).tobytes())
+              for name in ("input", "training_loss", "health")]
+    backend.write_tensors(writes)
+    assert all(_tensor_bytes(backend, name) != data for name, data in writes)  # still queued
+    backend.wait()
+    for name, data in writes:
+        assert _tensor_bytes(backend, name) == data, name
+    assert backend._stream.counter == 2 and gpu.acquires == [0, 1]  # the run, the batch
+    assert backend._stream._next_slot == 1
+    with pytest.raises(ValueError, match="queued writes are 1 to"):
+        backend._stream.queue_writes([(0, memoryview(b"x")), (8, memoryview(b""))])
+    backend.close()
+
+
 def test_small_and_host_side_access_waits_for_the_queue_first(monkeypatch):
     monkeypatch.setattr(nv_backend, "WRITE_SLOT_BYTES", 64 << 10)
     backend, gpu = _open(monkeypatch)

@@ -21,6 +21,9 @@ has nothing better stays correct:
   submissions run. The default copies them at once.
 - ``_carry_scalar_rows``: many launches' patched scalars in one pass (the seed
   schedule's AdamW launches). The default carries them launch by launch.
+- ``_write_arena_many``: several small writes as one batch (an invocation's AdamW
+  table and cleared counters: one staging slot, one queued item). The default
+  writes them one by one.
 """
 
 from __future__ import annotations
@@ -94,6 +97,17 @@ class Backend(ABC):
         start = self._arena_offset(name, offset, view.nbytes)
         if view.nbytes:
             self._write_arena(start, view)
+
+    def write_tensors(self, writes: Sequence[tuple[str, bytes]]) -> None:
+        """Each (name, data) copied in at the tensor's start, in order, as one batch: every
+        range is checked before any byte is written."""
+        places = []
+        for name, data in writes:
+            view = memoryview(data).cast("B")
+            if view.nbytes:
+                places.append((self._arena_offset(name, 0, view.nbytes), view))
+        if places:
+            self._write_arena_many(places)
 
     def read_tensor(self, name: str) -> bytes:
         size = self.plan.tensor(name).bytes
@@ -292,6 +306,12 @@ class Backend(ABC):
     @abstractmethod
     def _write_arena(self, offset: int, data: memoryview) -> None:
         """Copy `data` to the arena at byte `offset` (checked: inside one tensor)."""
+
+    def _write_arena_many(self, writes: list[tuple[int, memoryview]]) -> None:
+        """Copy each (offset, data) to the arena, in order (checked: each inside one
+        tensor)."""
+        for offset, data in writes:
+            self._write_arena(offset, data)
 
     @abstractmethod
     def _read_arena(self, offset: int, size: int) -> bytes:

@@ -61,7 +61,7 @@ from typing import Any, Literal
 import numpy as np
 
 from bob.backends.base import Backend, Patch, ReadHandle
-from bob.backends.landing import Landing, read_spans
+from bob.backends.landing import LANDING_MIN_BYTES, Landing, read_spans
 from bob.config import ARENA_KINDS
 from bob.errors import BackendUnavailable, RunFailure
 from bob.kernels.cuda.compile import NvrtcError, nvrtc_version
@@ -835,11 +835,7 @@ class CudaBackend(Backend):
             return
         _call("cuCtxSetCurrent", self._context)
         if source.size <= SMALL_WRITE_BYTES:
-            slots = self._slots = self._slots or self._pinned((SMALL_WRITE_BYTES,) *
-                                                             SMALL_WRITE_SLOTS)
-            slot = slots[self._next_slot]
-            self._next_slot = (self._next_slot + 1) % len(slots)
-            self._upload(slot, offset, source.ctypes.data, source.size)
+            self._upload(self._small_slot(), [(offset, source.ctypes.data, source.size)])
             return
         uploads = self._uploads = self._uploads or self._pinned((UPLOAD_CHUNK_BYTES,) * 2)
         position = 0
@@ -848,15 +844,40 @@ class CudaBackend(Backend):
             chunk = uploads[self._next_upload]
             self._next_upload = 1 - self._next_upload
             count = min(UPLOAD_CHUNK_BYTES, source.size - position)
-            self._upload(chunk, offset + position, source.ctypes.data + position, count)
+            self._upload(chunk, [(offset + position, source.ctypes.data + position, count)])
             position += count
 
-    def _upload(self, chunk: _UploadChunk, offset: int, source: int, count: int) -> None:
-        """`count` bytes at host address `source` to the arena at `offset`, through `chunk`
-        (its own last copy waited for first)."""
+    def _write_arena_many(self, writes: list[tuple[int, memoryview]]) -> None:
+        """Small writes together through one slot: its last copy waited for once, one
+        event recorded after them all."""
+        if (self.arena_kind == "host" or len(writes) < 2
+                or sum(data.nbytes for _, data in writes) > SMALL_WRITE_BYTES):
+            super()._write_arena_many(writes)
+            return
+        self._require_open()
+        _call("cuCtxSetCurrent", self._context)
+        sources = [np.frombuffer(data, dtype=np.uint8) for _, data in writes]
+        self._upload(self._small_slot(), [(offset, source.ctypes.data, source.size)
+                                          for (offset, _), source in zip(writes, sources,
+                                                                         strict=True)])
+
+    def _small_slot(self) -> _UploadChunk:
+        """The next of the small-write slots (made the first time)."""
+        slots = self._slots = self._slots or self._pinned((SMALL_WRITE_BYTES,) *
+                                                         SMALL_WRITE_SLOTS)
+        slot = slots[self._next_slot]
+        self._next_slot = (self._next_slot + 1) % len(slots)
+        return slot
+
+    def _upload(self, chunk: _UploadChunk, pieces: list[tuple[int, int, int]]) -> None:
+        """Each (arena offset, host address, bytes) piece to the arena through `chunk`, one
+        after another in it (its own last copy waited for first)."""
         _call("cuEventSynchronize", chunk.copied)  # an event never recorded is complete
-        ctypes.memmove(chunk.host, source, count)
-        _call("cuMemcpyHtoDAsync", self._arena + offset, chunk.host, count, self._stream)
+        position = chunk.host
+        for offset, source, count in pieces:
+            ctypes.memmove(position, source, count)
+            _call("cuMemcpyHtoDAsync", self._arena + offset, position, count, self._stream)
+            position += count
         _call("cuEventRecord", chunk.copied, self._stream)
 
     def _read_arena(self, offset: int, size: int) -> bytes:
@@ -907,7 +928,8 @@ class CudaBackend(Backend):
         layout = list(zip(names, positions, sizes, strict=True))
         staging = self._read_staging(end)
         _call("cuCtxSetCurrent", self._context)
-        landing = self._landing_for(end).take()
+        # A small read (a prediction's) neither lands nor replaces the landing buffers.
+        landing = self._landing_for(end).take() if end >= LANDING_MIN_BYTES else None
         host = self._staging_host(staging) if landing is None else landing.ctypes.data
         if staging.snapshot:
             for offset, size, position in spans:

@@ -27,6 +27,7 @@ background writer) runs meanwhile.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -201,13 +202,14 @@ class Session:
         arena = self._arenas[config]
         held = arena.checkpoint if resident else None
         arena.step = arena.checkpoint = None  # in flux until the invocation settles
-        if resident:
-            self.load_input(backend, record, unless=arena.record)
+        if resident:  # the input where it changed, cleared counters and the scalars: one batch
+            backend.write_tensors([*self.input_writes(backend, record, unless=arena.record),
+                                   *self.update_scalar_writes(config, backend, first_step + 1)])
         else:
             arena.record = None
             self.load(backend, start, record)
+            self.write_update_scalars(config, backend, first_step + 1)
         arena.record = record
-        self.write_update_scalars(config, backend, first_step + 1)
         submissions = plan.submission_count if operation == "train" else plan.forward_submissions
         backend.start(range(submissions))
         running = Running(config, backend, start, first_step, operation, arena)
@@ -277,16 +279,23 @@ class Session:
 
     def write_update_scalars(self, config: BobConfig, backend: Backend, first_step: int) -> None:
         """Update k's AdamW scalars, for global step first_step + k, where the plan reads them."""
+        backend.write_tensors(self.update_scalar_writes(config, backend, first_step))
+
+    def update_scalar_writes(self, config: BobConfig, backend: Backend, first_step: int,
+                             ) -> list[tuple[str, bytes]]:
+        """The fused schedule's AdamW table, as the write to make; the seed schedule's rows
+        are patched into each update's AdamW parameter block here, and nothing is left to
+        write."""
         if config.updates == 0:
-            return
+            return []
         table = adam_scalar_table(self.hyper, first_step, config.updates)
         if config.schedule == "fused":
-            backend.write_tensor(ADAM_SCALARS_TENSOR, table.tobytes())
-            return
+            return [(ADAM_SCALARS_TENSOR, table.tobytes())]
         # The same table, its rows patched into each update's AdamW parameter block at once.
         launches = [config.adamw_launch(k) for k in range(config.updates)]
         bits = table.view(np.uint32)[:, :len(ADAM_SCALAR_NAMES)]
         backend.set_scalars_many(launches, ADAM_SCALAR_NAMES, bits)
+        return []
 
     @staticmethod
     def load(backend: Backend, checkpoint: Checkpoint, record: InputRecord) -> None:
@@ -301,22 +310,33 @@ class Session:
     @staticmethod
     def load_input(backend: Backend, record: InputRecord, unless: InputRecord | None) -> None:
         """The arena holds the tables: the input only where it changed, the loss and the
-        health counts cleared.
+        health counts cleared."""
+        backend.write_tensors(Session.input_writes(backend, record, unless))
+
+    @staticmethod
+    def input_writes(backend: Backend, record: InputRecord, unless: InputRecord | None,
+                     ) -> list[tuple[str, bytes]]:
+        """What `load_input` writes: the input unless it is `unless`, the training loss and
+        the health counts as zeros (health is added to).
 
         Launch 0 (the initial loss) writes every gradient of every request, so a
         resident arena's gradients need no clearing; a forward request does not
         write the training loss.
         """
-        if record is not unless:
-            backend.write_tensor("input", record.payload())
-        for name in ("training_loss", HEALTH_TENSOR):  # health is added to: zero it first
-            backend.write_tensor(name, bytes(backend.plan.tensor(name).bytes))
+        writes = [] if record is unless else [("input", record.payload())]
+        return writes + [(name, _zeros(backend.plan.tensor(name).bytes))
+                         for name in ("training_loss", HEALTH_TENSOR)]
 
     def collect(self, config: BobConfig, backend: Backend, checkpoint: Checkpoint,
                 operation: Operation) -> Invocation:
         """The invocation just run on `backend` from `checkpoint`: results, checks, tables."""
         running = Running(config, backend, checkpoint, checkpoint.step, operation, _Arena())
         return self.finish(self.settle(running))
+
+
+@functools.lru_cache(maxsize=16)
+def _zeros(size: int) -> bytes:
+    return bytes(size)
 
 
 def _table(data: np.ndarray, vocab: int) -> np.ndarray:

@@ -333,10 +333,18 @@ class Plan:
         raise KeyError(f"region {name!r} is not retained in the program component")
 
     def tensor(self, name: str) -> Tensor:
+        tensor = self._tensors_by_name.get(name)
+        if tensor is None:
+            raise KeyError(f"no tensor named {name!r} in the plan")
+        return tensor
+
+    @functools.cached_property
+    def _tensors_by_name(self) -> dict[str, Tensor]:
+        """Each name's first tensor (the host looks tensors up many times an invocation)."""
+        named: dict[str, Tensor] = {}
         for tensor in self.tensors:
-            if tensor.name == name:
-                return tensor
-        raise KeyError(f"no tensor named {name!r} in the plan")
+            named.setdefault(tensor.name, tensor)
+        return named
 
     def tensor_at(self, address: int) -> Tensor | None:
         """The tensor holding `address`; where tensors overlap, the one starting last (of

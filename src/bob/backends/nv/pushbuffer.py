@@ -15,6 +15,8 @@ methods come from the channel class of the target (``clc56f.h`` on sm_86,
 
 from __future__ import annotations
 
+import functools
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -58,13 +60,15 @@ def pack_word(where: str, table: Mapping[str, Bits], values: Mapping[str, int]) 
     word = 0
     used = 0
     for name, value in values.items():
-        if name not in table:
+        bits = table.get(name)
+        if bits is None:
             raise CommandError(f"{where} has no field {name} in the generated table")
-        high, low = table[name]
+        high, low = bits
         width = high - low + 1
         if high >= WORD_BITS:
             raise CommandError(f"{where} field {name} (bits {high}:{low}) is not in one word")
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << width:
+        # type() is int: a bool is refused, as is any other number.
+        if type(value) is not int or not 0 <= value < 1 << width:
             raise CommandError(
                 f"{where} field {name} (bits {high}:{low}, {width} bits) cannot hold {value!r}"
             )
@@ -103,11 +107,20 @@ class ClassTable:
 
     def consecutive(self, names: Sequence[str]) -> int:
         """The first of methods that must follow one another word by word."""
-        first = self.method(names[0])
-        for index, name in enumerate(names):
-            if self.method(name) != first + index * WORD_BYTES:
-                raise CommandError(f"{self.name} methods {', '.join(names)} are not consecutive")
-        return first
+        key = (self.name, tuple(names))
+        if key not in _CONSECUTIVE:
+            first = self.method(names[0])
+            for index, name in enumerate(names):
+                if self.method(name) != first + index * WORD_BYTES:
+                    raise CommandError(
+                        f"{self.name} methods {', '.join(names)} are not consecutive")
+            _CONSECUTIVE[key] = first
+        return _CONSECUTIVE[key]
+
+
+# Checked runs of consecutive methods, by class name and methods: the runtime stream
+# writes the same few runs for every copy it queues.
+_CONSECUTIVE: dict[tuple[str, tuple[str, ...]], int] = {}
 
 
 AMPERE_COMPUTE_B = ClassTable("AMPERE_COMPUTE_B", g.AMPERE_COMPUTE_B, "NVC7C0",
@@ -160,6 +173,7 @@ _IMMD = _HeaderFormat("DMA_IMMD_OPCODE", "DMA_IMMD_OPCODE_VALUE", "DMA_IMMD_DATA
                       "DMA_IMMD_SUBCHANNEL", "DMA_IMMD_ADDRESS")
 
 
+@functools.lru_cache(maxsize=4096, typed=True)  # the same few headers, for every segment queued
 def _header(form: _HeaderFormat, subchannel: int, method: int, third: int) -> int:
     if isinstance(subchannel, bool) or not 0 <= subchannel < SUBCHANNELS:
         raise CommandError(f"subchannel {subchannel!r} is outside 0..{SUBCHANNELS - 1}")
@@ -269,7 +283,7 @@ class Pushbuffer:
         self._append([0] * ((address - self.address) // WORD_BYTES))
 
     def to_bytes(self, size: int | None = None) -> bytes:
-        data = b"".join(word.to_bytes(WORD_BYTES, "little") for word in self._words)
+        data = struct.pack(f"<{len(self._words)}I", *self._words)
         return data if size is None else data.ljust(size, b"\0")
 
 
@@ -449,8 +463,7 @@ class CopyWriter:
             chosen.update({"FLUSH_ENABLE": "TRUE", "FLUSH_TYPE": "SYS",
                            "SEMAPHORE_TYPE": "RELEASE_ONE_WORD_SEMAPHORE",
                            "SEMAPHORE_PAYLOAD_SIZE": "TWO_WORD"})
-        launch = ce.pack({f"LAUNCH_DMA_{name}": ce.value(f"LAUNCH_DMA_{name}_{value}")
-                          for name, value in chosen.items()})
+        launch = _launch_dma(ce, tuple(chosen.items()))
         self.pushbuffer.incrementing(COPY_SUBCHANNEL, first, offsets)
         self.pushbuffer.incrementing(COPY_SUBCHANNEL, ce.method("LINE_LENGTH_IN"),
                                      [ce.pack({"LINE_LENGTH_IN_VALUE": size})])
@@ -475,6 +488,19 @@ class CopyWriter:
                 ce.pack({"SET_SEMAPHORE_B_LOWER": address % (1 << WORD_BITS)}),
                 ce.pack({"SET_SEMAPHORE_PAYLOAD_PAYLOAD": payload % (1 << WORD_BITS)}),
                 ce.pack({"SET_SEMAPHORE_PAYLOAD_UPPER_PAYLOAD": payload >> WORD_BITS})]
+
+
+_LAUNCH_DMA: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+
+
+def _launch_dma(ce: ClassTable, chosen: tuple[tuple[str, str], ...]) -> int:
+    """LAUNCH_DMA with these named values (two forms, with and without a release, are
+    all the runtime stream writes: each packed once)."""
+    key = (ce.name, chosen)
+    if key not in _LAUNCH_DMA:
+        _LAUNCH_DMA[key] = ce.pack({f"LAUNCH_DMA_{name}": ce.value(f"LAUNCH_DMA_{name}_{value}")
+                                    for name, value in chosen})
+    return _LAUNCH_DMA[key]
 
 
 def host_value(host: ClassTable, field_name: str, value_name: str) -> int:

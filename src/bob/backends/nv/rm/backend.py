@@ -253,6 +253,18 @@ class NvBackend(Backend):
             return
         arena.write(offset, data)  # the caller's bytes straight into the mapping
 
+    def _write_arena_many(self, writes: list[tuple[int, memoryview]]) -> None:
+        """Small writes behind queued work: one slot and one copy item for them all."""
+        self._require_open()
+        arena = self.blocks["arena"]
+        if (len(writes) < 2 or not self._in_flight()
+                or sum(len(data) for _, data in writes) > WRITE_SLOT_BYTES):
+            super()._write_arena_many(writes)
+            return
+        assert arena.gpu_va is not None
+        self._guarded(lambda: self.stream.queue_writes(
+            [(arena.gpu_va + offset, data) for offset, data in writes]))
+
     def _read_arena(self, offset: int, size: int) -> bytes:
         self._require_open()
         self._drain()

@@ -42,6 +42,7 @@ brackets every submission of a per-launch plan with two of them.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,8 +50,10 @@ from dataclasses import dataclass
 from bob.backends.nv.pushbuffer import (
     HOPPER_CHANNEL_GPFIFO_A,
     HOPPER_COMPUTE_A,
+    SEMAPHORE_BITS,
     TIMESTAMP_RELEASE_BYTES,
     WORD_BYTES,
+    CommandError,
     CommandWriter,
     CopyWriter,
     Pushbuffer,
@@ -143,7 +146,20 @@ def copy_segment(address: int, pieces: list[tuple[int, int, int]], after: int, p
                  *, bind: bool = False, release_to: int = COUNTER_ADDRESS) -> bytes:
     """Once the counter reaches `after`: copies (source, destination, size), the last
     releasing `payload` into the counter at `release_to` (the runtime counter, or for a
-    detached read's copy out on the copy channel, the reads counter)."""
+    detached read's copy out on the copy channel, the reads counter).
+
+    Encoded once per pieces by the builders (`encode_copy_segment`), then only the two
+    values written: the runtime stream queues the same copies again and again."""
+    words = list(_copy_template(tuple(pieces), bind, release_to))
+    words[ACQUIRE_VALUE] = _value_words(after)
+    words[-4:-2] = _value_words(payload)  # SET_SEMAPHORE_PAYLOAD(_UPPER), then LAUNCH_DMA
+    return _to_bytes(words)
+
+
+def encode_copy_segment(address: int, pieces: list[tuple[int, int, int]], after: int,
+                        payload: int, *, bind: bool = False,
+                        release_to: int = COUNTER_ADDRESS) -> bytes:
+    """`copy_segment`'s words, written by the builders."""
     pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
     _commands(pushbuffer).acquire_semaphore(COUNTER_ADDRESS, after)
     writer = CopyWriter(pushbuffer)
@@ -153,6 +169,35 @@ def copy_segment(address: int, pieces: list[tuple[int, int, int]], after: int, p
         last = index == len(pieces) - 1
         writer.copy(source, destination, size, release=(release_to, payload) if last else None)
     return pushbuffer.to_bytes()
+
+
+# A segment's leading acquire is SEM_ADDR_LO .. SEM_EXECUTE in one packet: the header, the
+# address (2 words), the value (2 words), SEM_EXECUTE. A release has the same form.
+ACQUIRE_VALUE = slice(3, 5)
+
+
+def _value_words(value: int) -> tuple[int, int]:
+    """A 64-bit semaphore value as its two words, low first (checked as the builders do)."""
+    if type(value) is not int or not 0 <= value < 1 << SEMAPHORE_BITS:
+        raise CommandError(f"semaphore payload {value!r} does not fit 64 bits")
+    return value & 0xFFFF_FFFF, value >> 32
+
+
+def _to_bytes(words: list[int]) -> bytes:
+    return struct.pack(f"<{len(words)}I", *words)
+
+
+def _words(data: bytes) -> tuple[int, ...]:
+    return struct.unpack(f"<{len(data) // WORD_BYTES}I", data)
+
+
+@functools.lru_cache(maxsize=256)  # a few reads' and write slots' copies
+def _copy_template(pieces: tuple[tuple[int, int, int], ...], bind: bool,
+                   release_to: int) -> tuple[int, ...]:
+    if not pieces:
+        raise ValueError("a copy segment needs at least one copy")
+    return _words(encode_copy_segment(RUNTIME_BLOCK_VA, list(pieces), 0, 0, bind=bind,
+                                      release_to=release_to))
 
 
 def snapshot_segment(address: int, qmds: list[int], after: int, reads_after: int,
@@ -172,16 +217,34 @@ def snapshot_segment(address: int, qmds: list[int], after: int, reads_after: int
 
 def acquire_segment(address: int, after: int) -> bytes:
     """Hold the channel until the counter reaches `after`."""
+    words = list(_ACQUIRE)
+    words[ACQUIRE_VALUE] = _value_words(after)
+    return _to_bytes(words)
+
+
+def release_segment(address: int, payload: int) -> bytes:
+    """Release `payload` into the counter once everything before is idle."""
+    words = list(_RELEASE)
+    words[ACQUIRE_VALUE] = _value_words(payload)
+    return _to_bytes(words)
+
+
+def encode_acquire_segment(address: int, after: int) -> bytes:
+    """`acquire_segment`'s words, written by the builders."""
     pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
     _commands(pushbuffer).acquire_semaphore(COUNTER_ADDRESS, after)
     return pushbuffer.to_bytes()
 
 
-def release_segment(address: int, payload: int) -> bytes:
-    """Release `payload` into the counter once everything before is idle."""
+def encode_release_segment(address: int, payload: int) -> bytes:
+    """`release_segment`'s words, written by the builders."""
     pushbuffer = Pushbuffer(address, address + SEGMENT_BYTES)
     _commands(pushbuffer).release_semaphore(COUNTER_ADDRESS, payload)
     return pushbuffer.to_bytes()
+
+
+_ACQUIRE = _words(encode_acquire_segment(RUNTIME_BLOCK_VA, 0))
+_RELEASE = _words(encode_release_segment(RUNTIME_BLOCK_VA, 0))
 
 
 class RuntimeStream:
@@ -392,17 +455,28 @@ class RuntimeStream:
     def queue_write(self, destination: int, data: memoryview) -> int:
         """Queue `data` (at most WRITE_SLOT_BYTES) for GPU address `destination`: staged in
         the next write slot now, copied in its turn; the counter value of the copy."""
-        if not 0 < len(data) <= WRITE_SLOT_BYTES:
-            raise ValueError(f"a queued write is 1 to {WRITE_SLOT_BYTES} bytes, not {len(data)}")
+        return self.queue_writes([(destination, data)])
+
+    def queue_writes(self, writes: list[tuple[int, memoryview]]) -> int:
+        """Queue each (GPU address, data) write, together at most WRITE_SLOT_BYTES: staged
+        one after another in the next write slot now, copied in their turn as one batch;
+        the counter value of the batch."""
+        total = sum(len(data) for _, data in writes)
+        if not writes or any(not len(data) for _, data in writes) or total > WRITE_SLOT_BYTES:
+            raise ValueError(f"queued writes are 1 to {WRITE_SLOT_BYTES} bytes together, "
+                             f"each at least 1, not {[len(data) for _, data in writes]}")
         if self.writes is None:
             self.writes = self._host_memory(WRITE_SLOTS * WRITE_SLOT_BYTES, WRITES_VA,
                                             "write slots")
         slot = self._next_slot
         self._next_slot = (slot + 1) % WRITE_SLOTS
         self.wait_for(self._slot_free_after[slot], f"write slot {slot}")
-        self.writes.write(slot * WRITE_SLOT_BYTES, data)
-        target = self.queue_copies([(WRITES_VA + slot * WRITE_SLOT_BYTES, destination,
-                                     len(data))])
+        pieces, position = [], slot * WRITE_SLOT_BYTES
+        for destination, data in writes:
+            self.writes.write(position, data)
+            pieces.append((WRITES_VA + position, destination, len(data)))
+            position += len(data)
+        target = self.queue_copies(pieces)
         self._slot_free_after[slot] = target
         return target
 
