@@ -32,7 +32,7 @@ from bob.records.checkpoint import Checkpoint
 
 INVOCATIONS = 50
 REPEATS = 5
-STEPS = ("begin_after", "_start", "write_update_scalars", "read_after", "settle", "finish")
+STEPS = ("begin_after", "_start", "update_scalar_writes", "read_after", "settle", "finish")
 
 
 def steady_host_seconds(session: Session, config: BobConfig, record, start) -> float:

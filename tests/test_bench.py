@@ -248,7 +248,32 @@ def test_bench_host_times_the_session_with_the_device_program_made_instant() -> 
     assert lines[0].startswith("V=16 N=10 fused: host part ")
     assert "us per steady invocation (median of 5: " in lines[0]
     steps = {line.split(":")[0].strip().rsplit(".", 1)[-1]: line for line in lines[1:]}
-    assert set(steps) == {"begin_after", "_start", "write_update_scalars", "read_after",
+    assert set(steps) == {"begin_after", "_start", "update_scalar_writes", "read_after",
                           "settle", "finish"}
     assert steps["settle"].endswith("median of 50 calls")  # every invocation settled
     assert steps["begin_after"].endswith("median of 49 calls")  # all but the first
+
+
+def test_bench_command_times_each_command_in_rounds_and_reads_both_statistics() -> None:
+    """bench/bench_command.py on the cpu backend (the script without a GPU): every
+    command's median and least, and the target read by each."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "B": "cpu", "V": "16", "N": "10",
+           "STEPS": "30", "REPEATS": "2"}
+    done = subprocess.run([sys.executable, str(root / "bench" / "bench_command.py")],
+                          env=env, capture_output=True, text=True, timeout=600, check=True)
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("cpu V=16, N=10: device program ")
+    assert lines[0].endswith("ms for 30 updates")
+    for count in (0, 10, 30):
+        assert any(line.startswith(f"bob train --steps {count:<6}: median ") and
+                   ", least " in line for line in lines), count
+    for statistic in ("median", "least"):
+        readings = [line for line in lines if line.startswith(f"{statistic}: start-up (")]
+        assert len(readings) == 2 and all("x of it" in line for line in readings)
+        assert any(line.startswith(f"{statistic}: the 20 updates after the first")
+                   for line in lines)

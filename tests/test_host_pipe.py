@@ -608,3 +608,46 @@ def test_keep_all_false_holds_only_the_last_invocation():
     assert last is seen[-1]
     assert last.checkpoint.parameters.tobytes() == every[-1].checkpoint.parameters.tobytes()
     assert seen[0].initial_loss == every[0].initial_loss
+
+
+class ScalarWatchingCpu(CpuBackend):
+    """The CPU backend, keeping every AdamW table written to any of its arenas."""
+
+    tables: list[bytes] = []
+
+    def write_tensors(self, writes):
+        self.tables += [bytes(data) for name, data in writes if name == "adam_scalars"]
+        super().write_tensors(writes)
+
+
+def test_a_training_run_computes_adam_rows_ahead_and_writes_each_invocation_its_own(
+        monkeypatch):
+    """Rows for the run's coming invocations are computed with the first that needs them
+    (at most SCALAR_ROWS_AHEAD at once); each invocation still gets exactly its own."""
+    import bob.host.session as session_module
+
+    computed: list[tuple[int, int]] = []
+    monkeypatch.setattr(session_module, "SCALAR_ROWS_AHEAD", 25)
+    monkeypatch.setattr(session_module, "adam_scalar_table", lambda hyper, first, count: (
+        computed.append((first, count)) or adam_scalar_table(hyper, first, count)))
+    config = BobConfig(vocab=16, prompts=0, updates=10, schedule="fused")
+    record = random_record(config, 4)
+    start = Checkpoint.zeros(16, Hyper(), "hard")
+    with Session(replace(choose_backend("cpu"), opener=ScalarWatchingCpu)) as ahead, \
+            Session(choose_backend("cpu")) as alone:
+        monkeypatch.setattr(ScalarWatchingCpu, "tables", [])
+        got = train(ahead, config, start, record, 45)  # 10 x 4 in one arena, 5 in another
+        tables = ScalarWatchingCpu.tables
+        # Steps 1-25 with the first invocation, 21-45 with the third; 46 never is.
+        assert computed == [(1, 25), (21, 25)]
+        want, state = [], start
+        for count in (10, 10, 10, 10, 5):  # one invocation at a time: nothing ahead
+            want.append(alone.invoke(replace(config, updates=count), state, record, "train"))
+            state = want[-1].checkpoint
+        assert computed[2:] == [(1, 10), (11, 10), (21, 10), (31, 10), (41, 5)]
+    assert tables == [adam_scalar_table(Hyper(), first, count).tobytes()
+                      for first, count in ((1, 10), (11, 10), (21, 10), (31, 10), (41, 5))]
+    for mine, theirs in zip(got, want, strict=True):
+        for name in CHECKPOINT_TENSORS:
+            assert getattr(mine.checkpoint, name).tobytes() == \
+                getattr(theirs.checkpoint, name).tobytes(), (name, mine.checkpoint.step)

@@ -164,8 +164,12 @@ def test_the_parameter_store_is_one_array_of_aligned_views():
     store = ParameterStore(blocks)
     assert [bytes(store.buffer(i))[:store.size(i)] for i in range(3)] == blocks
     words = np.array([[0xAABBCCDD], [0x11223344]], np.uint32)
-    store.write_words([0, 2], np.array([[4], [16]]), words)
+    assert store.write_words([0, 2], np.array([[4], [16]]), words).tolist() == [True, True]
     assert bytes(store.buffer(0)) == bytes(range(1, 5)) + words[0].tobytes()
+    # The same words again change nothing: those launches' graph nodes are left alone.
+    again = np.array([[0xAABBCCDD], [0x11223345]], np.uint32)
+    assert store.write_words([0, 2], np.array([[4], [16]]), again).tolist() == [False, True]
+    words = again
     assert bytes(store.buffer(2)) == bytes(range(20, 36)) + words[1].tobytes() + bytes([40])
     store.buffer(2)[0] = b"\xff"  # a view: what a graph node reads is the store itself
     assert bytes(store.buffer(2))[0] == 0xFF
@@ -251,6 +255,27 @@ def test_pipelined_training_on_cuda_matches_the_cpu(cuda_arena, arena, schedule,
             assert (mine.loss, mine.initial_loss) == (theirs.loss, theirs.initial_loss)
         assert_same_tensors(cuda.plan_for(replace(config, updates=2)), cpu.last_backend,
                             cuda.last_backend, "after the remainder invocation")
+
+
+@gpu
+@pytest.mark.parametrize("first_step", [14_000, 60_000])
+def test_seed_training_where_the_scalars_stop_changing_matches_the_cpu(cuda_arena,
+                                                                       first_step):
+    """Past step 16,915 the defaults' step size and epsilon round to the same binary32
+    every step, so the graph's AdamW nodes are updated only where a launch's words
+    changed: from 14,000 (3,000 updates) some change and the rest are left alone; from
+    60,000 none changes after the first invocation."""
+    config = BobConfig(vocab=256, prompts=1, updates=1000, schedule="seed")
+    record = random_record(config, 7)
+    start = replace(Checkpoint.zeros(256, Hyper(), "hard"), step=first_step)
+    with Session(cuda_arena("device")) as cuda, Session(choose_backend("cpu")) as cpu:
+        got = train(cuda, config, start, record, 3000)
+        want = train(cpu, config, start, record, 3000)
+        for mine, theirs in zip(got, want, strict=True):
+            for name in CHECKPOINT_TENSORS:
+                assert getattr(mine.checkpoint, name).tobytes() == \
+                    getattr(theirs.checkpoint, name).tobytes(), (name, mine.checkpoint.step)
+            assert (mine.loss, mine.initial_loss) == (theirs.loss, theirs.initial_loss)
 
 
 @gpu

@@ -67,6 +67,9 @@ class Invocation:
 
 
 RESULT_TENSORS = ("initial_loss", "training_loss", "logit_rows", "predictions")
+# AdamW rows computed at once for a training run's coming invocations: NumPy's per-call
+# costs spread over several invocations' rows (larger tables leave the caches).
+SCALAR_ROWS_AHEAD = 4096
 
 
 def _bytes_view(array: np.ndarray) -> np.ndarray:
@@ -126,6 +129,9 @@ class Session:
         self._open: dict[BobConfig, tuple[Plan, Backend]] = {}
         self._arenas: dict[BobConfig, _Arena] = {}
         self.last_backend: Backend | None = None  # the arena of the latest invocation
+        # AdamW rows computed ahead for later invocations of a training run: (first
+        # step, rows), or None.
+        self._scalar_rows: tuple[int, np.ndarray] | None = None
 
     def plan_for(self, config: BobConfig) -> Plan:
         return self._backend_for(config)[0]
@@ -167,15 +173,19 @@ class Session:
 
     # -- one invocation in three steps, so that train can overlap them ------------------
     def begin(self, config: BobConfig, checkpoint: Checkpoint, record: InputRecord,
-              operation: Operation) -> Running:
-        """Load what the arena lacks, write the scalars, start the submissions."""
+              operation: Operation, *, ahead: int = 0) -> Running:
+        """Load what the arena lacks, write the scalars, start the submissions.
+
+        `ahead`: how many updates follow in later invocations of the same run, whose
+        AdamW rows may be computed now with this one's (fewer, larger NumPy calls)."""
         config = self._key(config, operation)
         resident = self.holds(config, checkpoint)
         plan, backend = self._backend_for(config)
         return self._start(config, plan, backend, checkpoint, checkpoint.step, record,
-                           operation, resident)
+                           operation, resident, ahead)
 
-    def begin_after(self, previous: Running, config: BobConfig, record: InputRecord) -> Running:
+    def begin_after(self, previous: Running, config: BobConfig, record: InputRecord, *,
+                    ahead: int = 0) -> Running:
         """Start training from the state `previous` leaves in its arena, before it is read
         back or even done: the backend runs the two in order, and `read_after(previous)`,
         queued first, still gives previous's state.
@@ -185,7 +195,7 @@ class Session:
             raise ValueError("begin_after needs the arena the previous invocation ran in")
         return self._start(config, *self._backend_for(config), previous.start,
                            previous.first_step + previous.config.updates, record, "train",
-                           True)
+                           True, ahead)
 
     def continues(self, previous: Running, config: BobConfig) -> bool:
         """Whether `config` trains in the arena `previous` leaves its state in."""
@@ -197,18 +207,20 @@ class Session:
 
     def _start(self, config: BobConfig, plan: Plan, backend: Backend, start: Checkpoint,
                first_step: int, record: InputRecord, operation: Operation,
-               resident: bool) -> Running:
+               resident: bool, ahead: int = 0) -> Running:
         self.last_backend = backend
         arena = self._arenas[config]
         held = arena.checkpoint if resident else None
         arena.step = arena.checkpoint = None  # in flux until the invocation settles
         if resident:  # the input where it changed, cleared counters and the scalars: one batch
             backend.write_tensors([*self.input_writes(backend, record, unless=arena.record),
-                                   *self.update_scalar_writes(config, backend, first_step + 1)])
+                                   *self.update_scalar_writes(config, backend, first_step + 1,
+                                                              ahead)])
         else:
             arena.record = None
             self.load(backend, start, record)
-            self.write_update_scalars(config, backend, first_step + 1)
+            backend.write_tensors(self.update_scalar_writes(config, backend, first_step + 1,
+                                                            ahead))
         arena.record = record
         submissions = plan.submission_count if operation == "train" else plan.forward_submissions
         backend.start(range(submissions))
@@ -282,13 +294,13 @@ class Session:
         backend.write_tensors(self.update_scalar_writes(config, backend, first_step))
 
     def update_scalar_writes(self, config: BobConfig, backend: Backend, first_step: int,
-                             ) -> list[tuple[str, bytes]]:
+                             ahead: int = 0) -> list[tuple[str, bytes]]:
         """The fused schedule's AdamW table, as the write to make; the seed schedule's rows
         are patched into each update's AdamW parameter block here, and nothing is left to
-        write."""
+        write. `ahead`: updates of later invocations whose rows may be computed now."""
         if config.updates == 0:
             return []
-        table = adam_scalar_table(self.hyper, first_step, config.updates)
+        table = self._adam_rows(first_step, config.updates, ahead)
         if config.schedule == "fused":
             return [(ADAM_SCALARS_TENSOR, table.tobytes())]
         # The same table, its rows patched into each update's AdamW parameter block at once.
@@ -296,6 +308,19 @@ class Session:
         bits = table.view(np.uint32)[:, :len(ADAM_SCALAR_NAMES)]
         backend.set_scalars_many(launches, ADAM_SCALAR_NAMES, bits)
         return []
+
+    def _adam_rows(self, first_step: int, updates: int, ahead: int) -> np.ndarray:
+        """adam_scalar_table(hyper, first_step, updates): rows computed ahead before, or
+        computed now with up to SCALAR_ROWS_AHEAD rows of the `ahead` updates after them
+        (an invocation's thousand rows cost about 60% more per row than four thousand)."""
+        if self._scalar_rows is not None:
+            start, rows = self._scalar_rows
+            if start <= first_step and first_step + updates <= start + len(rows):
+                return rows[first_step - start:first_step - start + updates]
+        count = updates + min(max(ahead, 0), max(0, SCALAR_ROWS_AHEAD - updates))
+        rows = adam_scalar_table(self.hyper, first_step, count)
+        self._scalar_rows = (first_step, rows) if count > updates else None
+        return rows[:updates]
 
     @staticmethod
     def load(backend: Backend, checkpoint: Checkpoint, record: InputRecord) -> None:
@@ -409,12 +434,15 @@ def train(session: Session, config: BobConfig, checkpoint: Checkpoint, record: I
 
     running: Running | None = None  # started, its read queued behind it, not yet settled
     read: ReadHandle | None = None
+    started = 0  # updates of the invocations started so far, this one's included
     for updates in split_updates(steps, max(1, config.updates)):
         step_config = replace(config, updates=updates)
+        started += updates
         if running is not None and read is not None and session.continues(running,
                                                                           step_config):
             try:
-                following = session.begin_after(running, step_config, record)
+                following = session.begin_after(running, step_config, record,
+                                                ahead=steps - started)
             except BaseException:
                 settle_and_finish(running, read, None)  # k is complete whatever stopped k+1
                 raise
@@ -423,7 +451,8 @@ def train(session: Session, config: BobConfig, checkpoint: Checkpoint, record: I
             if running is not None and read is not None:  # another arena: it loads k's
                 settle_and_finish(running, read, None)   # tables, so finish k first
                 checkpoint = invocations[-1].checkpoint
-            following = session.begin(step_config, checkpoint, record, "train")
+            following = session.begin(step_config, checkpoint, record, "train",
+                                      ahead=steps - started)
         running, read = following, session.read_after(following)
     if running is not None and read is not None:
         settle_and_finish(running, read, None)
