@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -157,6 +158,54 @@ def test_the_launch_tables_point_at_each_launchs_buffer(mode):
         else:
             assert native.extra is None
             assert native.kernelParams == tables.pointers_address(index)
+
+
+def test_an_invocations_scalars_update_the_nodes_of_the_launches_they_change(monkeypatch):
+    """set_scalars_many on a cuda backend with two graphs (one holding a launch twice):
+    every node of a launch whose words changed is updated in every graph, with that
+    launch's node parameters; launches whose words are the same are left alone; a failed
+    update names the call."""
+    import bob.backends.cuda as cuda_module
+    from bob.backends.cuda import _Graph
+
+    config = BobConfig(vocab=64, prompts=1, updates=4)
+    plan = build_plan(config, TARGETS["sm_90"])
+    backend = _driverless_cuda(plan)
+    adamw = [config.adamw_launch(k) for k in range(4)]
+    train = _Graph(range(1), "graph", 0x7000, native_nodes={
+        index: [0x9000 + index] for index in range(len(plan.launches))})
+    twice = _Graph(range(1), "graph", 0x7100, native_nodes={adamw[1]: [0xA001, 0xA002],
+                                                             adamw[3]: [0xA003]})
+    backend._graphs = {range(1): train, range(2): twice}
+    backend._context = "context"
+    updated: list[tuple[int, int, int]] = []
+
+    def native(handle, node, params):
+        updated.append((handle, node, params))
+        return 0
+    monkeypatch.setattr(cuda_module, "_native_node_update", lambda: native)
+    monkeypatch.setattr(cuda_module, "_call", lambda *args: None)
+    tables = backend._launch_tables
+    # Steps 41-44: the plan's blocks hold steps 1-4, so every AdamW launch changes.
+    words = adam_scalar_table(Hyper(), 41, 4).view(np.uint32)[:, :len(ADAM_SCALAR_NAMES)]
+    backend.set_scalars_many(adamw, ADAM_SCALAR_NAMES, words)
+    assert sorted(updated) == sorted(
+        [(0x7000, 0x9000 + index, tables.native_address(index)) for index in adamw]
+        + [(0x7100, 0xA001, tables.native_address(adamw[1])),
+           (0x7100, 0xA002, tables.native_address(adamw[1])),
+           (0x7100, 0xA003, tables.native_address(adamw[3]))])
+    updated.clear()
+    again = words.copy()
+    again[2, ADAM_SCALAR_NAMES.index("step_size")] += 1  # only update 2's words change
+    backend.set_scalars_many(adamw, ADAM_SCALAR_NAMES, again)
+    assert updated == [(0x7000, 0x9000 + adamw[2], tables.native_address(adamw[2]))]
+    monkeypatch.setattr(cuda_module, "_native_node_update", lambda: lambda *args: 1)
+    monkeypatch.setattr(cuda_module, "_driver", lambda: SimpleNamespace(
+        CUresult=lambda status: status))
+    monkeypatch.setattr(cuda_module, "_status_text", lambda driver, status: (
+        "CUDA_ERROR_INVALID_VALUE", "invalid argument"))
+    with pytest.raises(RunFailure, match="cuGraphExecKernelNodeSetParams"):
+        backend.set_scalars_many(adamw, ADAM_SCALAR_NAMES, words[::-1].copy())
 
 
 def test_the_parameter_store_is_one_array_of_aligned_views():

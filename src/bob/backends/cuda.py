@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import itertools
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -421,6 +422,10 @@ class LaunchTables:
         """Launch `index`'s CUDA_KERNEL_NODE_PARAMS_v2, for libcuda's own entry points."""
         return self.native.ctypes.data + index * self.native.itemsize
 
+    def native_addresses(self, launches: np.ndarray) -> list[int]:
+        """`native_address` of each launch."""
+        return (self.native.ctypes.data + launches * self.native.itemsize).tolist()
+
     def pointers_address(self, index: int) -> int:
         """Launch `index`'s kernelParams array."""
         return self.pointers.ctypes.data + 8 * int(self.pointer_starts[index])
@@ -485,6 +490,20 @@ class _Graph:
     nodes: dict[int, list[Any]] = field(default_factory=dict)  # launch -> its nodes
     # launch -> its nodes' handles as ints, for the ctypes node update
     native_nodes: dict[int, list[int]] = field(default_factory=dict)
+    # Every node's handle and launch, in two arrays (made the first time asked)
+    _flat: tuple[np.ndarray, np.ndarray] | None = None
+
+    def nodes_of(self, chosen: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """The handles of the nodes of the launches `chosen` marks (a boolean per launch),
+        and each one's launch."""
+        if self._flat is None:
+            pairs = [(node, index) for index, nodes in self.native_nodes.items()
+                     for node in nodes]
+            self._flat = (np.array([node for node, _ in pairs], np.uint64),
+                          np.array([index for _, index in pairs], np.int64))
+        handles, launches = self._flat
+        picked = chosen[launches]
+        return handles[picked].tolist(), launches[picked]
 
 
 UPLOAD_CHUNK_BYTES = 16 << 20  # each of the two pinned chunks a large write goes through
@@ -1091,16 +1110,19 @@ class CudaBackend(Backend):
                         _call("cuGraphExecKernelNodeSetParams", graph.exec, node,
                               self._node_params(index))
             return
+        chosen = np.zeros(len(self.plan.launches), bool)
+        chosen[np.asarray(launches, np.int64)] = True
         for graph in graphs:
-            handle = int(graph.exec)
-            for index in launches:
-                params = tables.native_address(index)
-                for node in graph.native_nodes.get(index, ()):
-                    status = native(handle, node, params)
-                    if status:
-                        driver = _driver()
-                        raise CudaError("cuGraphExecKernelNodeSetParams",
-                                        *_status_text(driver, driver.CUresult(status)))
+            nodes, of = graph.nodes_of(chosen)
+            # A thousand node updates an invocation at V = 256 (seed): one map over
+            # plain ints, the Python around each driver call cut to the least.
+            statuses = list(map(native, itertools.repeat(int(graph.exec)), nodes,
+                                tables.native_addresses(of)))
+            failed = next((status for status in statuses if status), 0)
+            if failed:
+                driver = _driver()
+                raise CudaError("cuGraphExecKernelNodeSetParams",
+                                *_status_text(driver, driver.CUresult(failed)))
 
     def driver_attributes(self, region: str) -> dict[str, int]:
         """What the driver reports for a region's loaded function (to check the reader)."""
