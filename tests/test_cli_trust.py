@@ -446,3 +446,60 @@ def test_a_fresh_run_stopped_before_its_first_checkpoint_writes_nothing(tmp_path
     assert err.decode().strip().splitlines()[-1] == (
         "bob: interrupted at update 100000; no checkpoint written by this run")
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+
+
+def _executable(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
+    return subprocess.run([sys.executable, "-m", "bob.cli.main", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_executable_ends_at_once_with_its_output_whole_and_its_status(tmp_path, text):
+    """`bob` skips the interpreter's teardown: what it printed is all there (a large JSON
+    plan through a pipe), the file it wrote is whole, and a refusal keeps its status and
+    message."""
+    plan = _executable("plan", "-N", "2000", "--json", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert len(plan.stdout) > 1_000_000 and len(json.loads(plan.stdout)["launches"]) > 2000
+    trained = _executable("train", "--text", str(text), "--backend", "cpu", "--steps", "20",
+                          "-N", "10", "--json", "-c", "bob.safetensors", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    assert json.loads(trained.stdout)["steps"] == 20
+    assert Checkpoint.load(str(tmp_path / "bob.safetensors")).step == 20
+    refused = _executable("train", "--input", "missing.bin", "--backend", "cpu", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "missing.bin" in refused.stderr and refused.stdout == ""
+
+
+def test_the_executable_exits_at_once_only_when_nothing_else_runs():
+    """A thread still running (a library's, a worker's) gets the interpreter's own exit,
+    which waits for it: its last words are printed."""
+    code = ("import threading, time\n"
+            "from bob.cli.main import _nothing_left_running, entry\n"
+            "print(_nothing_left_running(), flush=True)\n"
+            "worker = threading.Thread(target=lambda: (time.sleep(0.5), print('worker done')))\n"
+            "worker.start()\n"
+            "print(_nothing_left_running(), flush=True)\n"
+            "entry(['--version'])\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stderr
+    assert lines[:2] == ["True", "False"] and lines[-1] == "worker done"
+
+
+def test_the_executable_flushes_what_is_buffered_before_it_ends():
+    """Output still in the streams' buffers when the command returns (here a command that
+    prints nothing more, with status 3) reaches the pipe before the process ends."""
+    code = ("import sys\n"
+            "import bob.cli.main as cli_main\n"
+            "cli_main.main = lambda argv=None: 3\n"
+            "sys.stdout.write('buffered, not yet flushed')\n"
+            "cli_main.entry()\n")
+    env = {**{name: value for name, value in os.environ.items()
+              if name != "PYTHONUNBUFFERED"},  # buffered, as a terminal's pipe is
+           "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "buffered, not yet flushed", "")
