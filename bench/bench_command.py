@@ -54,7 +54,7 @@ def command_seconds(backend_name: str, vocab: int, updates: int, steps: int) -> 
     with tempfile.TemporaryDirectory(prefix="bob-command-") as directory:
         source = Path(directory) / "input.bin"
         InputRecord.hard(bench_targets(vocab), (), source="bench targets").write(source)
-        argv = [sys.executable, "-m", "bob.cli.main", "train", "--input", str(source),
+        argv = [sys.executable, "-m", "bob", "train", "--input", str(source),
                 "--backend", backend_name, "--steps", str(steps), "-N", str(updates),
                 "--json", "-c", str(Path(directory) / "bob.safetensors")]
         begun = time.perf_counter()

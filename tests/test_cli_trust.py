@@ -450,7 +450,7 @@ def test_a_fresh_run_stopped_before_its_first_checkpoint_writes_nothing(tmp_path
 
 def _executable(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
-    return subprocess.run([sys.executable, "-m", "bob.cli.main", *argv], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "bob", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -475,11 +475,11 @@ def test_the_executable_exits_at_once_only_when_nothing_else_runs():
     """A thread still running (a library's, a worker's) gets the interpreter's own exit,
     which waits for it: its last words are printed."""
     code = ("import threading, time\n"
-            "from bob.cli.main import _nothing_left_running, entry\n"
-            "print(_nothing_left_running(), flush=True)\n"
+            "from bob.cli.executable import entry, nothing_left_running\n"
+            "print(nothing_left_running(), flush=True)\n"
             "worker = threading.Thread(target=lambda: (time.sleep(0.5), print('worker done')))\n"
             "worker.start()\n"
-            "print(_nothing_left_running(), flush=True)\n"
+            "print(nothing_left_running(), flush=True)\n"
             "entry(['--version'])\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
@@ -496,10 +496,105 @@ def test_the_executable_flushes_what_is_buffered_before_it_ends():
             "import bob.cli.main as cli_main\n"
             "cli_main.main = lambda argv=None: 3\n"
             "sys.stdout.write('buffered, not yet flushed')\n"
-            "cli_main.entry()\n")
+            "from bob.cli.executable import entry\n"
+            "entry([])\n")
     env = {**{name: value for name, value in os.environ.items()
               if name != "PYTHONUNBUFFERED"},  # buffered, as a terminal's pipe is
            "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=120, check=False)
     assert (done.returncode, done.stdout, done.stderr) == (3, "buffered, not yet flushed", "")
+
+
+@pytest.mark.parametrize(("argv", "wanted"), [
+    (["train", "--text", "notes.txt"], True),  # --backend auto: cuda where usable
+    (["train", "--backend", "cuda"], True),
+    (["generate", "--backend=auto", "--prompt", "a"], True),
+    (["eval", "--backend", "cpu"], False),
+    (["train", "--backend", "nv"], False),  # Bob's own command stream: no CUDA driver
+    (["predict", "--backend=nv-sim"], False),
+    (["train", "--help"], False),
+    (["--version"], False),
+    (["count", "corpus.txt"], False),
+    (["plan", "--json"], False),
+    ([], False),
+])
+def test_the_driver_is_warmed_up_only_for_commands_that_may_open_cuda(argv, wanted):
+    from bob.cli import warmup
+
+    assert warmup.wanted(argv) is wanted
+
+
+def test_the_warm_up_makes_the_backends_first_calls_and_keeps_the_context(monkeypatch):
+    """cuInit, device 0, its primary context retained and not released; a driver that
+    refuses, or no bindings at all, stops it quietly."""
+    import types
+
+    from bob.cli import warmup
+
+    calls: list[tuple] = []
+    success, failure = "CUDA_SUCCESS", "CUDA_ERROR_NO_DEVICE"
+
+    def fake(init_status):
+        driver = types.SimpleNamespace(
+            CUresult=types.SimpleNamespace(CUDA_SUCCESS=success),
+            cuInit=lambda flags: calls.append(("cuInit", flags)) or (init_status,),
+            cuDeviceGet=lambda ordinal: calls.append(("cuDeviceGet", ordinal)) or (
+                success, "device 0"),
+            cuDevicePrimaryCtxRetain=lambda device: calls.append(("retain", device)) or (
+                success, "context"),
+            cuDevicePrimaryCtxRelease=lambda device: calls.append(("release", device)))
+        bindings = types.ModuleType("cuda.bindings")
+        bindings.driver = driver
+        monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+        monkeypatch.setitem(sys.modules, "cuda.bindings.driver", driver)
+
+    fake(success)
+    assert warmup.warm_up() is True
+    assert calls == [("cuInit", 0), ("cuDeviceGet", 0), ("retain", "device 0")]
+    calls.clear()
+    fake(failure)
+    assert warmup.warm_up() is False and calls == [("cuInit", 0)]
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # not installed
+    monkeypatch.delitem(sys.modules, "cuda.bindings.driver")
+    assert warmup.warm_up() is False
+
+
+def test_the_executable_imports_only_the_standard_library_before_the_warm_up():
+    """What `python -m bob` has imported when the warm-up thread starts: no NumPy, no
+    click, no part of Bob but the two modules of its start."""
+    code = ("import sys\n"
+            "from bob.cli import warmup\n"
+            "seen = []\n"
+            "warmup.start_for = lambda argv: seen.append(sorted(sys.modules)) or sys.exit(0)\n"
+            "from bob.cli.executable import entry\n"
+            "try:\n"
+            "    entry(['train'])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print('\\n'.join(seen[0]))\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    modules = set(done.stdout.split())
+    assert {"bob.cli.warmup", "bob.cli.executable"} <= modules
+    assert not {"numpy", "click", "rich", "cuda", "bob.cli.main", "bob.backends"} & modules
+    assert {name for name in modules if name.startswith("bob")} == {
+        "bob", "bob.cli", "bob.cli.warmup", "bob.cli.executable"}
+
+
+@pytest.mark.gpu
+def test_the_executable_on_cuda_trains_the_bytes_the_cpu_trains(tmp_path, text):
+    """`python -m bob train --backend cuda`: the driver warmed up beside the imports, the
+    process ended at once; its checkpoint is the CPU's, byte for byte."""
+    for backend in ("cuda", "cpu"):
+        done = _executable("train", "--text", str(text), "--backend", backend, "--steps",
+                           "30", "-N", "10", "--json", "-c", f"{backend}.safetensors",
+                           cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["backend"] == backend
+    cuda, cpu = (Checkpoint.load(str(tmp_path / f"{name}.safetensors"))
+                 for name in ("cuda", "cpu"))
+    for name in ("parameters", "first_moment", "second_moment"):
+        assert getattr(cuda, name).tobytes() == getattr(cpu, name).tobytes(), name
+    assert cuda.step == cpu.step == 30

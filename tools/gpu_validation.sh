@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 out=${1:-out}
 mkdir -p "$out"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-bob() { python3 -m bob.cli.main "$@"; }
+bob() { python3 -m bob "$@"; }
 status=0
 step() { echo; echo "== $*"; }
 
@@ -22,7 +22,7 @@ python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -25 || status=
 step "compute-sanitizer memcheck: one full invocation on the cuda backend"
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 3 \
-    python3 -m bob.cli.main train --backend cuda --steps 20 -N 20 --overwrite \
+    python3 -m bob train --backend cuda --steps 20 -N 20 --overwrite \
     -c "$out/sanitized.safetensors" 2>&1 | grep -E "ERROR SUMMARY|error|loss \(nats\)" | head
   echo "compute-sanitizer exit: ${PIPESTATUS[0]}"
 else

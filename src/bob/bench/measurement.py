@@ -228,7 +228,7 @@ def command_row(choice: BackendChoice, config: BobConfig, hyper: Hyper, record: 
     with tempfile.TemporaryDirectory(prefix="bob-bench-") as directory:
         source = Path(directory) / "input.bin"
         record.write(source)
-        argv = [sys.executable, "-m", "bob.cli.main", "train", "--input", str(source),
+        argv = [sys.executable, "-m", "bob", "train", "--input", str(source),
                 "--backend", choice.name, "--steps", str(config.updates),
                 "-N", str(config.updates), "--schedule", config.schedule,
                 "--submission", config.submission, "--overwrite", "--json",

@@ -17,7 +17,6 @@ import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import click
 
@@ -39,31 +38,6 @@ def cli() -> None:
 for module in (plan_cmd, run_cmd, tools_cmd, bench_cmd, count_cmd, profile_cmd):
     for command in module.COMMANDS:
         cli.add_command(command)
-
-
-def entry(argv: list[str] | None = None) -> NoReturn:
-    """The `bob` executable: `main`, then the process ends without tearing its interpreter
-    down where nothing is left to finish (`_nothing_left_running`). Freeing every object
-    of a process that imported NumPy, CUDA's bindings and rich one by one took about
-    0.1 s on the H200's host, as long as 35,000 of its device's updates at V = 256; by
-    then Bob has written, fsynced and closed every file it makes. The terminal's
-    buffered output is flushed first."""
-    status = main(argv)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed or broken stream has nothing to give
-            stream.flush()
-    if _nothing_left_running():
-        os._exit(status)
-    sys.exit(status)
-
-
-def _nothing_left_running() -> bool:
-    """Whether the process is down to its main thread and has no child process: anything
-    else (a thread a library left, a worker process) gets the interpreter's own exit,
-    which waits for it or cleans it up."""
-    multiprocessing = sys.modules.get("multiprocessing")  # not imported: nothing started
-    return threading.active_count() == 1 and not (
-        multiprocessing is not None and multiprocessing.active_children())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,5 +140,5 @@ def _stop_signals_raise() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    entry()
+if __name__ == "__main__":  # pragma: no cover (`python -m bob` is the executable)
+    sys.exit(main())

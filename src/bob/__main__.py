@@ -1,0 +1,5 @@
+"""`python -m bob`: the `bob` executable."""
+
+from bob.cli.executable import entry
+
+entry()
