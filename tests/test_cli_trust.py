@@ -448,8 +448,13 @@ def test_a_fresh_run_stopped_before_its_first_checkpoint_writes_nothing(tmp_path
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
 
 
+def _source_env() -> dict[str, str]:
+    """This environment with Bob's source on the path, for a Python of its own."""
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
+
+
 def _executable(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
+    env = _source_env()
     return subprocess.run([sys.executable, "-m", "bob", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
 
@@ -481,7 +486,7 @@ def test_the_executable_exits_at_once_only_when_nothing_else_runs():
             "worker.start()\n"
             "print(nothing_left_running(), flush=True)\n"
             "entry(['--version'])\n")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
+    env = _source_env()
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=120, check=False)
     lines = done.stdout.splitlines()
@@ -498,9 +503,8 @@ def test_the_executable_flushes_what_is_buffered_before_it_ends():
             "sys.stdout.write('buffered, not yet flushed')\n"
             "from bob.cli.executable import entry\n"
             "entry([])\n")
-    env = {**{name: value for name, value in os.environ.items()
-              if name != "PYTHONUNBUFFERED"},  # buffered, as a terminal's pipe is
-           "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
+    env = _source_env()
+    env.pop("PYTHONUNBUFFERED", None)  # buffered, as a terminal's pipe is
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=120, check=False)
     assert (done.returncode, done.stdout, done.stderr) == (3, "buffered, not yet flushed", "")
@@ -573,7 +577,7 @@ def test_the_executable_imports_only_the_standard_library_before_the_warm_up():
             "except SystemExit:\n"
             "    pass\n"
             "print('\\n'.join(seen[0]))\n")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")}
+    env = _source_env()
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=120, check=True)
     modules = set(done.stdout.split())

@@ -286,6 +286,15 @@ def cuda_arena(cuda_arch: str):
     return choose
 
 
+def assert_same_invocations(got, want) -> None:
+    """Every invocation's checkpoint tables byte for byte, and its two losses."""
+    for mine, theirs in zip(got, want, strict=True):
+        for name in CHECKPOINT_TENSORS:
+            assert getattr(mine.checkpoint, name).tobytes() == \
+                getattr(theirs.checkpoint, name).tobytes(), (name, mine.checkpoint.step)
+        assert (mine.loss, mine.initial_loss) == (theirs.loss, theirs.initial_loss)
+
+
 @gpu
 @pytest.mark.parametrize("arena", ["device", "host"])
 @pytest.mark.parametrize("schedule", ["seed", "fused"])
@@ -297,11 +306,7 @@ def test_pipelined_training_on_cuda_matches_the_cpu(cuda_arena, arena, schedule,
     with Session(cuda_arena(arena)) as cuda, Session(choose_backend("cpu")) as cpu:
         got = train(cuda, config, start, record, 11)
         want = train(cpu, config, start, record, 11)
-        for mine, theirs in zip(got, want, strict=True):
-            for name in CHECKPOINT_TENSORS:
-                assert getattr(mine.checkpoint, name).tobytes() == \
-                    getattr(theirs.checkpoint, name).tobytes(), (name, mine.checkpoint.step)
-            assert (mine.loss, mine.initial_loss) == (theirs.loss, theirs.initial_loss)
+        assert_same_invocations(got, want)
         assert_same_tensors(cuda.plan_for(replace(config, updates=2)), cpu.last_backend,
                             cuda.last_backend, "after the remainder invocation")
 
@@ -320,11 +325,7 @@ def test_seed_training_where_the_scalars_stop_changing_matches_the_cpu(cuda_aren
     with Session(cuda_arena("device")) as cuda, Session(choose_backend("cpu")) as cpu:
         got = train(cuda, config, start, record, 3000)
         want = train(cpu, config, start, record, 3000)
-        for mine, theirs in zip(got, want, strict=True):
-            for name in CHECKPOINT_TENSORS:
-                assert getattr(mine.checkpoint, name).tobytes() == \
-                    getattr(theirs.checkpoint, name).tobytes(), (name, mine.checkpoint.step)
-            assert (mine.loss, mine.initial_loss) == (theirs.loss, theirs.initial_loss)
+        assert_same_invocations(got, want)
 
 
 @gpu

@@ -1091,7 +1091,7 @@ class CudaBackend(Backend):
         changed = self._store.write_words(launches, relative, words)
         # Every graph's nodes hold what the store held: an unchanged launch needs no update
         # (past about step 17,000 the defaults' step size and epsilon stay the same).
-        self._update_nodes(np.asarray(launches, np.int64)[changed].tolist())
+        self._update_nodes(np.asarray(launches, np.int64)[changed])
 
     def _update_nodes(self, launches: Sequence[int]) -> None:
         """Carry these launches' parameter buffers into every instantiated graph's nodes

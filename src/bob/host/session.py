@@ -333,16 +333,10 @@ class Session:
             backend.write_tensor(name, bytes(backend.plan.tensor(name).bytes))
 
     @staticmethod
-    def load_input(backend: Backend, record: InputRecord, unless: InputRecord | None) -> None:
-        """The arena holds the tables: the input only where it changed, the loss and the
-        health counts cleared."""
-        backend.write_tensors(Session.input_writes(backend, record, unless))
-
-    @staticmethod
     def input_writes(backend: Backend, record: InputRecord, unless: InputRecord | None,
                      ) -> list[tuple[str, bytes]]:
-        """What `load_input` writes: the input unless it is `unless`, the training loss and
-        the health counts as zeros (health is added to).
+        """What an arena that holds the tables needs written: the input unless it is
+        `unless`, the training loss and the health counts as zeros (health is added to).
 
         Launch 0 (the initial loss) writes every gradient of every request, so a
         resident arena's gradients need no clearing; a forward request does not

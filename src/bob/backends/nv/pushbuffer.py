@@ -107,20 +107,11 @@ class ClassTable:
 
     def consecutive(self, names: Sequence[str]) -> int:
         """The first of methods that must follow one another word by word."""
-        key = (self.name, tuple(names))
-        if key not in _CONSECUTIVE:
-            first = self.method(names[0])
-            for index, name in enumerate(names):
-                if self.method(name) != first + index * WORD_BYTES:
-                    raise CommandError(
-                        f"{self.name} methods {', '.join(names)} are not consecutive")
-            _CONSECUTIVE[key] = first
-        return _CONSECUTIVE[key]
-
-
-# Checked runs of consecutive methods, by class name and methods: the runtime stream
-# writes the same few runs for every copy it queues.
-_CONSECUTIVE: dict[tuple[str, tuple[str, ...]], int] = {}
+        first = self.method(names[0])
+        for index, name in enumerate(names):
+            if self.method(name) != first + index * WORD_BYTES:
+                raise CommandError(f"{self.name} methods {', '.join(names)} are not consecutive")
+        return first
 
 
 AMPERE_COMPUTE_B = ClassTable("AMPERE_COMPUTE_B", g.AMPERE_COMPUTE_B, "NVC7C0",
@@ -283,8 +274,13 @@ class Pushbuffer:
         self._append([0] * ((address - self.address) // WORD_BYTES))
 
     def to_bytes(self, size: int | None = None) -> bytes:
-        data = struct.pack(f"<{len(self._words)}I", *self._words)
+        data = words_to_bytes(self._words)
         return data if size is None else data.ljust(size, b"\0")
+
+
+def words_to_bytes(words: Sequence[int]) -> bytes:
+    """32-bit words as the pushbuffer holds them, little-endian."""
+    return struct.pack(f"<{len(words)}I", *words)
 
 
 # -- the commands Bob sends ---------------------------------------------------------
@@ -463,7 +459,8 @@ class CopyWriter:
             chosen.update({"FLUSH_ENABLE": "TRUE", "FLUSH_TYPE": "SYS",
                            "SEMAPHORE_TYPE": "RELEASE_ONE_WORD_SEMAPHORE",
                            "SEMAPHORE_PAYLOAD_SIZE": "TWO_WORD"})
-        launch = _launch_dma(ce, tuple(chosen.items()))
+        launch = ce.pack({f"LAUNCH_DMA_{name}": ce.value(f"LAUNCH_DMA_{name}_{value}")
+                          for name, value in chosen.items()})
         self.pushbuffer.incrementing(COPY_SUBCHANNEL, first, offsets)
         self.pushbuffer.incrementing(COPY_SUBCHANNEL, ce.method("LINE_LENGTH_IN"),
                                      [ce.pack({"LINE_LENGTH_IN_VALUE": size})])
@@ -488,19 +485,6 @@ class CopyWriter:
                 ce.pack({"SET_SEMAPHORE_B_LOWER": address % (1 << WORD_BITS)}),
                 ce.pack({"SET_SEMAPHORE_PAYLOAD_PAYLOAD": payload % (1 << WORD_BITS)}),
                 ce.pack({"SET_SEMAPHORE_PAYLOAD_UPPER_PAYLOAD": payload >> WORD_BITS})]
-
-
-_LAUNCH_DMA: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
-
-
-def _launch_dma(ce: ClassTable, chosen: tuple[tuple[str, str], ...]) -> int:
-    """LAUNCH_DMA with these named values (two forms, with and without a release, are
-    all the runtime stream writes: each packed once)."""
-    key = (ce.name, chosen)
-    if key not in _LAUNCH_DMA:
-        _LAUNCH_DMA[key] = ce.pack({f"LAUNCH_DMA_{name}": ce.value(f"LAUNCH_DMA_{name}_{value}")
-                                    for name, value in chosen})
-    return _LAUNCH_DMA[key]
 
 
 def host_value(host: ClassTable, field_name: str, value_name: str) -> int:

@@ -58,6 +58,7 @@ from bob.backends.nv.pushbuffer import (
     CopyWriter,
     Pushbuffer,
     gpfifo_entry,
+    words_to_bytes,
 )
 from bob.errors import RunFailure
 
@@ -153,7 +154,7 @@ def copy_segment(address: int, pieces: list[tuple[int, int, int]], after: int, p
     words = list(_copy_template(tuple(pieces), bind, release_to))
     words[ACQUIRE_VALUE] = _value_words(after)
     words[-4:-2] = _value_words(payload)  # SET_SEMAPHORE_PAYLOAD(_UPPER), then LAUNCH_DMA
-    return _to_bytes(words)
+    return words_to_bytes(words)
 
 
 def encode_copy_segment(address: int, pieces: list[tuple[int, int, int]], after: int,
@@ -181,10 +182,6 @@ def _value_words(value: int) -> tuple[int, int]:
     if type(value) is not int or not 0 <= value < 1 << SEMAPHORE_BITS:
         raise CommandError(f"semaphore payload {value!r} does not fit 64 bits")
     return value & 0xFFFF_FFFF, value >> 32
-
-
-def _to_bytes(words: list[int]) -> bytes:
-    return struct.pack(f"<{len(words)}I", *words)
 
 
 def _words(data: bytes) -> tuple[int, ...]:
@@ -219,14 +216,14 @@ def acquire_segment(address: int, after: int) -> bytes:
     """Hold the channel until the counter reaches `after`."""
     words = list(_ACQUIRE)
     words[ACQUIRE_VALUE] = _value_words(after)
-    return _to_bytes(words)
+    return words_to_bytes(words)
 
 
 def release_segment(address: int, payload: int) -> bytes:
     """Release `payload` into the counter once everything before is idle."""
     words = list(_RELEASE)
     words[ACQUIRE_VALUE] = _value_words(payload)
-    return _to_bytes(words)
+    return words_to_bytes(words)
 
 
 def encode_acquire_segment(address: int, after: int) -> bytes:
@@ -571,5 +568,6 @@ class RuntimeStream:
 
 
 __all__ = ["COPY_THRESHOLD", "READS_ADDRESS", "RuntimeStream", "Stamp", "acquire_segment",
-           "copy_segment", "launch_nanoseconds", "read_stamps",
+           "copy_segment", "encode_acquire_segment", "encode_copy_segment",
+           "encode_release_segment", "launch_nanoseconds", "read_stamps",
            "release_segment", "snapshot_segment", "timestamp_segment"]
