@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from bob.cli.main import REPORT_DIR_VARIABLE, main
-from bob.host import api, sampling
+from bob.host import api, inference, sampling
 from bob.program.bob import Hyper
 from bob.records import corpus
 from bob.records.checkpoint import Checkpoint, Segment, checkpoint_lock, lock_path
@@ -351,7 +351,7 @@ def test_top_k_samples_only_the_k_likeliest(tmp_path, text, capsys):
     assert train("--text", str(text), "--steps", "50", "-c", str(path)) == 0
     greedy = api.generate(str(path), b"t", 200, 0.0, 0, "cpu")
     assert api.generate(str(path), b"t", 200, 5.0, 3, "cpu", top_k=1) == greedy
-    rows = api._forward(Checkpoint.load(path), range(256), "cpu").logit_rows
+    rows = inference.forward(Checkpoint.load(path), range(256), "cpu").logit_rows
     sampled = api.generate(str(path), b"t", 400, 5.0, 3, "cpu", top_k=3)
     everything = api.generate(str(path), b"t", 400, 5.0, 3, "cpu")
     previous = b"t" + sampled

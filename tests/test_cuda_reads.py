@@ -16,8 +16,8 @@ import pytest
 
 from bob.backends import cuda
 from bob.backends.landing import PACKING, SPAN_GAP, Landing, read_spans
-from bob.host.session import CHECKPOINT_TENSORS, HEALTH_TENSOR, RESULT_TENSORS
-from bob.program.bob import BobConfig, build_plan
+from bob.config import CHECKPOINT_TENSORS, RESULT_TENSORS
+from bob.program.bob import HEALTH_TENSOR, BobConfig, build_plan
 
 READ = (*RESULT_TENSORS, HEALTH_TENSOR, *CHECKPOINT_TENSORS)  # what an invocation reads
 

@@ -114,7 +114,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, caps
 
 
 def test_default_training_reaches_the_optimum(tmp_path, capsys):
-    """The issue's bar: within 0.2% of the optimum in 1000 updates on the built-in corpus."""
+    """The bar: within 0.2% of the optimum in 1000 updates on the built-in corpus."""
     path = tmp_path / "bob.safetensors"
     assert main(["train", "-c", str(path), "--backend", "cpu", "--json"]) == 0
     out = capsys.readouterr().out

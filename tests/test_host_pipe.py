@@ -1,4 +1,4 @@
-"""Issue 13: the host out of the way. Resident state between invocations, the read-back
+"""The host out of the way. Resident state between invocations, the read-back
 pipeline, the background checkpoint writer, scalars in one pass, train's wall time."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_a_resident_checkpoint_gives_the_bytes_of_a_loaded_one(schedule, mode):
         assert resident.holds(config, first.checkpoint)
         assert not resident.holds(config, replace(first.checkpoint))  # by identity only
         again = resident.invoke(config, first.checkpoint, record, "train")
-        # The same state as a copy the session never saw: loaded as today.
+        # The same state as a copy the session never saw: loaded afresh.
         copy = replace(first.checkpoint, **{name: np.array(getattr(first.checkpoint, name))
                                              for name in CHECKPOINT_TENSORS})
         fresh = loaded.invoke(config, copy, record, "train")

@@ -440,7 +440,8 @@ def test_a_large_read_lands_in_a_described_host_buffer_handed_out_as_the_tables(
 def test_a_read_copies_neighbouring_tensors_as_one_piece(monkeypatch):
     """An invocation's read: the three tables lie together in the arena (one copy), the
     losses and health counts together (another); every tensor comes back as written."""
-    from bob.host.session import CHECKPOINT_TENSORS, HEALTH_TENSOR, RESULT_TENSORS
+    from bob.config import CHECKPOINT_TENSORS, RESULT_TENSORS
+    from bob.program.bob import HEALTH_TENSOR
 
     monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
     backend, gpu = _open(monkeypatch)

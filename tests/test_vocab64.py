@@ -21,8 +21,8 @@ from bob.backends.nv.encoder import encode, parameter_block
 from bob.cli.main import main
 from bob.config import MAX_VOCAB, Hyper
 from bob.errors import BadInput
-from bob.host import api
-from bob.host.api import refuse_slow_cpu
+from bob.host import api, training
+from bob.host.training import refuse_slow_cpu
 from bob.kernels import reference as ref
 from bob.kernels import signatures as sig
 from bob.kernels.memory import Memory
@@ -356,12 +356,12 @@ def test_the_cpu_refuses_counts_above_its_limit_before_building_weights(
     assert main(["count", "--tokens", str(tmp_path / "t.bin"), "--vocab", str(vocab), "-o",
                  str(counts)]) == 0
     capsys.readouterr()
-    monkeypatch.setattr(api, "CPU_MAX_VOCAB", 2048)
+    monkeypatch.setattr(training, "CPU_MAX_VOCAB", 2048)
 
     def no_weights(counted):  # the dense table must never be built for a refused V
         raise AssertionError("table_weights was called")
 
-    monkeypatch.setattr(api, "table_weights", no_weights)
+    monkeypatch.setattr("bob.host.data.table_weights", no_weights)
     before = listing(tmp_path)
     status = main(["train", "--counts", str(counts), "--backend", "cpu", "-c",
                    str(tmp_path / "bob.safetensors")])

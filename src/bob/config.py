@@ -43,6 +43,8 @@ MAX_UPDATES = 100_000
 
 # The arena's first three tensors, in arena order: what a checkpoint holds.
 CHECKPOINT_TENSORS = ("parameters", "first_moment", "second_moment")
+# The result record's tensors, in arena order: what every invocation reads back.
+RESULT_TENSORS = ("initial_loss", "training_loss", "logit_rows", "predictions")
 
 # -- where a plan runs -----------------------------------------------------------
 TARGET_NAMES = ("sm_86", "sm_90")  # the parameter-block layouts a plan is placed for

@@ -1,4 +1,5 @@
-"""Files Bob reads and writes: reads that fail with a one-line BadInput, atomic writes.
+"""Files Bob reads and writes: reads that fail with a one-line BadInput, outputs checked
+before any work, atomic writes.
 
 Ground floor: it imports only ``bob.errors``, so any layer may use it.
 
@@ -69,6 +70,37 @@ def make_directory(path: StrPath) -> None:
                        f"({error.strerror or error})") from None
 
 
+def check_output_file(path: StrPath, what: str) -> None:
+    """BadInput unless `path` can be written as a file: its directory exists and takes a new
+    file, and no directory stands in its place. `what` names the file in the message."""
+    directory = _require_file_place(path, what)
+    probe_directory(directory, f"{path}: cannot write the {what} in {directory}")
+
+
+def probe_directory(directory: StrPath, failure: str) -> None:
+    """Create and remove a file in `directory`: the only sure test that writing works there
+    (permissions, read-only mounts, /proc and the like); BadInput `failure (reason)` if not."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".bob-probe-"):
+            pass
+    except OSError as error:
+        raise BadInput(f"{failure} ({error.strerror or error})") from None
+
+
+def _require_file_place(path: StrPath, what: str | None = None) -> Path:
+    """`path`'s directory, after a BadInput unless it exists and no directory stands at
+    `path`; `what`, when given, names the file in the message."""
+    target = Path(path)
+    directory = target.parent
+    if not directory.is_dir():
+        goes = f" (the {what} goes there)" if what else ""
+        raise BadInput(f"{path}: directory {directory} does not exist{goes}")
+    if target.is_dir():
+        kind = f", not a {what} file" if what else ""
+        raise BadInput(f"{path}: is a directory{kind}")
+    return directory
+
+
 def atomic_write(path: StrPath, data: bytes | Writer) -> None:
     """Replace `path` with `data` (bytes, or a function writing to a binary file).
 
@@ -77,11 +109,7 @@ def atomic_write(path: StrPath, data: bytes | Writer) -> None:
     old file, if any, is untouched and no temporary is left.
     """
     path = Path(path)
-    directory = path.parent
-    if not directory.is_dir():
-        raise BadInput(f"{path}: directory {directory} does not exist")
-    if path.is_dir():
-        raise BadInput(f"{path}: is a directory")
+    directory = _require_file_place(path)
     _remove_stale_temporaries(path)
     mode = _file_mode(path)
     try:

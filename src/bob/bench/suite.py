@@ -34,7 +34,7 @@ from bob.bench.peers import (
 from bob.bench.tables import BANDWIDTH_MIN_VOCAB, BenchReport, BenchTable, Device, Row
 from bob.config import AUTO_SUBMISSION, DEFAULT_SUBMISSION_POLICY, Hyper, resolve_submission
 from bob.errors import BadInput
-from bob.host.api import CPU_MAX_VOCAB
+from bob.host.training import CPU_MAX_VOCAB
 
 
 def default_vocabs(device: Device) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from bob.config import MAX_UPDATES, Hyper
 from bob.errors import BadInput
+from bob.files import probe_directory
 from bob.host import api
 
 from .options import (
@@ -118,6 +119,14 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
     stated = _stated_hyper(click.get_current_context(),
                            dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                                 weight_decay=weight_decay))
+    request = api.TrainRequest(
+        texts=tuple(texts) or None, steps=steps, checkpoint=checkpoint, resume=resume,
+        backend=backend, hyper_changes=stated, new_data=new_data,
+        updates_per_invocation=updates_per_invocation, input_record=input_record,
+        overwrite=overwrite, arch=arch, arena=arena, result_path=result_path,
+        schedule=schedule, data_spec=_spec(tokens, vocab, token_dtype, counts_file),
+        val_spec=_spec(val_tokens, None, token_dtype, val_counts, val_texts),
+        submission=submission)
     errors = _err_console()
     progress = Progress(TextColumn("[bold]training"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} updates"),
@@ -132,15 +141,7 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
             if log is not None:
                 log.line(invocation, done)
 
-        report = api.train(
-            texts=list(texts) or None, steps=steps, checkpoint=checkpoint, resume=resume,
-            backend=backend, hyper_changes=stated, new_data=new_data,
-            updates_per_invocation=updates_per_invocation, input_record=input_record,
-            overwrite=overwrite, arch=arch, arena=arena, result_path=result_path,
-            schedule=schedule, progress=advance,
-            data_spec=_spec(tokens, vocab, token_dtype, counts_file),
-            val_spec=_spec(val_tokens, None, token_dtype, val_counts, val_texts),
-            submission=submission)
+        report = api.run_training(request, advance)
     _table_console(errors if as_json else None).print(_train_table(report))
     if as_json:
         click.echo(json.dumps(report.to_json()))
@@ -352,7 +353,7 @@ def plot(checkpoint, out_dir, counts_file, as_json) -> None:
     except OSError as error:
         raise BadInput(f"{out_dir}: cannot make the plot directory "
                        f"({error.strerror or error})") from None
-    api.probe_directory(out_dir, f"{out_dir}: cannot write the plots there")
+    probe_directory(out_dir, f"{out_dir}: cannot write the plots there")
     written = []
     for name in ("loss.png", "transitions.png"):
         if name in images:
@@ -381,7 +382,7 @@ def _check_plot_directory(out_dir: str, targets) -> None:
     if os.path.exists(out_dir):
         if not os.path.isdir(out_dir):
             raise BadInput(f"{out_dir}: is a file, not a directory for the plots")
-        api.probe_directory(out_dir, f"{out_dir}: cannot write the plots there")
+        probe_directory(out_dir, f"{out_dir}: cannot write the plots there")
     else:
         parent = os.path.dirname(os.path.abspath(out_dir))
         if not os.path.isdir(parent):

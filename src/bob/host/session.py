@@ -1,13 +1,13 @@
 """The host: turns requests into certified plans, runs them, keeps the records.
 
-One invocation = one plan run on one backend:
+One invocation = one plan run on one backend, as its layout says
+(``bob.program.invocation``):
 
-1. build the plan for (V, P, N, mode) and certify it (refusing it otherwise);
-2. load the checkpoint (parameters, both moments) and the input payload into
-   the arena;
-3. write each update's AdamW scalars (global step t = checkpoint step + k + 1):
-   into that update's parameter block (seed schedule), or as the rows of the
-   ``adam_scalars`` tensor (fused schedule);
+1. build the plan for (V, P, N, mode, schedule) and certify it (refusing it otherwise);
+2. load the checkpoint's tables and the input payload into the arena, and clear what a
+   request may leave unwritten or adds to;
+3. give each update its AdamW scalars (global step t = checkpoint step + k + 1), written
+   as a tensor's rows or patched into launches: the layout says which;
 4. submit: the forward submissions only (predict) or all of them (train);
 5. read back the result record, the health check's counts (24 bytes: is every
    table still finite?) and the new checkpoint.
@@ -15,13 +15,12 @@ One invocation = one plan run on one backend:
 Resident state: the session remembers which checkpoint each arena holds (the
 one its last invocation produced there, by identity). An invocation from
 exactly that checkpoint skips step 2's tables: it writes the input only when
-the record changed, and clears the training loss and the health counts.
+the record changed, and clears only what the layout clears for a resident arena.
 
 Long training runs as several invocations, a checkpoint after each, as a
 pipeline (`train`): invocation k's tables are read back while invocation k+1
-runs (``Backend.begin_read``: on CUDA, a device snapshot copied out on a second
-stream), and the caller's `after_invocation` (the API saves the checkpoint on a
-background writer) runs meanwhile.
+runs (``Backend.begin_read``), and the caller's `after_invocation` (the training
+driver saves the checkpoint on a background writer) runs meanwhile.
 """
 
 from __future__ import annotations
@@ -37,19 +36,11 @@ import numpy as np
 
 from bob.backends import Backend, BackendChoice
 from bob.backends.base import ReadHandle
-from bob.config import CHECKPOINT_TENSORS
 from bob.errors import NonFiniteLoss
 from bob.plan.certificate import require_certified
 from bob.plan.model import Plan
-from bob.program.bob import (
-    ADAM_SCALAR_NAMES,
-    ADAM_SCALARS_TENSOR,
-    HEALTH_TENSOR,
-    BobConfig,
-    Hyper,
-    adam_scalar_table,
-    build_plan,
-)
+from bob.program.bob import BobConfig, Hyper, adam_scalar_table, build_plan
+from bob.program.invocation import ScalarRows, invocation_layout, plan_config
 from bob.records.binary import InputRecord, ResultRecord
 from bob.records.checkpoint import Checkpoint
 
@@ -66,10 +57,10 @@ class Invocation:
     loss: float  # the objective after the last update (the initial loss when predicting)
 
 
-RESULT_TENSORS = ("initial_loss", "training_loss", "logit_rows", "predictions")
 # AdamW rows computed at once for a training run's coming invocations: NumPy's per-call
 # costs spread over several invocations' rows (larger tables leave the caches).
 SCALAR_ROWS_AHEAD = 4096
+CACHED_ZEROS_BYTES = 1 << 20  # zeros kept for reuse up to this size: never a table's
 
 
 def _bytes_view(array: np.ndarray) -> np.ndarray:
@@ -212,10 +203,11 @@ class Session:
         arena = self._arenas[config]
         held = arena.checkpoint if resident else None
         arena.step = arena.checkpoint = None  # in flux until the invocation settles
-        if resident:  # the input where it changed, cleared counters and the scalars: one batch
-            backend.write_tensors([*self.input_writes(backend, record, unless=arena.record),
-                                   *self.update_scalar_writes(config, backend, first_step + 1,
-                                                              ahead)])
+        if resident:  # the input where it changed, the scalars and the clears: one batch
+            layout = invocation_layout(config)
+            changed = [] if record is arena.record else [(layout.input, record.payload())]
+            self._write_and_clear(backend, [*changed, *self.update_scalar_writes(
+                config, backend, first_step + 1, ahead)], layout.cleared_when_resident)
         else:
             arena.record = None
             self.load(backend, start, record)
@@ -233,10 +225,8 @@ class Session:
     def read_after(self, running: Running) -> ReadHandle:
         """Queue the read of all that settling `running` needs (the result record, the
         health counts, the tables when it trained): later submissions do not change it."""
-        names = RESULT_TENSORS
-        if running.operation == "train" and running.config.updates:
-            names += (HEALTH_TENSOR, *CHECKPOINT_TENSORS)
-        return running.backend.begin_read(names)
+        layout = invocation_layout(running.config)
+        return running.backend.begin_read(layout.reads(_trains(running)))
 
     def abandon(self, running: Running) -> None:
         """`running` will not be settled (an earlier invocation failed): let it finish and
@@ -251,21 +241,22 @@ class Session:
         """Wait for the read of `running` (`read_after`, queued now if not given): the
         result record, the loss and the health counts checked, the tables with it."""
         config = running.config
+        layout = invocation_layout(config)
         got = (read or self.read_after(running)).wait()
         result = ResultRecord.from_arena(
-            config.mode, config.vocab, **{name: got[name] for name in RESULT_TENSORS})
+            config.mode, config.vocab, **{name: got[name] for name in layout.results})
         initial = result.initial_objective
         if running.arena.pending is running:
             running.arena.pending = None
-        if running.operation == "predict" or config.updates == 0:
+        if not _trains(running):
             return Settled(running, result, initial, initial)
         final = result.training_objective
         step = running.first_step + config.updates
         _require_finite_loss(initial, final, step)
-        require_finite_counts(got[HEALTH_TENSOR], step)
+        require_finite_counts(got[layout.health], step)
         if running.arena.step is None and running.arena.pending is None:
             running.arena.step = step  # nothing started after it: the arena holds its state
-        tables = ReadHandle({name: got[name] for name in CHECKPOINT_TENSORS})
+        tables = ReadHandle({name: got[name] for name in layout.checkpoint})
         return Settled(running, result, initial, final, tables)
 
     def finish(self, settled: Settled) -> Invocation:
@@ -295,24 +286,23 @@ class Session:
 
     def update_scalar_writes(self, config: BobConfig, backend: Backend, first_step: int,
                              ahead: int = 0) -> list[tuple[str, bytes]]:
-        """The fused schedule's AdamW table, as the write to make; the seed schedule's rows
-        are patched into each update's AdamW parameter block here, and nothing is left to
-        write. `ahead`: updates of later invocations whose rows may be computed now."""
-        if config.updates == 0:
+        """The AdamW table where the layout puts it: as the write of a tensor's rows, left
+        to the caller; or patched into the launches here, leaving nothing to write.
+        `ahead`: updates of later invocations whose rows may be computed now."""
+        scalars = invocation_layout(config).adam_scalars
+        if scalars is None:
             return []
         table = self._adam_rows(first_step, config.updates, ahead)
-        if config.schedule == "fused":
-            return [(ADAM_SCALARS_TENSOR, table.tobytes())]
-        # The same table, its rows patched into each update's AdamW parameter block at once.
-        launches = [config.adamw_launch(k) for k in range(config.updates)]
-        bits = table.view(np.uint32)[:, :len(ADAM_SCALAR_NAMES)]
-        backend.set_scalars_many(launches, ADAM_SCALAR_NAMES, bits)
+        if isinstance(scalars, ScalarRows):
+            return [(scalars.tensor, table.tobytes())]
+        bits = table.view(np.uint32)[:, :len(scalars.names)]
+        backend.set_scalars_many(scalars.launches, scalars.names, bits)
         return []
 
     def _adam_rows(self, first_step: int, updates: int, ahead: int) -> np.ndarray:
         """adam_scalar_table(hyper, first_step, updates): rows computed ahead before, or
         computed now with up to SCALAR_ROWS_AHEAD rows of the `ahead` updates after them
-        (an invocation's thousand rows cost about 60% more per row than four thousand)."""
+        (fewer, larger NumPy calls cost less per row)."""
         if self._scalar_rows is not None:
             start, rows = self._scalar_rows
             if start <= first_step and first_step + updates <= start + len(rows):
@@ -324,27 +314,20 @@ class Session:
 
     @staticmethod
     def load(backend: Backend, checkpoint: Checkpoint, record: InputRecord) -> None:
-        for name in CHECKPOINT_TENSORS:
+        """The checkpoint's tables and the input into the arena, and the tensors a load
+        clears zeroed (the layout of the backend's plan)."""
+        layout = invocation_layout(plan_config(backend.plan))
+        for name in layout.checkpoint:
             backend.write_tensor(name, _bytes_view(getattr(checkpoint, name)))
-        backend.write_tensor("input", record.payload())
-        # Not every request writes every block: clear what could be stale.
-        # health is added to, never overwritten, by the health check (atomics on a GPU).
-        for name in ("gradients", "training_loss", HEALTH_TENSOR):
-            backend.write_tensor(name, bytes(backend.plan.tensor(name).bytes))
+        backend.write_tensor(layout.input, record.payload())
+        Session._write_and_clear(backend, [], layout.cleared_on_load)
 
     @staticmethod
-    def input_writes(backend: Backend, record: InputRecord, unless: InputRecord | None,
-                     ) -> list[tuple[str, bytes]]:
-        """What an arena that holds the tables needs written: the input unless it is
-        `unless`, the training loss and the health counts as zeros (health is added to).
-
-        Launch 0 (the initial loss) writes every gradient of every request, so a
-        resident arena's gradients need no clearing; a forward request does not
-        write the training loss.
-        """
-        writes = [] if record is unless else [("input", record.payload())]
-        return writes + [(name, _zeros(backend.plan.tensor(name).bytes))
-                         for name in ("training_loss", HEALTH_TENSOR)]
+    def _write_and_clear(backend: Backend, writes: list[tuple[str, bytes]],
+                         cleared: tuple[str, ...]) -> None:
+        """`writes`, then every tensor of `cleared` zeroed whole: one batch."""
+        backend.write_tensors([*writes, *((name, _zeros(backend.plan.tensor(name).bytes))
+                                          for name in cleared)])
 
     def collect(self, config: BobConfig, backend: Backend, checkpoint: Checkpoint,
                 operation: Operation) -> Invocation:
@@ -353,9 +336,20 @@ class Session:
         return self.finish(self.settle(running))
 
 
-@functools.lru_cache(maxsize=16)
 def _zeros(size: int) -> bytes:
+    """`size` zero bytes: the small ones (a resident invocation's clears) made once, a
+    table's made for the one load that needs them."""
+    return _small_zeros(size) if size <= CACHED_ZEROS_BYTES else bytes(size)
+
+
+@functools.lru_cache(maxsize=16)
+def _small_zeros(size: int) -> bytes:
     return bytes(size)
+
+
+def _trains(running: Running) -> bool:
+    """Whether `running` made updates (and so has health counts and tables to read)."""
+    return running.operation == "train" and running.config.updates > 0
 
 
 def _table(data: np.ndarray, vocab: int) -> np.ndarray:

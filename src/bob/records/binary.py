@@ -29,7 +29,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from bob.config import MAX_PROMPTS, MAX_VOCAB, MIN_VOCAB, MODES, Mode
+from bob.config import MAX_PROMPTS, MAX_VOCAB, MIN_VOCAB, MODES, RESULT_TENSORS, Mode
 from bob.errors import BadInput
 from bob.files import StrPath, atomic_write, read_bytes
 
@@ -44,8 +44,6 @@ F32 = np.dtype("<f4")
 # C/N rounded to binary32 is within 2**-24 of C/N, so exact weights sum to
 # within 6e-8 of 1; the slack admits weights normalized in float32 elsewhere.
 WEIGHT_SUM_TOLERANCE = 1e-5
-
-RESULT_TENSORS = ("initial_loss", "training_loss", "logit_rows", "predictions")
 
 
 # -- helpers shared with the checkpoint ----------------------------------------

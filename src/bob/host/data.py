@@ -1,0 +1,214 @@
+"""Training and evaluation data: where it comes from, counted into input records.
+
+    >>> from bob.host import data
+    >>> data.count(data.CorpusSpec(texts=("corpus/",)), "corpus.counts")  # bob count
+    >>> data.training_data(["notes.txt"]).record  # the corpus-mode input record
+
+Corpus data reaches the device through its V x V transition counts: text files, token
+files or a counts file (`CorpusSpec`) are counted by the streamed engine
+(``bob.records.counting``, or a Dask cluster) and become the weights of an input record.
+A hard-target input record is read as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from bob.config import MAX_VOCAB
+from bob.errors import BadInput
+from bob.records import corpus, counting, sources
+from bob.records.binary import InputRecord
+from bob.records.countsfile import CountsFile, table_weights
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    record: InputRecord
+    counts: np.ndarray | None  # corpus mode: transition counts
+    description: str
+    known_optimum: float | None = None  # from a counts file or the counting engine
+
+    @property
+    def optimum(self) -> float | None:
+        if self.known_optimum is not None:
+            return self.known_optimum
+        return None if self.counts is None else corpus.optimum(self.counts)
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """Where corpus-mode data comes from: text files, token files, or a counts file."""
+
+    texts: tuple[str, ...] = ()  # files, directories, globs, URLs, "-"
+    tokens: tuple[str, ...] = ()  # token files (raw uint16/uint32 or .npy)
+    counts: str | None = None  # a counts file written by `bob count`
+    vocab: int | None = None  # V of token files (texts: 256 unless given)
+    token_dtype: str = "uint16"
+
+    @property
+    def given(self) -> bool:
+        return bool(self.texts or self.tokens or self.counts)
+
+
+def count_corpus(spec: CorpusSpec, workers: int | None = None,
+                 progress: counting.Progress | None = None, dask: str | None = None,
+                 dask_workers: int = 2) -> CountsFile:
+    """Count the spec's inputs (or load its counts file): counts, sources, digest, optimum.
+
+    `dask` None counts here on all cores; "local" on a LocalCluster; else the
+    scheduler at that address.
+    """
+    kinds = sum(1 for part in (spec.texts, spec.tokens, spec.counts) if part)
+    if kinds != 1:
+        raise BadInput("give one kind of data: text inputs, --tokens files or --counts")
+    if spec.counts:
+        loaded = CountsFile.load(spec.counts)
+        if spec.vocab is not None and spec.vocab != loaded.vocab:
+            raise BadInput(f"{spec.counts}: V={loaded.vocab}, not --vocab {spec.vocab}")
+        return loaded
+    if spec.tokens and spec.vocab is None:
+        raise BadInput("--tokens needs --vocab V (the tokenizer's vocabulary size)")
+    vocab = spec.vocab if spec.vocab is not None else corpus.BYTE_VOCAB
+    found = sources.resolve(spec.texts or spec.tokens,
+                            spec.token_dtype if spec.tokens else None)
+    seen = [0]  # bytes counted: standard input's size is known only afterwards
+
+    def tracking(done: int) -> None:
+        seen[0] += done
+        if progress is not None:
+            progress(done)
+
+    if dask is None:
+        counts = counting.count_sources(found, vocab, workers, progress=tracking)
+    else:
+        from bob.records.dask_count import count_on_dask
+        counts = count_on_dask(found, vocab, None if dask == "local" else dask,
+                               workers=dask_workers, progress=tracking)
+    stdin_bytes = seen[0] - sum(s.tokens * s.itemsize for s in found if not s.is_stdin)
+    return CountsFile.of(counts, [(s.name, stdin_bytes if s.is_stdin else s.size)
+                                  for s in found])
+
+
+def corpus_record(counted: CountsFile, description: str) -> InputRecord:
+    """The corpus-mode input record of counts the device table can hold."""
+    if counted.vocab > MAX_VOCAB:
+        raise BadInput(f"{description}: V={counted.vocab} is above the largest table Bob "
+                       f"trains (V={MAX_VOCAB})")
+    return InputRecord.corpus(table_weights(counted.counts), (), source=description)
+
+
+def require_one_source(texts: Sequence[str] | None, input_record: str | None,
+                       spec: CorpusSpec | None) -> None:
+    """BadInput when the training data is given two ways (texts or a corpus spec, and an
+    input record)."""
+    if spec is not None and spec.given:
+        if input_record is not None or texts:
+            raise BadInput("give either --text files or an --input record, not both")
+    elif input_record is not None and texts:
+        raise BadInput("give either texts or an input_record, not both")
+
+
+def training_data(texts: Sequence[str] | None = None, input_record: str | None = None,
+                  spec: CorpusSpec | None = None,
+                  admit: Callable[[int], None] | None = None) -> TrainingData:
+    """The training data: text files (corpus mode), an input record, or the built-in corpus.
+
+    `admit(V)` runs once V is known from counts, before their V x V weights are built
+    (10 GiB at V = 50257): a refusal there costs nothing.
+    """
+    require_one_source(texts, input_record, spec)
+    admit = admit or (lambda vocab: None)
+    if spec is not None and spec.given:
+        if spec.vocab is not None:
+            admit(spec.vocab)  # token files: refused before they are counted
+        counted = count_corpus(spec)
+        admit(counted.vocab)
+        record = corpus_record(counted, counted.name)
+        return TrainingData(record, None, counted.name, known_optimum=counted.optimum)
+    if input_record is not None:
+        record = InputRecord.read(input_record)
+        return TrainingData(replace_prompts(record, ()), None, input_record)
+    if texts:
+        # The streamed, parallel engine: directories, globs and URLs work here too.
+        counted = count_corpus(CorpusSpec(texts=tuple(texts)))
+        admit(counted.vocab)
+        name = ", ".join("stdin" if t == sources.STDIN else t for t in texts)
+        record = corpus_record(counted, name)
+        return TrainingData(record, None, name, known_optimum=counted.optimum)
+    counts = corpus.counts_from_bytes(corpus.builtin_corpus(), "the built-in corpus")
+    description = "the built-in corpus (CPython's pydoc topics)"
+    record = InputRecord.corpus(corpus.weights(counts), (), source=description)
+    return TrainingData(record, counts, description)
+
+
+def validation_record(spec: CorpusSpec | None, vocab: int) -> InputRecord | None:
+    """The validation data's corpus record (--val, --val-tokens, --val-counts), or None."""
+    if spec is None or not spec.given:
+        return None
+    counted = count_corpus(replace(spec, vocab=spec.vocab or (None if spec.counts else vocab)))
+    if counted.vocab != vocab:
+        raise BadInput(f"{counted.name}: validation data has V={counted.vocab}, the model "
+                       f"V={vocab}")
+    return corpus_record(counted, counted.name)
+
+
+def replace_prompts(record: InputRecord, prompts: Sequence[int]) -> InputRecord:
+    prompts_array = np.asarray(prompts, dtype=np.uint32)
+    if record.mode == "hard":
+        return InputRecord(mode="hard", vocab=record.vocab, targets=record.targets,
+                           prompts=prompts_array, source=record.source)
+    return InputRecord(mode="corpus", vocab=record.vocab, weights=record.weights,
+                       prompts=prompts_array, source=record.source)
+
+
+@dataclass(frozen=True)
+class CountReport:
+    out: str
+    vocab: int
+    sparse: bool
+    files: int
+    bytes: int
+    transitions: int
+    optimum: float
+    digest: str
+    seconds: float
+    where: str  # "this machine (N processes)" or the Dask cluster
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else float("inf")
+
+    def to_json(self) -> dict:
+        return {"counts": self.out, "vocab": self.vocab,
+                "layout": "sparse" if self.sparse else "dense", "files": self.files,
+                "bytes": self.bytes, "transitions": self.transitions,
+                "optimum": self.optimum, "digest": self.digest, "seconds": self.seconds,
+                "bytes_per_second": self.bytes_per_second, "where": self.where}
+
+
+def count(spec: CorpusSpec, out: str, overwrite: bool = False, workers: int | None = None,
+          dask: str | None = None, dask_workers: int = 2,
+          progress: counting.Progress | None = None) -> CountReport:
+    """Count a corpus into a counts file (`bob count`)."""
+    if spec.counts:
+        raise BadInput("bob count reads text or token files, not a counts file")
+    if os.path.exists(out) and not overwrite:
+        raise BadInput(f"{out}: exists; pass --overwrite to replace it")
+    if workers is not None and workers < 1:
+        raise BadInput(f"--workers must be >= 1, not {workers}")
+    begun = time.perf_counter()
+    counted = count_corpus(spec, workers, progress, dask, dask_workers)
+    seconds = time.perf_counter() - begun
+    counted.save(out)
+    if dask is None:
+        where = f"this machine ({workers or counting.default_workers()} processes at most)"
+    else:
+        where = f"Dask LocalCluster ({dask_workers} workers)" if dask == "local" else dask
+    return CountReport(out, counted.vocab, counted.counts.is_sparse, len(counted.sources),
+                       sum(size for _, size in counted.sources), counted.transitions,
+                       counted.optimum, counted.digest, seconds, where)

@@ -1,0 +1,139 @@
+"""One TrainRequest: api.train's keywords as fields, checked once when it is made, and
+passed whole from the command line to the training driver."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from bob.cli.main import main
+from bob.config import ARENA_KINDS, AUTO_SUBMISSION, DEFAULT_TARGET, Hyper
+from bob.errors import BadInput
+from bob.host import api, training
+from bob.host.data import CorpusSpec
+from bob.host.training import TrainRequest
+
+# api.train's keywords before it took a TrainRequest: name and default, in their order.
+TRAIN_KEYWORDS = (
+    ("texts", None), ("steps", 1000), ("checkpoint", "bob.safetensors"), ("resume", False),
+    ("backend", "auto"), ("hyper", None), ("updates_per_invocation", 100),
+    ("input_record", None), ("overwrite", False), ("arch", DEFAULT_TARGET),
+    ("arena", ARENA_KINDS[0]), ("result_path", None), ("schedule", "seed"),
+    ("hyper_changes", None), ("new_data", False), ("data_spec", None), ("val_spec", None),
+    ("submission", AUTO_SUBMISSION),
+)
+
+
+def listing(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_the_request_has_every_keyword_of_train_with_its_default():
+    assert [(f.name, f.default) for f in dataclasses.fields(TrainRequest)] == \
+        list(TRAIN_KEYWORDS)
+
+
+# Every refusal api.train made before any work, with its message: (fields, message);
+# "{dir}" is the test's directory.
+REFUSALS = [
+    ({"steps": -1}, "steps must be >= 0, not -1"),
+    ({"updates_per_invocation": 0}, "updates_per_invocation must be at least 1, not 0"),
+    ({"schedule": "turbo"}, "schedule must be one of seed, fused, not 'turbo'"),
+    ({"submission": "batched"},
+     "submission must be one of auto, per-launch, chained, not 'batched'"),
+    ({"new_data": True},
+     "--new-data continues a checkpoint on other data: it needs --resume"),
+    ({"hyper_changes": {"momentum": 0.5}},
+     "unknown hyperparameter 'momentum'; Bob's are lr, beta1, beta2, eps, weight_decay"),
+    ({"checkpoint": "{dir}/missing/m.safetensors"},
+     "{dir}/missing/m.safetensors: directory {dir}/missing does not exist (the checkpoint "
+     "goes there)"),
+    ({"checkpoint": "{dir}"}, "{dir}: is a directory, not a checkpoint file"),
+    ({"checkpoint": "/proc/m.safetensors"},
+     "/proc/m.safetensors: cannot write the checkpoint in /proc (No such file or directory)"),
+    ({"result_path": "{dir}/missing/r.bin"},
+     "{dir}/missing/r.bin: directory {dir}/missing does not exist (the result record goes "
+     "there)"),
+    ({"result_path": "{dir}"}, "{dir}: is a directory, not a result record file"),
+    ({"texts": ["a.txt"], "input_record": "b.bob"},
+     "give either texts or an input_record, not both"),
+    ({"data_spec": CorpusSpec(counts="c.counts"), "input_record": "b.bob"},
+     "give either --text files or an --input record, not both"),
+    ({"data_spec": CorpusSpec(counts="c.counts"), "texts": ["a.txt"]},
+     "give either --text files or an --input record, not both"),
+]
+
+
+def _filled(fields: dict, directory: Path) -> dict:
+    return {name: value.replace("{dir}", str(directory)) if isinstance(value, str) else value
+            for name, value in fields.items()}
+
+
+@pytest.mark.parametrize(("fields", "message"), REFUSALS)
+def test_each_refusal_comes_from_the_request_and_from_train_with_nothing_written(
+        tmp_path: Path, fields: dict, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    fields = {"checkpoint": str(tmp_path / "m.safetensors"), "backend": "cpu",
+              **_filled(fields, tmp_path)}
+    expected = message.replace("{dir}", str(tmp_path))
+    with pytest.raises(BadInput) as made:
+        TrainRequest(**fields)
+    assert str(made.value) == expected
+    with pytest.raises(BadInput) as trained:
+        api.train(**fields)
+    assert str(trained.value) == expected
+    assert listing(tmp_path) == []
+
+
+def test_the_request_keeps_its_own_copies():
+    texts, changes = ["a.txt", "b.txt"], {"lr": 0.5}
+    request = TrainRequest(texts=texts, hyper_changes=changes, steps=0)
+    texts.append("c.txt")
+    changes["lr"] = 1.0
+    assert request.texts == ("a.txt", "b.txt") and request.hyper_changes == {"lr": 0.5}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.steps = 5  # type: ignore[misc]
+
+
+def test_train_builds_the_request_of_its_keywords(monkeypatch: pytest.MonkeyPatch):
+    given = []
+    monkeypatch.setattr(api, "run_training",
+                        lambda request, progress=None: given.append((request, progress)))
+    progress = print
+    api.train(["a.txt"], steps=0, backend="cpu", hyper=Hyper(lr=0.2), progress=progress)
+    assert given == [(TrainRequest(texts=("a.txt",), steps=0, backend="cpu",
+                                   hyper=Hyper(lr=0.2)), progress)]
+    with pytest.raises(TypeError, match="turbo"):
+        api.train(steps=0, turbo=True)
+
+
+def test_the_cli_passes_one_request_whole_to_the_driver(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    given = []
+
+    def driver(request, progress=None):
+        given.append(request)
+        raise BadInput("stopped here")
+
+    monkeypatch.setattr(api, "run_training", driver)
+    (tmp_path / "a.txt").write_bytes(b"abc")
+    checkpoint = str(tmp_path / "m.safetensors")
+    status = main(["train", "--text", str(tmp_path / "a.txt"), "--steps", "7", "-N", "3",
+                   "-c", checkpoint, "--backend", "cpu", "--schedule", "fused", "--lr",
+                   "0.05", "--val-counts", str(tmp_path / "v.counts")])
+    assert status == 2
+    assert given == [TrainRequest(
+        texts=(str(tmp_path / "a.txt"),), steps=7, checkpoint=checkpoint, backend="cpu",
+        updates_per_invocation=3, schedule="fused", hyper_changes={"lr": 0.05},
+        val_spec=CorpusSpec(counts=str(tmp_path / "v.counts")))]
+
+
+def test_the_driver_runs_a_request(tmp_path: Path):
+    request = TrainRequest(steps=6, updates_per_invocation=4, backend="cpu",
+                           checkpoint=str(tmp_path / "m.safetensors"))
+    report = training.run_training(request)
+    assert (report.steps, report.global_step, report.written) == (6, 6, (request.checkpoint,))
+    again = training.run_training(dataclasses.replace(request, resume=True, steps=2))
+    assert again.global_step == 8 and again.history[-1][0] == 8
