@@ -478,11 +478,16 @@ def test_the_executable_ends_at_once_with_its_output_whole_and_its_status(tmp_pa
 
 def test_the_executable_exits_at_once_only_when_nothing_else_runs():
     """A thread still running (a library's, a worker's) gets the interpreter's own exit,
-    which waits for it: its last words are printed."""
+    which waits for it: its last words are printed. The worker runs until the main thread
+    has ended, so it is still running when the command returns, however slow the imports."""
     code = ("import threading, time\n"
             "from bob.cli.executable import entry, nothing_left_running\n"
             "print(nothing_left_running(), flush=True)\n"
-            "worker = threading.Thread(target=lambda: (time.sleep(0.5), print('worker done')))\n"
+            "def work():\n"
+            "    while threading.main_thread().is_alive():\n"
+            "        time.sleep(0.01)\n"
+            "    print('worker done')\n"
+            "worker = threading.Thread(target=work)\n"
             "worker.start()\n"
             "print(nothing_left_running(), flush=True)\n"
             "entry(['--version'])\n")
