@@ -242,7 +242,8 @@ class Target:
     max_grid: tuple[int, int, int] = ((1 << 31) - 1, 65535, 65535)  # blocks along x, y, z
     # Static shared memory alone stops at 48 KiB; a block may opt in to more, up to this.
     max_shared_bytes_per_block: int = 48 * 1024
-    # Streaming multiprocessors: a grid of one block per SM keeps each busy with one block.
+    # Streaming multiprocessors of the part the target stands for (for_device: of one
+    # device): a program sizes a grid of one block per SM by it.
     multiprocessors: int = field(kw_only=True)
     max_registers_per_thread: int = 255
     registers_per_block: int = 65536
