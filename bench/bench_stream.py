@@ -87,6 +87,7 @@ class StreamRun:
     update: float  # seconds one more update adds: (T(LONG) - T(SHORT)) / (LONG - SHORT)
     digest: str  # of DIGEST_TENSORS after the long invocation's runs
     launches: int  # of the long invocation
+    region: str  # its fused region
 
     def line(self, name: str, copy: float | None) -> str:
         vocab = self.config.vocab
@@ -95,7 +96,7 @@ class StreamRun:
         return (f"V={vocab} {self.config.mode} {name}: {self.update * 1e3:.3f} ms per update "
                 f"({rate / 1e9:.0f} GB/s at {BYTES_PER_PARAMETER} B/parameter{share}); "
                 f"invocation of N={self.config.updates} {self.invocation * 1e3:.3f} ms/update, "
-                f"{self.launches} launches of {self.config.fused_region}; state {self.digest}")
+                f"{self.launches} launches of {self.region}; state {self.digest}")
 
 
 def time_invocation(choice: BackendChoice, config: BobConfig,
@@ -121,7 +122,8 @@ def run_stream(choice: BackendChoice, config: BobConfig, digest: bool = False) -
     short, _, _ = time_invocation(choice, fused(config.vocab, config.mode, SHORT), False)
     long, state, launches = time_invocation(choice, config, digest)
     return StreamRun(config, long / config.updates,
-                     (long - short) / (config.updates - SHORT), state, launches)
+                     (long - short) / (config.updates - SHORT), state, launches,
+                     config.fused_region(choice.target))
 
 
 def digest_only(choice: BackendChoice, config: BobConfig) -> str:
@@ -137,16 +139,16 @@ def fused(vocab: int, mode: Mode = "hard", updates: int = LONG) -> BobConfig:
 def with_kernels(kernels: str):
     """The plan picks the held kernels (from V = 4097, any V % 4 == 0) or the stream ones
     past the tall kernels' rows, inside the block."""
-    held_from, held_to = program.HELD_FROM_VOCAB, program.HELD_TO_VOCAB
+    held_from, held_to = program.HELD_FROM_VOCAB, program.held_to_vocab
     if kernels == "stream":
         program.HELD_FROM_VOCAB = program.MAX_VOCAB + 1
     else:
         program.HELD_FROM_VOCAB = 4097
-        program.HELD_TO_VOCAB = {"hard": program.MAX_VOCAB, "corpus": program.MAX_VOCAB}
+        program.held_to_vocab = lambda mode, target: program.MAX_VOCAB
     try:
         yield
     finally:
-        program.HELD_FROM_VOCAB, program.HELD_TO_VOCAB = held_from, held_to
+        program.HELD_FROM_VOCAB, program.held_to_vocab = held_from, held_to
 
 
 def bench_variants(copy: float | None) -> None:
@@ -162,7 +164,8 @@ def bench_variants(copy: float | None) -> None:
             if choice is not None:
                 with with_kernels(VARIANTS[name][0]):
                     config = fused(vocab, mode, updates)
-                    print(f"V={vocab} {mode} N={updates} {name} ({config.fused_region}): "
+                    print(f"V={vocab} {mode} N={updates} {name} "
+                          f"({config.fused_region(choice.target)}): "
                           f"state {digest_only(choice, config)}", flush=True)
 
 

@@ -126,10 +126,9 @@ def run_tall(choice: BackendChoice, config: BobConfig, timed: bool) -> TallRun:
             seconds = statistics.median(time_runs(run, reset, repeats=3)) / config.updates
         reset()  # the digest of exactly one run from the start
         run()
-        fused = next(launch for launch in plan.launches
-                     if launch.region == config.fused_region)
-        return TallRun(config, seconds, state_digest(backend), config.fused_region,
-                       fused.block.x)
+        region = config.fused_region(choice.target)
+        fused = next(launch for launch in plan.launches if launch.region == region)
+        return TallRun(config, seconds, state_digest(backend), region, fused.block.x)
     finally:
         backend.close()
 

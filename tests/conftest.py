@@ -88,13 +88,15 @@ def listing(directory: Path) -> list[str]:
 # -- plans -----------------------------------------------------------------------------
 
 
-def stand_in_regions(config: BobConfig, **resources: int) -> dict[str, Region]:
-    """Bob's regions with stand-in machine code, distinct in content and length per region.
+def stand_in_regions(config: BobConfig, target: Target = SM86,
+                     **resources: int) -> dict[str, Region]:
+    """Bob's regions for `target` with stand-in machine code, distinct in content and length
+    per region.
 
     Nothing runs the code: it gives each region its own bytes and address, as
     compiled regions have. `resources` (registers, shared_bytes, ...) go to every region.
     """
-    names = [region.name for region in declared_regions(config)]
+    names = [region.name for region in declared_regions(config, target)]
     return {name: sig.declared_region(name, code=bytes([i + 1]) * (96 + 160 * i), **resources)
             for i, name in enumerate(names)}
 
@@ -105,7 +107,7 @@ def bob_plan(prompts: int = 2, updates: int = 3, mode: str = "hard", target: Tar
     """Bob's plan for a small configuration; with stand-in code where `compiled`."""
     config = BobConfig(vocab=vocab, prompts=prompts, updates=updates,
                        mode=mode, schedule=schedule)  # type: ignore[arg-type]
-    regions = stand_in_regions(config, **resources) if compiled else None
+    regions = stand_in_regions(config, target, **resources) if compiled else None
     return build_plan(config, target, compiled=regions)
 
 

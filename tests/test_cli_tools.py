@@ -8,7 +8,7 @@ import pytest
 
 from bob.cli.main import main
 from bob.config import TARGET_NAMES
-from bob.kernels.signatures import catalogue
+from bob.kernels.cuda.regions import catalogue
 from bob.plan.jsonio import loads
 from bob.program.bob import BobConfig, build_plan
 from conftest import needs_nvrtc

@@ -101,8 +101,8 @@ def test_held_launches_of_a_few_updates_each_give_the_seed_bytes(monkeypatch, mo
     monkeypatch.setattr(program, "HELD_UPDATES_PER_LAUNCH", 2)
     config = BobConfig(vocab=68, prompts=1, updates=5, mode=mode)
     fused_config = replace(config, schedule="fused")
-    assert fused_config.fused_region in sig.SHARED_REST
-    assert fused_config.training_launches == 3 + 1
+    assert fused_config.fused_region(SM86) in sig.SHARED_REST
+    assert fused_config.training_launches(SM86) == 3 + 1
     assert_same_arenas(run_schedule(config, 7), run_schedule(fused_config, 7))
 
 
@@ -129,9 +129,10 @@ def test_figures_follow_the_documented_formulas(vocab, updates, training, prompt
                            schedule="fused")
         plan = build_plan(config, SM90)
         forward = 1 + 2 * prompts
-        assert config.training_launches == training
-        assert plan.launch_count == config.launch_count == forward + training
-        assert plan.submission_count == config.submission_count == forward + training + 2 * prompts
+        assert config.training_launches(SM90) == training
+        assert plan.launch_count == config.launch_count(SM90) == forward + training
+        assert plan.submission_count == config.submission_count(SM90) \
+            == forward + training + 2 * prompts
         assert plan.program_bytes == plan.code_extent + plan.launch_count * 1024
         assert certify(plan).holds, certify(plan).hazards
         seed = build_plan(replace(config, schedule="seed"), SM90)
@@ -177,8 +178,8 @@ def test_the_certificate_catches_a_fused_launch_reaching_too_far(mode):
     config = BobConfig(vocab=1100, prompts=0, updates=2, mode=mode, schedule="fused")
     plan = build_plan(config)
     index = next(i for i, launch in enumerate(plan.launches)
-                 if launch.region == config.fused_region)
-    region = plan.region(config.fused_region)
+                 if launch.region == config.fused_region(plan.target))
+    region = plan.region(config.fused_region(plan.target))
     position = [p.name for p in region.params].index("updates")
     launch = plan.launches[index]
     args = list(launch.args)
@@ -278,7 +279,7 @@ def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
                                  (52228, held if hard else stream, 512 if hard else 256),
                                  (65536, held if hard else stream, 512 if hard else 256)):
         config = BobConfig(vocab=vocab, prompts=0, updates=2, mode=mode, schedule="fused")
-        assert config.fused_region == region, vocab
+        assert config.fused_region(SM90) == region, vocab
         plan = build_plan(config, SM90)
         assert certify(plan).holds, certify(plan).hazards
         fused = [launch for launch in plan.launches if launch.region == region]

@@ -103,7 +103,8 @@ def test_the_streaming_path_still_serves_rows_the_tall_kernels_could(
     float4 quads, V % 4 == 0): the same bytes (the path every such V above 8192 takes)."""
     monkeypatch.setattr(program, "TALL_VOCAB", 4096)
     config = BobConfig(vocab=8192, prompts=1, updates=2, mode=mode)
-    assert config.fused_region in (sig.FUSED_STREAM_HARD, sig.FUSED_STREAM_CORPUS)
+    assert config.fused_region(cuda_choice.target) in (sig.FUSED_STREAM_HARD,
+                                                       sig.FUSED_STREAM_CORPUS)
     train_both(cuda_choice, config, 3)
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from bob.backends import BackendChoice, choose_backend
 from bob.backends.cpu import CpuBackend
-from bob.errors import NonFiniteLoss
+from bob.errors import RunFailure
 from bob.host.check import compare_backends, random_record
 from bob.host.session import Session, require_finite_counts
 from bob.kernels import fast, reference
@@ -143,7 +143,7 @@ def invoke(backend: str, config: BobConfig, checkpoint: Checkpoint):
         error = None
         try:
             session.invoke(config, checkpoint, random_record(config, 2), "train")
-        except NonFiniteLoss as raised:
+        except RunFailure as raised:
             error = str(raised)
         arena = session.last_backend
         assert arena is not None
@@ -196,7 +196,7 @@ def test_a_second_invocation_starts_from_zero_counts():
     checkpoint = poisoned_checkpoint(config, "second_moment", np.float32(np.inf), places=4)
     with Session(choose_backend("cpu")) as session:
         for _ in range(2):
-            with pytest.raises(NonFiniteLoss, match="the table became non-finite by step 2"):
+            with pytest.raises(RunFailure, match="the table became non-finite by step 2"):
                 session.invoke(config, checkpoint, random_record(config, 1), "train")
             health = session.last_backend.read_tensor(HEALTH_TENSOR)
             assert np.frombuffer(health, np.uint64).tolist() == [0, 0, 4]
@@ -205,7 +205,7 @@ def test_a_second_invocation_starts_from_zero_counts():
 def test_the_finiteness_check_is_decided_by_the_health_bytes():
     require_finite_counts(np.array([0, 0, 0], np.uint64).tobytes(), 7)
     for counts in ([1, 0, 0], [0, 2**40, 0], [0, 0, 1]):
-        with pytest.raises(NonFiniteLoss, match=r"^the table became non-finite by step 7; the "
+        with pytest.raises(RunFailure, match=r"^the table became non-finite by step 7; the "
                                                 r"last good checkpoint is kept \(try a smaller "
                                                 r"--lr\)$"):
             require_finite_counts(np.array(counts, np.uint64).tobytes(), 7)
@@ -317,7 +317,7 @@ def gpu_against_cpu(choice: BackendChoice, config: BobConfig) -> None:
             try:
                 session.invoke(config, checkpoint, record, "train")
                 errors.append(None)
-            except NonFiniteLoss as error:
+            except RunFailure as error:
                 errors.append(str(error))
             arenas.append(session)
         try:

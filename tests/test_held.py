@@ -18,6 +18,7 @@ from bob.backends.nv import decoder, encoder
 from bob.backends.nv.sim import NvSimBackend, NvSimError
 from bob.cli.main import main
 from bob.errors import BadInput
+from bob.kernels.cuda.regions import catalogue
 from bob.plan.certificate import certify
 from bob.plan.jsonio import dumps, loads
 from bob.plan.model import Address, Scalar
@@ -25,11 +26,11 @@ from bob.plan.placement import SM86, SM90
 from bob.program.bob import (
     ADAM_SCALAR_STRIDE,
     ADAM_SCALARS_TENSOR,
-    HELD_GRID,
-    HELD_TO_VOCAB,
     HELD_UPDATES_PER_LAUNCH,
+    MAX_VOCAB,
     BobConfig,
     build_plan,
+    held_to_vocab,
 )
 from conftest import stand_in_regions
 
@@ -44,32 +45,67 @@ def compiled(arch: str):
 # -- which rows, which grid -----------------------------------------------------------------
 
 
+def test_the_longest_held_corpus_row_is_what_the_targets_shared_memory_holds_whole():
+    # sm_90: 227 KiB less the kernel's own 22608 bytes, in whole KiB, as floats
+    assert held_to_vocab("corpus", SM90) == (232448 - 22608) // 1024 * 1024 // 4 == 52224
+    assert held_to_vocab("corpus", SM86) == (101376 - 22608) // 1024 * 1024 // 4 == 19456
+    assert held_to_vocab("hard", SM90) == held_to_vocab("hard", SM86) == MAX_VOCAB
+
+
 @pytest.mark.parametrize("vocab, mode, region", [
     (8192, "hard", sig.FUSED_TALL_HARD),  # the tall kernels' last row length
     (8196, "hard", sig.FUSED_HELD_HARD),
     (8196, "corpus", sig.FUSED_HELD_CORPUS),
     (32768, "hard", sig.FUSED_HELD_HARD),
-    (HELD_TO_VOCAB["corpus"], "corpus", sig.FUSED_HELD_CORPUS),  # held whole on an H200
-    (HELD_TO_VOCAB["corpus"] + 4, "corpus", sig.FUSED_STREAM_CORPUS),  # past it, streamed
+    (52224, "corpus", sig.FUSED_HELD_CORPUS),  # held whole in an sm_90 block
+    (52228, "corpus", sig.FUSED_STREAM_CORPUS),  # past it, streamed
     (52228, "hard", sig.FUSED_HELD_HARD),  # hard: held in part, the rest streamed
-    (HELD_TO_VOCAB["hard"], "hard", sig.FUSED_HELD_HARD),  # to MAX_VOCAB
+    (MAX_VOCAB, "hard", sig.FUSED_HELD_HARD),
     (65536, "corpus", sig.FUSED_STREAM_CORPUS),
     (4100, "hard", sig.FUSED_STREAM_HARD),  # below the tall rows: streamed
     (8194, "hard", sig.FUSED_HARD),  # V % 4 != 0: the narrow kernels' scalar path
 ])
 def test_the_plan_gives_rows_past_8192_to_the_held_kernels_while_they_fit(vocab, mode, region):
-    assert BobConfig(vocab=vocab, mode=mode, schedule="fused").fused_region == region
+    assert BobConfig(vocab=vocab, mode=mode, schedule="fused").fused_region(SM90) == region
 
 
-@pytest.mark.parametrize("vocab, grid", [(9216, HELD_GRID), (32768, HELD_GRID)])
-def test_held_launches_take_one_block_per_sm_and_loop_over_rows(vocab, grid):
+@pytest.mark.parametrize("vocab, mode, region", [
+    (19456, "corpus", sig.FUSED_HELD_CORPUS),  # held whole in an sm_86 block
+    (19460, "corpus", sig.FUSED_STREAM_CORPUS),
+    (52224, "corpus", sig.FUSED_STREAM_CORPUS),
+    (52228, "hard", sig.FUSED_HELD_HARD),
+])
+def test_a_target_with_less_shared_memory_holds_shorter_corpus_rows(vocab, mode, region):
+    assert BobConfig(vocab=vocab, mode=mode, schedule="fused").fused_region(SM86) == region
+
+
+@pytest.mark.parametrize("vocab, target, grid", [
+    (9216, SM90, 132), (32768, SM90, 132), (9216, SM86, 84),
+    (9216, SM90.for_device(multiprocessors=114), 114)])
+def test_held_launches_take_one_block_per_sm_and_loop_over_rows(vocab, target, grid):
     config = BobConfig(vocab=vocab, prompts=0, updates=3, schedule="fused")
-    plan = build_plan(config, SM90, compiled=stand_in_regions(config))
+    plan = build_plan(config, target, compiled=stand_in_regions(config, target))
     (held,) = [launch for launch in plan.launches if launch.region == sig.FUSED_HELD_HARD]
     # every update in one launch: a block keeps its row's w for all three
-    assert held.label == "fused[0:3]" and config.updates_per_fused_launch == 3
+    assert held.label == "fused[0:3]" and config.updates_per_fused_launch(target) == 3
     assert (held.grid.x, held.block.x) == (grid, 512)
     assert certify(plan).holds
+
+
+def test_a_devices_own_sm_count_changes_the_held_grid_and_nothing_else():
+    config = BobConfig(vocab=9216, prompts=1, updates=40, schedule="fused")
+    device = SM90.for_device(multiprocessors=78)
+    assert device == replace(SM90, multiprocessors=78) and device.name == SM90.name
+    assert SM90.for_device(multiprocessors=SM90.multiprocessors) == SM90
+    ours, theirs = build_plan(config, SM90), build_plan(config, device)
+    changed = [i for i, (a, b) in enumerate(zip(ours.launches, theirs.launches, strict=True))
+               if a != b]
+    assert changed and all(ours.launches[i].region == sig.FUSED_HELD_HARD for i in changed)
+    assert all(replace(theirs.launches[i], grid=ours.launches[i].grid) == ours.launches[i]
+               for i in changed)
+    assert dumps(replace(theirs, target=SM90, launches=ours.launches)) == dumps(ours)
+    with pytest.raises(ValueError, match="at least one SM"):
+        SM90.for_device(multiprocessors=0)
 
 
 @pytest.mark.parametrize("updates, counts", [
@@ -93,8 +129,8 @@ def test_a_held_launch_runs_at_most_32_updates_and_the_last_the_rest(updates, co
         assert args["updates"] == Scalar.u32(count)
         assert args["finish"] == Scalar.u32(int(first + count == updates))
         assert args["adam_scalars"] == Address(scalars + 4 * ADAM_SCALAR_STRIDE * first)
-    assert config.training_launches == len(counts) + 1  # and the health check
-    assert plan.launch_count == config.launch_count
+    assert config.training_launches(SM90) == len(counts) + 1  # and the health check
+    assert plan.launch_count == config.launch_count(SM90)
     assert certify(plan).holds
 
 
@@ -103,9 +139,9 @@ def test_rows_past_8192_the_held_kernels_do_not_take_get_a_launch_per_update(voc
     """Streamed rows (corpus past what shared memory holds; V % 4 != 0) keep no part of
     the row from one update to the next, so each update is a launch of its own."""
     config = BobConfig(vocab=vocab, prompts=0, updates=3, mode=mode, schedule="fused")
-    assert config.fused_region not in sig.SHARED_REST
-    assert config.updates_per_fused_launch == 1
-    assert config.training_launches == 3 + 1  # and the health check
+    assert config.fused_region(SM90) not in sig.SHARED_REST
+    assert config.updates_per_fused_launch(SM90) == 1
+    assert config.training_launches(SM90) == 3 + 1  # and the health check
 
 
 # -- the region: its dynamic shared memory -------------------------------------------------
@@ -123,6 +159,12 @@ def test_a_held_region_asks_for_the_shared_memory_its_target_leaves(arch, target
             <= target.max_shared_bytes_per_block
         if arch == "sm_90":  # a row of 32768 floats held whole (52224 with NVRTC 13.x)
             assert region.dynamic_shared_bytes // 4 >= 32768
+            # what the program sizes corpus rows by before any image exists
+            assert region.shared_bytes == sig.HELD_STATIC_SHARED_BYTES
+            assert region.dynamic_shared_bytes // 4 == held_to_vocab("corpus", target)
+        else:  # sm_86 images leave the reserved KiB out: the program's figure is above theirs
+            assert region.shared_bytes <= sig.HELD_STATIC_SHARED_BYTES
+            assert region.dynamic_shared_bytes // 4 >= held_to_vocab("corpus", target)
     assert all(regions[name].dynamic_shared_bytes == 0
                for name in regions if name not in sig.SHARED_REST)
 
@@ -179,15 +221,15 @@ def test_a_plan_file_without_code_is_checked_against_the_signature():
     data = json.loads(dumps(plan))
     index = next(i for i, r in enumerate(data["regions"]) if r["name"] == sig.FUSED_HELD_HARD)
     assert data["regions"][index]["dynamic_shared_bytes"] == 0
-    assert loads(json.dumps(data), regions=sig.catalogue()) == plan
+    assert loads(json.dumps(data), regions=catalogue()) == plan
     data["regions"][index]["dynamic_shared_bytes"] = 65536
     with pytest.raises(BadInput, match=rf"regions\[{index}\]: region 'bob-fused-train-held' "
                                        "differs from Bob's own: dynamic_shared_bytes is 65536 "
                                        "in the plan, 0 in Bob's signature"):
-        loads(json.dumps(data), regions=sig.catalogue())
+        loads(json.dumps(data), regions=catalogue())
     for region in data["regions"]:
         region.pop("dynamic_shared_bytes")  # files from before the field: none asked for
-    assert loads(json.dumps(data), regions=sig.catalogue()) == plan
+    assert loads(json.dumps(data), regions=catalogue()) == plan
 
 
 # -- Bob's own stream ---------------------------------------------------------------------

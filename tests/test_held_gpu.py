@@ -70,8 +70,9 @@ def test_the_held_kernels_equal_the_seed_on_the_cpu(monkeypatch: pytest.MonkeyPa
                                                     steps: int, per_invocation: int) -> None:
     monkeypatch.setattr(program, "HELD_FROM_VOCAB", 4097)
     config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
-    assert config.fused_region in (sig.FUSED_HELD_HARD, sig.FUSED_HELD_CORPUS)
-    train_both(variant_choice(SHAPES[shape]), config, steps)
+    choice = variant_choice(SHAPES[shape])
+    assert config.fused_region(choice.target) in (sig.FUSED_HELD_HARD, sig.FUSED_HELD_CORPUS)
+    train_both(choice, config, steps)
 
 
 @gpu
@@ -118,5 +119,6 @@ def test_an_invocation_of_several_held_launches_equals_the_seed_on_the_cpu(
     launches of 2, 2 and 1: w goes back to memory between them, the last finishes."""
     monkeypatch.setattr(program, "HELD_UPDATES_PER_LAUNCH", 2)
     config = BobConfig(vocab=9000, prompts=1, updates=5, mode=mode)
-    assert replace(config, schedule="fused").training_launches == 3 + 1
-    train_both(variant_choice(""), config, 5)
+    choice = variant_choice("")
+    assert replace(config, schedule="fused").training_launches(choice.target) == 3 + 1
+    train_both(choice, config, 5)

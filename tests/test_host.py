@@ -16,7 +16,7 @@ from bob.config import Hyper
 from bob.host import api
 from bob.host.check import random_record
 from bob.host.session import Session, split_updates, train
-from bob.kernels.signatures import catalogue
+from bob.kernels.cuda.regions import catalogue
 from bob.plan.certificate import CertificateError
 from bob.plan.jsonio import plan_from_json, plan_to_json
 from bob.program.bob import BobConfig, build_plan

@@ -27,6 +27,7 @@ from bob.config import SUBMISSION_POLICIES
 from bob.errors import BadInput
 from bob.host.check import differential_check
 from bob.kernels import signatures as sig
+from bob.kernels.cuda.regions import catalogue
 from bob.plan.certificate import certify
 from bob.plan.jsonio import dumps, loads
 from bob.plan.model import (
@@ -39,6 +40,7 @@ from bob.plan.model import (
     Scalar,
     ScalarParam,
     Submission,
+    Target,
     TensorRef,
     TensorSpec,
 )
@@ -49,9 +51,9 @@ TARGETS = (SM86, SM90)
 CHAINED = BobConfig(vocab=256, prompts=2, updates=3, submission="chained")
 
 
-def _compiled(config: BobConfig) -> dict:
+def _compiled(config: BobConfig, target: Target) -> dict:
     """Stand-in machine code, distinct per region."""
-    names = [r.name for r in declared_regions(config)]
+    names = [r.name for r in declared_regions(config, target)]
     return {name: sig.declared_region(name, code=bytes([i + 1]) * (96 + 160 * i))
             for i, name in enumerate(names)}
 
@@ -62,7 +64,7 @@ def target(request):
 
 
 def _plan(target, config=CHAINED):
-    return build_plan(config, target, compiled=_compiled(config))
+    return build_plan(config, target, compiled=_compiled(config, target))
 
 
 # -- the policy in the program and the plan --------------------------------------------------
@@ -70,12 +72,12 @@ def _plan(target, config=CHAINED):
 
 def test_chained_program_has_a_forward_a_training_and_a_prediction_submission():
     plan = build_plan(CHAINED)
-    forward, training = CHAINED.forward_launches, CHAINED.training_launches
+    forward, training = CHAINED.forward_launches, CHAINED.training_launches(plan.target)
     assert plan.submission_policy == "chained"
     assert plan.submissions == (Submission(0, forward, 1), Submission(forward, training, 2),
                                 Submission(1, 2 * CHAINED.prompts, 3))
     assert plan.forward_submissions == CHAINED.forward_submissions == 1
-    assert plan.submission_count == CHAINED.submission_count == 3
+    assert plan.submission_count == CHAINED.submission_count(plan.target) == 3
     assert plan.attributes["submission"] == "chained"
     assert certify(plan).holds
 
@@ -87,7 +89,7 @@ def test_chained_submission_counts(prompts, updates, schedule, expected):
     config = BobConfig(vocab=64, prompts=prompts, updates=updates, schedule=schedule,
                        submission="chained")
     plan = build_plan(config)
-    assert plan.submission_count == config.submission_count == expected
+    assert plan.submission_count == config.submission_count(plan.target) == expected
     assert certify(plan).holds
     covered = sorted({launch for s in plan.submissions for launch in s.launches})
     assert covered == list(range(plan.launch_count))
@@ -112,16 +114,16 @@ def test_bob_config_refuses_an_unknown_policy():
 def test_plan_json_keeps_the_policy():
     plan = build_plan(CHAINED)
     text = dumps(plan)
-    assert loads(text, regions=sig.catalogue()).submission_policy == "chained"
-    assert loads(text, regions=sig.catalogue()) == plan
+    assert loads(text, regions=catalogue()).submission_policy == "chained"
+    assert loads(text, regions=catalogue()) == plan
     older = re.sub(r'\s*"submission_policy": "chained",', "", text)
     assert '"submission_policy"' not in older
     # plans from before the policy
-    assert loads(older, regions=sig.catalogue()).submission_policy == "per-launch"
+    assert loads(older, regions=catalogue()).submission_policy == "per-launch"
     with pytest.raises(BadInput, match=r"submission_policy: 'x' is not one of per-launch, "
                                        r"chained$"):
         loads(text.replace('"submission_policy": "chained"', '"submission_policy": "x"'),
-              regions=sig.catalogue())
+              regions=catalogue())
 
 
 # -- the dependent-QMD fields ----------------------------------------------------------------
@@ -559,7 +561,7 @@ def test_plan_disasm_shows_the_chain(capsys):
 
 def test_plan_json_and_check_take_the_policy(capsys):
     assert main(["plan", "-N", "2", "--submission", "chained", "--json"]) == 0
-    plan = loads(capsys.readouterr().out, regions=sig.catalogue())
+    plan = loads(capsys.readouterr().out, regions=catalogue())
     assert plan.submission_policy == "chained"
     assert main(["check", "--backends", "cpu,nv-sim", "--submission", "chained", "--steps", "4",
                  "-N", "2", "--json"]) == 0

@@ -1004,11 +1004,11 @@ def test_without_a_copy_engine_reads_stay_in_order_and_say_why(monkeypatch):
 
 
 def test_without_the_copy_kernels_reads_stay_in_order_and_the_copy_channel_goes(monkeypatch):
-    from bob.kernels.cuda.compile import NvrtcUnavailable
+    from bob.kernels.cuda.compile import NvrtcError
 
     def no_nvrtc(device):
-        raise NvrtcUnavailable("import cuda.bindings.nvrtc", "ModuleNotFoundError",
-                               "install nvidia-cuda-nvrtc")
+        raise NvrtcError("import cuda.bindings.nvrtc", "ModuleNotFoundError",
+                         "install nvidia-cuda-nvrtc")
 
     monkeypatch.setattr(st, "SnapshotKernels", no_nvrtc)
     backend, gpu, tables = _detached(monkeypatch)

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from bob.cli.main import main
 from bob.errors import BadInput
-from bob.kernels.signatures import SIGNATURES, catalogue
+from bob.kernels.cuda.regions import catalogue
+from bob.kernels.signatures import SIGNATURES
 from bob.plan import SM86, SM90, certify
 from bob.plan.jsonio import dumps, loads
 from bob.plan.model import Address, Plan, PointerParam, Scalar

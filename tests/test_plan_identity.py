@@ -24,7 +24,7 @@ from bob.kernels.exact import f32_bits_from_fraction
 from bob.plan import certificate as cert
 from bob.plan.certificate import certify
 from bob.plan.jsonio import dumps
-from bob.plan.model import Address, Dim3, Launch, Plan, Scalar, Tensor
+from bob.plan.model import Address, Dim3, Launch, Plan, Scalar, Target, Tensor
 from bob.plan.placement import SM86, SM90, align_up
 from bob.program.bob import (
     ADAM_SCALAR_NAMES,
@@ -117,7 +117,7 @@ def _tensor_addresses(config: BobConfig, plan: Plan) -> dict[str, int]:
     return addresses
 
 
-def _reference_launches(config: BobConfig, hyper: Hyper, first_step: int,
+def _reference_launches(config: BobConfig, target: Target, hyper: Hyper, first_step: int,
                         addresses: dict[str, int]) -> list[Launch]:
     """The launches of bob.program.bob's module docstring, built one by one."""
     v, block = config.vocab, Dim3(sig.BLOCK)
@@ -152,8 +152,8 @@ def _reference_launches(config: BobConfig, hyper: Hyper, first_step: int,
             ), f"adamw[{k}]"))
             launches.append(loss("training_loss"))
     elif config.updates:
-        each = config.updates_per_fused_launch
-        region = config.fused_region
+        each = config.updates_per_fused_launch(target)
+        region = config.fused_region(target)
         for first in range(0, config.updates, each):
             data = (log2e, ln2, inverse) if hard else (log2e, ln2)
             count = min(each, config.updates - first)  # the last launch may run fewer
@@ -194,11 +194,11 @@ def test_plans_are_their_first_principles_launches_in_json():
     checked = 0
     for n, (config, hyper, first_step) in enumerate(_configs()):
         target = (SM86, SM90)[n % 2]
-        compiled = stand_in_regions(config) if n % 5 == 0 else None
+        compiled = stand_in_regions(config, target) if n % 5 == 0 else None
         plan = build_plan(config, target, hyper, first_step, compiled)
-        launches = _reference_launches(config, hyper, first_step,
+        launches = _reference_launches(config, target, hyper, first_step,
                                        _tensor_addresses(config, plan))
-        assert len(launches) == config.launch_count
+        assert len(launches) == config.launch_count(target)
         reference = replace(plan, launches=tuple(launches))
         got, want = json.loads(dumps(plan)), json.loads(dumps(reference))
         if got != want:
@@ -214,7 +214,8 @@ def test_plans_are_their_first_principles_launches_in_json():
 def test_a_seed_plan_at_the_timed_size_is_its_first_principles_launches():
     config = BobConfig(vocab=256, prompts=0, updates=1000)
     plan = build_plan(config)
-    reference = _reference_launches(config, Hyper(), 1, _tensor_addresses(config, plan))
+    reference = _reference_launches(config, plan.target, Hyper(), 1,
+                                    _tensor_addresses(config, plan))
     assert dumps(plan) == dumps(replace(plan, launches=tuple(reference)))
 
 

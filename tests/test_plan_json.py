@@ -16,7 +16,8 @@ import pytest
 
 from bob.cli.main import main
 from bob.errors import BadInput
-from bob.kernels.signatures import SIGNATURES, catalogue
+from bob.kernels.cuda.regions import catalogue
+from bob.kernels.signatures import SIGNATURES
 from bob.plan import SM86, SM90, certify, jsonio, place
 from bob.plan.jsonio import dumps, loads
 from bob.plan.model import (

@@ -38,5 +38,6 @@ def test_the_stream_kernels_equal_the_seed_on_the_cpu(monkeypatch: pytest.Monkey
     monkeypatch.setattr(program, "WIDE_VOCAB", 1024)  # rows past 1024 stream
     monkeypatch.setattr(program, "HELD_FROM_VOCAB", program.MAX_VOCAB + 1)  # and past 8192
     config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
-    assert config.fused_region in (sig.FUSED_STREAM_HARD, sig.FUSED_STREAM_CORPUS)
-    train_both(variant_choice(macros), config, steps)
+    choice = variant_choice(macros)
+    assert config.fused_region(choice.target) in (sig.FUSED_STREAM_HARD, sig.FUSED_STREAM_CORPUS)
+    train_both(choice, config, steps)

@@ -23,8 +23,7 @@ import pytest
 import bob.kernels.signatures as sig
 import bob.program.bob as program
 from bob.bench.variants import variant_choice
-from bob.errors import BadInput
-from bob.kernels.cuda.cubin import CubinError
+from bob.errors import BadInput, RunFailure
 from bob.program.bob import BobConfig, build_plan
 
 BENCH = Path(__file__).parent.parent / "bench" / "bench_tall.py"
@@ -128,7 +127,7 @@ def test_the_shipped_tall_block_is_the_declared_one(nvrtc: None) -> None:
 
 def test_a_full_corpus_path_at_1024_threads_is_refused_for_its_spill(nvrtc: None) -> None:
     """Why TALL_CORPUS_FULL is off at 1024 threads: ptxas spills, and regions refuse it."""
-    with pytest.raises(CubinError, match="bob_fused_train_tall_corpus.*local memory"):
+    with pytest.raises(RunFailure, match="bob_fused_train_tall_corpus.*local memory"):
         compiled("#define TALL_CORPUS_THREADS 1024u\n#define TALL_CORPUS_FULL 1\n")
 
 
@@ -141,10 +140,10 @@ def test_a_1024_thread_variant_plans_and_certifies_with_its_block(nvrtc: None,
     regions, _ = compiled(bench_tall.both(1024))
     config = BobConfig(vocab=8192, prompts=1, updates=3, mode=mode, schedule="fused")
     plan = build_plan(config, TARGETS["sm_90"], compiled=regions)
-    fused = [launch for launch in plan.launches if launch.region == config.fused_region]
+    region = config.fused_region(plan.target)
+    fused = [launch for launch in plan.launches if launch.region == region]
     assert fused and all(launch.block.x == 1024 for launch in fused)
-    assert all(launch.block.x == 256 for launch in plan.launches
-               if launch.region != config.fused_region)
+    assert all(launch.block.x == 256 for launch in plan.launches if launch.region != region)
     assert certify(plan).holds, certify(plan).hazards
 
 
@@ -159,7 +158,7 @@ def test_a_declared_block_the_image_forbids_is_refused(nvrtc: None) -> None:
     outside = sig.declared_region(sig.FUSED_HARD, block_x=1024)
     kernel = kernels[sig.ENTRIES[sig.FUSED_TALL_HARD]]
     assert region_from_kernel(kernel, declared, TARGETS["sm_90"]).block_x == 512
-    with pytest.raises(CubinError, match="allows 512 threads per block, the plan launches 1024"):
+    with pytest.raises(RunFailure, match="allows 512 threads per block, the plan launches 1024"):
         region_from_kernel(kernel, outside, TARGETS["sm_90"])  # the same signature
 
 
@@ -260,7 +259,7 @@ def test_each_variant_equals_the_seed_on_the_cpu(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(program, "TALL_FROM_VOCAB", {"hard": 4608, "corpus": 4608})
     choice = variant_choice(bench_tall.VARIANTS[name])
     config = BobConfig(vocab=vocab, prompts=1, updates=2, mode=mode)
-    assert config.fused_region in TALL
-    assert choice.regions[config.fused_region].block_x == threads_of(
-        bench_tall.VARIANTS[name], config.fused_region)
+    region = config.fused_region(choice.target)
+    assert region in TALL
+    assert choice.regions[region].block_x == threads_of(bench_tall.VARIANTS[name], region)
     train_both(choice, config, 3)

@@ -25,12 +25,13 @@ from bob.host import api, training
 from bob.host.training import refuse_slow_cpu
 from bob.kernels import reference as ref
 from bob.kernels import signatures as sig
+from bob.kernels.cuda.regions import catalogue
 from bob.kernels.memory import Memory
 from bob.plan.certificate import certify
 from bob.plan.jsonio import dumps, loads
 from bob.plan.model import Scalar
 from bob.plan.placement import SM86, SM90, decode_parameter_block
-from bob.program.bob import HELD_GRID, BobConfig, adam_scalar_table, build_plan
+from bob.program.bob import BobConfig, adam_scalar_table, build_plan
 from bob.records import checkpoint as ckpt
 from bob.records import corpus
 from bob.records.binary import HEADER, INPUT_MAGIC, InputRecord
@@ -106,7 +107,7 @@ def test_the_certificate_sees_a_footprint_one_column_past_a_16_gib_table() -> No
 def test_a_plan_at_65536_round_trips_through_json(schedule: str) -> None:
     _, plan = big_plan(schedule, "corpus")
     text = dumps(plan)
-    assert loads(text, regions=sig.catalogue()) == plan
+    assert loads(text, regions=catalogue()) == plan
     # The sizes are written as integers beyond 2**32, not truncated.
     tensors = {t["name"]: t for t in json.loads(text)["tensors"]}
     assert tensors["parameters"]["bytes"] == TABLE_BYTES
@@ -137,7 +138,7 @@ def test_the_fused_schedule_holds_rows_in_part_all_updates_in_one_launch_at_6553
     config, plan = big_plan("fused", "hard", updates=3)
     (fused,) = [launch for launch in plan.launches if launch.region == sig.FUSED_HELD_HARD]
     assert fused.label == "fused[0:3]" and config.updates == 3
-    assert fused.grid.x == HELD_GRID  # a block per SM, rows looped
+    assert fused.grid.x == SM90.multiprocessors  # a block per SM, rows looped
 
 
 # -- records ---------------------------------------------------------------------------
@@ -308,7 +309,7 @@ def test_bob_plan_at_65536_certifies(capsys) -> None:
                    "-N", "2", "--json"])
     out = capsys.readouterr().out
     assert status == 0
-    plan = loads(out, regions=sig.catalogue())
+    plan = loads(out, regions=catalogue())
     assert plan.arena_bytes > 5 * TABLE_BYTES and certify(plan).holds
     assert json.loads(out)["address_map"]["arena"]["bytes"] == plan.arena_bytes
 
@@ -382,12 +383,12 @@ def test_a_plan_of_the_compiled_kernels_at_65536_certifies_and_encodes(schedule:
 
     config = BobConfig(vocab=V, prompts=1, updates=2, mode="corpus",  # type: ignore[arg-type]
                        schedule=schedule)  # type: ignore[arg-type]
-    plan = build_plan(config, SM90, compiled=compiled_regions("sm_90"))
+    plan = build_plan(config, SM90, compiled=compiled_regions(SM90.name))
     assert certify(plan).holds, certify(plan).hazards
     encoded = encode(plan)
     assert len(encoded.program.data) == plan.program_bytes  # code, a block per launch
     assert len(encoded.qmd_table.data) == plan.qmd_table_bytes
-    assert loads(dumps(plan), regions=sig.catalogue()) == plan
+    assert loads(dumps(plan), regions=catalogue()) == plan
 
 
 def test_bob_bench_refuses_a_table_the_cpu_cannot_hold(tmp_path: Path, capsys) -> None:

@@ -29,10 +29,6 @@ class BackendUnavailable(RunFailure):
     """A backend cannot run here; the message says why."""
 
 
-class NonFiniteLoss(RunFailure):
-    """Training produced a non-finite loss; the last good checkpoint is kept."""
-
-
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM stopped the command: exit 128 + the signal's number.
 

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from bob.config import AUTO_SUBMISSION, TARGET_NAMES, resolve_submission
 from bob.errors import BackendUnavailable
-from bob.kernels.signatures import catalogue
+from bob.kernels.cuda.regions import catalogue
 from bob.plan import TARGETS
 from bob.plan import certify as certify_plan
 from bob.plan.jsonio import dumps, read_plan

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from bob.backends import Backend, choose_backend
+from bob.config import DEFAULT_TARGET
 from bob.host.session import Session, split_updates
 from bob.program.bob import HEALTH_TENSOR, TENSOR_NAMES, BobConfig, Hyper
 from bob.records.binary import InputRecord
@@ -86,7 +87,7 @@ def random_record(config: BobConfig, seed: int) -> InputRecord:
 
 
 def differential_check(backend_names: tuple[str, str], config: BobConfig, steps: int,
-                       seed: int = 0, hyper: Hyper = Hyper(), arch: str = "sm_90",
+                       seed: int = 0, hyper: Hyper = Hyper(), arch: str = DEFAULT_TARGET,
                        arenas: tuple[str, str] = ("device", "device")) -> CheckReport:
     """Train `steps` updates in invocations of `config.updates` on both backends."""
     record = random_record(config, seed)

@@ -36,7 +36,7 @@ import numpy as np
 
 from bob.backends import Backend, BackendChoice
 from bob.backends.base import ReadHandle
-from bob.errors import NonFiniteLoss
+from bob.errors import RunFailure
 from bob.plan.certificate import require_certified
 from bob.plan.model import Plan
 from bob.program.bob import BobConfig, Hyper, adam_scalar_table, build_plan
@@ -106,7 +106,7 @@ class Settled:
 
 def _require_finite_loss(initial: float, final: float, step: int) -> None:
     if not (math.isfinite(final) and math.isfinite(initial)):
-        raise NonFiniteLoss(
+        raise RunFailure(
             f"the loss became non-finite ({final}) by step {step};"
             " the last good checkpoint is kept (try a smaller --lr)")
 
@@ -360,11 +360,11 @@ def _table(data: np.ndarray, vocab: int) -> np.ndarray:
 
 
 def require_finite_counts(health: bytes | np.ndarray, step: int) -> None:
-    """Raise NonFiniteLoss unless the health check counted no non-finite element in the
+    """Raise RunFailure unless the health check counted no non-finite element in the
     parameters or either moment: 24 bytes decide it, no table is scanned on the host."""
     counts = np.frombuffer(health, np.uint64)
     if counts.any():
-        raise NonFiniteLoss(
+        raise RunFailure(
             f"the table became non-finite by step {step}; the last good checkpoint "
             "is kept (try a smaller --lr)")
 

@@ -90,8 +90,8 @@ def _wide_vectors(typingctx):  # type: ignore[no-untyped-def]
     """Let LLVM vectorize the calling function with 512-bit registers where the CPU has them.
 
     LLVM prefers 256-bit vectors on AVX-512 CPUs (a guard against clock drops in
-    mixed code); these kernels are nothing but vector arithmetic, and 512 bits ran a
-    fused V = 256 update 15-20% faster on the 2-core machine (docs/BENCHMARKS.md).
+    mixed code); these kernels are nothing but vector arithmetic, and run faster with
+    512 bits (docs/BENCHMARKS.md).
     Only the vector width changes, never an operation: the bits are the same. Called
     first in each ``prange`` body, so it marks the function Numba outlines for it.
     llvmlite only accepts the attributes it knows, so the string attribute goes into
@@ -171,8 +171,8 @@ def _take_larger(lanes, lane, newcomer):  # type: ignore[no-untyped-def]
 
 
 # The trees are written one level per loop with a constant trip count: LLVM then
-# vectorizes each level without remainder loops or overlap checks (a `while` over the
-# width cost a third of a V = 256 update). Levels 4, 2 and 1 stay scalar.
+# vectorizes each level without remainder loops or overlap checks (which a `while` over
+# the width costs). Levels 4, 2 and 1 stay scalar.
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -489,7 +489,7 @@ KERNELS: dict[str, ref.Kernel] = {
     sig.FUSED_STREAM_CORPUS: fused_train_corpus,
     sig.FUSED_HELD_HARD: fused_train_hard,
     sig.FUSED_HELD_CORPUS: fused_train_corpus,
-    # NumPy's isfinite runs at memory speed already; a Numba loop measured 2-3x slower
-    # (and a parallel one pays its threads' start-up at every size)
+    # NumPy's isfinite runs at memory speed already; a Numba loop is slower (and a
+    # parallel one pays its threads' start-up at every size)
     sig.HEALTH: ref.health,
 }

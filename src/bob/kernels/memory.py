@@ -9,10 +9,6 @@ from bob.errors import RunFailure
 _DTYPES = {"f32": np.float32, "u32": np.uint32, "u8": np.uint8}
 
 
-class OutOfArena(RunFailure):
-    """A kernel reached bytes outside the arena (a certified plan never does)."""
-
-
 class Memory:
     """Maps the plan's arena addresses onto a NumPy byte buffer."""
 
@@ -27,7 +23,7 @@ class Memory:
         size = np.dtype(_DTYPES[dtype]).itemsize
         offset = address - self.base
         if offset < 0 or offset + count * size > self.buffer.size:
-            raise OutOfArena(
+            raise RunFailure(  # a certified plan never reaches outside
                 f"{count} x {dtype} at 0x{address:x} is outside the arena "
                 f"[0x{self.base:x}, 0x{self.base + self.buffer.size:x})"
             )

@@ -18,7 +18,6 @@ from bob.plan.model import (
     Param,
     PointerParam,
     Region,
-    RegionCatalogue,
     ScalarParam,
     Target,
 )
@@ -55,6 +54,12 @@ BLOCKS = {**TALL_BLOCKS, FUSED_HELD_HARD: 512, FUSED_HELD_CORPUS: 512}
 # Regions that ask, at launch, for all the shared memory their target leaves beyond the
 # image's own (dynamic shared memory): the kernel reads how much it got.
 SHARED_REST = frozenset({FUSED_HELD_HARD, FUSED_HELD_CORPUS})
+# The held kernels' static shared memory, for plans made before any image is compiled:
+# bob_held.cuh's HeldShared at 512 threads (two rounds of staged quads, the staged scalars,
+# the lane partials, the warp keys, the result: 21584 bytes) and the 1 KiB per block the
+# system reserves, which sm_90 images count with it (cubin.py). sm_86 images leave that KiB
+# out, so there the figure errs 1 KiB high: on the safe side.
+HELD_STATIC_SHARED_BYTES = 21584 + 1024
 # Regions whose compiled image names their block (its launch bounds): a kernel compiled with
 # another TALL_THREADS (bench/bench_tall.py's variants) is planned with its own block.
 BLOCK_FROM_IMAGE = frozenset({FUSED_TALL_HARD, FUSED_TALL_CORPUS, FUSED_HELD_HARD,
@@ -235,19 +240,3 @@ def shared_rest(target: Target, static_bytes: int) -> int:
     """The dynamic shared memory a SHARED_REST region asks for: what the target allows a
     block beyond the image's static bytes, in whole KiB."""
     return max(0, (target.max_shared_bytes_per_block - static_bytes) // 1024 * 1024)
-
-
-def catalogue() -> RegionCatalogue:
-    """Bob's regions for a plan reader: the signatures above and, for plans that
-    carry code, the regions of Bob's kernels compiled for the plan's target."""
-    return RegionCatalogue(
-        declared={name: declared_region(name) for name in SIGNATURES},
-        compiled=_compiled_regions,
-        owner="Bob",
-    )
-
-
-def _compiled_regions(target: Target) -> dict[str, Region]:
-    from bob.kernels.cuda.regions import compiled_regions  # NVRTC: only for plans with code
-
-    return compiled_regions(target.name)

@@ -17,7 +17,7 @@ import functools
 import math
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from bob.config import DEFAULT_SUBMISSION_POLICY, SubmissionPolicy
@@ -214,8 +214,8 @@ class Submission:
 
 @dataclass(frozen=True)
 class Target:
-    """What a plan needs to know of an architecture: the parameter block shape
-    and the launch limits of the hardware.
+    """What a plan needs to know of an architecture: the parameter block shape,
+    the launch limits of the hardware and the size of the device.
 
     The seed's 512-byte block holds Ampere's driver area (0x160 bytes) and the
     arguments; Hopper's driver area ends at 0x210, past 512, so its blocks are
@@ -224,7 +224,9 @@ class Target:
     The limits are facts of the architecture (the CUDA C++ Programming Guide,
     "Technical Specifications per Compute Capability"): the defaults hold from
     compute capability 7.0 through 9.0; shared memory per block differs, and
-    each target states its own.
+    each target states its own. The SM count is a fact of one part, not of the
+    architecture: each target states a documented part's, and ``for_device``
+    gives the same target with the count of the device at hand.
     """
 
     name: str
@@ -240,6 +242,9 @@ class Target:
     max_grid: tuple[int, int, int] = ((1 << 31) - 1, 65535, 65535)  # blocks along x, y, z
     # Static shared memory alone stops at 48 KiB; a block may opt in to more, up to this.
     max_shared_bytes_per_block: int = 48 * 1024
+    # Streaming multiprocessors of the part the target stands for (for_device: of one
+    # device): a program sizes a grid of one block per SM by it.
+    multiprocessors: int = field(kw_only=True)
     max_registers_per_thread: int = 255
     registers_per_block: int = 65536
     # Registers are allocated per warp, in units of 256 (8 per thread).
@@ -249,6 +254,14 @@ class Target:
         if self.qmd_stride_bytes == 0:
             stride = -(-self.qmd_record_bytes // 256) * 256
             object.__setattr__(self, "qmd_stride_bytes", stride)
+        if self.multiprocessors < 1:
+            raise ValueError(f"{self.name}: a device has at least one SM, not "
+                             f"{self.multiprocessors!r}")
+
+    def for_device(self, *, multiprocessors: int) -> Target:
+        """This target with one device's own SM count (the driver's
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT): the same layout and limits."""
+        return replace(self, multiprocessors=multiprocessors)
 
 
 @dataclass(frozen=True)

@@ -48,15 +48,14 @@ POINTER_WORD_BYTES = 8
 SCALAR_BYTES = 4
 
 # Shared memory per block with opt-in: 99 KiB on compute capability 8.6, 227 KiB on 9.0.
+# SM counts (Target.for_device gives a device's own): sm_90's is the H200's, 132; sm_86's the
+# A40's (and RTX A6000's), 84, the full GA102: the data-centre part of the architecture, as
+# the H200 is of sm_90's, and the most SMs any sm_86 part has.
 SM86 = Target("sm_86", parameter_base=0x160, parameter_block_bytes=512, qmd_record_bytes=256,
-              max_shared_bytes_per_block=99 * 1024)
+              max_shared_bytes_per_block=99 * 1024, multiprocessors=84)
 SM90 = Target("sm_90", parameter_base=0x210, parameter_block_bytes=1024, qmd_record_bytes=384,
-              max_shared_bytes_per_block=227 * 1024)
+              max_shared_bytes_per_block=227 * 1024, multiprocessors=132)
 TARGETS = {target.name: target for target in (SM86, SM90)}
-
-
-class PlacementError(BadInput):
-    """A program that cannot be placed at all (as opposed to a hazard): bad input."""
 
 
 def align_up(value: int, alignment: int) -> int:
@@ -266,7 +265,7 @@ def _place_launch(spec: LaunchSpec, tensors: dict[str, Tensor],
 
 def _place_pointer(spec: LaunchSpec, ref: TensorRef, tensors: dict[str, Tensor]) -> Address:
     if ref.tensor not in tensors:
-        raise PlacementError(
+        raise BadInput(
             f"launch {spec.label or spec.region!r} names tensor {ref.tensor!r}, "
             "which the program does not declare"
         )

@@ -118,46 +118,42 @@ ADAM_SCALAR_STRIDE = 8  # floats per row
 
 # The fused schedule runs all N updates in one launch up to this V: each block keeps its
 # row on chip (registers up to V = 1024, then L1/L2) for every update. Above, one
-# streaming launch per update moves 24 bytes per parameter through DRAM. Measured on an
-# H200 (bench/bench_fused.py --experiments, 100 updates): one launch 27.6, 102 and 441
-# us/update at V = 2048, 4096, 8192; one launch per update 38.4, 139 and 528. Past 8192
-# the rows of the resident blocks (4 per SM, 96 KiB each at V = 8192) outgrow the L2, so
-# the stream kernels take one launch per update. The held kernels (below) keep the row's
-# w in shared memory and run each row's N updates in turn, so they too take all N in one
-# launch: DRAM moves m and v (16 bytes per parameter-update) and w once a launch. H200,
-# (T(6) - T(2)) / 4 (bench/bench_stream.py), ms/update one launch against one per update:
-# V = 16384 1.49 against 1.98, 32768 6.18 against 7.25, 65536 29.4 against 33.7 (28.2
-# with the running max, bob_held.cuh).
+# streaming launch per update moves 24 bytes per parameter through DRAM: past 8192 the
+# rows of the resident blocks (4 per SM, 96 KiB each at V = 8192) outgrow the L2, so the
+# stream kernels take one launch per update. The held kernels (below) keep the row's w
+# in shared memory and run each row's updates in turn, so they too run many updates a
+# launch: DRAM moves m and v (16 bytes per parameter-update) and w once a launch.
 ONE_LAUNCH_MAX_VOCAB = 8192
 # A held launch runs at most this many updates. w is read and written once a launch: 8
-# bytes per parameter over 32 updates, a quarter of a byte each. A launch then lasts under
-# a second even at V = 65536 (28 ms per update), far inside nv's 30 s without progress
-# (the launch-progress word moves once a launch), and a long invocation still shows
-# progress launch by launch.
+# bytes per parameter over 32 updates, a quarter of a byte each. A launch then stays far
+# inside nv's 30 s without progress even at V = 65536 (the launch-progress word moves
+# once a launch), and a long invocation still shows progress launch by launch.
 HELD_UPDATES_PER_LAUNCH = 32
 # The fused kernels' on-chip rows (bob_kernels.cu: RESIDENT_SLOTS and WIDE_SLOTS x 256).
 RESIDENT_VOCAB = 1024
 WIDE_VOCAB = 4096
 TALL_VOCAB = 8192  # bob_kernels.cu: TALL_VOCAB (TALL_THREADS x TALL_SLOTS)
-# Where the tall kernels overtake the streaming narrow ones (H200, 100 updates, us/update
-# tall against narrow): hard 108 vs 105 at V = 4097, 122 vs 128 at 4608; corpus 139 vs
-# 130 at 4608, 159 vs 158 at 5120, 211 vs 321 at 6000 (docs/BENCHMARKS.md).
+# Where the tall kernels overtake the streaming narrow ones, per mode (docs/BENCHMARKS.md).
 TALL_FROM_VOCAB = {"hard": 4608, "corpus": 5121}
-# Past the tall kernels' rows the held ones (w in shared memory, read from DRAM once a launch)
-# take V % 4 == 0, holding as much of the row as an H200's shared memory takes (52224 floats:
-# 227 KiB less the kernel's own) and streaming the rest. Measured (H200, one launch per
-# update, bench/bench_stream.py): V = 32768 7.21 ms/update held, 8.80 streamed; V = 65536
-# hard 33.75-34.11 held (m and v asked into L2 ahead), 35.33 streamed, the same state
-# digest; V = 65536 corpus 49.95 held, 44.92 streamed: a corpus row past what shared memory
-# holds stays streamed.
+# Past the tall kernels' rows the held ones (w in shared memory, read from DRAM once a
+# launch) take V % 4 == 0, holding as much of the row as the target's shared memory takes
+# and streaming the rest; a corpus row only while it fits whole (held_to_vocab): held in
+# part, it runs slower than streamed.
 HELD_FROM_VOCAB = TALL_VOCAB + 1
-HELD_TO_VOCAB = {"hard": MAX_VOCAB, "corpus": 52224}
-# Their grid: one block per SM of an H200 (132), each taking rows blockIdx.x, + 132, ... and
-# copying its next row's w in while it updates the last. Any grid gives the same bits.
-HELD_GRID = 132
 # The stream kernels move rows as float4 quads, so a row must start 16 bytes aligned:
 # V % 4 == 0 (bob_kernels.cu traps otherwise).
 STREAM_QUAD = 4
+
+
+def held_to_vocab(mode: Mode, target: Target) -> int:
+    """The longest row the held kernels take on `target`: any hard row, a corpus row only
+    while the target's shared memory holds it whole."""
+    if mode == "hard":
+        return MAX_VOCAB
+    # The dynamic shared memory a held block asks for, in floats: the target's opt-in
+    # limit less the kernel's own static bytes, in whole KiB (sig.shared_rest). On sm_90
+    # (232448 - 22608) // 1024 * 1024 = 208896 bytes, a row of 52224.
+    return sig.shared_rest(target, sig.HELD_STATIC_SHARED_BYTES) // 4
 
 
 @dataclass(frozen=True)
@@ -168,7 +164,8 @@ class BobConfig:
     mode: Mode = "hard"  # hard targets (the seed's record) or corpus weights
     schedule: Schedule = "seed"  # the seed's launches (the reference), or the fused region
     # Every launch its own submission (the reference), or chained submissions: see the
-    # module docstring; per-launch by default until chained is measured on an H200.
+    # module docstring. The command line and the API ask for the backend's own
+    # (bob.config.resolve_submission).
     submission: SubmissionPolicy = DEFAULT_SUBMISSION_POLICY
 
     def __post_init__(self) -> None:
@@ -193,16 +190,15 @@ class BobConfig:
     def loss_region(self) -> str:
         return sig.LOSS_HARD if self.mode == "hard" else sig.LOSS_CORPUS
 
-    @property
-    def fused_region(self) -> str:
+    def fused_region(self, target: Target) -> str:
         """The narrow kernels (rows to 1024 in registers, longer rows streamed), the wide
         ones whose rows up to WIDE_VOCAB stay on chip, the tall ones (a block of 1024
         threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB, past it with V % 4 == 0
         the held ones (as much of the row's w in shared memory as fits, the rest
-        streamed; corpus rows only while they fit whole), or, for the other streamed rows
-        with V % 4 == 0, the stream ones (float4 loads and stores)."""
+        streamed; corpus rows only while they fit whole on `target`), or, for the other
+        streamed rows with V % 4 == 0, the stream ones (float4 loads and stores)."""
         hard = self.mode == "hard"
-        if HELD_FROM_VOCAB <= self.vocab <= HELD_TO_VOCAB[self.mode] \
+        if HELD_FROM_VOCAB <= self.vocab <= held_to_vocab(self.mode, target) \
                 and self.vocab % STREAM_QUAD == 0:
             return sig.FUSED_HELD_HARD if hard else sig.FUSED_HELD_CORPUS
         if RESIDENT_VOCAB < self.vocab <= WIDE_VOCAB:
@@ -223,18 +219,18 @@ class BobConfig:
         return self.input_targets_bytes + 4 * self.prompts
 
     # -- derived figures (the table in the module docstring) -----------------
+    # Those that depend on the fused region take the target: its shared memory decides it.
     @property
     def forward_launches(self) -> int:
         return 1 + 2 * self.prompts
 
-    @property
-    def updates_per_fused_launch(self) -> int:
+    def updates_per_fused_launch(self, target: Target) -> int:
         """Updates each fused launch runs (the last may run fewer): all N while V is
         small, up to HELD_UPDATES_PER_LAUNCH where the held kernels keep the row's w in
         shared memory, else one."""
         if self.vocab <= ONE_LAUNCH_MAX_VOCAB:
             return self.updates
-        if self.fused_region in sig.SHARED_REST:
+        if self.fused_region(target) in sig.SHARED_REST:
             return min(self.updates, HELD_UPDATES_PER_LAUNCH)
         return min(1, self.updates)
 
@@ -243,25 +239,22 @@ class BobConfig:
         """The health check ends every invocation that trains."""
         return int(self.updates > 0)
 
-    @property
-    def training_launches(self) -> int:
+    def training_launches(self, target: Target) -> int:
         """The updates' launches, then the health check."""
         if self.updates == 0:
             return 0
         if self.schedule == "seed":
             return 2 * self.updates + self.health_launches
-        each = self.updates_per_fused_launch
+        each = self.updates_per_fused_launch(target)
         return (self.updates + each - 1) // each + self.health_launches
 
-    @property
-    def launch_count(self) -> int:
-        return self.forward_launches + self.training_launches
+    def launch_count(self, target: Target) -> int:
+        return self.forward_launches + self.training_launches(target)
 
-    @property
-    def submission_count(self) -> int:
+    def submission_count(self, target: Target) -> int:
         if self.submission == "chained":
-            return 1 + int(self.training_launches > 0) + int(self.prompts > 0)
-        return self.launch_count + 2 * self.prompts
+            return 1 + int(self.training_launches(target) > 0) + int(self.prompts > 0)
+        return self.launch_count(target) + 2 * self.prompts
 
     @property
     def forward_submissions(self) -> int:
@@ -299,7 +292,7 @@ def adam_scalars(hyper: Hyper, step: int) -> dict[str, Scalar]:
     """AdamW's scalars for global update `step` (from 1), computed in float64."""
     values = _adam_values(hyper, step)
     # NumPy's float64 -> float32 cast rounds to nearest even, as exact rounding
-    # of the float64 value does (tested against fractions); it is 10x faster.
+    # of the float64 value does (tested against fractions), and is much faster.
     with np.errstate(over="ignore"):
         bits = np.array(list(values.values()), np.float64).astype(np.float32).view(np.uint32)
     return {name: Scalar("f32", int(b)) for name, b in zip(values, bits, strict=True)}
@@ -344,9 +337,8 @@ POWER_ERROR_ULPS = 64.0
 
 # Past the step where beta^t < 2^-60, 1 - beta^t is 1 in float64 whatever pow gives (C's
 # or NumPy's), so the columns are exactly those of any power that small. NumPy computes
-# powers that underflow slowly (0.9^t from t = 7,100; at step 300,000 the two powers took
-# 87 of a 1000-row table's 202 us on the 2-core machine), so those steps take the power
-# of the last step before 2^-70 instead.
+# powers that underflow slowly, so those steps take the power of the last step before
+# 2^-70 instead.
 NEGLIGIBLE_POWER_BITS = 70
 
 
@@ -428,11 +420,11 @@ def tensor_specs(config: BobConfig) -> tuple[TensorSpec, ...]:
     return (*seed, scalars, health)
 
 
-def declared_regions(config: BobConfig, compiled: dict[str, Region] | None = None,
-                     ) -> tuple[Region, ...]:
+def declared_regions(config: BobConfig, target: Target,
+                     compiled: dict[str, Region] | None = None) -> tuple[Region, ...]:
     """The four regions of the seed's order (the fused one in AdamW's place), then the
     health check."""
-    training = sig.ADAMW if config.schedule == "seed" else config.fused_region
+    training = sig.ADAMW if config.schedule == "seed" else config.fused_region(target)
     names = (sig.GATHER, config.loss_region, training, sig.ARGMAX, sig.HEALTH)
     compiled = compiled or {}
     return tuple(compiled.get(name) or sig.declared_region(name) for name in names)
@@ -444,21 +436,23 @@ def adamw_grid(count: int) -> int:
 
 
 def health_grid(count: int) -> int:
-    # A thread loads four floats of each table at a time. 2048 blocks of 256 threads keep
-    # every SM of an H200 (132 x 2048 threads) full; each thread strides over the rest.
+    # A thread loads four floats of each table at a time. 2048 blocks of 256 threads fill
+    # a large GPU (an SM holds at most 2048 threads); each thread strides over the rest.
     return max(1, min(math.ceil(count / (4 * sig.BLOCK)), 2048))
 
 
-def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1,
-                  compiled: dict[str, Region] | None = None) -> ProgramSpec:
-    """Bob's program; update k's AdamW scalars are those of step first_step + k.
+def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper(),
+                  first_step: int = 1, compiled: dict[str, Region] | None = None,
+                  ) -> ProgramSpec:
+    """Bob's program for `target`; update k's AdamW scalars are those of step first_step + k.
 
     The seed schedule carries them in its AdamW launches; the fused schedule reads
     them from the ``adam_scalars`` tensor, which the host writes
-    (``adam_scalar_table(hyper, first_step, N)``).
+    (``adam_scalar_table(hyper, first_step, N)``). The target decides the fused region
+    (its shared memory) and the held kernels' grid (its SMs).
     """
     v, block = config.vocab, Dim3(sig.BLOCK)
-    regions = declared_regions(config, compiled)
+    regions = declared_regions(config, target, compiled)
     # Each launch's block is its region's: a compiled tall kernel names its own.
     region_blocks = {r.name: r.block_x for r in regions}
     vocab = Scalar.u32(v)
@@ -503,8 +497,11 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
             data = (log2e, ln2)
         scalars_row = TensorRef(ADAM_SCALARS_TENSOR, 4 * ADAM_SCALAR_STRIDE * first)
         label = f"fused[{first}]" if updates == 1 else f"fused[{first}:{first + updates}]"
-        region = config.fused_region
-        rows = min(v, HELD_GRID) if region in sig.SHARED_REST else v
+        region = config.fused_region(target)
+        # The held kernels run a block per SM, each taking rows blockIdx.x, + gridDim.x, ...
+        # and copying its next row's w in while it updates the last; any grid gives the
+        # same bits. The others run a block per row.
+        rows = min(v, target.multiprocessors) if region in sig.SHARED_REST else v
         return LaunchSpec(region, Dim3(rows), Dim3(region_blocks[region]), (
             TensorRef("parameters"), TensorRef("first_moment"), TensorRef("second_moment"),
             TensorRef("gradients"), TensorRef("input"), TensorRef("training_loss"),
@@ -525,7 +522,7 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
         for k in range(config.updates):
             launches.extend((adamw(k, scalars[k]), training_loss))
     elif config.updates:
-        step = config.updates_per_fused_launch
+        step = config.updates_per_fused_launch(target)
         launches.extend(fused(first, min(step, config.updates - first))
                         for first in range(0, config.updates, step))
     if config.health_launches:
@@ -535,7 +532,7 @@ def build_program(config: BobConfig, hyper: Hyper = Hyper(), first_step: int = 1
         regions=regions,
         tensors=tensor_specs(config),
         launches=tuple(launches),
-        submissions=submission_schedule(config),
+        submissions=submission_schedule(config, target),
         forward_launches=config.forward_launches,
         forward_submissions=config.forward_submissions,
         submission_policy=config.submission,
@@ -559,10 +556,10 @@ def adamw_scalar_arguments(hyper: Hyper, first_step: int, updates: int,
     return [tuple(map(interned.__getitem__, row)) for row in rows]
 
 
-def submission_schedule(config: BobConfig) -> tuple[Submission, ...]:
+def submission_schedule(config: BobConfig, target: Target) -> tuple[Submission, ...]:
     """The launches in submissions, by policy: the forward launches, the training
     launches, then the predictions again (launches 1 .. 2P); semaphore values 1, 2, ..."""
-    forward, training = config.forward_launches, config.training_launches
+    forward, training = config.forward_launches, config.training_launches(target)
     if config.submission == "per-launch":
         groups = [(i, 1) for i in range(forward + training)]
         groups += [(1 + i, 1) for i in range(2 * config.prompts)]
@@ -578,4 +575,4 @@ def submission_schedule(config: BobConfig) -> tuple[Submission, ...]:
 
 def build_plan(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper(),
                first_step: int = 1, compiled: dict[str, Region] | None = None) -> Plan:
-    return place(build_program(config, hyper, first_step, compiled), target)
+    return place(build_program(config, target, hyper, first_step, compiled), target)

@@ -371,7 +371,7 @@ class ResultRecord:
 
         Summed exactly (math.fsum) so every reader gets the same number. tolist gives
         the same float64 values as an astype would, and fsum reads a list faster than
-        NumPy scalars (8 against 17 us at V = 256).
+        NumPy scalars.
         """
         total = math.fsum(np.asarray(row_losses, np.float64).tolist())
         return total / len(row_losses) if mode == "hard" else total

@@ -35,10 +35,6 @@ from bob.records.sources import Piece, Source
 RETRIES = 2  # a task is tried 1 + RETRIES times before the count gives up
 
 
-class PieceFailed(RunFailure):
-    """A task failed on a piece (the message names the file and byte range)."""
-
-
 def _distributed():
     try:
         import distributed
@@ -57,7 +53,7 @@ def count_task(pieces: Sequence[Piece], vocab: int, engine: str | None,
         except BobError:
             raise  # already one line naming the file
         except Exception as error:  # any other failure of a worker becomes one line too
-            raise PieceFailed(f"{piece}: {type(error).__name__}: {error}") from None
+            raise RunFailure(f"{piece}: {type(error).__name__}: {error}") from None
     return tally.result()
 
 

@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from bob.config import TARGET_NAMES
 from bob.errors import BobError, RunFailure
 from bob.files import atomic_write
 
@@ -58,14 +59,6 @@ class NvrtcError(RunFailure):
         super().__init__(message)
 
 
-class NvrtcUnavailable(NvrtcError):
-    """NVRTC itself cannot be loaded here (cuda-bindings or the NVRTC wheel missing)."""
-
-
-class KernelSourceMissing(RunFailure):
-    """The shipped CUDA C source is not where the package puts it."""
-
-
 @dataclass(frozen=True)
 class KernelSource:
     """A CUDA C translation unit with the headers it may include, all in memory.
@@ -96,7 +89,7 @@ def _nvrtc():
     try:
         from cuda.bindings import nvrtc
     except ImportError as error:
-        raise NvrtcUnavailable(
+        raise NvrtcError(
             "import cuda.bindings.nvrtc", "ImportError",
             f"{error}; install the CUDA extras: pip install 'bob[cuda]'",
         ) from error
@@ -133,7 +126,7 @@ def nvrtc_version() -> tuple[int, int]:
     except NvrtcError:
         raise
     except Exception as error:  # the NVRTC shared library itself did not load
-        raise NvrtcUnavailable(
+        raise NvrtcError(
             "nvrtcVersion", type(error).__name__,
             f"{error}; install the NVRTC wheel: pip install nvidia-cuda-nvrtc",
         ) from error
@@ -189,7 +182,7 @@ def shipped_source() -> KernelSource:
     """``bob_kernels.cu`` and every ``*.cuh`` beside it, as the package installs them."""
     path = KERNEL_DIR / SOURCE_NAME
     if not path.is_file():
-        raise KernelSourceMissing(
+        raise RunFailure(
             f"{path} is missing: the CUDA kernels are not in this installation "
             "(reinstall bob, or use the cpu backend)"
         )
@@ -275,7 +268,7 @@ def compile_kernels(arch: str | int | tuple[int, int], *, use_cache: bool = True
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    archs = args or ["sm_86", "sm_90"]
+    archs = args or list(TARGET_NAMES)
     for arch in archs:
         compiled = compile_kernels(arch)
         origin = "cache" if compiled.cached else "NVRTC"

@@ -84,10 +84,6 @@ RESERVED_SHARED_BYTES = 1024
 RESERVED_SHARED_MARK = ".nv.shared.reserved.0"
 
 
-class CubinError(RunFailure):
-    """A compiled image that Bob cannot read, or that disagrees with the plan."""
-
-
 @dataclass(frozen=True)
 class Section:
     index: int
@@ -123,7 +119,7 @@ class Attribute:
 
     def words(self) -> tuple[int, ...]:
         if not isinstance(self.value, bytes) or len(self.value) % 4:
-            raise CubinError(f".nv.info attribute 0x{self.code:02x} is not a list of words")
+            raise RunFailure(f".nv.info attribute 0x{self.code:02x} is not a list of words")
         return struct.unpack(f"<{len(self.value) // 4}I", self.value)
 
 
@@ -171,19 +167,19 @@ class Cubin:
     # -- ELF structure ------------------------------------------------------
     def _header(self) -> dict[str, int]:
         if len(self.image) < _ELF_HEADER.size or not self.image.startswith(ELF_MAGIC):
-            raise CubinError("not a cubin: the image does not start with an ELF header")
+            raise RunFailure("not a cubin: the image does not start with an ELF header")
         fields = _ELF_HEADER.unpack_from(self.image, 0)
         ident, machine = fields[0], fields[2]
         if ident[4] != ELFCLASS64 or ident[5] != ELFDATA2LSB:
-            raise CubinError("not a cubin: expected a 64-bit little-endian ELF image")
+            raise RunFailure("not a cubin: expected a 64-bit little-endian ELF image")
         if machine != EM_CUDA:
-            raise CubinError(f"not a cubin: ELF machine {machine}, expected {EM_CUDA} (CUDA)")
+            raise RunFailure(f"not a cubin: ELF machine {machine}, expected {EM_CUDA} (CUDA)")
         shoff, flags, shentsize, shnum, shstrndx = (fields[6], fields[7], fields[11],
                                                    fields[12], fields[13])
         if shentsize != _SECTION_HEADER.size:
-            raise CubinError(f"cubin section headers are {shentsize} bytes, expected 64")
+            raise RunFailure(f"cubin section headers are {shentsize} bytes, expected 64")
         if shoff + shnum * shentsize > len(self.image) or shstrndx >= shnum:
-            raise CubinError("cubin section header table runs past the end of the image")
+            raise RunFailure("cubin section header table runs past the end of the image")
         return {"shoff": shoff, "flags": flags, "shnum": shnum, "shstrndx": shstrndx}
 
     def _sections(self, header: dict[str, int]) -> tuple[Section, ...]:
@@ -195,24 +191,24 @@ class Cubin:
         sections = []
         for index, (name, kind, flags, _, offset, size, link, info, _, _) in enumerate(raw):
             if kind != SHT_NOBITS and offset + size > len(self.image):
-                raise CubinError(f"cubin section {index} runs past the end of the image")
+                raise RunFailure(f"cubin section {index} runs past the end of the image")
             sections.append(Section(index, self._string(names[4], names[5], name), kind, flags,
                                     offset, size, link, info))
         return tuple(sections)
 
     def _string(self, table_offset: int, table_size: int, offset: int) -> str:
         if offset >= table_size:
-            raise CubinError(f"cubin string offset {offset} is outside its table")
+            raise RunFailure(f"cubin string offset {offset} is outside its table")
         start = table_offset + offset
         end = self.image.find(b"\0", start, table_offset + table_size)
         if end < 0:
-            raise CubinError("cubin string table entry is not terminated")
+            raise RunFailure("cubin string table entry is not terminated")
         return self.image[start:end].decode(errors="replace")
 
     def _symbols(self) -> tuple[Symbol, ...]:
         tables = [s for s in self.sections if s.type == SHT_SYMTAB]
         if len(tables) != 1:
-            raise CubinError(f"cubin has {len(tables)} symbol tables, expected 1")
+            raise RunFailure(f"cubin has {len(tables)} symbol tables, expected 1")
         table = tables[0]
         strings = self.sections[table.link]
         symbols = []
@@ -263,7 +259,7 @@ class Cubin:
         symbol = next((s for s in self.symbols if s.name == entry and s.is_function), None)
         text = self.section(f".text.{entry}")
         if symbol is None or text is None:
-            raise CubinError(f"the image has no kernel entry {entry!r} "
+            raise RunFailure(f"the image has no kernel entry {entry!r} "
                              f"(entries: {', '.join(self.entries()) or 'none'})")
         info = self.attributes(f".nv.info.{entry}")
         base, size = self._parameter_window(entry, info)
@@ -273,7 +269,7 @@ class Cubin:
         if shared_bytes and self.section(RESERVED_SHARED_MARK) is not None:
             reserved = RESERVED_SHARED_BYTES
             if shared_bytes < reserved:
-                raise CubinError(f"kernel {entry!r}: {shared_bytes} shared bytes cannot hold "
+                raise RunFailure(f"kernel {entry!r}: {shared_bytes} shared bytes cannot hold "
                                  f"the {reserved} reserved ones")
         return Kernel(
             entry=entry,
@@ -299,7 +295,7 @@ class Cubin:
             if symbol == symbol_index:
                 values.add(value)
         if len(values) > 1:
-            raise CubinError(f"symbol {symbol_index} has conflicting .nv.info 0x{code:02x} "
+            raise RunFailure(f"symbol {symbol_index} has conflicting .nv.info 0x{code:02x} "
                              f"values {sorted(values)}")
         return values.pop() if values else None
 
@@ -307,27 +303,27 @@ class Cubin:
         from_info = self._global_value(EIATTR_REGCOUNT, symbol.index)
         from_header = text.info >> 24 or None
         if from_info is not None and from_header is not None and from_info != from_header:
-            raise CubinError(f"kernel {entry!r}: EIATTR_REGCOUNT says {from_info} registers, "
+            raise RunFailure(f"kernel {entry!r}: EIATTR_REGCOUNT says {from_info} registers, "
                              f"the .text section header {from_header}")
         registers = from_info if from_info is not None else from_header
         if registers is None:
-            raise CubinError(f"kernel {entry!r}: the image records no register count")
+            raise RunFailure(f"kernel {entry!r}: the image records no register count")
         if not 0 < registers <= MAX_REGISTERS:
-            raise CubinError(f"kernel {entry!r}: {registers} registers is outside "
+            raise RunFailure(f"kernel {entry!r}: {registers} registers is outside "
                              f"1..{MAX_REGISTERS}")
         return registers
 
     def _parameter_window(self, entry: str, info: tuple[Attribute, ...]) -> tuple[int, int]:
         banks = [a for a in info if a.code == EIATTR_PARAM_CBANK]
         if len(banks) != 1:
-            raise CubinError(f"kernel {entry!r}: {len(banks)} EIATTR_PARAM_CBANK records, "
+            raise RunFailure(f"kernel {entry!r}: {len(banks)} EIATTR_PARAM_CBANK records, "
                              "expected 1")
         if not isinstance(banks[0].value, bytes) or len(banks[0].value) != 8:
-            raise CubinError(f"kernel {entry!r}: EIATTR_PARAM_CBANK is not 8 bytes")
+            raise RunFailure(f"kernel {entry!r}: EIATTR_PARAM_CBANK is not 8 bytes")
         _, offset, size = struct.unpack("<IHH", banks[0].value)
         declared = [a.value for a in info if a.code == EIATTR_CBANK_PARAM_SIZE]
         if declared and declared[0] != size:
-            raise CubinError(f"kernel {entry!r}: EIATTR_CBANK_PARAM_SIZE {declared[0]} != "
+            raise RunFailure(f"kernel {entry!r}: EIATTR_CBANK_PARAM_SIZE {declared[0]} != "
                              f"EIATTR_PARAM_CBANK size {size}")
         return offset, size
 
@@ -337,10 +333,10 @@ class Cubin:
             if attribute.code != EIATTR_KPARAM_INFO:
                 continue
             if not isinstance(attribute.value, bytes) or len(attribute.value) != 12:
-                raise CubinError(f"kernel {entry!r}: EIATTR_KPARAM_INFO is not 12 bytes")
+                raise RunFailure(f"kernel {entry!r}: EIATTR_KPARAM_INFO is not 12 bytes")
             _, ordinal, offset, flags = struct.unpack("<IHHI", attribute.value)
             if flags & _KPARAM_NOT_CBANK:
-                raise CubinError(f"kernel {entry!r}: parameter {ordinal} is not in a "
+                raise RunFailure(f"kernel {entry!r}: parameter {ordinal} is not in a "
                                  "constant bank")
             size = (flags >> _KPARAM_SIZE_SHIFT) & _KPARAM_SIZE_MASK
             params.append(KernelParam(ordinal, offset, size))
@@ -353,7 +349,7 @@ def parse_attributes(data: bytes, where: str = ".nv.info") -> tuple[Attribute, .
     position = 0
     while position < len(data):
         if position + 4 > len(data):
-            raise CubinError(f"{where}: truncated attribute at byte {position}")
+            raise RunFailure(f"{where}: truncated attribute at byte {position}")
         fmt, code, half = struct.unpack_from("<BBH", data, position)
         position += 4
         if fmt == EIFMT_NVAL:
@@ -362,11 +358,11 @@ def parse_attributes(data: bytes, where: str = ".nv.info") -> tuple[Attribute, .
             value = half
         elif fmt == EIFMT_SVAL:
             if position + half > len(data):
-                raise CubinError(f"{where}: attribute 0x{code:02x} runs past the section")
+                raise RunFailure(f"{where}: attribute 0x{code:02x} runs past the section")
             value = data[position:position + half]
             position += half
         else:
-            raise CubinError(f"{where}: unknown attribute format {fmt} at byte {position - 4}")
+            raise RunFailure(f"{where}: unknown attribute format {fmt} at byte {position - 4}")
         attributes.append(Attribute(fmt, code, value))
     return tuple(attributes)
 
@@ -376,7 +372,7 @@ def _dim3(info: tuple[Attribute, ...], code: int) -> tuple[int, int, int] | None
         if attribute.code == code:
             words = attribute.words()
             if len(words) != 3:
-                raise CubinError(f".nv.info attribute 0x{code:02x} is not three words")
+                raise RunFailure(f".nv.info attribute 0x{code:02x} is not three words")
             return words[0], words[1], words[2]
     return None
 

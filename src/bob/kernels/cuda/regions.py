@@ -8,7 +8,8 @@ its parameters where the plan writes them, the plan's block allowed) and
 gives the declared regions the image's code and resources. The result,
 ``CompiledRegions``, is a mapping name -> Region that also carries the image
 it was read from: a plan is built from the regions, the CUDA backend loads the
-image, and neither compiles or checks again.
+image, and neither compiles or checks again. ``catalogue`` gives a plan reader
+Bob's regions: the declared ones, and the compiled ones for a plan with code.
 
 Compiled regions also travel as a file, to a GPU machine without NVRTC
 (``export_regions``, ``load_regions``); the file starts with its format name
@@ -22,11 +23,12 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from bob.errors import BadInput
+from bob.config import DEFAULT_TARGET
+from bob.errors import BadInput, RunFailure
 from bob.kernels import signatures as sig
 from bob.kernels.cuda.compile import KernelSource, compile_source, normalize_arch, shipped_source
-from bob.kernels.cuda.cubin import Cubin, CubinError, Kernel, KernelParam, describe
-from bob.plan.model import Param, Region, Target
+from bob.kernels.cuda.cubin import Cubin, Kernel, KernelParam, describe
+from bob.plan.model import Param, Region, RegionCatalogue, Target
 from bob.plan.placement import TARGETS, argument_slots
 
 REGIONS_FORMAT = "bob-nv-regions"
@@ -70,7 +72,7 @@ def check_parameter_layout(kernel: Kernel, target: Target, params: tuple[Param, 
     """
     where = f"kernel {kernel.entry!r}"
     if check_base and kernel.parameter_base != target.parameter_base:
-        raise CubinError(
+        raise RunFailure(
             f"{where}: parameters start at 0x{kernel.parameter_base:x} in constant bank 0, "
             f"but the plan's target {target.name} puts them at 0x{target.parameter_base:x}"
         )
@@ -81,13 +83,13 @@ def check_parameter_layout(kernel: Kernel, target: Target, params: tuple[Param, 
     )
     expected_bytes = max((p.offset + p.size for p in expected), default=0)
     if kernel.parameter_bytes != expected_bytes:
-        raise CubinError(f"{where}: takes {kernel.parameter_bytes} parameter bytes, the plan's "
+        raise RunFailure(f"{where}: takes {kernel.parameter_bytes} parameter bytes, the plan's "
                          f"signature {expected_bytes}")
     if kernel.params and kernel.params != expected:
         found = ", ".join(f"#{p.ordinal}@{p.offset}:{p.size}" for p in kernel.params)
         wanted = ", ".join(f"{slot.param.name}@{p.offset}:{p.size}"
                            for slot, p in zip(slots, expected, strict=True))
-        raise CubinError(f"{where}: parameters [{found}] do not match the plan's [{wanted}]")
+        raise RunFailure(f"{where}: parameters [{found}] do not match the plan's [{wanted}]")
 
 
 def check_block(kernel: Kernel, block_x: int) -> None:
@@ -95,10 +97,10 @@ def check_block(kernel: Kernel, block_x: int) -> None:
     if kernel.max_threads is not None:
         limit = kernel.max_threads[0] * kernel.max_threads[1] * kernel.max_threads[2]
         if block_x > limit:
-            raise CubinError(f"kernel {kernel.entry!r} allows {limit} threads per block, "
+            raise RunFailure(f"kernel {kernel.entry!r} allows {limit} threads per block, "
                              f"the plan launches {block_x}")
     if kernel.required_block is not None and kernel.required_block != (block_x, 1, 1):
-        raise CubinError(f"kernel {kernel.entry!r} requires block {kernel.required_block}, "
+        raise RunFailure(f"kernel {kernel.entry!r} requires block {kernel.required_block}, "
                          f"the plan launches ({block_x}, 1, 1)")
 
 
@@ -107,7 +109,7 @@ def check_no_local_memory(kernel: Kernel) -> None:
     region's resources are its code, registers and shared memory, and Bob's own stream
     gives its launches no local memory."""
     if kernel.frame_bytes:
-        raise CubinError(f"kernel {kernel.entry!r} needs {kernel.frame_bytes} bytes of local "
+        raise RunFailure(f"kernel {kernel.entry!r} needs {kernel.frame_bytes} bytes of local "
                          "memory per thread (a stack frame); regions may use none")
 
 
@@ -144,7 +146,7 @@ def image_regions(image: bytes, target: Target,
     cubin = Cubin(image)
     expected_sm = int(target.name.removeprefix("sm_"))
     if cubin.sm != expected_sm:
-        raise CubinError(f"the image is for sm_{cubin.sm}, the plan's target is {target.name}")
+        raise RunFailure(f"the image is for sm_{cubin.sm}, the plan's target is {target.name}")
     regions = {}
     for region in bob_declared_regions() if declared is None else declared:
         regions[region.name] = region_from_kernel(cubin.kernel(region.entry), region, target)
@@ -157,15 +159,29 @@ def compiled_regions(arch: str | int | tuple[int, int], source: KernelSource | N
     """Compile `source` (Bob's kernels by default) for `arch`, cached, and read its regions."""
     arch = normalize_arch(arch)
     if arch not in TARGETS:
-        raise CubinError(f"no plan target for {arch} (targets: {', '.join(TARGETS)})")
+        raise RunFailure(f"no plan target for {arch} (targets: {', '.join(TARGETS)})")
     compiled = compile_source(source or shipped_source(), arch, **compile_options)
     return image_regions(compiled.image, TARGETS[arch], declared)
+
+
+def catalogue() -> RegionCatalogue:
+    """Bob's regions for a plan reader: the signatures and, for plans that carry code,
+    the regions of Bob's kernels compiled for the plan's target."""
+    return RegionCatalogue(
+        declared={name: sig.declared_region(name) for name in sig.SIGNATURES},
+        compiled=_compiled_regions,
+        owner="Bob",
+    )
+
+
+def _compiled_regions(target: Target) -> CompiledRegions:
+    return compiled_regions(target.name)  # NVRTC runs only here: for plans with code
 
 
 # -- compiled regions as a file ------------------------------------------------------
 
 
-def export_regions(path: str | Path, arch: str = "sm_90") -> CompiledRegions:
+def export_regions(path: str | Path, arch: str = DEFAULT_TARGET) -> CompiledRegions:
     """Compile Bob's regions for `arch` here and write their code and resources to `path`."""
     regions = compiled_regions(arch)
     document = {
@@ -180,7 +196,8 @@ def export_regions(path: str | Path, arch: str = "sm_90") -> CompiledRegions:
     return regions
 
 
-def load_regions(path: str | Path | None = None, arch: str = "sm_90") -> Mapping[str, Region]:
+def load_regions(path: str | Path | None = None, arch: str = DEFAULT_TARGET,
+                 ) -> Mapping[str, Region]:
     """Bob's regions for `arch` from an exported file, or compiled here without a path."""
     if path is None:
         return compiled_regions(arch)
@@ -212,7 +229,7 @@ def file_block(path: str | Path, name: str, entry: dict) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    for arch in args or ["sm_86", "sm_90"]:
+    for arch in args or list(TARGETS):
         cubin = Cubin(compiled_regions(arch).image)
         print(f"{arch} (image for sm_{cubin.sm}, ELF ABI {cubin.abi_version}):")
         for kernel in cubin.kernels().values():

@@ -1,12 +1,11 @@
 """The copy kernels the nv backend takes a read-back's snapshot with.
 
 A read of the tables at V = 8192 is 805 MB. The copy engine moves it to the host
-at PCIe speed (about 15 ms), and the next run writes the same tables, so it would
-wait. The backend therefore first copies the tensors into spare video memory with
-these kernels (at memory bandwidth: a fraction of a millisecond), lets the next run
-start, and copies the snapshot to the host on a copy engine meanwhile. The copy
-engine itself copies video memory to video memory at about a tenth of the
-kernels' speed (9 ms for 805 MB, measured on the H200).
+at PCIe speed, and the next run writes the same tables, so it would wait. The
+backend therefore first copies the tensors into spare video memory with these
+kernels, at memory bandwidth, lets the next run start, and copies the snapshot to
+the host on a copy engine meanwhile. The copy engine itself copies video memory to
+video memory far slower than the kernels do.
 
 They are not a plan's regions: they move bytes the plan already wrote, they change
 no value, and no plan launches them. Each copies `count` units from `source` to
@@ -20,8 +19,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from bob.config import DEFAULT_TARGET
+from bob.errors import RunFailure
 from bob.kernels.cuda.compile import KernelSource, compile_source, normalize_arch
-from bob.kernels.cuda.cubin import Cubin, CubinError, Kernel
+from bob.kernels.cuda.cubin import Cubin, Kernel
 
 SOURCE_TEXT = r"""
 #define BOB_COPY_THREADS 256
@@ -74,14 +75,14 @@ def check_copy_kernel(kernel: Kernel) -> None:
     """The layout the backend writes: three 8-byte parameters, no stack, no shared memory."""
     offsets = [(param.offset, param.size) for param in kernel.params]
     if offsets != [(0, 8), (8, 8), (16, 8)]:
-        raise CubinError(f"copy kernel {kernel.entry!r} takes {offsets} (offset, size), not "
+        raise RunFailure(f"copy kernel {kernel.entry!r} takes {offsets} (offset, size), not "
                          "three 8-byte parameters")
     if kernel.frame_bytes or kernel.shared_bytes - kernel.reserved_shared_bytes:
-        raise CubinError(f"copy kernel {kernel.entry!r} needs local or shared memory")
+        raise RunFailure(f"copy kernel {kernel.entry!r} needs local or shared memory")
 
 
 @functools.cache
-def copy_kernels(arch: str = "sm_90") -> dict[str, CopyKernel]:
+def copy_kernels(arch: str = DEFAULT_TARGET) -> dict[str, CopyKernel]:
     """The copy kernels for `arch`, compiled through the cubin cache and checked."""
     image = compile_source(SOURCE, normalize_arch(arch)).image
     cubin = Cubin(image)
