@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bob.backends import BackendChoice
-from bob.bench.peers import Peer, Unavailable, bench_targets
-from bob.bench.tables import BYTES_PER_PARAMETER, Row, RowKind
 from bob.config import DEFAULT_SUBMISSION_POLICY, SCHEDULES, Hyper
 from bob.program.bob import BobConfig, adam_scalar_table
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
+from dev.bench.peers import Peer, Unavailable, bench_targets
+from dev.bench.tables import BYTES_PER_PARAMETER, Row, RowKind
 
 STEADY_INVOCATIONS = 5  # session.train's invocations per steady timing
 COMMAND_TIMEOUT = 600.0  # seconds one `bob train` process may take in the bench

@@ -11,8 +11,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from bob.bench.tables import TARGET_SEED, Device
 from bob.config import Hyper
+from dev.bench.tables import TARGET_SEED, Device
 
 
 class Unavailable(Exception):

@@ -1,6 +1,6 @@
 """Rows, tables and the report of ``bob bench``: what was measured, ready to print or save.
 
-Nothing here measures; ``bob.bench.measurement`` and ``bob.bench.suite`` fill these.
+Nothing here measures; ``dev.bench.measurement`` and ``dev.bench.suite`` fill these.
 """
 
 from __future__ import annotations
