@@ -301,6 +301,17 @@ def test_the_knob_source_as_it_is_compiles_to_the_shipped_image(arch: str, cache
     assert compile_source(knob_source(), arch, cache_dir=cache).image == shipped
 
 
+def test_the_shipped_source_has_no_tuning_macro() -> None:
+    """Nothing in the shipped kernels can be set from outside: no #ifndef default, no
+    #ifdef; the preprocessor tests only the architecture and the tall header's mode."""
+    shipped = nv_compile.shipped_source()
+    for name, text in ((shipped.name, shipped.text), *shipped.headers):
+        tests = [line.strip() for line in text.splitlines()
+                 if line.lstrip().startswith(("#if", "#elif"))]
+        assert all(test in ("#if __CUDA_ARCH__ >= 900", "#if !TALL_MODE_CORPUS",
+                            "#if TALL_MODE_CORPUS") for test in tests), (name, tests)
+
+
 STREAM_ENTRIES = {sig.ENTRIES[sig.FUSED_STREAM_HARD], sig.ENTRIES[sig.FUSED_STREAM_CORPUS]}
 
 
