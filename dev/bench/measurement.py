@@ -60,7 +60,6 @@ def failed(name: str, kind: RowKind, updates: int, error: BaseException) -> Row:
     return Row(name, kind, updates, error=f"failed: {error_text(error)}")
 
 
-
 def measure_peer(make: Callable[[], Peer], name: str, updates: int, repeats: int) -> Row:
     try:
         peer = make()
@@ -75,7 +74,6 @@ def measure_peer(make: Callable[[], Peer], name: str, updates: int, repeats: int
     finally:
         with contextlib.suppress(Exception):
             peer.close()
-
 
 
 def bob_configs(vocab: int, updates: int, submission: str = DEFAULT_SUBMISSION_POLICY,

@@ -32,7 +32,6 @@ def numpy_objective(table: np.ndarray, targets: np.ndarray) -> float:
     return float(np.mean(log_sums - shifted[np.arange(len(w)), targets]))
 
 
-
 def numpy_train(w: np.ndarray, m: np.ndarray, v: np.ndarray, targets: np.ndarray,
                 updates: int, hyper: Hyper = Hyper(), first_step: int = 1) -> list[float]:
     """The plain float32 NumPy loop: `updates` AdamW steps on (w, m, v), in place.
@@ -62,7 +61,6 @@ def numpy_train(w: np.ndarray, m: np.ndarray, v: np.ndarray, targets: np.ndarray
         bias2 = 1 - b2**t
         w -= lr / bias1 * m / (np.sqrt(v) / math.sqrt(bias2) + eps)
     return losses
-
 
 
 class Peer(ABC):
@@ -104,7 +102,6 @@ class NumpyPeer(Peer):
 
     def loss(self) -> float:
         return numpy_objective(self.w, self.targets)
-
 
 
 def torch_modules():

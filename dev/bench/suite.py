@@ -49,7 +49,6 @@ def default_updates(device: Device, vocab: int) -> int:
     return 100 if vocab <= 1024 else 5  # ~0.4 ms vs ~0.5 s per update
 
 
-
 def cpu_name() -> str:
     model = platform.processor() or platform.machine()
     with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as info:
@@ -89,7 +88,6 @@ def copy_bandwidth() -> float | None:
         return 2 * (1 << 30) / statistics.median(times)
     except Exception:  # noqa: BLE001 - the floor row is a courtesy
         return None
-
 
 
 Progress = Callable[[str], None]

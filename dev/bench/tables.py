@@ -22,7 +22,6 @@ BANDWIDTH_MIN_VOCAB = 2048
 TARGET_SEED = 0  # the random targets every contender trains on
 
 
-
 @dataclass(frozen=True)
 class Row:
     """One contender (or one piece of Bob's host work) at one V."""

@@ -137,8 +137,6 @@ def bench_cpu() -> None:
         print(row.line() + f"  ({loop / row.seconds:.2f}x the numpy loop)")
 
 
-
-
 # The seed schedule's kernels (the knob source): their tuning macros, and the launch floor.
 SEED_VARIANTS = {
     "defaults": "",

@@ -87,10 +87,6 @@ def start_parameters(vocab: int) -> bytes:
     return table.tobytes()
 
 
-
-
-
-
 def run_small(choice: BackendChoice, config: BobConfig, timed: bool) -> SmallRun:
     """The start state, then one run (its digest), timed as a warm-up and three runs."""
     plan = build_plan(config, choice.target, Hyper(), compiled=choice.regions)

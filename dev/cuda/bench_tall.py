@@ -93,8 +93,6 @@ class TallRun:
                 f"state {self.digest}{verdict}")
 
 
-
-
 def start_parameters(vocab: int, random: bool) -> bytes:
     """Zeros (the timed runs, as the recorded figures), or a seeded normal table whose row
     0 is all zeros: rows with distinct maxima and one whose maximum is a zero."""
@@ -103,8 +101,6 @@ def start_parameters(vocab: int, random: bool) -> bytes:
     table = np.random.default_rng(3).standard_normal((vocab, vocab), dtype=np.float32)
     table[0] = 0.0
     return table.tobytes()
-
-
 
 
 def run_tall(choice: BackendChoice, config: BobConfig, timed: bool) -> TallRun:
@@ -141,8 +137,6 @@ def run_tall(choice: BackendChoice, config: BobConfig, timed: bool) -> TallRun:
 
 def fused(vocab: int, mode: Mode, updates: int) -> BobConfig:
     return BobConfig(vocab=vocab, prompts=0, updates=updates, mode=mode, schedule="fused")
-
-
 
 
 def sizes(variable: str, default: str) -> tuple[int, ...]:

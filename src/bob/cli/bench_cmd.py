@@ -61,7 +61,7 @@ def bench(vocabs, updates, repeats, backends, as_json, save, submission) -> None
     if root is None:
         raise BadInput(NO_CHECKOUT)
     if str(root) not in sys.path:
-        sys.path.append(str(root))  # the checkout's dev/ imports as the package `dev`
+        sys.path.insert(0, str(root))  # the checkout's dev/ imports as the package `dev`
     from dev.bench import cli as suite
 
     status = suite.bench(vocabs, updates, repeats, backends, as_json, save, submission)
