@@ -30,7 +30,7 @@ run: $(RUN_STAMP)
 	$(BIN)/bob train --overwrite  # the main job, from scratch each time
 
 lint: setup
-	$(BIN)/ruff check src tests bench tools
+	$(BIN)/ruff check src tests dev tools
 
 test: setup lint
 	$(BIN)/python -m pytest -q
@@ -38,7 +38,7 @@ test: setup lint
 gpu-test: setup
 	$(BIN)/python -m pytest -q -m gpu
 
-bench: setup
+bench: setup  # the suite in dev/bench, beside the editable install's src/
 	$(BIN)/bob bench
 
 clean:

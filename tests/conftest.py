@@ -162,20 +162,20 @@ needs_nvrtc = pytest.mark.skipif(nvrtc_problem() is not None,
                                  reason=str(nvrtc_problem()))
 
 
-def shipped_ptx(arch: str, macros: str = "") -> str:
-    """bob_kernels.cu (with `macros` in front) compiled to PTX by NVRTC with Bob's
-    arithmetic options (tests that read the instructions the compiler chose)."""
+def shipped_ptx(arch: str, source=None) -> str:
+    """bob_kernels.cu as shipped (or `source`, a KernelSource: a variant from dev/cuda)
+    compiled to PTX by NVRTC with Bob's arithmetic options (tests that read the
+    instructions the compiler chose)."""
     from cuda.bindings import nvrtc
 
     from bob.kernels.cuda.compile import options_for, shipped_source
 
     ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
-    shipped = shipped_source()
-    source = (macros + shipped.text).encode()
-    headers = [text.encode() for _, text in shipped.headers]
-    names = [name.encode() for name, _ in shipped.headers]
-    err, program = nvrtc.nvrtcCreateProgram(source, b"bob_kernels.cu", len(headers), headers,
-                                            names)
+    kernels = source or shipped_source()
+    headers = [text.encode() for _, text in kernels.headers]
+    names = [name.encode() for name, _ in kernels.headers]
+    err, program = nvrtc.nvrtcCreateProgram(kernels.text.encode(), kernels.name.encode(),
+                                            len(headers), headers, names)
     assert err == ok, err
     options = [option.encode() for option in options_for(arch)]
     try:

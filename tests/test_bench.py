@@ -10,15 +10,27 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from bob.backends import choose_backend
-from bob.bench.measurement import bob_configs, measure_peer
-from bob.bench.peers import (
+from bob.cli import bench_cmd
+from bob.cli.main import cli, main
+from bob.config import Hyper
+from bob.host.session import Session
+from bob.program.bob import BobConfig
+from bob.records.binary import InputRecord
+from bob.records.checkpoint import Checkpoint
+from dev.bench.measurement import bob_configs, measure_peer
+from dev.bench.peers import (
     NumpyPeer,
     Peer,
     Unavailable,
@@ -26,14 +38,8 @@ from bob.bench.peers import (
     numpy_objective,
     numpy_train,
 )
-from bob.bench.suite import run_bench
-from bob.bench.tables import BYTES_PER_PARAMETER, BenchTable, Row
-from bob.cli.main import cli, main
-from bob.config import Hyper
-from bob.host.session import Session
-from bob.program.bob import BobConfig
-from bob.records.binary import InputRecord
-from bob.records.checkpoint import Checkpoint
+from dev.bench.suite import run_bench
+from dev.bench.tables import BYTES_PER_PARAMETER, DEVICES, TARGET_SEED, BenchTable, Row
 
 BOB_ROWS = ("bob cpu invocation", "bob cpu run", "bob cpu train steady invocation",
             "bob cpu train command")
@@ -142,7 +148,7 @@ def test_numpy_loop_continues_from_a_step() -> None:
 
 def test_torch_cpu_peer_trains_the_same_objective() -> None:
     pytest.importorskip("torch")
-    from bob.bench.peers import TorchEager
+    from dev.bench.peers import TorchEager
 
     vocab, updates, hyper = 16, 20, Hyper()
     targets = bench_targets(vocab)
@@ -186,6 +192,44 @@ def test_every_schedule_is_benched_the_seed_first() -> None:
     assert list(bob_configs(8, 3)) == [("", seed), (" fused", replace(seed, schedule="fused"))]
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_command_finds_the_suite_beside_src_in_this_checkout() -> None:
+    assert bench_cmd.checkout_root() == ROOT
+    assert bench_cmd.BENCH_BACKENDS == ("auto", *DEVICES)  # the suite's devices
+
+
+def test_bench_command_without_a_checkout_refuses_in_one_line(tmp_path: Path) -> None:
+    """Bob installed without its repository (here: the package copied alone onto a path,
+    as a wheel installs it) has no dev/ beside it: one line saying what to do, status 2."""
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "src" / "bob", site / "bob",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([sys.executable, "-m", "bob", "bench", "--backend", "cpu", "-V", "4"],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr == f"bob: {bench_cmd.NO_CHECKOUT}\n"
+    assert "clone the repository and run `make bench`" in bench_cmd.NO_CHECKOUT
+
+
+def test_nothing_in_the_product_imports_the_dev_tooling_but_the_bench_face() -> None:
+    importers = {path.relative_to(ROOT / "src").as_posix()
+                 for path in (ROOT / "src").rglob("*.py")
+                 if re.search(r"^\s*(from|import) dev\b", path.read_text(), re.M)}
+    assert importers == {"bob/cli/bench_cmd.py"}
+    assert not (ROOT / "src" / "bob" / "bench").exists()
+    assert not (ROOT / "src" / "bob" / "bringup").exists()
+
+
+def test_the_profiled_targets_are_the_bench_targets() -> None:
+    from bob.cli import profile_cmd
+
+    assert profile_cmd.TARGET_SEED == TARGET_SEED
+
+
 def test_bench_command_prints_json() -> None:
     result = CliRunner().invoke(
         cli, ["bench", "--backend", "cpu", "-V", "4", "-V", "8", "-N", "2", "-r", "1", "--json"])
@@ -218,10 +262,7 @@ def test_bench_on_cuda_without_a_gpu_fails_with_a_reason(capsys) -> None:
 def test_the_command_row_finds_bob_from_another_directory(monkeypatch, tmp_path):
     """An uninstalled checkout runs with a relative PYTHONPATH; the `bob train` subprocess
     runs in a temporary directory and must still import this Bob."""
-    import subprocess
-    import sys
-
-    from bob.bench.measurement import command_env
+    from dev.bench.measurement import command_env
 
     monkeypatch.setenv("PYTHONPATH", "src")
     env = command_env()
@@ -234,15 +275,10 @@ def test_the_command_row_finds_bob_from_another_directory(monkeypatch, tmp_path)
 
 
 def test_bench_host_times_the_session_with_the_device_program_made_instant() -> None:
-    """bench/bench_host.py in a process of its own (it makes the cpu backend's run a
+    """dev/bench/bench_host.py in a process of its own (it makes the cpu backend's run a
     no-op): the steady line, then each of the session's steps with its calls counted."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root / "src"), "V": "16", "N": "10"}
-    done = subprocess.run([sys.executable, str(root / "bench" / "bench_host.py")], env=env,
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "V": "16", "N": "10"}
+    done = subprocess.run([sys.executable, "-m", "dev.bench.bench_host"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300, check=True)
     lines = done.stdout.splitlines()
     assert lines[0].startswith("V=16 N=10 fused: host part ")
@@ -255,16 +291,11 @@ def test_bench_host_times_the_session_with_the_device_program_made_instant() -> 
 
 
 def test_bench_command_times_each_command_in_rounds_and_reads_both_statistics() -> None:
-    """bench/bench_command.py on the cpu backend (the script without a GPU): every
+    """dev/bench/bench_command.py on the cpu backend (the script without a GPU): every
     command's median and least, and the target read by each."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root / "src"), "B": "cpu", "V": "16", "N": "10",
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "B": "cpu", "V": "16", "N": "10",
            "STEPS": "30", "REPEATS": "2"}
-    done = subprocess.run([sys.executable, str(root / "bench" / "bench_command.py")],
+    done = subprocess.run([sys.executable, "-m", "dev.bench.bench_command"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600, check=True)
     lines = done.stdout.splitlines()
     assert lines[0].startswith("cpu V=16, N=10: device program ")

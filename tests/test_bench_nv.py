@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 
 from bob.backends import BackendChoice
-from bob.bench import suite
-from bob.bench.tables import Row
 from bob.config import Hyper
 from bob.errors import BackendUnavailable
 from bob.plan.placement import SM90
+from dev.bench import suite
+from dev.bench.tables import Row
 
 NV = BackendChoice("nv", SM90, reason="a fake nv")
 CUDA = BackendChoice("cuda", SM90, reason="a fake cuda")

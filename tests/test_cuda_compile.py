@@ -40,6 +40,7 @@ from bob.kernels.cuda.regions import (  # noqa: E402
 from bob.plan.certificate import certify  # noqa: E402
 from bob.plan.placement import TARGETS  # noqa: E402
 from bob.program.bob import BobConfig, build_plan  # noqa: E402
+from dev.cuda.variants import knob_source  # noqa: E402
 
 try:
     NVRTC = nv_compile.nvrtc_version()
@@ -288,17 +289,36 @@ def test_a_non_cubin_is_refused() -> None:
         Cubin(elf32)
 
 
-# -- the stream kernels' tuning macro ----------------------------------------------------
+# -- the tuning macros of the knob source (dev/cuda) --------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_knob_source_as_it_is_compiles_to_the_shipped_image(arch: str, cache: Path) -> None:
+    """Every tuning macro's default is the choice the shipped source has written in: with
+    no #defines in front, dev/cuda's knob source gives the shipped cubin byte for byte, so
+    a variant differs from the shipped kernels by its macros alone."""
+    shipped = compile_source(nv_compile.shipped_source(), arch, cache_dir=cache).image
+    assert compile_source(knob_source(), arch, cache_dir=cache).image == shipped
+
+
+def test_the_shipped_source_has_no_tuning_macro() -> None:
+    """Nothing in the shipped kernels can be set from outside: no #ifndef default, no
+    #ifdef; the preprocessor tests only the architecture and the tall header's mode."""
+    shipped = nv_compile.shipped_source()
+    for name, text in ((shipped.name, shipped.text), *shipped.headers):
+        tests = [line.strip() for line in text.splitlines()
+                 if line.lstrip().startswith(("#if", "#elif"))]
+        assert all(test in ("#if __CUDA_ARCH__ >= 900", "#if !TALL_MODE_CORPUS",
+                            "#if TALL_MODE_CORPUS") for test in tests), (name, tests)
+
 
 STREAM_ENTRIES = {sig.ENTRIES[sig.FUSED_STREAM_HARD], sig.ENTRIES[sig.FUSED_STREAM_CORPUS]}
 
 
 def kernel_codes(arch: str, macros: str) -> dict[str, bytes]:
-    """Bob's kernels compiled with `macros` in front, read as regions (which refuses any
+    """The knob source compiled with `macros` in front, read as regions (which refuses any
     kernel with a stack frame): each entry's code."""
-    shipped = nv_compile.shipped_source()
-    source = KernelSource(shipped.name, macros + shipped.text, shipped.headers)
-    regions = compiled_regions(arch, source)
+    regions = compiled_regions(arch, knob_source(macros))
     kernels = Cubin(regions.image).kernels()
     assert {k.entry: k.frame_bytes for k in kernels.values() if k.frame_bytes} == {}
     for name in (sig.FUSED_STREAM_HARD, sig.FUSED_STREAM_CORPUS):
@@ -332,9 +352,7 @@ def test_the_stream_fast_divide_variant_compiles_without_local_memory(arch: str)
     assert shipped == kernel_codes(arch, "#define STREAM_FAST_DIVIDE 0\n")
     with pytest.raises(RunFailure, match="bob_fused_train_stream_corpus.*local memory"):
         kernel_codes(arch, "#define STREAM_FAST_DIVIDE 1\n")
-    source = nv_compile.shipped_source()
-    regions = compiled_regions(arch, KernelSource(source.name, FAST_STREAM + source.text,
-                                                  source.headers))
+    regions = compiled_regions(arch, knob_source(FAST_STREAM))
     kernels = Cubin(regions.image).kernels()
     assert {k.entry: k.frame_bytes for k in kernels.values() if k.frame_bytes} == {}
     for name in (sig.FUSED_STREAM_HARD, sig.FUSED_STREAM_CORPUS):
@@ -348,7 +366,7 @@ SEED_ENTRIES = {sig.ENTRIES[sig.LOSS_HARD], sig.ENTRIES[sig.ADAMW]}
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_seed_macros_change_the_seed_kernels_and_no_other(arch: str) -> None:
-    """The seed schedule's tuning macros (bench/bench_fused.py --experiments) compile with
+    """The seed schedule's tuning macros (dev/cuda/bench_fused.py --experiments) compile with
     no local memory: SEED_KEPT 2 and SEED_FAST_DIVIDE 1 are the defaults; SEED_KEPT 1
     changes the hard loss-gradient alone; SEED_FAST_DIVIDE 0 (the intrinsics) and
     SEED_LAUNCH_ONLY (empty kernels: the launch floor) change it and AdamW."""

@@ -301,29 +301,22 @@ def test_the_simulator_refuses_a_qmd_short_of_the_regions_shared_memory():
 
 
 def test_every_shape_the_gpu_tests_and_the_bench_try_compiles_without_local_memory():
-    """The held kernels' variants (tests/test_held_gpu.py, bench/bench_stream.py: both run
-    on the H200) compile for sm_90 into regions, both modes: no spill, a block from their
-    launch bounds. (The shipped kernels: test_a_held_region_asks_for_...)"""
+    """The held kernels' variants (tests/test_held_gpu.py, dev/cuda/bench_stream.py: both
+    run on the H200) compile for sm_90 into regions, both modes: no spill, a block from
+    their launch bounds. (The shipped kernels: test_a_held_region_asks_for_...)"""
     pytest.importorskip("cuda.bindings.nvrtc", reason="the kernels compile with NVRTC")
-    import sys
-    from pathlib import Path
-
-    from bob.kernels.cuda.compile import KernelSource, shipped_source
     from bob.kernels.cuda.regions import compiled_regions
+    from dev.cuda.bench_stream import VARIANTS
+    from dev.cuda.variants import knob_source
     from test_held_gpu import SHAPES
-
-    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
-    from bench_stream import VARIANTS
 
     macros_of = {macros: name for name, macros in SHAPES.items()}
     macros_of.update({macros: name for name, (kernels, macros) in VARIANTS.items()
                       if kernels == "held"})
-    shipped = shipped_source()
     for macros, name in macros_of.items():
         if not macros:
             continue
-        regions = compiled_regions("sm_90", KernelSource(shipped.name, macros + shipped.text,
-                                                         shipped.headers))
+        regions = compiled_regions("sm_90", knob_source(macros))
         for region in sig.SHARED_REST:
             assert regions[region].block_x in (512, 768), (name, region)
             assert regions[region].dynamic_shared_bytes > 0, (name, region)

@@ -19,16 +19,17 @@ import pytest
 
 import bob.kernels.signatures as sig
 import bob.program.bob as program
-from bob.backends import BackendChoice
+from bob.backends import BackendChoice, choose_backend
 from bob.backends.cuda import CudaBackend
-from bob.bench.variants import variant_choice
 from bob.kernels.cuda.regions import CompiledRegions
 from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord
+from dev.cuda.variants import variant_choice
 from test_fused_gpu import train_both
 
 gpu = pytest.mark.gpu
 
+# The shipped kernels, and other shapes: the knob source (dev/cuda) with these #defines.
 SHAPES = {
     "shipped": "",
     "768 threads": "#define HELD_THREADS 768u\n#define HELD_UPDATE_DEPTH 1u\n"
@@ -42,6 +43,10 @@ SHAPES = {
     "half of m and v asked into L2, 4 rounds ahead": "#define HELD_L2_PREFETCH 4u\n"
                                                       "#define HELD_L2_AHEAD 4u\n",
 }
+
+
+def kernels_of(shape: str) -> BackendChoice:
+    return choose_backend("cuda") if shape == "shipped" else variant_choice(SHAPES[shape])
 
 
 def held_capacity(choice: BackendChoice, dynamic_bytes: int) -> BackendChoice:
@@ -70,7 +75,7 @@ def test_the_held_kernels_equal_the_seed_on_the_cpu(monkeypatch: pytest.MonkeyPa
                                                     steps: int, per_invocation: int) -> None:
     monkeypatch.setattr(program, "HELD_FROM_VOCAB", 4097)
     config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
-    choice = variant_choice(SHAPES[shape])
+    choice = kernels_of(shape)
     assert config.fused_region(choice.target) in (sig.FUSED_HELD_HARD, sig.FUSED_HELD_CORPUS)
     train_both(choice, config, steps)
 
@@ -88,7 +93,7 @@ def test_a_row_held_in_part_equals_the_seed_on_the_cpu(monkeypatch: pytest.Monke
     12288 (at V = 9000 all held and 3288 exponentials kept)."""
     monkeypatch.setattr(program, "HELD_FROM_VOCAB", 4097)
     config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
-    train_both(held_capacity(variant_choice(""), held_bytes), config, steps)
+    train_both(held_capacity(kernels_of("shipped"), held_bytes), config, steps)
 
 
 @gpu
@@ -108,7 +113,7 @@ def test_a_max_that_stays_zero_takes_the_lane_order_tree_each_update(
             parameters[row] = -1e30
             parameters[row, record.targets[row]] = 0.0 if row == 1 else -0.0
 
-    train_both(variant_choice(""), config, steps, shape_start=zero_max_rows)
+    train_both(kernels_of("shipped"), config, steps, shape_start=zero_max_rows)
 
 
 @gpu
@@ -119,6 +124,6 @@ def test_an_invocation_of_several_held_launches_equals_the_seed_on_the_cpu(
     launches of 2, 2 and 1: w goes back to memory between them, the last finishes."""
     monkeypatch.setattr(program, "HELD_UPDATES_PER_LAUNCH", 2)
     config = BobConfig(vocab=9000, prompts=1, updates=5, mode=mode)
-    choice = variant_choice("")
+    choice = kernels_of("shipped")
     assert replace(config, schedule="fused").training_launches(choice.target) == 3 + 1
     train_both(choice, config, 5)

@@ -480,7 +480,7 @@ def test_the_ring_refuses_more_than_it_holds():
 
 def test_probe_qmd_decodes_to_its_dispatch():
     from bob.backends.nv import decoder
-    from bob.bringup import probe
+    from dev.bringup import probe
 
     image = probe.probe_qmd(0x20_0000_0000, 0x20_0000_1000, 1024, 4, 128, 0x20_0060_0010, 3)
     qmd = decoder.decode_qmd(image, s.HOPPER_COMPUTE_A)
@@ -495,7 +495,7 @@ def test_probe_qmd_decodes_to_its_dispatch():
 
 def test_probe_parameter_block_has_the_driver_area():
     from bob.backends.nv import decoder
-    from bob.bringup import probe, probe_kernel
+    from dev.bringup import probe, probe_kernel
 
     block = probe.probe_parameter_block(0x20_0080_0000, 0xB0B0_0000, 4, 128)
     area = decoder.decode_driver_area(block)
@@ -505,7 +505,7 @@ def test_probe_parameter_block_has_the_driver_area():
 
 
 def test_probe_stages_one_and_two_against_the_fake_driver(capsys):
-    from bob.bringup import probe
+    from dev.bringup import probe
 
     status = probe.main(["--stages", "1,2", "--deadline", "0.05"],
                         transport=FakeDriver().transport())
@@ -527,7 +527,7 @@ def _nv_present() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _nv_present(), reason="no NVIDIA kernel driver here")
 def test_probe_dispatches_a_kernel_on_hopper(capsys):
-    from bob.bringup import probe
+    from dev.bringup import probe
 
     status = probe.main(["--stages", "1,2,3", "--deadline", "10"])
     out = capsys.readouterr().out
@@ -605,10 +605,10 @@ def test_the_plan_check_names_what_differs_on_a_driver_that_runs_nothing(monkeyp
     kernels wrote differs and the input written to both agrees."""
     import json
 
-    from bob.bringup.plan_check import run_plan_check
     from bob.errors import RunFailure
     from bob.kernels import signatures as sig
     from bob.kernels.cuda.regions import REGIONS_FORMAT, REGIONS_VERSION
+    from dev.bringup.plan_check import run_plan_check
 
     regions = tmp_path / "regions.json"
     regions.write_text(json.dumps({
@@ -750,7 +750,7 @@ def test_regions_file_round_trip_and_refusals(tmp_path):
 @pytest.mark.skipif(not _nv_present(), reason="no NVIDIA kernel driver here")
 def test_bob_plan_on_hopper_is_bit_identical_to_cpu(capsys):
     """Stage 4: regions from BOB_NV_REGIONS (an exported file) or compiled with NVRTC."""
-    from bob.bringup import probe
+    from dev.bringup import probe
 
     regions = os.environ.get("BOB_NV_REGIONS")
     if regions is None:
@@ -769,7 +769,6 @@ def test_bob_plan_on_hopper_is_bit_identical_to_cpu(capsys):
 def _two_launch_plan():
     """The probe kernel (out[i] = magic + i) as a region: a, then b, in one submission;
     then a again alone."""
-    from bob.bringup import probe_kernel
     from bob.plan.model import (
         Dim3,
         Footprint,
@@ -784,6 +783,7 @@ def _two_launch_plan():
         TensorSpec,
     )
     from bob.plan.placement import SM90, place
+    from dev.bringup import probe_kernel
 
     region = Region("probe", code=probe_kernel.CODE, registers=probe_kernel.REGISTERS,
                     block_x=128, shared_bytes=probe_kernel.SHARED_BYTES,

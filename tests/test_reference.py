@@ -525,8 +525,10 @@ def test_cuda_source_compiles_with_nvrtc(arch):
     assert {entry for entry, hits in found.items() if hits} == FAST_DIVIDE_ENTRIES
     for entry in FAST_DIVIDE_ENTRIES:  # the fast divide's own instructions, nothing else
         assert all(FAST_DIVIDE.fullmatch(hit) for hit in found[entry]), entry
-    # Without the fast divide not one such instruction is left anywhere.
-    strict = _unexact_by_entry(shipped_ptx(arch, "#define SMALL_FAST_DIVIDE 0\n"
-                                                 "#define HELD_FAST_DIVIDE 0\n"
-                                                 "#define SEED_FAST_DIVIDE 0\n"))
+    # Without the fast divide (the knob source's variant) not one such instruction is left.
+    from dev.cuda.variants import knob_source
+
+    strict = _unexact_by_entry(shipped_ptx(arch, knob_source("#define SMALL_FAST_DIVIDE 0\n"
+                                                             "#define HELD_FAST_DIVIDE 0\n"
+                                                             "#define SEED_FAST_DIVIDE 0\n")))
     assert {entry: hits for entry, hits in strict.items() if hits} == {}

@@ -1,7 +1,8 @@
-"""The small-row fused path's variants (bob_kernels.cu: SMALL_THREADS, SMALL_FAST_DIVIDE,
-SMALL_FULL_ROWS; the list is bench/bench_small.py's): each compiles for sm_90 with no
-local memory and changes only the kernels built on fused_train (NVRTC, no GPU); on a GPU
-(marked ``gpu``) each trains byte for byte as the CPU does.
+"""The small-row fused path's variants (the knob source, dev/cuda/bob_kernels.cu:
+SMALL_THREADS, SMALL_FAST_DIVIDE, SMALL_FULL_ROWS; the list is dev/cuda/bench_small.py's):
+each compiles for sm_90 with no local memory and changes only the kernels built on
+fused_train (NVRTC, no GPU); on a GPU (marked ``gpu``) each trains byte for byte as the
+CPU does.
 
     PYTHONPATH=src python -m pytest tests/test_small_variants.py
     PYTHONPATH=src python -m pytest -m gpu tests/test_small_variants.py   # on a GPU machine
@@ -9,7 +10,6 @@ local memory and changes only the kernels built on fused_train (NVRTC, no GPU); 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -20,27 +20,16 @@ import numpy as np
 import pytest
 
 from bob.backends import BackendChoice, choose_backend
-from bob.bench.variants import variant_choice
 from bob.host.check import compare_backends, random_record
 from bob.host.session import Session, split_updates
 from bob.kernels import signatures as sig
 from bob.plan.certificate import certify
 from bob.program.bob import BobConfig, Hyper
 from bob.records.checkpoint import Checkpoint
+from dev.cuda.bench_small import VARIANTS
+from dev.cuda.variants import knob_source, variant_choice
 
-BENCH = Path(__file__).parent.parent / "bench"
-
-
-def bench_small():
-    spec = importlib.util.spec_from_file_location("bench_small", BENCH / "bench_small.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_small", module)  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
-
-
-VARIANTS: dict[str, str] = bench_small().VARIANTS
+ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = "128 threads, fast divide, full rows (default)"
 NARROW_ENTRIES = {sig.ENTRIES[sig.FUSED_HARD], sig.ENTRIES[sig.FUSED_CORPUS]}
 # Every kernel built on fused_train holds the small path (the wide ones never run it: the
@@ -48,13 +37,6 @@ NARROW_ENTRIES = {sig.ENTRIES[sig.FUSED_HARD], sig.ENTRIES[sig.FUSED_CORPUS]}
 FUSED_TRAIN_ENTRIES = NARROW_ENTRIES | {sig.ENTRIES[sig.FUSED_WIDE_HARD],
                                         sig.ENTRIES[sig.FUSED_WIDE_CORPUS]}
 REGISTERS_PER_SM = 65536
-
-
-def variant_source(macros: str):
-    from bob.kernels.cuda.compile import KernelSource, shipped_source
-
-    shipped = shipped_source()
-    return KernelSource(shipped.name, macros + shipped.text, shipped.headers)
 
 
 # -- compiling (NVRTC, no GPU) ---------------------------------------------------------
@@ -69,8 +51,8 @@ def shipped_kernels():
     return Cubin(compiled_regions("sm_90").image).kernels()
 
 
-def test_the_default_variant_is_the_shipped_source() -> None:
-    assert VARIANTS[DEFAULT] == ""
+def test_the_default_variant_is_the_knob_source_as_it_is() -> None:
+    assert VARIANTS[DEFAULT] == ""  # the shipped kernels' bytes: test_cuda_compile.py
     assert len(set(VARIANTS.values())) == len(VARIANTS)  # no variant measured twice
 
 
@@ -81,7 +63,7 @@ def test_each_variant_compiles_without_local_memory_and_changes_only_the_fused_t
     from bob.kernels.cuda.regions import compiled_regions
 
     # compiled_regions refuses any kernel with a stack frame (check_no_local_memory)
-    regions = compiled_regions("sm_90", variant_source(VARIANTS[name]))
+    regions = compiled_regions("sm_90", knob_source(VARIANTS[name]))
     kernels = Cubin(regions.image).kernels()
     assert {k.entry: k.frame_bytes for k in kernels.values() if k.frame_bytes} == {}
     changed = {entry for entry, kernel in kernels.items()
@@ -100,7 +82,7 @@ def test_a_thread_count_outside_32_64_128_does_not_compile(tmp_path: Path) -> No
     from bob.kernels.cuda.compile import NvrtcError, compile_source
 
     with pytest.raises(NvrtcError) as caught:
-        compile_source(variant_source("#define SMALL_THREADS 16u\n"), "sm_90",
+        compile_source(knob_source("#define SMALL_THREADS 16u\n"), "sm_90",
                        cache_dir=tmp_path)
     assert "SMALL_THREADS must be 128, 64 or 32" in caught.value.log
 
@@ -110,9 +92,9 @@ def test_a_thread_count_outside_32_64_128_does_not_compile(tmp_path: Path) -> No
 
 def run_bench(*env: str) -> subprocess.CompletedProcess:
     environment = dict(arg.split("=", 1) for arg in env)
-    return subprocess.run([sys.executable, str(BENCH / "bench_small.py")],
+    return subprocess.run([sys.executable, "-m", "dev.cuda.bench_small"],
                           env={**os.environ, "PYTHONPATH": "src", **environment},
-                          cwd=BENCH.parent, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def test_the_bench_runs_on_the_cpu_and_agrees_with_itself() -> None:
@@ -193,7 +175,7 @@ def test_each_variant_on_the_gpu_equals_the_cpu(variant_choices, name: str, voca
     train_both(variant_choices[name], config, 12)
 
 
-# -- on the GPU: SMALL_FAST_DIVIDE's division and root against the intrinsics ----------
+# -- on the GPU: the fast division and root (quotient_fast, root_fast) against the intrinsics
 
 # Test kernels compiled after Bob's source, so they call its helpers. The root: every
 # binary32 in the range root_fast_applies admits (1.9e9 values), against __fsqrt_rn, and
@@ -269,8 +251,7 @@ def run_fast_path_kernel(arch: str, entry: str, *scalars: int) -> tuple[int, int
     from bob.kernels.cuda.compile import KernelSource, compile_source, shipped_source
 
     shipped = shipped_source()
-    source = KernelSource("fast_paths.cu", "#define SMALL_FAST_DIVIDE 1\n" + shipped.text
-                          + FAST_PATH_KERNELS, shipped.headers)
+    source = KernelSource("fast_paths.cu", shipped.text + FAST_PATH_KERNELS, shipped.headers)
     image = compile_source(source, arch).image
     cuda = ctypes.CDLL("libcuda.so.1")
 

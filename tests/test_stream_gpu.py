@@ -1,6 +1,6 @@
 """The stream kernels (rows as float4 quads, V % 4 == 0) on the GPU, byte for byte against
-the seed schedule on the CPU: as shipped (STREAM_VECTOR 1) and compiled with
-STREAM_VECTOR 0 (today's scalar streaming path in the same kernels).
+the seed schedule on the CPU: as shipped, and the knob source (dev/cuda) compiled with
+STREAM_VECTOR 0 (the scalar streaming path in the same kernels) or the fast divide.
 
     PYTHONPATH=src python -m pytest -m gpu tests/test_stream_gpu.py     # on a GPU machine
 
@@ -14,8 +14,9 @@ import pytest
 
 import bob.kernels.signatures as sig
 import bob.program.bob as program
-from bob.bench.variants import variant_choice
+from bob.backends import choose_backend
 from bob.program.bob import BobConfig
+from dev.cuda.variants import variant_choice
 from test_fused_gpu import train_both
 
 gpu = pytest.mark.gpu
@@ -38,6 +39,6 @@ def test_the_stream_kernels_equal_the_seed_on_the_cpu(monkeypatch: pytest.Monkey
     monkeypatch.setattr(program, "WIDE_VOCAB", 1024)  # rows past 1024 stream
     monkeypatch.setattr(program, "HELD_FROM_VOCAB", program.MAX_VOCAB + 1)  # and past 8192
     config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
-    choice = variant_choice(macros)
+    choice = variant_choice(macros) if macros else choose_backend("cuda")
     assert config.fused_region(choice.target) in (sig.FUSED_STREAM_HARD, sig.FUSED_STREAM_CORPUS)
     train_both(choice, config, steps)

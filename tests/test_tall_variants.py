@@ -1,6 +1,7 @@
-"""The tall kernels' tuning macros (bob_kernels.cu and bob_tall.cuh: TALL_<MODE>_THREADS,
-TALL_<MODE>_UNGUARDED per mode; TALL_HOLD_WEIGHTS, TALL_CORPUS_FULL, TALL_EVERY_WARP_TREE,
-TALL_REGISTER_CHAIN for both), as bench/bench_tall.py compiles them.
+"""The tall kernels' tuning macros (the knob source, dev/cuda/bob_kernels.cu and
+bob_tall.cuh: TALL_<MODE>_THREADS, TALL_<MODE>_UNGUARDED per mode; TALL_HOLD_WEIGHTS,
+TALL_CORPUS_FULL, TALL_EVERY_WARP_TREE, TALL_REGISTER_CHAIN for both), as
+dev/cuda/bench_tall.py compiles them.
 
     .venv/bin/python -m pytest -q tests/test_tall_variants.py              # NVRTC, no GPU
     PYTHONPATH=src python -m pytest -m gpu tests/test_tall_variants.py      # on a GPU machine
@@ -13,36 +14,22 @@ byte-identical to the CPU at V = 4608 and 8192, hard and corpus.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 import bob.kernels.signatures as sig
 import bob.program.bob as program
-from bob.bench.variants import variant_choice
 from bob.errors import BadInput, RunFailure
 from bob.program.bob import BobConfig, build_plan
+from dev.cuda import bench_tall
+from dev.cuda.variants import knob_source, variant_choice
 
-BENCH = Path(__file__).parent.parent / "bench" / "bench_tall.py"
 TALL = (sig.FUSED_TALL_HARD, sig.FUSED_TALL_CORPUS)
 TALL_ENTRIES = {sig.ENTRIES[name] for name in TALL}
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_90): a block of B threads gets 65536 / B
 STATIC_SHARED_LIMIT = 48 * 1024
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_tall", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_tall"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_tall = load_bench()
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +44,12 @@ def nvrtc() -> None:
 
 
 def compiled(macros: str, arch: str = "sm_90"):
-    """Bob's regions compiled with `macros` in front (refusing any stack frame), and the
-    image's kernels by entry."""
-    from bob.kernels.cuda.compile import KernelSource, shipped_source
+    """The knob source's regions compiled with `macros` in front (refusing any stack
+    frame), and the image's kernels by entry."""
     from bob.kernels.cuda.cubin import Cubin
     from bob.kernels.cuda.regions import compiled_regions
 
-    shipped = shipped_source()
-    regions = compiled_regions(arch, KernelSource(shipped.name, macros + shipped.text,
-                                                  shipped.headers))
+    regions = compiled_regions(arch, knob_source(macros))
     return regions, Cubin(regions.image).kernels()
 
 
@@ -116,10 +100,14 @@ def test_the_macros_defaults_are_the_shipped_image(nvrtc: None) -> None:
 
 
 def test_the_shipped_tall_block_is_the_declared_one(nvrtc: None) -> None:
-    """Switching a mode's default TALL_<MODE>_THREADS in bob_kernels.cu needs
+    """Changing a mode's tall block in the shipped bob_kernels.cu needs
     signatures.TALL_BLOCKS to follow (plans without an image, exported regions files of
     old): this says so."""
-    regions, kernels = compiled("")
+    from bob.kernels.cuda.cubin import Cubin
+    from bob.kernels.cuda.regions import compiled_regions
+
+    regions = compiled_regions("sm_90")
+    kernels = Cubin(regions.image).kernels()
     for name in TALL:
         assert regions[name].block_x == sig.block_of(name) == sig.TALL_BLOCKS[name]
         assert kernels[sig.ENTRIES[name]].max_threads == (sig.TALL_BLOCKS[name], 1, 1)

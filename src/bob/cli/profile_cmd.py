@@ -30,7 +30,6 @@ from rich.table import Table
 
 from bob import config
 from bob.backends import Backend, choose_backend
-from bob.bench.peers import bench_targets
 from bob.config import Hyper
 from bob.errors import BadInput, RunFailure
 from bob.plan.model import Plan
@@ -40,6 +39,7 @@ from bob.records.checkpoint import Checkpoint
 from .options import MODE_OPTION, SCHEDULE_OPTION, config_from, vocab_option
 
 PROFILED_BACKENDS = ("cuda", "nv")
+TARGET_SEED = 0  # the profiled targets: `bob bench`'s (dev/bench/peers.bench_targets)
 METHODS = {
     "nv": "timestamped semaphore releases (wait for idle) before and after every launch, "
           "one launch per submission",
@@ -125,7 +125,7 @@ def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper()
         return backend
 
     vocab = bob_config.vocab
-    targets = bench_targets(vocab)
+    targets = np.random.default_rng(TARGET_SEED).integers(0, vocab, vocab, dtype=np.uint32)
     if bob_config.mode == "hard":
         record = InputRecord.hard(targets, (), source="profile targets")
     else:  # corpus mode: the same transitions as weights, one per row

@@ -9,8 +9,11 @@
 // from memory once per launch and goes back once: 16 bytes per parameter-update. Quads
 // past that capacity are read from memory in each pass, as the stream kernels read them.
 // What shared memory is left keeps the sum's exponentials for the update. An update's max
-// is taken from the w the update before it wrote (HELD_RUNNING_MAX), so only a launch's
-// first update of a row has a pass of its own for the max.
+// is taken from the w the update before it wrote (each thread keeps the max of the w it
+// writes, the next pass takes the block's max of those: the same keyed max, the same
+// fallback to the lane-order tree for a zero), so only a launch's first update of a row
+// has a pass of its own for the max. The max of a set of values is the same whoever folds
+// it: only a zero's sign depends on the order, and a zero takes the tree.
 //
 // The grid is one block per SM (the plan target's multiprocessors); block b takes rows b,
 // b + gridDim.x, ... While it writes a row's last update (or its finish), each thread
@@ -25,71 +28,23 @@
 // round suffices. The max is the integer max of order keys over the block, or the literal
 // lane-order tree when it is a zero (its sign is the lane order's).
 //
-// Tuning macros change speed, never bits (bench/bench_stream.py --variants):
-// - HELD_THREADS: 512 (128 registers), 768 (80) or 1024 (64: both kernels spill but with
-//   HELD_FAST_DIVIDE 0, HELD_DEPTH 2 and HELD_UPDATE_DEPTH 1, and the corpus one even so)
-//   threads per block; the plan launches the block the image's launch bounds name
-//   (signatures.BLOCK_FROM_IMAGE). HELD_BLOCKS: blocks per SM the bounds plan registers for.
-// - HELD_DEPTH: rounds of w loads in flight per thread while the row is first read.
-// - HELD_UPDATE_DEPTH: rounds of m and v (and corpus weights) loads in flight in the update.
-// - HELD_KEEP_EXPONENTIALS: the shared memory past the held w keeps the first exponentials
-//   of the sum for the update (1), or the update computes them all again (0).
-// - HELD_FAST_DIVIDE: a quad's divisions and roots issued together (adamw_together) (1), or
-//   element by element (0).
-// - HELD_L2_PREFETCH: eighths of the row's m and v (from its start) the block asks into the
-//   L2 cache as it begins an update of the row (cp.async.bulk.prefetch, sm_90), so memory
-//   works during the max and the sum and the update finds them in L2; 0: none.
-// - HELD_L2_PREFETCH_EACH: HELD_L2_PREFETCH asks at every update of the row (1), or only at
-//   the launch's first (0).
-// - HELD_RUNNING_MAX: the update keeps each thread's max of the w it writes, and the next
-//   pass (update or finish) takes the block's max of those (the same keyed max, the same
-//   fallback to the lane-order tree for a zero) instead of reading the row again (1); or
-//   each pass reads the row for its max (0). The max of a set of values is the same whoever
-//   folds it: only a zero's sign depends on the order, and a zero takes the tree.
-// - HELD_W_LIMIT: hold at most this many of a row's w in shared memory (the rest is read
-//   from memory in each pass; the room freed keeps more exponentials). Unlimited by default.
-// - HELD_L2_AHEAD: the update asks L2 for the m and v of the round this many rounds ahead
-//   of the one it reads (past those HELD_L2_PREFETCH asked for); 0: none.
-#ifndef HELD_THREADS
+// The shape: HELD_THREADS threads a block (128 registers: one block per SM), HELD_DEPTH
+// rounds of w loads in flight per thread while the row is first read and HELD_UPDATE_DEPTH
+// rounds of m and v (and corpus weights) in the update; a quad's divisions and roots are
+// issued together (adamw_together). As the block begins each update of a row it asks the
+// L2 cache for the first eighth of the row's m and v (cp.async.bulk.prefetch, sm_90), and
+// the update asks for the m and v of the round HELD_L2_AHEAD rounds ahead of the one it
+// reads, so memory works during the max and the sum and the update finds them in L2. The
+// plan launches the block the image's launch bounds name (signatures.BLOCK_FROM_IMAGE).
 #define HELD_THREADS 512u
-#endif
 #define HELD_ROUND (4u * HELD_THREADS)  // elements per round: one quad per thread
 #define HELD_WARPS (HELD_THREADS / WARP)
 #define HELD_FOLD (HELD_ROUND / LANES)  // a tree lane's elements in one round
-#ifndef HELD_DEPTH
 #define HELD_DEPTH 4u
-#endif
-#ifndef HELD_UPDATE_DEPTH
 #define HELD_UPDATE_DEPTH 2u
-#endif
-#ifndef HELD_KEEP_EXPONENTIALS
-#define HELD_KEEP_EXPONENTIALS 1
-#endif
-#ifndef HELD_FAST_DIVIDE
-#define HELD_FAST_DIVIDE 1
-#endif
-#ifndef HELD_L2_PREFETCH
-#define HELD_L2_PREFETCH 1u
-#endif
-#ifndef HELD_RUNNING_MAX
-#define HELD_RUNNING_MAX 1
-#endif
-#ifndef HELD_W_LIMIT
-#define HELD_W_LIMIT 0xFFFFFFFFu
-#endif
-#ifndef HELD_L2_PREFETCH_EACH
-#define HELD_L2_PREFETCH_EACH 1
-#endif
-#ifndef HELD_L2_AHEAD
 #define HELD_L2_AHEAD 2u
-#endif
-#ifndef HELD_PREFETCH_CHUNK
 #define HELD_PREFETCH_CHUNK 4096u  // bytes one thread asks into L2 at a time
-#endif
-#ifndef HELD_BLOCKS
-#define HELD_BLOCKS 1u  // blocks per SM the launch bounds ask registers for
-#endif
-#define HELD_BOUNDS __launch_bounds__(HELD_THREADS, HELD_BLOCKS)
+#define HELD_BOUNDS __launch_bounds__(HELD_THREADS, 1)
 
 struct __align__(16) HeldShared {
     float4 staged[2][HELD_THREADS];  // a round's fold values by element, rounds alternating
@@ -124,13 +79,13 @@ static __device__ __forceinline__ void prefetch_into_l2(const float* from, u32 b
 #endif
 }
 
-// This row's m and v, their first HELD_L2_PREFETCH eighths, asked into L2 in chunks, one
-// chunk per thread.
-// The bytes of a row's m (and of its v) HELD_L2_PREFETCH asks for: a multiple of 16.
+// The bytes of a row's m (and of its v) asked into L2 as an update of the row begins:
+// the first eighth, a multiple of 16.
 static __device__ __forceinline__ u32 first_asked_bytes(u32 vocab) {
-    return vocab * 4u / 8u * HELD_L2_PREFETCH / 16u * 16u;
+    return vocab * 4u / 8u / 16u * 16u;
 }
 
+// This row's m and v, their first eighths, asked into L2 in chunks, one chunk per thread.
 static __device__ __forceinline__ void prefetch_moments(const float* m, const float* v,
                                                         u32 vocab) {
     const u32 bytes = first_asked_bytes(vocab);
@@ -142,7 +97,8 @@ static __device__ __forceinline__ void prefetch_moments(const float* m, const fl
     }
 }
 
-// Round q's m and v asked into L2, a chunk per thread, unless HELD_L2_PREFETCH asked already.
+// Round q's m and v asked into L2, a chunk per thread, unless prefetch_moments asked
+// already.
 static __device__ __forceinline__ void prefetch_round(const float* m, const float* v, u32 q,
                                                       u32 vocab) {
     constexpr u32 chunks = HELD_ROUND * 4u / HELD_PREFETCH_CHUNK;  // of m, and of v
@@ -229,9 +185,8 @@ struct HeldRow {
             for (u32 d = 0; d < HELD_DEPTH; ++d) {
                 const u32 j = quad(r0 + d);
                 if (j < a.vocab) {
-                    // First: a held quad's only read from memory; the others are read again.
-                    x[d] = !first || (prefetched && is_held(j)) ? w_quad(j)
-                           : is_held(j) ? load_quad_last(w + j) : load_quad_again(w + j);
+                    // First: w from memory (a held quad's only read from there).
+                    x[d] = !first || (prefetched && is_held(j)) ? w_quad(j) : load_quad(w + j);
                 }
             }
 #pragma unroll
@@ -281,7 +236,6 @@ static __device__ __forceinline__ void held_update_quad(
         float4 wq, float4 mq, float4 vq, float4 tq, float& best) {
     const float4 eq = j < row.kept_count ? row.kept[j / 4u] : exponentials_of(wq, row_max,
                                                                               a.log2e);
-#if HELD_FAST_DIVIDE
     float e[4], t[4], w[4], m[4], v[4];
     u32 js[4];
     const bool inside[4] = {true, true, true, true};  // V % 4 == 0: a quad is whole
@@ -301,19 +255,9 @@ static __device__ __forceinline__ void held_update_quad(
         part(mq, c) = m[c];
         part(vq, c) = v[c];
     }
-#else
-#pragma unroll
-    for (u32 c = 0; c < 4u; ++c) {
-        const float p = dvd(part(eq, c), s);
-        const float g = gradient<CORPUS>(a, p, j + c, target, weight_sum, part(tq, c));
-        adamw_element(step, g, part(wq, c), part(mq, c), part(vq, c));
-    }
-#endif
     wq = canonical_quad(wq);
-    if (HELD_RUNNING_MAX) {
 #pragma unroll
-        for (u32 c = 0; c < 4u; ++c) best = select_max(best, part(wq, c));
-    }
+    for (u32 c = 0; c < 4u; ++c) best = select_max(best, part(wq, c));
     if (row.is_held(j)) {
         if (next_w != nullptr) {  // the launch is done with this row: its slot takes the next's
             copy_quad_in(row.row + j / 4u, next_w + j);
@@ -338,19 +282,17 @@ static __device__ void held_update(const FusedArgs& a, HeldRow& row, u64 base, f
     const u32 rounds = row.rounds();
     for (u32 r0 = 0; r0 < rounds; r0 += HELD_UPDATE_DEPTH) {
         float4 mq[HELD_UPDATE_DEPTH], vq[HELD_UPDATE_DEPTH], tq[HELD_UPDATE_DEPTH];
-        if (HELD_L2_AHEAD > 0u) {
 #pragma unroll
-            for (u32 d = 0; d < HELD_UPDATE_DEPTH; ++d) {
-                prefetch_round(m, v, r0 + d + HELD_L2_AHEAD, a.vocab);
-            }
+        for (u32 d = 0; d < HELD_UPDATE_DEPTH; ++d) {
+            prefetch_round(m, v, r0 + d + HELD_L2_AHEAD, a.vocab);
         }
 #pragma unroll
         for (u32 d = 0; d < HELD_UPDATE_DEPTH; ++d) {
             const u32 j = row.quad(r0 + d);
             if (j < a.vocab) {
-                mq[d] = load_quad_last(m + j);
-                vq[d] = load_quad_last(v + j);
-                tq[d] = CORPUS ? load_quad_last(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                mq[d] = load_quad(m + j);
+                vq[d] = load_quad(v + j);
+                tq[d] = CORPUS ? load_quad(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
 #pragma unroll
@@ -377,14 +319,13 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
         CORPUS ? row.fold([&](u32 j) { return load_quad(t + j); }) : 0.0f;
     const u32 target = CORPUS ? 0u : a.targets[index];
     const u32 passes = a.updates + (a.finish ? 1u : 0u);
-    float running_max = 0.0f;  // the max of the w the last update wrote (HELD_RUNNING_MAX)
+    float running_max = 0.0f;  // the max of the w the last update wrote
     for (u32 k = 0; k < passes; ++k) {
-        if (HELD_L2_PREFETCH > 0u && k < a.updates && (k == 0u || HELD_L2_PREFETCH_EACH)) {
+        if (k < a.updates) {
             prefetch_moments(a.first_moment + base, a.second_moment + base, a.vocab);
         }
         if (k < a.updates) scalars.stage(a, k);
-        const float row_max =
-            HELD_RUNNING_MAX && k > 0u ? running_max : row.max(k == 0, prefetched);
+        const float row_max = k > 0u ? running_max : row.max(k == 0, prefetched);
         const float s = row.fold([&](u32 j) {
             return exponentials_of(row.w_quad(j), row_max, a.log2e);
         }, true);
@@ -392,7 +333,7 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
             const float big_l = bob_log2(s);
             const float total = row.fold([&](u32 j) {
                 const float4 wq = row.w_quad(j);
-                const float4 tq = CORPUS ? load_quad_last(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                const float4 tq = CORPUS ? load_quad(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
                 const float4 eq = j < row.kept_count ? row.kept[j / 4u]
                                                      : exponentials_of(wq, row_max, a.log2e);
                 float4 gq, terms{0.0f, 0.0f, 0.0f, 0.0f};
@@ -429,7 +370,7 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
         float best = f32(NEG_INF);
         held_update<CORPUS>(a, row, base, row_max, s, step, target, weight_sum, last,
                             last && !a.finish ? next_w : nullptr, best);
-        if (HELD_RUNNING_MAX && k + 1u < passes) {  // the next pass's max, behind one barrier
+        if (k + 1u < passes) {  // the next pass's max, behind one barrier
             running_max = row.block_max(best);
         }
     }
@@ -444,9 +385,11 @@ static __device__ void fused_train_held(const FusedArgs& a) {
     if (blockDim.x != HELD_THREADS || a.vocab % 4u != 0u) __trap();
     // The dynamic shared memory holds w first, then as many exponentials as fit.
     const u32 capacity = dynamic_shared_bytes() / 16u * 4u;
-    const u32 held = ::min(::min(capacity, a.vocab), HELD_W_LIMIT / 4u * 4u);
+    // As much of the row as fits is held. The outer min, with the largest multiple of 4 a
+    // u32 holds, never binds; it keeps the compiled code that of dev/cuda's knob source.
+    const u32 held = ::min(::min(capacity, a.vocab), 0xFFFFFFFCu);
     float4* const kept = held_row + held / 4u;
-    const u32 room = HELD_KEEP_EXPONENTIALS ? capacity - held : 0u;
+    const u32 room = capacity - held;
     StagedScalars scalars{shared.scalars, HELD_THREADS};
     bool prefetched = false;
     for (u32 index = blockIdx.x; index < a.vocab; index += gridDim.x) {

@@ -9,6 +9,11 @@
 //
 // Kernels that reduce run with blockDim.x == 256 (LANES) and trap otherwise:
 // the reduction order, and so the bits, depend on it.
+//
+// Where a kernel's shape was chosen among variants that change speed, never bits (threads
+// per row, loads in flight, launch bounds, kept exponentials), the choice is written in
+// here; dev/cuda/bob_kernels.cu keeps every variant as a tuning macro, with the benches
+// that check and time them.
 
 #define LANES 256u
 
@@ -100,30 +105,14 @@ static __device__ float bob_log2(float x) {
     return add((float)e, mul(t, q));  // (float)e is exact
 }
 
-
-#ifndef SEED_KEPT
-#define SEED_KEPT 2u  // the seed loss-gradient: elements per lane kept in registers
-#endif
-#ifndef SEED_FAST_DIVIDE
-#define SEED_FAST_DIVIDE 1  // the seed kernels' divisions and roots on the fast paths (below)
-#endif
-#ifndef SEED_LAUNCH_ONLY
-#define SEED_LAUNCH_ONLY 0  // a measurement, wrong bytes: the seed kernels return at once
-#endif
-#ifndef PDL_TRIGGER_EARLY
-#define PDL_TRIGGER_EARLY 0  // dependents may launch once a kernel starts (1), or at its exit (0)
-#endif
-
 // Programmatic dependent launch (sm_90): the CUDA backend may start a kernel before the
 // one it follows has finished (its graph's edges are programmatic), so every kernel first
 // waits until the kernels before it have completed and their writes are visible. Where
 // a launch has no such predecessor (a plain launch, the nv stream) this returns at once.
+// Dependents launch at a kernel's exit (no griddepcontrol.launch_dependents).
 static __device__ __forceinline__ void wait_for_prerequisites() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#if PDL_TRIGGER_EARLY
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 #endif
 }
 
@@ -286,16 +275,18 @@ static __device__ __forceinline__ float root_fast(float x) {
 }
 
 // a / b as __fdiv_rn gives it: the fast sequence where both operands admit it, else the
-// intrinsic (SEED_FAST_DIVIDE 0: the intrinsic always). The seed kernels hold one element
-// per thread at V = 256, so the branch costs nothing there.
+// intrinsic. The seed kernels hold one element per thread at V = 256, so the branch costs
+// nothing there.
 static __device__ __forceinline__ float quotient(float a, float b) {
-    return SEED_FAST_DIVIDE && (moderate(a) & moderate(b)) ? quotient_fast(a, b) : dvd(a, b);
+    return (moderate(a) & moderate(b)) ? quotient_fast(a, b) : dvd(a, b);
 }
 
 // sqrt(x) as __fsqrt_rn gives it, likewise.
 static __device__ __forceinline__ float root(float x) {
-    return SEED_FAST_DIVIDE && root_fast_applies(x) ? root_fast(x) : __fsqrt_rn(x);
+    return root_fast_applies(x) ? root_fast(x) : __fsqrt_rn(x);
 }
+
+#define SEED_KEPT 2u  // the seed loss-gradient: elements per lane kept in registers
 
 // One block per row r (grid.x = V): loss[r] = ln2 * (log2(s) - z_t) and
 // gradients[r][j] = p_j * (1/V), (p_t - 1) * (1/V) at the target, p_j = e_j / s.
@@ -308,7 +299,6 @@ extern "C" __global__ void bob_loss_gradient_hard(const float* parameters, float
                                                   const u32* targets, float* loss, float log2e,
                                                   float ln2, float inverse_rows, u32 vocab) {
     wait_for_prerequisites();
-    if (SEED_LAUNCH_ONLY) return;
     __shared__ float partials[2][LANES];
     __shared__ int keys[LANES / WARP];
     if (blockDim.x != LANES) __trap();
@@ -413,7 +403,6 @@ extern "C" __global__ void bob_adamw(float* parameters, const float* gradients,
                                      float one_minus_beta2, float step_size, float eps_hat,
                                      u32 rows, u32 columns) {
     wait_for_prerequisites();
-    if (SEED_LAUNCH_ONLY) return;
     const u64 count = (u64)rows * columns;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
@@ -543,63 +532,20 @@ extern "C" __global__ void bob_health(const float* parameters, const float* firs
 // Stored NaNs are canonical; values kept in registers between updates are not, which
 // changes no result: every operation maps a NaN to a NaN, whatever its payload, and the
 // max select skips NaN.
-//
-// The tuning macros (KEPT_EXPONENTIALS, BATCH, FUSED_BOUNDS) change speed, never bits;
-// their values are the fastest measured at V = 8192 on an H200 (bench/bench_fused.py
-// --experiments: 528 us per update streamed; no launch bounds 752, BATCH 2 623, BATCH 8
-// 637, no kept exponentials 558).
 
 #define ADAM_STRIDE 8u  // floats per row of adam_scalars: 7 scalars and padding
-#ifndef STAGE_SCALARS
-#define STAGE_SCALARS 1  // adam_scalars staged in shared memory (1) or read per update (0)
-#endif
-#ifndef SMALL_PATH
-#define SMALL_PATH 1  // V <= 256 on 128 lanes of two elements (fused_small)
-#endif
-// Threads that run a small row (V <= 256): 128 (fused_small, two elements each), or 64 or
-// 32 (fused_small_narrow: four or eight elements each). The block stays 256 threads (the
-// plan and the blockDim check are the same for every variant); the others leave at once.
-// The default is the one line to change when the H200 picks another (bench/bench_small.py).
-#ifndef SMALL_THREADS
-#define SMALL_THREADS 128u
-#endif
-#ifndef SMALL_FULL_ROWS
-#define SMALL_FULL_ROWS 1  // a copy without bounds tests for V == 256 (1); H200: 0.474 vs 0.502
-#endif
-#ifndef SMALL_FAST_DIVIDE
-#define SMALL_FAST_DIVIDE 1  // a thread's divisions and roots together (1); 0.502 vs 0.588
-#endif
-#ifndef RESIDENT_SLOTS
 #define RESIDENT_SLOTS 4u  // row elements per lane in registers on the resident path
-#endif
 #define RESIDENT_VOCAB (RESIDENT_SLOTS * LANES)
 // The wide kernels keep rows up to WIDE_VOCAB on chip: 16 elements per lane (w, m, v, e
 // and corpus weights in registers) at up to 128 registers, so 2 blocks share an SM.
-// Measured on an H200 at V = 4096, 100 updates: 72 us per update, against 102 streamed
-// by the narrow kernel (docs/BENCHMARKS.md). Wider rows do not pay: 32 elements per lane
-// leave one block per SM (452 us at V = 8192 against 440 streamed).
-#ifndef WIDE_SLOTS
+// Wider rows do not pay: 32 elements per lane leave one block per SM.
 #define WIDE_SLOTS 16u
-#endif
 #define WIDE_VOCAB (WIDE_SLOTS * LANES)
-#ifndef WIDE_BOUNDS
 #define WIDE_BOUNDS __launch_bounds__(LANES, 2)
-#endif
-#ifndef KEPT_EXPONENTIALS
 #define KEPT_EXPONENTIALS 8192u  // e_j of a streamed row kept in shared memory (32 KiB)
-#endif
-#ifndef BATCH
 #define BATCH 4u  // elements per lane loaded together on the streaming path
-#endif
-#ifndef FUSED_BOUNDS
-#if SMALL_THREADS == 32
-// Eight row elements a thread on the small path need about 90 registers (64 spill).
-#define FUSED_BOUNDS __launch_bounds__(LANES, 2)
-#else
 // At most 64 registers, so 4 blocks of 256 lanes fit an SM: more warps hide memory latency.
 #define FUSED_BOUNDS __launch_bounds__(LANES, 4)
-#endif
-#endif
 
 // Block reductions over two shared buffers used in turn.
 struct Lanes {
@@ -662,12 +608,11 @@ struct StagedScalars {
     }
     // Called with every k, in order, by every lane: fills the chunk that update k opens.
     __device__ void stage(const FusedArgs& a, u32 k) {
-        if (!STAGE_SCALARS || k % rows() != 0) return;
+        if (k % rows() != 0) return;
         chunk(k)[threadIdx.x] = k == 0 ? load(a, 0) : ahead;
         ahead = load(a, k + rows());
     }
-    __device__ AdamStep step(const FusedArgs& a, u32 k) const {
-        if (!STAGE_SCALARS) return adam_step(a.adam_scalars + ADAM_STRIDE * k);
+    __device__ AdamStep step(const FusedArgs&, u32 k) const {
         return adam_step(chunk(k) + ADAM_STRIDE * (k % rows()));
     }
 };
@@ -808,22 +753,18 @@ static __device__ void fused_resident(const FusedArgs& a, Lanes& lanes,
     }
 }
 
-// -- small rows (V <= 256): 128 lanes, each two of the tree's lanes -----------------------
+// -- small rows (V <= 256): 128 threads per row, two elements each ------------------------
 //
-// Thread t < 128 holds elements t and t + 128 (the tree's lanes t and t + 128, one element
-// each), so level 128 of every tree is its own operation and the tree's remaining 128
-// partials need half the warps; warps 4 to 7 leave at once and the rest meet at a
-// barrier of 128 threads. Sums finish with xor shuffles: every lane ends with lane 0's
-// value, as addition is commutative bit for bit. The row max, whose order matters only
-// between +0 and -0, is the integer max of order-preserving keys (one warp instruction),
-// and falls back to the literal tree when the maximum is a zero.
-#define SMALL_LANES 128u
-
-// Barrier 0 with a count of 128: the launch needs no named barrier beyond the one every
-// kernel has (a QMD built by the nv backend declares one barrier; barrier 1 faulted there).
-static __device__ __forceinline__ void small_barrier() {
-    asm volatile("bar.sync 0, 128;" ::: "memory");
-}
+// Thread t < T = 128 holds elements t and t + 128, the tree's lanes t and t + T: level 128
+// of every tree combines the two values a thread holds, in registers (fold); levels 64 and
+// 32 go between the row's four warps through shared memory behind a barrier of 128 threads
+// (the block stays 256 threads, as the plan and the blockDim check have it: warps 4 to 7
+// leave at once). Levels 16 to 1 are shuffles: xor for sums (every lane ends with the same
+// bits, addition being commutative bit for bit), down then a broadcast of lane 0 for the
+// literal max. The row max, whose order matters only between +0 and -0, is the integer max
+// of order keys, one __reduce_max_sync per warp, and the literal tree only when that
+// maximum is a zero. A thread's divisions and square roots are issued together
+// (adamw_together), and a row of V = 256 runs without bounds tests.
 
 // Warp 0's tree over the 256 `partials` (written before a barrier), published through
 // `result` behind one more barrier: every thread returns it.
@@ -838,148 +779,10 @@ static __device__ __forceinline__ float published_tree(const float* partials, fl
     return result;
 }
 
-struct SmallTrees {
-    float (*buffers)[LANES];
-    u32 turn;
-    __device__ float* next() {
-        float* buffer = buffers[turn];
-        turn ^= 1u;
-        return buffer;
-    }
-    // The tree from level 64 on, over the 128 partials the threads hold.
-    template <typename Op>
-    __device__ float rest(float partial, float* buffer, Op op, bool commutes) {
-        buffer[threadIdx.x] = partial;
-        small_barrier();
-        const u32 t = threadIdx.x % WARP;
-        float a0 = op(buffer[t], buffer[t + 2 * WARP]);  // s = 64
-        const float a1 = op(buffer[t + WARP], buffer[t + 3 * WARP]);
-        float x = op(a0, a1);  // s = 32
-        if (commutes) {
-#pragma unroll
-            for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_xor_sync(FULL_WARP, x, s));
-            return x;
-        }
-#pragma unroll
-        for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_down_sync(FULL_WARP, x, s));
-        return __shfl_sync(FULL_WARP, x, 0);
-    }
-    __device__ float sum(float low, float high) {
-        return rest(add(low, high), next(), SumOp(), true);
-    }
-    __device__ float max(float low, float high) {
-        const float partial = select_max(low, high);  // s = 128
-        float* buffer = next();
-        const int key = __reduce_max_sync(FULL_WARP, order_key(partial));
-        int* keys = (int*)buffer + SMALL_LANES;  // past the partials the literal tree uses
-        if (threadIdx.x % WARP == 0) keys[threadIdx.x / WARP] = key;
-        small_barrier();
-        const int4 k = *(const int4*)keys;
-        const int best = ::max(::max(k.x, k.y), ::max(k.z, k.w));
-        const float m = from_order_key(best);
-        if (m != 0.0f) return m;  // uniform: every lane read the same keys
-        return rest(partial, next(), MaxOp(), false);  // a zero: whose sign the order decides
-    }
-};
-
 // Lane partials of an element: the max from -inf, the sum from +0 (lanes past V: identity).
 static __device__ __forceinline__ float max_partial(float x, bool inside) {
     return inside ? select_max(f32(NEG_INF), x) : f32(NEG_INF);
 }
-
-template <bool CORPUS>
-static __device__ void fused_small(const FusedArgs& a, float (*buffers)[LANES],
-                                   float (*scalar_buffers)[LANES]) {
-    if (threadIdx.x >= SMALL_LANES) return;  // never at a barrier: the others count 128
-    SmallTrees trees{buffers, 0u};
-    StagedScalars scalars{scalar_buffers[0], SMALL_LANES};
-    const u64 base = (u64)blockIdx.x * a.vocab;
-    const u32 j[2] = {threadIdx.x, threadIdx.x + SMALL_LANES};
-    const bool inside[2] = {j[0] < a.vocab, j[1] < a.vocab};
-    float w[2], m[2], v[2], t[2], e[2];
-#pragma unroll
-    for (u32 i = 0; i < 2; ++i) {
-        w[i] = m[i] = v[i] = t[i] = e[i] = 0.0f;
-        if (inside[i]) {
-            w[i] = a.parameters[base + j[i]];
-            m[i] = a.first_moment[base + j[i]];
-            v[i] = a.second_moment[base + j[i]];
-            if (CORPUS) t[i] = a.weights[base + j[i]];
-        }
-    }
-    const float weight_sum = CORPUS ? trees.sum(add(0.0f, t[0]), add(0.0f, t[1])) : 0.0f;
-    const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
-
-    // Row max, e_i, and the row sum s of the current w.
-    auto exponentials = [&](float& row_max) {
-        row_max = trees.max(max_partial(w[0], inside[0]), max_partial(w[1], inside[1]));
-        float partial[2];
-#pragma unroll
-        for (u32 i = 0; i < 2; ++i) {
-            e[i] = bob_exp2(exponent(w[i], row_max, a.log2e));
-            partial[i] = inside[i] ? add(0.0f, e[i]) : 0.0f;
-        }
-        return trees.sum(partial[0], partial[1]);
-    };
-
-    for (u32 k = 0; k < a.updates; ++k) {
-        scalars.stage(a, k);
-        float row_max;
-        const float s = exponentials(row_max);
-        const AdamStep step = scalars.step(a, k);  // after the trees' barriers
-#pragma unroll
-        for (u32 i = 0; i < 2; ++i) {
-            if (inside[i]) {
-                const float g = gradient<CORPUS>(a, dvd(e[i], s), j[i], target, weight_sum, t[i]);
-                adamw_element(step, g, w[i], m[i], v[i]);
-            }
-        }
-    }
-
-    if (a.finish) {
-        float row_max;
-        const float s = exponentials(row_max);
-        const float big_l = bob_log2(s);
-        float loss_partial[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (u32 i = 0; i < 2; ++i) {
-            if (inside[i]) {
-                loss_partial[i] = finish_element<CORPUS>(a, base, e[i], s, big_l, w[i], row_max,
-                                                         j[i], target, weight_sum, t[i]);
-            }
-        }
-        if (CORPUS) {
-            const float total = trees.sum(loss_partial[0], loss_partial[1]);
-            if (threadIdx.x == 0) a.loss[blockIdx.x] = canonical(mul(a.ln2, total));
-        } else if (target >= a.vocab && threadIdx.x == 0) {
-            a.loss[blockIdx.x] = f32(CANONICAL_NAN);
-        }
-    }
-#pragma unroll
-    for (u32 i = 0; i < 2; ++i) {
-        if (inside[i]) {
-            a.parameters[base + j[i]] = canonical(w[i]);
-            a.first_moment[base + j[i]] = canonical(m[i]);
-            a.second_moment[base + j[i]] = canonical(v[i]);
-        }
-    }
-}
-
-// -- small rows, narrow: 64 or 32 threads per row (SMALL_THREADS) ------------------------
-//
-// Thread t holds elements t + T i (T = SMALL_THREADS, i < 256 / T), the tree's lanes t,
-// t + T, ...: levels 128 down to T combine values one thread holds, in registers (fold).
-// With T = 64, level 32 is the one exchange between the row's two warps (shared memory and
-// a barrier of 64 threads); with T = 32 the row is one warp and needs neither shared memory
-// nor a barrier. (T = 128 is fused_small's layout, here so SMALL_FAST_DIVIDE can be measured
-// on it.) Levels 16 to 1 are shuffles: xor for sums (every lane ends with the same bits,
-// addition being commutative bit for bit), down then a broadcast of lane 0 for the literal
-// max. The row max is the integer max of order keys, one __reduce_max_sync per warp, and
-// the literal tree only when that maximum is a zero (as in fused_small).
-// Fewer threads each hold more of the row: the trees run mostly in registers, and one
-// update's dependent chain loses barriers and shared-memory round trips; the price is
-// 256 / T elements' exponentials, divisions and square roots issued by each thread, which
-// only overlap with SMALL_FAST_DIVIDE (below).
 
 // Levels N/2, N/4, ..., 1 (in units of the stride between a thread's lanes) over a[i] =
 // tree lane base + stride i: lane base + stride i takes base + stride (i + n), the lower
@@ -994,11 +797,12 @@ static __device__ __forceinline__ float fold(float (&a)[N], Op op) {
     return a[0];
 }
 
+// The trees of a row on T threads, each holding the tree's lanes t, t + T, ...
 template <u32 T>
 struct NarrowTrees {
     static constexpr u32 ELEMENTS = LANES / T;
     static constexpr u32 WARPS = T / WARP;
-    static_assert(T == 32u || T == 64u || T == 128u, "a small row runs on 32, 64 or 128 threads");
+    static_assert(T == 128u, "a small row runs on 128 threads: four warps");
     float (*buffers)[LANES];
     u32 turn;
     __device__ float* next() {
@@ -1006,21 +810,21 @@ struct NarrowTrees {
         turn ^= 1u;
         return buffer;
     }
-    // Barrier 0 counting the row's threads (fused_small's reason: no other barrier id).
+    // Barrier 0 with a count of T: the launch needs no named barrier beyond the one every
+    // kernel has (a QMD built by the nv backend declares one barrier; barrier 1 faulted
+    // there).
     __device__ static void barrier() { asm volatile("bar.sync 0, %0;" ::"n"(T) : "memory"); }
     // Levels T/2 ... 1, from each thread's partial of tree lane threadIdx.x.
     template <typename Op>
     __device__ float across(float partial, Op op, bool commutes) {
-        float x = partial;
-        if (WARPS > 1) {  // levels T/2 ... 32 across the row's warps, through shared memory
-            float* buffer = next();
-            buffer[threadIdx.x] = partial;
-            barrier();
-            float b[WARPS];
+        // levels T/2 ... 32 across the row's warps, through shared memory
+        float* buffer = next();
+        buffer[threadIdx.x] = partial;
+        barrier();
+        float b[WARPS];
 #pragma unroll
-            for (u32 w = 0; w < WARPS; ++w) b[w] = buffer[threadIdx.x % WARP + WARP * w];
-            x = fold(b, op);
-        }
+        for (u32 w = 0; w < WARPS; ++w) b[w] = buffer[threadIdx.x % WARP + WARP * w];
+        float x = fold(b, op);
         if (commutes) {
 #pragma unroll
             for (u32 s = WARP / 2; s > 0; s >>= 1) x = op(x, __shfl_xor_sync(FULL_WARP, x, s));
@@ -1046,14 +850,12 @@ struct NarrowTrees {
 #pragma unroll
         for (u32 i = 1; i < ELEMENTS; ++i) key = ::max(key, order_key(partials[i]));
         key = __reduce_max_sync(FULL_WARP, key);
-        if (WARPS > 1) {
-            int* keys = (int*)next() + T;  // past the partials a literal tree would use
-            if (threadIdx.x % WARP == 0) keys[threadIdx.x / WARP] = key;
-            barrier();
-            key = keys[0];
+        int* keys = (int*)next() + T;  // past the partials a literal tree would use
+        if (threadIdx.x % WARP == 0) keys[threadIdx.x / WARP] = key;
+        barrier();
+        key = keys[0];
 #pragma unroll
-            for (u32 w = 1; w < WARPS; ++w) key = ::max(key, keys[w]);
-        }
+        for (u32 w = 1; w < WARPS; ++w) key = ::max(key, keys[w]);
         const float m = from_order_key(key);
         if (m != 0.0f) return m;  // uniform: every lane holds the same key
         return reduce(partials, MaxOp(), false);  // a zero: whose sign the order decides
@@ -1110,10 +912,12 @@ static __device__ __forceinline__ void adamw_together(
     for (u32 i = 0; i < E; ++i) w[i] = sub(mul(w[i], step.decay), x[i]);
 }
 
-// One row of V <= 256 on T threads. FULL: V == 256, so no element needs a bounds test.
-template <bool CORPUS, u32 T, bool FULL>
-static __device__ void fused_small_narrow(const FusedArgs& a, float (*buffers)[LANES],
-                                          float (*scalar_buffers)[LANES]) {
+// One row of V <= 256 on T = 128 threads. FULL: V == 256, so no element needs a bounds
+// test.
+template <bool CORPUS, bool FULL>
+static __device__ void fused_small(const FusedArgs& a, float (*buffers)[LANES],
+                                   float (*scalar_buffers)[LANES]) {
+    constexpr u32 T = 128u;  // threads per row
     constexpr u32 E = LANES / T;  // elements per thread
     if (threadIdx.x >= T) return;  // never at a barrier: the others count T
     NarrowTrees<T> trees{buffers, 0u};
@@ -1158,22 +962,10 @@ static __device__ void fused_small_narrow(const FusedArgs& a, float (*buffers)[L
 
     for (u32 k = 0; k < a.updates; ++k) {
         scalars.stage(a, k);
-        // One warp has no barrier: order the staged chunk's writes before its reads.
-        if (T == WARP && k % scalars.rows() == 0) __syncwarp();
         float row_max;
         const float s = exponentials(row_max);
-        const AdamStep step = scalars.step(a, k);  // after the max's barrier (T >= 64)
-        if (SMALL_FAST_DIVIDE) {
-            adamw_together<CORPUS, E>(a, step, e, s, j, inside, target, weight_sum, t, w, m, v);
-            continue;
-        }
-#pragma unroll
-        for (u32 i = 0; i < E; ++i) {
-            if (inside[i]) {
-                const float g = gradient<CORPUS>(a, dvd(e[i], s), j[i], target, weight_sum, t[i]);
-                adamw_element(step, g, w[i], m[i], v[i]);
-            }
-        }
+        const AdamStep step = scalars.step(a, k);  // after the max's barrier
+        adamw_together<CORPUS, E>(a, step, e, s, j, inside, target, weight_sum, t, w, m, v);
     }
 
     if (a.finish) {
@@ -1205,21 +997,15 @@ static __device__ void fused_small_narrow(const FusedArgs& a, float (*buffers)[L
     }
 }
 
-// The small path the macros pick: fused_small (the default) or its narrow twin.
+// A small row: full (V = 256, no bounds tests) or not.
 template <bool CORPUS>
 static __device__ void fused_small_row(const FusedArgs& a, float (*buffers)[LANES],
                                        float (*scalar_buffers)[LANES]) {
-#if SMALL_THREADS == 128 && !SMALL_FAST_DIVIDE && !SMALL_FULL_ROWS
-    fused_small<CORPUS>(a, buffers, scalar_buffers);
-#elif SMALL_THREADS == 128 || SMALL_THREADS == 64 || SMALL_THREADS == 32
-    if (SMALL_FULL_ROWS && a.vocab == LANES) {
-        fused_small_narrow<CORPUS, SMALL_THREADS, true>(a, buffers, scalar_buffers);
+    if (a.vocab == LANES) {
+        fused_small<CORPUS, true>(a, buffers, scalar_buffers);
     } else {
-        fused_small_narrow<CORPUS, SMALL_THREADS, false>(a, buffers, scalar_buffers);
+        fused_small<CORPUS, false>(a, buffers, scalar_buffers);
     }
-#else
-#error "SMALL_THREADS must be 128, 64 or 32"
-#endif
 }
 
 // -- streaming: the row in global memory, its exponentials in shared memory ----------------
@@ -1277,7 +1063,7 @@ static __device__ __forceinline__ float exponential_again(const FusedArgs& a, co
     return j < KEPT_EXPONENTIALS ? kept[j] : bob_exp2(exponent(w, m, a.log2e));
 }
 
-// -- streaming with vector loads (STREAM_VECTOR 1, rows with V % 4 == 0) -------------------
+// -- streaming with vector loads (rows with V % 4 == 0) ------------------------------------
 //
 // Each thread moves quads: float4 loads and stores of four neighbouring elements. In round
 // r, thread (warp u, lane i of the warp) takes the quad at
@@ -1291,22 +1077,10 @@ static __device__ __forceinline__ float exponential_again(const FusedArgs& a, co
 // values it wrote itself. A thread issues the loads of VECTOR_DEPTH rounds (UPDATE_DEPTH
 // in the update pass) before using any: the memory parallelism the scalar path lacks.
 // The max, whose value any order gives, is an integer max of order keys (as fused_small
-// and TallRow::max), falling back to the literal lane-order max when it is a zero.
-#ifndef STREAM_VECTOR
-#define STREAM_VECTOR 1  // the vector path for V % 4 == 0 (1), or the scalar path for all V (0)
-#endif
-#ifndef VECTOR_DEPTH
+// and TallRow::max), falling back to the literal lane-order max when it is a zero. The
+// update runs element by element, each division and root behind its own slow-path branch.
 #define VECTOR_DEPTH 4u  // rounds of loads in flight per thread in the max and sum passes
-#endif
-#ifndef UPDATE_DEPTH
 #define UPDATE_DEPTH 1u  // the same in the update pass (w, m, v and corpus t per round)
-#endif
-#ifndef STREAM_FAST_DIVIDE
-// A quad's divisions and square roots issued together (adamw_together, as the small rows
-// ship it) (1), or element by element, each behind its own slow-path branch (0). Not yet
-// measured on a GPU: bench/bench_stream.py --variants times it.
-#define STREAM_FAST_DIVIDE 0
-#endif
 #define ROUND (4u * LANES)  // elements per round: one quad per thread
 #define QUADS_PER_WARP WARP  // a warp's staged values of one round: 32 quads
 
@@ -1320,48 +1094,10 @@ static __device__ __forceinline__ float part(const float4& q, u32 c) {
     return c == 0u ? q.x : c == 1u ? q.y : c == 2u ? q.z : q.w;
 }
 
+// Quads are loaded and stored without cache hints.
 static __device__ __forceinline__ float4 load_quad(const float* p) { return *(const float4*)p; }
 
-#ifndef STREAM_CACHE_HINTS
-// The update and finish passes' loads (a quad's last read in its launch) and every store
-// marked evict-first (1), so that L2 keeps the rows' w between the passes that read it
-// again; or no hints (0).
-#define STREAM_CACHE_HINTS 0
-#endif
-
-// A quad the launch reads again (the max and sum passes' w): with STREAM_CACHE_HINTS 2
-// marked evict-last in L2.
-static __device__ __forceinline__ float4 load_quad_again(const float* p) {
-#if STREAM_CACHE_HINTS >= 2
-    float4 q;
-    u64 policy;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile("ld.global.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=f"(q.x), "=f"(q.y), "=f"(q.z), "=f"(q.w)
-                 : "l"(p), "l"(policy)
-                 : "memory");
-    return q;
-#else
-    return load_quad(p);
-#endif
-}
-
-// A quad read for the last time in this launch.
-static __device__ __forceinline__ float4 load_quad_last(const float* p) {
-#if STREAM_CACHE_HINTS
-    return __ldcs((const float4*)p);
-#else
-    return load_quad(p);
-#endif
-}
-
-static __device__ __forceinline__ void store_quad(float* p, float4 q) {
-#if STREAM_CACHE_HINTS
-    __stcs((float4*)p, q);
-#else
-    *(float4*)p = q;
-#endif
-}
+static __device__ __forceinline__ void store_quad(float* p, float4 q) { *(float4*)p = q; }
 
 static __device__ __forceinline__ float4 exponentials_of(float4 x, float m, float log2e) {
     return float4{bob_exp2(exponent(x.x, m, log2e)), bob_exp2(exponent(x.y, m, log2e)),
@@ -1372,7 +1108,6 @@ static __device__ __forceinline__ float4 canonical_quad(float4 q) {
     return float4{canonical(q.x), canonical(q.y), canonical(q.z), canonical(q.w)};
 }
 
-#if STREAM_VECTOR
 // A round lies wholly inside kept or wholly past it, so a quad is all kept or none.
 static_assert(KEPT_EXPONENTIALS % ROUND == 0, "KEPT_EXPONENTIALS must be a multiple of 1024");
 
@@ -1397,7 +1132,7 @@ static __device__ float vector_max(const FusedArgs& a, const float* w, Lanes& la
 #pragma unroll
         for (u32 d = 0; d < VECTOR_DEPTH; ++d) {
             const u32 j = ROUND * (first + d) + offset;
-            if (j < a.vocab) x[d] = load_quad_again(w + j);
+            if (j < a.vocab) x[d] = load_quad(w + j);
         }
 #pragma unroll
         for (u32 d = 0; d < VECTOR_DEPTH; ++d) {
@@ -1444,7 +1179,7 @@ static __device__ float lane_partial(const FusedArgs& a, const RowSource& source
 #pragma unroll
         for (u32 d = 0; d < VECTOR_DEPTH; ++d) {
             const u32 j = ROUND * (first + d) + offset;
-            if (j < a.vocab) x[d] = load_quad_again(source.w + j);
+            if (j < a.vocab) x[d] = load_quad(source.w + j);
         }
 #pragma unroll
         for (u32 d = 0; d < VECTOR_DEPTH; ++d) {
@@ -1473,36 +1208,8 @@ static __device__ float lane_partial(const FusedArgs& a, const RowSource& source
     return partial;
 }
 
-// A quad's update with its four divisions, square roots and quotients each issued
-// together (adamw_together: the same operations and bits as adamw_element). V % 4 == 0
-// on this path, so a quad inside the row is inside it whole.
-template <bool CORPUS>
-static __device__ __forceinline__ void quad_adamw_together(
-        const FusedArgs& a, const float* kept, float row_max, float s, const AdamStep& step,
-        u32 target, float weight_sum, u32 j, float4& wq, float4& mq, float4& vq, float4 tq) {
-    float e[4], t[4], w[4], m[4], v[4];
-    u32 js[4];
-    const bool inside[4] = {true, true, true, true};
-#pragma unroll
-    for (u32 c = 0; c < 4u; ++c) {
-        w[c] = part(wq, c);
-        m[c] = part(mq, c);
-        v[c] = part(vq, c);
-        t[c] = part(tq, c);
-        js[c] = j + c;
-        e[c] = exponential_again(a, kept, w[c], j + c, row_max);
-    }
-    adamw_together<CORPUS, 4>(a, step, e, s, js, inside, target, weight_sum, t, w, m, v);
-#pragma unroll
-    for (u32 c = 0; c < 4u; ++c) {
-        part(wq, c) = w[c];
-        part(mq, c) = m[c];
-        part(vq, c) = v[c];
-    }
-}
-
-// The update pass: per element today's operations (p, gradient, AdamW, canonical stores)
-// on quads; e_j from kept (this thread staged the quad) or computed again.
+// The update pass: per element adamw_element's operations (p, gradient, AdamW, canonical
+// stores) on quads; e_j from kept (this thread staged the quad) or computed again.
 template <bool CORPUS>
 static __device__ void vector_update(const FusedArgs& a, u64 base, const float* kept,
                                      float row_max, float s, const AdamStep& step, u32 target,
@@ -1518,20 +1225,16 @@ static __device__ void vector_update(const FusedArgs& a, u64 base, const float* 
         for (u32 d = 0; d < UPDATE_DEPTH; ++d) {
             const u32 j = ROUND * (first + d) + offset;
             if (j < a.vocab) {
-                wq[d] = load_quad_last(w + j);
-                mq[d] = load_quad_last(m + j);
-                vq[d] = load_quad_last(v + j);
-                tq[d] = CORPUS ? load_quad_last(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                wq[d] = load_quad(w + j);
+                mq[d] = load_quad(m + j);
+                vq[d] = load_quad(v + j);
+                tq[d] = CORPUS ? load_quad(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
 #pragma unroll
         for (u32 d = 0; d < UPDATE_DEPTH; ++d) {
             const u32 j = ROUND * (first + d) + offset;
             if (j < a.vocab) {
-#if STREAM_FAST_DIVIDE
-                quad_adamw_together<CORPUS>(a, kept, row_max, s, step, target, weight_sum, j,
-                                            wq[d], mq[d], vq[d], tq[d]);
-#else
 #pragma unroll
                 for (u32 c = 0; c < 4u; ++c) {
                     const float p = dvd(exponential_again(a, kept, part(wq[d], c), j + c,
@@ -1540,7 +1243,6 @@ static __device__ void vector_update(const FusedArgs& a, u64 base, const float* 
                                                      part(tq[d], c));
                     adamw_element(step, g, part(wq[d], c), part(mq[d], c), part(vq[d], c));
                 }
-#endif
                 store_quad(w + j, canonical_quad(wq[d]));
                 store_quad(m + j, canonical_quad(mq[d]));
                 store_quad(v + j, canonical_quad(vq[d]));
@@ -1568,7 +1270,7 @@ static __device__ void vector_finish(const FusedArgs& a, Lanes& lanes, const flo
     const float* warp_terms = (const float*)mine;
     // Half the rounds of the other passes: a round here holds a quad of gradients (and
     // corpus weights) too, and sm_86 spilled at VECTOR_DEPTH (hard, 8 bytes).
-    constexpr u32 depth = VECTOR_DEPTH > 1u ? VECTOR_DEPTH / 2u : 1u;
+    constexpr u32 depth = VECTOR_DEPTH / 2u;
     RowLoss<CORPUS> loss{0.0f};
     for (u32 first = 0; first < rounds; first += depth) {
         float4 wq[depth], tq[depth];
@@ -1576,8 +1278,8 @@ static __device__ void vector_finish(const FusedArgs& a, Lanes& lanes, const flo
         for (u32 d = 0; d < depth; ++d) {
             const u32 j = ROUND * (first + d) + offset;
             if (j < a.vocab) {
-                wq[d] = load_quad_last(w + j);
-                tq[d] = CORPUS ? load_quad_last(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                wq[d] = load_quad(w + j);
+                tq[d] = CORPUS ? load_quad(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
 #pragma unroll
@@ -1617,8 +1319,6 @@ static __device__ void vector_finish(const FusedArgs& a, Lanes& lanes, const flo
     }
     loss.store(a, target, lanes);
 }
-
-#endif  // STREAM_VECTOR
 
 template <bool CORPUS>
 static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* kept,
@@ -1699,7 +1399,6 @@ static __device__ void fused_streaming(const FusedArgs& a, Lanes& lanes, float* 
     }
 }
 
-#if STREAM_VECTOR
 // The streamed row on quads (V % 4 == 0). One loop runs the updates and then the
 // finish's max and sum, and one fold serves the corpus weight sum and every row sum: each
 // pass is inlined once (a smaller kernel, which ptxas fits in 64 registers, no spill).
@@ -1726,13 +1425,12 @@ static __device__ void fused_streaming_vector(const FusedArgs& a, Lanes& lanes, 
         vector_update<CORPUS>(a, base, kept, row_max, s, step, target, weight_sum);
     }
 }
-#endif  // STREAM_VECTOR
 
 // Shared memory of a fused block: the reductions' two buffers, the kept exponentials.
 struct __align__(16) FusedShared {
     float buffers[2][LANES];
     float scalars[2][LANES];  // staged rows of adam_scalars (StagedScalars)
-    float kept[KEPT_EXPONENTIALS > 0 ? KEPT_EXPONENTIALS : 1];
+    float kept[KEPT_EXPONENTIALS];
 };
 
 // Rows up to SLOTS x 256 stay in registers; longer ones stream. Either path gives the
@@ -1743,7 +1441,7 @@ static __device__ void fused_train(const FusedArgs& a, FusedShared& shared) {
     if (blockIdx.x >= a.vocab) return;  // the whole block: no barrier is left waiting
     Lanes lanes{shared.buffers, 0u};
     StagedScalars scalars{shared.scalars[0], LANES};
-    if (SMALL_PATH && a.vocab <= LANES) {
+    if (a.vocab <= LANES) {
         fused_small_row<CORPUS>(a, shared.buffers, shared.scalars);
     } else if (a.vocab <= SLOTS * LANES) {
         fused_resident<CORPUS, SLOTS>(a, lanes, scalars);
@@ -1806,17 +1504,14 @@ extern "C" __global__ WIDE_BOUNDS void bob_fused_train_wide_corpus(
 // The narrow kernels' streaming path on float4 loads and stores (fused_streaming_vector),
 // in kernels of their own: beside the resident and small paths in one 64-register kernel,
 // ptxas spilled (the slow paths of division and square root are subroutines every call
-// site shares), and a kernel here may not spill. With STREAM_VECTOR 0 they run the narrow
-// kernels' scalar streaming path instead, so one process can measure both.
-#ifndef STREAM_BOUNDS
+// site shares), and a kernel here may not spill.
 #define STREAM_BOUNDS __launch_bounds__(LANES, 4)  // 64 registers: 4 blocks of 256 per SM
-#endif
 
 struct __align__(16) StreamShared {
     float buffers[2][LANES];
     float scalars[2][LANES];  // StagedScalars
     float4 staged[LANES];  // each warp's 32 quads of a round (lane_partial)
-    float kept[KEPT_EXPONENTIALS > 0 ? KEPT_EXPONENTIALS : 1];  // at a 16-byte offset
+    float kept[KEPT_EXPONENTIALS];  // at a 16-byte offset
 };
 
 template <bool CORPUS>
@@ -1828,11 +1523,7 @@ static __device__ void fused_train_stream(const FusedArgs& a) {
     if (blockIdx.x >= a.vocab) return;  // the whole block: no barrier is left waiting
     Lanes lanes{shared.buffers, 0u};
     StagedScalars scalars{shared.scalars[0], LANES};
-#if STREAM_VECTOR
     fused_streaming_vector<CORPUS>(a, lanes, shared.kept, shared.staged, scalars);
-#else
-    fused_streaming<CORPUS>(a, lanes, shared.kept, scalars);
-#endif
 }
 
 extern "C" __global__ STREAM_BOUNDS void bob_fused_train_stream_hard(
@@ -1857,43 +1548,19 @@ extern "C" __global__ STREAM_BOUNDS void bob_fused_train_stream_corpus(
 
 // -- tall: a block per row, the row on chip (V <= 8192): bob_tall.cuh ----------------------
 //
-// Included once per mode, each in a namespace of its own, so that each mode runs the shape
-// the H200 measured fastest for it (bench/bench_tall.py --variants, V = 8192, N = 100):
-// hard at 1024 threads with unguarded arithmetic (230.7 us/update, 241.2 at 512 threads),
-// corpus at 512 threads with the sum chain handed between halves in registers (236.8;
-// 281.8 at 1024 unguarded). TALL_<MODE>_THREADS and TALL_<MODE>_UNGUARDED set a mode's
-// shape; the other TALL_* macros, where defined, apply to both.
-#ifndef TALL_HARD_THREADS
-#define TALL_HARD_THREADS 1024u
-#endif
-#ifndef TALL_HARD_UNGUARDED
-#define TALL_HARD_UNGUARDED 1
-#endif
-#ifndef TALL_CORPUS_THREADS
-#define TALL_CORPUS_THREADS 512u
-#endif
-#ifndef TALL_CORPUS_UNGUARDED
-#define TALL_CORPUS_UNGUARDED 0
-#endif
-
+// Included once per mode, each in a namespace of its own, so that each mode runs its own
+// shape: hard rows on 1024 threads with unguarded arithmetic, corpus rows on 512 threads
+// with the sum chain handed between halves in registers.
 namespace tall_hard {
 #define TALL_MODE_CORPUS 0
-#define TALL_THREADS TALL_HARD_THREADS
-#define TALL_UNGUARDED TALL_HARD_UNGUARDED
 #include "bob_tall.cuh"
 #undef TALL_MODE_CORPUS
-#undef TALL_THREADS
-#undef TALL_UNGUARDED
 }  // namespace tall_hard
 
 namespace tall_corpus {
 #define TALL_MODE_CORPUS 1
-#define TALL_THREADS TALL_CORPUS_THREADS
-#define TALL_UNGUARDED TALL_CORPUS_UNGUARDED
 #include "bob_tall.cuh"
 #undef TALL_MODE_CORPUS
-#undef TALL_THREADS
-#undef TALL_UNGUARDED
 }  // namespace tall_corpus
 
 // -- held: a block per row past TALL_VOCAB, the row's w in shared memory: bob_held.cuh -----

@@ -5,51 +5,30 @@
 // order (quarters at 1024 threads, halves at 512). A lane's max folds split at parts give
 // the same value (the select keeps the first of equal values; no partial is NaN), so each
 // thread folds its part and the lane's parts are combined in order before the tree. A
-// lane's sum is one ordered chain, so the exponentials go to shared memory and the first
-// 256 threads fold their lane's 32 in order. The tree over the 256 lane partials is run
-// by warp 0, which publishes the result (TALL_EVERY_WARP_TREE 0), or by every warp after
-// the same barrier (1): the same operations in the same order, one barrier fewer.
+// lane's sum is one ordered chain: the hard kernel puts the exponentials in shared memory
+// and the first 256 threads fold their lane's 32 in order; the corpus kernel keeps them in
+// registers, and each lane's chain runs through its parts in turn, part q handing its
+// running sum to part q + 1 through shared memory behind a barrier. The tree over the 256
+// lane partials is run by warp 0, which publishes the result.
 //
 // bob_kernels.cu includes this file once per mode, in a namespace of its own, with
-// TALL_MODE_CORPUS, TALL_THREADS and TALL_UNGUARDED defined for that mode (from
-// TALL_<MODE>_THREADS and TALL_<MODE>_UNGUARDED); it defines that mode's entry point.
-// The tuning macros change speed, never bits (bench/bench_tall.py --variants):
-// - TALL_THREADS: 1024 (8 elements per thread, 64 registers) or 512 (16 elements per
-//   thread, 128 registers). The plan launches the block the image's launch bounds name
-//   (signatures.BLOCK_FROM_IMAGE), so a variant plans to match.
-// - TALL_HOLD_WEIGHTS: corpus weights held in registers (1) or read from L1 per update (0).
-// - TALL_CORPUS_FULL: the corpus kernel also takes the full-row path without per-element
-//   bounds tests at V = 8192 (1). At 1024 threads both corpus paths spilled (8 bytes).
-// - TALL_REGISTER_CHAIN: the exponentials stay in registers and each lane's sum chain runs
-//   through its parts in turn, part q handing its running sum to part q + 1 through shared
-//   memory behind a barrier (TALL_PARTS barriers: meant for 512 threads, two parts), rather
-//   than through shared memory element by element (0).
-// - TALL_UNGUARDED: on rows shorter than TALL_VOCAB every slot runs the arithmetic (max,
-//   exponentials, AdamW) as straight-line code, a slot past V holding w = -inf (its e_j is
-//   0, it never wins the max, it stays -inf, and no fold reads it); only memory accesses and
-//   the sums' chains test the bounds (1). Or each slot's arithmetic sits behind its bounds
-//   test, a branch around code with division subroutines (0).
+// TALL_MODE_CORPUS defined for that mode; it defines that mode's entry point, in that
+// mode's shape:
+// - hard: 1024 threads (8 elements per thread, 64 registers). On rows shorter than
+//   TALL_VOCAB every slot runs the arithmetic (max, exponentials, AdamW) as straight-line
+//   code, a slot past V holding w = -inf (its e_j is 0, it never wins the max, it stays
+//   -inf, and no fold reads it); only memory accesses and the sums' chains test the bounds.
+// - corpus: 512 threads (16 elements per thread, 128 registers), the weights held in
+//   registers too, each slot's arithmetic behind its bounds test.
+// Either takes a path without per-element bounds tests at V = TALL_VOCAB. The plan launches
+// the block the image's launch bounds name (signatures.BLOCK_FROM_IMAGE).
 #define TALL_VOCAB 8192u
+#define TALL_THREADS (TALL_MODE_CORPUS ? 512u : 1024u)
+#define TALL_UNGUARDED (!TALL_MODE_CORPUS)  // every slot computed, past V too
 #define TALL_SLOTS (TALL_VOCAB / TALL_THREADS)  // elements per thread
 #define TALL_PARTS (TALL_THREADS / LANES)  // threads per tree lane
 #define TALL_WARPS (TALL_THREADS / WARP)
 #define LANE_ELEMENTS (TALL_VOCAB / LANES)  // a tree lane's elements at most
-#ifndef TALL_HOLD_WEIGHTS
-#define TALL_HOLD_WEIGHTS (TALL_THREADS <= 512u)
-#define TALL_HOLD_WEIGHTS_HERE  // defined by this inclusion: undefined at its end
-#endif
-#ifndef TALL_CORPUS_FULL
-#define TALL_CORPUS_FULL (TALL_THREADS <= 512u)
-#define TALL_CORPUS_FULL_HERE  // defined by this inclusion: undefined at its end
-#endif
-#ifndef TALL_EVERY_WARP_TREE
-#define TALL_EVERY_WARP_TREE 0
-#define TALL_EVERY_WARP_TREE_HERE  // defined by this inclusion: undefined at its end
-#endif
-#ifndef TALL_REGISTER_CHAIN
-#define TALL_REGISTER_CHAIN (TALL_THREADS <= 512u)
-#define TALL_REGISTER_CHAIN_HERE  // defined by this inclusion: undefined at its end
-#endif
 #define TALL_BOUNDS __launch_bounds__(TALL_THREADS, 1)
 
 struct __align__(16) TallShared {
@@ -59,7 +38,7 @@ struct __align__(16) TallShared {
     float scalars[2 * TALL_THREADS];  // StagedScalars: TALL_THREADS / 4 updates per chunk
     int keys[TALL_WARPS];  // each warp's max key
     float result;
-#if TALL_REGISTER_CHAIN
+#if TALL_MODE_CORPUS
     float handoff[LANES];  // a lane's running sum, from one part to the next
 #endif
 };
@@ -85,10 +64,9 @@ struct TallRow {
     __device__ bool computed(u32 i) const { return TALL_UNGUARDED || inside(i); }
 
     // The tree over `partials` (written before a barrier): warp 0 runs it and publishes it
-    // behind one more barrier, or every warp runs it.
+    // behind one more barrier.
     template <typename Op>
     __device__ float publish(Op op) {
-        if (TALL_EVERY_WARP_TREE) return warp_tree(shared.partials, op);
         return published_tree(shared.partials, shared.result, op);
     }
 
@@ -132,7 +110,7 @@ struct TallRow {
         return sum_kept();
     }
 
-#if TALL_REGISTER_CHAIN
+#if TALL_MODE_CORPUS
     // The row max, e_j into e, and the row sum: each lane's chain through its parts in turn.
     __device__ float chain_exponentials(const float (&w)[TALL_SLOTS], float (&e)[TALL_SLOTS],
                                         float& row_max) {
@@ -178,13 +156,12 @@ struct TallRow {
     }
 };
 
-// A thread's corpus weights: held in registers (TALL_HOLD_WEIGHTS) or read from the row
-// in memory (L1) where used. 64 registers (1024 threads) hold w, m and v but not the
-// weights too, and a kernel here may not spill (Bob's streams give no local memory).
-template <bool HOLD>
+// A thread's corpus weights, held in registers (the corpus kernel); the hard kernel has
+// none.
+template <bool CORPUS>
 struct TallWeights;
 
-// A slot past V (TALL_UNGUARDED computes it) has weight 0 and reads no memory.
+// A slot past V has weight 0 and reads no memory.
 template <>
 struct TallWeights<true> {
     float held[TALL_SLOTS];
@@ -197,14 +174,12 @@ struct TallWeights<true> {
 template <>
 struct TallWeights<false> {
     __device__ void load(const float*, u32, u32, bool) {}
-    __device__ float at(const float* t, u32, u32 j, bool inside) const {
-        return inside ? t[j] : 0.0f;
-    }
+    __device__ float at(const float*, u32, u32, bool) const { return 0.0f; }
 };
 
 // A thread's exponentials of the current row: in shared memory (kept, the lanes' folds
-// read them there) or in registers (TALL_REGISTER_CHAIN).
-template <bool HELD>
+// read them there: the hard kernel) or in registers (the corpus kernel's chain).
+template <bool CHAIN>
 struct TallExponentials;
 
 template <>
@@ -216,7 +191,7 @@ struct TallExponentials<false> {
     __device__ float at(const TallShared& shared, u32, u32 j) const { return shared.kept[j]; }
 };
 
-#if TALL_REGISTER_CHAIN
+#if TALL_MODE_CORPUS
 template <>
 struct TallExponentials<true> {
     float held[TALL_SLOTS];
@@ -235,7 +210,7 @@ static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
     StagedScalars scalars{shared.scalars, TALL_THREADS};
     const u64 base = (u64)blockIdx.x * a.vocab;
     const float* t = CORPUS ? a.weights + base : nullptr;
-    TallWeights<CORPUS && TALL_HOLD_WEIGHTS> weights;
+    TallWeights<CORPUS> weights;
     float w[TALL_SLOTS], m[TALL_SLOTS], v[TALL_SLOTS];
 #pragma unroll
     for (u32 i = 0; i < TALL_SLOTS; ++i) {
@@ -252,7 +227,7 @@ static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
     }
     const float weight_sum = CORPUS ? row.sum_kept() : 0.0f;
     const u32 target = CORPUS ? 0u : a.targets[blockIdx.x];
-    TallExponentials<TALL_REGISTER_CHAIN != 0> e;
+    TallExponentials<CORPUS> e;
 
     for (u32 k = 0; k < a.updates; ++k) {
         scalars.stage(a, k);
@@ -314,9 +289,7 @@ static __device__ void fused_train_tall(const FusedArgs& a) {
     __shared__ TallShared shared;
     if (blockDim.x != TALL_THREADS || a.vocab > TALL_VOCAB) __trap();
     if (blockIdx.x >= a.vocab) return;
-    // The whole launch takes one branch. At 1024 threads corpus rows always count their
-    // elements: with both paths the corpus kernel spilled (8 bytes), and no kernel here may.
-    if ((!CORPUS || TALL_CORPUS_FULL) && a.vocab == TALL_VOCAB) {
+    if (a.vocab == TALL_VOCAB) {  // the whole launch takes one branch
         fused_tall<CORPUS, true>(a, shared);
     } else {
         fused_tall<CORPUS, false>(a, shared);
@@ -349,24 +322,10 @@ extern "C" __global__ TALL_BOUNDS void bob_fused_train_tall_corpus(
 
 // This inclusion's own macros go, so the other mode's inclusion defines its own.
 #undef TALL_VOCAB
+#undef TALL_THREADS
+#undef TALL_UNGUARDED
 #undef TALL_SLOTS
 #undef TALL_PARTS
 #undef TALL_WARPS
 #undef LANE_ELEMENTS
 #undef TALL_BOUNDS
-#ifdef TALL_HOLD_WEIGHTS_HERE
-#undef TALL_HOLD_WEIGHTS
-#undef TALL_HOLD_WEIGHTS_HERE
-#endif
-#ifdef TALL_CORPUS_FULL_HERE
-#undef TALL_CORPUS_FULL
-#undef TALL_CORPUS_FULL_HERE
-#endif
-#ifdef TALL_EVERY_WARP_TREE_HERE
-#undef TALL_EVERY_WARP_TREE
-#undef TALL_EVERY_WARP_TREE_HERE
-#endif
-#ifdef TALL_REGISTER_CHAIN_HERE
-#undef TALL_REGISTER_CHAIN
-#undef TALL_REGISTER_CHAIN_HERE
-#endif

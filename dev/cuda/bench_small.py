@@ -1,17 +1,18 @@
-"""PYTHONPATH=src python3 bench/bench_small.py [--variants]   (B=cuda VS=256,255,128 N=1000)
+"""PYTHONPATH=src python3 -m dev.cuda.bench_small [--variants]   (B=cuda VS=256,255,128 N=1000)
 
 The fused schedule at small V, where one launch runs every update of an invocation on the
-small-row path of bob_kernels.cu (one block per row, V <= 256; issue 14): per update, the
-median of three runs after a warm-up, hard targets and corpus weights, each run from the
-same pseudo-random table (written, untimed, before it). B picks the backend, VS the sizes,
-N the updates (B=cpu VS=100 N=20 checks the script without a GPU). Each row ends with the
-digest of the state a run leaves (parameters, moments, gradients, losses): equal digests,
-equal bytes. Then the same at N = 20 beside the cpu backend's digest (the reference).
+small-row path of bob_kernels.cu (one block per row, V <= 256): per update, the median of
+three runs after a warm-up, hard targets and corpus weights, each run from the same
+pseudo-random table (written, untimed, before it). B picks the backend, VS the sizes, N the
+updates (B=cpu VS=100 N=20 checks the script without a GPU). Each row ends with the digest
+of the state a run leaves (parameters, moments, gradients, losses): equal digests, equal
+bytes. Then the same at N = 20 beside the cpu backend's digest (the reference).
 
-``--variants`` (cuda): the small path's tuning macros (bob_kernels.cu: SMALL_THREADS,
-SMALL_FAST_DIVIDE, SMALL_FULL_ROWS), each compiled into this process and timed the same
-way; then each variant's digest at N = 20 against the cpu backend's: "identical" or
-"DIFFERS". The shipped default is SMALL_THREADS in bob_kernels.cu (one line).
+``--variants`` (cuda): the shipped kernels, then the small path's tuning macros (the knob
+source, dev/cuda/bob_kernels.cu: SMALL_THREADS, SMALL_FAST_DIVIDE, SMALL_FULL_ROWS), each
+compiled into this process and timed the same way, its digest beside the shipped kernels'
+("= shipped" or "DIFFERS"); then each digest at N = 20 against the cpu backend's:
+"identical" or "DIFFERS".
 """
 from __future__ import annotations
 
@@ -25,15 +26,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from bob.backends import BackendChoice, choose_backend
-from bob.bench.measurement import time_runs
-from bob.bench.variants import compiled_variants, input_bytes, state_digest
 from bob.config import MIN_VOCAB, Hyper, Mode
 from bob.errors import BadInput, BobError
 from bob.host.session import Session
 from bob.plan.certificate import require_certified
 from bob.program.bob import BobConfig, build_plan
+from dev.bench.measurement import time_runs
+from dev.cuda.variants import (
+    SHIPPED,
+    against_shipped,
+    input_bytes,
+    shipped_and_variants,
+    state_digest,
+)
 
-# Name -> the #defines put in front of the shipped source.
+# Name -> the #defines put in front of the knob source.
 VARIANTS = {
     "128 threads, fast divide, full rows (default)": "",
     "128 threads (the previous default)":
@@ -59,11 +66,13 @@ class SmallRun:
     seconds: float | None  # per update, the median run; None where only the digest was taken
     digest: str  # of DIGEST_TENSORS after one run from the start state
 
-    def line(self, name: str) -> str:
+    def line(self, name: str, shipped: str | None = None) -> str:
+        """The row; `shipped`: the shipped kernels' digest, this variant's verdict."""
         config = self.config
         time = "" if self.seconds is None else f" {self.seconds * 1e6:.3f} us/update;"
+        verdict = "" if shipped is None else " " + against_shipped(self.digest, shipped)
         return (f"V={config.vocab} {config.mode} N={config.updates} {name}:{time} "
-                f"state {self.digest}")
+                f"state {self.digest}{verdict}")
 
 
 def fused(vocab: int, mode: Mode, updates: int) -> BobConfig:
@@ -76,10 +85,6 @@ def start_parameters(vocab: int) -> bytes:
     table = np.random.default_rng(14).standard_normal((vocab, vocab), dtype=np.float32)
     table[0] = 0.0
     return table.tobytes()
-
-
-
-
 
 
 def run_small(choice: BackendChoice, config: BobConfig, timed: bool) -> SmallRun:
@@ -128,12 +133,19 @@ def check_against_cpu(choices: dict[str, BackendChoice], sizes: tuple[int, ...])
 
 
 def bench(choices: dict[str, BackendChoice], sizes: tuple[int, ...], updates: int) -> int:
+    """Every choice timed (SHIPPED first: each variant's digest beside its), then the check
+    against the cpu backend; the count of differing digests."""
+    differing = 0
     for vocab in sizes:
         for mode in MODES:
+            shipped = run_small(choices[SHIPPED], fused(vocab, mode, updates), timed=True)
+            print(shipped.line(SHIPPED), flush=True)
             for name, choice in choices.items():
-                run = run_small(choice, fused(vocab, mode, updates), timed=True)
-                print(run.line(name), flush=True)
-    return check_against_cpu(choices, sizes)
+                if name != SHIPPED:
+                    run = run_small(choice, fused(vocab, mode, updates), timed=True)
+                    differing += run.digest != shipped.digest
+                    print(run.line(name, shipped.digest), flush=True)
+    return differing + check_against_cpu(choices, sizes)
 
 
 def settings() -> tuple[tuple[int, ...], int]:
@@ -157,9 +169,9 @@ def main() -> int:
     try:
         sizes, updates = settings()
         if args.variants:
-            choices = compiled_variants(VARIANTS)
+            choices = shipped_and_variants(VARIANTS)
         else:
-            choices = {"shipped": choose_backend(os.environ.get("B", "cuda"))}
+            choices = {SHIPPED: choose_backend(os.environ.get("B", "cuda"))}
         differing = bench(choices, sizes, updates)
     except BobError as error:
         print(f"bench_small: {error}", file=sys.stderr)

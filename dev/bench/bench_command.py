@@ -1,6 +1,6 @@
-"""PYTHONPATH=src python3 bench/bench_command.py   (B=cuda V=256 N=1000 STEPS=10000)
+"""PYTHONPATH=src python3 -m dev.bench.bench_command   (B=cuda V=256 N=1000 STEPS=10000)
 
-Issue 13's last target: `bob train --steps 10000` as a user runs it, against process
+The start-up target: `bob train --steps 10000` as a user runs it, against process
 start-up plus 1.3x the device time of its updates. Side by side in one process:
 
 - the device program alone: one invocation of N updates run on the backend (the bench's
@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 
 from bob.backends import choose_backend
-from bob.bench.measurement import command_env, time_runs
-from bob.bench.peers import bench_targets
 from bob.config import Hyper, resolve_submission
 from bob.host.session import Session
 from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
+from dev.bench.measurement import command_env, time_runs
+from dev.bench.peers import bench_targets
 
 REPEATS = int(os.environ.get("REPEATS", "5"))
 

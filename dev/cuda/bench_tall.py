@@ -1,18 +1,19 @@
-"""PYTHONPATH=src python3 bench/bench_tall.py [--variants]   (B=cuda VS=8192 N=100 by default)
+"""PYTHONPATH=src python3 -m dev.cuda.bench_tall [--variants]   (B=cuda VS=8192 N=100)
 
 The fused schedule's tall kernels (bob-fused-train-tall(-corpus), a row on chip per block)
 at V = 8192: one invocation of N = 100 updates, hard and corpus, from the zero table
 (reloaded, untimed, before each run), the median of three runs after a warm-up, in us
-per update (docs/BENCHMARKS.md, issue 14). Each row ends with the digest of the state one
-run leaves (parameters, moments, gradients, losses): equal digests, equal bytes.
+per update (docs/BENCHMARKS.md). Each row ends with the digest of the state one run
+leaves (parameters, moments, gradients, losses): equal digests, equal bytes.
 
 Then the check: from a random table (row 0 all zeros, so the literal max's fallback runs
 too), N = 3 updates at V = 4608 and 8192 (CHECK_VS), hard and corpus, with the plan's tall
 kernels from that V in both modes (corpus rows of 4608 stream by default), the digests of
 each kernel beside those of the CPU backend; a row that differs from the CPU says DIFFERS.
 
-``--variants`` (cuda): every entry of VARIANTS (bob_kernels.cu's TALL_* macros), each
-compiled into this process, timed and checked the same way; a variant that does not
+``--variants`` (cuda): beside the shipped kernels, every entry of VARIANTS (the knob
+source's TALL_* macros, dev/cuda/bob_kernels.cu), each compiled into this process, timed
+(its digest beside the shipped kernels') and checked the same way; a variant that does not
 compile (a spill: regions refuse a stack frame) is named and skipped.
 
 B picks the backend: B=cpu runs the same logic on the cpu backend (no GPU, no variants)
@@ -32,18 +33,19 @@ import numpy as np
 
 import bob.program.bob as program
 from bob.backends import BackendChoice, choose_backend
-from bob.bench.measurement import time_runs
-from bob.bench.variants import compiled_variants, input_bytes, state_digest
 from bob.config import Hyper, Mode
 from bob.host.session import Session
 from bob.plan.certificate import require_certified
 from bob.program.bob import BobConfig, build_plan
+from dev.bench.measurement import time_runs
+from dev.cuda.variants import SHIPPED, input_bytes, shipped_and_variants, state_digest
 
-# name -> the #defines put in front of the shipped source. The first is the shipped kernel.
+# name -> the #defines put in front of the knob source. The first is its defaults: the shipped
+# kernels' shapes.
 
 
 def both(threads: int, unguarded: int = 0, flags: str = "") -> str:
-    """#defines giving both modes' tall kernels one shape (bob_kernels.cu)."""
+    """#defines giving both modes' tall kernels one shape (the knob source)."""
     return (f"#define TALL_HARD_THREADS {threads}u\n#define TALL_CORPUS_THREADS {threads}u\n"
             f"#define TALL_HARD_UNGUARDED {unguarded}\n"
             f"#define TALL_CORPUS_UNGUARDED {unguarded}\n{flags}")
@@ -52,7 +54,7 @@ def both(threads: int, unguarded: int = 0, flags: str = "") -> str:
 EVERY_WARP = "#define TALL_EVERY_WARP_TREE 1\n"
 NO_CHAIN = "#define TALL_REGISTER_CHAIN 0\n"
 VARIANTS = {
-    "shipped (hard: 1024 threads unguarded; corpus: 512 with the register chain)": "",
+    "defaults (hard: 1024 threads unguarded; corpus: 512 with the register chain)": "",
     "1024 threads x 8": both(1024),
     "1024 threads, every warp runs the tree": both(1024, 0, EVERY_WARP),
     "1024 threads, unguarded arithmetic": both(1024, 1),
@@ -77,17 +79,18 @@ class TallRun:
     region: str
     block: int
 
-    def line(self, name: str, reference: str | None = None) -> str:
+    def line(self, name: str, reference: str | None = None, against: str = "cpu") -> str:
+        """The row; `reference`: the digest of `against` (the cpu backend, or the shipped
+        kernels), this row's verdict."""
         config = self.config
         head = f"V={config.vocab} {config.mode:<6} N={config.updates} {name}: "
         timing = f"{self.seconds * 1e6:8.1f} us/update; " if self.seconds is not None else ""
         verdict = ""
         if reference is not None:
-            verdict = " = cpu" if self.digest == reference else f" DIFFERS from cpu {reference}"
+            verdict = (f" = {against}" if self.digest == reference
+                       else f" DIFFERS from {against} {reference}")
         return (f"{head}{timing}{self.region} x{self.block} threads; "
                 f"state {self.digest}{verdict}")
-
-
 
 
 def start_parameters(vocab: int, random: bool) -> bytes:
@@ -98,8 +101,6 @@ def start_parameters(vocab: int, random: bool) -> bytes:
     table = np.random.default_rng(3).standard_normal((vocab, vocab), dtype=np.float32)
     table[0] = 0.0
     return table.tobytes()
-
-
 
 
 def run_tall(choice: BackendChoice, config: BobConfig, timed: bool) -> TallRun:
@@ -137,8 +138,6 @@ def fused(vocab: int, mode: Mode, updates: int) -> BobConfig:
     return BobConfig(vocab=vocab, prompts=0, updates=updates, mode=mode, schedule="fused")
 
 
-
-
 def sizes(variable: str, default: str) -> tuple[int, ...]:
     return tuple(int(v) for v in os.environ.get(variable, default).split(","))
 
@@ -156,12 +155,18 @@ def tall_from(vocab: int) -> Iterator[None]:
 
 
 def bench(choices: dict[str, BackendChoice], cpu: Callable[[], BackendChoice]) -> None:
+    """Every choice timed (SHIPPED first: each variant's digest beside its), then each
+    checked against the cpu backend."""
     updates = int(os.environ.get("N", "100"))
     for vocab in sizes("VS", "8192"):
         for mode in MODES:
+            config = fused(vocab, mode, updates)
+            shipped = run_tall(choices[SHIPPED], config, timed=True)
+            print(shipped.line(SHIPPED), flush=True)
             for name, choice in choices.items():
-                print(run_tall(choice, fused(vocab, mode, updates), timed=True).line(name),
-                      flush=True)
+                if name != SHIPPED:
+                    run = run_tall(choice, config, timed=True)
+                    print(run.line(name, shipped.digest, SHIPPED), flush=True)
     reference_choice = cpu()
     for vocab in sizes("CHECK_VS", "4608,8192"):
         for mode in MODES:
@@ -180,14 +185,11 @@ def main() -> int:
                         help="every TALL_* variant of the kernels, timed and checked (cuda)")
     args = parser.parse_args()
     backend = os.environ.get("B", "cuda")
-    if backend == "cuda":
-        names = list(VARIANTS) if args.variants else list(VARIANTS)[:1]
-        choices = compiled_variants({name: VARIANTS[name] for name in names})
-    elif args.variants:
+    if args.variants and backend != "cuda":
         print("--variants needs B=cuda: the variants are CUDA kernels", file=sys.stderr)
         return 2
-    else:
-        choices = {f"{backend} backend": choose_backend(backend)}
+    choices = shipped_and_variants(VARIANTS) if args.variants else {
+        SHIPPED: choose_backend(backend)}
     bench(choices, lambda: choose_backend("cpu"))
     return 0
 

@@ -14,7 +14,10 @@ from dataclasses import replace
 import numpy as np
 
 from bob.backends import BackendChoice, choose_backend
-from bob.bench.measurement import (
+from bob.config import AUTO_SUBMISSION, DEFAULT_SUBMISSION_POLICY, Hyper, resolve_submission
+from bob.errors import BadInput
+from bob.host.training import CPU_MAX_VOCAB
+from dev.bench.measurement import (
     bob_configs,
     error_text,
     failed,
@@ -22,7 +25,7 @@ from bob.bench.measurement import (
     measure_bob,
     measure_peer,
 )
-from bob.bench.peers import (
+from dev.bench.peers import (
     JaxLoop,
     NumpyPeer,
     Peer,
@@ -31,10 +34,7 @@ from bob.bench.peers import (
     bench_targets,
     torch_modules,
 )
-from bob.bench.tables import BANDWIDTH_MIN_VOCAB, BenchReport, BenchTable, Device, Row
-from bob.config import AUTO_SUBMISSION, DEFAULT_SUBMISSION_POLICY, Hyper, resolve_submission
-from bob.errors import BadInput
-from bob.host.training import CPU_MAX_VOCAB
+from dev.bench.tables import BANDWIDTH_MIN_VOCAB, BenchReport, BenchTable, Device, Row
 
 
 def default_vocabs(device: Device) -> tuple[int, ...]:
@@ -47,7 +47,6 @@ def default_updates(device: Device, vocab: int) -> int:
     if device == "cuda":
         return 1000 if vocab <= 1024 else 100  # ~3 us vs ~1 ms per update
     return 100 if vocab <= 1024 else 5  # ~0.4 ms vs ~0.5 s per update
-
 
 
 def cpu_name() -> str:
@@ -89,7 +88,6 @@ def copy_bandwidth() -> float | None:
         return 2 * (1 << 30) / statistics.median(times)
     except Exception:  # noqa: BLE001 - the floor row is a courtesy
         return None
-
 
 
 Progress = Callable[[str], None]

@@ -11,8 +11,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from bob.bench.tables import TARGET_SEED, Device
 from bob.config import Hyper
+from dev.bench.tables import TARGET_SEED, Device
 
 
 class Unavailable(Exception):
@@ -30,7 +30,6 @@ def numpy_objective(table: np.ndarray, targets: np.ndarray) -> float:
     shifted = w - w.max(axis=1, keepdims=True)
     log_sums = np.log(np.exp(shifted).sum(axis=1))
     return float(np.mean(log_sums - shifted[np.arange(len(w)), targets]))
-
 
 
 def numpy_train(w: np.ndarray, m: np.ndarray, v: np.ndarray, targets: np.ndarray,
@@ -62,7 +61,6 @@ def numpy_train(w: np.ndarray, m: np.ndarray, v: np.ndarray, targets: np.ndarray
         bias2 = 1 - b2**t
         w -= lr / bias1 * m / (np.sqrt(v) / math.sqrt(bias2) + eps)
     return losses
-
 
 
 class Peer(ABC):
@@ -104,7 +102,6 @@ class NumpyPeer(Peer):
 
     def loss(self) -> float:
         return numpy_objective(self.w, self.targets)
-
 
 
 def torch_modules():

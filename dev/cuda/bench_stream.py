@@ -1,10 +1,10 @@
-"""PYTHONPATH=src python3 bench/bench_stream.py [--variants]   (B=cuda VS=32768,65536 by default)
+"""PYTHONPATH=src python3 -m dev.cuda.bench_stream [--variants]   (B=cuda VS=32768,65536)
 
 The fused schedule past the tall kernels' rows, where a row no longer fits one SM and
 every update moves it through DRAM: the held kernels (the row's w in shared memory) and
 the stream kernels (w read three times). Per V: invocations of N = 2 and N = 6 updates on
 zero tables (written once; the timings reuse the state), each the median of three runs
-after a warm-up. Two figures per row (docs/BENCHMARKS.md, issue 14):
+after a warm-up. Two figures per row (docs/BENCHMARKS.md):
 
 - invocation: the N = 6 invocation over its 6 updates. An invocation also runs the initial
   loss, the finish (gradients and loss of the final table, in the last update's launch)
@@ -17,14 +17,15 @@ B picks the backend, VS the sizes (B=cpu VS=300 checks the script without a GPU)
 DIGEST=1 each row ends with the digest of the state the runs leave (at V = 32768 that
 reads 16 GB back).
 
-``--variants`` (cuda): the held and stream kernels' tuning macros (bob_held.cuh:
-HELD_THREADS, HELD_DEPTH, HELD_UPDATE_DEPTH, HELD_KEEP_EXPONENTIALS, HELD_FAST_DIVIDE,
-HELD_L2_PREFETCH, HELD_L2_PREFETCH_EACH, HELD_L2_AHEAD, HELD_RUNNING_MAX, HELD_W_LIMIT;
-bob_kernels.cu: STREAM_VECTOR, STREAM_FAST_DIVIDE, VECTOR_DEPTH, UPDATE_DEPTH,
-STREAM_BOUNDS, KEPT_EXPONENTIALS, STREAM_CACHE_HINTS), each compiled into this process
-and timed the same way at V = 32768 (and 65536 with BIG=1), hard targets; then the
-digests alone of V = 4100 (hard and corpus, N = 20: every update in one launch) and 8196
-(N = 2) for the shipped kernels and a few variants.
+``--variants`` (cuda): the shipped held and stream kernels, then their tuning macros (the
+knob source in dev/cuda, bob_held.cuh: HELD_THREADS, HELD_DEPTH, HELD_UPDATE_DEPTH,
+HELD_KEEP_EXPONENTIALS, HELD_FAST_DIVIDE, HELD_L2_PREFETCH, HELD_L2_PREFETCH_EACH,
+HELD_L2_AHEAD, HELD_RUNNING_MAX, HELD_W_LIMIT; bob_kernels.cu: STREAM_VECTOR,
+STREAM_FAST_DIVIDE, VECTOR_DEPTH, UPDATE_DEPTH, STREAM_BOUNDS, KEPT_EXPONENTIALS,
+STREAM_CACHE_HINTS), each compiled into this process and timed the same way at V = 32768
+(and 65536 with BIG=1), hard targets; then the digests alone of V = 4100 (hard and corpus,
+N = 20: every update in one launch) and 8196 (N = 2) for the shipped kernels and a few
+variants, each variant's beside the shipped kernels' ("= shipped" or "DIFFERS").
 """
 from __future__ import annotations
 
@@ -37,20 +38,27 @@ from dataclasses import dataclass
 
 import bob.program.bob as program
 from bob.backends import BackendChoice, choose_backend
-from bob.bench.measurement import time_runs
-from bob.bench.suite import copy_bandwidth
-from bob.bench.tables import BYTES_PER_PARAMETER
-from bob.bench.variants import compiled_variants, input_bytes, state_digest
 from bob.config import Hyper, Mode
 from bob.host.session import Session
 from bob.plan.certificate import require_certified
 from bob.program.bob import BobConfig, build_plan
+from dev.bench.measurement import time_runs
+from dev.bench.suite import copy_bandwidth
+from dev.bench.tables import BYTES_PER_PARAMETER
+from dev.cuda.variants import (
+    SHIPPED,
+    against_shipped,
+    input_bytes,
+    shipped_and_variants,
+    state_digest,
+)
 
 SHORT, LONG = 2, 6  # the two invocations whose difference is LONG - SHORT updates
 
-# name -> (the kernels: "held" or "stream", the macros)
+KERNELS = ("held", "stream")
+# name -> (the kernels: "held" or "stream", the #defines put in front of the knob source)
 VARIANTS = {
-    "held (shipped)": ("held", ""),
+    "held (defaults)": ("held", ""),
     "held, no kept exponentials": ("held", "#define HELD_KEEP_EXPONENTIALS 0\n"),
     "held, element by element (HELD_FAST_DIVIDE 0)": ("held", "#define HELD_FAST_DIVIDE 0\n"),
     "held, HELD_UPDATE_DEPTH 1": ("held", "#define HELD_UPDATE_DEPTH 1u\n"),
@@ -66,7 +74,7 @@ VARIANTS = {
         "held", "#define HELD_L2_PREFETCH 2u\n#define HELD_L2_AHEAD 0u\n"),
     "held, 2/8 first, 4 rounds ahead": ("held", "#define HELD_L2_PREFETCH 2u\n"
                                                 "#define HELD_L2_AHEAD 4u\n"),
-    "stream (vector)": ("stream", ""),
+    "stream (defaults: vector)": ("stream", ""),
     "stream, fast divide, 3 blocks/SM": ("stream", "#define STREAM_FAST_DIVIDE 1\n"
                                          "#define STREAM_BOUNDS __launch_bounds__(256, 3)\n"),
     "stream, cache hints": ("stream", "#define STREAM_CACHE_HINTS 1\n"),
@@ -74,9 +82,8 @@ VARIANTS = {
     "stream, scalar twin (STREAM_VECTOR 0)": ("stream", "#define STREAM_VECTOR 0\n"),
     "stream, VECTOR_DEPTH 2": ("stream", "#define VECTOR_DEPTH 2u\n"),
 }
-DIGEST_VARIANTS = ("held (shipped)", "held, 768 threads", "held, no L2 prefetch",
-                   "stream (vector)",
-                   "stream, fast divide, 3 blocks/SM")
+DIGEST_VARIANTS = ("held (defaults)", "held, 768 threads", "held, no L2 prefetch",
+                   "stream (defaults: vector)", "stream, fast divide, 3 blocks/SM")
 DIGEST_CASES = ((4100, "hard", 20), (4100, "corpus", 20), (8196, "hard", 2))
 
 
@@ -151,25 +158,42 @@ def with_kernels(kernels: str):
         program.HELD_FROM_VOCAB, program.held_to_vocab = held_from, held_to
 
 
-def bench_variants(copy: float | None) -> None:
+def of_kernels(choices: dict[str, BackendChoice], kernels: str) -> dict[str, BackendChoice]:
+    """The shipped kernels (as `kernels, shipped`), then the variants of these kernels."""
+    return {f"{kernels}, {SHIPPED}": choices[SHIPPED],
+            **{name: choice for name, choice in choices.items()
+               if name != SHIPPED and VARIANTS[name][0] == kernels}}
+
+
+def bench_variants(copy: float | None) -> int:
+    """Each choice timed, then the digests: the count that differ from the shipped kernels'."""
     sizes = (32768, 65536) if os.environ.get("BIG") == "1" else (32768,)
-    choices = compiled_variants({name: macros for name, (_, macros) in VARIANTS.items()})
+    choices = shipped_and_variants({name: macros for name, (_, macros) in VARIANTS.items()})
     for vocab in sizes:
-        for name, choice in choices.items():
-            with with_kernels(VARIANTS[name][0]):
-                print(run_stream(choice, fused(vocab)).line(name, copy), flush=True)
+        for kernels in KERNELS:
+            with with_kernels(kernels):
+                for name, choice in of_kernels(choices, kernels).items():
+                    print(run_stream(choice, fused(vocab)).line(name, copy), flush=True)
+    differing = 0
     for vocab, mode, updates in DIGEST_CASES:
-        for name in DIGEST_VARIANTS:
-            choice = choices.get(name)
-            if choice is not None:
-                with with_kernels(VARIANTS[name][0]):
-                    config = fused(vocab, mode, updates)
-                    print(f"V={vocab} {mode} N={updates} {name} "
-                          f"({config.fused_region(choice.target)}): "
-                          f"state {digest_only(choice, config)}", flush=True)
+        config = fused(vocab, mode, updates)
+        head = f"V={vocab} {mode} N={updates}"
+        for kernels in KERNELS:
+            with with_kernels(kernels):
+                shipped = digest_only(choices[SHIPPED], config)
+                print(f"{head} {kernels}, {SHIPPED} ({config.fused_region(choices[SHIPPED].target)}): state {shipped}",
+                      flush=True)
+                for name in DIGEST_VARIANTS:
+                    if VARIANTS[name][0] != kernels or name not in choices:
+                        continue
+                    digest = digest_only(choices[name], config)
+                    differing += digest != shipped
+                    print(f"{head} {name} ({config.fused_region(choices[SHIPPED].target)}): state {digest} "
+                          f"{against_shipped(digest, shipped)}", flush=True)
+    return differing
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", action="store_true",
                         help="the held and stream kernels' tuning macros, timed and digested "
@@ -179,16 +203,16 @@ def main() -> None:
     print("device-to-device copy: " + (f"{copy / 1e9:.1f} GB/s" if copy else
                                        "not measured (needs PyTorch with CUDA)"), flush=True)
     if args.variants:
-        bench_variants(copy)
-        return
+        return 1 if bench_variants(copy) else 0
     choice = choose_backend(os.environ.get("B", "cuda"))
     digest = os.environ.get("DIGEST") == "1"
     for vocab in (int(v) for v in os.environ.get("VS", "32768,65536").split(",")):
-        for kernels in ("held", "stream"):
+        for kernels in KERNELS:
             with with_kernels(kernels):
                 config = fused(vocab)
                 print(run_stream(choice, config, digest).line(kernels, copy), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

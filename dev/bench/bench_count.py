@@ -1,6 +1,6 @@
 """Counting throughput: NumPy vs one core (Numba) vs all cores vs a Dask LocalCluster.
 
-    PYTHONPATH=src python3 bench/bench_count.py --mb 2048
+    PYTHONPATH=src python3 -m dev.bench.bench_count --mb 2048
 
 Builds a byte corpus (the built-in corpus repeated) of --mb MiB in --dir, reads
 it once so it is page-cached, then counts it each way and prints MB/s side by

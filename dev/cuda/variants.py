@@ -1,34 +1,47 @@
-"""What the kernel-variant benches share (bench/bench_small.py, bench_tall.py,
-bench_stream.py, bench_fused.py): Bob's kernels compiled with tuning macros in front,
-the input they train on, and a digest of the state a run leaves.
+"""What the kernel-variant benches share (dev/cuda: bench_small, bench_tall, bench_stream,
+bench_fused): the knob source beside this file compiled with a variant's macros in front,
+the shipped kernels every variant is checked against, the input they train on, and a
+digest of the state a run leaves.
 
-A variant changes speed, never bits: equal digests, equal bytes.
+A variant changes speed, never bits: its digest is the shipped kernels', its bytes too.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
-from bob.backends import BackendChoice
-from bob.bench.peers import bench_targets
+from bob.backends import BackendChoice, choose_backend
+from bob.kernels.cuda.compile import SOURCE_NAME, KernelSource
 from bob.program.bob import BobConfig
+from dev.bench.peers import bench_targets
+
+KNOB_DIRECTORY = Path(__file__).resolve().parent  # bob_kernels.cu with its tuning macros
+SHIPPED = "shipped"  # the shipped kernels' name among a bench's choices: the reference
 
 # What a run leaves, digested: the tables, the gradients and the losses.
 DIGEST_TENSORS = ("parameters", "first_moment", "second_moment", "gradients",
                   "training_loss")
 
 
+def knob_source(macros: str = "") -> KernelSource:
+    """The knob source (bob_kernels.cu and every ``*.cuh`` beside it) with these #defines
+    in front; with none it compiles to the shipped image."""
+    headers = tuple((header.name, header.read_text())
+                    for header in sorted(KNOB_DIRECTORY.glob("*.cuh")))
+    return KernelSource(SOURCE_NAME, macros + (KNOB_DIRECTORY / SOURCE_NAME).read_text(),
+                        headers)
+
+
 def variant_choice(macros: str, backend: str = "cuda") -> BackendChoice:
-    """The cuda (or nv) backend on Bob's kernels compiled with these #defines in front."""
-    from bob.kernels.cuda.compile import KernelSource, shipped_source
+    """The cuda (or nv) backend on the knob source compiled with these #defines in front."""
     from bob.kernels.cuda.regions import compiled_regions
     from bob.plan.placement import TARGETS
 
-    shipped = shipped_source()
-    source = KernelSource(shipped.name, macros + shipped.text, shipped.headers)
+    source = knob_source(macros)
     if backend == "nv":
         from bob.backends.nv.rm.backend import NvBackend
 
@@ -42,16 +55,23 @@ def variant_choice(macros: str, backend: str = "cuda") -> BackendChoice:
                          lambda plan: CudaBackend(plan, regions))
 
 
-def compiled_variants(variants: Mapping[str, str]) -> dict[str, BackendChoice]:
-    """name -> the cuda backend on that variant's #defines; a variant the compiler or the
-    regions refuse (a spill) is named on stdout and left out: it ends no bench."""
-    choices = {}
+def shipped_and_variants(variants: Mapping[str, str],
+                         backend: str = "cuda") -> dict[str, BackendChoice]:
+    """SHIPPED (the shipped kernels on `backend`) first, then each variant by name; a
+    variant the compiler or the regions refuse (a spill) is named on stdout and left out:
+    it ends no bench."""
+    choices = {SHIPPED: choose_backend(backend)}
     for name, macros in variants.items():
         try:
-            choices[name] = variant_choice(macros)
+            choices[name] = variant_choice(macros, backend)
         except Exception as error:  # noqa: BLE001 - reported, and the others still run
             print(f"{name}: not compiled: {type(error).__name__}: {error}", flush=True)
     return choices
+
+
+def against_shipped(digest: str, shipped: str) -> str:
+    """A variant's verdict: its state's digest beside the shipped kernels'."""
+    return "= shipped" if digest == shipped else f"DIFFERS from shipped {shipped}"
 
 
 def input_bytes(config: BobConfig, size: int) -> bytes:

@@ -1,6 +1,6 @@
 """Rows, tables and the report of ``bob bench``: what was measured, ready to print or save.
 
-Nothing here measures; ``bob.bench.measurement`` and ``bob.bench.suite`` fill these.
+Nothing here measures; ``dev.bench.measurement`` and ``dev.bench.suite`` fill these.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ BYTES_PER_PARAMETER = 24  # read + write of W, m, v: the least an AdamW update m
 # L2 holds 60 MB, so V = 1024's 12 MB of state never leaves it).
 BANDWIDTH_MIN_VOCAB = 2048
 TARGET_SEED = 0  # the random targets every contender trains on
-
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Bring-up probe: Bob's submission path on a real GPU, one printed step at a time.
 
-    PYTHONPATH=src python3 -m bob.bringup.probe --stages 1,2,3 --deadline 10
+    PYTHONPATH=src python3 -m dev.bringup.probe --stages 1,2,3 --deadline 10
 
 Stages (each needs the ones before it; the probe stops at the first failure
 and prints what the driver returned):
@@ -44,7 +44,7 @@ from bob.backends.nv.rm import structs as s
 from bob.backends.nv.rm.channel import Channel
 from bob.backends.nv.rm.device import RmClient, RmDevice
 from bob.backends.nv.rm.memory import allocate, round_up
-from bob.bringup import probe_kernel
+from dev.bringup import probe_kernel
 
 # Probe addresses: the layout of a placed plan (2 MiB components from 0x20_0000_0000).
 PROGRAM_VA = 0x20_0000_0000
@@ -259,7 +259,7 @@ class Probe:
 
     # stage 4 ---------------------------------------------------------------------------
     def stage4(self) -> None:
-        from bob.bringup.plan_check import run_plan_check
+        from dev.bringup.plan_check import run_plan_check
 
         self.close()  # the backend opens its own client
         failures = []

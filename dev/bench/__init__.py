@@ -41,7 +41,7 @@ A contender that cannot run here (no torch, no JAX, no GPU) is reported as
 skipped; one that fails is reported with its error and the others still run.
 
 The package sits beside the product, not in it: nothing in Bob imports it but
-the ``bob bench`` command (``bob.cli.bench_cmd``) and the scripts in ``bench/``.
+the ``bob bench`` command (``bob.cli.bench_cmd``) and the scripts in ``dev/bench`` and ``dev/cuda``.
 
 - ``tables``: rows, tables and the report (JSON);
 - ``peers``: the objective, the plain NumPy loop, the PyTorch and JAX contenders;

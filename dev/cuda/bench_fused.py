@@ -1,4 +1,4 @@
-"""PYTHONPATH=src python3 bench/bench_fused.py [--cpu] [--gpu] [--experiments]
+"""PYTHONPATH=src python3 -m dev.cuda.bench_fused [--cpu] [--gpu] [--experiments]
 
 The fused schedule and the fast CPU kernels beside the seed schedule, per
 AdamW update (hard targets, from the zero table, median of 5 timings after a
@@ -8,15 +8,16 @@ warm-up; the state is reloaded before each timing, untimed):
   V = 256 and 1024 (1000 updates) and V = 8192 (100 updates), seed and fused;
   at V = 8192 the bandwidth of the fused run counted at 24 bytes per parameter
   per update, beside the device-to-device copy bandwidth.
-  ``--experiments`` adds the seed schedule's variants (SEED_KEPT, SEED_FAST_DIVIDE, and
-  SEED_LAUNCH_ONLY, the launches alone) on cuda and nv (chained) at V = 256 and 1024,
-  variants of the fused kernel (its tuning macros:
-  BATCH, FUSED_BOUNDS, KEPT_EXPONENTIALS) at V = 8192, and all the updates in
-  one launch rather than one launch per update at V = 2048, 4096 and 8192. Each
-  row ends with a digest of the trained state: equal digests, equal bytes.
+  ``--experiments`` adds the seed schedule's variants (the knob source's SEED_KEPT,
+  SEED_FAST_DIVIDE, and SEED_LAUNCH_ONLY, the launches alone: wrong bytes by design) on
+  cuda and nv (chained) at V = 256 and 1024 beside the shipped kernels, variants of the
+  fused kernel (its tuning macros: BATCH, FUSED_BOUNDS, KEPT_EXPONENTIALS) at V = 8192,
+  and all the updates in one launch rather than one launch per update at V = 2048, 4096
+  and 8192. Each row ends with a digest of the trained state (equal digests, equal
+  bytes), a variant's beside the shipped kernels' ("= shipped" or "DIFFERS").
 - CPU (cpu backend, V = 256, 100 updates): the run with the fast kernels and
   with the NumPy reference, seed and fused, beside the plain NumPy loop a user
-  would write (``bob.bench.peers.numpy_train``).
+  would write (``dev.bench.peers.numpy_train``).
 """
 
 from __future__ import annotations
@@ -33,15 +34,15 @@ import numpy as np
 import bob.program.bob as program
 from bob.backends import BackendChoice, choose_backend
 from bob.backends.cpu import CpuBackend
-from bob.bench.peers import bench_targets, numpy_train
-from bob.bench.suite import copy_bandwidth
-from bob.bench.variants import variant_choice
 from bob.config import Hyper
 from bob.host.session import Session
 from bob.kernels import reference
 from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
+from dev.bench.peers import bench_targets, numpy_train
+from dev.bench.suite import copy_bandwidth
+from dev.cuda.variants import SHIPPED, against_shipped, shipped_and_variants, variant_choice
 
 REPEATS = 5
 BYTES_PER_PARAMETER = 24  # read + write of W, m, v: what one streaming update moves
@@ -60,7 +61,8 @@ class Timing:
     def us_per_update(self) -> float:
         return self.seconds / self.updates * 1e6
 
-    def line(self, bandwidth: bool = False) -> str:
+    def line(self, bandwidth: bool = False, shipped: str | None = None) -> str:
+        """The row; `shipped`: the shipped kernels' digest, this variant's verdict."""
         text = f"{self.name:<44} V={self.vocab:<5} N={self.updates:<5} " \
                f"{self.us_per_update:10.2f} us/update"
         if bandwidth:
@@ -68,7 +70,9 @@ class Timing:
             text += f"  {rate / 1e9:8.1f} GB/s at 24 B/parameter"
         if self.loss is not None:
             text += f"  loss {self.loss:.6f}"
-        return text + (f"  state {self.digest}" if self.digest else "")
+        if self.digest:
+            text += f"  state {self.digest}"
+        return text + ("" if shipped is None else " " + against_shipped(self.digest, shipped))
 
 
 def median_seconds(run: Callable[[], None], reset: Callable[[], None]) -> float:
@@ -133,11 +137,9 @@ def bench_cpu() -> None:
         print(row.line() + f"  ({loop / row.seconds:.2f}x the numpy loop)")
 
 
-
-
-# The seed schedule's kernels (bob_kernels.cu): their tuning macros, and the launch floor.
+# The seed schedule's kernels (the knob source): their tuning macros, and the launch floor.
 SEED_VARIANTS = {
-    "shipped": "",
+    "defaults": "",
     "SEED_KEPT 1": "#define SEED_KEPT 1u\n",
     "division intrinsics (SEED_FAST_DIVIDE 0)": "#define SEED_FAST_DIVIDE 0\n",
     "launch floor (SEED_LAUNCH_ONLY: empty kernels, wrong bytes)": "#define SEED_LAUNCH_ONLY 1\n",
@@ -146,15 +148,20 @@ SEED_VARIANTS = {
 
 def bench_seed_variants() -> None:
     """The seed schedule (two launches per update) on cuda (graph) and nv (chained) at
-    V = 256 and 1024: each variant beside the launches alone."""
+    V = 256 and 1024: the shipped kernels, each variant beside them and the launches
+    alone."""
     policies = {"cuda": "per-launch", "nv": "chained"}
-    choices = {(name, backend): variant_choice(macros, backend)
-               for name, macros in SEED_VARIANTS.items() for backend in policies}
+    choices = {backend: shipped_and_variants(SEED_VARIANTS, backend) for backend in policies}
     for vocab in (256, 1024):
-        for (name, backend), choice in choices.items():
+        for backend, policy in policies.items():
             config = BobConfig(vocab=vocab, prompts=0, updates=1000,
-                               submission=policies[backend])  # type: ignore[arg-type]
-            print(time_bob(f"{backend} seed, {name}", choice, config).line(), flush=True)
+                               submission=policy)  # type: ignore[arg-type]
+            shipped = time_bob(f"{backend} seed, {SHIPPED}", choices[backend][SHIPPED], config)
+            print(shipped.line(), flush=True)
+            for name, choice in choices[backend].items():
+                if name != SHIPPED:
+                    timing = time_bob(f"{backend} seed, {name}", choice, config)
+                    print(timing.line(shipped=shipped.digest), flush=True)
 
 
 VARIANTS = {
@@ -172,18 +179,21 @@ def bench_gpu(experiments: bool) -> None:
         print(f"device-to-device copy: {copy / 1e9:.1f} GB/s "
               f"(a 24 B/parameter update at V = 8192 then takes "
               f"{BYTES_PER_PARAMETER * 8192**2 / copy * 1e6:.0f} us)")
+    shipped_fused = ""  # the shipped fused kernels' digest at V = 8192: the variants' reference
     for vocab, updates in ((256, 1000), (1024, 1000), (8192, 100)):
         for schedule in ("seed", "fused"):
             config = BobConfig(vocab=vocab, prompts=0, updates=updates, schedule=schedule)
             timing = time_bob(f"bob cuda {schedule} run", choice, config)
             print(timing.line(bandwidth=vocab > 1024 and schedule == "fused"), flush=True)
+            if (vocab, schedule) == (8192, "fused"):
+                shipped_fused = timing.digest
     if not experiments:
         return
     bench_seed_variants()
     fused = BobConfig(vocab=8192, prompts=0, updates=100, schedule="fused")
     for name, macros in VARIANTS.items():
         timing = time_bob(f"fused, {name}", variant_choice(macros), fused)
-        print(timing.line(bandwidth=True), flush=True)
+        print(timing.line(bandwidth=True, shipped=shipped_fused), flush=True)
     limit = program.ONE_LAUNCH_MAX_VOCAB
     for vocab in (2048, 4096, 8192):
         config = BobConfig(vocab=vocab, prompts=0, updates=100, schedule="fused")

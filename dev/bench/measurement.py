@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bob.backends import BackendChoice
-from bob.bench.peers import Peer, Unavailable, bench_targets
-from bob.bench.tables import BYTES_PER_PARAMETER, Row, RowKind
 from bob.config import DEFAULT_SUBMISSION_POLICY, SCHEDULES, Hyper
 from bob.program.bob import BobConfig, adam_scalar_table
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
+from dev.bench.peers import Peer, Unavailable, bench_targets
+from dev.bench.tables import BYTES_PER_PARAMETER, Row, RowKind
 
 STEADY_INVOCATIONS = 5  # session.train's invocations per steady timing
 COMMAND_TIMEOUT = 600.0  # seconds one `bob train` process may take in the bench
@@ -60,7 +60,6 @@ def failed(name: str, kind: RowKind, updates: int, error: BaseException) -> Row:
     return Row(name, kind, updates, error=f"failed: {error_text(error)}")
 
 
-
 def measure_peer(make: Callable[[], Peer], name: str, updates: int, repeats: int) -> Row:
     try:
         peer = make()
@@ -75,7 +74,6 @@ def measure_peer(make: Callable[[], Peer], name: str, updates: int, repeats: int
     finally:
         with contextlib.suppress(Exception):
             peer.close()
-
 
 
 def bob_configs(vocab: int, updates: int, submission: str = DEFAULT_SUBMISSION_POLICY,
