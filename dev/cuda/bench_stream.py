@@ -178,17 +178,18 @@ def bench_variants(copy: float | None) -> int:
     for vocab, mode, updates in DIGEST_CASES:
         config = fused(vocab, mode, updates)
         head = f"V={vocab} {mode} N={updates}"
+        region = config.fused_region(choices[SHIPPED].target)
         for kernels in KERNELS:
             with with_kernels(kernels):
                 shipped = digest_only(choices[SHIPPED], config)
-                print(f"{head} {kernels}, {SHIPPED} ({config.fused_region(choices[SHIPPED].target)}): state {shipped}",
+                print(f"{head} {kernels}, {SHIPPED} ({region}): state {shipped}",
                       flush=True)
                 for name in DIGEST_VARIANTS:
                     if VARIANTS[name][0] != kernels or name not in choices:
                         continue
                     digest = digest_only(choices[name], config)
                     differing += digest != shipped
-                    print(f"{head} {name} ({config.fused_region(choices[SHIPPED].target)}): state {digest} "
+                    print(f"{head} {name} ({region}): state {digest} "
                           f"{against_shipped(digest, shipped)}", flush=True)
     return differing
 
