@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bob.backends import choose_backend
+from bob.backends import choose_backend, resolve_submission
 from bob.bench.measurement import command_env, time_runs
 from bob.bench.peers import bench_targets
-from bob.config import Hyper, resolve_submission
+from bob.config import Hyper
 from bob.host.session import Session
 from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from bob.backends import BackendChoice, choose_backend
+from bob.backends import BackendChoice, choose_backend, resolve_submission
 from bob.bench.measurement import (
     bob_configs,
     error_text,
@@ -32,7 +32,7 @@ from bob.bench.peers import (
     torch_modules,
 )
 from bob.bench.tables import BANDWIDTH_MIN_VOCAB, BenchReport, BenchTable, Device, Row
-from bob.config import AUTO_SUBMISSION, DEFAULT_SUBMISSION_POLICY, Hyper, resolve_submission
+from bob.config import AUTO_SUBMISSION, DEFAULT_SUBMISSION_POLICY, Hyper
 from bob.errors import BadInput
 from bob.host.api import CPU_MAX_VOCAB
 

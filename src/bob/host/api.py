@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bob.backends import BackendChoice, choose_backend
+from bob.backends import BackendChoice, choose_backend, resolve_submission
 from bob.config import (
     ARENA_KINDS,
     AUTO_SUBMISSION,
@@ -30,7 +30,6 @@ from bob.config import (
     SCHEDULES,
     SUBMISSION_CHOICES,
     Hyper,
-    resolve_submission,
 )
 from bob.errors import BadInput, Interrupted
 from bob.host import sampling, stops
