@@ -359,6 +359,15 @@ def test_a_begun_read_is_the_state_before_later_runs(cuda_arena):
         assert again["parameters"].tobytes() == backend.read_tensor("parameters")
 
 
+@gpu
+@pytest.mark.parametrize("arena", ["device", "host"])
+def test_a_clear_and_a_streamed_read_on_cuda_give_read_tensors_bytes(cuda_arena, arena):
+    from test_nv_stream_gpu import check_clear_and_stream
+
+    cuda_arena(arena)  # skips without a GPU
+    check_clear_and_stream("cuda", arena)
+
+
 @pytest.mark.parametrize("size", [0, 1, 1000, 4096, 4097, 10_000])
 def test_copy_out_gives_the_bytes_in_a_buffer_of_its_own(size):
     from concurrent.futures import ThreadPoolExecutor

@@ -259,7 +259,7 @@ class Backend(ABC):
             raise
         whole = landing.hand_out(buffer)
         return ReadHandle({name: whole[position:position + size]
-                           for name, position, size in layout}, lambda: done())
+                           for name, position, size in layout}, done)
 
     def stream_read(self, names: Sequence[str], sink: Sink,
                     chunk_bytes: int = STREAM_CHUNK_BYTES) -> None:
@@ -284,20 +284,22 @@ class Backend(ABC):
             for name, at, offset, size in pieces:
                 sink(name, offset, np.frombuffer(self._read_arena(at + offset, size), np.uint8))
             return
+        ring = self._ring_for(max(size for *_, size in pieces))
         from_snapshot = end >= self.snapshot_min_bytes and self._snapshot_room(spans, end)
         if from_snapshot:
             self._queue_snapshot(spans)
         source = dict(zip((name for _, name, _ in tensors),
                           positions if from_snapshot else (at for at, _, _ in tensors),
                           strict=True))
-        ring = self._ring_for(max(size for *_, size in pieces))
         free = list(ring.buffers)
         queued: deque[tuple[str, int, int, np.ndarray, Completion]] = deque()
 
         def deliver() -> None:
             name, offset, size, buffer, done = queued.popleft()
             done()
-            sink(name, offset, buffer[:size])
+            view = buffer[:size]
+            view.flags.writeable = False  # the ring's: the sink reads it, then it is reused
+            sink(name, offset, view)
             free.append(buffer)
 
         for name, _, offset, size in pieces:

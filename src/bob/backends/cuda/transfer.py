@@ -30,7 +30,7 @@ SMALL_WRITE_SLOTS = 8
 COPY_OUT_EVENTS = 8  # copies out in flight whose completions are told apart
 
 
-@dataclass
+@dataclass(frozen=True)
 class PinnedChunk:
     host: int  # pinned host memory: UPLOAD_CHUNK_BYTES, or SMALL_WRITE_BYTES for a slot
     copied: Any  # CUevent recorded after this chunk's last copy was queued

@@ -194,9 +194,9 @@ class RmDevice:
 
     def _boost_clocks(self) -> str:
         """Ask for the highest P-state while this client lives, as the CUDA driver does for
-        its contexts. Without it the GPU idles at low clocks between Bob's submissions:
-        the chained seed schedule ran 12.5-18.9 us/update on an H200 with no CUDA context
-        in the process, 5.0 with one. A refusal is not fatal; it is reported."""
+        its contexts. Without it the GPU idles at low clocks between Bob's submissions,
+        and short launches run several times slower. A refusal is not fatal; it is
+        reported."""
         params = s.NV2080_CTRL_PERF_BOOST_PARAMS(
             flags=(s.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX
                    | s.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_YES
