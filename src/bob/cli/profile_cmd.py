@@ -149,7 +149,7 @@ def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper()
               help="The plan's submission policy; nv times launches one per submission only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def profile(backend_name, vocab, updates, mode, schedule, submission, as_json) -> None:
-    """Run one training invocation and print each region's device time per launch.
+    """Run one training invocation, then its launches again timed: each region's device time.
 
     \b
     bob profile --backend nv -V 256 -N 100
