@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bob import config
-from bob.backends import BACKEND_NAMES
+from bob.backends import BACKEND_NAMES, SPECS
 from bob.cli.main import main
 from bob.config import Hyper
 from bob.errors import BadInput
@@ -100,10 +100,12 @@ def test_a_bad_program_configuration_is_bad_input(values: dict, message: str) ->
 
 
 def test_the_names_are_the_ones_the_layers_use() -> None:
-    # Targets are placed by the plan layer and backends resolved by the backends package;
-    # both must offer exactly the names the CLI and the records take from bob.config.
+    # Targets are placed by the plan layer: it offers exactly the names the CLI and the
+    # records take from bob.config. Backends are named by their registry alone.
     assert config.TARGET_NAMES == tuple(TARGETS)
-    assert config.BACKEND_NAMES == BACKEND_NAMES
+    assert not {"BACKENDS", "BACKEND_NAMES", "CHAINED_BACKENDS",
+                "resolve_submission"} & set(vars(config))
+    assert BACKEND_NAMES == (*(spec.name for spec in SPECS), "auto")
     assert config.DEFAULT_TARGET in config.TARGET_NAMES
     assert config.HYPER_FIELDS == ("lr", "beta1", "beta2", "eps", "weight_decay")
 
@@ -133,6 +135,7 @@ def _imported_packages(package: str) -> set[str]:
     ("records", {"config", "files", "errors"}),
     ("host", {"backends", "records", "program", "kernels", "plan", "config", "files",
               "errors"}),
+    ("backends", {"kernels", "plan", "config", "errors"}),
 ])
 def test_imports_point_down(package: str, allowed: set[str]) -> None:
     assert _imported_packages(package) <= allowed

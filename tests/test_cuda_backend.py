@@ -59,10 +59,10 @@ class _RecordingDriver:
 
 def test_an_uncertified_plan_is_refused_before_any_driver_call(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import bob.backends.cuda as cuda_module
+    from bob.backends.cuda import driver as cuda_driver
 
     driver = _RecordingDriver()
-    monkeypatch.setattr(cuda_module, "_driver", lambda: driver)
+    monkeypatch.setattr(cuda_driver, "bindings", lambda: driver)
     plan = build_plan(BobConfig(vocab=256, prompts=1, updates=1))
     first, second, *rest = plan.tensors
     overlapping = replace(plan, tensors=(first, replace(second, address=first.address), *rest))
@@ -73,11 +73,11 @@ def test_an_uncertified_plan_is_refused_before_any_driver_call(
 
 def test_a_plan_not_built_from_the_given_image_is_refused_before_any_driver_call(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import bob.backends.cuda as cuda_module
+    from bob.backends.cuda import driver as cuda_driver
     from bob.kernels import signatures as sig
 
     driver = _RecordingDriver()
-    monkeypatch.setattr(cuda_module, "_driver", lambda: driver)
+    monkeypatch.setattr(cuda_driver, "bindings", lambda: driver)
     plan = build_plan(BobConfig(vocab=256, prompts=1, updates=1))  # declared regions, no code
     compiled = CompiledRegions(b"", {
         name: sig.declared_region(name, code=b"\x01" * 16) for name in sig.ENTRIES})
@@ -254,11 +254,12 @@ def test_the_reader_agrees_with_the_driver(arch: str) -> None:
             assert reported["registers"] == kernel.registers, name
             assert reported["shared_bytes"] == kernel.static_shared_bytes, name
         assert kernels["test-reverse"].static_shared_bytes == 256 * 4
-        from bob.backends.cuda import _call, _driver
+        from bob.backends.cuda.driver import bindings, call
         from bob.kernels.cuda.cubin import RESERVED_SHARED_BYTES
 
-        reserved = _driver().CUdevice_attribute.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK
-        assert _call("cuDeviceGetAttribute", reserved, cuda._device) == RESERVED_SHARED_BYTES
+        attribute = bindings().CUdevice_attribute
+        reserved = attribute.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK
+        assert call("cuDeviceGetAttribute", reserved, cuda._device) == RESERVED_SHARED_BYTES
         assert cuda.driver_attributes("test-iota")["max_threads"] == 256
 
 
@@ -283,13 +284,13 @@ def test_bobs_kernels_as_read_agree_with_the_driver(arch: str, bob_regions: Comp
 
 @gpu
 def test_close_is_idempotent_and_errors_are_typed(arch: str) -> None:
-    from bob.backends.cuda import _call
+    from bob.backends.cuda.driver import call
 
     plan, compiled = build_test_program(arch)
     cuda = CudaBackend(plan, compiled)
     cuda.run(range(plan.submission_count))
     with pytest.raises(CudaError) as caught:
-        _call("cuMemAlloc", 1 << 60)
+        call("cuMemAlloc", 1 << 60)
     assert caught.value.call == "cuMemAlloc"
     assert caught.value.status == "CUDA_ERROR_OUT_OF_MEMORY"
     assert caught.value.description

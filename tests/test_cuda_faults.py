@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from bob.backends import cuda
+from bob.backends.cuda import backend as cuda_backend
+from bob.backends.cuda import driver as cuda_driver
 
 
 class _Opened(Exception):
@@ -40,10 +42,10 @@ def _bare_backend(monkeypatch, ordinal: int = 0, failing: tuple[str, ...] = (),
             return (create, None)
         return ("ok", "own context")
 
-    monkeypatch.setattr(cuda, "_call", call)
-    monkeypatch.setattr(cuda, "_driver", lambda: SimpleNamespace(cuCtxCreate=ctx_create))
-    monkeypatch.setattr(cuda, "check", lambda name, result: _checked(name, result))
-    monkeypatch.setattr(cuda, "_POISONED", set())
+    monkeypatch.setattr(cuda_driver, "call", call)
+    monkeypatch.setattr(cuda_driver, "bindings", lambda: SimpleNamespace(cuCtxCreate=ctx_create))
+    monkeypatch.setattr(cuda_driver, "check", lambda name, result: _checked(name, result))
+    monkeypatch.setattr(cuda_backend, "_POISONED", set())
     backend = object.__new__(cuda.CudaBackend)  # no device: only the fault bookkeeping
     backend._ordinal = ordinal
     backend._device = f"device {ordinal}"
@@ -69,11 +71,11 @@ def test_a_sticky_error_closes_and_the_next_open_resets_the_primary_context(monk
                                                                            status):
     backend, calls = _bare_backend(monkeypatch)
     _poison(backend, status)
-    assert backend._closed and cuda._POISONED == {0}
+    assert backend._closed and cuda_backend._POISONED == {0}
     with pytest.raises(_Opened):
         backend._open()
     assert calls == ["cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent"]
-    assert cuda._POISONED == set() and backend._context == "context from " \
+    assert cuda_backend._POISONED == set() and backend._context == "context from " \
         "cuDevicePrimaryCtxRetain" and not backend._own_context
     calls.clear()
     with pytest.raises(_Opened):
@@ -90,7 +92,7 @@ def test_a_primary_context_still_poisoned_after_the_reset_gives_way_to_an_own_on
     assert calls == ["cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxRetain", "cuCtxCreate",
                      "cuCtxSetCurrent"]
     assert backend._context == "own context" and backend._own_context
-    assert cuda._POISONED == {0}  # every later open makes its own context too
+    assert cuda_backend._POISONED == {0}  # every later open makes its own context too
 
 
 def test_no_context_at_all_is_one_line_that_says_to_restart(monkeypatch):
@@ -108,7 +110,7 @@ def test_no_context_at_all_is_one_line_that_says_to_restart(monkeypatch):
 def test_an_ordinary_error_leaves_the_context_alone(monkeypatch):
     backend, calls = _bare_backend(monkeypatch)
     _poison(backend, "CUDA_ERROR_OUT_OF_MEMORY")
-    assert not backend._closed and cuda._POISONED == set()
+    assert not backend._closed and cuda_backend._POISONED == set()
     with pytest.raises(_Opened):
         backend._open()
     assert calls == ["cuDevicePrimaryCtxRetain", "cuCtxSetCurrent"]
@@ -117,8 +119,9 @@ def test_an_ordinary_error_leaves_the_context_alone(monkeypatch):
 def test_only_the_faulting_device_is_reset(monkeypatch):
     backend, calls = _bare_backend(monkeypatch, ordinal=1)
     _poison(backend, "CUDA_ERROR_ILLEGAL_ADDRESS")
-    assert cuda._POISONED == {1}
+    assert cuda_backend._POISONED == {1}
     backend._ordinal, backend._device = 0, "device 0"  # the same bookkeeping, device 0
     with pytest.raises(_Opened):
         backend._open()
-    assert calls == ["cuDevicePrimaryCtxRetain", "cuCtxSetCurrent"] and cuda._POISONED == {1}
+    assert calls == ["cuDevicePrimaryCtxRetain", "cuCtxSetCurrent"]
+    assert cuda_backend._POISONED == {1}

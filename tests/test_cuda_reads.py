@@ -1,22 +1,25 @@
-"""The cuda backend's read-back (`begin_read`) on the CPU: the driver replaced by one whose
-"device" memory is host memory and whose copies are memmove, so what `begin_read` queues
-(one copy per span of neighbouring tensors) and what `wait` hands out are checked byte for
-byte, through the pinned staging and through a landing buffer; and an invocation's small
-writes, batched through one pinned slot. The same reads and writes on a GPU:
-tests/test_host_pipe_cuda.py and tests/test_cuda_backend.py."""
+"""The cuda backend's read pipeline, clears and batched writes on the CPU: the driver
+replaced by one whose "device" memory is host memory and whose copies are memmove, so what
+the base class's pipeline asks of the cuda primitives (one copy per span of neighbouring
+tensors, a snapshot, a staging, landing buffers, a ring) and what `wait` hands out are
+checked byte for byte. The same reads and writes on a GPU: tests/test_host_pipe_cuda.py and
+tests/test_cuda_backend.py."""
 
 from __future__ import annotations
 
 import ctypes
-import functools
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from bob.backends import cuda
-from bob.backends.landing import PACKING, SPAN_GAP, Landing, read_spans
+from bob.backends.base import Backend
+from bob.backends.cuda import driver as cuda_driver
+from bob.backends.cuda.transfer import ReadPath
+from bob.backends.landing import PACKING, SPAN_GAP, STREAM_RING_BUFFERS, read_spans
 from bob.config import CHECKPOINT_TENSORS, RESULT_TENSORS
+from bob.errors import RunFailure
 from bob.program.bob import HEALTH_TENSOR, BobConfig, build_plan
 
 READ = (*RESULT_TENSORS, HEALTH_TENSOR, *CHECKPOINT_TENSORS)  # what an invocation reads
@@ -29,6 +32,8 @@ class HostDriver:
         self.buffers: list[np.ndarray] = []
         self.copies: list[tuple[str, int]] = []  # (call, bytes)
         self.names: list[str] = []  # every call's name, in order
+        self.calls: list[tuple[str, tuple]] = []
+        self.registered: dict[int, int] = {}  # page-locked host memory: address -> bytes
 
     def allocate(self, size: int) -> int:
         buffer = np.zeros(size, np.uint8)
@@ -37,39 +42,51 @@ class HostDriver:
 
     def __call__(self, name: str, *args):
         self.names.append(name)
+        self.calls.append((name, args))
         if name in ("cuMemAlloc", "cuMemHostAlloc"):
             return self.allocate(args[0])
-        if name in ("cuMemcpyDtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync"):
-            destination, source, size, _stream = args
+        if name in ("cuMemcpyDtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyHtoDAsync",
+                    "cuMemcpyDtoH"):
+            destination, source, size = args[:3]
             ctypes.memmove(destination, source, size)
             self.copies.append((name, size))
+            return None
+        if name == "cuMemsetD8Async":
+            destination, value, size, _stream = args
+            ctypes.memset(destination, value, size)
+            return None
+        if name == "cuMemHostRegister":
+            self.registered[args[0]] = args[1]
+            return None
+        if name == "cuMemHostUnregister":
+            del self.registered[args[0]]
             return None
         if name in ("cuStreamCreate", "cuEventCreate"):
             return f"{name} handle"
         assert name in ("cuCtxSetCurrent", "cuEventRecord", "cuStreamWaitEvent",
-                        "cuStreamSynchronize", "cuMemHostRegister", "cuMemHostUnregister",
-                        "cuEventSynchronize"), name
+                        "cuStreamSynchronize", "cuEventSynchronize", "cuMemFree",
+                        "cuMemFreeHost"), name
         return None
 
 
 def _reading_backend(monkeypatch, vocab: int, schedule: str = "fused",
                      ) -> tuple[cuda.CudaBackend, HostDriver, np.ndarray]:
-    """A cuda backend with only what begin_read uses, its arena random bytes."""
+    """A cuda backend with only what reads, writes and clears use, its arena random bytes."""
     driver = HostDriver()
-    monkeypatch.setattr(cuda, "_call", driver)
-    monkeypatch.setattr(cuda, "_driver", lambda: SimpleNamespace(
+    monkeypatch.setattr(cuda_driver, "call", driver)
+    monkeypatch.setattr(cuda_driver, "bindings", lambda: SimpleNamespace(
         CUstream_flags=SimpleNamespace(CU_STREAM_NON_BLOCKING=1),
         CUevent_flags=SimpleNamespace(CU_EVENT_DISABLE_TIMING=2)))
     plan = build_plan(BobConfig(vocab=vocab, prompts=2, updates=3, schedule=schedule))
     arena = np.random.default_rng(vocab).integers(0, 256, plan.address_map.arena.bytes,
                                                   np.uint8)
     backend = object.__new__(cuda.CudaBackend)
-    backend.plan = plan
-    backend.arena_kind = "device"
+    Backend.__init__(backend, plan)  # the base's bookkeeping and read pipeline, no device
     backend._closed = False
-    backend._context = backend._stream = None
+    backend._context = None
+    backend._stream = "graph stream"
     backend._arena = arena.ctypes.data
-    backend._staging = backend._reading = backend._landing = backend._copiers = None
+    backend._reads = ReadPath()
     backend._slots, backend._next_slot = [], 0
     return backend, driver, arena
 
@@ -93,13 +110,17 @@ def test_a_read_copies_each_span_once_and_hands_out_every_tensor(monkeypatch, vo
     assert len(spans) == 2
     assert [call for call, _ in driver.copies] == ["cuMemcpyDtoDAsync"] * 2 + \
         ["cuMemcpyDtoHAsync"] * 2
+    # The snapshot on the graph's stream, the copy out on the copy stream after it.
+    snapshot = [args[3] for name, args in driver.calls if name == "cuMemcpyDtoDAsync"]
+    out = [args[3] for name, args in driver.calls if name == "cuMemcpyDtoHAsync"]
+    assert set(snapshot) == {"graph stream"} and set(out) == {backend._reads.stream}
 
 
 def test_a_read_through_the_staging_is_a_copy_of_its_own(monkeypatch) -> None:
     """Copied out of the staging in one piece, the tensors are views of one new array:
     the next read, through the same staging, does not show through them."""
-    monkeypatch.setattr(cuda, "LANDING_MIN_BYTES", 1 << 30)  # no read lands
     backend, driver, arena = _reading_backend(monkeypatch, 256)
+    backend.landing_min_bytes = 1 << 30  # no read lands
     expected = {name: _arena_bytes(backend, arena, name) for name in READ}
     first = backend.begin_read(READ).wait()
     arena[:] = 255 - arena
@@ -109,20 +130,28 @@ def test_a_read_through_the_staging_is_a_copy_of_its_own(monkeypatch) -> None:
         {name: bytes(255 - b for b in data) for name, data in expected.items()}
     base = first[READ[0]].base
     assert base is not None and all(first[name].base is base for name in READ)
-    staging = backend._staging.host
-    assert not staging <= base.ctypes.data < staging + backend._staging.size
+    staging = backend._reads.staging
+    assert staging is not None and not np.shares_memory(base, staging)
+    assert backend._landing is None and driver.registered == {}
+
+
+def test_a_staged_read_not_yet_waited_for_leaves_the_staging_before_the_next(monkeypatch):
+    backend, driver, arena = _reading_backend(monkeypatch, 256)
+    backend.landing_min_bytes = 1 << 30
+    expected = {name: _arena_bytes(backend, arena, name) for name in READ}
+    first = backend.begin_read(READ)  # not waited for
+    arena[:] = 255 - arena
+    backend.begin_read(READ).wait()  # reuses the staging: the first is copied out first
+    assert {name: data.tobytes() for name, data in first.wait().items()} == expected
 
 
 class NoRoomDriver(HostDriver):
-    """A device with no room for the snapshot beside the arena; every call recorded."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls: list[tuple[str, tuple]] = []
+    """A device with no room for the snapshot beside the arena."""
 
     def __call__(self, name: str, *args):
-        self.calls.append((name, args))
         if name == "cuMemAlloc":
+            self.names.append(name)
+            self.calls.append((name, args))
             raise cuda.CudaError("cuMemAlloc", "CUDA_ERROR_OUT_OF_MEMORY", "out of memory")
         return super().__call__(name, *args)
 
@@ -131,10 +160,9 @@ def test_with_no_room_for_a_snapshot_a_read_copies_from_the_arena_and_later_work
         monkeypatch) -> None:
     backend, _, arena = _reading_backend(monkeypatch, 256)
     driver = NoRoomDriver()
-    monkeypatch.setattr(cuda, "_call", driver)
-    backend._stream = "graph stream"
+    monkeypatch.setattr(cuda_driver, "call", driver)
     expected = {name: _arena_bytes(backend, arena, name) for name in READ}
-    for _ in range(2):  # the staging without a snapshot is kept: not asked for again
+    for _ in range(2):  # refused once: not asked again at that size
         tables = backend.begin_read(READ).wait()
         assert {name: tables[name].tobytes() for name in READ} == expected
     names = [name for name, _ in driver.calls]
@@ -145,26 +173,27 @@ def test_with_no_room_for_a_snapshot_a_read_copies_from_the_arena_and_later_work
                if name == "cuMemcpyDtoHAsync")  # straight from the arena
     # The copy waits for the work before it, and the graph's stream for the copy.
     waits = [args[0] for name, args in driver.calls if name == "cuStreamWaitEvent"]
-    assert waits == [backend._staging.stream, "graph stream"] * 2
+    assert waits == [backend._reads.stream, "graph stream"] * 2
 
 
 def test_a_snapshot_refused_for_another_reason_is_reported(monkeypatch) -> None:
-    backend, _, _ = _reading_backend(monkeypatch, 256)
+    backend, driver, _ = _reading_backend(monkeypatch, 256)
 
     def refuse(name: str, *args):
         if name == "cuMemAlloc":
             raise cuda.CudaError(name, "CUDA_ERROR_INVALID_VALUE", "invalid argument")
-        return None
+        return driver(name, *args)
 
-    monkeypatch.setattr(cuda, "_call", refuse)
+    monkeypatch.setattr(cuda_driver, "call", refuse)
     with pytest.raises(cuda.CudaError, match="cuMemAlloc failed: CUDA_ERROR_INVALID_VALUE"):
         backend.begin_read(READ)
-    assert backend._staging is None  # nothing half made is kept
+    assert backend._reads.snapshot == 0 and backend._reads.no_room == 0  # nothing half made
+    landing = backend._landing
+    assert landing is not None and landing._free == landing._made  # the buffer came back
 
 
 def test_a_read_into_a_landing_buffer_hands_out_the_same_bytes(monkeypatch) -> None:
     backend, driver, arena = _reading_backend(monkeypatch, 256)
-    monkeypatch.setattr(cuda, "Landing", functools.partial(Landing, minimum=0))
     expected = {name: _arena_bytes(backend, arena, name) for name in READ}
     first = backend.begin_read(READ).wait()
     arena[:] = 255 - arena  # the next read must not show through the first's arrays
@@ -172,6 +201,7 @@ def test_a_read_into_a_landing_buffer_hands_out_the_same_bytes(monkeypatch) -> N
     assert {name: first[name].tobytes() for name in READ} == expected
     assert {name: second[name].tobytes() for name in READ} == \
         {name: bytes(255 - b for b in data) for name, data in expected.items()}
+    assert len(driver.registered) == 2  # two landing buffers: the first's is still held
 
 
 def test_read_spans_joins_neighbours_and_places_every_range() -> None:
@@ -228,12 +258,10 @@ def test_an_invocations_small_writes_go_through_one_slot_in_one_batch(monkeypatc
 
 
 def test_a_batch_with_one_bad_write_writes_nothing(monkeypatch) -> None:
-    from bob.backends.base import ArenaRangeError
-
     backend, driver, arena = _reading_backend(monkeypatch, 256)
     before = arena.copy()
     too_long = bytes(backend.plan.tensor(HEALTH_TENSOR).bytes + 4)
-    with pytest.raises(ArenaRangeError, match="do not fit tensor 'health'"):
+    with pytest.raises(RunFailure, match="do not fit tensor 'health'"):
         backend.write_tensors([("training_loss", b"\1" * 8), (HEALTH_TENSOR, too_long)])
     with pytest.raises(KeyError, match="no tensor named 'helth'"):
         backend.write_tensors([("training_loss", b"\1" * 8), ("helth", b"\0")])
@@ -241,9 +269,9 @@ def test_a_batch_with_one_bad_write_writes_nothing(monkeypatch) -> None:
 
 
 def test_a_training_read_lands_and_a_small_read_leaves_the_landing_buffers(monkeypatch):
-    """At V = 256 an invocation's read (0.8 MB) lands in a page-locked buffer handed out as
-    the tables (no copy on the host); a prediction's small read is copied out of the
-    staging and does not replace the landing buffers."""
+    """An invocation's read lands in a page-locked buffer handed out as the tables (no
+    copy on the host); a prediction's small read is copied out of the staging and does
+    not replace the landing buffers."""
     backend, driver, arena = _reading_backend(monkeypatch, 256)
     expected = {name: _arena_bytes(backend, arena, name) for name in READ}
     tables = backend.begin_read(READ).wait()
@@ -256,3 +284,56 @@ def test_a_training_read_lands_and_a_small_read_leaves_the_landing_buffers(monke
     small = backend.begin_read(["predictions"]).wait()
     assert small["predictions"].tobytes() == expected["predictions"]
     assert backend._landing is landing and "cuMemHostUnregister" not in driver.names
+
+
+# -- clears and streamed reads --------------------------------------------------------------
+
+
+def test_a_clear_is_one_memset_per_tensor_on_the_graphs_stream(monkeypatch):
+    """Ordered like a write: queued on the stream the runs are launched on, behind them."""
+    backend, driver, arena = _reading_backend(monkeypatch, 256)
+    names = ("training_loss", HEALTH_TENSOR, "gradients")
+    backend.clear_tensors(names)
+    memsets = [args for name, args in driver.calls if name == "cuMemsetD8Async"]
+    assert [(args[1], args[3]) for args in memsets] == [(0, "graph stream")] * 3
+    for name in names:
+        assert backend.read_tensor(name) == bytes(backend.plan.tensor(name).bytes)
+        assert _arena_bytes(backend, arena, name) == backend.read_tensor(name)
+    assert backend.read_tensor("parameters") == _arena_bytes(backend, arena, "parameters")
+    assert any(byte for byte in backend.read_tensor("parameters"))  # others as they were
+    with pytest.raises(KeyError, match="no tensor named 'nope'"):
+        backend.clear_tensors(["training_loss", "nope"])
+
+
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_a_streamed_read_goes_in_arena_order_through_a_ring_of_chunks(monkeypatch, snapshot):
+    backend, driver, arena = _reading_backend(monkeypatch, 1000)
+    if not snapshot:
+        monkeypatch.setattr(cuda_driver, "call", NoRoomDriver())
+        driver = cuda_driver.call
+    chunk = 100_000  # the tables are 4 MB each: many chunks, the ring reused
+    got: dict[str, bytearray] = {name: bytearray() for name in CHECKPOINT_TENSORS}
+    seen: list[tuple[str, int]] = []
+    views: list[int] = []
+
+    def sink(name: str, offset: int, view: np.ndarray) -> None:
+        assert view.dtype == np.uint8 and 0 < view.size <= chunk
+        assert offset == len(got[name])
+        seen.append((name, offset))
+        views.append(view.ctypes.data)
+        got[name] += view.tobytes()
+
+    names = list(reversed(CHECKPOINT_TENSORS))  # delivered in arena order whatever the order
+    backend.stream_read(names, sink, chunk)
+    assert list(dict.fromkeys(name for name, _ in seen)) == list(CHECKPOINT_TENSORS)
+    for name in CHECKPOINT_TENSORS:
+        assert bytes(got[name]) == backend.read_tensor(name)
+    # The host memory it held: the ring's buffers, each one chunk, and nothing else.
+    ring = backend._ring
+    assert ring is not None and len(ring.buffers) == STREAM_RING_BUFFERS
+    assert set(driver.registered) == {buffer.ctypes.data for buffer in ring.buffers}
+    assert all(size == chunk for size in driver.registered.values())
+    assert set(views) <= set(driver.registered)
+    copied = [name for name, _ in driver.copies]
+    assert copied.count("cuMemcpyDtoDAsync") == (1 if snapshot else 0)
+    assert copied.count("cuMemcpyDtoHAsync") == len(seen)

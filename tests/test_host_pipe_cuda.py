@@ -1,5 +1,5 @@
-"""Issue 13 on the CUDA backend: staged writes, the snapshot read-back, start/wait, the
-scalar rows. The `gpu` tests need a GPU; the first runs anywhere (no driver call)."""
+"""The CUDA backend's host side: staged writes, the snapshot read-back, start/wait, the
+scalar rows. The `gpu` tests need a GPU; the others run anywhere (no driver call)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,17 @@ import pytest
 from bob.backends import BackendChoice, choose_backend
 from bob.backends.base import Backend
 from bob.backends.cuda import (
-    UPLOAD_CHUNK_BYTES,
     CudaBackend,
     LaunchTables,
     ParameterStore,
-    _NativeKernelNodeParams,
     kernel_parameter_buffers,
     kernel_parameters,
 )
-from bob.backends.landing import LANDING_BYTES, LANDING_MIN_BYTES, Landing
+from bob.backends.cuda import driver as cuda_driver
+from bob.backends.cuda.backend import Graph
+from bob.backends.cuda.driver import NativeKernelNodeParams
+from bob.backends.cuda.transfer import UPLOAD_CHUNK_BYTES
+from bob.backends.landing import LANDING_BYTES, LANDING_MIN_BYTES, Landing, copy_out
 from bob.config import CHECKPOINT_TENSORS, Hyper
 from bob.errors import RunFailure
 from bob.host.check import random_record
@@ -132,7 +134,7 @@ def test_the_launch_tables_point_at_each_launchs_buffer(mode):
     base = plan.target.parameter_base
     for index, launch in enumerate(plan.launches):
         region = plan.region(launch.region)
-        native = _NativeKernelNodeParams.from_address(tables.native_address(index))
+        native = NativeKernelNodeParams.from_address(tables.native_address(index))
         assert native.func == backend._functions[launch.region]
         assert (native.gridDimX, native.gridDimY, native.gridDimZ) == \
             (launch.grid.x, launch.grid.y, launch.grid.z)
@@ -165,16 +167,13 @@ def test_an_invocations_scalars_update_the_nodes_of_the_launches_they_change(mon
     every node of a launch whose words changed is updated in every graph, with that
     launch's node parameters; launches whose words are the same are left alone; a failed
     update names the call."""
-    import bob.backends.cuda as cuda_module
-    from bob.backends.cuda import _Graph
-
     config = BobConfig(vocab=64, prompts=1, updates=4)
     plan = build_plan(config, TARGETS["sm_90"])
     backend = _driverless_cuda(plan)
     adamw = [config.adamw_launch(k) for k in range(4)]
-    train = _Graph(range(1), "graph", 0x7000, native_nodes={
+    train = Graph(range(1), "graph", 0x7000, native_nodes={
         index: [0x9000 + index] for index in range(len(plan.launches))})
-    twice = _Graph(range(1), "graph", 0x7100, native_nodes={adamw[1]: [0xA001, 0xA002],
+    twice = Graph(range(1), "graph", 0x7100, native_nodes={adamw[1]: [0xA001, 0xA002],
                                                              adamw[3]: [0xA003]})
     backend._graphs = {range(1): train, range(2): twice}
     backend._context = "context"
@@ -183,8 +182,8 @@ def test_an_invocations_scalars_update_the_nodes_of_the_launches_they_change(mon
     def native(handle, node, params):
         updated.append((handle, node, params))
         return 0
-    monkeypatch.setattr(cuda_module, "_native_node_update", lambda: native)
-    monkeypatch.setattr(cuda_module, "_call", lambda *args: None)
+    monkeypatch.setattr(cuda_driver, "native_node_update", lambda: native)
+    monkeypatch.setattr(cuda_driver, "call", lambda *args: None)
     tables = backend._launch_tables
     # Steps 41-44: the plan's blocks hold steps 1-4, so every AdamW launch changes.
     words = adam_scalar_table(Hyper(), 41, 4).view(np.uint32)[:, :len(ADAM_SCALAR_NAMES)]
@@ -199,10 +198,10 @@ def test_an_invocations_scalars_update_the_nodes_of_the_launches_they_change(mon
     again[2, ADAM_SCALAR_NAMES.index("step_size")] += 1  # only update 2's words change
     backend.set_scalars_many(adamw, ADAM_SCALAR_NAMES, again)
     assert updated == [(0x7000, 0x9000 + adamw[2], tables.native_address(adamw[2]))]
-    monkeypatch.setattr(cuda_module, "_native_node_update", lambda: lambda *args: 1)
-    monkeypatch.setattr(cuda_module, "_driver", lambda: SimpleNamespace(
+    monkeypatch.setattr(cuda_driver, "native_node_update", lambda: lambda *args: 1)
+    monkeypatch.setattr(cuda_driver, "bindings", lambda: SimpleNamespace(
         CUresult=lambda status: status))
-    monkeypatch.setattr(cuda_module, "_status_text", lambda driver, status: (
+    monkeypatch.setattr(cuda_driver, "status_text", lambda driver, status: (
         "CUDA_ERROR_INVALID_VALUE", "invalid argument"))
     with pytest.raises(RunFailure, match="cuGraphExecKernelNodeSetParams"):
         backend.set_scalars_many(adamw, ADAM_SCALAR_NAMES, words[::-1].copy())
@@ -360,11 +359,18 @@ def test_a_begun_read_is_the_state_before_later_runs(cuda_arena):
         assert again["parameters"].tobytes() == backend.read_tensor("parameters")
 
 
+@gpu
+@pytest.mark.parametrize("arena", ["device", "host"])
+def test_a_clear_and_a_streamed_read_on_cuda_give_read_tensors_bytes(cuda_arena, arena):
+    from test_nv_stream_gpu import check_clear_and_stream
+
+    cuda_arena(arena)  # skips without a GPU
+    check_clear_and_stream("cuda", arena)
+
+
 @pytest.mark.parametrize("size", [0, 1, 1000, 4096, 4097, 10_000])
 def test_copy_out_gives_the_bytes_in_a_buffer_of_its_own(size):
     from concurrent.futures import ThreadPoolExecutor
-
-    from bob.backends.cuda import copy_out
 
     source = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
     address = source.ctypes.data

@@ -474,7 +474,7 @@ def _open(monkeypatch, plan):
     from bob.backends.nv.rm import channel as ch
     from bob.backends.nv.rm.backend import NvBackend
     from bob.backends.nv.rm.device import RmDevice
-    from test_nv_rm import FakeDriver
+    from nv_fakes import FakeDriver
 
     waits: list[tuple[int, str]] = []
     doorbells: list[int] = []

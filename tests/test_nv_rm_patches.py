@@ -18,7 +18,7 @@ from bob.backends.nv.rm.memory import Allocation
 from bob.kernels import signatures as sig
 from bob.plan.placement import SM90
 from bob.program.bob import ADAM_SCALAR_NAMES, BobConfig, Hyper, adam_scalar_table, build_plan
-from test_nv_rm import FakeDriver
+from nv_fakes import FakeDriver
 
 
 def _plan(config: BobConfig):

@@ -14,11 +14,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from bob.backends.base import ArenaRangeError
 from bob.backends.cpu import CpuBackend
 from bob.backends.nv import encoder
 from bob.backends.nv.decoder import TABLES
 from bob.backends.nv.sim import NvSimBackend, NvSimError
+from bob.errors import RunFailure
 from bob.kernels.memory import Memory
 from bob.plan.model import (
     Address,
@@ -162,7 +162,7 @@ def test_submissions_run_in_separate_calls(target):
     assert backend.last_semaphore == 5 and _f32(backend, "y").tolist() == [8.0] * N
     backend.run(range(3, 4))
     assert backend.last_semaphore == 9 and _f32(backend, "y").tolist() == [9.0] * N
-    with pytest.raises(ArenaRangeError, match="submission 4 is not in the plan's 4"):
+    with pytest.raises(RunFailure, match="submission 4 is not in the plan's 4"):
         backend.run(range(4, 5))
 
 
@@ -191,7 +191,7 @@ def test_tensors_round_trip_and_refuse_overruns(target):
     assert backend.read_tensor("x") == data
     backend.write_tensor("x", struct.pack("<f", 7.0), offset=4 * (N - 1))
     assert _f32(backend, "x")[-1] == 7.0
-    with pytest.raises(ArenaRangeError, match=f"do not fit tensor 'x' \\({4 * N} bytes\\)"):
+    with pytest.raises(RunFailure, match=f"do not fit tensor 'x' \\({4 * N} bytes\\)"):
         backend.write_tensor("x", data, offset=4)
 
 
@@ -199,12 +199,12 @@ def test_tensors_round_trip_and_refuse_overruns(target):
 def test_every_backend_refuses_what_the_plan_lacks_in_one_way(target, backend_class):
     """The range checks live in the base class: one error type, one message each."""
     backend = backend_class(tiny_plan(target), kernels=KERNELS)
-    with pytest.raises(ArenaRangeError, match=rf"^8 bytes at offset {4 * N - 4} do not fit "
+    with pytest.raises(RunFailure, match=rf"^8 bytes at offset {4 * N - 4} do not fit "
                                               rf"tensor 'y' \({4 * N} bytes\)$"):
         backend.write_tensor("y", bytes(8), offset=4 * N - 4)
-    with pytest.raises(ArenaRangeError, match="at offset -4 do not fit"):
+    with pytest.raises(RunFailure, match="at offset -4 do not fit"):
         backend.write_tensor("y", bytes(4), offset=-4)
-    with pytest.raises(ArenaRangeError, match=r"^submission -1 is not in the plan's 4$"):
+    with pytest.raises(RunFailure, match=r"^submission -1 is not in the plan's 4$"):
         backend.run(range(-1, 2))
     with pytest.raises(TypeError, match="range of submissions"):
         backend.run([0])  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from bob.backends.landing import STREAM_RING_BUFFERS
 from bob.backends.nv import decoder
 from bob.backends.nv.pushbuffer import (
     COPY_SUBCHANNEL,
@@ -32,7 +33,7 @@ from bob.backends.nv.rm import stream as st
 from bob.backends.nv.rm import structs as s
 from bob.errors import RunFailure
 from conftest import bob_plan, needs_nvrtc
-from test_nv_rm import FakeDriver
+from nv_fakes import FakeDriver
 
 CE = decoder.TABLES.classes[0xC8B5]  # HOPPER_DMA_COPY_A as the decoder's own parser read it
 HOST = decoder.TABLES.classes[0xC86F]
@@ -513,7 +514,7 @@ def test_the_counter_runs_past_2_to_the_32(monkeypatch):
 
 
 def test_a_gpu_without_the_copy_class_reads_through_bar1(monkeypatch):
-    from test_nv_rm import HOPPER_CLASSES
+    from nv_fakes import HOPPER_CLASSES
 
     monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
     gpu = FakeGpu(monkeypatch)
@@ -532,21 +533,21 @@ def test_a_gpu_without_the_copy_class_reads_through_bar1(monkeypatch):
 def test_profiling_brackets_every_launch_with_timestamps(monkeypatch):
     backend, gpu = _open(monkeypatch)
     plan = backend.plan
-    backend.launch_times = []
-    backend.run(range(plan.submission_count))
+    assert backend.can_profile
+    times = backend.profile(range(plan.submission_count))
     # The fake GPU spends 1 us * (launch + 1) on each launch; the stamps say exactly that.
     # (A plan may submit a launch twice: the forward pass before and after training.)
     order = [s.first_launch for s in plan.submissions]
     assert len(order) > plan.launch_count
-    assert backend.launch_times == [(i, 1000 * (i + 1)) for i in order]
+    assert times == [(i, 1000 * (i + 1)) for i in order]
     assert gpu.launches == order
-    backend.launch_times = []
-    backend.run(range(2, 4))  # a second profiled run reuses the buffer; payloads continue
-    assert backend.launch_times == [(i, 1000 * (i + 1)) for i in order[2:4]]
+    assert backend.last_semaphore == plan.submissions[-1].semaphore
+    # A second profiled run reuses the buffer; payloads continue.
+    assert backend.profile(range(2, 4)) == [(i, 1000 * (i + 1)) for i in order[2:4]]
     monkeypatch.setattr(st, "PROFILE_LIMIT", 3)  # a run longer than the buffer: in fills
-    backend.launch_times = []
-    backend.run(range(plan.submission_count))
-    assert backend.launch_times == [(i, 1000 * (i + 1)) for i in order]
+    assert backend.profile(range(plan.submission_count)) == [(i, 1000 * (i + 1))
+                                                             for i in order]
+    assert backend.profile(range(0)) == []
     backend.close()
 
 
@@ -558,10 +559,9 @@ def test_profiling_refuses_a_chained_plan(monkeypatch):
     plan = build_plan(config, _sm90(), compiled=stand_in_regions(config, registers=24,
                                                                  shared_bytes=2048))
     backend, gpu = _open(monkeypatch, plan)
-    backend.launch_times = []
     with pytest.raises(RunFailure, match="profiling times one launch per submission; "
                        "submission 0 has"):
-        backend.run(range(plan.submission_count))
+        backend.profile(range(plan.submission_count))
     backend.close()
 
 
@@ -823,7 +823,7 @@ CHECKPOINT = ("parameters", "first_moment", "second_moment")
 
 
 def _detached(monkeypatch, **options):
-    monkeypatch.setattr(nv_backend, "DETACHED_READ_MIN_BYTES", 4096)
+    monkeypatch.setattr(nv_backend.NvBackend, "snapshot_min_bytes", 4096)
     backend, gpu = _open(monkeypatch, **options)
     tables = {name: np.random.default_rng(len(name)).integers(
         0, 255, backend.plan.tensor(name).bytes, np.uint8) for name in CHECKPOINT}
@@ -986,7 +986,7 @@ def test_a_read_with_no_snapshot_to_be_had_goes_in_the_queues_order(monkeypatch)
 
 
 def test_without_a_copy_engine_reads_stay_in_order_and_say_why(monkeypatch):
-    monkeypatch.setattr(nv_backend, "DETACHED_READ_MIN_BYTES", 4096)
+    monkeypatch.setattr(nv_backend.NvBackend, "snapshot_min_bytes", 4096)
     gpu = FakeGpu(monkeypatch)
     driver = FakeDriver(engines=(s.NV2080_ENGINE_TYPE_GRAPHICS,))
     backend = nv_backend.NvBackend(bob_plan(1, 2, target=_sm90(), compiled=True, registers=24,
@@ -1078,3 +1078,127 @@ def test_a_fault_on_the_compute_channel_ends_a_wait_for_a_detached_read(monkeypa
         read.wait()
     assert "closed its channel and memory" in str(raised.value)
     assert backend.channel is None
+
+
+# -- clears and streamed reads (the base class's contract, nv's primitives) ------------------
+
+
+def test_a_clear_behind_queued_work_is_one_queued_copy_item_after_it(monkeypatch):
+    backend, gpu = _open(monkeypatch)
+    names = ("training_loss", "health", "parameters")
+    for name in names:  # nothing queued: straight into the mapping
+        backend.write_tensor(name, b"\x05" * backend.plan.tensor(name).bytes)
+    backend.start(range(backend.plan.submission_count))
+    backend.clear_tensors(names)  # behind the run: staged zeros, one queued copy item
+    assert all(_tensor_bytes(backend, name) != bytes(backend.plan.tensor(name).bytes)
+               for name in names)  # still queued
+    backend.wait()
+    for name in names:
+        assert _tensor_bytes(backend, name) == bytes(backend.plan.tensor(name).bytes), name
+        assert backend.read_tensor(name) == _tensor_bytes(backend, name)
+    stream = backend._stream
+    assert stream.counter == 2 and gpu.acquires == [0, 1]  # the run, then the clear
+    assert backend.read_tensor("first_moment") == bytes(backend.plan.tensor(
+        "first_moment").bytes)  # never written, never cleared: as the arena began
+    backend.close()
+
+
+def test_an_idle_clear_goes_through_the_mapping_or_the_copy_engine(monkeypatch):
+    monkeypatch.setattr(nv_backend, "COPY_THRESHOLD", 4096)
+    backend, gpu = _open(monkeypatch)
+    for name in ("health", "parameters"):
+        backend.write_tensor(name, b"\x07" * backend.plan.tensor(name).bytes)
+    counter = backend._stream.counter  # the large write went by copy engine
+    backend.clear_tensors(["health"])  # 24 bytes, nothing queued: through the mapping
+    assert backend._stream.counter == counter
+    assert _tensor_bytes(backend, "health") == bytes(24)
+    backend.clear_tensors(["parameters"])  # large: the copy engine, from a zeroed slot
+    assert backend._stream.counter == counter + 1
+    assert backend.read_tensor("parameters") == bytes(backend.plan.tensor("parameters").bytes)
+    backend.close()
+
+
+def test_zeros_over_many_slots_worth_are_queued_in_batches(monkeypatch):
+    monkeypatch.setattr(st, "WRITE_SLOT_BYTES", 4096)
+    monkeypatch.setattr(st, "PIECES_PER_SEGMENT", 4)
+    backend, gpu = _open(monkeypatch)
+    backend.write_tensor("parameters", b"\x09" * backend.plan.tensor("parameters").bytes)
+    backend.start(range(backend.plan.submission_count))
+    backend.clear_tensors(["parameters"])  # 64 pieces of 4 KiB, 4 to a segment, 31 a batch
+    backend.wait()
+    assert _tensor_bytes(backend, "parameters") == bytes(backend.plan.tensor(
+        "parameters").bytes)
+    with pytest.raises(ValueError, match="at least 1 byte"):
+        backend.stream.queue_zeros([(0x1000, 0)])
+    backend.close()
+
+
+def _streamed(backend, names, chunk):
+    got: dict[str, bytearray] = {}
+    views: list[int] = []
+
+    def sink(name: str, offset: int, view: np.ndarray) -> None:
+        assert 0 < view.size <= chunk and offset == len(got.setdefault(name, bytearray()))
+        views.append(view.ctypes.data)
+        got[name] += view.tobytes()
+
+    backend.stream_read(names, sink, chunk)
+    return {name: bytes(data) for name, data in got.items()}, views
+
+
+@needs_nvrtc
+def test_a_streamed_read_crosses_from_a_snapshot_through_a_ring(monkeypatch):
+    backend, gpu, tables = _detached(monkeypatch)
+    driver = backend.client.transport.handler.__self__
+    backend.start(range(backend.plan.submission_count))
+    before = set(driver.host_memory)  # the runtime stream's own, described as it is made
+    chunk = 64 << 10
+    got, views = _streamed(backend, list(reversed(CHECKPOINT)), chunk)
+    assert list(got) == list(CHECKPOINT)  # arena order
+    assert got == {name: tables[name].tobytes() for name in CHECKPOINT}
+    stream = backend._stream
+    pieces = sum(-(-len(tables[name]) // chunk) for name in CHECKPOINT)
+    assert stream.reads == pieces and len(views) == pieces  # one copy out per chunk
+    assert len(gpu.kernel_copies) == 1  # one snapshot of the three neighbours
+    # The host memory described for it: the ring, a chunk a buffer, and nothing more.
+    ring = {address for handle, (address, size, _, _) in driver.host_memory.items()
+            if handle not in before}
+    assert len(ring) == STREAM_RING_BUFFERS and set(views) <= ring
+    backend.close()
+
+
+def test_a_streamed_read_without_a_snapshot_goes_in_the_queues_order(monkeypatch):
+    backend, gpu = _open(monkeypatch)  # 768 KiB of tables: below the snapshot's minimum
+    tables = {name: np.random.default_rng(len(name)).integers(
+        0, 255, backend.plan.tensor(name).bytes, np.uint8).tobytes() for name in CHECKPOINT}
+    for name, data in tables.items():
+        backend.write_tensor(name, data)
+    backend.start(range(backend.plan.submission_count))  # counter 1
+    got, _ = _streamed(backend, CHECKPOINT, 100_000)
+    assert got == tables
+    stream = backend._stream
+    chunks = sum(-(-len(data) // 100_000) for data in tables.values())
+    assert stream.reads == 0 and stream.counter == 1 + chunks  # each chunk a queued copy
+    assert gpu.acquires == list(range(1 + chunks))  # after the run, in turn
+    backend.close()
+
+
+def test_the_runtime_window_holds_every_area_below_the_plans():
+    from bob.backends.nv.rm import addresses
+    from bob.backends.nv.rm.channel import GPFIFO_ENTRIES
+    from bob.plan.placement import DEFAULT_VA_BASE
+
+    areas = sorted(addresses.RUNTIME_AREAS, key=lambda area: area.address)
+    for first, second in zip(areas, areas[1:], strict=False):
+        assert first.end <= second.address, (first.name, second.name)
+    assert areas[0].address == addresses.RUNTIME_VA_BASE and areas[-1].end <= DEFAULT_VA_BASE
+    fixed = {"gpfifo": GPFIFO_ENTRIES * s.GP_ENTRY_BYTES + 4096 + s.USERD_BYTES,
+             "runtime block": st.RUNTIME_BLOCK_BYTES,
+             "copy ring": GPFIFO_ENTRIES * s.GP_ENTRY_BYTES + 4096 + s.USERD_BYTES,
+             "copy kernels": st_snapshot.KERNELS_BYTES,
+             "write slots": st.WRITE_SLOTS * st.WRITE_SLOT_BYTES,
+             "staging": st.STAGING_BYTES, "profile": st.PROFILE_BYTES}
+    for name, size in fixed.items():
+        assert addresses.area_for(name, size) == addresses.area(name).address
+    with pytest.raises(ValueError, match="do not fit the runtime's staging area"):
+        addresses.area_for("staging", addresses.area("staging").bytes + 1)

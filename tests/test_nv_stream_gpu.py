@@ -156,6 +156,47 @@ def test_nv_queued_read_is_the_state_before_later_runs_and_writes():
               f"type {stream.copy_channel.engine:#x}")
 
 
+def check_clear_and_stream(name: str, arena: str = "device") -> None:
+    """A clear queued behind a run, then a streamed read of the tables behind it (from a
+    snapshot where there is room, so the next run may start beside it): the bytes
+    `read_tensor` gives, the cleared tensors zero."""
+    from bob.backends import choose_backend
+    from bob.config import CHECKPOINT_TENSORS, Hyper
+    from bob.host.check import random_record
+    from bob.host.session import Session
+    from bob.program.bob import HEALTH_TENSOR, BobConfig
+    from bob.records.checkpoint import Checkpoint
+
+    config = BobConfig(vocab=2048, prompts=0, updates=2, mode="corpus",
+                       submission="chained" if name == "nv" else "per-launch")
+    record = random_record(config, 4)
+    with Session(choose_backend(name, arena=arena)) as session:
+        session.invoke(config, Checkpoint.zeros(2048, Hyper(), "corpus"), record, "train")
+        backend = session.last_backend
+        count = backend.plan.submission_count
+        backend.start(range(count))
+        backend.clear_tensors(["training_loss", HEALTH_TENSOR])  # behind the run
+        got: dict[str, bytearray] = {}
+        started = time.perf_counter()
+        backend.stream_read(CHECKPOINT_TENSORS, lambda tensor, offset, view: got.setdefault(
+            tensor, bytearray()).extend(view.tobytes()), 4 << 20)
+        seconds = time.perf_counter() - started
+        backend.wait()
+        assert list(got) == list(CHECKPOINT_TENSORS)
+        assert all(bytes(got[n]) == backend.read_tensor(n) for n in CHECKPOINT_TENSORS)
+        for cleared in ("training_loss", HEALTH_TENSOR):
+            assert backend.read_tensor(cleared) == bytes(backend.plan.tensor(cleared).bytes)
+        print(f"{name} ({arena}): {sum(len(t) for t in got.values()):,} bytes streamed in "
+              f"4 MiB chunks in {seconds * 1e3:.1f} ms")
+
+
+@pytest.mark.gpu
+@nv_present
+@needs_nvrtc
+def test_nv_clear_and_streamed_read_give_read_tensors_bytes():
+    check_clear_and_stream("nv")
+
+
 @pytest.mark.gpu
 @nv_present
 @pytest.mark.parametrize("schedule", ["seed", "fused"])
@@ -208,11 +249,10 @@ arch, profiled = sys.argv[1], sys.argv[2] == "profiled"
 compiled = trap_regions(arch)
 region = compiled["test-trap"]
 backend = CudaBackend(one_launch_plan(region, TRAP_MAGIC, arch=arch), compiled)
-if profiled:
-    backend.launch_times = []
+run = backend.profile if profiled else backend.run
 started = time.monotonic()
 try:
-    backend.run(range(1))
+    run(range(1))
     print("trap: no error")
 except CudaError as error:
     print(f"trap: {{time.monotonic() - started:.3f}} s {{error.status in STICKY_ERRORS}} "
@@ -222,9 +262,7 @@ try:
 except CudaError as error:
     print(f"next: refused {{error}}")
 else:
-    if profiled:
-        again.launch_times = []
-    again.run(range(1))
+    (again.profile if profiled else again.run)(range(1))
     out = np.frombuffer(again.read_tensor("out"), np.uint32).tolist()
     print(f"next: ran {{out == expected_out(5)}}")
     again.close()

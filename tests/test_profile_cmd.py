@@ -18,16 +18,12 @@ from bob.program.bob import BobConfig, build_plan
 class TimedCpu(CpuBackend):
     """The CPU backend with a fake device clock: launch i takes 100 ns * (i + 1) + 7."""
 
-    def __init__(self, plan):
-        super().__init__(plan)
-        self.launch_times = None
+    can_profile = True
 
-    def _run(self, submissions: range) -> None:
-        if self.launch_times is not None:
-            for index in submissions:
-                for launch in self.plan.submissions[index].launches:
-                    self.launch_times.append((launch, 100 * (launch + 1) + 7))
-        super()._run(submissions)
+    def _timed_run(self, submissions: range) -> list[tuple[int, int]]:
+        self._run(submissions)
+        return [(launch, 100 * (launch + 1) + 7) for index in submissions
+                for launch in self.plan.submissions[index].launches]
 
 
 def _fake_backend(monkeypatch, backend_class=TimedCpu):

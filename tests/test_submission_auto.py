@@ -1,5 +1,6 @@
 """`--submission auto`: chained on the backends that run Bob's command stream, per-launch
-elsewhere, resolved by one function (config.resolve_submission) for every command.
+elsewhere, resolved by one function (bob.backends.resolve_submission, from the backend
+registry) for every command.
 
     .venv/bin/python -m pytest -q tests/test_submission_auto.py
 """
@@ -13,8 +14,8 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from bob import config
+from bob.backends import resolve_submission
 from bob.cli.main import cli, main
-from bob.config import resolve_submission
 from bob.errors import BadInput
 from bob.host import api
 from bob.host import session as session_module

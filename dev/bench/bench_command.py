@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bob.backends import choose_backend
-from bob.config import Hyper, resolve_submission
+from bob.backends import choose_backend, resolve_submission
+from bob.config import Hyper
 from bob.host.session import Session
 from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord

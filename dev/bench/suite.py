@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from bob.backends import BackendChoice, choose_backend
-from bob.config import AUTO_SUBMISSION, DEFAULT_SUBMISSION_POLICY, Hyper, resolve_submission
+from bob.backends import BackendChoice, choose_backend, resolve_submission
+from bob.config import AUTO_SUBMISSION, DEFAULT_SUBMISSION_POLICY, Hyper
 from bob.errors import BadInput
 from bob.host.training import CPU_MAX_VOCAB
 from dev.bench.measurement import (

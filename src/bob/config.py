@@ -2,7 +2,8 @@
 
 Ground floor: it imports only ``bob.errors``. The program, the records, the
 host and the CLI take their names, limits and rules from this module; the CLI's
-choices are these tuples, never literals of their own.
+choices are these tuples, never literals of their own (the backends' names are the
+backend registry's, ``bob.backends.registry``).
 """
 
 from __future__ import annotations
@@ -30,14 +31,13 @@ SubmissionPolicy = Literal["per-launch", "chained"]
 SUBMISSION_POLICIES: tuple[SubmissionPolicy, ...] = ("per-launch", "chained")
 DEFAULT_SUBMISSION_POLICY: SubmissionPolicy = "per-launch"
 # What the command line and the API ask for: a policy, or "auto", the chosen backend's
-# own default (resolve_submission). Chained is the default where it is faster: on an
-# H200 the seed schedule at V=256 ran 4.88 us/update chained, 14.5 per-launch (issue 12).
+# own default (bob.backends.resolve_submission: chained on the backends that run Bob's
+# command stream, where it is the faster policy).
 SUBMISSION_CHOICES: tuple[str, ...] = ("auto", *SUBMISSION_POLICIES)
 AUTO_SUBMISSION = "auto"
-CHAINED_BACKENDS = ("nv", "nv-sim")  # the backends that run Bob's own command stream
 
 MIN_VOCAB = 2  # a softmax over one column learns nothing
-MAX_VOCAB = 65536  # 16 GiB f32 tables: every size and offset is 64-bit (issue 14)
+MAX_VOCAB = 65536  # 16 GiB f32 tables: every size and offset is 64-bit
 MAX_PROMPTS = 4096
 MAX_UPDATES = 100_000
 
@@ -50,30 +50,8 @@ RESULT_TENSORS = ("initial_loss", "training_loss", "logit_rows", "predictions")
 TARGET_NAMES = ("sm_86", "sm_90")  # the parameter-block layouts a plan is placed for
 DEFAULT_TARGET = "sm_90"  # the nv-sim backend's default: the H200's architecture
 ARENA_KINDS = ("device", "host")  # cuda and nv: arena in device memory or mapped host memory
-BACKENDS = ("cpu", "cuda", "nv-sim", "nv")
-BACKEND_NAMES = (*BACKENDS, "auto")  # auto: cuda where a GPU is usable, else cpu
-
-
-def resolve_submission(requested: str, *backends: str) -> SubmissionPolicy:
-    """The submission policy a plan is built with, for a run on `backends` (resolved
-    names: cpu, cuda, nv-sim, nv; none when no backend runs it, as for `bob plan`).
-
-    A policy asked for by name is that policy. "auto" is chained when one of the
-    backends runs Bob's command stream (nv, nv-sim), else per-launch: the others run a
-    plan's launches in order whatever their grouping, so a pair such as cpu and nv
-    shares the chained plan with the same bytes.
-    """
-    if requested in SUBMISSION_POLICIES:
-        return requested  # type: ignore[return-value]
-    if requested != AUTO_SUBMISSION:
-        raise BadInput(f"submission must be one of {', '.join(SUBMISSION_CHOICES)}, not "
-                       f"{requested!r}")
-    unknown = [name for name in backends if name not in BACKENDS]
-    if unknown:  # "auto" (the backend) must be resolved first: it names no stream
-        raise ValueError(f"resolve the backend {unknown[0]!r} before its submission policy")
-    if any(name in CHAINED_BACKENDS for name in backends):
-        return "chained"
-    return DEFAULT_SUBMISSION_POLICY
+# The backends' names, and which of them run Bob's command stream, are the backend
+# registry's (bob.backends.registry): this floor knows no backend.
 
 
 # -- AdamW -----------------------------------------------------------------------

@@ -1,82 +1,122 @@
-"""The vendor-neutral core every backend implements.
+"""The vendor-neutral core every backend implements: a queue contract.
 
-A backend is opened on a certified plan and owns one arena laid out as the
-plan says. The host writes tensors, patches scalar arguments (never pointers:
-the certificate stays valid), runs a range of submissions and reads tensors
-back. Backends know the plan, never the host.
+A backend is opened on a certified plan and owns one arena laid out as the plan says.
+The host writes tensors, patches scalar arguments (never pointers: the certificate stays
+valid), starts a range of submissions and reads tensors back. Backends know the plan,
+never the host. Work reaches a device in the order the host asks for it, as on one
+queue: a write, clear or read is ordered after the submissions started before it and
+before those started after, however the backend gets there.
 
-This class does the checking and the bookkeeping once: which bytes of the
-arena a tensor range is, whether a submission is in the plan, which scalars
-may be patched, the patched parameter blocks, the last semaphore reached. A
-backend supplies only its arena access (``_write_arena``, ``_read_arena``),
-``_run`` and ``_carry_patches`` (the patched words to where its device reads
-the parameter block).
-
-What a backend may add, each with a synchronous default here so a backend that
-has nothing better stays correct:
-
-- ``_start_submissions``/``_wait_started``: ``start`` queues submissions and returns, ``wait``
-  blocks until they are done (``run`` is both). The default runs at ``start``.
-- ``begin_read``: the tables of this moment, collected while the next
-  submissions run. The default copies them at once.
-- ``_carry_scalar_rows``: many launches' patched scalars in one pass (the seed
-  schedule's AdamW launches). The default carries them launch by launch.
-- ``_write_arena_many``: several small writes as one batch (an invocation's AdamW
-  table and cleared counters: one staging slot, one queued item). The default
-  writes them one by one.
+This class does the checking and the bookkeeping once (which bytes of the arena a tensor
+range is, whether a submission is in the plan, which scalars may be patched, the patched
+parameter blocks, the last semaphore reached), and it owns the read pipeline and launch
+timing: neighbouring tensors joined into few copies (`landing.read_spans`), landing
+buffers handed out as the tables, the device snapshot that lets later work run while a
+read crosses to the host, the fallback through a staging copy, the handle's `wait`, and
+streamed reads through a bounded ring. A backend supplies primitives only, each
+documented once below under "what each backend supplies", and the thresholds of the
+pipeline as declared properties. Every primitive past the four abstract ones has a
+synchronous default, so a backend with nothing better (cpu, nv-sim) stays correct.
 """
 
 from __future__ import annotations
 
 import struct
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 
 import numpy as np
 
-from bob.errors import RunFailure
+from bob.config import ARENA_KINDS
+from bob.errors import BadInput, RunFailure
 from bob.plan.certificate import CertifiedPlan, require_certified
 from bob.plan.model import Plan, PointerParam, Scalar, ScalarParam
 from bob.plan.placement import argument_slots, encode_parameter_block
 
+from .landing import (
+    COPY_OUT_CHUNK_BYTES,
+    COPY_OUT_THREADS,
+    LANDING_MIN_BYTES,
+    STREAM_CHUNK_BYTES,
+    STREAM_RING_BUFFERS,
+    HostRing,
+    Landing,
+    copy_out,
+    read_spans,
+)
+
 _WORD = struct.Struct("<I")
 MAX_PENDING_ROWS = 64  # set_scalars_many calls held before their rows go into the blocks
+CLEAR_PIECE_BYTES = 1 << 20  # the default clear writes zeros in pieces of this size
 
 # (offset in the parameter block, the 4-byte word written there)
 Patch = tuple[int, bytes]
+# A copy of the read pipeline: (source offset, bytes, position in the host buffer); the
+# source is an arena offset, or a position in the device snapshot.
+Copy = tuple[int, int, int]
+# What a queued copy hands back: call it to block until its bytes are in host memory.
+Completion = Callable[[], None]
+# stream_read's receiver: (tensor name, byte offset in the tensor, the bytes from there)
+Sink = Callable[[str, int, np.ndarray], None]
 
 
-class ArenaRangeError(RunFailure):
-    """A tensor byte range or a submission the plan does not have."""
+def require_arena_kind(arena: str) -> str:
+    """`arena` if it is one of the arena placements (bob.config.ARENA_KINDS), else
+    BadInput: the one check of it, for the registry and every backend."""
+    if arena not in ARENA_KINDS:
+        raise BadInput(f"unknown arena placement {arena!r}; choose {' or '.join(ARENA_KINDS)}")
+    return arena
+
+
+@cache
+def zero_bytes(size: int) -> memoryview:
+    """`size` zero bytes, made once (what the clears copy from)."""
+    return memoryview(bytes(size))
 
 
 class ReadHandle:
     """Tensors being read back: `wait()` gives name -> a flat uint8 array the caller owns.
 
-    Without `settle` it is already complete (the synchronous default). A backend whose
-    copy into these arrays is still running passes `settle`, which `wait` calls once
-    (it blocks until the copy is done); one that makes the arrays only at the end
-    returns its own kind.
+    Without `settle` it is already complete (the synchronous default). With it, `wait`
+    calls `settle` once (it blocks until the copy is done) and gives the tables `settle`
+    returns, or, where it returns None, the ones the handle was made with (views of a
+    buffer the copy is filling).
     """
 
     def __init__(self, tables: dict[str, np.ndarray],
-                 settle: Callable[[], None] | None = None):
+                 settle: Callable[[], dict[str, np.ndarray] | None] | None = None):
         self._tables = tables
         self._settle = settle
 
     def wait(self) -> dict[str, np.ndarray]:
         if self._settle is not None:
-            self._settle()
+            made = self._settle()
             self._settle = None
+            if made is not None:
+                self._tables = made
         return self._tables
 
 
 class Backend(ABC):
     name = "abstract"
+    # Whether `profile` times launches here (`_timed_run`).
+    can_profile = False
+    # The read pipeline's thresholds, declared per backend (landing.py sets the values):
+    # a read of fewer bytes than read_queue_min_bytes waits and is copied at once; one of
+    # fewer than landing_min_bytes goes through the staging (where the backend has one);
+    # one of fewer than snapshot_min_bytes copies from the arena in the queue's order.
+    read_queue_min_bytes = 0
+    landing_min_bytes = LANDING_MIN_BYTES
+    snapshot_min_bytes = 0
+    landing_granule = 1  # landing and ring buffers are whole multiples of this
 
-    def __init__(self, plan: Plan | CertifiedPlan):
+    def __init__(self, plan: Plan | CertifiedPlan, arena: str = ARENA_KINDS[0]):
         self.certified = require_certified(plan)  # before any allocation; a no-op when done
         self.plan = self.certified.plan
+        self.arena_kind = require_arena_kind(arena)  # where the backend places its arena
         # The one store of patched parameter blocks (the bytes); unpatched blocks
         # are encoded from the plan when asked for.
         self._blocks: dict[int, bytearray] = {}
@@ -89,6 +129,11 @@ class Backend(ABC):
         self._many_places: tuple[tuple, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._patchable: dict[str, dict[str, tuple[str, int]]] = {}
         self.last_semaphore = 0
+        # The read pipeline's host memory, each made when first needed.
+        self._landing: Landing | None = None
+        self._ring: HostRing | None = None
+        self._staged: ReadHandle | None = None  # the last read through the staging
+        self._copiers: ThreadPoolExecutor | None = None  # copies out of the staging
 
     # -- what the host uses ----------------------------------------------
     def write_tensor(self, name: str, data: bytes, offset: int = 0) -> None:
@@ -109,6 +154,15 @@ class Backend(ABC):
         if places:
             self._write_arena_many(places)
 
+    def clear_tensors(self, names: Sequence[str]) -> None:
+        """Zero these whole tensors, as one batch where the backend can: ordered after the
+        work started before it, like a write. Every name is checked first."""
+        spans = [(self._arena_offset(name, 0, self.plan.tensor(name).bytes),
+                  self.plan.tensor(name).bytes) for name in names]
+        spans = [span for span in spans if span[1]]
+        if spans:
+            self._clear_arena(spans)
+
     def read_tensor(self, name: str) -> bytes:
         size = self.plan.tensor(name).bytes
         return self._read_arena(self._arena_offset(name, 0, size), size)
@@ -123,28 +177,144 @@ class Backend(ABC):
 
         Between the two the host may prepare what does not touch the arena (a
         tensor write or read waits for the device's work queued before it)."""
-        if not isinstance(submissions, range):
-            raise TypeError(f"run takes a range of submissions, not {type(submissions).__name__}")
-        if len(submissions) == 0:
-            return
-        count = self.plan.submission_count
-        for index in (submissions[0], submissions[-1]):  # a range is monotonic
-            if not 0 <= index < count:
-                raise ArenaRangeError(f"submission {index} is not in the plan's {count}")
-        self._start_submissions(submissions)
-        self.last_semaphore = self.plan.submissions[submissions[-1]].semaphore
+        if self._in_plan(submissions):
+            self._start_submissions(submissions)
+            self.last_semaphore = self.plan.submissions[submissions[-1]].semaphore
 
     def wait(self) -> None:
         """Block until every submission started so far has completed."""
         self._wait_started()
 
+    def profile(self, submissions: range) -> list[tuple[int, int]]:
+        """Run these submissions with every launch timed by the device: (launch index,
+        device nanoseconds) per launch run, in the order run. Each launch starts on an
+        idle device, so a time is what the launch costs on its own, not overlapped."""
+        if not self.can_profile:
+            raise RunFailure(f"the {self.name} backend cannot time its launches")
+        if not self._in_plan(submissions):
+            return []
+        times = self._timed_run(submissions)
+        self.last_semaphore = self.plan.submissions[submissions[-1]].semaphore
+        return times
+
+    def _in_plan(self, submissions: range) -> bool:
+        """Whether there is anything to run; RunFailure when a submission is not the plan's."""
+        if not isinstance(submissions, range):
+            raise TypeError(f"run takes a range of submissions, not {type(submissions).__name__}")
+        if len(submissions) == 0:
+            return False
+        count = self.plan.submission_count
+        for index in (submissions[0], submissions[-1]):  # a range is monotonic
+            if not 0 <= index < count:
+                raise RunFailure(f"submission {index} is not in the plan's {count}")
+        return True
+
+    def close(self) -> None:
+        """Free what the backend holds (a backend with device memory frees it as well)."""
+        self._close_reads()
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the read pipeline ---------------------------------------------------------------
     def begin_read(self, names: Sequence[str]) -> ReadHandle:
         """Start reading these tensors as they stand once the started work is done.
 
-        Submissions started afterwards do not change what the handle gives. The
-        default waits and copies now; a backend with a copy engine snapshots
-        the tensors on the device and copies them to the host in the background.
+        Submissions started afterwards do not change what the handle gives. Tensors near
+        each other in the arena go as one copy. Where the backend queues reads, the copy
+        is queued behind the started work: into a landing buffer handed out as the tables
+        (no copy on the host), or, for a small read or one that finds every landing
+        buffer in use, into the backend's staging, copied out at `wait` (without a
+        staging, such a read is made at once); from a device snapshot where the backend
+        has room for one, so later work runs while the copy crosses to the host, else
+        from the arena in the queue's order. Otherwise it waits and copies now.
         """
+        sizes = [self.plan.tensor(name).bytes for name in names]
+        spans, positions, end = read_spans(
+            [(self._arena_offset(name, 0, size), size)
+             for name, size in zip(names, sizes, strict=True)])
+        if end < self.read_queue_min_bytes or not self._reads_queue():
+            return self._read_now(names)
+        layout = list(zip(names, positions, sizes, strict=True))
+        buffer = self._landing_buffer(end) if end >= self.landing_min_bytes else None
+        if buffer is None:
+            if self._staged is not None:  # the staging is reused: its last read leaves first
+                self._staged.wait()
+                self._staged = None
+            buffer = self._read_staging(end)
+            if buffer is None:
+                return self._read_now(names)
+            done = self._queue_read(spans, buffer, end)
+            self._staged = ReadHandle({}, lambda: self._copied_out(done, buffer, layout))
+            return self._staged
+        landing = self._landing
+        assert landing is not None
+        try:
+            done = self._queue_read(spans, buffer, end)
+        except BaseException:
+            landing.give_back(buffer)  # nothing was handed out
+            raise
+        whole = landing.hand_out(buffer)
+        return ReadHandle({name: whole[position:position + size]
+                           for name, position, size in layout}, done)
+
+    def stream_read(self, names: Sequence[str], sink: Sink,
+                    chunk_bytes: int = STREAM_CHUNK_BYTES) -> None:
+        """Deliver these tensors as they stand once the started work is done, in arena
+        order, as `sink(name, offset, view)` calls: `view` (flat uint8, at most
+        `chunk_bytes`) holds the tensor's bytes from `offset` and is valid only during the
+        call. Host memory stays a few chunks, never a table: where the backend queues
+        reads the chunks cross through a ring of STREAM_RING_BUFFERS host buffers, from a
+        device snapshot where there is room for one (later submissions then need not wait
+        for the stream), otherwise from the arena in the queue's order (later work waits
+        for it); elsewhere each chunk is read at once."""
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be a positive integer, not {chunk_bytes!r}")
+        tensors = sorted((self._arena_offset(name, 0, self.plan.tensor(name).bytes), name,
+                          self.plan.tensor(name).bytes) for name in names)
+        pieces = [(name, at, offset, min(chunk_bytes, size - offset))
+                  for at, name, size in tensors for offset in range(0, size, chunk_bytes)]
+        if not pieces:
+            return
+        spans, positions, end = read_spans([(at, size) for at, _, size in tensors])
+        if end < self.read_queue_min_bytes or not self._reads_queue():
+            for name, at, offset, size in pieces:
+                sink(name, offset, np.frombuffer(self._read_arena(at + offset, size), np.uint8))
+            return
+        ring = self._ring_for(max(size for *_, size in pieces))
+        from_snapshot = end >= self.snapshot_min_bytes and self._snapshot_room(spans, end)
+        if from_snapshot:
+            self._queue_snapshot(spans)
+        source = dict(zip((name for _, name, _ in tensors),
+                          positions if from_snapshot else (at for at, _, _ in tensors),
+                          strict=True))
+        free = list(ring.buffers)
+        queued: deque[tuple[str, int, int, np.ndarray, Completion]] = deque()
+
+        def deliver() -> None:
+            name, offset, size, buffer, done = queued.popleft()
+            done()
+            view = buffer[:size]
+            view.flags.writeable = False  # the ring's: the sink reads it, then it is reused
+            sink(name, offset, view)
+            free.append(buffer)
+
+        for name, _, offset, size in pieces:
+            if not free:
+                deliver()
+            buffer = free.pop()
+            done = self._queue_copy_out(buffer, [(source[name] + offset, size, 0)],
+                                        from_snapshot)
+            queued.append((name, offset, size, buffer, done))
+        while queued:
+            deliver()
+
+    def _read_now(self, names: Sequence[str]) -> ReadHandle:
+        """The synchronous read: wait, then one copy of the tensors' span where they lie
+        near each other (the checkpoint's tables are contiguous), else one per tensor."""
         self.wait()
         spans = [(name, self._arena_offset(name, 0, self.plan.tensor(name).bytes),
                   self.plan.tensor(name).bytes) for name in names]
@@ -155,19 +325,80 @@ class Backend(ABC):
         if high - low > 2 * sum(size for _, _, size in spans):  # far apart: one by one
             return ReadHandle({name: np.frombuffer(self.read_tensor(name), np.uint8)
                                for name in names})
-        # Near each other (the checkpoint's tables are contiguous): one copy, then views.
         span = np.frombuffer(self._read_arena(low, high - low), np.uint8)
         return ReadHandle({name: span[offset - low:offset - low + size]
                            for name, offset, size in spans})
 
-    def close(self) -> None:  # noqa: B027 - a backend with nothing to free keeps this
-        """Free what the backend holds."""
+    def _queue_read(self, spans: list[tuple[int, int, int]], buffer: np.ndarray,
+                    end: int) -> Completion:
+        """These spans queued into `buffer`: through the device snapshot where it has
+        room, else from the arena in the queue's order."""
+        if end >= self.snapshot_min_bytes and self._snapshot_room(spans, end):
+            self._queue_snapshot(spans)
+            return self._queue_copy_out(buffer, [(at, size, at) for _, size, at in spans],
+                                        True)
+        return self._queue_copy_out(buffer, [(offset, size, at) for offset, size, at in spans],
+                                    False)
 
-    def __enter__(self) -> Backend:
-        return self
+    def _copied_out(self, done: Completion, staging: np.ndarray,
+                    layout: list[tuple[str, int, int]]) -> dict[str, np.ndarray]:
+        """A staged read's tensors once its copy is done, each an array of its own (the
+        staging is reused): a small read in one copy, its tensors views of it."""
+        done()
+        address = staging.ctypes.data
+        end = max((position + size for _, position, size in layout), default=0)
+        if end <= COPY_OUT_CHUNK_BYTES:
+            whole = copy_out(address, end)
+            return {name: whole[position:position + size] for name, position, size in layout}
+        if self._copiers is None:
+            self._copiers = ThreadPoolExecutor(COPY_OUT_THREADS,
+                                               thread_name_prefix="bob-copy-out")
+        return {name: copy_out(address + position, size, self._copiers)
+                for name, position, size in layout}
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _landing_buffer(self, size: int) -> np.ndarray | None:
+        """A free landing buffer for a read of `size` bytes, or None (the buffers are made
+        anew when the size changes, once no queued read lands in the old ones)."""
+        size = -(-size // self.landing_granule) * self.landing_granule
+        if self._landing is None or self._landing.size != size:
+            if self._landing is not None:
+                self._wait_reads()
+                landing, self._landing = self._landing, None
+                landing.close()
+            self._landing = Landing(size, self._register_host, self._unregister_host,
+                                    minimum=self.landing_min_bytes)
+        return self._landing.take()
+
+    def _ring_for(self, size: int) -> HostRing:
+        """stream_read's ring for chunks of `size` bytes (made anew when the size changes)."""
+        size = -(-size // self.landing_granule) * self.landing_granule
+        if self._ring is None or self._ring.size != size:
+            if self._ring is not None:
+                self._wait_reads()
+                ring, self._ring = self._ring, None
+                ring.close()
+            self._ring = HostRing(size, STREAM_RING_BUFFERS, self._register_host,
+                                  self._unregister_host)
+        return self._ring
+
+    def _close_reads(self) -> None:
+        """The read pipeline's host memory given up (each backend calls this while its
+        device is still open, once no copy lands in it); the first error is raised."""
+        landing, ring, self._landing, self._ring, self._staged = \
+            self._landing, self._ring, None, None, None
+        if self._copiers is not None:
+            self._copiers.shutdown()
+            self._copiers = None
+        errors = []
+        for memory in (landing, ring):
+            if memory is None:
+                continue
+            try:
+                memory.close()
+            except RunFailure as error:
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
     def set_scalars(self, launch_index: int, values: dict[str, Scalar]) -> None:
         """Rewrite scalar arguments of one launch (e.g. an update's AdamW scalars).
@@ -285,8 +516,8 @@ class Backend(ABC):
         """Where bytes [offset, offset + size) of tensor `name` start in the arena."""
         tensor = self.plan.tensor(name)
         if offset < 0 or offset + size > tensor.bytes:
-            raise ArenaRangeError(f"{size} bytes at offset {offset} do not fit tensor {name!r} "
-                                  f"({tensor.bytes} bytes)")
+            raise RunFailure(f"{size} bytes at offset {offset} do not fit tensor {name!r} "
+                             f"({tensor.bytes} bytes)")
         return tensor.address - self.plan.address_map.arena.base + offset
 
     def _patchable_scalars(self, region_name: str) -> dict[str, tuple[str, int]]:
@@ -303,32 +534,94 @@ class Backend(ABC):
         return self._patchable[region_name]
 
     # -- what each backend supplies -----------------------------------------------
+    # Copy in, copy out, clear and runs. Offsets are the arena's (checked: inside one
+    # tensor, or for a read the span from one tensor's start to another's end). Each is
+    # ordered after the work started before it and before the work started after.
     @abstractmethod
     def _write_arena(self, offset: int, data: memoryview) -> None:
-        """Copy `data` to the arena at byte `offset` (checked: inside one tensor)."""
+        """Copy in: `data` to the arena at byte `offset`."""
 
     def _write_arena_many(self, writes: list[tuple[int, memoryview]]) -> None:
-        """Copy each (offset, data) to the arena, in order (checked: each inside one
-        tensor)."""
+        """Copy in, as one batch where the backend can (one staging slot, one queued item):
+        each (offset, data), in order. The default writes them one by one."""
         for offset, data in writes:
             self._write_arena(offset, data)
 
     @abstractmethod
     def _read_arena(self, offset: int, size: int) -> bytes:
-        """`size` bytes of the arena from byte `offset` (checked: inside the arena; one
-        tensor, or the span from one tensor's start to another's end)."""
+        """Copy out, synchronously: `size` bytes of the arena from byte `offset`, once the
+        started work is done."""
+
+    def _clear_arena(self, spans: list[tuple[int, int]]) -> None:
+        """Clear: zero each (offset, bytes) range of the arena, as one batch where the
+        backend can. The default writes zeros, CLEAR_PIECE_BYTES at a time."""
+        zeros = zero_bytes(CLEAR_PIECE_BYTES)
+        self._write_arena_many([(offset + done, zeros[:min(CLEAR_PIECE_BYTES, size - done)])
+                                for offset, size in spans
+                                for done in range(0, size, CLEAR_PIECE_BYTES)])
 
     @abstractmethod
     def _run(self, submissions: range) -> None:
         """Run these submissions (checked: non-empty, in the plan) and wait for the last."""
 
     def _start_submissions(self, submissions: range) -> None:
-        """Queue these submissions; the default runs them to completion now."""
+        """Start: queue these submissions and return. The default runs them to completion."""
         self._run(submissions)
 
     def _wait_started(self) -> None:  # noqa: B027 - the default's start already waited
-        """Block until the started submissions are done."""
+        """Wait: block until every started submission is done."""
 
+    def _timed_run(self, submissions: range) -> list[tuple[int, int]]:
+        """A timed run (where `can_profile`): run these submissions, each launch on an idle
+        device, and give (launch index, device ns) per launch run, in order."""
+        raise NotImplementedError(f"the {self.name} backend declares no timed run")
+
+    # Reads queued behind the started work (begin_read, stream_read). A backend that has
+    # none keeps these defaults and reads synchronously.
+    def _reads_queue(self) -> bool:
+        """Whether reads can be queued now (the defaults: never)."""
+        return False
+
+    def _queue_copy_out(self, host: np.ndarray, copies: list[Copy],
+                        from_snapshot: bool) -> Completion:
+        """A queued copy of arena spans into host memory: each (source, bytes, position)
+        copy to `host[position:]` (a landing, ring or staging buffer this backend
+        registered or made), after the work started so far. From the device snapshot
+        (`from_snapshot`, just queued by `_queue_snapshot`; later work need not wait for
+        this copy), else from the arena (later work waits for it). Returns the
+        completion: a call that blocks until the bytes are in `host`."""
+        raise NotImplementedError(f"the {self.name} backend queues no reads")
+
+    def _snapshot_room(self, spans: list[tuple[int, int, int]], size: int) -> bool:
+        """Whether a device snapshot of these spans (arena offset, bytes, position) fits in
+        `size` bytes of device memory here, made or grown now (the default: no snapshot)."""
+        return False
+
+    def _queue_snapshot(self, spans: list[tuple[int, int, int]]) -> None:
+        """The device snapshot: copy each span (arena offset, bytes, position) to that
+        position of the snapshot, after the work started so far and before any started
+        later (only after `_snapshot_room` said yes)."""
+        raise NotImplementedError(f"the {self.name} backend has no device snapshot")
+
+    def _read_staging(self, size: int) -> np.ndarray | None:
+        """The backend's staging: at least `size` bytes of host memory its copies out can
+        reach, kept and reused (the caller settles the read that used it last), or None
+        where it has none (such reads are made at once)."""
+        return None
+
+    def _register_host(self, address: int, size: int) -> None:
+        """Make `size` bytes of host memory at `address` (page-aligned) reachable by the
+        device's copies (a landing or ring buffer)."""
+        raise NotImplementedError(f"the {self.name} backend lands no reads")
+
+    def _unregister_host(self, address: int) -> None:
+        """Undo `_register_host` for the buffer at `address`."""
+        raise NotImplementedError(f"the {self.name} backend lands no reads")
+
+    def _wait_reads(self) -> None:  # noqa: B027 - without queued reads nothing is in flight
+        """Block until every queued copy out is in host memory."""
+
+    # Scalar patches: the words to where the device reads them.
     def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
                            words: np.ndarray, offsets: np.ndarray) -> None:
         """`set_scalars_many`'s words to where the device reads them (`offsets`: each

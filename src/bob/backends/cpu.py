@@ -93,6 +93,10 @@ class CpuBackend(Backend):
     def _read_arena(self, offset: int, size: int) -> bytes:
         return self.arena[offset:offset + size].tobytes()
 
+    def _clear_arena(self, spans: list[tuple[int, int]]) -> None:
+        for offset, size in spans:
+            self.arena[offset:offset + size] = 0
+
     def _run(self, submissions: range) -> None:
         for index in submissions:
             for launch_index in self.plan.submissions[index].launches:

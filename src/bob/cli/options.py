@@ -1,10 +1,12 @@
-"""Options shared by several commands; every choice is read from bob.config."""
+"""Options shared by several commands; every choice is read from bob.config, the backends'
+from the backend registry."""
 
 from __future__ import annotations
 
 import click
 
 from bob import config
+from bob.backends import registry
 from bob.config import Hyper
 from bob.errors import BadInput
 from bob.program.bob import BobConfig
@@ -15,10 +17,13 @@ SCHEDULE_OPTION = click.option(
     help="The seed's launches (the reference), or the fused kernel: the same bytes, faster.")
 
 
-def submission_option(auto: str = f"chained on {' and '.join(config.CHAINED_BACKENDS)} "
-                                  "(the backends that run Bob's command stream), "
-                                  "per-launch elsewhere") -> click.Option:
-    """--submission: a policy by name, or auto (config.resolve_submission), whose meaning
+_STREAM_BACKENDS = " and ".join(sorted(registry.STREAM_BACKENDS))
+
+
+def submission_option(auto: str = f"chained on {_STREAM_BACKENDS} (the backends that run "
+                                  "Bob's command stream), per-launch elsewhere",
+                      ) -> click.Option:
+    """--submission: a policy by name, or auto (registry.resolve_submission), whose meaning
     for this command is `auto`."""
     return click.option(
         "--submission", type=click.Choice(config.SUBMISSION_CHOICES),
@@ -32,8 +37,8 @@ MODE_OPTION = click.option(
     "--mode", type=click.Choice(config.MODES), default=config.MODES[0], show_default=True,
     help="Hard targets (the seed's record) or corpus weights.")
 BACKEND_OPTION = click.option(
-    "--backend", type=click.Choice(config.BACKEND_NAMES), default="auto", show_default=True,
-    help="Where the plan runs.")
+    "--backend", type=click.Choice(registry.BACKEND_NAMES), default=registry.AUTO,
+    show_default=True, help="Where the plan runs.")
 ARENA_OPTION = click.option(
     "--arena", type=click.Choice(config.ARENA_KINDS), default=config.ARENA_KINDS[0],
     show_default=True, help="cuda: arena in device memory or mapped host memory.")

@@ -8,7 +8,8 @@ import sys
 import click
 from rich.console import Console
 
-from bob.config import AUTO_SUBMISSION, TARGET_NAMES, resolve_submission
+from bob.backends.registry import SPECS, resolve_submission
+from bob.config import AUTO_SUBMISSION, TARGET_NAMES
 from bob.errors import BackendUnavailable
 from bob.kernels.cuda.regions import catalogue
 from bob.plan import TARGETS
@@ -21,8 +22,8 @@ from .options import config_from, plan_options, submission_option
 from .render import print_hazards, print_plan
 
 # A plan's submissions are its command stream's grouping, and only the backends that run
-# the stream (nv, nv-sim) care how launches are grouped: `bob plan` shows the plan they run.
-STREAM_BACKEND = "nv"
+# the stream care how launches are grouped: `bob plan` shows the plan the GPU's runs.
+STREAM_BACKEND = next(spec.name for spec in SPECS if spec.runs_command_stream and spec.on_gpu)
 
 
 def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,

@@ -3,8 +3,9 @@
     bob profile --backend nv --vocab 256 --updates 100
     bob profile --backend cuda --schedule fused --json
 
-One training invocation (``Session.invoke``: load, scalars, run, read back) on a
-backend told to time every launch (its ``launch_times`` list):
+One training invocation (``Session.invoke``: load, scalars, run, read back and
+checked), then its submissions run again with every launch timed by the backend
+(``Backend.profile``, on the backends whose registry spec says how they time):
 
 - ``nv``: every submission between two host semaphore releases that wait for
   idle and carry the GPU's nanosecond clock (a 16-byte structure each), in
@@ -29,7 +30,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bob import config
-from bob.backends import Backend, choose_backend
+from bob.backends import Backend, choose_backend, spec
+from bob.backends.registry import PROFILED_BACKENDS
 from bob.config import Hyper
 from bob.errors import BadInput, RunFailure
 from bob.plan.model import Plan
@@ -38,14 +40,7 @@ from bob.records.checkpoint import Checkpoint
 
 from .options import MODE_OPTION, SCHEDULE_OPTION, config_from, vocab_option
 
-PROFILED_BACKENDS = ("cuda", "nv")
 TARGET_SEED = 0  # the profiled targets: `bob bench`'s (dev/bench/peers.bench_targets)
-METHODS = {
-    "nv": "timestamped semaphore releases (wait for idle) before and after every launch, "
-          "one launch per submission",
-    "cuda": "cuEventRecord before and after every launch, each launched alone on one stream "
-            "(not the graph)",
-}
 
 
 @dataclass(frozen=True)
@@ -98,7 +93,7 @@ def report(backend_name: str, plan: Plan, launch_times: Sequence[tuple[int, int]
     rows = region_times(plan, launch_times)
     return {
         "backend": backend_name,
-        "method": METHODS.get(backend_name, "the backend's own launch timer"),
+        "method": spec(backend_name).profile_method or "the backend's own launch timer",
         "plan_launches": plan.launch_count,
         "timed_launches": len(launch_times),
         "regions": [{"region": row.region, "launches": row.launches,
@@ -109,7 +104,8 @@ def report(backend_name: str, plan: Plan, launch_times: Sequence[tuple[int, int]
 
 def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper()
                         ) -> tuple[Plan, list[tuple[int, int]]]:
-    """One training invocation on a backend that times every launch."""
+    """One training invocation, then its submissions again, every launch timed: the plan
+    and (launch index, device ns) per launch run."""
     from bob.host.session import Session
 
     choice = choose_backend(backend_name)
@@ -118,10 +114,9 @@ def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper()
 
     def open_timed(plan) -> Backend:
         backend = opener(plan)
-        if not hasattr(backend, "launch_times"):
+        if not backend.can_profile:  # refused before anything runs
             backend.close()
             raise RunFailure(f"the {choice.name} backend cannot time its launches")
-        backend.launch_times = []  # type: ignore[attr-defined]
         return backend
 
     vocab = bob_config.vocab
@@ -138,7 +133,8 @@ def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper()
                        "train")
         backend = session.last_backend
         assert backend is not None
-        return plan, list(backend.launch_times)  # type: ignore[attr-defined]
+        # The invocation's scalars are still in the parameter blocks: the same launches.
+        return plan, backend.profile(range(plan.submission_count))
 
 
 @click.command()
@@ -154,7 +150,7 @@ def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper()
               help="The plan's submission policy; nv times launches one per submission only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def profile(backend_name, vocab, updates, mode, schedule, submission, as_json) -> None:
-    """Run one training invocation and print each region's device time per launch.
+    """Run one training invocation, then its launches again timed: each region's device time.
 
     \b
     bob profile --backend nv -V 256 -N 100

@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bob.config import BACKENDS, MAX_UPDATES, resolve_submission
+from bob.backends.registry import BACKENDS, STREAM_BACKENDS, resolve_submission
+from bob.config import MAX_UPDATES
 from bob.program.bob import BobConfig
 
 from .options import (
@@ -23,6 +24,7 @@ from .options import (
 )
 
 _CHOICES = BACKENDS  # two named backends: "auto" would compare a backend with itself
+_IN_ORDER = " and ".join(name for name in BACKENDS if name not in STREAM_BACKENDS)
 
 
 def _backend_pair(text: str) -> tuple[str, str]:
@@ -45,8 +47,9 @@ def _backend_pair(text: str) -> tuple[str, str]:
 @arch_option("Target of nv-sim.")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
 @SCHEDULE_OPTION
-@submission_option("chained when either backend is nv or nv-sim (one plan serves both; cpu "
-                   "and cuda run any policy's launches in order), else per-launch")
+@submission_option(f"chained when either backend is {' or '.join(sorted(STREAM_BACKENDS))} (one "
+                   f"plan serves both; {_IN_ORDER} run any policy's launches in order), else "
+                   "per-launch")
 @click.option("--json", "as_json", is_flag=True)
 def check(backends, vocab, prompts, updates_per_invocation, steps, mode, arch, seed, schedule,
           submission, as_json) -> None:

@@ -1,18 +1,18 @@
 """The CUDA driver's start-up, begun before the command line's imports.
 
-Initialising the driver (cuInit) and creating the device's primary context took 230 to
-390 ms on the H200's host, and a `bob train` spends about as long importing NumPy, rich
-and Bob itself. Both driver calls release the GIL, so `start_for(argv)` makes them on a
-thread of its own as the process starts, when the command will open a backend that may
-be CUDA's (train, predict, generate or eval, with --backend cuda or auto); the backend's
-own cuInit and cuDevicePrimaryCtxRetain (of device 0, as the backend's) then find them
-done. The thread's retain of the primary context is kept until the process ends, so
-the backend's close no longer destroys the context (about 60 ms): the process's exit
-does.
+Initialising the driver (cuInit) and creating the device's primary context take about
+as long as a `bob train` spends importing NumPy, rich and Bob itself. Both driver calls
+release the GIL, so `start_for(argv)` makes them on a thread of its own as the process
+starts, when the command will open a backend that may be CUDA's (train, predict, generate
+or eval, with a --backend that may open the CUDA driver); the backend's own cuInit and
+cuDevicePrimaryCtxRetain (of device 0, as the backend's) then find them done. The
+thread's retain of the primary context is kept until the process ends, so the backend's
+close does not destroy the context: the process's exit does.
 
-This module imports nothing beyond the standard library before the thread starts. A
-driver that is missing or refuses leaves no trace here: the backend reports it itself,
-as it always has.
+This module imports nothing beyond the standard library before the thread starts, so it
+names the backends that may open the CUDA driver itself (`CUDA_BACKENDS`); a test holds
+them to the backend registry's (`bob.backends.registry.CUDA_DRIVER_NAMES`). A driver that
+is missing or refuses leaves no trace here: the backend reports it itself.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import threading
 from collections.abc import Sequence
 
 COMMANDS = frozenset({"train", "predict", "generate", "eval"})  # those with --backend
-CUDA_BACKENDS = frozenset({"cuda", "auto"})  # auto is cuda where a GPU is usable
+CUDA_BACKENDS = frozenset({"cuda", "auto"})  # registry.CUDA_DRIVER_NAMES, without its import
 SKIP_WORDS = frozenset({"-h", "--help", "--version"})
 
 _started: list[threading.Thread] = []

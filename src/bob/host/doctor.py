@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bob.backends import BACKEND_NAMES, availability
+from bob.backends import BACKEND_NAMES, SPECS, availability
 
 
 def _kernel_module() -> str:
@@ -15,10 +15,12 @@ def _kernel_module() -> str:
 
 
 def diagnose() -> list[dict]:
-    """One row per backend name: {backend, usable, details}."""
+    """One row per backend name: {backend, usable, details}; a GPU backend's details name
+    the kernel module it sits on."""
     rows = [availability(name).to_json() for name in BACKEND_NAMES]
     module = _kernel_module()
+    on_gpu = {each.name for each in SPECS if each.on_gpu}
     for row in rows:
-        if row["backend"] in ("cuda", "nv"):  # what the GPU backends sit on
+        if row["backend"] in on_gpu:
             row["details"] = f"{row['details']}; {module}"
     return rows

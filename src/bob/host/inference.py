@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from bob.backends import choose_backend
-from bob.config import AUTO_SUBMISSION, DEFAULT_TARGET, resolve_submission
+from bob.backends import choose_backend, resolve_submission
+from bob.config import AUTO_SUBMISSION, DEFAULT_TARGET
 from bob.errors import BadInput
 from bob.host import sampling
 from bob.host.data import CorpusSpec, corpus_record, count_corpus, replace_prompts

@@ -325,21 +325,20 @@ class Session:
     @staticmethod
     def _write_and_clear(backend: Backend, writes: list[tuple[str, bytes]],
                          cleared: tuple[str, ...]) -> None:
-        """`writes`, then every tensor of `cleared` zeroed whole: one batch."""
-        backend.write_tensors([*writes, *((name, _zeros(backend.plan.tensor(name).bytes))
-                                          for name in cleared)])
+        """`writes`, then every tensor of `cleared` zeroed whole. Small ones (a resident
+        invocation's loss and health counts) join the writes' batch as zeros, one staging
+        slot for all; a table is cleared on the device, no zero crossing to it."""
+        small = [name for name in cleared if backend.plan.tensor(name).bytes
+                 <= CACHED_ZEROS_BYTES]
+        backend.write_tensors([*writes, *((name, _small_zeros(backend.plan.tensor(name).bytes))
+                                          for name in small)])
+        backend.clear_tensors([name for name in cleared if name not in small])
 
     def collect(self, config: BobConfig, backend: Backend, checkpoint: Checkpoint,
                 operation: Operation) -> Invocation:
         """The invocation just run on `backend` from `checkpoint`: results, checks, tables."""
         running = Running(config, backend, checkpoint, checkpoint.step, operation, _Arena())
         return self.finish(self.settle(running))
-
-
-def _zeros(size: int) -> bytes:
-    """`size` zero bytes: the small ones (a resident invocation's clears) made once, a
-    table's made for the one load that needs them."""
-    return _small_zeros(size) if size <= CACHED_ZEROS_BYTES else bytes(size)
 
 
 @functools.lru_cache(maxsize=16)

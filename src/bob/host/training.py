@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from bob.backends import BackendChoice, choose_backend
+from bob.backends import BackendChoice, choose_backend, resolve_submission
 from bob.config import (
     ARENA_KINDS,
     AUTO_SUBMISSION,
@@ -30,7 +30,6 @@ from bob.config import (
     SCHEDULES,
     SUBMISSION_CHOICES,
     Hyper,
-    resolve_submission,
 )
 from bob.errors import BadInput, Interrupted
 from bob.files import check_output_file
@@ -87,7 +86,7 @@ class TrainRequest:
     new_data: bool = False
     data_spec: CorpusSpec | None = None  # token files or a counts file, instead of texts
     val_spec: CorpusSpec | None = None  # validation data: its exact loss after each invocation
-    # "auto": chained on nv and nv-sim, per-launch elsewhere (config.resolve_submission).
+    # "auto": chained on nv and nv-sim, per-launch elsewhere (bob.backends.resolve_submission).
     submission: str = AUTO_SUBMISSION
 
     def __post_init__(self) -> None:

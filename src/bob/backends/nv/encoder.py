@@ -74,7 +74,7 @@ from bob.backends.nv.qmd import Qmd, QmdFieldError, QmdV03, QmdV04, SharedMemory
 from bob.errors import BadInput
 from bob.plan.certificate import CertifiedPlan, require_certified
 from bob.plan.model import Component, Launch, Plan
-from bob.plan.placement import SEMAPHORE_STRIDE, align_up
+from bob.plan.placement import SEMAPHORE_STRIDE, SM86, SM90, align_up
 from bob.plan.placement import encode_parameter_block as encode_arguments
 
 EMIT_FORMAT = "bob-nv-components"
@@ -140,9 +140,9 @@ class Architecture:
 ARCHITECTURES = {
     arch.target: arch
     for arch in (
-        Architecture("sm_86", AMPERE_COMPUTE_B, AMPERE_CHANNEL_GPFIFO_A, QmdV03,
+        Architecture(SM86.name, AMPERE_COMPUTE_B, AMPERE_CHANNEL_GPFIFO_A, QmdV03,
                      (0, 8, 16, 32, 64, 100)),
-        Architecture("sm_90", HOPPER_COMPUTE_A, HOPPER_CHANNEL_GPFIFO_A, QmdV04,
+        Architecture(SM90.name, HOPPER_COMPUTE_A, HOPPER_CHANNEL_GPFIFO_A, QmdV04,
                      (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)),
     )
 }

@@ -27,10 +27,9 @@ What a minimal dispatch sets, and why (Mesa NVK ``nak/qmd.rs``, tinygrad's
   schedule the dependent as they exit (ENABLE_PROGRAM_PRE_EXIT) and arrives at
   a latch when it completes; the dependent waits on that latch, invalidating
   the data caches as it acquires it. So the next grid's launch overlaps the
-  last one's tail and still starts only after its writes (measured on the H200,
-  docs/BENCHMARKS.md: 4.95 -> 3.82 us per seed update; scheduling the dependent
-  at the last CTA's launch without the latch gave different bytes every run,
-  with it the same bytes).
+  last one's tail and still starts only after its writes (docs/BENCHMARKS.md;
+  scheduling the dependent at the last CTA's launch without the latch gave
+  different bytes every run, with it the same bytes).
 
 Version quirks live on the classes below.
 """
@@ -380,8 +379,7 @@ class QmdV04(Qmd):
     shifted by 6 (64-byte aligned); SM_GLOBAL_CACHING_ENABLE is gone.
     QMD_TYPE is new: Bob writes GRID_CTA, a plain grid of CTAs, because its
     zero value names a queue; NVK writes GRID_CTA from V05 on and leaves V04's
-    at zero. Bob's choice ran on an H200 (the nv backend, 2026-11-29; see
-    docs/RAW-HOPPER.md).
+    at zero. Bob's choice runs on an H200 (the nv backend: docs/RAW-HOPPER.md).
     """
 
     version = "V04_00"

@@ -154,6 +154,10 @@ class NvSimBackend(Backend):
     def _read_arena(self, offset: int, size: int) -> bytes:
         return self._arena[offset:offset + size].tobytes()
 
+    def _clear_arena(self, spans: list[tuple[int, int]]) -> None:
+        for offset, size in spans:
+            self._arena[offset:offset + size] = 0
+
     def _run(self, submissions: range) -> None:
         for index in submissions:
             slot = self.encoded.submission_semaphore(index)

@@ -31,25 +31,31 @@ in the mapped program component only the 4-byte words whose value changed
 with a host shadow of the component in one numpy pass and stores only the
 changed words through the mapping, in one indexed store.
 
-Checked on an H200 (580.159.04): Bob's per-launch plans run bit-identical to
-the CPU backend (docs/RAW-HOPPER.md). Chained plans ran the seed schedule at
-V=256 in 4.88 us/update against 14.5 per-launch, so ``--submission auto`` (the
-command line's and the API's default) builds chained plans for this backend
-(``bob.config.resolve_submission``).
+Once work is queued, ``start`` queues runs on the runtime stream
+(``rm/stream.py``), and small writes, clears and reads queue behind them: a clear
+is copies from a zeroed write slot; a read lands in host memory described to the
+driver, from a snapshot the copy kernels take in video memory (a detached read,
+copied out on a copy engine's channel while later runs go on) or from the arena
+in the queue's order. The read pipeline itself is the base class's; this backend
+supplies its primitives. A timed run (``profile``) brackets every submission with
+timestamped releases.
+
+Bob's plans run here bit-identical to the CPU backend (docs/RAW-HOPPER.md).
+Chained plans are the faster policy here, so ``--submission auto`` (the command
+line's and the API's default) builds chained plans for this backend
+(``bob.backends.registry``: it runs Bob's command stream).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import struct
 import time
-from collections.abc import Sequence
 
 import numpy as np
 
-from bob.backends.base import Backend, Patch, ReadHandle
-from bob.backends.landing import Landing, read_spans
+from bob.backends.base import CLEAR_PIECE_BYTES, Backend, Completion, Copy, Patch, zero_bytes
+from bob.backends.landing import DETACHED_READ_MIN_BYTES, QUEUED_READ_MIN_BYTES
 from bob.backends.nv.encoder import (
     LAUNCH_PROGRESS_OFFSET,
     SEMAPHORE_SLOT_BYTES,
@@ -62,8 +68,9 @@ from bob.errors import BackendUnavailable, RunFailure
 from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Component, Plan, Scalar
 
-from .channel import RUNTIME_VA_BASE, Channel
-from .device import RmClient, RmDevice
+from .addresses import SNAPSHOT_VA
+from .channel import Channel
+from .device import SUBMITTED_TARGET, RmClient, RmDevice
 from .ioctl import ChannelError, RmError, SubmissionTimeout, Transport
 from .memory import (
     SYSMEM_GRANULE,
@@ -83,15 +90,8 @@ from .stream import (
     RuntimeStream,
 )
 
-SUPPORTED_TARGET = "sm_90"
 DEFAULT_DEADLINE_S = 30.0  # without progress; the clock restarts whenever GP_GET moves
 SEMAPHORE_BYTES = 8  # each submission releases a 64-bit value into its slot
-QUEUED_READ_MIN_BYTES = 64 << 10  # smaller reads wait for the device and read the mapping
-# Reads this large are detached (stream.queue_detached_read): a snapshot in video memory
-# first, so that the next run waits for that, not for the copy to the host. At V = 8192
-# the tables are 805 MB, and their crossing to the host held each invocation back.
-DETACHED_READ_MIN_BYTES = 4 << 20
-SNAPSHOT_VA = RUNTIME_VA_BASE + (1 << 30)  # the snapshot: below every plan component
 COPY_WAIT_SLICE_S = 0.5  # a copy-out wait looks at the compute channel this often
 
 
@@ -119,33 +119,36 @@ def _require_code(plan: Plan) -> None:
 
 class NvBackend(Backend):
     name = "nv"
+    can_profile = True
+    # Small reads wait and read the mapping; large ones are detached through a snapshot
+    # in video memory, so that the next run waits for that, not for the copy to the host.
+    read_queue_min_bytes = QUEUED_READ_MIN_BYTES
+    landing_min_bytes = QUEUED_READ_MIN_BYTES
+    snapshot_min_bytes = DETACHED_READ_MIN_BYTES
+    landing_granule = SYSMEM_GRANULE  # host memory is described to the driver in pages
     # Runs queued on the runtime stream (start returns at once). False: every run is
     # submitted and waited for by its last submission's own semaphore slot.
     queue_runs = True
 
-    def __init__(self, plan: Plan | CertifiedPlan, arena: str = "device", *,
+    def __init__(self, plan: Plan | CertifiedPlan, arena: str = ARENA_KINDS[0], *,
                  transport: Transport | None = None, deadline_s: float = DEFAULT_DEADLINE_S,
                  counter_start: int = 0):
-        super().__init__(plan)
+        super().__init__(plan, arena)
         plan = self.plan
-        if plan.target.name != SUPPORTED_TARGET:
-            raise BackendUnavailable(f"the nv backend submits sm_90 plans (QMD V04, "
-                                     f"HOPPER_COMPUTE_A); this plan targets {plan.target.name}")
-        if arena not in ARENA_KINDS:
-            raise ValueError(f"arena must be one of {ARENA_KINDS}, not {arena!r}")
+        if plan.target.name != SUBMITTED_TARGET:
+            raise BackendUnavailable(f"the nv backend submits {SUBMITTED_TARGET} plans (QMD "
+                                     f"V04, HOPPER_COMPUTE_A); this plan targets "
+                                     f"{plan.target.name}")
         _require_code(plan)
         self.deadline_s = deadline_s
-        self.arena_kind = arena
-        # Set to a list by `bob profile`: each run then appends (launch, device ns) per launch.
-        self.launch_times: list[tuple[int, int]] | None = None
         self._stream: RuntimeStream | None = None  # made on first use (copies, profiling)
         self._counter_start = counter_start
         self._failure = ""  # why the backend closed itself (a channel error)
         self._no_stream = ""  # why the runtime stream could not be set up, if it could not
-        self._landing: Landing | None = None  # host buffers large reads land in (begin_read)
-        self._described: dict[int, Allocation] = {}  # landing buffer address -> its mapping
+        self._described: dict[int, Allocation] = {}  # host buffer address -> its mapping
         self._snapshot: Allocation | None = None  # video memory detached reads go through
         self._no_snapshot = 0  # the size at which a snapshot could not be had
+        self._snapshot_value = 0  # the runtime counter's value after the last snapshot
         self.encoded: EncodedProgram = encode(self.certified)
         self.client = RmClient(transport)
         self.blocks: dict[str, Allocation] = {}
@@ -274,67 +277,73 @@ class NvBackend(Backend):
             return self._guarded(lambda: self.stream.read(arena.gpu_va + offset, size))
         return arena.read(offset, size)
 
-    def begin_read(self, names: Sequence[str]) -> ReadHandle:
-        """The tensors' copy into one host buffer, queued behind the started work: the
-        buffer is handed out as the tensors (packed, no copy on the host) and `wait`
-        waits for the copy alone, while later work runs. Small reads wait and read the
-        mapping as before."""
+    def _clear_arena(self, spans: list[tuple[int, int]]) -> None:
+        """Behind queued work, or large in a device arena: zeros queued from a write slot
+        (the host need not wait); otherwise the queue is drained and zeros go through the
+        mapping."""
         self._require_open()
-        sizes = [self.plan.tensor(name).bytes for name in names]
-        # Neighbouring tensors go as one copy: fewer methods for the host to write.
-        spans, positions, end = read_spans(
-            [(self._arena_offset(name, 0, size), size)
-             for name, size in zip(names, sizes, strict=True)])
-        if end < QUEUED_READ_MIN_BYTES or self.arena_kind != "device" \
-                or not self._stream_ready():
-            return super().begin_read(names)
-        landing = self._landing_for(round_up(end, SYSMEM_GRANULE))  # described in pages
-        buffer = landing.take()
-        if buffer is None:  # every buffer is still in use
-            return super().begin_read(names)
         arena = self.blocks["arena"]
-        destination = self._described[buffer.ctypes.data].gpu_va
-        assert arena.gpu_va is not None and destination is not None
-        snapshot = self._detached_snapshot(spans, end)
-        if snapshot is not None:
-            taken = tuple((arena.gpu_va + offset, snapshot + position, size)
-                          for offset, size, position in spans)
-            out = [(snapshot + done, destination + done, min(COPY_PIECE_BYTES, end - done))
-                   for done in range(0, end, COPY_PIECE_BYTES)]
-            target = self._guarded(lambda: self.stream.queue_detached_read(taken, out))
-            settle = functools.partial(self._settle_read, target, detached=True)
-        else:  # small, or no snapshot to be had: straight to the host, in the queue's order
-            pieces = [(arena.gpu_va + offset + done, destination + position + done,
-                       min(COPY_PIECE_BYTES, size - done))
-                      for offset, size, position in spans
-                      for done in range(0, size, COPY_PIECE_BYTES)]
-            target = self._guarded(lambda: self.stream.queue_copies(pieces))
-            settle = functools.partial(self._settle_read, target)
-        whole = landing.hand_out(buffer)
-        return ReadHandle({name: whole[position:position + size]
-                           for name, position, size in zip(names, positions, sizes,
-                                                           strict=True)}, settle)
+        total = sum(size for _, size in spans)
+        if self._in_flight() or self._copies(total):
+            assert arena.gpu_va is not None
+            self._guarded(lambda: self.stream.queue_zeros(
+                [(arena.gpu_va + offset, size) for offset, size in spans]))
+            return
+        self._drain()
+        zeros = zero_bytes(CLEAR_PIECE_BYTES)
+        for offset, size in spans:
+            for done in range(0, size, CLEAR_PIECE_BYTES):
+                arena.write(offset + done, zeros[:min(CLEAR_PIECE_BYTES, size - done)])
 
-    def _settle_read(self, target: int, detached: bool = False) -> None:
+    # -- reads queued on the runtime stream ---------------------------------------------
+    def _reads_queue(self) -> bool:
         self._require_open()
-        assert self._stream is not None
-        stream = self._stream
-        if detached:
-            self._guarded(lambda: stream.wait_for_read(target, f"detached read {target}"))
-        else:
-            self._guarded(lambda: stream.wait_for(target, f"copy-engine read {target}"))
+        return self.arena_kind == "device" and self._stream_ready()
 
-    def _detached_snapshot(self, spans: list[tuple[int, int, int]], end: int) -> int | None:
-        """The snapshot's GPU address for a read of these spans if it can be detached: large
-        enough, whole 4-byte words, few enough copies, the copy channel and kernels set
-        up, and video memory for the snapshot. None sends the read in the queue's order."""
-        if (end < DETACHED_READ_MIN_BYTES or len(spans) > MAX_COPIES
-                or -(-end // COPY_PIECE_BYTES) > PIECES_PER_SEGMENT
+    def _snapshot_room(self, spans: list[tuple[int, int, int]], size: int) -> bool:
+        """A detached read: whole 4-byte words, few enough copies, the copy channel and
+        kernels set up, and video memory for the snapshot."""
+        if (len(spans) > MAX_COPIES or -(-size // COPY_PIECE_BYTES) > PIECES_PER_SEGMENT
                 or any(value % 4 for span in spans for value in span)):
-            return None
+            return False
         if not self._guarded(self.stream.detaches):
-            return None
-        return self._snapshot_for(end)
+            return False
+        return self._snapshot_for(size) is not None
+
+    def _queue_snapshot(self, spans: list[tuple[int, int, int]]) -> None:
+        """The copy kernels, as an item of the queue."""
+        arena = self.blocks["arena"]
+        assert arena.gpu_va is not None
+        taken = tuple((arena.gpu_va + offset, SNAPSHOT_VA + position, size)
+                      for offset, size, position in spans)
+        self._snapshot_value = self._guarded(lambda: self.stream.queue_snapshot(taken))
+
+    def _queue_copy_out(self, host: np.ndarray, copies: list[Copy],
+                        from_snapshot: bool) -> Completion:
+        """From the snapshot on the copy channel (its own counter), else copy-engine copies
+        from the arena in the queue's order."""
+        self._require_open()
+        arena = self.blocks["arena"]
+        destination = self._described[host.ctypes.data].gpu_va
+        assert arena.gpu_va is not None and destination is not None
+        stream = self.stream
+        source = SNAPSHOT_VA if from_snapshot else arena.gpu_va
+        pieces = [(source + at + done, destination + position + done,
+                   min(COPY_PIECE_BYTES, size - done))
+                  for at, size, position in _joined(copies)
+                  for done in range(0, size, COPY_PIECE_BYTES)]
+        if from_snapshot:
+            after = self._snapshot_value
+            target = self._guarded(lambda: stream.queue_copy_out(pieces, after))
+            return lambda: self._settle_read(
+                lambda: stream.wait_for_read(target, f"detached read {target}"))
+        target = self._guarded(lambda: stream.queue_copies(pieces))
+        return lambda: self._settle_read(
+            lambda: stream.wait_for(target, f"copy-engine read {target}"))
+
+    def _settle_read(self, wait) -> None:
+        self._require_open()
+        self._guarded(wait)
 
     def _snapshot_for(self, size: int) -> int | None:
         """The GPU address of video memory for a detached read of `size` bytes (made, or
@@ -357,31 +366,19 @@ class NvBackend(Backend):
             return None
         return SNAPSHOT_VA
 
-    def _landing_for(self, size: int) -> Landing:
-        """The landing buffers for reads of `size` bytes (made anew when the size changes),
-        each described to the driver once, when made."""
-        if self._landing is None or self._landing.size != size:
-            if self._landing is not None:
-                self._drain_all()  # a queued read may still be landing in the old buffers
-            self._close_landing()
-            self._landing = Landing(size, self._describe, self._forget,
-                                    minimum=QUEUED_READ_MIN_BYTES)
-        return self._landing
-
-    def _describe(self, address: int, size: int) -> None:
+    def _register_host(self, address: int, size: int) -> None:
+        """Host memory described to the driver once, when a buffer is made."""
         assert self.device is not None
         self._described[address] = describe_host(self.device, address, size,
-                                                 name="landing buffer")
+                                                 name="host buffer")
 
-    def _forget(self, address: int) -> None:
+    def _unregister_host(self, address: int) -> None:
         block = self._described.pop(address)
         if self.device is not None:
             release(self.device, block)
 
-    def _close_landing(self) -> None:
-        landing, self._landing = self._landing, None
-        if landing is not None:
-            landing.close()
+    def _wait_reads(self) -> None:
+        self._drain_all()
 
     def _run(self, submissions: range) -> None:
         self._require_open()
@@ -391,12 +388,12 @@ class NvBackend(Backend):
     def _start_submissions(self, submissions: range) -> None:
         """Queue the submissions on the runtime stream and return: they run after the
         work queued before them (copies included) and before the work queued after. A
-        run too long for half the ring, a profiled run, or one without the stream goes
-        as before: submitted and waited for."""
+        run too long for half the ring, or one without the stream, is submitted and
+        waited for."""
         self._require_open()
         assert self.channel is not None
-        if (not self.queue_runs or self.launch_times is not None
-                or len(submissions) + 2 > self.channel.entries // 2 or not self._stream_ready()):
+        if (not self.queue_runs or len(submissions) + 2 > self.channel.entries // 2
+                or not self._stream_ready()):
             self._run(submissions)
             return
         entries = [self.encoded.submission_entry(index) for index in submissions]
@@ -406,6 +403,11 @@ class NvBackend(Backend):
     def _wait_started(self) -> None:
         self._require_open()
         self._drain()
+
+    def _timed_run(self, submissions: range) -> list[tuple[int, int]]:
+        self._require_open()
+        self._drain()
+        return self._guarded(lambda: self._profile(submissions))
 
     def _guarded(self, work):
         """Run `work`; a channel error closes the backend (the channel is dead) and is
@@ -425,9 +427,6 @@ class NvBackend(Backend):
 
     def _submit(self, submissions: range) -> None:
         assert self.channel is not None
-        if self.launch_times is not None:
-            self._profile(submissions)
-            return
         room = self.channel.entries // 2
         for start in range(0, len(submissions), room):
             batch = submissions[start:start + room]
@@ -435,9 +434,8 @@ class NvBackend(Backend):
             self.channel.submit([self.encoded.submission_entry(index) for index in batch])
             self._wait(batch[-1])
 
-    def _profile(self, submissions: range) -> None:
+    def _profile(self, submissions: range) -> list[tuple[int, int]]:
         """Every submission bracketed by timestamped releases: one launch each."""
-        assert self.launch_times is not None
         launches = []
         for index in submissions:
             submission = self.plan.submissions[index]
@@ -448,7 +446,7 @@ class NvBackend(Backend):
             launches.append(submission.first_launch)
         self._zero_semaphores(submissions)
         times = self.stream.profile([self.encoded.submission_entry(i) for i in submissions])
-        self.launch_times.extend(zip(launches, times, strict=True))
+        return list(zip(launches, times, strict=True))
 
     def _zero_semaphores(self, submissions: range) -> None:
         """Zero these submissions' slots, consecutive slots in one copy: the spare half of
@@ -598,7 +596,7 @@ class NvBackend(Backend):
                 self._stream.drain()
         # Before the channel and the client go: the buffers' arrays stay valid as memory.
         with contextlib.suppress(RmError):
-            self._close_landing()
+            self._close_reads()
         self._described.clear()
         if self._snapshot is not None and self.device is not None:
             with contextlib.suppress(RmError):
@@ -637,6 +635,17 @@ def semaphore_spans(first_slot: int, submissions: range) -> list[tuple[int, int]
     return [(first_slot + SEMAPHORE_SLOT_BYTES * piece.start,
              SEMAPHORE_SLOT_BYTES * (len(piece) - 1) + SEMAPHORE_BYTES)
             for piece in pieces if len(piece)]
+
+
+def _joined(copies: list[Copy]) -> list[Copy]:
+    """Copies laid out alike at both ends (the snapshot's packing is the host buffer's) as
+    the one window from the first to the last; others as they are."""
+    if len(copies) < 2 or len({source - position for source, _, position in copies}) != 1:
+        return copies
+    start = min(position for _, _, position in copies)
+    end = max(position + size for _, size, position in copies)
+    delta = copies[0][0] - copies[0][2]
+    return [(start + delta, end - start, start)]
 
 
 def _runs(words: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:

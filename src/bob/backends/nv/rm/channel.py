@@ -13,7 +13,7 @@ copies run while the compute channel computes.
 
 The GPFIFO ring and the channel's USERD live in one system-memory block
 (uncached: the CPU's stores to GP_PUT are ordered without fences); the ring
-is at a fixed GPU address outside any plan's window. The channel error
+is at a fixed GPU address outside any plan's window (``addresses.py``). The channel error
 notifier is a second system-memory block the driver writes when it stops
 the channel.
 
@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 
 from . import structs as s
+from .addresses import GPFIFO_RING_VA
 from .device import RmDevice
 from .ioctl import (
     NV_ERR_INVALID_ARGUMENT,
@@ -47,7 +48,6 @@ from .ioctl import (
 )
 from .memory import Allocation, allocate, round_up, store_fence
 
-RUNTIME_VA_BASE = 0x10_0000_0000  # below every plan (DEFAULT_VA_BASE is 0x20_0000_0000)
 GPFIFO_ENTRIES = 1024
 SPIN_S = 0.005  # a wait polls without sleeping this long before it backs off
 LONGEST_SLEEP_S = 1e-4  # then sleeps between polls, doubling from 50 us up to this
@@ -106,7 +106,7 @@ class Channel:
     """A scheduled GPFIFO channel with the compute class bound to an object."""
 
     def __init__(self, device: RmDevice, entries: int = GPFIFO_ENTRIES,
-                 ring_va: int = RUNTIME_VA_BASE, *,
+                 ring_va: int = GPFIFO_RING_VA, *,
                  engine: int = s.NV2080_ENGINE_TYPE_GRAPHICS,
                  engine_class: int = s.HOPPER_COMPUTE_A):
         if entries & (entries - 1) or entries < 2:
@@ -266,5 +266,5 @@ def copy_channel(device: RmDevice, ring_va: int, entries: int = GPFIFO_ENTRIES) 
                   "; ".join(refusals) or "the GPU lists no copy engine")
 
 
-__all__ = ["Allocation", "Channel", "ChannelState", "GPFIFO_ENTRIES", "RUNTIME_VA_BASE",
-           "copy_channel", "gpu_engines"]
+__all__ = ["Allocation", "Channel", "ChannelState", "GPFIFO_ENTRIES", "copy_channel",
+           "gpu_engines"]

@@ -22,16 +22,17 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from bob.backends.nv.encoder import ARCHITECTURES
+from bob.errors import BackendUnavailable
+
 from . import structs as s
-from .ioctl import (
-    RmError,
-    Transport,
-    UnsupportedGpu,
-    check_status,
-    escape,
-)
+from .ioctl import RmError, Transport, check_status, escape
 
 Log = Callable[[str], None]
+# The architecture the kernel-driver path submits to: the one whose compute class is the
+# Hopper class every device here must list (structs.HOPPER_REQUIRED_CLASSES).
+SUBMITTED_TARGET = next(arch.target for arch in ARCHITECTURES.values()
+                        if arch.compute.number == s.HOPPER_COMPUTE_A)
 CLASS_LIST_CAPACITY = 1024  # a GPU lists a few hundred classes
 
 
@@ -164,9 +165,10 @@ class RmDevice:
         missing = [c for c in s.HOPPER_REQUIRED_CLASSES if c not in self.classes]
         if missing:
             compute = sorted(c for c in self.classes if c & 0xFF == 0xC0)
-            raise UnsupportedGpu(
+            raise BackendUnavailable(
                 "this GPU lacks " + ", ".join(f"{_class_name(c)} (0x{c:04x})" for c in missing)
-                + "; the nv backend submits to Hopper (sm_90) only. Compute classes here: "
+                + f"; the nv backend submits to Hopper ({SUBMITTED_TARGET}) only. Compute "
+                "classes here: "
                 + (", ".join(f"0x{c:04x}" for c in compute) or "none"))
         self.vaspace = client.alloc(self.device, s.FERMI_VASPACE_A,
                                     s.NV_VASPACE_ALLOCATION_PARAMETERS(
@@ -192,9 +194,9 @@ class RmDevice:
 
     def _boost_clocks(self) -> str:
         """Ask for the highest P-state while this client lives, as the CUDA driver does for
-        its contexts. Without it the GPU idles at low clocks between Bob's submissions:
-        the chained seed schedule ran 12.5-18.9 us/update on an H200 with no CUDA context
-        in the process, 5.0 with one. A refusal is not fatal; it is reported."""
+        its contexts. Without it the GPU idles at low clocks between Bob's submissions,
+        and short launches run several times slower. A refusal is not fatal; it is
+        reported."""
         params = s.NV2080_CTRL_PERF_BOOST_PARAMS(
             flags=(s.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX
                    | s.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_YES

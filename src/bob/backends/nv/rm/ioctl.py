@@ -4,14 +4,15 @@ Two layers, kept apart:
 
 - ``Transport`` moves bytes: it opens device files, issues ``ioctl`` on a
   ctypes buffer, maps a file into memory. It knows nothing of RM objects.
-  ``FakeTransport`` (tests) stands in for it without a driver.
+  The tests stand a scripted one in for it (``tests/nv_fakes.py``).
 - ``check_errno`` / ``check_status`` turn what came back into a typed error
   naming the call, the status, and what the status means. Every ioctl result
   in this package goes through them.
 
 Errors a user can act on derive from Bob's own: a missing driver, a missing
 permission or a GPU without the Hopper classes is ``BackendUnavailable``
-(the backend cannot run here); a driver refusing a call is ``RmStatusError``.
+(the backend cannot run here, the message says why); a driver refusing a call
+is ``RmStatusError``, an ioctl that fails with an errno ``RmIoctlError``.
 """
 
 from __future__ import annotations
@@ -168,18 +169,6 @@ class RmIoctlError(RmError):
     """The ioctl itself failed (an errno): a wrong request size or a refused file."""
 
 
-class RmUnavailable(BackendUnavailable):
-    """The NVIDIA kernel driver is not reachable here (no device file, no module)."""
-
-
-class RmPermissionDenied(BackendUnavailable):
-    """The driver's device files exist but this process may not use them."""
-
-
-class UnsupportedGpu(BackendUnavailable):
-    """The GPU lacks a class a Hopper submission needs."""
-
-
 class SubmissionTimeout(RunFailure):
     """A semaphore missed its deadline; the message says where the channel stood."""
 
@@ -220,15 +209,15 @@ class Transport:
         try:
             return os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise RmUnavailable(
+            raise BackendUnavailable(
                 f"{path} does not exist: the NVIDIA kernel driver is not loaded here "
                 "(the nv backend needs the open kernel module, 580 or later)") from None
         except PermissionError:
-            raise RmPermissionDenied(
+            raise BackendUnavailable(
                 f"cannot open {path}: permission denied (add the user to the group that "
                 "owns the device file, or run as root)") from None
         except OSError as error:
-            raise RmUnavailable(f"cannot open {path}: {error.strerror}") from None
+            raise BackendUnavailable(f"cannot open {path}: {error.strerror}") from None
 
     def close(self, fd: int) -> None:
         os.close(fd)
@@ -250,42 +239,3 @@ def escape(transport: Transport, fd: int, number: int,
         transport.ioctl(fd, request, argument)
     except OSError as error:
         raise check_errno(call, error) from None
-
-
-class FakeTransport(Transport):
-    """A scripted stand-in for tests: no device files, no driver.
-
-    ``files`` maps paths to what opening them does: an int fd, or an
-    exception to raise. ``handler(fd, escape, argument)`` answers ioctls by
-    filling the argument in place (status fields included) or raising
-    OSError.
-    """
-
-    def __init__(self, files: dict[str, int | BaseException], handler=None):
-        self.files = files
-        self.handler = handler
-        self.calls: list[tuple[int, int, str]] = []
-
-    def open(self, path: str) -> int:
-        what = self.files.get(path, FileNotFoundError(errno.ENOENT, "No such file", path))
-        if isinstance(what, FileNotFoundError):
-            raise RmUnavailable(f"{path} does not exist: the NVIDIA kernel driver is not "
-                                "loaded here") from None
-        if isinstance(what, PermissionError):
-            raise RmPermissionDenied(f"cannot open {path}: permission denied") from None
-        if isinstance(what, BaseException):
-            raise what
-        return what
-
-    def close(self, fd: int) -> None:
-        pass
-
-    def ioctl(self, fd: int, request: int, argument) -> None:
-        number = request & 0xFF
-        self.calls.append((fd, number, type(argument).__name__))
-        if self.handler is None:
-            raise OSError(errno.ENOTTY, "no driver")
-        self.handler(fd, number, argument)
-
-    def mmap(self, fd: int, length: int, offset: int = 0) -> mmap.mmap:
-        return mmap.mmap(-1, length)

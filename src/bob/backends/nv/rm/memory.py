@@ -215,8 +215,8 @@ def describe_host(device: RmDevice, address: int, size: int, *, gpu_va: int | No
     an OS descriptor and mapped for the GPU; `release` undoes it.
 
     The CPU keeps reading it at memory speed. RM's own system memory reaches the
-    process through the driver's mapping, which read at about 1 GB/s on the H200
-    (32 MiB in 29.7 ms), so large transfers land in memory of Bob's own instead.
+    process through the driver's mapping, which reads far slower
+    (docs/RAW-HOPPER.md), so large transfers land in memory of Bob's own instead.
     """
     if size <= 0 or size % SYSMEM_GRANULE or address % SYSMEM_GRANULE:
         raise ValueError(f"{name}: host memory is described in whole {SYSMEM_GRANULE}-byte "

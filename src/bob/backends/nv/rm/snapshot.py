@@ -23,20 +23,18 @@ from bob.backends.nv.encoder import ARCHITECTURES, Dispatch, build_qmd, driver_a
 from bob.kernels.cuda.snapshot import THREADS, CopyKernel, choose, copy_kernels
 from bob.plan.placement import TARGETS
 
-from .channel import RUNTIME_VA_BASE
-from .device import RmDevice
+from .addresses import KERNELS_VA
+from .device import SUBMITTED_TARGET, RmDevice
 from .memory import Allocation, allocate
 
-KERNELS_VA = RUNTIME_VA_BASE + (80 << 20)
 CODE_STRIDE = 16 << 10
 QMDS_OFFSET = 64 << 10
 BANKS_OFFSET = 128 << 10
 MAX_COPIES = 64
 KERNELS_BYTES = 256 << 10
-# Blocks per copy at most; a grid-stride loop covers the rest. Measured on the H200 (805 MB,
-# 8 units in flight per thread): 1056 blocks 0.75 ms, 2176 0.78, 8704 0.57, 17408 0.57.
+# Blocks per copy at most; a grid-stride loop covers the rest (the fewest past which more
+# blocks copied no faster).
 MAX_BLOCKS = 8704
-ARCH = "sm_90"
 COPY_ARGUMENTS = struct.Struct("<QQQ")
 
 Copy = tuple[int, int, int]  # (source, destination, bytes) between GPU addresses
@@ -46,8 +44,8 @@ class SnapshotKernels:
     """The copy kernels uploaded once, and the QMDs of the last snapshot's copies."""
 
     def __init__(self, device: RmDevice):
-        self.kernels: dict[str, CopyKernel] = copy_kernels(ARCH)
-        self.target = TARGETS[ARCH]
+        self.kernels: dict[str, CopyKernel] = copy_kernels(SUBMITTED_TARGET)
+        self.target = TARGETS[SUBMITTED_TARGET]
         self.stride = self.target.qmd_stride_bytes
         self.block: Allocation = allocate(device, KERNELS_BYTES, location="vidmem",
                                           gpu_va=KERNELS_VA, name="copy kernels")
@@ -75,7 +73,7 @@ class SnapshotKernels:
         snapshot that used them); the QMDs' addresses, in order."""
         if not 0 < len(copies) <= MAX_COPIES:
             raise ValueError(f"a snapshot is 1 to {MAX_COPIES} copies, not {len(copies)}")
-        arch = ARCHITECTURES[ARCH]
+        arch = ARCHITECTURES[SUBMITTED_TARGET]
         bank_bytes = self.target.parameter_block_bytes
         for index, (source, destination, size) in enumerate(copies):
             copy = self.kernels[choose(source, destination, size)]

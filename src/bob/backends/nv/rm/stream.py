@@ -2,14 +2,9 @@
 one another, and launch timestamps.
 
 The plan's command stream is fixed bytes (``encoder.encode``); what the runtime
-adds goes in a second, runtime-owned area mapped below every plan::
-
-    RUNTIME_VA_BASE + 1 MiB   runtime block: a ring of pushbuffer segments, then the counters
-    RUNTIME_VA_BASE + 64 MiB  the copy channel's GPFIFO ring and USERD
-    RUNTIME_VA_BASE + 80 MiB  the copy kernels, their QMDs and banks (rm/snapshot.py)
-    RUNTIME_VA_BASE + 128 MiB write slots: process memory small writes are staged in
-    RUNTIME_VA_BASE + 256 MiB staging: process memory pinned for copy-engine transfers
-    RUNTIME_VA_BASE + 512 MiB profile: timestamp structures and their segments
+adds goes in the runtime's own window below every plan (``addresses.py``): the
+runtime block (a ring of pushbuffer segments, then the counters), the copy
+channel's ring, the write slots, the staging and the profile buffer.
 
 The runtime stream is a queue, as a CUDA stream is: every item (a batch of copies,
 a staged write, a run of the plan's submissions) is a segment that begins by
@@ -26,14 +21,19 @@ Copies run on the channel's copy engine: HOPPER_DMA_COPY_A is allocated on the
 same channel and bound on subchannel 4 (``pushbuffer.CopyWriter``).
 
 A large read need not hold the queue while it crosses to the host: a *detached*
-read (``queue_detached_read``) is an item of the queue that copies the tensors
-into a snapshot in video memory with Bob's copy kernels (rm/snapshot.py: at memory
-bandwidth, where the copy engine managed a tenth of it), and then a copy of the
-snapshot to the host on a second channel, the copy channel, whose channel group
-is a copy engine's, so that it runs beside the compute channel (a second channel in
-the compute channel's group ran after it; measured). That copy waits for the
-snapshot's counter value and releases a second counter, the reads counter; no item
-waits for it except the next snapshot, which overwrites what it copies.
+read is an item of the queue that copies the tensors into a snapshot in video
+memory with Bob's copy kernels (``queue_snapshot``, rm/snapshot.py: they copy at
+memory bandwidth, the copy engine does not), and then copies of the snapshot to
+the host on a second channel, the copy channel, whose channel group is a copy
+engine's, so that they run beside the compute channel (``queue_copy_out``; a
+second channel in the compute channel's group runs after it). Each copy out
+waits for the snapshot's counter value and releases a second counter, the reads
+counter; no item waits for it except the next snapshot, which overwrites what
+they copy.
+
+A clear (``queue_zeros``) is copies from a write slot of zeros, staged once, to
+every piece of the ranges: the copy engine class Bob's headers describe has no
+fill of its own.
 
 Timestamps: a host semaphore release with RELEASE_WFI and RELEASE_TIMESTAMP
 writes (payload, GPU nanoseconds) when everything before it is idle. Profiling
@@ -63,17 +63,13 @@ from bob.backends.nv.pushbuffer import (
 from bob.errors import RunFailure
 
 from . import structs as s
-from .channel import RUNTIME_VA_BASE, Channel, copy_channel
+from .addresses import COPY_RING_VA, PROFILE_VA, RUNTIME_BLOCK_VA, STAGING_VA, WRITES_VA
+from .channel import Channel, copy_channel
 from .device import RmDevice
 from .ioctl import RmError
 from .memory import SYSMEM_GRANULE, Allocation, allocate, host_allocation, round_up
-from .snapshot import Copy, SnapshotKernels
+from .snapshot import MAX_COPIES, Copy, SnapshotKernels
 
-RUNTIME_BLOCK_VA = RUNTIME_VA_BASE + (1 << 20)
-COPY_RING_VA = RUNTIME_VA_BASE + (64 << 20)
-WRITES_VA = RUNTIME_VA_BASE + (128 << 20)
-STAGING_VA = RUNTIME_VA_BASE + (256 << 20)
-PROFILE_VA = RUNTIME_VA_BASE + (512 << 20)
 SEGMENT_BYTES = 4 << 10  # one queued item's commands
 SEGMENTS = 63  # in flight at most; the ring's last page holds the counter
 COUNTER_OFFSET = SEGMENTS * SEGMENT_BYTES  # the 64-bit runtime counter, after the segments
@@ -242,6 +238,19 @@ def encode_release_segment(address: int, payload: int) -> bytes:
 
 _ACQUIRE = _words(encode_acquire_segment(RUNTIME_BLOCK_VA, 0))
 _RELEASE = _words(encode_release_segment(RUNTIME_BLOCK_VA, 0))
+
+
+def _check_copy_out(out: list[tuple[int, int, int]]) -> None:
+    """A detached read's copy out fits one segment of the copy channel."""
+    if not out or len(out) > PIECES_PER_SEGMENT or any(
+            not 0 < size <= COPY_PIECE_BYTES for *_, size in out):
+        raise ValueError(f"a detached read's copy out is 1 to {PIECES_PER_SEGMENT} copies "
+                         f"of 1 to {COPY_PIECE_BYTES} bytes")
+
+
+def _check_snapshot(snapshot: tuple[Copy, ...]) -> None:
+    if not 0 < len(snapshot) <= MAX_COPIES:
+        raise ValueError(f"a snapshot is 1 to {MAX_COPIES} copies, not {len(snapshot)}")
 
 
 class RuntimeStream:
@@ -420,33 +429,45 @@ class RuntimeStream:
     def queue_detached_read(self, snapshot: tuple[Copy, ...],
                             out: list[tuple[int, int, int]]) -> int:
         """Queue a read that does not hold the queue: the `snapshot` copies (arena to video
-        memory, by the copy kernels) as an item, once the last detached read's copy out is
-        done; then on the copy channel the `out` copies (snapshot to host), which release
-        the reads counter. The reads counter's value they release (``wait_for_read``)."""
+        memory, by the copy kernels) as an item, then the `out` copies (snapshot to host)
+        on the copy channel; both are checked before either is queued. The reads
+        counter's value the copy out releases (``wait_for_read``)."""
+        _check_copy_out(out)
+        _check_snapshot(snapshot)
+        return self.queue_copy_out(out, self.queue_snapshot(snapshot))
+
+    def queue_snapshot(self, snapshot: tuple[Copy, ...]) -> int:
+        """Queue the `snapshot` copies (GPU address to GPU address, by the copy kernels) as
+        an item, once the last detached read's copies out are done (they read what it
+        overwrites); the counter value it releases."""
         assert self.snapshots is not None and self.copy_channel is not None, "detaches() first"
-        if not out or len(out) > PIECES_PER_SEGMENT or any(
-                not 0 < size <= COPY_PIECE_BYTES for *_, size in out):
-            raise ValueError(f"a detached read's copy out is 1 to {PIECES_PER_SEGMENT} copies "
-                             f"of 1 to {COPY_PIECE_BYTES} bytes")
+        _check_snapshot(snapshot)
         snapshots = self.snapshots
         if snapshot == snapshots.written:
             qmds = snapshots.qmd_addresses(len(snapshot))
         else:  # the QMDs and banks change: once the GPU is past the last snapshot's
             self.wait_for(self._snapshot_free_after, "the last snapshot's copy kernels")
             qmds = snapshots.write(snapshot)
-        first, first_address = self._segment()
-        last, last_address = self._segment()
-        taken = snapshot_segment(first_address, qmds, self.counter, self.reads,
-                                 self.counter + 1)
+        index, address = self._segment()
+        taken = snapshot_segment(address, qmds, self.counter, self.reads, self.counter + 1)
         self.counter += 1
-        self.reads += 1
         self._snapshot_free_after = self.counter
-        read = copy_segment(last_address, out, self.counter, self.reads,
-                            bind=not self._copy_bound, release_to=READS_ADDRESS)
+        self.last_item = f"the snapshot of detached read {self.reads + 1}"
+        self.channel.submit([self._place(index, taken, self.counter)])
+        return self.counter
+
+    def queue_copy_out(self, out: list[tuple[int, int, int]], after: int) -> int:
+        """Queue the `out` copies (source, destination, bytes) on the copy channel, once the
+        runtime counter reaches `after` (the snapshot they read); the reads counter's value
+        they release (``wait_for_read``). No item of the queue waits for them."""
+        assert self.copy_channel is not None, "detaches() first"
+        _check_copy_out(out)
+        index, address = self._segment()
+        self.reads += 1
+        read = copy_segment(address, out, after, self.reads, bind=not self._copy_bound,
+                            release_to=READS_ADDRESS)
         self._copy_bound = True
-        self.last_item = f"the snapshot of detached read {self.reads}"
-        self.channel.submit([self._place(first, taken, self.counter)])
-        self.copy_channel.submit([self._place(last, read, self.counter, self.reads)])
+        self.copy_channel.submit([self._place(index, read, after, self.reads)])
         return self.reads
 
     def queue_write(self, destination: int, data: memoryview) -> int:
@@ -474,6 +495,29 @@ class RuntimeStream:
             pieces.append((WRITES_VA + position, destination, len(data)))
             position += len(data)
         target = self.queue_copies(pieces)
+        self._slot_free_after[slot] = target
+        return target
+
+    def queue_zeros(self, ranges: list[tuple[int, int]]) -> int:
+        """Queue zeros for each (GPU address, bytes) range: the next write slot zeroed now,
+        then copied from to every WRITE_SLOT_BYTES piece of the ranges, in their turn; the
+        counter value of the last batch."""
+        if not ranges or any(size < 1 for _, size in ranges):
+            raise ValueError(f"zeros are queued for ranges of at least 1 byte, not {ranges}")
+        if self.writes is None:
+            self.writes = self._host_memory(WRITE_SLOTS * WRITE_SLOT_BYTES, WRITES_VA,
+                                            "write slots")
+        slot = self._next_slot
+        self._next_slot = (slot + 1) % WRITE_SLOTS
+        self.wait_for(self._slot_free_after[slot], f"write slot {slot}")
+        source = WRITES_VA + slot * WRITE_SLOT_BYTES
+        pieces = [(source, address + done, min(WRITE_SLOT_BYTES, size - done))
+                  for address, size in ranges for done in range(0, size, WRITE_SLOT_BYTES)]
+        self.writes.write(slot * WRITE_SLOT_BYTES, bytes(max(size for *_, size in pieces)))
+        batch = PIECES_PER_SEGMENT * (SEGMENTS // 2)
+        target = self.counter
+        for start in range(0, len(pieces), batch):
+            target = self.queue_copies(pieces[start:start + batch])
         self._slot_free_after[slot] = target
         return target
 

@@ -1,0 +1,265 @@
+"""The one registry of Bob's backends: a spec each, and every list of them derived here.
+
+    spec("nv").runs_command_stream          # True: chained plans by default
+    choose_backend("auto")                  # cuda where a GPU is usable, else cpu
+    resolve_submission("auto", "nv-sim")    # "chained"
+
+A `BackendSpec` says how its backend is chosen for this machine (`choose`: what to build
+the plan for and how to open it, or `BackendUnavailable` saying why not) and the facts
+the other layers ask about it: the command line's choices, what `auto` tries, the rows
+of `bob doctor`, the backends `bob profile` times, and which backends get chained plans.
+Nothing here imports a backend's module until that backend is chosen, and whether a
+backend can run here is decided once, in its chooser: `choose_backend` opens one,
+`availability` reports on it.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from bob.config import (
+    ARENA_KINDS,
+    AUTO_SUBMISSION,
+    DEFAULT_SUBMISSION_POLICY,
+    DEFAULT_TARGET,
+    SUBMISSION_CHOICES,
+    SUBMISSION_POLICIES,
+    SubmissionPolicy,
+)
+from bob.errors import BackendUnavailable, BadInput, BobError
+
+if TYPE_CHECKING:
+    from bob.plan.certificate import CertifiedPlan
+    from bob.plan.model import Region, Target
+
+    from .base import Backend
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """A backend picked for this machine: what to build the plan for, and how to open it."""
+
+    name: str
+    target: Target
+    regions: Mapping[str, Region] | None = field(default=None, compare=False)
+    opener: Callable[[CertifiedPlan], Backend] | None = field(default=None, compare=False)
+    reason: str = ""  # what it runs on; for `auto`, why it was chosen
+
+    def open(self, plan: CertifiedPlan) -> Backend:
+        assert self.opener is not None
+        return self.opener(plan)
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run here, and what on (or why not)."""
+
+    backend: str
+    usable: bool
+    details: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"backend": self.backend, "usable": self.usable, "details": self.details}
+
+
+Chooser = Callable[[str, str], BackendChoice]  # (architecture, arena kind) -> the choice
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One backend: its name, how it is chosen and opened, and what it is."""
+
+    name: str
+    choose: Chooser = field(compare=False, repr=False)
+    description: str  # one line: what it runs on
+    on_gpu: bool = False  # runs on an NVIDIA GPU (doctor shows the kernel module beside it)
+    runs_command_stream: bool = False  # runs Bob's QMDs, pushbuffer and GPFIFO entries
+    uses_cuda_driver: bool = False  # opens the CUDA driver (the executable warms it up)
+    profile_method: str = ""  # how it times each launch (`Backend.profile`); "": it cannot
+    auto_rank: int | None = None  # `auto` tries the ranked backends, lowest first
+
+    @property
+    def can_profile(self) -> bool:
+        return bool(self.profile_method)
+
+
+def _choose_cpu(arch: str, arena: str) -> BackendChoice:
+    import numpy as np
+
+    from bob.plan.placement import SM86
+
+    from .cpu import CpuBackend
+
+    return BackendChoice("cpu", SM86, None, CpuBackend,
+                         f"NumPy {np.__version__} on {platform.machine()}, "
+                         f"Python {platform.python_version()}")
+
+
+def _choose_cuda(arch: str, arena: str) -> BackendChoice:
+    try:
+        from bob.kernels.cuda.regions import compiled_regions
+        from bob.plan.placement import TARGETS
+
+        from .cuda import CudaBackend, cuda_available, device_arch
+    except ImportError as error:
+        raise BackendUnavailable(
+            f"the cuda backend needs cuda-bindings and NVRTC (pip install 'bob[cuda]'): {error}"
+        ) from None
+    usable, device = cuda_available()  # NVRTC loads, the driver answers, a device exists
+    if not usable:
+        raise BackendUnavailable(f"the cuda backend cannot run here: {device}")
+    gpu_arch = device_arch()
+    target = TARGETS.get(gpu_arch)
+    if target is None:
+        raise BackendUnavailable(
+            f"the GPU is {gpu_arch}; Bob's plans are built for {', '.join(sorted(TARGETS))}")
+    try:
+        regions = compiled_regions(gpu_arch)
+    except BobError as error:
+        raise BackendUnavailable(f"Bob's kernels do not compile for {gpu_arch}: {error}") from None
+    return BackendChoice("cuda", target, regions,
+                         lambda plan: CudaBackend(plan, regions, arena=arena),
+                         f"{device}; {len(regions)} kernels compiled for {gpu_arch}")
+
+
+def _choose_nv_sim(arch: str, arena: str) -> BackendChoice:
+    from bob.plan.placement import TARGETS
+
+    from .nv.sim import NvSimBackend
+
+    return BackendChoice("nv-sim", TARGETS[arch], None, NvSimBackend,
+                         "encodes QMDs/pushbuffer/GPFIFO and simulates them on the CPU")
+
+
+def _choose_nv(arch: str, arena: str) -> BackendChoice:
+    try:
+        from bob.plan.placement import TARGETS
+
+        from .nv.rm.backend import SUBMITTED_TARGET, NvBackend, nv_available
+    except ImportError as error:
+        raise BackendUnavailable(f"the nv backend is not built here: {error}") from None
+    usable, device = nv_available()
+    if not usable:
+        raise BackendUnavailable(f"the nv backend cannot run here: {device}")
+    try:
+        from bob.kernels.cuda.regions import compiled_regions
+
+        regions = compiled_regions(SUBMITTED_TARGET)
+    except (ImportError, BobError) as error:
+        raise BackendUnavailable(f"the nv backend needs Bob's kernels compiled for "
+                                 f"{SUBMITTED_TARGET} (NVRTC): {error}") from None
+    return BackendChoice("nv", TARGETS[SUBMITTED_TARGET], regions,
+                         lambda plan: NvBackend(plan, arena=arena), device)
+
+
+SPECS: tuple[BackendSpec, ...] = (
+    BackendSpec("cpu", _choose_cpu, "the oracle: the reference kernels over one byte buffer",
+                auto_rank=1),
+    BackendSpec("cuda", _choose_cuda, "the CUDA driver API, an invocation as one CUDA graph",
+                on_gpu=True, uses_cuda_driver=True, auto_rank=0,
+                profile_method="cuEventRecord before and after every launch, each launched "
+                               "alone on one stream (not the graph)"),
+    BackendSpec("nv-sim", _choose_nv_sim,
+                "Bob's command stream, simulated on the CPU from its bytes alone",
+                runs_command_stream=True),
+    BackendSpec("nv", _choose_nv,
+                "Bob's command stream on a Hopper GPU through the kernel driver",
+                on_gpu=True, runs_command_stream=True,
+                profile_method="timestamped semaphore releases (wait for idle) before and "
+                               "after every launch, one launch per submission"),
+)
+AUTO = "auto"  # the first ranked backend usable here
+_BY_NAME: dict[str, BackendSpec] = {each.name: each for each in SPECS}
+BACKENDS: tuple[str, ...] = tuple(_BY_NAME)
+BACKEND_NAMES: tuple[str, ...] = (*BACKENDS, AUTO)  # the command line's choices
+AUTO_ORDER: tuple[str, ...] = tuple(
+    each.name for each in sorted((each for each in SPECS if each.auto_rank is not None),
+                                 key=lambda each: each.auto_rank or 0))
+PROFILED_BACKENDS: tuple[str, ...] = tuple(each.name for each in SPECS if each.can_profile)
+STREAM_BACKENDS: tuple[str, ...] = tuple(each.name for each in SPECS
+                                         if each.runs_command_stream)
+# The names that may open the CUDA driver: auto among them when a backend it tries does.
+CUDA_DRIVER_NAMES: frozenset[str] = frozenset(
+    [each.name for each in SPECS if each.uses_cuda_driver]
+    + ([AUTO] if any(_BY_NAME[name].uses_cuda_driver for name in AUTO_ORDER) else []))
+
+
+def spec(name: str) -> BackendSpec:
+    """The spec of backend `name` (a backend, not "auto")."""
+    found = _BY_NAME.get(name)
+    if found is None:
+        raise BadInput(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return found
+
+
+def _choose_auto(arch: str, arena: str) -> BackendChoice:
+    """The first backend of AUTO_ORDER usable here; its reason says why the ones before
+    it were passed over."""
+    passed: list[str] = []
+    for name in AUTO_ORDER:
+        try:
+            choice = _BY_NAME[name].choose(arch, arena)
+        except BackendUnavailable as why:
+            passed.append(str(why))
+            continue
+        first = "a GPU is usable" if _BY_NAME[name].on_gpu else f"{name} is auto's first"
+        return replace(choice, reason="; ".join(passed) or first)
+    raise BackendUnavailable("no backend can run here: " + "; ".join(passed))
+
+
+def choose_backend(name: str, arch: str = DEFAULT_TARGET, arena: str = ARENA_KINDS[0],
+                   ) -> BackendChoice:
+    """Resolve a backend name (``auto`` included) for this machine."""
+    from bob.plan.placement import TARGETS
+
+    from .base import require_arena_kind
+
+    if name not in BACKEND_NAMES:
+        raise BadInput(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    if arch not in TARGETS:
+        raise BadInput(f"unknown architecture {arch!r}; choose one of {', '.join(TARGETS)}")
+    require_arena_kind(arena)
+    if name == AUTO:
+        return _choose_auto(arch, arena)
+    return _BY_NAME[name].choose(arch, arena)
+
+
+def availability(name: str) -> Availability:
+    """Whether backend `name` can run here: what it would run on, or why not."""
+    try:
+        choice = choose_backend(name)
+    except BackendUnavailable as why:
+        return Availability(name, False, str(why))
+    if name == AUTO:
+        return Availability(name, True, f"picks {choice.name}")
+    return Availability(name, True, choice.reason)
+
+
+def resolve_submission(requested: str, *backends: str) -> SubmissionPolicy:
+    """The submission policy a plan is built with, for a run on `backends` (resolved
+    names, none when no backend runs it, as for `bob plan`).
+
+    A policy asked for by name is that policy. "auto" is chained when one of the
+    backends runs Bob's command stream, else per-launch: the others run a plan's launches
+    in order whatever their grouping, so a pair such as cpu and nv shares the chained
+    plan with the same bytes.
+    """
+    if requested in SUBMISSION_POLICIES:
+        return requested  # type: ignore[return-value]
+    if requested != AUTO_SUBMISSION:
+        raise BadInput(f"submission must be one of {', '.join(SUBMISSION_CHOICES)}, not "
+                       f"{requested!r}")
+    unknown = [name for name in backends if name not in _BY_NAME]
+    if unknown:  # "auto" (the backend) must be resolved first: it names no stream
+        raise ValueError(f"resolve the backend {unknown[0]!r} before its submission policy")
+    if any(_BY_NAME[name].runs_command_stream for name in backends):
+        return "chained"
+    return DEFAULT_SUBMISSION_POLICY
+
+
+__all__ = ["AUTO", "AUTO_ORDER", "BACKENDS", "BACKEND_NAMES", "CUDA_DRIVER_NAMES",
+           "PROFILED_BACKENDS", "SPECS", "STREAM_BACKENDS", "Availability", "BackendChoice",
+           "BackendSpec", "availability", "choose_backend", "resolve_submission", "spec"]
