@@ -103,7 +103,7 @@ def _choose_cuda(arch: str, arena: str) -> BackendChoice:
         from bob.kernels.cuda.regions import compiled_regions
         from bob.plan.placement import TARGETS
 
-        from .cuda import CudaBackend, cuda_available, device_arch
+        from .cuda import CudaBackend, cuda_available, describe_device
     except ImportError as error:
         raise BackendUnavailable(
             f"the cuda backend needs cuda-bindings and NVRTC (pip install 'bob[cuda]'): {error}"
@@ -111,11 +111,13 @@ def _choose_cuda(arch: str, arena: str) -> BackendChoice:
     usable, device = cuda_available()  # NVRTC loads, the driver answers, a device exists
     if not usable:
         raise BackendUnavailable(f"the cuda backend cannot run here: {device}")
-    gpu_arch = device_arch()
+    info = describe_device()
+    gpu_arch = info.arch
     target = TARGETS.get(gpu_arch)
     if target is None:
         raise BackendUnavailable(
             f"the GPU is {gpu_arch}; Bob's plans are built for {', '.join(sorted(TARGETS))}")
+    target = target.for_device(multiprocessors=info.multiprocessors)  # the held grid
     try:
         regions = compiled_regions(gpu_arch)
     except BobError as error:

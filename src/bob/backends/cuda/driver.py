@@ -123,6 +123,7 @@ class DeviceInfo:
     name: str
     compute_capability: tuple[int, int]
     driver_version: str  # the CUDA version the driver supports, "13.0"
+    multiprocessors: int = 0  # SMs: the held kernels run a block on each
 
     @property
     def arch(self) -> str:
@@ -167,6 +168,8 @@ def describe_device(ordinal: int = 0) -> DeviceInfo:
         name=name.split(b"\0", 1)[0].decode(errors="replace"),
         compute_capability=compute_capability(device),
         driver_version=f"{version // 1000}.{version % 1000 // 10}",
+        multiprocessors=int(call("cuDeviceGetAttribute", bindings().CUdevice_attribute
+                                 .CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)),
     )
 
 
