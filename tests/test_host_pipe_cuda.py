@@ -360,6 +360,7 @@ def test_a_begun_read_is_the_state_before_later_runs(cuda_arena):
 
 
 @gpu
+@pytest.mark.smoke
 @pytest.mark.parametrize("arena", ["device", "host"])
 def test_a_clear_and_a_streamed_read_on_cuda_give_read_tensors_bytes(cuda_arena, arena):
     from test_nv_stream_gpu import check_clear_and_stream

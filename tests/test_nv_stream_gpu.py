@@ -191,6 +191,7 @@ def check_clear_and_stream(name: str, arena: str = "device") -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.smoke
 @nv_present
 @needs_nvrtc
 def test_nv_clear_and_streamed_read_give_read_tensors_bytes():

@@ -92,7 +92,7 @@ def read_rows(backend, name: str, vocab: int, rows: np.ndarray) -> np.ndarray:
 
 @gpu
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
-@pytest.mark.parametrize("vocab", [32768, 65536])
+@pytest.mark.parametrize("vocab", [pytest.param(32768, marks=pytest.mark.smoke), 65536])
 def test_a_large_fused_invocation_matches_the_reference_rows(cuda_choice: BackendChoice,
                                                              vocab: int, mode: str) -> None:
     updates = 2
