@@ -2,7 +2,7 @@
 
 The counts of disjoint pieces add up exactly (integers), so the corpus is cut
 into pieces (`bob.records.sources`), each piece is counted on its own, and the
-partial counts are summed: in worker processes here, or on a Dask cluster
+partial counts are summed: in worker threads here, or on a Dask cluster
 (`bob.records.dask_count`). Every partitioning gives the same counts, bit for
 bit. A piece is read in blocks; the last token of a block is carried to the
 next, so the pair across the cut is counted once.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import importlib.util
-import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ DENSE_MAX_VOCAB = 2048  # a dense partial is V * V * 8 bytes: 32 MiB here
 KEY = np.uint32  # a sparse key prev * V + next: below V * V <= 2**32
 BLOCK_BYTES = 1 << 23  # 8 MiB read at a time: the reader's memory, whatever the file
 PIECE_BYTES = 1 << 26  # 64 MiB per task: enough to hide a task's start, small to balance
-PARALLEL_MIN_BYTES = 1 << 26  # below this, starting processes costs more than it saves
+PARALLEL_MIN_BYTES = 1 << 24  # below this, splitting the work saves too little to matter
 SORT_KEYS = 1 << 25  # sparse pair keys sorted at a time (128 MiB): a piece of uint16 tokens
 COMPILED_MIN_BYTES = 1 << 24  # below this, NumPy counts faster than Numba can be imported
 
@@ -164,19 +163,17 @@ def _merge_numba():
     """
     import numba
 
+    # One function: a jitted callee would be a closure variable, and a closure variable
+    # that is a dispatcher keeps Numba's cache from ever finding the compiled merge.
     @numba.njit(nogil=True, cache=True)
-    def union_size(ka, kb):  # pragma: no cover - compiled
-        i = j = n = 0
+    def merge(ka, va, kb, vb):  # pragma: no cover - compiled
+        i = j = size = 0
         while i < ka.size and j < kb.size:
             a, b = ka[i], kb[j]
             i += a <= b
             j += b <= a
-            n += 1
-        return n + (ka.size - i) + (kb.size - j)
-
-    @numba.njit(nogil=True, cache=True)
-    def merge(ka, va, kb, vb):  # pragma: no cover - compiled
-        keys = np.empty(union_size(ka, kb), ka.dtype)
+            size += 1
+        keys = np.empty(size + (ka.size - i) + (kb.size - j), ka.dtype)
         values = np.empty(keys.size, np.uint64)
         i = j = n = 0
         while i < ka.size and j < kb.size:
@@ -235,11 +232,28 @@ def _dense_numba():
 ENGINES = ("numba", "numpy") if importlib.util.find_spec("numba") else ("numpy",)
 
 
-def pair_keys(tokens: np.ndarray, vocab: int, out: np.ndarray) -> None:
+def pair_keys(tokens: np.ndarray, vocab: int, out: np.ndarray, engine: str) -> None:
     """out[i] = tokens[i] * V + tokens[i + 1]: the keys of the pairs within tokens."""
+    if engine == "numba":
+        _pair_keys_numba()(tokens, vocab, out)
+        return
     # Tokens were checked below V, so every key fits KEY whatever the tokens' own type.
     np.multiply(tokens[:-1], KEY(vocab), out=out, casting="unsafe")
     np.add(out, tokens[1:], out=out, casting="unsafe")
+
+
+@functools.cache
+def _pair_keys_numba():
+    """One pass, where NumPy's two make a buffered cast of every token twice."""
+    import numba
+
+    @numba.njit(nogil=True, cache=True)
+    def pair_keys(tokens, vocab, out):  # pragma: no cover - compiled
+        width = np.uint32(vocab)
+        for i in range(out.size):
+            out[i] = np.uint32(tokens[i]) * width + np.uint32(tokens[i + 1])
+
+    return pair_keys
 
 
 def run_lengths(keys: np.ndarray, engine: str) -> tuple[np.ndarray, np.ndarray]:
@@ -319,7 +333,7 @@ class Tally:
         while start < tokens.size - 1:
             room = self._room()
             stop = min(tokens.size - 1, start + room.size)
-            pair_keys(tokens[start:stop + 1], self.vocab, room[: stop - start])
+            pair_keys(tokens[start:stop + 1], self.vocab, room[: stop - start], self.engine)
             self._gathered += stop - start
             start = stop
 
@@ -401,7 +415,7 @@ def count_piece(tally: Tally, piece: Piece, block_bytes: int = BLOCK_BYTES,
 
 def count_batch(pieces: Sequence[Piece], vocab: int, engine: str | None = None,
                 block_bytes: int = BLOCK_BYTES) -> PairCounts:
-    """The counts of some pieces: the task a worker process or a Dask worker runs."""
+    """The counts of some pieces: the task a worker thread or a Dask worker runs."""
     tally = Tally(vocab, engine)
     for piece in pieces:
         count_piece(tally, piece, block_bytes)
@@ -479,7 +493,7 @@ def count_sources(sources: Sequence[Source], vocab: int, workers: int | None = N
         for source in files:
             count_piece(tally, Piece(source, 0, source.tokens), block_bytes, progress)
     else:
-        _count_in_processes(tally, tasks, workers, block_bytes, progress)
+        _count_in_threads(tally, tasks, workers, block_bytes, progress)
     counts = tally.result()
     if counts.transitions == 0:
         raise no_pairs(sources)
@@ -503,22 +517,24 @@ def even_piece_bytes(total_bytes: int, workers: int, piece_bytes: int) -> int:
     return max(1, -(-total_bytes // (max(1, workers) * rounds)))
 
 
-def _count_in_processes(tally: Tally, tasks: list[list[Piece]], workers: int,
-                        block_bytes: int, progress: Progress | None) -> None:
-    # fork where there is one: a spawned worker would import NumPy and Numba again. The
-    # children only read files and run the counting loop; they take none of the locks the
-    # parent's other thread (the progress bar) holds.
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with concurrent.futures.ProcessPoolExecutor(min(workers, len(tasks)),
-                                                mp_context=context) as pool:
+def _count_in_threads(tally: Tally, tasks: list[list[Piece]], workers: int,
+                      block_bytes: int, progress: Progress | None) -> None:
+    """Count the tasks on a pool of threads; this thread adds each result as it comes.
+
+    Threads, not processes: reading, NumPy's sort and ufuncs, bincount and the Numba
+    loops (nogil) all release the GIL, so threads count in parallel, and a sparse
+    result (up to 12 bytes per distinct pair) is added where it is, never pickled
+    through a pipe.
+    """
+    with concurrent.futures.ThreadPoolExecutor(min(workers, len(tasks)),
+                                               thread_name_prefix="bob-count") as pool:
         futures = {pool.submit(count_batch, task, tally.vocab, tally.engine, block_bytes):
                    task for task in tasks}
         try:
             for future in concurrent.futures.as_completed(futures):
                 tally.add(future.result())
                 if progress is not None:
-                    progress(sum(piece.bytes for piece in futures[future]))
+                    progress(sum(piece.bytes for piece in futures.pop(future)))
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise

@@ -26,6 +26,7 @@ Loading checks every field and tensor and raises BadInput "<file>: <problem>".
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
 import struct
@@ -87,8 +88,16 @@ class CountsFile:
 
     @classmethod
     def of(cls, counts: PairCounts, sources: Sequence[tuple[str, int]]) -> CountsFile:
-        return cls(counts, tuple((str(n), int(s)) for n, s in sources),
-                   sparse_digest(counts), counts_optimum(counts))
+        """The counts with their digest and optimum, computed side by side.
+
+        Both release the GIL (hashlib on large buffers, NumPy, the Numba optimum),
+        so a second core computes the digest while this one computes the optimum.
+        """
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bob-digest") as pool:
+            digest = pool.submit(sparse_digest, counts)
+            optimum = counts_optimum(counts)
+            return cls(counts, tuple((str(n), int(s)) for n, s in sources), digest.result(),
+                       optimum)
 
     @property
     def vocab(self) -> int:

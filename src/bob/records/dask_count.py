@@ -3,7 +3,7 @@
     bob count --dask corpus/            # a LocalCluster on this machine
     bob count --dask tcp://host:8786 s3://bucket/crawl/
 
-The tasks are the same as the worker processes' (`counting.count_batch` over
+The tasks are the same as the worker threads' (`counting.count_batch` over
 pieces of files), so the counts are bit-identical to the single-process path
 for every partitioning: integers add exactly, in any order. Workers open the
 files themselves, so on a cluster of many machines the paths must be shared or
