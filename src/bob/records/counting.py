@@ -2,19 +2,20 @@
 
 The counts of disjoint pieces add up exactly (integers), so the corpus is cut
 into pieces (`bob.records.sources`), each piece is counted on its own, and the
-partial counts are summed: in worker threads here, or on a Dask cluster
-(`bob.records.dask_count`). Every partitioning gives the same counts, bit for
-bit. A piece is read in blocks; the last token of a block is carried to the
-next, so the pair across the cut is counted once.
+partial counts are summed: by worker threads here (each keeps a tally of its
+own over the pieces it takes), or on a Dask cluster (`bob.records.dask_count`).
+Every partitioning gives the same counts, bit for bit. A piece is read in
+blocks; the last token of a block is carried to the next, so the pair across
+the cut is counted once.
 
 Up to V = DENSE_MAX_VOCAB the counts are a dense u64[V][V] table (the inner
 loop is Numba where the ``fast`` extra is installed, np.bincount otherwise:
 the same integers). Above, they are sparse: the sorted unique keys
 prev * V + next with their counts, so memory grows with the distinct pairs
 seen, never with V * V. The keys of a piece's blocks are gathered (up to
-SORT_KEYS of them), sorted once, turned into runs of equal keys and merged
-once into the running counts: a piece costs one sort and one linear merge,
-whatever its number of blocks.
+SORT_KEYS of them, whatever piece they came from), sorted once, turned into
+runs of equal keys and merged once into the running counts: one sort and one
+linear merge per SORT_KEYS pairs, however many blocks brought them.
 
 Small corpora (below COMPILED_MIN_BYTES) are counted with NumPy alone: importing
 Numba would cost more than it saves there.
@@ -22,10 +23,11 @@ Numba would cost more than it saves there.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import importlib.util
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -519,22 +521,54 @@ def even_piece_bytes(total_bytes: int, workers: int, piece_bytes: int) -> int:
 
 def _count_in_threads(tally: Tally, tasks: list[list[Piece]], workers: int,
                       block_bytes: int, progress: Progress | None) -> None:
-    """Count the tasks on a pool of threads; this thread adds each result as it comes.
+    """Count the tasks on worker threads, each with a tally of its own; add their results.
 
     Threads, not processes: reading, NumPy's sort and ufuncs, bincount and the Numba
     loops (nogil) all release the GIL, so threads count in parallel, and a sparse
-    result (up to 12 bytes per distinct pair) is added where it is, never pickled
-    through a pipe.
+    result (12 bytes per distinct pair) is added where it is, never pickled through a
+    pipe. A worker takes tasks until none is left and sorts its keys SORT_KEYS at a
+    time whatever task they came from, so this thread merges one result per worker.
+    Progress is reported from this thread only.
     """
-    with concurrent.futures.ThreadPoolExecutor(min(workers, len(tasks)),
-                                               thread_name_prefix="bob-count") as pool:
-        futures = {pool.submit(count_batch, task, tally.vocab, tally.engine, block_bytes):
-                   task for task in tasks}
+    todo: queue.SimpleQueue[list[Piece]] = queue.SimpleQueue()
+    for task in tasks:
+        todo.put(task)
+    # What the workers hand back: bytes counted, a worker's counts, or its failure.
+    done: queue.SimpleQueue[int | PairCounts | BaseException] = queue.SimpleQueue()
+
+    def work() -> None:
+        mine = Tally(tally.vocab, tally.engine)
         try:
-            for future in concurrent.futures.as_completed(futures):
-                tally.add(future.result())
-                if progress is not None:
-                    progress(sum(piece.bytes for piece in futures.pop(future)))
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+            while (task := _next(todo)) is not None:
+                for piece in task:
+                    count_piece(mine, piece, block_bytes)
+                done.put(sum(piece.bytes for piece in task))
+            done.put(mine.result())
+        except BaseException as error:  # handed to the main thread, which raises it
+            done.put(error)
+
+    threads = [threading.Thread(target=work, name=f"bob-count-{i}", daemon=True)
+               for i in range(min(workers, len(tasks)))]
+    for thread in threads:
+        thread.start()
+    try:
+        finished = 0
+        while finished < len(threads):
+            item = done.get()
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, PairCounts):
+                tally.add(item)
+                finished += 1
+            elif progress is not None:
+                progress(item)
+    finally:
+        while _next(todo) is not None:  # a failure or an interrupt: no worker starts more
+            pass
+
+
+def _next(todo: queue.SimpleQueue[list[Piece]]) -> list[Piece] | None:
+    try:
+        return todo.get_nowait()
+    except queue.Empty:
+        return None
