@@ -114,3 +114,15 @@ def test_counts_past_exact_floats_keep_the_python_path(monkeypatch: pytest.Monke
     values, row_sums, total = entries(counts)
     assert total > corpus.EXACT_FLOAT_MAX
     assert corpus.optimum_of_entries(values, row_sums, total) == oracle(values, row_sums, total)
+
+
+def test_a_counts_files_optimum_taken_a_slice_at_a_time_is_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bob.records import countsfile
+
+    monkeypatch.setattr(countsfile, "ENTRIES_AT_A_TIME", 777)
+    for compiled_from in (0, 10**9):  # the compiled partials, then the Python terms
+        monkeypatch.setattr(corpus, "OPTIMUM_COMPILED_MIN", compiled_from)
+        for name, counts in corpora(tmp_path):
+            expected = oracle(*entries(counts))
+            assert counts_optimum(counts).hex() == expected.hex(), name

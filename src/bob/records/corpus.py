@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -135,18 +136,29 @@ def optimum(counts: np.ndarray) -> float:
 
 
 def optimum_of_entries(values: np.ndarray, row_sums: np.ndarray, total: int) -> float:
-    """H from the non-zero counts, each with its row's sum (dense and sparse tables alike).
+    """H from the non-zero counts, each with its row's sum (dense and sparse tables alike)."""
+    return optimum_of_slices(((values, row_sums),), len(values), total)
 
-    Large tables are summed in compiled code where Numba is installed: the same
-    terms, and partial sums that add up exactly to theirs, so the same figure.
+
+def optimum_of_slices(slices: Iterable[tuple[np.ndarray, np.ndarray]], entries: int,
+                      total: int) -> float:
+    """H from the non-zero counts given a slice at a time: (counts, their rows' sums).
+
+    `entries` is the number of counts in all slices. Large tables are summed in
+    compiled code where Numba is installed: the same terms, added into partial
+    sums whose exact sum is theirs, so math.fsum gives the same figure.
     """
     if total == 0:
         raise ValueError("the counts are all zero")
-    if "numba" in ENGINES and len(values) >= OPTIMUM_COMPILED_MIN and total <= EXACT_FLOAT_MAX:
-        partials = _optimum_partials()(np.asarray(values, np.uint64),
-                                       np.asarray(row_sums, np.uint64), float(total))
-        return 0.0 - math.fsum(partials.tolist())
-    return 0.0 - math.fsum(_optimum_terms(values, row_sums, total))
+    if "numba" in ENGINES and entries >= OPTIMUM_COMPILED_MIN and total <= EXACT_FLOAT_MAX:
+        partials_of = _optimum_partials()
+        parts: Iterable[float] = itertools.chain.from_iterable(
+            partials_of(np.asarray(values, np.uint64), np.asarray(row_sums, np.uint64),
+                        float(total)).tolist() for values, row_sums in slices)
+    else:
+        parts = itertools.chain.from_iterable(
+            _optimum_terms(values, row_sums, total) for values, row_sums in slices)
+    return 0.0 - math.fsum(parts)  # 0.0 - keeps a certain text's optimum at +0.0
 
 
 def _optimum_terms(values: np.ndarray, row_sums: np.ndarray, total: int) -> Iterator[float]:

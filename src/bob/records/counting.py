@@ -43,7 +43,8 @@ KEY = np.uint32  # a sparse key prev * V + next: below V * V <= 2**32
 BLOCK_BYTES = 1 << 23  # 8 MiB read at a time: the reader's memory, whatever the file
 PIECE_BYTES = 1 << 26  # 64 MiB per task: enough to hide a task's start, small to balance
 PARALLEL_MIN_BYTES = 1 << 24  # below this, splitting the work saves too little to matter
-SORT_KEYS = 1 << 25  # sparse pair keys sorted at a time (128 MiB): a piece of uint16 tokens
+SORT_KEYS = 1 << 26  # sparse pair keys a tally sorts at a time (256 MiB): its merges are rare
+GATHER_KEYS = 1 << 27  # keys all worker threads gather at once (512 MiB), whatever their number
 COMPILED_MIN_BYTES = 1 << 24  # below this, NumPy counts faster than Numba can be imported
 
 Progress = Callable[[int], None]  # called with the bytes just counted
@@ -111,10 +112,10 @@ class PairCounts:
     def row_sums(self) -> np.ndarray:
         if not self.is_sparse:
             return self.dense.sum(axis=1, dtype=np.uint64)
-        rows = (self.keys // KEY(self.vocab)).astype(np.int64)
         sums = np.zeros(self.vocab, np.uint64)
-        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if rows.size else rows
-        if rows.size:
+        if self.keys.size:
+            rows = self.keys // KEY(self.vocab)
+            starts = np.r_[0, np.flatnonzero(rows[1:] != rows[:-1]) + 1]
             sums[rows[starts]] = np.add.reduceat(self.values, starts)
         return sums
 
@@ -306,17 +307,19 @@ def _run_lengths_numba():
 class Tally:
     """Counts of blocks added one after another (a worker's or a piece's running sum).
 
-    Sparse counts gather the blocks' pair keys and count them SORT_KEYS at a
+    Sparse counts gather the blocks' pair keys and count them `sort_keys` at a
     time (`flush`); `result` counts what is still gathered.
     """
 
-    def __init__(self, vocab: int, engine: str | None = None) -> None:
+    def __init__(self, vocab: int, engine: str | None = None, sort_keys: int | None = None,
+                 ) -> None:
         check_vocab(vocab)
         self.vocab = vocab
         self.engine = engine or ENGINES[0]
         if self.engine not in ENGINES:
             raise ValueError(f"engine {self.engine!r} is not one of {ENGINES}")
         self.counts = PairCounts.zeros(vocab)
+        self.sort_keys = sort_keys or SORT_KEYS  # sparse: keys gathered before a sort
         self._keys: np.ndarray | None = None  # sparse: gathered pair keys, not yet counted
         self._gathered = 0
 
@@ -343,7 +346,7 @@ class Tally:
         """The free part of the key buffer, counting what it holds first when it is full."""
         if self._keys is None:
             # np.empty maps pages as they are written: a small corpus touches little of it.
-            self._keys = np.empty(SORT_KEYS, KEY)
+            self._keys = np.empty(self.sort_keys, KEY)
         if self._gathered == self._keys.size:
             self.flush()
         return self._keys[self._gathered:]
@@ -526,8 +529,9 @@ def _count_in_threads(tally: Tally, tasks: list[list[Piece]], workers: int,
     Threads, not processes: reading, NumPy's sort and ufuncs, bincount and the Numba
     loops (nogil) all release the GIL, so threads count in parallel, and a sparse
     result (12 bytes per distinct pair) is added where it is, never pickled through a
-    pipe. A worker takes tasks until none is left and sorts its keys SORT_KEYS at a
-    time whatever task they came from, so this thread merges one result per worker.
+    pipe. A worker takes tasks until none is left and sorts its keys (GATHER_KEYS
+    shared among the workers, at most SORT_KEYS each) at a time whatever task they
+    came from, so this thread merges one result per worker.
     Progress is reported from this thread only.
     """
     todo: queue.SimpleQueue[list[Piece]] = queue.SimpleQueue()
@@ -536,8 +540,11 @@ def _count_in_threads(tally: Tally, tasks: list[list[Piece]], workers: int,
     # What the workers hand back: bytes counted, a worker's counts, or its failure.
     done: queue.SimpleQueue[int | PairCounts | BaseException] = queue.SimpleQueue()
 
+    count = min(workers, len(tasks))
+    sort_keys = min(SORT_KEYS, max(GATHER_KEYS // count, 1 << 20))
+
     def work() -> None:
-        mine = Tally(tally.vocab, tally.engine)
+        mine = Tally(tally.vocab, tally.engine, sort_keys)
         try:
             while (task := _next(todo)) is not None:
                 for piece in task:
@@ -548,7 +555,7 @@ def _count_in_threads(tally: Tally, tasks: list[list[Piece]], workers: int,
             done.put(error)
 
     threads = [threading.Thread(target=work, name=f"bob-count-{i}", daemon=True)
-               for i in range(min(workers, len(tasks)))]
+               for i in range(count)]
     for thread in threads:
         thread.start()
     try:

@@ -40,7 +40,7 @@ from safetensors import SafetensorError, safe_open
 from bob.errors import BadInput
 from bob.files import StrPath, atomic_write
 from bob.records.checkpoint import bob_version
-from bob.records.corpus import optimum_of_entries, weights
+from bob.records.corpus import optimum_of_slices, weights
 from bob.records.counting import (
     COUNT_MAX_VOCAB,
     DENSE_MAX_VOCAB,
@@ -59,10 +59,16 @@ _INTEGER = re.compile(r"0|[1-9][0-9]*")
 
 
 def counts_optimum(counts: PairCounts) -> float:
-    """H(next | prev) of the counts, the same figure as corpus.optimum."""
+    """H(next | prev) of the counts, the same figure as corpus.optimum.
+
+    A slice of entries at a time: their rows' sums are looked up per slice, never
+    an array as long as the table.
+    """
     keys, values = counts.pairs()
-    rows = keys // KEY(counts.vocab)
-    return optimum_of_entries(values, counts.row_sums()[rows], counts.transitions)
+    sums, vocab = counts.row_sums(), KEY(counts.vocab)
+    slices = ((values[i:i + ENTRIES_AT_A_TIME], sums[keys[i:i + ENTRIES_AT_A_TIME] // vocab])
+              for i in range(0, keys.size, ENTRIES_AT_A_TIME))
+    return optimum_of_slices(slices, keys.size, counts.transitions)
 
 
 Parts = Callable[[], Iterator[np.ndarray]]  # a tensor's bytes, in order, as arrays
