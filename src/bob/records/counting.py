@@ -129,10 +129,10 @@ class PairCounts:
         return PairCounts(self.vocab, keys=keys, values=values)
 
     def same_as(self, other: PairCounts) -> bool:
-        rows, columns, values = self.entries()
-        o_rows, o_columns, o_values = other.entries()
-        return (self.vocab == other.vocab and np.array_equal(rows, o_rows)
-                and np.array_equal(columns, o_columns) and np.array_equal(values, o_values))
+        keys, values = self.pairs()
+        other_keys, other_values = other.pairs()
+        return (self.vocab == other.vocab and np.array_equal(keys, other_keys)
+                and np.array_equal(values, other_values))
 
 
 def check_vocab(vocab: int) -> None:
