@@ -7,8 +7,9 @@ The tasks are pieces of files, as the worker threads here count them
 (`counting.count_batch` over them), so the counts are bit-identical to the
 single-machine path for every partitioning: integers add exactly, in any
 order. Workers open the files themselves, so on a cluster of many machines the
-paths must be shared or remote (fsspec URLs). Dask retries a task whose worker died; a task that keeps
-failing ends the count with one line naming its file and byte range.
+paths must be shared or remote (fsspec URLs). Dask retries a task whose worker
+died; a task that keeps failing ends the count with one line naming its file
+and byte range.
 
 Dask is the optional extra ``bob[dask]``; it is imported only here.
 """
