@@ -569,6 +569,8 @@ def _count_in_threads(tally: Tally, tasks: list[list[Piece]], workers: int,
                 finished += 1
             elif progress is not None:
                 progress(item)
+        for thread in threads:
+            thread.join()  # each has handed its counts back: it is ending
     finally:
         while _next(todo) is not None:  # a failure or an interrupt: no worker starts more
             pass
