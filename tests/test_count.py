@@ -15,7 +15,8 @@ from bob.errors import BadInput
 from bob.records import corpus, counting, sources
 from bob.records.checkpoint import Checkpoint
 from bob.records.counting import PairCounts, count_sources
-from bob.records.countsfile import CountsFile, table_weights, weights_digest
+from bob.records.countsfile import CountsFile, table_weights
+from bob.records.digest import digest_matches, legacy_digest, sparse_digest
 from bob.records.sources import Piece, resolve, split
 
 TEXTS = [b"abracadabra", b"the cat sat on the mat\n", b"aaaa", b"ab" * 50 + b"c",
@@ -76,7 +77,7 @@ def test_counts_match_the_numpy_path_and_corpus_functions(tmp_path: Path) -> Non
     assert counts.same_as(numpy_counts)
 
 
-def test_worker_processes_give_identical_counts(tmp_path: Path,
+def test_worker_threads_give_identical_counts(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     big = bytes(np.random.default_rng(1).integers(0, 256, 300_000, dtype=np.uint8))
     names = write(tmp_path, [*TEXTS[:5], big, big[:70_001]])
@@ -213,8 +214,8 @@ def test_sparse_digest_weights_and_optimum_match_the_dense_path() -> None:
     padded[:300, :300] = dense
     sparse = PairCounts.from_dense(padded)
     assert sparse.is_sparse
-    assert weights_digest(PairCounts.from_dense(dense)) == corpus.digest(dense)
-    assert weights_digest(sparse) == corpus.digest(padded)
+    assert legacy_digest(PairCounts.from_dense(dense)) == corpus.digest(dense)
+    assert legacy_digest(sparse) == corpus.digest(padded)
     assert np.array_equal(table_weights(sparse), corpus.weights(padded))
 
 
@@ -232,8 +233,9 @@ def test_counts_file_round_trips(tmp_path: Path, vocab: int) -> None:
     assert loaded.sources == tuple((n, len(t)) for n, t in zip(names, TEXTS, strict=False))
     dense = counts.to_dense()
     assert loaded.optimum == corpus.optimum(dense) and loaded.transitions == int(dense.sum())
+    assert loaded.digest == sparse_digest(counts) == made.digest
     if vocab <= 16384:
-        assert loaded.digest == corpus.digest(dense)
+        assert digest_matches(corpus.digest(dense), loaded.counts)
 
 
 @pytest.mark.parametrize(("edit", "message"), [
@@ -271,7 +273,7 @@ def test_pairs_never_cross_files_whatever_the_order(tmp_path: Path) -> None:
     assert Piece(resolve(names[:1])[0], 0, 11).bytes == 11
 
 
-def test_a_bad_token_found_by_a_worker_process_is_one_line(tmp_path: Path,
+def test_a_bad_token_found_by_a_worker_thread_is_one_line(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     tokens = np.zeros(40_000, "<u2")
     tokens[30_001] = 999
@@ -312,3 +314,139 @@ def test_negative_tokens_in_a_npy_file_are_refused(tmp_path: Path) -> None:
         count_sources(resolve([str(path)], "uint16"), 10)
     assert str(caught.value) == (f"{path}: token -1 at offset 144 (token 2) is not in "
                                  f"[0, V=10)")
+
+
+# -- the sparse path: gathered keys, one sort and one merge at a time -----------------
+def token_files(directory: Path, vocab: int, dtype: str = "<u2") -> list[str]:
+    """Files of skewed tokens (a heavy head, as BPE ids have), one of them a single token."""
+    rng = np.random.default_rng(vocab)
+    paths = []
+    for i, size in enumerate((700, 1, 2, 333, 1200)):
+        head = rng.integers(0, 40, size)
+        tail = rng.integers(0, vocab, size)
+        tokens = np.where(rng.random(size) < 0.7, head, tail).astype(dtype)
+        path = directory / f"tok{i}.bin"
+        tokens.tofile(path)
+        paths.append(str(path))
+    return paths
+
+
+def brute_sparse(paths: list[str], dtype: str, vocab: int) -> PairCounts:
+    pairs: Counter[int] = Counter()
+    for path in paths:
+        tokens = np.fromfile(path, dtype).astype(np.int64).tolist()
+        pairs.update(a * vocab + b for a, b in zip(tokens, tokens[1:], strict=False))
+    keys = sorted(pairs)
+    return PairCounts(vocab, keys=np.array(keys, counting.KEY),
+                      values=np.array([pairs[k] for k in keys], np.uint64))
+
+
+@pytest.mark.parametrize("engine", counting.ENGINES)
+@pytest.mark.parametrize("sort_keys", [1, 7, 1000, counting.SORT_KEYS])
+@pytest.mark.parametrize(("vocab", "dtype"), [(3000, "<u2"), (65536, "<u2"), (50257, "<u4")])
+def test_sparse_counts_are_exact_whatever_is_sorted_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, sort_keys: int,
+        vocab: int, dtype: str) -> None:
+    paths = token_files(tmp_path, vocab, dtype)
+    expected = brute_sparse(paths, dtype, vocab)
+    monkeypatch.setattr(counting, "SORT_KEYS", sort_keys)
+    found = resolve(paths, "uint16" if dtype == "<u2" else "uint32")
+    for piece_tokens, block_bytes in ((10**9, 1 << 20), (333, 64), (1, 4)):
+        tally = counting.Tally(vocab, engine)
+        for piece in split(found, piece_tokens):
+            counting.count_piece(tally, piece, block_bytes=block_bytes)
+        assert tally.result().same_as(expected)
+
+
+@pytest.mark.parametrize("engine", counting.ENGINES)
+def test_worker_threads_count_sparse_pieces_exactly(tmp_path: Path, engine: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = token_files(tmp_path, 50257)
+    monkeypatch.setattr(counting, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(counting, "SORT_KEYS", 500)
+    found = resolve(paths, "uint16")
+    counts = count_sources(found, 50257, workers=3, engine=engine, piece_bytes=1000,
+                           block_bytes=256)
+    assert counts.same_as(brute_sparse(paths, "<u2", 50257))
+
+
+def test_text_above_the_dense_limit_and_npy_tokens_count_sparse(tmp_path: Path) -> None:
+    names = write(tmp_path, TEXTS)
+    expected = brute([np.frombuffer(t, np.uint8) for t in TEXTS], 256)
+    for engine in counting.ENGINES:
+        counts = count_sources(resolve(names), 3000, workers=1, engine=engine, block_bytes=5)
+        assert counts.is_sparse and np.array_equal(counts.to_dense()[:256, :256], expected)
+    signed = np.array([3, 2999, 0, 2999, 3, 2999], "<i8")
+    np.save(tmp_path / "signed.npy", signed)
+    for engine in counting.ENGINES:
+        counts = count_sources(resolve([str(tmp_path / "signed.npy")], "uint16"), 3000,
+                               workers=1, engine=engine)
+        assert counts.same_as(brute_sparse_array(signed, 3000))
+
+
+def brute_sparse_array(tokens: np.ndarray, vocab: int) -> PairCounts:
+    pairs = Counter(int(a) * vocab + int(b) for a, b in zip(tokens, tokens[1:], strict=False))
+    keys = sorted(pairs)
+    return PairCounts(vocab, keys=np.array(keys, counting.KEY),
+                      values=np.array([pairs[k] for k in keys], np.uint64))
+
+
+@pytest.mark.parametrize("engine", counting.ENGINES)
+def test_pair_keys_run_lengths_and_merges_agree_between_engines(engine: str) -> None:
+    rng = np.random.default_rng(11)
+    for dtype in ("<u1", "<u2", "<u4", "<i8"):
+        tokens = rng.integers(0, min(65536, np.iinfo(dtype).max + 1), 1000).astype(dtype)
+        tokens[:2] = min(65535, np.iinfo(dtype).max)  # the largest key there is at V = 65536
+        out = np.empty(tokens.size - 1, counting.KEY)
+        counting.pair_keys(tokens, 65536, out, engine)
+        assert out.tolist() == [int(a) * 65536 + int(b) for a, b in zip(tokens, tokens[1:],
+                                                                        strict=False)]
+    for keys in ([], [4], [4, 4], [1, 2, 2, 2, 9, 9, 11]):
+        sorted_keys = np.array(keys, counting.KEY)
+        unique, counts = counting.run_lengths(sorted_keys, engine)
+        assert unique.dtype == counting.KEY and counts.dtype == np.uint64
+        assert dict(zip(unique.tolist(), counts.tolist(), strict=True)) == dict(Counter(keys))
+    for size_a, size_b in ((0, 0), (0, 5), (5, 0), (300, 1000), (1000, 1000)):
+        a = np.unique(rng.integers(0, 2000, size_a)).astype(counting.KEY)
+        b = np.unique(rng.integers(0, 2000, size_b)).astype(counting.KEY)
+        va = rng.integers(1, 9, a.size).astype(np.uint64)
+        vb = rng.integers(1, 9, b.size).astype(np.uint64)
+        keys, values = counting.merge_sparse(a, va, b, vb, engine)
+        expected: Counter[int] = Counter(dict(zip(a.tolist(), va.tolist(), strict=True)))
+        expected.update(dict(zip(b.tolist(), vb.tolist(), strict=True)))
+        assert keys.tolist() == sorted(expected)
+        assert values.tolist() == [expected[k] for k in sorted(expected)]
+
+
+def test_pieces_come_in_whole_rounds_of_workers() -> None:
+    mib = 1 << 20
+    assert counting.even_piece_bytes(200_000_000, 2, 64 * mib) == 50_000_000  # not 3 pieces
+    assert counting.even_piece_bytes(100 * mib, 2, 64 * mib) == 50 * mib
+    assert counting.even_piece_bytes(10 * mib, 4, 64 * mib) == 10 * mib // 4
+    assert counting.even_piece_bytes(1000, 1, 64 * mib) == 1000
+    for total in (1, 999, 10**6, 10**9):
+        for workers in (1, 2, 3, 16):
+            piece = counting.even_piece_bytes(total, workers, 50_000)
+            rounds = -(-total // (workers * 50_000))  # the fewest rounds of full pieces
+            assert piece <= 50_000 and -(-total // piece) <= workers * rounds
+
+
+def test_a_small_corpus_is_counted_without_numba(tmp_path: Path) -> None:
+    """Below COMPILED_MIN_BYTES, NumPy alone: importing Numba would cost more than it saves."""
+    import os
+    import subprocess
+    import sys
+
+    tokens = np.random.default_rng(4).integers(0, 50257, 200_000).astype("<u2")
+    tokens.tofile(tmp_path / "train.bin")
+    script = ("import sys\nfrom bob.host import api\n"
+              f"api.count(api.CorpusSpec(tokens=({str(tmp_path / 'train.bin')!r},), "
+              f"vocab=50257), {str(tmp_path / 'c.counts')!r})\n"
+              "print('numba' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
+                          check=True)
+    assert done.stdout.strip() == "False"
+    assert counting.default_engine(1 << 20) == "numpy"
+    assert counting.default_engine(1 << 20, reads_stdin=True) == counting.ENGINES[0]
+    assert counting.default_engine(counting.COMPILED_MIN_BYTES) == counting.ENGINES[0]

@@ -37,7 +37,7 @@ DEFAULT_OUT = "counts.safetensors"
 @click.option("--out", "-o", default=DEFAULT_OUT, show_default=True,
               type=click.Path(dir_okay=False), help="The counts file to write.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing counts file.")
-@click.option("--workers", "-j", type=int, help="Processes on this machine (default: all cores).")
+@click.option("--workers", "-j", type=int, help="Threads on this machine (default: all cores).")
 @click.option("--dask", "dask", is_flag=False, flag_value="local", default=None,
               metavar="[ADDRESS]",
               help="Count on Dask: alone, a LocalCluster here; with an ADDRESS, that scheduler.")

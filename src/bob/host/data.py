@@ -177,7 +177,7 @@ class CountReport:
     optimum: float
     digest: str
     seconds: float
-    where: str  # "this machine (N processes)" or the Dask cluster
+    where: str  # "this machine (N threads at most)" or the Dask cluster
 
     @property
     def bytes_per_second(self) -> float:
@@ -206,7 +206,7 @@ def count(spec: CorpusSpec, out: str, overwrite: bool = False, workers: int | No
     seconds = time.perf_counter() - begun
     counted.save(out)
     if dask is None:
-        where = f"this machine ({workers or counting.default_workers()} processes at most)"
+        where = f"this machine ({workers or counting.default_workers()} threads at most)"
     else:
         where = f"Dask LocalCluster ({dask_workers} workers)" if dask == "local" else dask
     return CountReport(out, counted.vocab, counted.counts.is_sparse, len(counted.sources),

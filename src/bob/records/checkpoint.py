@@ -10,7 +10,9 @@ string metadata:
     step            global AdamW update count (the next update is step + 1)
     mode            "hard" or "corpus"
     lr, beta1, beta2, eps, weight_decay   repr() of the floats: they round-trip
-    data_digest     sha256 hex of the training data ("" before any training)
+    data_digest     the training data's digest ("" before any training), either form of
+                    bob.records.digest: "v2:" and the sha256 hex of a corpus's sparse
+                    weights, or the legacy sha256 hex of the input record's table
     created_by      "bob <version>" (informational)
     history         optional: JSON [[step, loss], ...], the objective after each invocation
     optimum         optional: repr() of the data's least reachable loss (corpus mode)
@@ -63,13 +65,13 @@ from bob.records.binary import (
     first_true,
     index_text,
 )
+from bob.records.digest import DIGEST_FORMS, is_digest
 
 FORMAT = "bob-checkpoint"
 FORMAT_VERSION = 1
 REQUIRED_METADATA = ("format", "format_version", "vocab", "step", "mode", *HYPER_FIELDS,
                      "data_digest")
 DEFAULT_HYPER = Hyper()
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 _INTEGER = re.compile(r"0|[1-9][0-9]*")  # plain decimal: no sign, spaces or underscores
 
 
@@ -81,8 +83,8 @@ def bob_version() -> str:
 
 
 def _digest_problem(digest: object) -> str | None:
-    if not isinstance(digest, str) or not (digest == "" or _DIGEST.fullmatch(digest)):
-        return f"data_digest {digest!r} is not 64 lowercase hex digits (or empty)"
+    if digest != "" and not is_digest(digest):
+        return f"data_digest {digest!r} is not {DIGEST_FORMS} (or empty)"
     return None
 
 
@@ -151,7 +153,7 @@ class Segment:
     """
 
     first_step: int  # the checkpoint step the segment starts from
-    data_digest: str  # sha256 hex of the training data
+    data_digest: str  # the training data's digest (bob.records.digest)
     hyper: Hyper
 
     def to_json(self) -> dict[str, object]:
@@ -208,7 +210,7 @@ class Checkpoint:
     step: int  # global AdamW update count; it continues across invocations
     hyper: Hyper
     mode: Mode
-    data_digest: str  # sha256 hex of the training data; "" before any training
+    data_digest: str  # the data's digest (bob.records.digest); "" before any training
     history: tuple[tuple[int, float], ...] = ()  # (step, objective) for the loss curve
     optimum: float | None = None  # the data's least reachable objective, where known
     segments: tuple[Segment, ...] = ()  # what trained each step range; () in old checkpoints

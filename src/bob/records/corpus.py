@@ -10,7 +10,9 @@ the counts. Without a file, Bob trains on CPython's documentation topics
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -22,11 +24,15 @@ from bob.config import MAX_VOCAB, MIN_VOCAB
 from bob.errors import BadInput, RunFailure
 from bob.files import StrPath, reading
 from bob.records.binary import InputRecord
+from bob.records.counting import ENGINES
 
 BYTE_VOCAB = 256  # one row and column per byte value
 CHUNK_BYTES = 1 << 24  # a file is counted 16 MiB at a time: bincount's indices take 8x that
 BUILTIN_NAME = "pydoc_data.topics"
 OPTIMUM_SLICE = 1 << 16  # entries turned into Python floats at a time
+OPTIMUM_COMPILED_MIN = 1 << 20  # entries from which importing Numba pays for the optimum
+EXACT_FLOAT_MAX = 1 << 53  # counts up to here are exact as float64
+PARTIALS_MAX = 64  # non-overlapping binary64 partial sums: at most about 2098 / 53 of them
 
 
 class _Counter:
@@ -131,18 +137,77 @@ def optimum(counts: np.ndarray) -> float:
 
 def optimum_of_entries(values: np.ndarray, row_sums: np.ndarray, total: int) -> float:
     """H from the non-zero counts, each with its row's sum (dense and sparse tables alike)."""
+    return optimum_of_slices(((values, row_sums),), len(values), total)
+
+
+def optimum_of_slices(slices: Iterable[tuple[np.ndarray, np.ndarray]], entries: int,
+                      total: int) -> float:
+    """H from the non-zero counts given a slice at a time: (counts, their rows' sums).
+
+    `entries` is the number of counts in all slices. Large tables are summed in
+    compiled code where Numba is installed: the same terms, added into partial
+    sums whose exact sum is theirs, so math.fsum gives the same figure.
+    """
     if total == 0:
         raise ValueError("the counts are all zero")
-    def terms() -> Iterator[float]:
-        # A slice at a time: millions of entries (a sparse table) never become one list.
-        for first in range(0, len(values), OPTIMUM_SLICE):
-            last = first + OPTIMUM_SLICE
-            yield from (c / total * math.log(c / s) for c, s in
-                        zip(values[first:last].tolist(), row_sums[first:last].tolist(),
-                            strict=True))
+    if "numba" in ENGINES and entries >= OPTIMUM_COMPILED_MIN and total <= EXACT_FLOAT_MAX:
+        partials_of = _optimum_partials()
+        parts: Iterable[float] = itertools.chain.from_iterable(
+            partials_of(np.asarray(values, np.uint64), np.asarray(row_sums, np.uint64),
+                        float(total)).tolist() for values, row_sums in slices)
+    else:
+        parts = itertools.chain.from_iterable(
+            _optimum_terms(values, row_sums, total) for values, row_sums in slices)
+    return 0.0 - math.fsum(parts)  # 0.0 - keeps a certain text's optimum at +0.0
 
-    # fsum is exactly rounded whatever the order: the same figure for dense and sparse tables.
-    return 0.0 - math.fsum(terms())  # 0.0 - keeps a certain text's optimum at +0.0
+
+def _optimum_terms(values: np.ndarray, row_sums: np.ndarray, total: int) -> Iterator[float]:
+    """Each entry's C/N * ln(C/s), from Python integers (their quotients correctly rounded)."""
+    # A slice at a time: millions of entries (a sparse table) never become one list.
+    for first in range(0, len(values), OPTIMUM_SLICE):
+        last = first + OPTIMUM_SLICE
+        yield from (c / total * math.log(c / s) for c, s in
+                    zip(values[first:last].tolist(), row_sums[first:last].tolist(),
+                        strict=True))
+
+
+@functools.cache
+def _optimum_partials():
+    """The terms of _optimum_terms, added into exact partial sums (Shewchuk's, as fsum keeps).
+
+    The partials are non-overlapping floats whose exact sum is the exact sum of
+    the terms, so math.fsum of them is fsum of the terms, bit for bit. Counts up
+    to EXACT_FLOAT_MAX are exact as float64, so each quotient is the correctly
+    rounded one that Python's integer division gives, and math.log is the C
+    library's log that Python's math.log calls.
+    """
+    import numba
+
+    @numba.njit(nogil=True, cache=True)
+    def partials_of(values, row_sums, total):  # pragma: no cover - compiled
+        partials = np.zeros(PARTIALS_MAX, np.float64)
+        used = 0
+        for k in range(values.size):
+            c = float(values[k])
+            x = c / total * math.log(c / float(row_sums[k]))
+            kept = 0
+            for j in range(used):
+                y = partials[j]
+                if abs(x) < abs(y):
+                    x, y = y, x
+                high = x + y
+                low = y - (high - x)
+                if low != 0.0:
+                    partials[kept] = low
+                    kept += 1
+                x = high
+            if kept == PARTIALS_MAX:
+                raise OverflowError("more exact partial sums than binary64 can need")
+            partials[kept] = x
+            used = kept + 1
+        return partials[:used].copy()
+
+    return partials_of
 
 
 def digest(counts: np.ndarray) -> str:

@@ -2,25 +2,32 @@
 
 The counts of disjoint pieces add up exactly (integers), so the corpus is cut
 into pieces (`bob.records.sources`), each piece is counted on its own, and the
-partial counts are summed: in worker processes here, or on a Dask cluster
-(`bob.records.dask_count`). Every partitioning gives the same counts, bit for
-bit. A piece is read in blocks; the last token of a block is carried to the
-next, so the pair across the cut is counted once.
+partial counts are summed: by worker threads here (each keeps a tally of its
+own over the pieces it takes), or on a Dask cluster (`bob.records.dask_count`).
+Every partitioning gives the same counts, bit for bit. A piece is read in
+blocks; the last token of a block is carried to the next, so the pair across
+the cut is counted once.
 
 Up to V = DENSE_MAX_VOCAB the counts are a dense u64[V][V] table (the inner
 loop is Numba where the ``fast`` extra is installed, np.bincount otherwise:
 the same integers). Above, they are sparse: the sorted unique keys
-prev * V + next of each block with their counts, merged exactly, so memory
-grows with the distinct pairs seen, never with V * V.
+prev * V + next with their counts, so memory grows with the distinct pairs
+seen, never with V * V. The keys of a piece's blocks are gathered (up to
+SORT_KEYS of them, whatever piece they came from), sorted once, turned into
+runs of equal keys and merged once into the running counts: one sort and one
+linear merge per SORT_KEYS pairs, however many blocks brought them.
+
+Small corpora (below COMPILED_MIN_BYTES) are counted with NumPy alone: importing
+Numba would cost more than it saves there.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import importlib.util
-import multiprocessing
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -35,7 +42,10 @@ DENSE_MAX_VOCAB = 2048  # a dense partial is V * V * 8 bytes: 32 MiB here
 KEY = np.uint32  # a sparse key prev * V + next: below V * V <= 2**32
 BLOCK_BYTES = 1 << 23  # 8 MiB read at a time: the reader's memory, whatever the file
 PIECE_BYTES = 1 << 26  # 64 MiB per task: enough to hide a task's start, small to balance
-PARALLEL_MIN_BYTES = 1 << 26  # below this, starting processes costs more than it saves
+PARALLEL_MIN_BYTES = 1 << 24  # below this, splitting the work saves too little to matter
+SORT_KEYS = 1 << 26  # sparse pair keys a tally sorts at a time (256 MiB): its merges are rare
+GATHER_KEYS = 1 << 27  # keys all worker threads gather at once (512 MiB), whatever their number
+COMPILED_MIN_BYTES = 1 << 24  # below this, NumPy counts faster than Numba can be imported
 
 Progress = Callable[[int], None]  # called with the bytes just counted
 
@@ -83,6 +93,14 @@ class PairCounts:
         rows, columns = np.nonzero(self.dense)
         return rows, columns, self.dense[rows, columns]
 
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys prev * V + next, counts) of the non-zero counts, in row-major order."""
+        if self.is_sparse:
+            return self.keys, self.values
+        flat = self.dense.reshape(-1)
+        keys = np.flatnonzero(flat)
+        return keys.astype(KEY), flat[keys]
+
     def to_dense(self) -> np.ndarray:
         """u64[V][V]; for a sparse table, V * V * 8 bytes are allocated."""
         if not self.is_sparse:
@@ -94,10 +112,10 @@ class PairCounts:
     def row_sums(self) -> np.ndarray:
         if not self.is_sparse:
             return self.dense.sum(axis=1, dtype=np.uint64)
-        rows = (self.keys // KEY(self.vocab)).astype(np.int64)
         sums = np.zeros(self.vocab, np.uint64)
-        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if rows.size else rows
-        if rows.size:
+        if self.keys.size:
+            rows = self.keys // KEY(self.vocab)
+            starts = np.r_[0, np.flatnonzero(rows[1:] != rows[:-1]) + 1]
             sums[rows[starts]] = np.add.reduceat(self.values, starts)
         return sums
 
@@ -111,10 +129,10 @@ class PairCounts:
         return PairCounts(self.vocab, keys=keys, values=values)
 
     def same_as(self, other: PairCounts) -> bool:
-        rows, columns, values = self.entries()
-        o_rows, o_columns, o_values = other.entries()
-        return (self.vocab == other.vocab and np.array_equal(rows, o_rows)
-                and np.array_equal(columns, o_columns) and np.array_equal(values, o_values))
+        keys, values = self.pairs()
+        other_keys, other_values = other.pairs()
+        return (self.vocab == other.vocab and np.array_equal(keys, other_keys)
+                and np.array_equal(values, other_values))
 
 
 def check_vocab(vocab: int) -> None:
@@ -124,17 +142,16 @@ def check_vocab(vocab: int) -> None:
 
 
 def merge_sparse(keys_a: np.ndarray, values_a: np.ndarray, keys_b: np.ndarray,
-                 values_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 values_b: np.ndarray, engine: str | None = None,
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """Sorted unique keys of both (each sorted unique) and the sums of their counts (exact)."""
-    if "numba" in ENGINES:
-        keys = np.empty(keys_a.size + keys_b.size, KEY)
-        values = np.empty(keys.size, np.uint64)
-        n = _merge_numba()(keys_a, values_a, keys_b, values_b, keys, values)
-        return keys[:n].copy(), values[:n].copy()
+    if (engine or ENGINES[0]) == "numba":
+        return _merge_numba()(keys_a, values_a, keys_b, values_b)
     keys = np.concatenate((keys_a, keys_b))
     values = np.concatenate((values_a, values_b))
     if keys.size == 0:
         return keys, values
+    # A stable sort finds the two sorted runs and merges them: linear, as the Numba merge.
     order = np.argsort(keys, kind="stable")
     keys, values = keys[order], values[order]
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
@@ -143,11 +160,24 @@ def merge_sparse(keys_a: np.ndarray, values_a: np.ndarray, keys_b: np.ndarray,
 
 @functools.cache
 def _merge_numba():
-    """A linear merge of two sorted unique key lists: no sort, no index array."""
+    """A linear merge of two sorted unique key lists: no sort, no index array.
+
+    A first pass counts the distinct keys, so the result is allocated once at its size.
+    """
     import numba
 
+    # One function: a jitted callee would be a closure variable, and a closure variable
+    # that is a dispatcher keeps Numba's cache from ever finding the compiled merge.
     @numba.njit(nogil=True, cache=True)
-    def merge(ka, va, kb, vb, keys, values):  # pragma: no cover - compiled
+    def merge(ka, va, kb, vb):  # pragma: no cover - compiled
+        i = j = size = 0
+        while i < ka.size and j < kb.size:
+            a, b = ka[i], kb[j]
+            i += a <= b
+            j += b <= a
+            size += 1
+        keys = np.empty(size + (ka.size - i) + (kb.size - j), ka.dtype)
+        values = np.empty(keys.size, np.uint64)
         i = j = n = 0
         while i < ka.size and j < kb.size:
             if ka[i] < kb[j]:
@@ -161,15 +191,12 @@ def _merge_numba():
                 i += 1
                 j += 1
             n += 1
-        while i < ka.size:
-            keys[n], values[n] = ka[i], va[i]
-            i += 1
-            n += 1
-        while j < kb.size:
-            keys[n], values[n] = kb[j], vb[j]
-            j += 1
-            n += 1
-        return n
+        keys[n:n + ka.size - i] = ka[i:]
+        values[n:n + ka.size - i] = va[i:]
+        n += ka.size - i
+        keys[n:] = kb[j:]
+        values[n:] = vb[j:]
+        return keys, values
 
     return merge
 
@@ -189,7 +216,7 @@ def _dense_numpy(tokens: np.ndarray, prev: int, counts: np.ndarray) -> None:
 
 @functools.cache
 def _dense_numba():
-    """The Numba inner loop, compiled on first use (importing Numba costs ~0.3 s)."""
+    """The Numba inner loop, compiled on first use (Numba is imported only then)."""
     import numba
 
     @numba.njit(nogil=True, cache=True)
@@ -208,28 +235,93 @@ def _dense_numba():
 ENGINES = ("numba", "numpy") if importlib.util.find_spec("numba") else ("numpy",)
 
 
-def _sparse_block(tokens: np.ndarray, prev: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique keys prev * V + next of the block's pairs, with their counts."""
-    if prev >= 0:
-        tokens = np.concatenate((np.array([prev], tokens.dtype), tokens))
-    if tokens.size < 2:
+def pair_keys(tokens: np.ndarray, vocab: int, out: np.ndarray, engine: str) -> None:
+    """out[i] = tokens[i] * V + tokens[i + 1]: the keys of the pairs within tokens."""
+    if engine == "numba":
+        _pair_keys_numba()(tokens, vocab, out)
+        return
+    # Tokens were checked below V, so every key fits KEY whatever the tokens' own type.
+    np.multiply(tokens[:-1], KEY(vocab), out=out, casting="unsafe")
+    np.add(out, tokens[1:], out=out, casting="unsafe")
+
+
+@functools.cache
+def _pair_keys_numba():
+    """One pass, where NumPy's two make a buffered cast of every token twice."""
+    import numba
+
+    @numba.njit(nogil=True, cache=True)
+    def pair_keys(tokens, vocab, out):  # pragma: no cover - compiled
+        width = np.uint32(vocab)
+        for i in range(out.size):
+            out[i] = np.uint32(tokens[i]) * width + np.uint32(tokens[i + 1])
+
+    return pair_keys
+
+
+def run_lengths(keys: np.ndarray, engine: str) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct keys of sorted keys and how often each occurs (u64)."""
+    if engine == "numba":
+        return _run_lengths_numba()(keys)
+    if keys.size == 0:
         return np.zeros(0, KEY), np.zeros(0, np.uint64)
-    keys = tokens[:-1].astype(KEY) * KEY(vocab) + tokens[1:].astype(KEY)
-    unique, counts = np.unique(keys, return_counts=True)
-    return unique, counts.astype(np.uint64)
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    return keys[starts], np.diff(starts, append=keys.size).astype(np.uint64)
+
+
+@functools.cache
+def _run_lengths_numba():
+    """Two passes over the sorted keys: count the runs, then fill arrays of exactly that size.
+
+    The second pass writes each key's run so far at the current slot and moves to the
+    next slot only where the key changes: no branch on the data (runs end at random).
+    """
+    import numba
+
+    @numba.njit(nogil=True, cache=True)
+    def run_lengths(keys):  # pragma: no cover - compiled
+        if keys.size == 0:
+            return np.empty(0, keys.dtype), np.empty(0, np.uint64)
+        runs = 1
+        for i in range(1, keys.size):
+            runs += keys[i] != keys[i - 1]
+        unique = np.empty(runs, keys.dtype)
+        counts = np.empty(runs, np.uint64)
+        n = 0
+        length = np.uint64(0)
+        for i in range(1, keys.size):
+            length += np.uint64(1)
+            unique[n] = keys[i - 1]
+            counts[n] = length
+            ends = keys[i] != keys[i - 1]
+            n += ends
+            length = np.uint64(0) if ends else length
+        unique[n] = keys[keys.size - 1]
+        counts[n] = length + np.uint64(1)
+        return unique, counts
+
+    return run_lengths
 
 
 # -- one piece -----------------------------------------------------------------------
 class Tally:
-    """Counts of blocks added one after another (a worker's or a piece's running sum)."""
+    """Counts of blocks added one after another (a worker's or a piece's running sum).
 
-    def __init__(self, vocab: int, engine: str | None = None) -> None:
+    Sparse counts gather the blocks' pair keys and count them `sort_keys` at a
+    time (`flush`); `result` counts what is still gathered.
+    """
+
+    def __init__(self, vocab: int, engine: str | None = None, sort_keys: int | None = None,
+                 ) -> None:
         check_vocab(vocab)
         self.vocab = vocab
         self.engine = engine or ENGINES[0]
         if self.engine not in ENGINES:
             raise ValueError(f"engine {self.engine!r} is not one of {ENGINES}")
         self.counts = PairCounts.zeros(vocab)
+        self.sort_keys = sort_keys or SORT_KEYS  # sparse: keys gathered before a sort
+        self._keys: np.ndarray | None = None  # sparse: gathered pair keys, not yet counted
+        self._gathered = 0
 
     def add_block(self, tokens: np.ndarray, prev: int) -> None:
         """The pairs within tokens, and (prev, tokens[0]) when prev >= 0."""
@@ -239,8 +331,34 @@ class Tally:
             else:
                 _dense_numpy(tokens, prev, self.counts.dense)
             return
-        keys, values = _sparse_block(tokens, prev, self.vocab)
-        self._merge(keys, values)
+        if prev >= 0 and tokens.size:
+            self._room()[0] = prev * self.vocab + int(tokens[0])
+            self._gathered += 1
+        start = 0
+        while start < tokens.size - 1:
+            room = self._room()
+            stop = min(tokens.size - 1, start + room.size)
+            pair_keys(tokens[start:stop + 1], self.vocab, room[: stop - start], self.engine)
+            self._gathered += stop - start
+            start = stop
+
+    def _room(self) -> np.ndarray:
+        """The free part of the key buffer, counting what it holds first when it is full."""
+        if self._keys is None:
+            # np.empty maps pages as they are written: a small corpus touches little of it.
+            self._keys = np.empty(self.sort_keys, KEY)
+        if self._gathered == self._keys.size:
+            self.flush()
+        return self._keys[self._gathered:]
+
+    def flush(self) -> None:
+        """Sort the gathered keys, count their runs, merge the runs into the counts."""
+        if not self._gathered:
+            return
+        keys = self._keys[: self._gathered]
+        keys.sort()
+        self._gathered = 0
+        self._merge(*run_lengths(keys, self.engine))
 
     def add(self, partial: PairCounts) -> None:
         if not self.counts.is_sparse:
@@ -250,10 +368,16 @@ class Tally:
 
     def _merge(self, keys: np.ndarray, values: np.ndarray) -> None:
         # Linear in the pairs seen so far: memory is the distinct pairs, twice at most.
-        merged = merge_sparse(self.counts.keys, self.counts.values, keys, values)
+        if self.counts.keys.size == 0:
+            self.counts = PairCounts(self.vocab, keys=keys, values=values)
+            return
+        merged = merge_sparse(self.counts.keys, self.counts.values, keys, values, self.engine)
         self.counts = PairCounts(self.vocab, keys=merged[0], values=merged[1])
 
     def result(self) -> PairCounts:
+        if self.counts.is_sparse:
+            self.flush()
+            self._keys = None
         return self.counts
 
 
@@ -263,6 +387,8 @@ def check_tokens(block: np.ndarray, vocab: int, source: Source, first: int) -> N
         return  # bytes always fit
     if block.size == 0:
         return
+    if int(block.max()) < vocab and (block.dtype.kind != "i" or int(block.min()) >= 0):
+        return  # two reductions: no mask to build for a block that is fine
     bad = block >= vocab
     if block.dtype.kind == "i":
         bad |= block < 0
@@ -294,7 +420,7 @@ def count_piece(tally: Tally, piece: Piece, block_bytes: int = BLOCK_BYTES,
 
 def count_batch(pieces: Sequence[Piece], vocab: int, engine: str | None = None,
                 block_bytes: int = BLOCK_BYTES) -> PairCounts:
-    """The counts of some pieces: the task a worker process or a Dask worker runs."""
+    """The counts of some pieces: the task a worker thread or a Dask worker runs."""
     tally = Tally(vocab, engine)
     for piece in pieces:
         count_piece(tally, piece, block_bytes)
@@ -360,41 +486,98 @@ def count_sources(sources: Sequence[Source], vocab: int, workers: int | None = N
     """The counts of all sources, pairs within each; all cores unless workers says otherwise."""
     check_vocab(vocab)
     refuse_empty(sources)
-    tally = Tally(vocab, engine)
     files = [s for s in sources if not s.is_stdin]
+    total = sum(s.size for s in files)
+    tally = Tally(vocab, engine or default_engine(total, any(s.is_stdin for s in sources)))
     for source in sources:
         if source.is_stdin:
             count_stdin(tally, source, block_bytes, progress)
     workers = default_workers() if workers is None else workers
-    total = sum(s.size for s in files)
-    if workers <= 1 or total < PARALLEL_MIN_BYTES or len(plan_pieces(files, piece_bytes)) < 2:
+    tasks = plan_pieces(files, even_piece_bytes(total, workers, piece_bytes))
+    if workers <= 1 or total < PARALLEL_MIN_BYTES or len(tasks) < 2:
         for source in files:
             count_piece(tally, Piece(source, 0, source.tokens), block_bytes, progress)
     else:
-        _count_in_processes(tally, plan_pieces(files, piece_bytes), workers, block_bytes,
-                            progress)
+        _count_in_threads(tally, tasks, workers, block_bytes, progress)
     counts = tally.result()
     if counts.transitions == 0:
         raise no_pairs(sources)
     return counts
 
 
-def _count_in_processes(tally: Tally, tasks: list[list[Piece]], workers: int,
-                        block_bytes: int, progress: Progress | None) -> None:
-    # fork where there is one: a spawned worker re-imports NumPy and Numba (~1 s each, a
-    # third of a 2 GB count here). The children only read files and run the counting
-    # loop; they take none of the locks the parent's other thread (the progress bar) holds.
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with concurrent.futures.ProcessPoolExecutor(min(workers, len(tasks)),
-                                                mp_context=context) as pool:
-        futures = {pool.submit(count_batch, task, tally.vocab, tally.engine, block_bytes):
-                   task for task in tasks}
+def default_engine(total_bytes: int, reads_stdin: bool = False) -> str:
+    """Numba where installed, unless the corpus is too small to repay importing it."""
+    if total_bytes < COMPILED_MIN_BYTES and not reads_stdin:
+        return "numpy"
+    return ENGINES[0]
+
+
+def even_piece_bytes(total_bytes: int, workers: int, piece_bytes: int) -> int:
+    """At most piece_bytes, so that the pieces come in whole rounds of `workers` tasks.
+
+    Three 64 MiB pieces on two workers would leave one idle for a third of the count.
+    """
+    per_round = max(1, workers) * piece_bytes
+    rounds = max(1, -(-total_bytes // per_round))
+    return max(1, -(-total_bytes // (max(1, workers) * rounds)))
+
+
+def _count_in_threads(tally: Tally, tasks: list[list[Piece]], workers: int,
+                      block_bytes: int, progress: Progress | None) -> None:
+    """Count the tasks on worker threads, each with a tally of its own; add their results.
+
+    Threads, not processes: reading, NumPy's sort and ufuncs, bincount and the Numba
+    loops (nogil) all release the GIL, so threads count in parallel, and a sparse
+    result (12 bytes per distinct pair) is added where it is, never pickled through a
+    pipe. A worker takes tasks until none is left and sorts its keys (GATHER_KEYS
+    shared among the workers, at most SORT_KEYS each) at a time whatever task they
+    came from, so this thread merges one result per worker.
+    Progress is reported from this thread only.
+    """
+    todo: queue.SimpleQueue[list[Piece]] = queue.SimpleQueue()
+    for task in tasks:
+        todo.put(task)
+    # What the workers hand back: bytes counted, a worker's counts, or its failure.
+    done: queue.SimpleQueue[int | PairCounts | BaseException] = queue.SimpleQueue()
+
+    count = min(workers, len(tasks))
+    sort_keys = min(SORT_KEYS, max(GATHER_KEYS // count, 1 << 20))
+
+    def work() -> None:
+        mine = Tally(tally.vocab, tally.engine, sort_keys)
         try:
-            for future in concurrent.futures.as_completed(futures):
-                tally.add(future.result())
-                if progress is not None:
-                    progress(sum(piece.bytes for piece in futures[future]))
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+            while (task := _next(todo)) is not None:
+                for piece in task:
+                    count_piece(mine, piece, block_bytes)
+                done.put(sum(piece.bytes for piece in task))
+            done.put(mine.result())
+        except BaseException as error:  # handed to the main thread, which raises it
+            done.put(error)
+
+    threads = [threading.Thread(target=work, name=f"bob-count-{i}", daemon=True)
+               for i in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        finished = 0
+        while finished < len(threads):
+            item = done.get()
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, PairCounts):
+                tally.add(item)
+                finished += 1
+            elif progress is not None:
+                progress(item)
+        for thread in threads:
+            thread.join()  # each has handed its counts back: it is ending
+    finally:
+        while _next(todo) is not None:  # a failure or an interrupt: no worker starts more
+            pass
+
+
+def _next(todo: queue.SimpleQueue[list[Piece]]) -> list[Piece] | None:
+    try:
+        return todo.get_nowait()
+    except queue.Empty:
+        return None

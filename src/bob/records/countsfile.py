@@ -15,8 +15,9 @@ Metadata (strings):
     layout          "dense" or "sparse"
     sources         JSON [[name, bytes], ...]: the files counted, in order
     transitions     N, the number of pairs counted (the sum of the counts)
-    digest          sha256 hex of the weights C / N as float32 in row-major
-                    order: the data_digest of the corpus's input record
+    digest          the data digest of the weights C / N (bob.records.digest): "v2:" and
+                    the sha256 hex of the sparse weights, or the legacy form, the sha256
+                    hex of the dense table (the corpus input record's data_digest)
     optimum         repr() of H(next | prev) in nats per transition
     created_by      "bob <version>" (informational)
 
@@ -25,11 +26,11 @@ Loading checks every field and tensor and raises BadInput "<file>: <problem>".
 
 from __future__ import annotations
 
-import hashlib
+import concurrent.futures
 import json
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -39,7 +40,7 @@ from safetensors import SafetensorError, safe_open
 from bob.errors import BadInput
 from bob.files import StrPath, atomic_write
 from bob.records.checkpoint import bob_version
-from bob.records.corpus import optimum_of_entries, weights
+from bob.records.corpus import optimum_of_slices, weights
 from bob.records.counting import (
     COUNT_MAX_VOCAB,
     DENSE_MAX_VOCAB,
@@ -47,42 +48,39 @@ from bob.records.counting import (
     MIN_VOCAB,
     PairCounts,
 )
+from bob.records.digest import DIGEST_FORMS, is_digest, sparse_digest
 
 FORMAT = "bob-counts"
 FORMAT_VERSION = 1
 REQUIRED_METADATA = ("format", "format_version", "vocab", "layout", "sources", "transitions",
                      "digest", "optimum")
-DIGEST_ELEMENTS = 1 << 22  # weights hashed at a time (32 MiB of float64), whatever V is
+ENTRIES_AT_A_TIME = 1 << 20  # sparse entries written at a time
 _INTEGER = re.compile(r"0|[1-9][0-9]*")
 
 
-def weights_digest(counts: PairCounts) -> str:
-    """sha256 of (C / N) as float32, row-major, computed a block of rows at a time.
-
-    Each weight is formed as corpus.weights forms it (float64 quotient rounded
-    to float32), so this equals the input record's data_digest without
-    building the V x V table.
-    """
-    total = counts.transitions
-    rows, columns, values = counts.entries()
-    hasher = hashlib.sha256()
-    step = max(1, DIGEST_ELEMENTS // counts.vocab)  # rows at a time
-    starts = np.searchsorted(rows, np.arange(0, counts.vocab + step, step))
-    block = np.zeros((step, counts.vocab), "<f4")  # reused: only the counted cells are written
-    for k, first in enumerate(range(0, counts.vocab, step)):
-        last = min(first + step, counts.vocab)
-        lo, hi = starts[k], starts[k + 1]
-        at = (rows[lo:hi] - first, columns[lo:hi])
-        block[at] = (values[lo:hi].astype(np.float64) / total).astype(np.float32)
-        hasher.update(memoryview(block[: last - first]).cast("B"))
-        block[at] = 0
-    return hasher.hexdigest()
-
-
 def counts_optimum(counts: PairCounts) -> float:
-    """H(next | prev) of the counts, the same figure as corpus.optimum."""
-    rows, _, values = counts.entries()
-    return optimum_of_entries(values, counts.row_sums()[rows], counts.transitions)
+    """H(next | prev) of the counts, the same figure as corpus.optimum.
+
+    A slice of entries at a time: their rows' sums are looked up per slice, never
+    an array as long as the table.
+    """
+    keys, values = counts.pairs()
+    sums, vocab = counts.row_sums(), KEY(counts.vocab)
+    slices = ((values[i:i + ENTRIES_AT_A_TIME], sums[keys[i:i + ENTRIES_AT_A_TIME] // vocab])
+              for i in range(0, keys.size, ENTRIES_AT_A_TIME))
+    return optimum_of_slices(slices, keys.size, counts.transitions)
+
+
+Parts = Callable[[], Iterator[np.ndarray]]  # a tensor's bytes, in order, as arrays
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    name: str
+    dtype: str  # safetensors' name of the element type
+    shape: list[int]
+    nbytes: int
+    parts: Parts
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,13 +89,21 @@ class CountsFile:
 
     counts: PairCounts
     sources: tuple[tuple[str, int], ...]  # (name, bytes) of each file counted
-    digest: str  # sha256 of the weights: the input record's data_digest
+    digest: str  # the data digest of the weights, as stored (bob.records.digest)
     optimum: float  # H(next | prev), nats per transition
 
     @classmethod
     def of(cls, counts: PairCounts, sources: Sequence[tuple[str, int]]) -> CountsFile:
-        return cls(counts, tuple((str(n), int(s)) for n, s in sources),
-                   weights_digest(counts), counts_optimum(counts))
+        """The counts with their digest and optimum, computed side by side.
+
+        Both release the GIL (hashlib on large buffers, NumPy, the Numba optimum),
+        so a second core computes the digest while this one computes the optimum.
+        """
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bob-digest") as pool:
+            digest = pool.submit(sparse_digest, counts)
+            optimum = counts_optimum(counts)
+            return cls(counts, tuple((str(n), int(s)) for n, s in sources), digest.result(),
+                       optimum)
 
     @property
     def vocab(self) -> int:
@@ -120,31 +126,41 @@ class CountsFile:
             "optimum": repr(float(self.optimum)), "created_by": f"bob {bob_version()}",
         }
 
-    def _tensors(self) -> list[tuple[str, str, list[int], np.ndarray]]:
+    def _tensors(self) -> list[_Tensor]:
         if not self.counts.is_sparse:
-            return [("counts", "U64", [self.vocab, self.vocab], self.counts.dense)]
-        rows, columns, values = self.counts.entries()
-        k = int(values.size)
-        return [("rows", "U32", [k], rows.astype("<u4")),
-                ("columns", "U32", [k], columns.astype("<u4")),
-                ("values", "U64", [k], values.astype("<u8"))]
+            dense = self.counts.dense.astype("<u8", copy=False)
+            return [_Tensor("counts", "U64", [self.vocab, self.vocab], dense.nbytes,
+                            lambda: iter((dense,)))]
+        keys, values, vocab = self.counts.keys, self.counts.values, KEY(self.vocab)
+
+        def parts(convert: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Parts:
+            # A slice at a time: a table of 10**8 entries is not converted all at once.
+            return lambda: (convert(keys[i:i + ENTRIES_AT_A_TIME], values[i:i + ENTRIES_AT_A_TIME])
+                            for i in range(0, keys.size, ENTRIES_AT_A_TIME))
+        k = int(keys.size)
+        return [
+            _Tensor("rows", "U32", [k], 4 * k, parts(lambda ks, _: (ks // vocab).astype("<u4"))),
+            _Tensor("columns", "U32", [k], 4 * k, parts(lambda ks, _: (ks % vocab).astype("<u4"))),
+            _Tensor("values", "U64", [k], 8 * k, parts(lambda _, vs: vs.astype("<u8"))),
+        ]
 
     def save(self, path: StrPath) -> None:
         """Write atomically (temporary file, fsync, rename)."""
         tensors = self._tensors()
         header: dict[str, object] = {"__metadata__": self.metadata()}
         offset = 0
-        for name, dtype, shape, array in tensors:
-            header[name] = {"dtype": dtype, "shape": shape,
-                            "data_offsets": [offset, offset + array.nbytes]}
-            offset += array.nbytes
+        for tensor in tensors:
+            header[tensor.name] = {"dtype": tensor.dtype, "shape": tensor.shape,
+                                   "data_offsets": [offset, offset + tensor.nbytes]}
+            offset += tensor.nbytes
         text = json.dumps(header, separators=(",", ":")).encode("utf-8")
         text += b" " * (-len(text) % 8)
 
         def write(file: BinaryIO) -> None:
             file.write(struct.pack("<Q", len(text)) + text)
-            for _, _, _, array in tensors:
-                file.write(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+            for tensor in tensors:
+                for part in tensor.parts():
+                    file.write(memoryview(np.ascontiguousarray(part).reshape(-1).view(np.uint8)))
         atomic_write(path, write)
 
     @classmethod
@@ -208,8 +224,8 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
     except (ValueError, TypeError):
         raise BadInput(f"{source}: metadata sources is not a JSON list of [name, bytes]") \
             from None
-    if not re.fullmatch(r"[0-9a-f]{64}", metadata["digest"]):
-        raise BadInput(f"{source}: metadata digest is not 64 lowercase hex digits")
+    if not is_digest(metadata["digest"]):
+        raise BadInput(f"{source}: metadata digest is not {DIGEST_FORMS}")
     try:
         optimum = float(metadata["optimum"])
     except ValueError:

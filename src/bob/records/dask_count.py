@@ -3,12 +3,13 @@
     bob count --dask corpus/            # a LocalCluster on this machine
     bob count --dask tcp://host:8786 s3://bucket/crawl/
 
-The tasks are the same as the worker processes' (`counting.count_batch` over
-pieces of files), so the counts are bit-identical to the single-process path
-for every partitioning: integers add exactly, in any order. Workers open the
-files themselves, so on a cluster of many machines the paths must be shared or
-remote (fsspec URLs). Dask retries a task whose worker died; a task that keeps
-failing ends the count with one line naming its file and byte range.
+The tasks are pieces of files, as the worker threads here count them
+(`counting.count_batch` over them), so the counts are bit-identical to the
+single-machine path for every partitioning: integers add exactly, in any
+order. Workers open the files themselves, so on a cluster of many machines the
+paths must be shared or remote (fsspec URLs). Dask retries a task whose worker
+died; a task that keeps failing ends the count with one line naming its file
+and byte range.
 
 Dask is the optional extra ``bob[dask]``; it is imported only here.
 """

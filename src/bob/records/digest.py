@@ -1,0 +1,106 @@
+"""The data digest: which data a model trained on, as a checkpoint and a counts file record it.
+
+Two versions exist, told apart by their form:
+
+    sparse (version 2)  "v2:" + sha256 hex of, in order:
+                        SPARSE_DOMAIN, then V and K as little-endian u64,
+                        then the K keys prev * V + next of the non-zero counts in
+                        row-major order as little-endian u64,
+                        then their weights C / N as little-endian binary32.
+                        O(K) work for K distinct pairs, whatever V is.
+    legacy              sha256 hex of the dense V x V table of weights, row-major
+                        binary32 (the corpus input record's bytes): O(V * V) work.
+
+Each weight is formed as `corpus.weights` forms it: the float64 quotient C / N
+rounded to float32. Proportional counts have equal weights, so equal digests.
+`digest_matches` checks a stored digest of either version against counts,
+computing the legacy digest only for a legacy one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from bob.records.counting import PairCounts
+
+SPARSE_PREFIX = "v2:"
+SPARSE_DOMAIN = b"bob-data-digest sparse-weights v2\0"
+LEGACY_DIGEST = re.compile(r"[0-9a-f]{64}")
+SPARSE_DIGEST = re.compile(re.escape(SPARSE_PREFIX) + r"[0-9a-f]{64}")
+DIGEST_FORMS = f"64 lowercase hex digits, alone or after {SPARSE_PREFIX!r}"  # for messages
+ENTRIES_AT_A_TIME = 1 << 20  # sparse entries hashed at a time (12 MiB of keys and weights)
+LEGACY_ELEMENTS = 1 << 22  # legacy weights hashed at a time (32 MiB of float64)
+
+
+def is_digest(text: object) -> bool:
+    """A data digest of either version."""
+    return isinstance(text, str) and bool(SPARSE_DIGEST.fullmatch(text)
+                                          or LEGACY_DIGEST.fullmatch(text))
+
+
+def is_sparse(digest: str) -> bool:
+    return digest.startswith(SPARSE_PREFIX)
+
+
+def _weights(values: np.ndarray, total: int) -> np.ndarray:
+    """C / N as corpus.weights forms it: the float64 quotient rounded to float32."""
+    return (values.astype(np.float64) / total).astype("<f4")
+
+
+def sparse_digest(counts: PairCounts) -> str:
+    """The version 2 digest of the counts: their keys and weights, never a dense table."""
+    total = counts.transitions
+    if total == 0:
+        raise ValueError("the counts are all zero")
+    keys, values = counts.pairs()
+    hasher = hashlib.sha256(SPARSE_DOMAIN)
+    hasher.update(np.array([counts.vocab, keys.size], "<u8").tobytes())
+    for first in range(0, keys.size, ENTRIES_AT_A_TIME):
+        wide = keys[first:first + ENTRIES_AT_A_TIME].astype("<u8")
+        hasher.update(memoryview(wide).cast("B"))
+    for first in range(0, keys.size, ENTRIES_AT_A_TIME):
+        weights = _weights(values[first:first + ENTRIES_AT_A_TIME], total)
+        hasher.update(memoryview(weights).cast("B"))
+    return SPARSE_PREFIX + hasher.hexdigest()
+
+
+def legacy_digest(counts: PairCounts) -> str:
+    """The legacy digest: sha256 of (C / N) as float32, row-major, a block of rows at a time.
+
+    Equal to the corpus input record's data_digest without building the V x V
+    table at once; its work is still V * V.
+    """
+    total = counts.transitions
+    if total == 0:
+        raise ValueError("the counts are all zero")
+    vocab = counts.vocab
+    keys, values = counts.pairs()
+    hasher = hashlib.sha256()
+    step = max(1, LEGACY_ELEMENTS // vocab)  # rows at a time
+    starts = np.searchsorted(keys, np.arange(0, vocab + step, step, dtype=np.int64) * vocab)
+    block = np.zeros(step * vocab, "<f4")  # reused: only the counted cells are written
+    for k, first in enumerate(range(0, vocab, step)):
+        last = min(first + step, vocab)
+        lo, hi = starts[k], starts[k + 1]
+        at = keys[lo:hi].astype(np.int64) - first * vocab
+        block[at] = _weights(values[lo:hi], total)
+        hasher.update(memoryview(block[: (last - first) * vocab]).cast("B"))
+        block[at] = 0
+    return hasher.hexdigest()
+
+
+def digest_matches(stored: str, counts: PairCounts) -> bool:
+    """Whether `stored` (either version) is the digest of the counts' weights.
+
+    Only a legacy digest costs the V x V pass; ValueError when `stored` is not a digest.
+    """
+    if SPARSE_DIGEST.fullmatch(stored):
+        return stored == sparse_digest(counts)
+    if LEGACY_DIGEST.fullmatch(stored):
+        return stored == legacy_digest(counts)
+    raise ValueError(f"{stored!r} is not a data digest ({DIGEST_FORMS})")
