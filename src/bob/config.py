@@ -54,6 +54,13 @@ ARENA_KINDS = ("device", "host")  # cuda and nv: arena in device memory or mappe
 # registry's (bob.backends.registry): this floor knows no backend.
 
 
+
+def require_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    """BadInput naming `name` and its choices unless `value` is one of them."""
+    if value not in choices:
+        raise BadInput(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+
+
 # -- AdamW -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Hyper:

@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
+from typing import TypeVar
 
 import numpy as np
 
@@ -61,6 +62,7 @@ Copy = tuple[int, int, int]
 Completion = Callable[[], None]
 # stream_read's receiver: (tensor name, byte offset in the tensor, the bytes from there)
 Sink = Callable[[str, int, np.ndarray], None]
+_HostMemory = TypeVar("_HostMemory", Landing, HostRing)  # the read pipeline's, by size
 
 
 def require_arena_kind(arena: str) -> str:
@@ -357,29 +359,31 @@ class Backend(ABC):
                 for name, position, size in layout}
 
     def _landing_buffer(self, size: int) -> np.ndarray | None:
-        """A free landing buffer for a read of `size` bytes, or None (the buffers are made
-        anew when the size changes, once no queued read lands in the old ones)."""
-        size = -(-size // self.landing_granule) * self.landing_granule
-        if self._landing is None or self._landing.size != size:
-            if self._landing is not None:
-                self._wait_reads()
-                landing, self._landing = self._landing, None
-                landing.close()
-            self._landing = Landing(size, self._register_host, self._unregister_host,
-                                    minimum=self.landing_min_bytes)
-        return self._landing.take()
+        """A free landing buffer for a read of `size` bytes, or None."""
+        landing = self._sized_host_memory("_landing", size, lambda whole: Landing(
+            whole, self._register_host, self._unregister_host, minimum=self.landing_min_bytes))
+        return landing.take()
 
     def _ring_for(self, size: int) -> HostRing:
-        """stream_read's ring for chunks of `size` bytes (made anew when the size changes)."""
+        """stream_read's ring for chunks of `size` bytes."""
+        return self._sized_host_memory("_ring", size, lambda whole: HostRing(
+            whole, STREAM_RING_BUFFERS, self._register_host, self._unregister_host))
+
+    def _sized_host_memory(self, attribute: str, size: int,
+                           make: Callable[[int], _HostMemory]) -> _HostMemory:
+        """The read pipeline's host memory held in `attribute` (`_landing`, `_ring`) for
+        reads of `size` bytes in whole granules: made anew by `make` when the size changes,
+        the old given up first, once no queued read lands in it."""
         size = -(-size // self.landing_granule) * self.landing_granule
-        if self._ring is None or self._ring.size != size:
-            if self._ring is not None:
+        held = getattr(self, attribute)
+        if held is None or held.size != size:
+            if held is not None:
                 self._wait_reads()
-                ring, self._ring = self._ring, None
-                ring.close()
-            self._ring = HostRing(size, STREAM_RING_BUFFERS, self._register_host,
-                                  self._unregister_host)
-        return self._ring
+                setattr(self, attribute, None)  # given up even where closing fails
+                held.close()
+            held = make(size)
+            setattr(self, attribute, held)
+        return held
 
     def _close_reads(self) -> None:
         """The read pipeline's host memory given up (each backend calls this while its

@@ -63,7 +63,28 @@ def default_kernels() -> tuple[str, Mapping[str, Kernel]]:
     return "reference", reference
 
 
-class CpuBackend(Backend):
+class HostArenaBackend(Backend):
+    """A backend whose arena is one NumPy byte buffer laid out as the plan's, in host
+    memory (cpu, nv-sim): its kernels run on it through `memory`."""
+
+    def __init__(self, plan: Plan | CertifiedPlan):
+        super().__init__(plan)
+        arena = self.plan.address_map.arena
+        self.arena = np.zeros(arena.bytes, dtype=np.uint8)
+        self.memory = Memory(self.arena, arena.base)
+
+    def _write_arena(self, offset: int, data: memoryview) -> None:
+        self.arena[offset:offset + data.nbytes] = np.frombuffer(data, np.uint8)
+
+    def _read_arena(self, offset: int, size: int) -> bytes:
+        return self.arena[offset:offset + size].tobytes()
+
+    def _clear_arena(self, spans: list[tuple[int, int]]) -> None:
+        for offset, size in spans:
+            self.arena[offset:offset + size] = 0
+
+
+class CpuBackend(HostArenaBackend):
     name = "cpu"
 
     def __init__(self, plan: Plan | CertifiedPlan, kernels: Mapping[str, Kernel] | None = None):
@@ -77,8 +98,6 @@ class CpuBackend(Backend):
         if missing:
             raise KeyError(f"no CPU implementation for regions {sorted(missing)}")
         self.kernels = kernels
-        self.arena = np.zeros(plan.arena_bytes, dtype=np.uint8)
-        self.memory = Memory(self.arena, plan.address_map.arena.base)
         self._arguments = [self._decode(i) for i in range(plan.launch_count)]
 
     def _decode(self, launch_index: int) -> dict[str, int | np.float32]:
@@ -86,16 +105,6 @@ class CpuBackend(Backend):
         region = self.plan.region(self.plan.launches[launch_index].region)
         block = self.parameter_block(launch_index)
         return kernel_arguments(decode_parameter_block(self.plan.target, region, block))
-
-    def _write_arena(self, offset: int, data: memoryview) -> None:
-        self.arena[offset:offset + data.nbytes] = np.frombuffer(data, np.uint8)
-
-    def _read_arena(self, offset: int, size: int) -> bytes:
-        return self.arena[offset:offset + size].tobytes()
-
-    def _clear_arena(self, spans: list[tuple[int, int]]) -> None:
-        for offset, size in spans:
-            self.arena[offset:offset + size] = 0
 
     def _run(self, submissions: range) -> None:
         for index in submissions:

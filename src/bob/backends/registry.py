@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 
 from bob.config import (
     ARENA_KINDS,
-    AUTO_SUBMISSION,
     DEFAULT_SUBMISSION_POLICY,
     DEFAULT_TARGET,
     SUBMISSION_CHOICES,
     SUBMISSION_POLICIES,
     SubmissionPolicy,
+    require_choice,
 )
 from bob.errors import BackendUnavailable, BadInput, BobError
 
@@ -251,9 +251,7 @@ def resolve_submission(requested: str, *backends: str) -> SubmissionPolicy:
     """
     if requested in SUBMISSION_POLICIES:
         return requested  # type: ignore[return-value]
-    if requested != AUTO_SUBMISSION:
-        raise BadInput(f"submission must be one of {', '.join(SUBMISSION_CHOICES)}, not "
-                       f"{requested!r}")
+    require_choice("submission", requested, SUBMISSION_CHOICES)
     unknown = [name for name in backends if name not in _BY_NAME]
     if unknown:  # "auto" (the backend) must be resolved first: it names no stream
         raise ValueError(f"resolve the backend {unknown[0]!r} before its submission policy")

@@ -30,6 +30,7 @@ from bob.config import (
     SCHEDULES,
     SUBMISSION_CHOICES,
     Hyper,
+    require_choice,
 )
 from bob.errors import BadInput, Interrupted
 from bob.files import check_output_file
@@ -99,12 +100,8 @@ class TrainRequest:
         if self.updates_per_invocation < 1:
             raise BadInput("updates_per_invocation must be at least 1, not "
                            f"{self.updates_per_invocation}")
-        if self.schedule not in SCHEDULES:
-            raise BadInput(f"schedule must be one of {', '.join(SCHEDULES)}, not "
-                           f"{self.schedule!r}")
-        if self.submission not in SUBMISSION_CHOICES:
-            raise BadInput(f"submission must be one of {', '.join(SUBMISSION_CHOICES)}, not "
-                           f"{self.submission!r}")
+        require_choice("schedule", self.schedule, SCHEDULES)
+        require_choice("submission", self.submission, SUBMISSION_CHOICES)
         if self.new_data and not self.resume:
             raise BadInput("--new-data continues a checkpoint on other data: it needs --resume")
         unknown = sorted(set(self.hyper_changes or ()) - set(HYPER_FIELDS))

@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import importlib.metadata
 import json
 import math
 import os
-import re
 import socket
 import struct
 from collections.abc import Iterable, Iterator
@@ -66,20 +64,19 @@ from bob.records.binary import (
     index_text,
 )
 from bob.records.digest import DIGEST_FORMS, is_digest
+from bob.records.metadata import (
+    PLAIN_INTEGER,
+    bob_version,
+    read_integers,
+    read_number,
+    require_fields,
+)
 
 FORMAT = "bob-checkpoint"
 FORMAT_VERSION = 1
 REQUIRED_METADATA = ("format", "format_version", "vocab", "step", "mode", *HYPER_FIELDS,
                      "data_digest")
 DEFAULT_HYPER = Hyper()
-_INTEGER = re.compile(r"0|[1-9][0-9]*")  # plain decimal: no sign, spaces or underscores
-
-
-def bob_version() -> str:
-    try:
-        return importlib.metadata.version("bob")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _digest_problem(digest: object) -> str | None:
@@ -420,38 +417,22 @@ class _Fields:
 
 def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
     """Every field present and well formed, or BadInput naming the first that is not."""
-    if metadata.get("format") != FORMAT:
-        found = f"format {metadata['format']!r}" if "format" in metadata else "no format field"
-        raise BadInput(f"{source}: not a Bob checkpoint ({found} in the metadata, expected "
-                       f"{FORMAT!r})")
-    for name in REQUIRED_METADATA:
-        if name not in metadata:
-            raise BadInput(f"{source}: metadata field {name!r} is missing")
+    require_fields(metadata, source, kind="checkpoint", format_name=FORMAT,
+                   required=REQUIRED_METADATA)
     version = metadata["format_version"]
-    if not _INTEGER.fullmatch(version):
+    if not PLAIN_INTEGER.fullmatch(version):
         raise BadInput(f"{source}: metadata format_version {version!r} is not an integer")
     if int(version) != FORMAT_VERSION:
         raise BadInput(f"{source}: unsupported checkpoint format version {version} "
                        f"(this Bob reads version {FORMAT_VERSION})")
-    integers = {}
-    for name in ("vocab", "step"):
-        if not _INTEGER.fullmatch(metadata[name]):
-            raise BadInput(f"{source}: metadata {name} {metadata[name]!r} is not a "
-                           f"non-negative integer")
-        integers[name] = int(metadata[name])
+    integers = read_integers(metadata, ("vocab", "step"), source)
     if not MIN_VOCAB <= integers["vocab"] <= MAX_VOCAB:
         raise BadInput(f"{source}: metadata vocab {integers['vocab']} is outside "
                        f"[{MIN_VOCAB}, {MAX_VOCAB}]")
     if metadata["mode"] not in MODES:
         raise BadInput(f"{source}: metadata mode {metadata['mode']!r} is not 'hard' or "
                        f"'corpus'")
-    values = {}
-    for name in HYPER_FIELDS:
-        try:
-            values[name] = float(metadata[name])
-        except ValueError:
-            raise BadInput(f"{source}: metadata {name} {metadata[name]!r} is not a "
-                           f"number") from None
+    values = {name: read_number(metadata, name, source) for name in HYPER_FIELDS}
     try:
         hyper = Hyper(**values)
     except BadInput as problem:
@@ -463,11 +444,7 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
     val_history = _read_history(metadata, "val_history", source)
     optimum = None
     if "optimum" in metadata:
-        try:
-            optimum = float(metadata["optimum"])
-        except ValueError:
-            raise BadInput(f"{source}: metadata optimum {metadata['optimum']!r} is not a "
-                           f"number") from None
+        optimum = read_number(metadata, "optimum", source)
         problem = _optimum_problem(optimum)
         if problem:
             raise BadInput(f"{source}: metadata {problem}")

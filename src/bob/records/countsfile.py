@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import re
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +38,6 @@ from safetensors import SafetensorError, safe_open
 
 from bob.errors import BadInput
 from bob.files import StrPath, atomic_write
-from bob.records.checkpoint import bob_version
 from bob.records.corpus import optimum_of_slices, weights
 from bob.records.counting import (
     COUNT_MAX_VOCAB,
@@ -49,13 +47,13 @@ from bob.records.counting import (
     PairCounts,
 )
 from bob.records.digest import DIGEST_FORMS, is_digest, sparse_digest
+from bob.records.metadata import bob_version, read_integers, read_number, require_fields
 
 FORMAT = "bob-counts"
 FORMAT_VERSION = 1
 REQUIRED_METADATA = ("format", "format_version", "vocab", "layout", "sources", "transitions",
                      "digest", "optimum")
 ENTRIES_AT_A_TIME = 1 << 20  # sparse entries written at a time
-_INTEGER = re.compile(r"0|[1-9][0-9]*")
 
 
 def counts_optimum(counts: PairCounts) -> float:
@@ -197,21 +195,13 @@ class _Fields:
 
 
 def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
-    if metadata.get("format") != FORMAT:
-        found = f"format {metadata['format']!r}" if "format" in metadata else "no format field"
-        raise BadInput(f"{source}: not a Bob counts file ({found} in the metadata, expected "
-                       f"{FORMAT!r}; make one with bob count)")
-    for name in REQUIRED_METADATA:
-        if name not in metadata:
-            raise BadInput(f"{source}: metadata field {name!r} is missing")
+    require_fields(metadata, source, kind="counts file", format_name=FORMAT,
+                   required=REQUIRED_METADATA, hint="; make one with bob count")
     if metadata["format_version"] != str(FORMAT_VERSION):
         raise BadInput(f"{source}: unsupported counts format version "
                        f"{metadata['format_version']!r} (this Bob reads {FORMAT_VERSION})")
-    for name in ("vocab", "transitions"):
-        if not _INTEGER.fullmatch(metadata[name]):
-            raise BadInput(f"{source}: metadata {name} {metadata[name]!r} is not a "
-                           f"non-negative integer")
-    vocab = int(metadata["vocab"])
+    integers = read_integers(metadata, ("vocab", "transitions"), source)
+    vocab = integers["vocab"]
     if not MIN_VOCAB <= vocab <= COUNT_MAX_VOCAB:
         raise BadInput(f"{source}: metadata vocab {vocab} is outside "
                        f"[{MIN_VOCAB}, {COUNT_MAX_VOCAB}]")
@@ -226,14 +216,10 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
             from None
     if not is_digest(metadata["digest"]):
         raise BadInput(f"{source}: metadata digest is not {DIGEST_FORMS}")
-    try:
-        optimum = float(metadata["optimum"])
-    except ValueError:
-        raise BadInput(f"{source}: metadata optimum {metadata['optimum']!r} is not a "
-                       f"number") from None
+    optimum = read_number(metadata, "optimum", source)
     if not (optimum >= 0 and optimum != float("inf")):
         raise BadInput(f"{source}: metadata optimum {optimum!r} is not a finite number >= 0")
-    return _Fields(vocab, layout, sources, int(metadata["transitions"]), metadata["digest"],
+    return _Fields(vocab, layout, sources, integers["transitions"], metadata["digest"],
                    optimum)
 
 

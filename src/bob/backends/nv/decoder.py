@@ -505,67 +505,67 @@ class _Schema:
 
     grid: tuple[str, str, str]
     registers: str
-    program: tuple[str, str]
-    cbuf_valid: str  # families
     cbuf_address: tuple[str, str]
-    cbuf_size: str
     releases: tuple[_ReleaseNames, ...]
     dependents: tuple[_DependentNames, ...]
+    program: tuple[str, str] = ("PROGRAM_ADDRESS_LOWER", "PROGRAM_ADDRESS_UPPER")
+    cbuf_valid: str = "CONSTANT_BUFFER_VALID"  # families
+    cbuf_size: str = "CONSTANT_BUFFER_SIZE_SHIFTED4"
     block: tuple[str, str, str] = ("CTA_THREAD_DIMENSION0", "CTA_THREAD_DIMENSION1",
                                    "CTA_THREAD_DIMENSION2")
 
 
-_SCHEMAS = {
-    "03_00": _Schema(
-        grid=("CTA_RASTER_WIDTH", "CTA_RASTER_HEIGHT", "CTA_RASTER_DEPTH"),
-        registers="REGISTER_COUNT_V",
-        program=("PROGRAM_ADDRESS_LOWER", "PROGRAM_ADDRESS_UPPER"),
-        cbuf_valid="CONSTANT_BUFFER_VALID",
-        cbuf_address=("CONSTANT_BUFFER_ADDR_LOWER", "CONSTANT_BUFFER_ADDR_UPPER"),
-        cbuf_size="CONSTANT_BUFFER_SIZE_SHIFTED4",
-        releases=(
-            _ReleaseNames("RELEASE0_ENABLE", ("RELEASE0_ADDRESS_LOWER", "RELEASE0_ADDRESS_UPPER"),
-                          ("RELEASE0_PAYLOAD_LOWER", "RELEASE0_PAYLOAD_UPPER"),
-                          "RELEASE0_PAYLOAD64B", "RELEASE0_STRUCTURE_SIZE"),
-            _ReleaseNames("RELEASE1_ENABLE", ("RELEASE1_ADDRESS_LOWER", "RELEASE1_ADDRESS_UPPER"),
-                          ("RELEASE1_PAYLOAD_LOWER", "RELEASE1_PAYLOAD_UPPER"),
-                          "RELEASE1_PAYLOAD64B", "RELEASE1_STRUCTURE_SIZE"),
-            _ReleaseNames("RELEASE2_ENABLE", ("RELEASE2_ADDRESS_LOWER", "RELEASE2_ADDRESS_UPPER"),
-                          ("RELEASE2_PAYLOAD_LOWER", "RELEASE2_PAYLOAD_UPPER"),
-                          "RELEASE2_PAYLOAD64B", "RELEASE2_STRUCTURE_SIZE"),
-        ),
-        dependents=tuple(
-            _DependentNames(f"DEPENDENT_QMD{i}_ENABLE", f"DEPENDENT_QMD{i}_ACTION",
-                            f"DEPENDENT_QMD{i}_PREFETCH", f"DEPENDENT_QMD{i}_POINTER")
-            for i in (0, 1)),
-    ),
-    "04_00": _Schema(
-        grid=("GRID_WIDTH", "GRID_HEIGHT", "GRID_DEPTH"),
-        registers="REGISTER_COUNT",
-        program=("PROGRAM_ADDRESS_LOWER", "PROGRAM_ADDRESS_UPPER"),
-        cbuf_valid="CONSTANT_BUFFER_VALID",
-        cbuf_address=("CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6", "CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6"),
-        cbuf_size="CONSTANT_BUFFER_SIZE_SHIFTED4",
-        releases=(
-            _ReleaseNames("RELEASE_ENABLE(0)",
-                          ("RELEASE_SEMAPHORE0_ADDR_LOWER", "RELEASE_SEMAPHORE0_ADDR_UPPER"),
-                          ("RELEASE_SEMAPHORE0_PAYLOAD_LOWER", "RELEASE_SEMAPHORE0_PAYLOAD_UPPER"),
-                          "RELEASE_PAYLOAD64B(0)", "RELEASE_STRUCTURE_SIZE(0)"),
-            _ReleaseNames("RELEASE_ENABLE(1)",
-                          ("RELEASE_SEMAPHORE1_ADDR_LOWER", "RELEASE_SEMAPHORE1_ADDR_UPPER"),
-                          ("RELEASE_SEMAPHORE1_PAYLOAD_LOWER", "RELEASE_SEMAPHORE1_PAYLOAD_UPPER"),
-                          "RELEASE_PAYLOAD64B(1)", "RELEASE_STRUCTURE_SIZE(1)"),
-            _ReleaseNames("RELEASE_ENABLE(2)",
-                          ("RELEASE_SEMAPHORE2_ADDR_LOWER", "RELEASE_SEMAPHORE2_ADDR_UPPER"),
-                          ("RELEASE_SEMAPHORE2_PAYLOAD_LOWER", "RELEASE_SEMAPHORE2_PAYLOAD_UPPER"),
-                          "RELEASE_PAYLOAD64B(2)", "RELEASE_STRUCTURE_SIZE(2)"),
-        ),
-        dependents=tuple(
-            _DependentNames(f"DEPENDENT_QMD_ENABLE({i})", f"DEPENDENT_QMD_ACTION({i})",
-                            f"DEPENDENT_QMD_PREFETCH({i})", f"DEPENDENT_QMD{i}_POINTER")
-            for i in (0, 1)),
-    ),
+_SCHEMA_VERSIONS = ("03_00", "04_00")
+_RELEASES = 3
+_DEPENDENTS = 2
+# The fields the versions name differently, side by side: what each holds, then its name
+# in V03_00 and in V04_00; {i} stands for the index of a release or a dependent QMD.
+_RENAMED_FIELDS = {
+    "grid width": ("CTA_RASTER_WIDTH", "GRID_WIDTH"),
+    "grid height": ("CTA_RASTER_HEIGHT", "GRID_HEIGHT"),
+    "grid depth": ("CTA_RASTER_DEPTH", "GRID_DEPTH"),
+    "registers": ("REGISTER_COUNT_V", "REGISTER_COUNT"),
+    "cbuf address lower": ("CONSTANT_BUFFER_ADDR_LOWER", "CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6"),
+    "cbuf address upper": ("CONSTANT_BUFFER_ADDR_UPPER", "CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6"),
+    "release enable": ("RELEASE{i}_ENABLE", "RELEASE_ENABLE({i})"),
+    "release address lower": ("RELEASE{i}_ADDRESS_LOWER", "RELEASE_SEMAPHORE{i}_ADDR_LOWER"),
+    "release address upper": ("RELEASE{i}_ADDRESS_UPPER", "RELEASE_SEMAPHORE{i}_ADDR_UPPER"),
+    "release payload lower": ("RELEASE{i}_PAYLOAD_LOWER", "RELEASE_SEMAPHORE{i}_PAYLOAD_LOWER"),
+    "release payload upper": ("RELEASE{i}_PAYLOAD_UPPER", "RELEASE_SEMAPHORE{i}_PAYLOAD_UPPER"),
+    "release payload64": ("RELEASE{i}_PAYLOAD64B", "RELEASE_PAYLOAD64B({i})"),
+    "release structure": ("RELEASE{i}_STRUCTURE_SIZE", "RELEASE_STRUCTURE_SIZE({i})"),
+    "dependent enable": ("DEPENDENT_QMD{i}_ENABLE", "DEPENDENT_QMD_ENABLE({i})"),
+    "dependent action": ("DEPENDENT_QMD{i}_ACTION", "DEPENDENT_QMD_ACTION({i})"),
+    "dependent prefetch": ("DEPENDENT_QMD{i}_PREFETCH", "DEPENDENT_QMD_PREFETCH({i})"),
+    "dependent pointer": ("DEPENDENT_QMD{i}_POINTER", "DEPENDENT_QMD{i}_POINTER"),
 }
+
+
+def _schema(version: str) -> _Schema:
+    """One version's column of the renamed fields."""
+    column = _SCHEMA_VERSIONS.index(version)
+
+    def name(role: str, index: int = 0) -> str:
+        return _RENAMED_FIELDS[role][column].format(i=index)
+
+    return _Schema(
+        grid=(name("grid width"), name("grid height"), name("grid depth")),
+        registers=name("registers"),
+        cbuf_address=(name("cbuf address lower"), name("cbuf address upper")),
+        releases=tuple(
+            _ReleaseNames(name("release enable", i),
+                          (name("release address lower", i), name("release address upper", i)),
+                          (name("release payload lower", i), name("release payload upper", i)),
+                          name("release payload64", i), name("release structure", i))
+            for i in range(_RELEASES)),
+        dependents=tuple(
+            _DependentNames(name("dependent enable", i), name("dependent action", i),
+                            name("dependent prefetch", i), name("dependent pointer", i))
+            for i in range(_DEPENDENTS)),
+    )
+
+
+_SCHEMAS = {version: _schema(version) for version in _SCHEMA_VERSIONS}
 
 
 class DecodedQmd:

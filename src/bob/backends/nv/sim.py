@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from bob.backends.base import Backend, Patch
-from bob.backends.cpu import kernel_arguments
+from bob.backends.base import Patch
+from bob.backends.cpu import HostArenaBackend, Kernel, kernel_arguments
 from bob.backends.nv.decoder import (
     TABLES,
     DecodedQmd,
@@ -58,12 +57,10 @@ from bob.backends.nv.decoder import (
 )
 from bob.backends.nv.encoder import SETUP_ENTRIES, EncodedProgram, encode
 from bob.errors import BackendUnavailable, RunFailure
-from bob.kernels.memory import Memory
 from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Plan, Scalar
 from bob.plan.placement import argument_bytes_end, decode_parameter_block
 
-Kernel = Callable[[Memory, dict[str, "int | np.float32"]], None]
 WORD_BYTES = 4
 WORD_BITS = 32
 SEMAPHORE_BYTES = 8
@@ -105,7 +102,7 @@ def _reference_kernels() -> dict[str, Kernel]:
     return KERNELS
 
 
-class NvSimBackend(Backend):
+class NvSimBackend(HostArenaBackend):
     name = "nv-sim"
 
     def __init__(self, plan: Plan | CertifiedPlan, kernels: dict[str, Kernel] | None = None):
@@ -114,9 +111,6 @@ class NvSimBackend(Backend):
         self.kernels = _reference_kernels() if kernels is None else kernels
         self.encoded: EncodedProgram = encode(self.certified)
         self._regions = self._region_table(plan)
-        arena = plan.address_map.arena
-        self._arena = np.zeros(arena.bytes, dtype=np.uint8)
-        self.memory = Memory(self._arena, arena.base)
         self._components = {
             c.name: (c.base, bytearray(c.data)) for c in self.encoded.components
             if c.base is not None
@@ -148,16 +142,6 @@ class NvSimBackend(Backend):
         return table
 
     # -- the host's side --------------------------------------------------------------
-    def _write_arena(self, offset: int, data: memoryview) -> None:
-        self._arena[offset:offset + data.nbytes] = np.frombuffer(data, dtype=np.uint8)
-
-    def _read_arena(self, offset: int, size: int) -> bytes:
-        return self._arena[offset:offset + size].tobytes()
-
-    def _clear_arena(self, spans: list[tuple[int, int]]) -> None:
-        for offset, size in spans:
-            self._arena[offset:offset + size] = 0
-
     def _run(self, submissions: range) -> None:
         for index in submissions:
             slot = self.encoded.submission_semaphore(index)

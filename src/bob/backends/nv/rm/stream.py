@@ -470,6 +470,17 @@ class RuntimeStream:
         self.copy_channel.submit([self._place(index, read, after, self.reads)])
         return self.reads
 
+    def _free_write_slot(self) -> int:
+        """The next write slot, once the copies last staged in it are done (the slots are
+        made at the first write)."""
+        if self.writes is None:
+            self.writes = self._host_memory(WRITE_SLOTS * WRITE_SLOT_BYTES, WRITES_VA,
+                                            "write slots")
+        slot = self._next_slot
+        self._next_slot = (slot + 1) % WRITE_SLOTS
+        self.wait_for(self._slot_free_after[slot], f"write slot {slot}")
+        return slot
+
     def queue_write(self, destination: int, data: memoryview) -> int:
         """Queue `data` (at most WRITE_SLOT_BYTES) for GPU address `destination`: staged in
         the next write slot now, copied in its turn; the counter value of the copy."""
@@ -483,12 +494,7 @@ class RuntimeStream:
         if not writes or any(not len(data) for _, data in writes) or total > WRITE_SLOT_BYTES:
             raise ValueError(f"queued writes are 1 to {WRITE_SLOT_BYTES} bytes together, "
                              f"each at least 1, not {[len(data) for _, data in writes]}")
-        if self.writes is None:
-            self.writes = self._host_memory(WRITE_SLOTS * WRITE_SLOT_BYTES, WRITES_VA,
-                                            "write slots")
-        slot = self._next_slot
-        self._next_slot = (slot + 1) % WRITE_SLOTS
-        self.wait_for(self._slot_free_after[slot], f"write slot {slot}")
+        slot = self._free_write_slot()
         pieces, position = [], slot * WRITE_SLOT_BYTES
         for destination, data in writes:
             self.writes.write(position, data)
@@ -504,12 +510,7 @@ class RuntimeStream:
         counter value of the last batch."""
         if not ranges or any(size < 1 for _, size in ranges):
             raise ValueError(f"zeros are queued for ranges of at least 1 byte, not {ranges}")
-        if self.writes is None:
-            self.writes = self._host_memory(WRITE_SLOTS * WRITE_SLOT_BYTES, WRITES_VA,
-                                            "write slots")
-        slot = self._next_slot
-        self._next_slot = (slot + 1) % WRITE_SLOTS
-        self.wait_for(self._slot_free_after[slot], f"write slot {slot}")
+        slot = self._free_write_slot()
         source = WRITES_VA + slot * WRITE_SLOT_BYTES
         pieces = [(source, address + done, min(WRITE_SLOT_BYTES, size - done))
                   for address, size in ranges for done in range(0, size, WRITE_SLOT_BYTES)]
@@ -598,16 +599,12 @@ class RuntimeStream:
 
     def close(self) -> None:
         del self._counter, self._reads
-        for block in (self.staging, self.writes, self.profile_buffer):
-            if block is not None:
-                block.close()
+        for part in (self.staging, self.writes, self.profile_buffer, self.snapshots,
+                     self.copy_channel):
+            if part is not None:
+                part.close()
         self.staging = self.writes = self.profile_buffer = None
-        if self.snapshots is not None:
-            self.snapshots.close()
-            self.snapshots = None
-        if self.copy_channel is not None:
-            self.copy_channel.close()
-            self.copy_channel = None
+        self.snapshots = self.copy_channel = None
         self.block.close()
 
 
