@@ -1,6 +1,6 @@
-"""Issue 11: no silent surprises, no tracebacks. Resume on other data, stated
-hyperparameters, the checkpoint lock, outputs checked before work, interrupts,
-internal errors, --json, progress without a terminal, generate, stdin."""
+"""No silent surprises, no tracebacks: resume on other data, stated hyperparameters,
+the checkpoint lock, outputs checked before work, interrupts, internal errors, --json,
+progress without a terminal, generate, stdin."""
 
 from __future__ import annotations
 

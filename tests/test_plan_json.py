@@ -79,7 +79,7 @@ def _text(replace_from: str, replace_to: str):
 ADAMW = 2  # regions[2] is bob-adamw
 # (edit, the message after "bob: FILE: ")
 REFUSALS = {
-    # the cases
+    # numbers out of range, sizes and counts past the plan
     "negative tensor size": (_set("tensors[4].bytes", -4), "tensors[4].bytes: -4 is below 0"),
     "negative shape": (_set("tensors[0].shape[0]", -1), "tensors[0].shape[0]: -1 is below 0"),
     "negative semaphore": (_set("submissions[2].semaphore", -1),

@@ -315,7 +315,7 @@ def test_bob_plan_at_65536_certifies(capsys) -> None:
     assert json.loads(out)["address_map"]["arena"]["bytes"] == plan.arena_bytes
 
 
-# -- issue 15's path up to the device, at a V the CPU can hold -----------------------------
+# -- a token file counted sparse, up to the device, at a V the CPU can hold ------------
 
 
 def token_walk(path: Path, vocab: int, tokens: int = 20_000) -> None:

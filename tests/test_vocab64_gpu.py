@@ -1,4 +1,4 @@
-"""Large vocabularies on the GPU (issue 14's V up to 65536, issue 15's V = 50257).
+"""Large vocabularies on the GPU (V up to 65536, and a GPT-2-sized V = 50257).
 
     PYTHONPATH=src python -m pytest -m gpu tests/test_vocab64_gpu.py -s    # on an H200
 
@@ -174,13 +174,13 @@ def test_a_large_fused_invocation_matches_the_reference_rows(cuda_choice: Backen
     print(f"V={vocab} {mode}: {len(checked)} rows identical to the reference, all finite")
 
 
-# -- V = 50257: issue 15's path ---------------------------------------------------------
+# -- V = 50257: a token file counted sparse, then trained -----------------------------------
 
 
 @gpu
 def test_count_then_train_gpt2_sized_tokens_on_cuda(cuda_choice: BackendChoice, tmp_path: Path,
                                                     capsys) -> None:
-    """Issue 15's target: a train.bin of 100M uint16 tokens at V = 50257, counted sparse,
+    """A GPT-2-sized corpus: a train.bin of 100M uint16 tokens at V = 50257, counted sparse,
     trained on the GPU, with the exact validation loss of a held-out token file."""
     vocab, tokens, held_out = 50257, 100_000_000, 1_000_000
     rng = np.random.default_rng(15)

@@ -12,10 +12,10 @@
 // is taken from the w the update before it wrote (HELD_RUNNING_MAX), so only a launch's
 // first update of a row has a pass of its own for the max.
 //
-// The grid is one block per SM (program.bob.HELD_GRID); block b takes rows b, b + gridDim.x,
-// ... While it writes a row's last update (or its finish), each thread copies the next
-// row's held quads into the slots it has finished with (cp.async), so the next row's first
-// pass finds w in shared memory. Any grid gives the same bits.
+// The grid is one block per SM (the plan target's multiprocessors); block b takes rows b,
+// b + gridDim.x, ... While it writes a row's last update (or its finish), each thread
+// copies the next row's held quads into the slots it has finished with (cp.async), so the
+// next row's first pass finds w in shared memory. Any grid gives the same bits.
 //
 // Thread t takes the quad at j = 4 HELD_THREADS r + 4 t in round r: the max and the update
 // are elementwise, so any mapping gives their bits. A lane-order fold (the row sum, the

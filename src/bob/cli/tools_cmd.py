@@ -1,4 +1,4 @@
-"""`bob check`, `bob doctor`, `bob bench`: comparing and inspecting backends."""
+"""`bob check` and `bob doctor`: comparing and inspecting backends."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ SHARED_REST = frozenset({FUSED_HELD_HARD, FUSED_HELD_CORPUS})
 # out, so there the figure errs 1 KiB high: on the safe side.
 HELD_STATIC_SHARED_BYTES = 21584 + 1024
 # Regions whose compiled image names their block (its launch bounds): a kernel compiled with
-# another TALL_THREADS (bench/bench_tall.py's variants) is planned with its own block.
+# other bounds (dev/cuda/bench_tall.py's TALL_*_THREADS variants) is planned with its own.
 BLOCK_FROM_IMAGE = frozenset({FUSED_TALL_HARD, FUSED_TALL_CORPUS, FUSED_HELD_HARD,
                               FUSED_HELD_CORPUS})
 

@@ -165,7 +165,7 @@ class BobConfig:
     schedule: Schedule = "seed"  # the seed's launches (the reference), or the fused region
     # Every launch its own submission (the reference), or chained submissions: see the
     # module docstring. The command line and the API ask for the backend's own
-    # (bob.config.resolve_submission).
+    # (bob.backends.registry.resolve_submission).
     submission: SubmissionPolicy = DEFAULT_SUBMISSION_POLICY
 
     def __post_init__(self) -> None:

@@ -14,5 +14,5 @@ No CUDA runtime and no libcuda: ioctl and mmap on /dev/nvidiactl and
 - ``snapshot``: Bob's copy kernels, a detached read's snapshot in video memory;
 - ``backend``: ``NvBackend``, the ``nv`` backend.
 
-The staged bring-up probe is tooling, in ``bob.bringup``.
+The staged bring-up probe is tooling beside the product, in the repository's ``dev.bringup``.
 """
