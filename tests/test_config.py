@@ -141,11 +141,3 @@ def test_imports_point_down(package: str, allowed: set[str]) -> None:
     assert _imported_packages(package) <= allowed
 
 
-def test_only_the_cli_imports_the_bench() -> None:
-    root = Path(config.__file__).parent
-    importers = {path.relative_to(root).parts[0]
-                 for path in root.rglob("*.py")
-                 if "from bob.bench" in path.read_text() or "import bob.bench" in path.read_text()}
-    assert importers <= {"cli", "bench"}
-
-

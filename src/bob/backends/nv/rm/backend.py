@@ -114,7 +114,7 @@ def _require_code(plan: Plan) -> None:
     for placed in plan.placed_regions:
         if not plan.region(placed.name).code:
             raise RunFailure(f"region {placed.name!r} has no machine code: build the plan with "
-                             "compiled sm_90 regions (bob.kernels.cuda.compile.compiled_regions)")
+                             "compiled sm_90 regions (bob.kernels.cuda.regions.compiled_regions)")
 
 
 class NvBackend(Backend):
