@@ -173,7 +173,7 @@ def lazy_checkpoint(vocab: int) -> ckpt.Checkpoint:
 
 def test_a_checkpoint_header_at_65536_has_64_bit_offsets(tmp_path: Path) -> None:
     state = lazy_checkpoint(V)
-    header = state._safetensors_header()
+    header = state.state.header()
     length = struct.unpack("<Q", header[:8])[0]
     layout = json.loads(header[8:8 + length])
     assert layout["second_moment"]["data_offsets"] == [2 * TABLE_BYTES, 3 * TABLE_BYTES]
