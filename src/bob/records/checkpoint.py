@@ -426,13 +426,14 @@ class CheckpointFile:
                     raise BadInput(f"{self.path}: {problem}")
         return out
 
-    def deliver(self, sink: TableSink, chunk_bytes: int = CHUNK_BYTES) -> None:
-        """Every byte of the three tables to `sink`, a checked chunk at a time, through two
-        buffers of `chunk_bytes` (the host holds no table)."""
+    def deliver(self, sink: TableSink, chunk_bytes: int = CHUNK_BYTES,
+                names: Sequence[str] = CHECKPOINT_TENSORS) -> None:
+        """Every byte of these tables (all three by default) to `sink`, a checked chunk at a
+        time, through two buffers of `chunk_bytes` (the host holds no table)."""
         buffers = [bytearray(min(chunk_bytes, self.state.table_bytes)) for _ in range(2)]
         turn = 0
         with reading(self.path, "checkpoint") as file:
-            for name in CHECKPOINT_TENSORS:
+            for name in names:
                 start = self._offset(name)
                 for offset in range(0, self.state.table_bytes, chunk_bytes):
                     size = min(chunk_bytes, self.state.table_bytes - offset)
@@ -454,6 +455,44 @@ class CheckpointFile:
 
         self.deliver(keep)
         return Checkpoint.of(self.state, *tables)
+
+
+@dataclass(frozen=True, eq=False)
+class StartingPoint:
+    """A training state and where its tables come from, with no table in host memory: a
+    checkpoint file (its chunks streamed into the arena) or none (every table zero)."""
+
+    state: TrainingState
+    source: CheckpointFile | None = None  # None: three zero tables
+
+    @classmethod
+    def fresh(cls, vocab: int, hyper: Hyper = DEFAULT_HYPER, mode: Mode = "hard",
+              data_digest: str = "") -> StartingPoint:
+        """A zero table and zero moments at step 0 (Checkpoint.zeros, without the zeros)."""
+        return cls(TrainingState(vocab, 0, hyper, mode, data_digest))
+
+
+PARAMETERS_FORMAT = "bob-parameters"
+
+
+def export_parameters(stored: CheckpointFile, out: StrPath) -> int:
+    """The checkpoint's parameters alone as a safetensors file (one F32 [V, V] tensor,
+    `parameters`, and the checkpoint's metadata but its format), written atomically a
+    chunk at a time; the bytes written."""
+    state = stored.state
+    metadata = {**state.metadata(), "format": PARAMETERS_FORMAT}
+    header = {"__metadata__": metadata,
+              "parameters": {"dtype": "F32", "shape": [state.vocab, state.vocab],
+                             "data_offsets": [0, state.table_bytes]}}
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+
+    def write(file: BinaryIO) -> None:
+        file.write(struct.pack("<Q", len(text)) + text)
+        stored.deliver(lambda name, offset, data: file.write(data), names=("parameters",))
+
+    atomic_write(out, write)
+    return 8 + len(text) + state.table_bytes
 
 
 def _table_offsets(source: str) -> dict[str, int]:

@@ -48,9 +48,11 @@ def is_sparse(digest: str) -> bool:
 
 
 
-def _weights(values: np.ndarray, total: int) -> np.ndarray:
+def weights_of(values: np.ndarray, total: int) -> np.ndarray:
     """C / N as corpus.weights forms it: the float64 quotient rounded to float32."""
     return (values.astype(np.float64) / total).astype("<f4")
+
+
 
 
 def sparse_digest(counts: PairCounts) -> str:
@@ -83,7 +85,7 @@ class _Weights:
         self.values, self.total = values, total
 
     def __getitem__(self, where: slice) -> np.ndarray:
-        return _weights(self.values[where], self.total)
+        return weights_of(self.values[where], self.total)
 
 
 def legacy_digest(counts: PairCounts) -> str:
