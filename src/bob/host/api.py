@@ -22,6 +22,7 @@ from bob.host.data import CorpusSpec, CountReport, TrainingData, count, training
 from bob.host.inference import (
     EvalReport,
     evaluate,
+    export,
     generate,
     generate_ids,
     predict,
@@ -39,8 +40,8 @@ from bob.host.training import (
 __all__ = [
     "DEFAULT_CHECKPOINT", "DEFAULT_UPDATES_PER_INVOCATION", "CorpusSpec", "CountReport",
     "EvalReport", "Progress", "TrainReport", "TrainRequest", "TrainingData", "count",
-    "evaluate", "generate", "generate_ids", "predict", "predict_ids", "run_training", "train",
-    "training_data",
+    "evaluate", "export", "generate", "generate_ids", "predict", "predict_ids", "run_training",
+    "train", "training_data",
 ]
 
 

@@ -74,15 +74,17 @@ def compare_backends(left: Backend, right: Backend, invocation: int) -> Differen
 
 
 def random_record(config: BobConfig, seed: int) -> InputRecord:
-    """Input for a check: random targets, or random corpus weights, and prompts."""
+    """Input for a check: random targets, or `config.pairs` random corpus pairs (the first
+    cell always among them) with weights from counts 1 .. 49, and prompts."""
     rng = np.random.default_rng(seed)
     v = config.vocab
     prompts = rng.integers(0, v, config.prompts, dtype=np.uint32)
     if config.mode == "hard":
         return InputRecord.hard(rng.integers(0, v, v, dtype=np.uint32), prompts, source="check")
-    counts = rng.integers(0, 50, (v, v)).astype(np.float64) * (rng.random((v, v)) < 0.2)
-    counts[0, 0] += 1
-    return InputRecord.corpus((counts / counts.sum()).astype(np.float32), prompts,
+    keys = np.unique(np.concatenate([[0], rng.choice(v * v, config.pairs, replace=False)]))
+    keys = keys[:config.pairs].astype(np.uint64)
+    counts = rng.integers(1, 50, keys.size).astype(np.float64)
+    return InputRecord.sparse(v, keys, (counts / counts.sum()).astype(np.float32), prompts,
                               source="check")
 
 

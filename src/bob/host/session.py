@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -77,6 +78,9 @@ class Invocation:
     # The validation losses of the starting and of the trained table, where the program
     # validates (the trained one is the starting one's when predicting).
     validation: tuple[float, float] | None = None
+    # Its own time: the host's part of its start, then its wait once the work before it
+    # was done (a pipelined invocation's device time, not the one it ran beside).
+    seconds: float = 0.0
 
 
 # AdamW rows computed at once for a training run's coming invocations: NumPy's per-call
@@ -114,6 +118,8 @@ class Running:
     operation: Operation
     arena: _Arena
     tables: bool = True  # whether its read brings the tables back to the host
+    starting: float = 0.0  # perf_counter before its start, and after it
+    started: float = 0.0
 
 
 @dataclass(eq=False)
@@ -128,6 +134,7 @@ class Settled:
     tables: ReadHandle | None = None
     invocation: Invocation | None = field(default=None)
     validation: tuple[float, float] | None = None
+    seconds: float = 0.0  # Invocation.seconds
 
 
 def _require_finite_loss(initial: float, final: float, step: int) -> None:
@@ -146,6 +153,8 @@ class Session:
         self._open: dict[BobConfig, tuple[Plan, Backend]] = {}
         self._arenas: dict[BobConfig, _Arena] = {}
         self.last_backend: Backend | None = None  # the arena of the latest invocation
+        self._last_arena: _Arena | None = None
+        self._last_settled = 0.0  # perf_counter when the last invocation settled
         # AdamW rows computed ahead for later invocations of a training run: (first
         # step, rows), or None.
         self._scalar_rows: tuple[int, np.ndarray] | None = None
@@ -240,8 +249,9 @@ class Session:
                tables: bool = True) -> Running:
         layout = invocation_layout(config)
         _require_inputs(config, record, validation)
+        starting = time.perf_counter()
         self.last_backend = backend
-        arena = self._arenas[config]
+        arena = self._last_arena = self._arenas[config]
         held = arena.checkpoint if resident else None
         arena.step = arena.checkpoint = None  # in flux until the invocation settles
         inputs = self.input_writes(layout, record, validation)
@@ -262,7 +272,8 @@ class Session:
         first = 0 if fresh else layout.load_submissions
         last = plan.submission_count if operation == "train" else plan.forward_submissions
         backend.start(range(first, last))
-        running = Running(config, backend, start, first_step, operation, arena, tables)
+        running = Running(config, backend, start, first_step, operation, arena, tables,
+                          starting, time.perf_counter())
         arena.pending = running
         if operation == "predict":  # forward launches leave the tables as they were
             arena.step, arena.checkpoint = first_step, held
@@ -299,6 +310,10 @@ class Session:
         config = running.config
         layout = invocation_layout(config)
         got = (read or self.read_after(running)).wait()
+        settled_at = time.perf_counter()
+        seconds = (running.started - running.starting
+                   + settled_at - max(running.started, self._last_settled))
+        self._last_settled = settled_at
         result = ResultRecord.from_arena(
             config.mode, config.vocab, **{name: got[name] for name in layout.results})
         initial = result.initial_objective
@@ -310,7 +325,8 @@ class Session:
         if running.arena.pending is running:
             running.arena.pending = None
         if not _trains(running):
-            return Settled(running, result, initial, initial, validation=validation)
+            return Settled(running, result, initial, initial, validation=validation,
+                           seconds=seconds)
         final = result.training_objective
         step = running.first_step + config.updates
         _require_finite_loss(initial, final, step)
@@ -319,7 +335,8 @@ class Session:
             running.arena.step = step  # nothing started after it: the arena holds its state
         tables = ReadHandle({name: got[name] for name in layout.checkpoint}) \
             if running.tables else None
-        return Settled(running, result, initial, final, tables, validation=validation)
+        return Settled(running, result, initial, final, tables, validation=validation,
+                       seconds=seconds)
 
     def finish(self, settled: Settled) -> Invocation:
         """The tables read back and checked: the invocation's checkpoint."""
@@ -330,7 +347,7 @@ class Session:
         if not _trains(running):
             checkpoint = running.start if isinstance(running.start, Checkpoint) else None
             invocation = Invocation(checkpoint, settled.result, settled.initial_loss,
-                                    settled.loss, start, settled.validation)
+                                    settled.loss, start, settled.validation, settled.seconds)
         else:
             step = running.first_step + running.config.updates
             state = replace(start, step=step)
@@ -340,7 +357,7 @@ class Session:
                 tables = {name: _table(data, v) for name, data in settled.tables.wait().items()}
                 trained = Checkpoint.of(state, *(tables[name] for name in CHECKPOINT_TENSORS))
             invocation = Invocation(trained, settled.result, settled.initial_loss,
-                                    settled.loss, state, settled.validation)
+                                    settled.loss, state, settled.validation, settled.seconds)
             arena = running.arena
             if trained is not None and arena.step == step and arena.checkpoint is None \
                     and arena.record is not None:
@@ -348,14 +365,13 @@ class Session:
         settled.invocation = invocation
         return invocation
 
-    def stream_tables(self, running: Running, sink: TableSink,
-                      chunk_bytes: int = CHUNK_BYTES) -> None:
-        """The tables `running` left in its arena, to `sink` in pieces (a streamed save):
-        nothing may have been started after it."""
-        arena = running.arena
-        if arena.pending is not None or arena.step != running.first_step + running.config.updates:
-            raise ValueError("the arena no longer holds this invocation's state")
-        running.backend.stream_read(CHECKPOINT_TENSORS, sink, chunk_bytes)
+    def stream_tables(self, step: int, sink: TableSink, chunk_bytes: int = CHUNK_BYTES) -> None:
+        """The tables the latest invocation left in its arena, the state after `step`
+        updates, to `sink` in pieces (a streamed save): nothing may run there now."""
+        arena, backend = self._last_arena, self.last_backend
+        if arena is None or backend is None or arena.pending is not None or arena.step != step:
+            raise ValueError(f"the arena does not hold the state after step {step}")
+        backend.stream_read(CHECKPOINT_TENSORS, sink, chunk_bytes)
 
     def write_update_scalars(self, config: BobConfig, backend: Backend, first_step: int) -> None:
         """Update k's AdamW scalars, for global step first_step + k, where the plan reads them."""

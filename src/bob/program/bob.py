@@ -176,6 +176,13 @@ def held_to_vocab(mode: Mode, target: Target) -> int:
     return sig.shared_rest(target, sig.HELD_STATIC_SHARED_BYTES) // 4
 
 
+def typical_pairs(vocab: int) -> int:
+    """K for a corpus-mode plan made without a corpus (`bob plan`, `check`, `profile`, the
+    benches): 64 successors per previous token, as a text of a few million tokens has,
+    every cell of a table smaller than that."""
+    return min(vocab * vocab, 64 * vocab)
+
+
 @dataclass(frozen=True)
 class BobConfig:
     vocab: int = 256  # V: one row per previous byte, one column per next byte
