@@ -39,9 +39,9 @@ FUSED_TALL_CORPUS = "bob-fused-train-tall-corpus"
 # tables (and corpus weights) must be 16-byte aligned. Same bits.
 FUSED_STREAM_HARD = "bob-fused-train-stream"
 FUSED_STREAM_CORPUS = "bob-fused-train-stream-corpus"
-# And for rows beyond TALL's with V % 4 == 0: a block of 512 threads per SM, looping over rows,
-# holds as much of a row's w in shared memory as the target leaves it (a row of 52224 floats
-# on sm_90), so each update reads w from memory once. Same bits.
+# And for rows beyond TALL's, any V: a block of 512 threads per SM, looping over rows, holds as
+# much of a row's w in shared memory as the target leaves it (a row of 52224 floats on sm_90),
+# so each update reads w from memory once. Same bits.
 FUSED_HELD_HARD = "bob-fused-train-held"
 FUSED_HELD_CORPUS = "bob-fused-train-held-corpus"
 HEALTH = "bob-health"

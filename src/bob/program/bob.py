@@ -156,9 +156,9 @@ TALL_VOCAB = 8192  # bob_kernels.cu: TALL_VOCAB (TALL_THREADS x TALL_SLOTS)
 # Where the tall kernels overtake the streaming narrow ones, per mode (docs/BENCHMARKS.md).
 TALL_FROM_VOCAB = {"hard": 4608, "corpus": 5121}
 # Past the tall kernels' rows the held ones (w in shared memory, read from DRAM once a
-# launch) take V % 4 == 0, holding as much of the row as the target's shared memory takes
-# and streaming the rest; a corpus row only while it fits whole (held_to_vocab): held in
-# part, it runs slower than streamed.
+# launch) take any V (a row of V % 4 != 0 moves element by element), holding as much of the
+# row as the target's shared memory takes and streaming the rest; a corpus row only while it
+# fits whole (held_to_vocab): held in part, it runs slower than streamed.
 HELD_FROM_VOCAB = TALL_VOCAB + 1
 # The stream kernels move rows as float4 quads, so a row must start 16 bytes aligned:
 # V % 4 == 0 (bob_kernels.cu traps otherwise).
@@ -233,13 +233,13 @@ class BobConfig:
     def fused_region(self, target: Target) -> str:
         """The narrow kernels (rows to 1024 in registers, longer rows streamed), the wide
         ones whose rows up to WIDE_VOCAB stay on chip, the tall ones (a block of 1024
-        threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB, past it with V % 4 == 0
-        the held ones (as much of the row's w in shared memory as fits, the rest
-        streamed; corpus rows only while they fit whole on `target`), or, for the other
-        streamed rows with V % 4 == 0, the stream ones (float4 loads and stores)."""
+        threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB, past it the held ones (as
+        much of the row's w in shared memory as fits, the rest streamed; corpus rows only
+        while they fit whole on `target`; any V: a row of V % 4 != 0 moves element by
+        element), or, for the other streamed rows with V % 4 == 0, the stream ones (float4
+        loads and stores)."""
         hard = self.mode == "hard"
-        if HELD_FROM_VOCAB <= self.vocab <= held_to_vocab(self.mode, target) \
-                and self.vocab % STREAM_QUAD == 0:
+        if HELD_FROM_VOCAB <= self.vocab <= held_to_vocab(self.mode, target):
             return sig.FUSED_HELD_HARD if hard else sig.FUSED_HELD_CORPUS
         if RESIDENT_VOCAB < self.vocab <= WIDE_VOCAB:
             return sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS
