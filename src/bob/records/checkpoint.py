@@ -204,6 +204,12 @@ TableDelivery = Callable[[TableSink, int], None]
 CHUNK_BYTES = 64 << 20  # a streamed save's or load's piece: the host holds a few of them
 
 
+def piece_bytes(table_bytes: int) -> int:
+    """A streamed piece of a table: CHUNK_BYTES, or a quarter of a smaller table (whole
+    pages), so the host never holds a table's worth in one piece."""
+    return max(4096, min(CHUNK_BYTES, table_bytes // 4 // 4096 * 4096))
+
+
 @dataclass(frozen=True)
 class TrainingState:
     """Everything a checkpoint holds but its three tables: where the run stands.
@@ -282,7 +288,7 @@ class TrainingState:
         return struct.pack("<Q", len(text)) + text
 
     def save(self, path: StrPath, deliver: TableDelivery, *, checked: bool = False,
-             chunk_bytes: int = CHUNK_BYTES) -> None:
+             chunk_bytes: int | None = None) -> None:
         """Write the checkpoint atomically (temporary, fsync, rename): the header, then the
         tables as `deliver` hands them over, each piece written as it comes.
 
@@ -312,7 +318,7 @@ class TrainingState:
                 file.write(data)
                 expected[at[0]] = (name, offset + len(data))
 
-            deliver(sink, chunk_bytes)
+            deliver(sink, chunk_bytes or piece_bytes(self.table_bytes))
             if any(done != self.table_bytes for _, done in expected):
                 raise RunFailure(f"{path}: checkpoint not written: the tables ended early; "
                                  "the previous checkpoint is kept")
@@ -426,10 +432,12 @@ class CheckpointFile:
                     raise BadInput(f"{self.path}: {problem}")
         return out
 
-    def deliver(self, sink: TableSink, chunk_bytes: int = CHUNK_BYTES,
+    def deliver(self, sink: TableSink, chunk_bytes: int | None = None,
                 names: Sequence[str] = CHECKPOINT_TENSORS) -> None:
         """Every byte of these tables (all three by default) to `sink`, a checked chunk at a
-        time, through two buffers of `chunk_bytes` (the host holds no table)."""
+        time, through two buffers of `chunk_bytes` (piece_bytes by default: the host holds
+        no table)."""
+        chunk_bytes = chunk_bytes or piece_bytes(self.state.table_bytes)
         buffers = [bytearray(min(chunk_bytes, self.state.table_bytes)) for _ in range(2)]
         turn = 0
         with reading(self.path, "checkpoint") as file:
