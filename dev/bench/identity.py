@@ -23,12 +23,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from bob.backends import choose_backend, resolve_submission
-from bob.config import CHECKPOINT_TENSORS, Hyper
-from bob.host.data import CorpusSpec, count_corpus, corpus_record
+from bob.config import Hyper
+from bob.host.data import CorpusSpec, corpus_record, count_corpus
 from bob.host.session import Session, train
 from bob.program.bob import BobConfig
 from bob.records.checkpoint import StartingPoint, TrainingState
-
 
 PIECE = 4 << 20  # a streamed chunk is hashed in pieces this large, side by side
 
