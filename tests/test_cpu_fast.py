@@ -25,7 +25,6 @@ from bob.kernels import reference as ref  # noqa: E402
 from bob.kernels import signatures as sig  # noqa: E402
 from bob.program.bob import (  # noqa: E402
     ADAM_SCALAR_NAMES,
-    BobConfig,
     Hyper,
     adam_scalar_table,
 )
