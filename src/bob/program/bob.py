@@ -202,19 +202,21 @@ class BobConfig:
 
     def __post_init__(self) -> None:
         corpus = self.mode == "corpus"
+        # (name, value, low, high, whether the range depends on the mode)
         checks = (
-            ("vocab", self.vocab, MIN_VOCAB, MAX_VOCAB),
-            ("prompts", self.prompts, 0, MAX_PROMPTS),
-            ("updates", self.updates, 0, MAX_UPDATES),
-            ("pairs", self.pairs, 1 if corpus else 0, MAX_PAIRS if corpus else 0),
-            ("validation_pairs", self.validation_pairs, 0, MAX_PAIRS if corpus else 0),
+            ("vocab", self.vocab, MIN_VOCAB, MAX_VOCAB, False),
+            ("prompts", self.prompts, 0, MAX_PROMPTS, False),
+            ("updates", self.updates, 0, MAX_UPDATES, False),
+            ("pairs", self.pairs, 1 if corpus else 0, MAX_PAIRS if corpus else 0, True),
+            ("validation_pairs", self.validation_pairs, 0, MAX_PAIRS if corpus else 0, True),
         )
         if self.mode not in MODES:
             raise BadInput(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
-        for name, value, low, high in checks:
+        for name, value, low, high, per_mode in checks:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise BadInput(f"{name} must be an integer in [{low}, {high}] in {self.mode} "
-                               f"mode, not {value!r}")
+                where = f" in {self.mode} mode" if per_mode else ""
+                raise BadInput(f"{name} must be an integer in [{low}, {high}]{where}, "
+                               f"not {value!r}")
         cells = self.vocab * self.vocab
         if self.pairs > cells or self.validation_pairs > cells:
             raise BadInput(f"a V={self.vocab} table has {cells} cells, fewer than the "

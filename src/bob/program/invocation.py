@@ -104,6 +104,7 @@ def invocation_layout(config: BobConfig) -> InvocationLayout:
         adam_scalars = ScalarPatches(
             tuple(config.adamw_launch(k) for k in range(config.updates)), ADAM_SCALAR_NAMES)
     validation = (VALIDATION_INITIAL_LOSS, VALIDATION_LOSS) if config.validates else None
+    health = (HEALTH_TENSOR,) if trains else ()  # no health check runs without updates
     input_tables = () if config.mode == "hard" else (WEIGHTS_TENSOR,)
     if config.validates:
         input_tables += (VALIDATION_WEIGHTS,)
@@ -114,7 +115,7 @@ def invocation_layout(config: BobConfig) -> InvocationLayout:
         cleared_when_resident=("training_loss", HEALTH_TENSOR),
         results=RESULT_TENSORS,
         health=HEALTH_TENSOR,
-        training_reads=(*RESULT_TENSORS, *(validation or ()), HEALTH_TENSOR),
+        training_reads=(*RESULT_TENSORS, *(validation or ()), *health),
         adam_scalars=adam_scalars,
         validation_input=VALIDATION_INPUT if config.validates else None,
         input_tables=input_tables,
