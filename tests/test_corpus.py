@@ -14,7 +14,6 @@ from bob.errors import BadInput
 from bob.kernels.exact import f32_bits, f32_bits_from_fraction
 from bob.records import corpus
 from bob.records.binary import InputRecord
-from bob.records.counting import PairCounts
 from bob.records.corpus import (
     Corpus,
     builtin_corpus,
@@ -25,6 +24,7 @@ from bob.records.corpus import (
     optimum,
     weights,
 )
+from bob.records.counting import PairCounts
 from bob.records.digest import sparse_digest
 from conftest import listing
 

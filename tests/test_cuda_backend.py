@@ -18,6 +18,7 @@ import pytest
 from bob.backends.cpu import CpuBackend
 from bob.backends.cuda import CudaBackend, CudaError, kernel_module, kernel_parameters
 from bob.errors import RunFailure
+from bob.host.check import random_record
 from bob.kernels.cuda.compile import KernelSource
 from bob.kernels.cuda.cubin import Cubin, Kernel
 from bob.kernels.cuda.regions import CompiledRegions, compiled_regions
@@ -37,7 +38,7 @@ from bob.plan.model import (
     TensorSpec,
 )
 from bob.plan.placement import SM86, TARGETS, argument_slots, place
-from bob.program.bob import BobConfig, Hyper, adam_scalars, build_plan
+from bob.program.bob import BobConfig, Hyper, adam_scalars, build_plan, typical_pairs
 from conftest import assert_same_tensors
 
 HERE = Path(__file__).parent / "cuda"
@@ -267,7 +268,8 @@ def test_the_reader_agrees_with_the_driver(arch: str) -> None:
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_bobs_kernels_as_read_agree_with_the_driver(arch: str, bob_regions: CompiledRegions,
                                                     mode: str) -> None:
-    plan = build_plan(BobConfig(vocab=256, prompts=1, updates=1, mode=mode), TARGETS[arch],
+    plan = build_plan(BobConfig(vocab=256, prompts=1, updates=1, mode=mode,
+                                pairs=_corpus_pairs(256, mode)), TARGETS[arch],
                       compiled=bob_regions)
     kernels = image_kernels(bob_regions)
     with CudaBackend(plan, bob_regions) as cuda:
@@ -318,12 +320,20 @@ def _bob_inputs(config: BobConfig, seed: int) -> dict[str, bytes]:
     prompts = rng.integers(0, v, config.prompts, dtype=np.uint32)
     if config.mode == "hard":
         targets = rng.integers(0, v, v, dtype=np.uint32).tobytes()
-    else:
-        counts = rng.integers(0, 4, (v, v), dtype=np.uint8)
-        targets = (counts / np.float32(counts.sum(dtype=np.uint64))).astype(np.float32).tobytes()
+    else:  # the plan's K sparse pairs: keys u64[K], then values f32[K]
+        record = random_record(config, seed)
+        targets = record.payload()[:config.input_targets_bytes]
     parameters = (rng.standard_normal(v * v, dtype=np.float32) * np.float32(0.5))
     parameters[: v] = 0.0  # a row of equal logits: the argmax takes the lowest index
     return {"input": targets + prompts.tobytes(), "parameters": parameters.tobytes()}
+
+
+def _scatter_tables(config: BobConfig) -> tuple[str, ...]:
+    return () if config.mode == "hard" else ("weights",)
+
+
+def _corpus_pairs(vocab: int, mode: str) -> int:
+    return typical_pairs(vocab) if mode == "corpus" else 0
 
 
 def _invocations(config: BobConfig, plan: Plan, split: str) -> Iterator[tuple[str, range]]:
@@ -349,6 +359,8 @@ def _run_bob(config: BobConfig, regions: CompiledRegions, arch: str, split: str,
         for name, data in _bob_inputs(config, seed=config.vocab).items():
             cpu.write_tensor(name, data)
             cuda.write_tensor(name, data)
+        cpu.clear_tensors(_scatter_tables(config))  # the scatter writes only its cells
+        cuda.clear_tensors(_scatter_tables(config))
         for what, submissions in _invocations(config, plan, split):
             if what == "next-invocation":  # the global step continues across invocations
                 for k in range(config.updates):
@@ -366,7 +378,8 @@ def _run_bob(config: BobConfig, regions: CompiledRegions, arch: str, split: str,
 @pytest.mark.parametrize("split", ["forward-then-all", "two-invocations", "pieces"])
 def test_bob_matches_the_cpu(arch: str, bob_regions: CompiledRegions, vocab: int, mode: str,
                              split: str) -> None:
-    config = BobConfig(vocab=vocab, prompts=3, updates=3, mode=mode)
+    config = BobConfig(vocab=vocab, prompts=3, updates=3, mode=mode,
+                       pairs=_corpus_pairs(vocab, mode))
     _run_bob(config, bob_regions, arch, split)
 
 
@@ -374,7 +387,8 @@ def test_bob_matches_the_cpu(arch: str, bob_regions: CompiledRegions, vocab: int
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_bob_matches_the_cpu_at_vocab_8192(arch: str, bob_regions: CompiledRegions,
                                            mode: str) -> None:
-    config = BobConfig(vocab=8192, prompts=2, updates=1, mode=mode)
+    config = BobConfig(vocab=8192, prompts=2, updates=1, mode=mode,
+                       pairs=_corpus_pairs(8192, mode))
     _run_bob(config, bob_regions, arch, "forward-then-all")
 
 
@@ -382,13 +396,16 @@ def test_bob_matches_the_cpu_at_vocab_8192(arch: str, bob_regions: CompiledRegio
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_host_mapped_and_device_arenas_agree(arch: str, bob_regions: CompiledRegions,
                                              mode: str) -> None:
-    config = BobConfig(vocab=1024, prompts=2, updates=2, mode=mode)
+    config = BobConfig(vocab=1024, prompts=2, updates=2, mode=mode,
+                       pairs=_corpus_pairs(1024, mode))
     plan = build_plan(config, TARGETS[arch], compiled=bob_regions)
     with CudaBackend(plan, bob_regions, arena="device") as device, \
             CudaBackend(plan, bob_regions, arena="host") as host:
         for name, data in _bob_inputs(config, seed=5).items():
             device.write_tensor(name, data)
             host.write_tensor(name, data)
+        device.clear_tensors(_scatter_tables(config))
+        host.clear_tensors(_scatter_tables(config))
         for submissions in (range(plan.forward_submissions), range(plan.submission_count)):
             device.run(submissions)
             host.run(submissions)

@@ -33,7 +33,6 @@ from bob.program.bob import ADAM_SCALAR_NAMES, BobConfig, adam_scalar_table, typ
 from bob.records.checkpoint import Checkpoint
 
 
-
 def corpus_config(vocab: int, **fields) -> BobConfig:
     """A corpus-mode configuration of the K pairs `random_record` draws for it."""
     return BobConfig(vocab=vocab, mode="corpus", pairs=typical_pairs(vocab) // 2, **fields)

@@ -30,7 +30,13 @@ from bob.host.check import random_record
 from bob.host.session import Session, train
 from bob.plan.model import Scalar
 from bob.plan.placement import TARGETS, argument_slots
-from bob.program.bob import ADAM_SCALAR_NAMES, BobConfig, adam_scalar_table, build_plan
+from bob.program.bob import (
+    ADAM_SCALAR_NAMES,
+    BobConfig,
+    adam_scalar_table,
+    build_plan,
+    typical_pairs,
+)
 from bob.records.checkpoint import Checkpoint
 from conftest import assert_same_tensors
 
@@ -299,7 +305,8 @@ def assert_same_invocations(got, want) -> None:
 @pytest.mark.parametrize("schedule", ["seed", "fused"])
 @pytest.mark.parametrize("vocab", [256, 1024])
 def test_pipelined_training_on_cuda_matches_the_cpu(cuda_arena, arena, schedule, vocab):
-    config = BobConfig(vocab=vocab, prompts=2, updates=3, mode="corpus", schedule=schedule)
+    config = BobConfig(vocab=vocab, prompts=2, updates=3, mode="corpus", schedule=schedule,
+                       pairs=typical_pairs(vocab))
     record = random_record(config, vocab)
     start = Checkpoint.zeros(vocab, Hyper(), "corpus")
     with Session(cuda_arena(arena)) as cuda, Session(choose_backend("cpu")) as cpu:
@@ -343,7 +350,8 @@ def test_a_write_larger_than_the_staging_chunks_lands_whole(cuda_arena):
 
 @gpu
 def test_a_begun_read_is_the_state_before_later_runs(cuda_arena):
-    config = BobConfig(vocab=1024, prompts=0, updates=2, mode="corpus")
+    config = BobConfig(vocab=1024, prompts=0, updates=2, mode="corpus",
+                       pairs=typical_pairs(1024))
     record = random_record(config, 2)
     with Session(cuda_arena("device")) as session:
         session.invoke(config, Checkpoint.zeros(1024, Hyper(), "corpus"), record, "train")
