@@ -37,7 +37,7 @@ from bob.program.bob import (
     build_plan,
     typical_pairs,
 )
-from bob.records.checkpoint import Checkpoint
+from bob.records.checkpoint import Checkpoint, CheckpointFile, StartingPoint
 from conftest import assert_same_tensors
 
 gpu = pytest.mark.gpu
@@ -332,6 +332,34 @@ def test_seed_training_where_the_scalars_stop_changing_matches_the_cpu(cuda_aren
         got = train(cuda, config, start, record, 3000)
         want = train(cpu, config, start, record, 3000)
         assert_same_invocations(got, want)
+
+
+@gpu
+@pytest.mark.parametrize("arena", ["device", "host"])
+def test_a_checkpoint_streamed_from_the_cuda_arena_is_the_cpus(cuda_arena, arena, tmp_path):
+    """Tables never read back whole: the save streamed from the arena (stream_read's ring)
+    is the file the CPU's tables write, and a run started from that file (streamed in)
+    continues to the CPU's bytes."""
+    vocab = 1024
+    config = BobConfig(vocab=vocab, prompts=0, updates=3, mode="corpus",
+                       pairs=typical_pairs(vocab))
+    record = random_record(config, 4)
+    start = Checkpoint.zeros(vocab, Hyper(), "corpus")
+    streamed, whole = tmp_path / "cuda.safetensors", tmp_path / "cpu.safetensors"
+    with Session(choose_backend("cpu")) as cpu:
+        want = train(cpu, config, start, record, 6)
+        want[0].checkpoint.save(whole)
+    with Session(cuda_arena(arena)) as cuda:
+        (first,) = train(cuda, config, StartingPoint(start.state), record, 3,
+                         tables=lambda index, done: False)
+        assert first.checkpoint is None
+        first.state.save(streamed, lambda sink, chunk: cuda.stream_tables(3, sink, chunk),
+                         checked=True, chunk_bytes=1 << 20)
+        assert streamed.read_bytes() == whole.read_bytes()
+    with Session(cuda_arena(arena)) as cuda:
+        resumed = StartingPoint(first.state, CheckpointFile.open(streamed))
+        (second,) = train(cuda, config, resumed, record, 3)
+    assert_same_invocations([second], want[1:])
 
 
 @gpu
