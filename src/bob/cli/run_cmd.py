@@ -93,7 +93,7 @@ def _byte_text(value: int) -> str:
 @ARENA_OPTION
 @click.option("--updates-per-invocation", "-N", type=click.IntRange(1, MAX_UPDATES),
               default=api.DEFAULT_UPDATES_PER_INVOCATION, show_default=True,
-              help="Updates in one plan; a checkpoint is written after each invocation.")
+              help="Updates in one plan; checkpoints are saved at an invocation's end.")
 @hyper_options
 @click.option("--result", "result_path", type=click.Path(dir_okay=False),
               help="Write the last invocation's result record here.")

@@ -48,6 +48,6 @@ __all__ = [
 def train(texts: Sequence[str] | None = None, *, progress: Progress | None = None,
           **fields: Any) -> TrainReport:
     """``run_training(TrainRequest(texts=texts, **fields), progress)``: train for `steps`
-    updates, saving the checkpoint after every invocation (`TrainRequest` names and checks
-    the fields)."""
+    updates, saving the checkpoint as `training.SavePolicy` says (`TrainRequest` names and
+    checks the fields)."""
     return run_training(TrainRequest(texts=texts, **fields), progress)

@@ -26,15 +26,16 @@ _finishing = 0  # how many finishing() blocks are active
 _requested: list[int] = []  # the signal that asked a finishing run to stop
 
 
-def request_stop(signum: int) -> None:
-    """Ask a finishing run to stop at its next boundary (the first signal), or stop now
-    (raise Interrupted), or at the end of the held block."""
+def request_stop(signum: int) -> bool:
+    """Ask a finishing run to stop at its next boundary (the first signal: True, a later
+    signal may still stop it at once), or stop now (raise Interrupted), or at the end of
+    the held block (False)."""
     if _finishing and not _requested:
         _requested.append(signum)
-        return
+        return True
     if _depth:
         _pending.append(signum)
-        return
+        return False
     raise Interrupted(signum)
 
 

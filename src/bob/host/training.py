@@ -320,7 +320,9 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
     val_history = History.of(start.state.val_history)
     written: list[str] = []
     kept = [start.state.step if request.resume else None]  # the step of the checkpoint on disk
-    saved = {"done": 0, "at": time.monotonic()}  # the last save: updates done, when
+    # The last save decided: updates done, when. Periods count from the decision, made as
+    # an invocation starts: the save itself lands while later invocations run.
+    planned = {"done": 0, "at": time.monotonic()}
     first_initial: list[float] = []  # the first invocation's initial loss
     finals: list[TrainingState] = []  # the last invocation's state, as saved
 
@@ -328,27 +330,28 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
 
     def due(index: int, done: int) -> bool:
         """Whether invocation `index`'s end is saved (decided once, as it starts): the
-        policy's, the last one's, and, for a streamed checkpoint, the one before a shorter
-        last invocation (its plan is another, which starts from the file)."""
+        policy's, the last one's, and the one before a shorter last invocation (its plan is
+        another, which starts from the file)."""
         if index not in decided:
             last = index == len(sizes) - 1
-            before_change = streamed and not last and sizes[index + 1] != sizes[index]
+            before_change = not last and sizes[index + 1] != sizes[index]
             decided[index] = last or before_change or policy.due(
-                done, saved["done"], time.monotonic() - saved["at"])
+                done, planned["done"], time.monotonic() - planned["at"])
+            if decided[index]:
+                planned["done"], planned["at"] = done, time.monotonic()
         return decided[index]
 
-    def wrote(state: TrainingState, done: int) -> None:
+    def wrote(state: TrainingState) -> None:
         kept[0] = state.step  # the interrupt message names the checkpoint on disk
-        saved["done"], saved["at"] = done, time.monotonic()
         if checkpoint not in written:
             written.append(checkpoint)
 
-    def stream_save(state: TrainingState, done: int) -> None:
+    def stream_save(state: TrainingState) -> None:
         """The arena's tables (the last invocation's state) to the checkpoint, streamed."""
         with stops.held():  # a stop waits: the file it names is whole
             state.save(checkpoint, lambda sink, chunk: session.stream_tables(
                 state.step, sink, chunk), checked=True)
-            wrote(state, done)
+            wrote(state)
 
     def after(invocation: Invocation, done: int) -> None:
         nonlocal history, val_history
@@ -371,11 +374,11 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
 
             def save() -> None:  # on the writer's thread, while the next invocation runs
                 saving.save(checkpoint)
-                wrote(state, done)
+                wrote(state)
 
             writer.submit(save, supersede=True)  # every save goes to the one file
         elif streamed and due(len(finals_done), done):
-            stream_save(state, done)
+            stream_save(state)
         finals_done.append(done)
         if progress is not None:
             progress(invocation, done)
@@ -413,7 +416,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                     result = last.result
                     writer.drain()
                     if finals and kept[0] != finals[0].step:  # stopped before its save
-                        stream_save(finals[0], finals_done[-1])
+                        stream_save(finals[0])
                     stopped = stops.stop_requested()
         finally:
             # Every checkpoint handed over is written before anything is reported (a stop

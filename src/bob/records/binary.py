@@ -131,7 +131,8 @@ def _check_keys(keys: np.ndarray, vocab: int, source: str) -> None:
         raise BadInput(f"{source}: keys{index_text(i)} = {keys[i]} is outside the V x V table "
                        f"(V={vocab}: keys below {vocab * vocab})")
     if keys.size > 1:
-        order = np.diff(keys.astype(U64)) <= 0
+        wide = keys.astype(U64, copy=False)
+        order = wide[1:] <= wide[:-1]  # not np.diff: an unsigned difference wraps around
         if order.any():
             i = int(np.argmax(order)) + 1
             raise BadInput(f"{source}: keys[{i}] = {keys[i]} does not follow keys[{i - 1}] = "

@@ -202,12 +202,13 @@ TableSink = Callable[[str, int, memoryview], None]
 # A source of the three tables: it calls the sink with every byte of them, in order.
 TableDelivery = Callable[[TableSink, int], None]
 CHUNK_BYTES = 64 << 20  # a streamed save's or load's piece: the host holds a few of them
+TABLE_PIECES = 4  # and a table crosses in at least this many: no piece is a whole table
 
 
-def piece_bytes(table_bytes: int) -> int:
-    """A streamed piece of a table: CHUNK_BYTES, or a quarter of a smaller table (whole
-    pages), so the host never holds a table's worth in one piece."""
-    return max(4096, min(CHUNK_BYTES, table_bytes // 4 // 4096 * 4096))
+def piece_bytes(table_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """The piece a streamed save or load moves: at most `chunk_bytes` and at most a
+    TABLE_PIECES-th of a table, in whole float32s."""
+    return max(4, min(chunk_bytes, table_bytes // TABLE_PIECES) // 4 * 4)
 
 
 @dataclass(frozen=True)
@@ -318,7 +319,7 @@ class TrainingState:
                 file.write(data)
                 expected[at[0]] = (name, offset + len(data))
 
-            deliver(sink, chunk_bytes or piece_bytes(self.table_bytes))
+            deliver(sink, piece_bytes(self.table_bytes, chunk_bytes))
             if any(done != self.table_bytes for _, done in expected):
                 raise RunFailure(f"{path}: checkpoint not written: the tables ended early; "
                                  "the previous checkpoint is kept")
@@ -435,10 +436,10 @@ class CheckpointFile:
     def deliver(self, sink: TableSink, chunk_bytes: int | None = None,
                 names: Sequence[str] = CHECKPOINT_TENSORS) -> None:
         """Every byte of these tables (all three by default) to `sink`, a checked chunk at a
-        time, through two buffers of `chunk_bytes` (piece_bytes by default: the host holds
-        no table)."""
-        chunk_bytes = chunk_bytes or piece_bytes(self.state.table_bytes)
-        buffers = [bytearray(min(chunk_bytes, self.state.table_bytes)) for _ in range(2)]
+        time, through two buffers of a piece each (`piece_bytes`: the host holds no
+        table)."""
+        chunk_bytes = piece_bytes(self.state.table_bytes, chunk_bytes)
+        buffers = [bytearray(chunk_bytes) for _ in range(2)]
         turn = 0
         with reading(self.path, "checkpoint") as file:
             for name in names:
