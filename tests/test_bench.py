@@ -580,3 +580,28 @@ def test_bench_tokens_runs_end_to_end_at_v512_on_cpu(tmp_path: Path) -> None:
     assert targets["bob generate past start-up"]["limit"] == 2.0
     assert not any(name.startswith("pytorch") for name in targets)  # --skip-torch
     assert "bob train wall vs 1.3 x device" in done.stdout
+
+
+@pytest.mark.gpu
+def test_cuda_corpus_bench_rows_agree_with_their_peers(cuda_choice) -> None:
+    """`bob bench --backend cuda --mode corpus` at a small V: Bob's rows, the whole
+    commands and every peer that runs train the same corpus to the same loss."""
+    report = run_bench(("cuda",), (1024,), updates=5, repeats=1, mode="corpus")
+    (table,) = report.tables
+    assert not report.bob_failed, [row for row in table.rows if row.error]
+    names = [row.contender for row in table.rows]
+    for name in ("bob cuda invocation", "bob cuda run", "bob cuda train steady invocation",
+                 "bob cuda fused run", "bob cuda train command", "pytorch eager",
+                 "pytorch cuda graph", "jax jit(fori_loop)", "pytorch eager end to end"):
+        assert name in names, name
+    bob = _row(table, "bob cuda run").loss
+    for row in table.rows:
+        if row.error is not None:
+            assert row.error.startswith("skipped: "), row
+        elif row.kind in ("bob", "peer") and not row.whole_process:
+            assert row.loss == pytest.approx(bob, rel=1e-4), row.contender
+    command = _row(table, "bob cuda train command")
+    end_to_end = _row(table, "pytorch eager end to end")
+    if end_to_end.error is None:
+        assert end_to_end.loss == pytest.approx(command.loss, rel=1e-4)
+        assert table.ratio(end_to_end, "command") > 0 and end_to_end.peak_rss_bytes > 0

@@ -160,7 +160,7 @@ class Run:
             self.steps.append(Step(name, tuple(argv), error=f"not run: {missing[0]} failed"))
             return False
         print(f"bench_tokens: {shlex.join(argv[1:])}", file=sys.stderr, flush=True)
-        done = run_process(argv, None, command_env(), self.timeout)
+        done = run_process(argv, None, command_env(with_dev=True), self.timeout)
         self.steps.append(Step.of(name, done))
         if done.returncode != 0:
             print(f"bench_tokens: {name} failed: {done.stderr.strip()[-2000:]}",

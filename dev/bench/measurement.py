@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -237,16 +238,19 @@ def steady_row(session, config: BobConfig, start: Checkpoint | StartingPoint,
     return Row(row_name, "bob", config.updates, steady, samples, losses[-1], note)
 
 
-def command_env() -> dict[str, str]:
+def command_env(with_dev: bool = False) -> dict[str, str]:
     """The environment for a `bob` subprocess run in another directory: this Bob's package
     first on its path, and relative PYTHONPATH entries made absolute (an uninstalled
-    checkout runs with PYTHONPATH=src)."""
+    checkout runs with PYTHONPATH=src); `with_dev`: the checkout's root too, for a script
+    of `dev/` (`python -m dev.bench...` from any directory)."""
     import bob
 
-    here = str(Path(bob.__file__).resolve().parent.parent)
+    here = [str(Path(bob.__file__).resolve().parent.parent)]
+    if with_dev:
+        here.append(str(Path(__file__).resolve().parent.parent.parent))
     inherited = [str(Path(entry).resolve()) for entry in
                  os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([here, *inherited])}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*here, *inherited])}
 
 
 def hyper_words(hyper: Hyper) -> list[str]:
@@ -322,7 +326,8 @@ def corpus_command_rows(choice: BackendChoice, corpus: TokenCorpus, vocab: int, 
         if bob_error is None:
             progress(f"bob train --steps {steps} ({round_number}/{repeats})")
             # A fresh directory each time: a token-sized checkpoint leaves before the next.
-            with tempfile.TemporaryDirectory(prefix="bob-bench-") as directory:
+            with tempfile.TemporaryDirectory(prefix="bob-bench-",
+                                             dir=roomiest_directory()) as directory:
                 try:
                     done = run_process(bob(steps, directory), directory, env).checked()
                     if round_number:
@@ -331,7 +336,7 @@ def corpus_command_rows(choice: BackendChoice, corpus: TokenCorpus, vocab: int, 
                     bob_error = error
         if peer_skip is None:
             progress(f"torch_corpus.py --steps {steps} ({round_number}/{repeats})")
-            done = run_process(torch(steps), None, env)
+            done = run_process(torch(steps), None, command_env(with_dev=True))
             report = _last_json(done)
             if done.returncode != 0 or report is None:
                 peer_skip = f"failed: {done.failure}"
@@ -355,6 +360,13 @@ def corpus_command_rows(choice: BackendChoice, corpus: TokenCorpus, vocab: int, 
             f"(torch.unique), T built, {updates} eager updates "
             f"({inside * 1e3:.2f} ms/update inside); no validation, no checkpoint"))
     return rows
+
+
+def roomiest_directory() -> str:
+    """The temporary directory or the working directory, whichever file system has more
+    room: a checkpoint at V = 50257 is 30 GB, more than a small /tmp holds."""
+    candidates = (tempfile.gettempdir(), os.getcwd())
+    return max(candidates, key=lambda path: shutil.disk_usage(path).free)
 
 
 def _last_json(run: ProcessRun) -> dict | None:

@@ -39,7 +39,8 @@ def checkout_root() -> Path | None:
                    "256 on the CPU.")
 @click.option("--updates", "-N", type=click.IntRange(1, MAX_UPDATES), default=None,
               help="Updates per timing (per invocation for Bob). Default: on the GPU 1000 "
-                   "for V <= 1024 and 100 above; on the CPU 100 and 5.")
+                   "for V <= 1024 and 100 above (corpus mode: 20 past V = 16384); on the "
+                   "CPU 100 and 5.")
 @click.option("--repeats", "-r", type=click.IntRange(1, 1000), default=5, show_default=True,
               help="Timings per contender (after one warm-up); the median is reported.")
 @click.option("--backend", "backends", type=click.Choice(BENCH_BACKENDS), multiple=True,
@@ -52,8 +53,7 @@ def checkout_root() -> Path | None:
                    "a per-launch nv seed row beside them")
 @click.option("--mode", type=click.Choice(MODES), default="hard", show_default=True,
               help="The objective: hard targets, or a corpus (sparse weights; adds the whole "
-                   "`bob train` beside PyTorch's eager loop end to end). Corpus mode on the GPU "
-                   "takes 20 updates per timing past V = 16384.")
+                   "`bob train` beside PyTorch's eager loop end to end).")
 @click.option("--tokens", type=click.Path(dir_okay=False, exists=True),
               help="Corpus mode: train on this token file's pairs (uint16, or .npy), counted "
                    "with Bob's counter. Default: a random corpus of 64 pairs per row, and for "
