@@ -319,7 +319,7 @@ def corpus_command_rows(choice: BackendChoice, corpus: TokenCorpus, vocab: int, 
     bob_runs: list[ProcessRun] = []
     peer_runs: list[ProcessRun] = []
     bob_error: Exception | None = None
-    peer_skip: str | None = None
+    peer_problem: str | None = None
     env = command_env()
     for round_number in range(repeats + 1):  # round 0: the warm-ups, --steps 0
         steps = updates if round_number else 0
@@ -334,14 +334,14 @@ def corpus_command_rows(choice: BackendChoice, corpus: TokenCorpus, vocab: int, 
                         bob_runs.append(done)
                 except Exception as error:  # noqa: BLE001 - reported as Bob's failure
                     bob_error = error
-        if peer_skip is None:
+        if peer_problem is None:
             progress(f"torch_corpus.py --steps {steps} ({round_number}/{repeats})")
             done = run_process(torch(steps), None, command_env(with_dev=True))
             report = _last_json(done)
             if done.returncode != 0 or report is None:
-                peer_skip = f"failed: {done.failure}"
+                peer_problem = f"failed: {done.failure}"
             elif "skipped" in report:
-                peer_skip = f"skipped: {report['skipped']}"
+                peer_problem = f"skipped: {report['skipped']}"
             elif round_number:
                 peer_runs.append(done)
     rows = [failed(bob_name, "bob", updates, bob_error) if bob_error is not None else
@@ -350,8 +350,8 @@ def corpus_command_rows(choice: BackendChoice, corpus: TokenCorpus, vocab: int, 
                          f"{updates} --schedule fused` process: counting, plan, backend, the "
                          "updates, the validation loss, the checkpoint saved; "
                          f"tokens: {corpus.how}")]
-    if peer_skip is not None:
-        rows.append(Row(peer_name, "peer", updates, error=peer_skip, whole_process=True))
+    if peer_problem is not None:
+        rows.append(Row(peer_name, "peer", updates, error=peer_problem, whole_process=True))
     else:
         inside = statistics.median(_last_json(r)["seconds_per_update"] for r in peer_runs)
         rows.append(_process_row(

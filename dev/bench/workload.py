@@ -67,7 +67,8 @@ def bench_workload(mode: Mode, vocab: int, tokens: str | None = None,
         return Workload(record, f"random corpus, {record.pairs:,} pairs (seed {TARGET_SEED})")
     counted = count_corpus(CorpusSpec(tokens=(tokens,), vocab=vocab))
     record = corpus_record(counted, counted.name)
-    given = TokenCorpus(Path(tokens), Path(val_tokens or tokens), "given")
+    # Absolute: the commands run in directories of their own.
+    given = TokenCorpus(Path(tokens).resolve(), Path(val_tokens or tokens).resolve(), "given")
     return Workload(record, f"tokens {tokens}, {record.pairs:,} pairs", given)
 
 
