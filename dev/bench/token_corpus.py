@@ -37,6 +37,34 @@ def public_text(size: int) -> str:
     return b"".join(parts)[:size].decode("utf-8", errors="ignore")
 
 
+TOKEN_FILES = ("train.bin", "val.bin", "tokenizer.json")  # what write_token_corpus writes
+
+
+def write_token_corpus(out: Path, vocab: int = 50257, val_fraction: float = 0.1,
+                       text_bytes: int = 1 << 20) -> str:
+    """Train the tokenizer, encode the text, write TOKEN_FILES into `out`; the summary line.
+    ImportError without the tokenizers package, ValueError for a V uint16 cannot hold."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab > 65536:
+        raise ValueError("uint16 token files hold ids below 65536")
+    text = public_text(text_bytes)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(text.splitlines(keepends=True), trainer)
+    ids = np.array(tokenizer.encode(text).ids, np.uint16)
+    split = int(len(ids) * (1.0 - val_fraction))
+    out.mkdir(parents=True, exist_ok=True)
+    ids[:split].tofile(out / "train.bin")
+    ids[split:].tofile(out / "val.bin")
+    tokenizer.save(str(out / "tokenizer.json"))
+    return (f"{out}: {split} train and {len(ids) - split} val tokens, ids below "
+            f"{int(ids.max()) + 1} (tokenizer of {tokenizer.get_vocab_size()}), V = {vocab}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -46,29 +74,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="bytes of text to tokenize (the default gives about 300k tokens)")
     args = parser.parse_args(argv)
     try:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        print(write_token_corpus(args.out, args.vocab, args.val_fraction, args.text_bytes))
     except ImportError:
         print("token_corpus.py needs the tokenizers package: pip install 'bob[tokens]'",
               file=sys.stderr)
         return 2
-    if args.vocab > 65536:
-        print("uint16 token files hold ids below 65536", file=sys.stderr)
+    except ValueError as error:
+        print(error, file=sys.stderr)
         return 2
-    text = public_text(args.text_bytes)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=args.vocab, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(text.splitlines(keepends=True), trainer)
-    ids = np.array(tokenizer.encode(text).ids, np.uint16)
-    split = int(len(ids) * (1.0 - args.val_fraction))
-    args.out.mkdir(parents=True, exist_ok=True)
-    ids[:split].tofile(args.out / "train.bin")
-    ids[split:].tofile(args.out / "val.bin")
-    tokenizer.save(str(args.out / "tokenizer.json"))
-    print(f"{args.out}: {split} train and {len(ids) - split} val tokens, ids below "
-          f"{int(ids.max()) + 1} (tokenizer of {tokenizer.get_vocab_size()}), V = {args.vocab}")
     return 0
 
 
