@@ -205,10 +205,11 @@ CHUNK_BYTES = 64 << 20  # a streamed save's or load's piece: the host holds a fe
 TABLE_PIECES = 4  # and a table crosses in at least this many: no piece is a whole table
 
 
-def piece_bytes(table_bytes: int, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """The piece a streamed save or load moves: at most `chunk_bytes` and at most a
-    TABLE_PIECES-th of a table, in whole float32s."""
-    return max(4, min(chunk_bytes, table_bytes // TABLE_PIECES) // 4 * 4)
+def piece_bytes(table_bytes: int, chunk_bytes: int | None = None) -> int:
+    """The piece a streamed save or load moves: at most `chunk_bytes` (CHUNK_BYTES when
+    None) and at most a TABLE_PIECES-th of a table, in whole float32s."""
+    chunk = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    return max(4, min(chunk, table_bytes // TABLE_PIECES) // 4 * 4)
 
 
 @dataclass(frozen=True)
