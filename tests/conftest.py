@@ -7,18 +7,21 @@ pytest puts this directory on the path of the modules in it).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bob.backends import Backend, BackendChoice, choose_backend
+from bob.host.check import random_record
 from bob.kernels import signatures as sig
 from bob.plan.model import Plan, Region, Target
 from bob.plan.placement import SM86, TARGETS
-from bob.program.bob import BobConfig, build_plan, declared_regions
+from bob.program.bob import BobConfig, build_plan, declared_regions, typical_pairs
+from bob.records.binary import InputRecord
 
-_DTYPES = {"f32": np.float32, "u32": np.uint32, "u8": np.uint8}
+_DTYPES = {"f32": np.float32, "u32": np.uint32, "u64": np.uint64, "u8": np.uint8}
 
 
 # -- the first difference ----------------------------------------------------------------
@@ -101,14 +104,34 @@ def stand_in_regions(config: BobConfig, target: Target = SM86,
             for i, name in enumerate(names)}
 
 
+def bob_config(**fields: object) -> BobConfig:
+    """A BobConfig of these fields; a corpus one with no `pairs` given has
+    typical_pairs(V), the K the tools plan with when no corpus is given."""
+    if fields.get("mode") == "corpus" and "pairs" not in fields:
+        fields["pairs"] = typical_pairs(int(fields.get("vocab", BobConfig.vocab)))
+    return BobConfig(**fields)  # type: ignore[arg-type]
+
+
 def bob_plan(prompts: int = 2, updates: int = 3, mode: str = "hard", target: Target = SM86,
              *, vocab: int = 256, schedule: str = "seed", compiled: bool = False,
+             pairs: int | None = None, validation_pairs: int = 0,
              **resources: int) -> Plan:
-    """Bob's plan for a small configuration; with stand-in code where `compiled`."""
-    config = BobConfig(vocab=vocab, prompts=prompts, updates=updates,
-                       mode=mode, schedule=schedule)  # type: ignore[arg-type]
+    """Bob's plan for a small configuration (corpus: `pairs` or typical_pairs(V), and
+    `validation_pairs`); with stand-in code where `compiled`."""
+    extra = {} if pairs is None else {"pairs": pairs}
+    if validation_pairs:
+        extra["validation_pairs"] = validation_pairs
+    config = bob_config(vocab=vocab, prompts=prompts, updates=updates, mode=mode,
+                        schedule=schedule, **extra)
     regions = stand_in_regions(config, target, **resources) if compiled else None
     return build_plan(config, target, compiled=regions)
+
+
+def validation_record(config: BobConfig, seed: int) -> InputRecord:
+    """A validation record for a config that validates: `config.validation_pairs` random
+    corpus pairs (host.check.random_record's), no prompts (the validation input holds
+    pairs only)."""
+    return random_record(replace(config, pairs=config.validation_pairs, prompts=0), seed)
 
 
 # -- on a GPU ----------------------------------------------------------------------------

@@ -25,21 +25,29 @@ from bob.backends import choose_backend
 from bob.cli import bench_cmd
 from bob.cli.main import cli, main
 from bob.config import Hyper
+from bob.host.check import random_record
 from bob.host.session import Session
-from bob.program.bob import BobConfig
+from bob.program.bob import BobConfig, typical_pairs
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
+from dev.bench import bench_tokens
 from dev.bench.measurement import bob_configs, measure_peer
 from dev.bench.peers import (
     NumpyPeer,
     Peer,
     Unavailable,
     bench_targets,
+    numpy_corpus_objective,
+    numpy_corpus_train,
     numpy_objective,
     numpy_train,
+    out_of_memory,
+    require_room,
 )
+from dev.bench.processes import run_process
 from dev.bench.suite import run_bench
 from dev.bench.tables import BYTES_PER_PARAMETER, DEVICES, TARGET_SEED, BenchTable, Row
+from dev.bench.workload import bench_workload, token_corpus, zipf_tokens
 
 BOB_ROWS = ("bob cpu invocation", "bob cpu run", "bob cpu train steady invocation",
             "bob cpu train command")
@@ -92,7 +100,8 @@ def test_report_json_is_complete() -> None:
                                  "weight_decay": 0.01}
     (table,) = document["tables"]
     keys = {"contender", "kind", "updates", "seconds", "samples", "us_per_update", "spread",
-            "gb_per_s", "ratio_to_bob_run", "ratio_to_bob_invocation", "loss", "note", "error"}
+            "gb_per_s", "ratio_to_bob_run", "ratio_to_bob_invocation", "ratio_to_bob_command",
+            "loss", "note", "error", "whole_process", "peak_rss_bytes"}
     for row in table["rows"]:
         assert set(row) == keys
 
@@ -146,20 +155,69 @@ def test_numpy_loop_continues_from_a_step() -> None:
         np.testing.assert_array_equal(a, b)
 
 
+def test_numpy_corpus_loop_follows_bobs_trajectory() -> None:
+    """The corpus contender computes Bob's corpus objective, update after update, on the
+    sparse record's weights made dense."""
+    vocab, steps, hyper = 16, 30, Hyper()
+    config = BobConfig(vocab=vocab, prompts=0, updates=1, mode="corpus",
+                       pairs=typical_pairs(vocab) // 4)
+    record = random_record(config, TARGET_SEED)
+    checkpoint = Checkpoint.zeros(vocab, hyper, "corpus")
+    bob = []
+    with Session(choose_backend("cpu"), hyper) as session:
+        for _ in range(steps):
+            invocation = session.invoke(config, checkpoint, record, "train")
+            bob.append(invocation.initial_loss)
+            checkpoint = invocation.checkpoint
+        bob.append(invocation.loss)
+
+    weights = record.dense_weights()
+    w, m, v = (np.zeros((vocab, vocab), np.float32) for _ in range(3))
+    plain = numpy_corpus_train(w, m, v, weights, steps, hyper)
+    plain.append(numpy_corpus_objective(w, weights))
+
+    assert bob[0] == pytest.approx(math.log(vocab), rel=1e-6)
+    assert bob[-1] < 0.8 * bob[0]  # it learned
+    np.testing.assert_allclose(plain, bob, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(w, checkpoint.parameters, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(m, checkpoint.first_moment, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(v, checkpoint.second_moment, rtol=1e-4, atol=1e-10)
+
+
 def test_torch_cpu_peer_trains_the_same_objective() -> None:
     pytest.importorskip("torch")
     from dev.bench.peers import TorchEager
 
     vocab, updates, hyper = 16, 20, Hyper()
-    targets = bench_targets(vocab)
-    torch_peer = TorchEager(vocab, updates, targets, hyper, "cpu")
-    numpy_peer = NumpyPeer(vocab, updates, targets, hyper)
+    record = bench_workload("hard", vocab).record
+    np.testing.assert_array_equal(record.targets, bench_targets(vocab))
+    torch_peer = TorchEager(record, updates, hyper, "cpu")
+    numpy_peer = NumpyPeer(record, updates, hyper)
     for peer in (torch_peer, numpy_peer):
         peer.reset()
         peer.run()
     assert torch_peer.loss() == pytest.approx(numpy_peer.loss(), rel=1e-5)
     torch_peer.reset()
     assert torch_peer.loss() == pytest.approx(math.log(vocab), rel=1e-6)
+
+
+def test_torch_cpu_peer_trains_the_same_corpus_objective() -> None:
+    pytest.importorskip("torch")
+    from dev.bench.peers import TorchEager
+
+    vocab, updates, hyper = 16, 20, Hyper()
+    record = bench_workload("corpus", vocab).record
+    torch_peer = TorchEager(record, updates, hyper, "cpu")
+    numpy_peer = NumpyPeer(record, updates, hyper)
+    start = torch_peer.loss()
+    # From the zero table every row's softmax is uniform: the loss is log V.
+    assert start == pytest.approx(math.log(vocab), rel=1e-6)
+    for peer in (torch_peer, numpy_peer):
+        peer.run()
+    assert torch_peer.loss() == pytest.approx(numpy_peer.loss(), rel=1e-5)
+    weights = record.dense_weights().astype(np.float64)
+    optimum = -np.sum(weights * np.log(weights / weights.sum(axis=1, keepdims=True)))
+    assert optimum < torch_peer.loss() < start - 0.1  # on its way down to the optimum
 
 
 class _Broken(Peer):
@@ -308,3 +366,244 @@ def test_bench_command_times_each_command_in_rounds_and_reads_both_statistics() 
         assert len(readings) == 2 and all("x of it" in line for line in readings)
         assert any(line.startswith(f"{statistic}: the 20 updates after the first")
                    for line in lines)
+
+
+# -- corpus mode -------------------------------------------------------------------------
+CORPUS_BOB_ROWS = ("bob cpu invocation", "bob cpu run", "bob cpu train steady invocation",
+                   "bob cpu fused invocation", "bob cpu fused run",
+                   "bob cpu fused train steady invocation")
+
+
+def test_cpu_corpus_bench_gives_every_row_with_sane_values_and_ratios() -> None:
+    report = run_bench(("cpu",), (16,), updates=3, repeats=1, mode="corpus")
+    (table,) = report.tables
+    assert (table.mode, table.pairs) == ("corpus", typical_pairs(16))
+    assert table.data == f"random corpus, {typical_pairs(16)} pairs (seed {TARGET_SEED})"
+    names = [row.contender for row in table.rows]
+    for name in (*CORPUS_BOB_ROWS, "bob cpu train command", "numpy loop"):
+        assert name in names
+    assert not any(" host: " in name for name in names)  # the host pieces are hard mode's
+    for row in table.rows:
+        if row.error is not None:  # only a missing package may skip a peer; nothing fails
+            assert row.kind == "peer" and row.error.startswith("skipped: "), row
+            continue
+        assert row.seconds is not None and row.seconds > 0 and len(row.samples) == 1
+        assert row.loss is not None and math.isfinite(row.loss), row
+        assert table.ratio(row, "run") is not None and table.ratio(row, "run") > 0
+        if row.whole_process:
+            assert row.peak_rss_bytes is not None and 10e6 < row.peak_rss_bytes < 4e9, row
+            assert table.ratio(row, "command") > 0
+        else:
+            assert table.ratio(row, "command") is None
+    # Bob's rows train the same K pairs from zero: one loss; the peers reach it.
+    bob = {_row(table, name).loss for name in CORPUS_BOB_ROWS}
+    assert len(bob) == 1, bob
+    (loss,) = bob
+    assert loss < math.log(16)
+    assert _row(table, "numpy loop").loss == pytest.approx(loss, rel=1e-4)
+    # The whole commands train on token files (not the random corpus): the same loss as
+    # each other, and the command row is the ratio's reference.
+    command = _row(table, "bob cpu train command")
+    assert table.ratio(command, "command") == 1.0
+    assert "counting" in command.note and "validation" in command.note
+    if "pytorch cpu eager end to end" in names:
+        end_to_end = _row(table, "pytorch cpu eager end to end")
+        if end_to_end.error is None:
+            assert end_to_end.whole_process and end_to_end.loss == pytest.approx(command.loss,
+                                                                                 rel=1e-5)
+            assert "ms/update inside" in end_to_end.note
+    assert not report.bob_failed
+    document = report.to_json()
+    assert document["format_version"] == 2
+    assert document["tables"][0]["mode"] == "corpus"
+
+
+def test_bench_command_trains_the_pairs_of_a_token_file(tmp_path: Path, monkeypatch) -> None:
+    """Named relative to where bob bench runs (the commands run elsewhere)."""
+    vocab = 16
+    monkeypatch.chdir(tmp_path)
+    tokens, val = "t.bin", "v.bin"
+    ids = zipf_tokens(5000, vocab)
+    ids[:4000].tofile(tokens)
+    ids[4000:].tofile(val)
+    distinct = len(np.unique(ids[:3999].astype(np.int64) * vocab + ids[1:4000]))
+    result = CliRunner().invoke(cli, ["bench", "--backend", "cpu", "-V", str(vocab), "-N", "2",
+                                      "-r", "1", "--mode", "corpus", "--tokens", tokens,
+                                      "--val-tokens", val, "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["command"].endswith(f"--mode corpus --tokens {tokens} --val-tokens {val}")
+    (table,) = document["tables"]
+    assert (table["mode"], table["pairs"]) == ("corpus", distinct)
+    assert table["data"] == f"tokens {tokens}, {distinct} pairs"
+    rows = {row["contender"]: row for row in table["rows"]}
+    command = rows["bob cpu train command"]
+    assert command["error"] is None and command["whole_process"]
+    assert command["ratio_to_bob_command"] == 1.0 and command["peak_rss_bytes"] > 0
+    assert "tokens: given" in command["note"]
+
+
+@pytest.mark.parametrize(("words", "message"), [
+    (["--tokens", "{t}"], "token files are corpus data: give --mode corpus with --tokens"),
+    (["--mode", "corpus", "--val-tokens", "{t}"],
+     "--val-tokens validates the --tokens corpus: give --tokens too"),
+])
+def test_bench_command_refuses_token_files_where_they_cannot_go(tmp_path, capsys, words,
+                                                                message) -> None:
+    path = tmp_path / "t.bin"
+    zipf_tokens(100, 16).tofile(path)
+    argv = ["bench", "--backend", "cpu", "-V", "16", *(w.format(t=path) for w in words)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"bob: {message}\n"
+
+
+def test_a_workload_is_the_bench_targets_a_random_corpus_or_a_token_files_pairs(tmp_path):
+    hard = bench_workload("hard", 8)
+    np.testing.assert_array_equal(hard.record.targets, bench_targets(8))
+    corpus = bench_workload("corpus", 8)
+    assert corpus.record.pairs == typical_pairs(8) == 64 and corpus.tokens is None
+    assert corpus.record.values.sum() == pytest.approx(1.0, rel=1e-6)
+    path = tmp_path / "t.bin"
+    np.array([0, 1, 0, 1, 2], "<u2").tofile(path)
+    counted = bench_workload("corpus", 8, str(path))
+    assert counted.record.keys.tolist() == [1, 8, 10]  # 0->1, 1->0, 1->2
+    assert counted.record.values.tolist() == pytest.approx([0.5, 0.25, 0.25])
+    assert counted.tokens.train == counted.tokens.val == path.resolve()
+
+
+def test_a_token_corpus_is_made_where_none_is_given_and_kept_where_it_is(tmp_path):
+    small = token_corpus(tmp_path / "small", 16)  # below the byte alphabet: the Zipf stream
+    assert "Zipf-like" in small.how and set(small.made) == {small.train, small.val}
+    ids = np.fromfile(small.train, "<u2")
+    assert ids.max() < 16 and len(ids) + len(np.fromfile(small.val, "<u2")) == 300_000
+    again = token_corpus(tmp_path / "small", 16)
+    assert again.made == () and again.how.startswith("given")
+    small.val.unlink()
+    with pytest.raises(ValueError, match="give both or neither"):
+        token_corpus(tmp_path / "small", 16)
+    pytest.importorskip("tokenizers")
+    bpe = token_corpus(tmp_path / "bpe", 300)
+    assert bpe.how.startswith("BPE") and np.fromfile(bpe.train, "<u2").max() < 300
+    assert {path.name for path in bpe.made} == {"train.bin", "val.bin", "tokenizer.json"}
+
+
+def test_a_peer_too_large_for_its_device_is_skipped_with_its_needs() -> None:
+    with pytest.raises(Unavailable) as raised:
+        require_room("pytorch cuda graph", "torch graph", "corpus", 50257, 64 << 30)
+    assert str(raised.value) == (
+        "pytorch cuda graph needs about 75.3 GiB of device memory at V=50257 (8 tables of "
+        "V x V f32: W, gradient, m, v, T and the loss's temporaries); 64.0 GiB is free")
+    require_room("jax jit(fori_loop)", "jax", "hard", 50257, None)  # no figure: no check
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    class Hungry(_Broken):
+        def run(self) -> None:
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 9.41 GiB")
+
+    assert out_of_memory(OutOfMemoryError("x")) and out_of_memory(RuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 10106 MiB"))
+    assert not out_of_memory(RuntimeError("the device fell over"))
+    row = measure_peer(Hungry, "hungry", 5, 1)
+    assert row.error == ("skipped: out of device memory (OutOfMemoryError: CUDA out of memory. "
+                         "Tried to allocate 9.41 GiB)")
+
+
+@pytest.mark.parametrize("gnu_time", [True, False])
+def test_a_process_is_timed_with_its_own_peak_memory(monkeypatch, gnu_time) -> None:
+    from dev.bench import processes
+
+    if not gnu_time:
+        monkeypatch.setattr(processes, "gnu_time", lambda: None)
+    elif processes.gnu_time() is None:
+        pytest.skip("no GNU time here")
+    ours = np.ones(1 << 26)  # 512 MiB here: a child forked from this process would count it
+    ours[0] = 2
+    big = run_process([sys.executable, "-c", "import numpy; print(numpy.ones(1 << 25).sum())"])
+    assert big.returncode == 0 and big.stdout.strip() == str(float(1 << 25))
+    assert 8 << 25 < big.peak_rss_bytes < 8 << 26  # its 256 MiB array, not our 512
+    assert big.rss_source == ("/usr/bin/time -v" if gnu_time else "wait4 of its own reaper")
+    small = run_process([sys.executable, "-c", "import sys; sys.exit('no room')"])
+    assert small.peak_rss_bytes < 100e6  # an interpreter alone, not the largest child's
+    assert small.returncode == 1 and small.failure == "no room"
+    with pytest.raises(RuntimeError, match="no room"):
+        small.checked()
+    slow = run_process(["sleep", "30"], timeout=0.3)
+    assert slow.timed_out and slow.seconds < 10 and slow.failure.startswith("killed after")
+
+
+def test_bench_tokens_reads_the_device_time_and_folds_gpt2_ids() -> None:
+    stderr = ("update 100: loss 9.1, val 9.2, 20.000 ms/update, ETA 18s\n"
+              "  update 200: loss 8.1, 15.500 ms/update, ETA 0s\nbob train (cuda)\n")
+    assert bench_tokens.device_seconds(stderr) == pytest.approx(100 * 0.020 + 100 * 0.0155)
+    assert bench_tokens.device_seconds("no lines") is None
+    assert bench_tokens.prompt_ids("464 3290", 50257) == "464 3290"
+    assert bench_tokens.prompt_ids("464 3290", 512) == "464 218"
+
+
+def test_bench_tokens_runs_end_to_end_at_v512_on_cpu(tmp_path: Path) -> None:
+    """dev/bench/bench_tokens.py as the lead runs it, at V = 512 on the cpu backend without
+    PyTorch: every command runs, the JSON report is complete, and only the token files it
+    was given are left."""
+    data = tmp_path / "data"
+    data.mkdir()
+    ids = zipf_tokens(60_000, 512)
+    ids[:54_000].tofile(data / "train.bin")
+    ids[54_000:].tofile(data / "val.bin")
+    out = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-m", "dev.bench.bench_tokens", str(data),
+                           "--vocab", "512", "--steps", "6", "-N", "3", "--backend", "cpu",
+                           "--skip-torch", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(path.name for path in data.iterdir()) == ["train.bin", "val.bin"]
+    report = json.loads(out.read_text())
+    assert report["format"] == "bob-bench-tokens" and report["failed"] == []
+    commands = {step["name"]: step for step in report["commands"]}
+    assert list(commands) == ["start-up", "count", "train", "eval", "generate"]
+    for step in commands.values():
+        assert step["error"] is None and step["seconds"] > 0 and step["peak_rss_bytes"] > 0
+    assert commands["train"]["argv"][3:] == [
+        "train", "--counts", commands["count"]["argv"][-2], "--vocab", "512", "--steps", "6",
+        "-N", "3", "--val-tokens", str(data / "val.bin"), "--schedule", "fused", "--backend",
+        "cpu", "-c", commands["eval"]["argv"][5], "--json"]
+    assert report["count"]["transitions"] == 53_999
+    assert report["train"]["global_step"] == 6 and report["train"]["val_loss"] > 0
+    assert report["eval"]["loss"] == pytest.approx(report["train"]["val_loss"], rel=1e-6)
+    assert report["device_seconds"] > 0 and report["checkpoint_write_seconds"] > 0
+    assert report["pytorch"] is None
+    targets = {target["name"].split(" vs ")[0]: target for target in report["targets"]}
+    for name in ("bob count: peak RSS", "bob train: peak RSS", "bob eval: peak RSS",
+                 "bob generate: peak RSS"):
+        assert targets[name]["met"] is True and targets[name]["limit"] == 4.0
+    assert targets["bob train wall"]["limit"] > 0 and targets["bob train wall"]["value"] > 0
+    assert targets["bob generate past start-up"]["limit"] == 2.0
+    assert not any(name.startswith("pytorch") for name in targets)  # --skip-torch
+    assert "bob train wall vs 1.3 x device" in done.stdout
+
+
+@pytest.mark.gpu
+def test_cuda_corpus_bench_rows_agree_with_their_peers(cuda_choice) -> None:
+    """`bob bench --backend cuda --mode corpus` at a small V: Bob's rows, the whole
+    commands and every peer that runs train the same corpus to the same loss."""
+    report = run_bench(("cuda",), (1024,), updates=5, repeats=1, mode="corpus")
+    (table,) = report.tables
+    assert not report.bob_failed, [row for row in table.rows if row.error]
+    names = [row.contender for row in table.rows]
+    for name in ("bob cuda invocation", "bob cuda run", "bob cuda train steady invocation",
+                 "bob cuda fused run", "bob cuda train command", "pytorch eager",
+                 "pytorch cuda graph", "jax jit(fori_loop)", "pytorch eager end to end"):
+        assert name in names, name
+    bob = _row(table, "bob cuda run").loss
+    for row in table.rows:
+        if row.error is not None:
+            assert row.error.startswith("skipped: "), row
+        elif row.kind in ("bob", "peer") and not row.whole_process:
+            assert row.loss == pytest.approx(bob, rel=1e-4), row.contender
+    command = _row(table, "bob cuda train command")
+    end_to_end = _row(table, "pytorch eager end to end")
+    if end_to_end.error is None:
+        assert end_to_end.loss == pytest.approx(command.loss, rel=1e-4)
+        assert table.ratio(end_to_end, "command") > 0 and end_to_end.peak_rss_bytes > 0

@@ -27,7 +27,7 @@ def asked(monkeypatch) -> list[tuple[str, str, str, str, int]]:
     'usable'; the peers not run."""
     calls: list[tuple[str, str, str, str, int]] = []
 
-    def measuring(choice, config, hyper, repeats, label=""):
+    def measuring(choice, config, hyper, repeats, label="", record=None):
         calls.append((choice.name, label, config.schedule, config.submission, config.vocab))
         return [Row(f"bob {choice.name}{label} invocation", "bob", config.updates, 1e-3,
                     (1e-3,), 1.0)]
@@ -88,10 +88,10 @@ def test_a_named_policy_runs_every_row_and_per_launch_adds_no_comparison_row(ask
 def test_a_failing_nv_configuration_is_a_failed_row_and_the_rest_still_run(asked, monkeypatch):
     recording = suite.measure_bob
 
-    def failing_fused(choice, config, hyper, repeats, label=""):
+    def failing_fused(choice, config, hyper, repeats, label="", record=None):
         if choice.name == "nv" and config.schedule == "fused":
             raise RuntimeError("the channel died")
-        return recording(choice, config, hyper, repeats, label)
+        return recording(choice, config, hyper, repeats, label, record)
 
     monkeypatch.setattr(suite, "measure_bob", failing_fused)
     table = _cuda_table(8192)

@@ -21,7 +21,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from bob import files
-from bob.config import Hyper
+from bob.config import CHECKPOINT_TENSORS, Hyper
 from bob.errors import BadInput, RunFailure
 from bob.records import checkpoint as checkpoint_module
 from bob.records.checkpoint import Checkpoint, History, Segment
@@ -362,6 +362,129 @@ def test_missing_checkpoint_and_directory(tmp_path: Path) -> None:
     expect_bad(tmp_path / "dir", "is a directory", tmp_path)
 
 
+# -- the streamed save ----------------------------------------------------------
+def pieces_of(checkpoint: Checkpoint, sizes: tuple[int, ...]):
+    """A delivery of the checkpoint's tables in pieces of these sizes, in turn (the last
+    of each table shorter): as a device's stream hands them over."""
+    def deliver(sink, chunk_bytes: int) -> None:
+        turn = 0
+        for name in CHECKPOINT_TENSORS:
+            data = memoryview(getattr(checkpoint, name).tobytes())
+            offset = 0
+            while offset < len(data):
+                size = min(sizes[turn % len(sizes)], chunk_bytes)
+                turn += 1
+                sink(name, offset, data[offset:offset + size])
+                offset += size
+    return deliver
+
+
+@pytest.mark.parametrize("vocab", [2, 3, 17, 256, 1000])
+def test_the_streamed_save_is_the_whole_table_writer_byte_for_byte(tmp_path: Path,
+                                                                    vocab: int) -> None:
+    checkpoint = replace(sample(vocab), history=((0, 5.5), (7, 2.25)), optimum=1.5,
+                         segments=(Segment(0, DIGEST, sample().hyper),),
+                         val_history=((0, 5.75),))
+    whole = tmp_path / "whole.safetensors"
+    checkpoint.save(whole)
+    expected = whole.read_bytes()
+    assert len(expected) == checkpoint.state.file_bytes
+    state = checkpoint.state
+    for name, deliver, chunk in (
+            ("small chunks", checkpoint.tables().deliver, 12),
+            ("one chunk", checkpoint.tables().deliver, 1 << 30),
+            ("ragged pieces", pieces_of(checkpoint, (4, 28, 400, 8)), 1 << 30),
+    ):
+        for checked in (False, True):
+            streamed = tmp_path / "streamed.safetensors"
+            state.save(streamed, deliver, checked=checked, chunk_bytes=chunk)
+            assert streamed.read_bytes() == expected, (name, checked)
+    assert listing(tmp_path) == ["streamed.safetensors", "whole.safetensors"]
+    assert Checkpoint.load(tmp_path / "streamed.safetensors") == checkpoint
+
+
+@pytest.mark.parametrize("vocab", [16, 100, 300])
+def test_the_save_streamed_from_a_backend_is_the_checkpoint_read_back(tmp_path: Path,
+                                                                       vocab: int) -> None:
+    """Session.stream_tables hands the arena's tables to the save through the backend's
+    stream_read, in chunks: the file is the one the tables read back would write."""
+    from bob.backends import choose_backend
+    from bob.host.check import random_record
+    from bob.host.session import Session
+    from bob.program.bob import BobConfig
+
+    config = BobConfig(vocab=vocab, prompts=1, updates=3, mode="corpus", pairs=vocab * 3)
+    record = random_record(config, vocab)
+    with Session(choose_backend("cpu")) as session:
+        done = session.invoke(config, Checkpoint.zeros(vocab, Hyper(), "corpus"), record,
+                              "train")
+        whole, streamed = tmp_path / "whole.safetensors", tmp_path / "streamed.safetensors"
+        done.checkpoint.save(whole)
+        for chunk in (4 * vocab, 4 * vocab * vocab - 4, 1 << 20):  # a row, a table less 4
+            done.state.save(streamed, lambda sink, size: session.stream_tables(3, sink, size),
+                            checked=True, chunk_bytes=chunk)
+            assert streamed.read_bytes() == whole.read_bytes(), chunk
+        with pytest.raises(ValueError, match="does not hold the state after step 2"):
+            session.stream_tables(2, lambda *piece: None)
+    assert listing(tmp_path) == ["streamed.safetensors", "whole.safetensors"]
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_a_bad_chunk_leaves_the_old_file_and_no_temporary(tmp_path: Path,
+                                                          checked: bool) -> None:
+    """A negative second moment in a later chunk of the last table: found as it passes (its
+    sign is checked even when the device vouched for finiteness), the temporary abandoned,
+    the previous checkpoint kept."""
+    path = tmp_path / "model.safetensors"
+    sample(step=1).save(path)
+    before = path.read_bytes()
+    bad = sample(v=8, step=2, seed=3)
+    tables = {name: np.array(getattr(bad, name)) for name in CHECKPOINT_TENSORS}
+    tables["second_moment"][5, 6] = -1.0
+    bad = replace(bad, **tables)
+    with pytest.raises(RunFailure) as caught:
+        bad.state.save(path, bad.tables().deliver, checked=checked, chunk_bytes=64)
+    assert str(caught.value) == (f"{path}: checkpoint not written: second_moment[5][6] = -1.0 "
+                                 "is negative (it is a mean of squares); the previous "
+                                 "checkpoint is kept")
+    assert path.read_bytes() == before and listing(tmp_path) == ["model.safetensors"]
+
+
+@pytest.mark.parametrize(("what", "message"), [
+    ("nan", "parameters[1][2] is nan (not finite)"),
+    ("out of order", "the tables came out of order (first_moment at byte 0)"),
+    ("short", "the tables ended early"),
+    ("too long", "the tables came out of order (second_moment at byte 256)"),
+])
+def test_a_delivery_that_is_not_the_tables_leaves_the_old_file(tmp_path: Path, what: str,
+                                                               message: str) -> None:
+    path = tmp_path / "model.safetensors"
+    sample(step=1).save(path)
+    before = path.read_bytes()
+    good = sample(v=8, step=2, seed=3)
+    parameters = np.array(good.parameters)
+    parameters[1, 2] = np.nan
+
+    def deliver(sink, chunk_bytes: int) -> None:
+        tables = [getattr(good, name).tobytes() for name in CHECKPOINT_TENSORS]
+        if what == "nan":
+            tables[0] = parameters.tobytes()
+        order = (1, 0, 2) if what == "out of order" else (0, 1, 2)
+        for index in order:
+            data = tables[index]
+            if what == "short" and index == 2:
+                data = data[:-4]
+            sink(CHECKPOINT_TENSORS[index], 0, memoryview(data))
+        if what == "too long":
+            sink("second_moment", 256, memoryview(b"\0" * 4))
+
+    with pytest.raises(RunFailure) as caught:
+        good.state.save(path, deliver)
+    assert str(caught.value) == (f"{path}: checkpoint not written: {message}; the previous "
+                                 "checkpoint is kept")
+    assert path.read_bytes() == before and listing(tmp_path) == ["model.safetensors"]
+
+
 # -- crash safety --------------------------------------------------------------
 def test_a_disk_full_midway_keeps_the_old_checkpoint(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -392,16 +515,20 @@ def test_a_disk_full_midway_keeps_the_old_checkpoint(tmp_path: Path,
 CHILD = textwrap.dedent("""
     import sys
     import numpy as np
-    from bob.config import Hyper
+    from bob.config import CHECKPOINT_TENSORS, Hyper
     from bob.records.checkpoint import Checkpoint
 
     def state(step, v):
         table = np.full((v, v), step, np.float32)
         return Checkpoint(table, table + 0.5, table * 2, step, Hyper(), "hard", "")
 
-    path, v, step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    path, v, step, how = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     while True:
-        state(step, v).save(path)
+        checkpoint = state(step, v)
+        if how == "streamed":  # the header, then the tables in 64 KiB pieces as they come
+            checkpoint.state.save(path, checkpoint.tables().deliver, chunk_bytes=1 << 16)
+        else:
+            checkpoint.save(path)
         print(step, flush=True)
         step += 1
 """)
@@ -421,8 +548,10 @@ def _kill_while_writing(child: subprocess.Popen[str], directory: Path, deadline:
     child.send_signal(signal.SIGKILL)
 
 
-def test_sigkill_while_saving_keeps_a_loadable_checkpoint(tmp_path: Path) -> None:
-    """Kill a process saving 12 MiB checkpoints in a loop, six times.
+@pytest.mark.parametrize("how", ["whole", "streamed"])
+def test_sigkill_while_saving_keeps_a_loadable_checkpoint(tmp_path: Path, how: str) -> None:
+    """Kill a process saving 12 MiB checkpoints in a loop, six times: saved whole
+    (Checkpoint.save) or streamed a chunk at a time (TrainingState.save).
 
     Three kills come at random moments, three the moment a temporary appears,
     so some land mid-write for certain.
@@ -439,8 +568,8 @@ def test_sigkill_while_saving_keeps_a_loadable_checkpoint(tmp_path: Path) -> Non
     step = 0
     killed_mid_write = 0
     for kill in range(6):
-        child = subprocess.Popen([sys.executable, str(script), str(path), str(v), str(step + 1)],
-                                 stdout=subprocess.PIPE, text=True, env=env)
+        child = subprocess.Popen([sys.executable, str(script), str(path), str(v), str(step + 1),
+                                  how], stdout=subprocess.PIPE, text=True, env=env)
         assert child.stdout is not None
         first = child.stdout.readline()  # it has saved once: now it is mid-loop
         assert first.strip() == str(step + 1), first

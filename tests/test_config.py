@@ -92,6 +92,16 @@ def test_the_cli_speaks_in_flags_where_the_api_does_not(tmp_path: Path, capsys) 
     ({"vocab": 1}, "vocab must be an integer in [2, 65536], not 1"),
     ({"updates": True}, "updates must be an integer in [0, 100000], not True"),
     ({"mode": "soft"}, "mode must be one of hard, corpus, not 'soft'"),
+    ({"mode": "corpus"}, "pairs must be an integer in [1, 2147483648] in corpus mode, not 0"),
+    ({"pairs": 3}, "pairs must be an integer in [0, 0] in hard mode, not 3"),
+    ({"validation_pairs": 1}, "validation_pairs must be an integer in [0, 0] in hard mode, "
+                              "not 1"),
+    ({"mode": "corpus", "pairs": 1, "validation_pairs": -1},
+     "validation_pairs must be an integer in [0, 2147483648] in corpus mode, not -1"),
+    ({"mode": "corpus", "vocab": 3, "pairs": 10},
+     "a V=3 table has 9 cells, fewer than the 10 pairs asked for"),
+    ({"mode": "corpus", "vocab": 3, "pairs": 9, "validation_pairs": 10},
+     "a V=3 table has 9 cells, fewer than the 10 pairs asked for"),
 ])
 def test_a_bad_program_configuration_is_bad_input(values: dict, message: str) -> None:
     with pytest.raises(BadInput) as caught:

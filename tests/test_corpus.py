@@ -24,6 +24,8 @@ from bob.records.corpus import (
     optimum,
     weights,
 )
+from bob.records.counting import PairCounts
+from bob.records.digest import sparse_digest
 from conftest import listing
 
 TEXTS = [b"abracadabra", b"the cat sat on the mat\n", b"aaaa", b"ab" * 50 + b"c",
@@ -139,11 +141,13 @@ def test_weights_are_correctly_rounded_and_sum_to_one(texts: list[bytes]) -> Non
     assert not table[counts == 0].any()
 
 
-def test_digest_is_the_records_data_digest() -> None:
+def test_digest_is_the_legacy_form_of_the_records_data_digest() -> None:
     counts = count_transitions(TEXTS)
     record = input_record(counts, b"th")
-    assert digest(counts) == record.data_digest
+    assert record.data_digest == sparse_digest(PairCounts.from_dense(counts))
+    assert record.digest_matches(digest(counts)) and digest(counts) != record.data_digest
     assert len(digest(counts)) == 64
+    assert not record.digest_matches(digest(count_transitions(TEXTS[:2])))
     assert digest(counts) != digest(count_transitions(TEXTS[:2]))
     # The same proportions train the same model: the same digest.
     assert digest(counts * np.uint64(3)) == digest(counts)
@@ -153,7 +157,8 @@ def test_input_record_round_trips() -> None:
     counts = count_transitions(TEXTS)
     record = input_record(counts, b"the")
     assert record.mode == "corpus" and record.vocab == 256 and record.prompt_count == 3
-    assert np.array_equal(record.weights, weights(counts))
+    assert np.array_equal(record.dense_weights(), weights(counts))
+    assert record.pairs == int(np.count_nonzero(counts))
     assert InputRecord.from_bytes(record.to_bytes(), "memory") == record
     with pytest.raises(BadInput, match=r"^corpus: prompts\[0\] = 256 is not below V=256$"):
         input_record(counts, [256])
@@ -170,7 +175,7 @@ def test_builtin_corpus() -> None:
     assert built.sources == ("pydoc_data.topics",) and built.vocab == 256
     assert built.transitions == len(text) - 1
     assert 0.5 < built.optimum() < math.log(256)
-    assert built.digest() == built.input_record(b"a").data_digest
+    assert built.input_record(b"a").digest_matches(built.digest())
 
 
 def test_corpus_from_files(tmp_path: Path) -> None:

@@ -25,12 +25,12 @@ from bob.kernels import reference as ref  # noqa: E402
 from bob.kernels import signatures as sig  # noqa: E402
 from bob.program.bob import (  # noqa: E402
     ADAM_SCALAR_NAMES,
-    BobConfig,
     Hyper,
     adam_scalar_table,
 )
 from bob.records.checkpoint import Checkpoint  # noqa: E402
 from conftest import assert_same_bits as shared_assert_same_bits  # noqa: E402
+from conftest import bob_config  # noqa: E402
 
 F32 = np.float32
 EDGES = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 1e-40, 1.17549435e-38,
@@ -227,7 +227,7 @@ def test_the_fused_kernel_equals_the_reference(mode: str, vocab: int, updates: i
 @pytest.mark.parametrize("schedule", ["seed", "fused"])
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_invocations_with_fast_and_reference_kernels_agree(schedule: str, mode: str) -> None:
-    config = BobConfig(vocab=256, prompts=3, updates=4, mode=mode, schedule=schedule)
+    config = bob_config(vocab=256, prompts=3, updates=4, mode=mode, schedule=schedule)
     record = random_record(config, 11)
     choices = (choose_backend("cpu"),
                replace(choose_backend("cpu"),

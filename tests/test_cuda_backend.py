@@ -18,6 +18,7 @@ import pytest
 from bob.backends.cpu import CpuBackend
 from bob.backends.cuda import CudaBackend, CudaError, kernel_module, kernel_parameters
 from bob.errors import RunFailure
+from bob.host.check import random_record
 from bob.kernels.cuda.compile import KernelSource
 from bob.kernels.cuda.cubin import Cubin, Kernel
 from bob.kernels.cuda.regions import CompiledRegions, compiled_regions
@@ -37,8 +38,8 @@ from bob.plan.model import (
     TensorSpec,
 )
 from bob.plan.placement import SM86, TARGETS, argument_slots, place
-from bob.program.bob import BobConfig, Hyper, adam_scalars, build_plan
-from conftest import assert_same_tensors
+from bob.program.bob import WEIGHTS_TENSOR, BobConfig, Hyper, adam_scalars, build_plan
+from conftest import assert_same_tensors, bob_config
 
 HERE = Path(__file__).parent / "cuda"
 
@@ -267,8 +268,9 @@ def test_the_reader_agrees_with_the_driver(arch: str) -> None:
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_bobs_kernels_as_read_agree_with_the_driver(arch: str, bob_regions: CompiledRegions,
                                                     mode: str) -> None:
-    plan = build_plan(BobConfig(vocab=256, prompts=1, updates=1, mode=mode), TARGETS[arch],
-                      compiled=bob_regions)
+    plan = build_plan(bob_config(vocab=256, prompts=1, updates=1, mode=mode,
+                                 validation_pairs=100 if mode == "corpus" else 0),
+                      TARGETS[arch], compiled=bob_regions)
     kernels = image_kernels(bob_regions)
     with CudaBackend(plan, bob_regions) as cuda:
         for placed in plan.placed_regions:
@@ -313,17 +315,25 @@ def test_an_image_that_differs_from_the_plan_is_refused(arch: str) -> None:
 
 
 def _bob_inputs(config: BobConfig, seed: int) -> dict[str, bytes]:
+    """The writes before the plan runs from its first submission: the input (corpus: its
+    config.pairs sparse pairs, and the table they are scattered into cleared, as the host
+    clears it) and the parameters."""
     rng = np.random.default_rng(seed)
     v = config.vocab
     prompts = rng.integers(0, v, config.prompts, dtype=np.uint32)
+    writes = {}
     if config.mode == "hard":
         targets = rng.integers(0, v, v, dtype=np.uint32).tobytes()
     else:
-        counts = rng.integers(0, 4, (v, v), dtype=np.uint8)
-        targets = (counts / np.float32(counts.sum(dtype=np.uint64))).astype(np.float32).tobytes()
+        targets = random_record(config, seed).payload()[:config.input_targets_bytes]
+        writes[WEIGHTS_TENSOR] = bytes(4 * v * v)
     parameters = (rng.standard_normal(v * v, dtype=np.float32) * np.float32(0.5))
     parameters[: v] = 0.0  # a row of equal logits: the argmax takes the lowest index
-    return {"input": targets + prompts.tobytes(), "parameters": parameters.tobytes()}
+    return {**writes, "input": targets + prompts.tobytes(), "parameters": parameters.tobytes()}
+
+
+def _scatter_tables(config: BobConfig) -> tuple[str, ...]:
+    return () if config.mode == "hard" else ("weights",)
 
 
 def _invocations(config: BobConfig, plan: Plan, split: str) -> Iterator[tuple[str, range]]:
@@ -349,6 +359,8 @@ def _run_bob(config: BobConfig, regions: CompiledRegions, arch: str, split: str,
         for name, data in _bob_inputs(config, seed=config.vocab).items():
             cpu.write_tensor(name, data)
             cuda.write_tensor(name, data)
+        cpu.clear_tensors(_scatter_tables(config))  # the scatter writes only its cells
+        cuda.clear_tensors(_scatter_tables(config))
         for what, submissions in _invocations(config, plan, split):
             if what == "next-invocation":  # the global step continues across invocations
                 for k in range(config.updates):
@@ -366,7 +378,7 @@ def _run_bob(config: BobConfig, regions: CompiledRegions, arch: str, split: str,
 @pytest.mark.parametrize("split", ["forward-then-all", "two-invocations", "pieces"])
 def test_bob_matches_the_cpu(arch: str, bob_regions: CompiledRegions, vocab: int, mode: str,
                              split: str) -> None:
-    config = BobConfig(vocab=vocab, prompts=3, updates=3, mode=mode)
+    config = bob_config(vocab=vocab, prompts=3, updates=3, mode=mode)
     _run_bob(config, bob_regions, arch, split)
 
 
@@ -374,7 +386,7 @@ def test_bob_matches_the_cpu(arch: str, bob_regions: CompiledRegions, vocab: int
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_bob_matches_the_cpu_at_vocab_8192(arch: str, bob_regions: CompiledRegions,
                                            mode: str) -> None:
-    config = BobConfig(vocab=8192, prompts=2, updates=1, mode=mode)
+    config = bob_config(vocab=8192, prompts=2, updates=1, mode=mode)
     _run_bob(config, bob_regions, arch, "forward-then-all")
 
 
@@ -382,13 +394,15 @@ def test_bob_matches_the_cpu_at_vocab_8192(arch: str, bob_regions: CompiledRegio
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_host_mapped_and_device_arenas_agree(arch: str, bob_regions: CompiledRegions,
                                              mode: str) -> None:
-    config = BobConfig(vocab=1024, prompts=2, updates=2, mode=mode)
+    config = bob_config(vocab=1024, prompts=2, updates=2, mode=mode)
     plan = build_plan(config, TARGETS[arch], compiled=bob_regions)
     with CudaBackend(plan, bob_regions, arena="device") as device, \
             CudaBackend(plan, bob_regions, arena="host") as host:
         for name, data in _bob_inputs(config, seed=5).items():
             device.write_tensor(name, data)
             host.write_tensor(name, data)
+        device.clear_tensors(_scatter_tables(config))
+        host.clear_tensors(_scatter_tables(config))
         for submissions in (range(plan.forward_submissions), range(plan.submission_count)):
             device.run(submissions)
             host.run(submissions)

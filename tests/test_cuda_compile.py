@@ -189,11 +189,15 @@ def test_regions_from_an_image_with_bobs_signatures(arch: str, cache: Path) -> N
         assert region.block_x == sig.block_of(name)
         assert region.code and 0 < region.registers <= 255
     assert regions[sig.LOSS_HARD].shared_bytes >= 256 * 4
-    for mode in ("hard", "corpus"):
-        plan = build_plan(BobConfig(vocab=256, prompts=2, updates=2, mode=mode), target,
-                          compiled=regions)
+    for config in (BobConfig(vocab=256, prompts=2, updates=2),
+                   # corpus with validation: the scatter and the loss alone too
+                   BobConfig(vocab=256, prompts=2, updates=2, mode="corpus", pairs=999,
+                             validation_pairs=99)):
+        plan = build_plan(config, target, compiled=regions)
         assert certify(plan).holds, certify(plan).hazards
         assert all(p.bytes > 0 for p in plan.placed_regions)
+        assert {p.name for p in plan.placed_regions} >= (
+            {sig.SCATTER, sig.LOSS_ONLY_CORPUS} if config.mode == "corpus" else set())
 
 
 def test_an_image_for_another_architecture_is_refused(cache: Path) -> None:

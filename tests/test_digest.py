@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +82,9 @@ def test_the_legacy_digest_is_the_dense_records_and_kept_apart() -> None:
     for table in (dense, padded):
         counts = PairCounts.from_dense(table)
         assert legacy_digest(counts) == corpus.digest(table)
-        assert legacy_digest(counts) == corpus.input_record(table).data_digest
+        record = corpus.input_record(table)
+        assert sparse_digest(counts) == record.data_digest
+        assert record.digest_matches(legacy_digest(counts))
         assert is_digest(legacy_digest(counts)) and is_digest(sparse_digest(counts))
         assert not digest.is_sparse(legacy_digest(counts))
         assert digest.is_sparse(sparse_digest(counts))
@@ -136,7 +139,9 @@ def test_new_counts_files_store_the_sparse_digest_and_legacy_ones_still_load(
 
 
 def test_a_checkpoint_with_the_legacy_digest_resumes(tmp_path: Path, capsys) -> None:
-    """Checkpoints store the input record's digest (legacy); they resume, and it matches."""
+    """A checkpoint stores its data's sparse digest; one that older Bob wrote stores the
+    legacy dense digest of the same corpus (in its data_digest and its segment): both
+    resume without --new-data, and the legacy one starts no new segment."""
     source = tmp_path / "t.txt"
     source.write_bytes(TEXT)
     checkpoint = tmp_path / "bob.safetensors"
@@ -144,9 +149,19 @@ def test_a_checkpoint_with_the_legacy_digest_resumes(tmp_path: Path, capsys) -> 
     assert main(["train", "--text", str(source), *common]) == 0
     state = Checkpoint.load(checkpoint)
     counts = count_sources(resolve([str(source)]), 256, workers=1)
-    assert not digest.is_sparse(state.data_digest) and digest_matches(state.data_digest, counts)
+    assert state.data_digest == sparse_digest(counts) and digest_matches(state.data_digest,
+                                                                         counts)
     assert main(["train", "--text", str(source), "--resume", *common]) == 0
-    assert Checkpoint.load(checkpoint).step == 4
+    resumed = Checkpoint.load(checkpoint)
+    assert resumed.step == 4 and resumed.segments == state.segments
+    legacy = legacy_digest(counts)
+    old = replace(resumed, data_digest=legacy,
+                  segments=(replace(resumed.segments[0], data_digest=legacy),))
+    old.save(checkpoint)
+    assert main(["train", "--text", str(source), "--resume", *common]) == 0
+    again = Checkpoint.load(checkpoint)
+    assert again.step == 6 and again.data_digest == sparse_digest(counts)
+    assert again.segments == old.segments  # the same data: no new segment
     capsys.readouterr()
 
 

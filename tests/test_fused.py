@@ -1,9 +1,10 @@
 """The fused schedule on the CPU: its plan, its certificate, and the seed's bytes exactly.
 
 After an invocation every tensor the seed schedule has (parameters, moments,
-gradients, input, both loss blocks, logit rows, predictions) must hold the
-seed schedule's bytes, in both modes, for one launch per invocation and one
-launch per update, across invocation splits.
+gradients, input, both loss blocks, logit rows, predictions; in corpus mode the
+weights scattered from the sparse input) must hold the seed schedule's bytes, in
+both modes, for one launch per invocation and one launch per update, across
+invocation splits.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 import bob.program.bob as program
 from bob.backends import choose_backend
 from bob.backends.cpu import CpuBackend
-from bob.host.check import COMPARED, compare_backends, random_record
+from bob.host.check import compare_backends, compared_tensors, random_record
 from bob.host.session import Session, split_updates
 from bob.kernels import reference
 from bob.kernels import signatures as sig
@@ -29,6 +30,10 @@ from bob.program.bob import (
     ADAM_SCALARS_TENSOR,
     HEALTH_TENSOR,
     TENSOR_NAMES,
+    VALIDATION_INITIAL_LOSS,
+    VALIDATION_LOSS,
+    VALIDATION_WEIGHTS,
+    WEIGHTS_TENSOR,
     BobConfig,
     Hyper,
     adam_scalar_table,
@@ -36,13 +41,14 @@ from bob.program.bob import (
     build_plan,
 )
 from bob.records.checkpoint import Checkpoint
-from conftest import assert_same_bits
+from conftest import assert_same_bits, bob_config, validation_record
 
 
 def run_schedule(config: BobConfig, steps: int, kernels: str = "fast",
                  seed: int = 5) -> list[dict[str, bytes]]:
     """Train `steps` updates in invocations of config.updates; the arena after each."""
     record = random_record(config, seed)
+    held_out = validation_record(config, seed + 1) if config.validates else None
     rng = np.random.default_rng(seed)
     start = Checkpoint.zeros(config.vocab, Hyper(), config.mode)
     parameters = rng.standard_normal((config.vocab, config.vocab), dtype=np.float32)
@@ -55,17 +61,19 @@ def run_schedule(config: BobConfig, steps: int, kernels: str = "fast",
     with Session(choice) as session:
         for updates in split_updates(steps, config.updates):
             state = session.invoke(replace(config, updates=updates), state, record,
-                                   "train").checkpoint
+                                   "train", validation=held_out).checkpoint
             backend = session.last_backend
             assert backend is not None
-            arenas.append({name: backend.read_tensor(name) for name in COMPARED})
+            arenas.append({name: backend.read_tensor(name)
+                           for name in compared_tensors(backend.plan)})
     return arenas
 
 
 def assert_same_arenas(seed: list[dict[str, bytes]], fused: list[dict[str, bytes]]) -> None:
     assert len(seed) == len(fused)
     for number, (want, got) in enumerate(zip(seed, fused, strict=True)):
-        for name in COMPARED:  # the health counts too
+        assert list(got) == list(want)
+        for name in want:  # the health counts too
             got_words, want_words = (np.frombuffer(a[name], np.uint32) for a in (got, want))
             assert_same_bits(f"invocation {number}: tensor {name!r}", got_words, want_words,
                              ("fused", "seed"))
@@ -76,10 +84,21 @@ def assert_same_arenas(seed: list[dict[str, bytes]], fused: list[dict[str, bytes
     (256, 2, 9, 9), (256, 1, 9, 4), (300, 3, 5, 2), (40, 0, 6, 6), (1100, 1, 3, 2),
 ])
 def test_fused_equals_seed_after_every_invocation(mode, vocab, prompts, steps, per_invocation):
-    config = BobConfig(vocab=vocab, prompts=prompts, updates=per_invocation, mode=mode)
+    config = bob_config(vocab=vocab, prompts=prompts, updates=per_invocation, mode=mode)
     seed = run_schedule(config, steps)
     fused = run_schedule(replace(config, schedule="fused"), steps)
     assert_same_arenas(seed, fused)
+
+
+@pytest.mark.parametrize("vocab,steps,per_invocation", [(40, 5, 2), (300, 3, 3)])
+def test_fused_equals_seed_with_validation_on_the_device(vocab, steps, per_invocation):
+    """The validation losses of the starting and the trained table, and the validation
+    table scattered from its own pairs, are the seed schedule's bytes too."""
+    config = bob_config(vocab=vocab, prompts=1, updates=per_invocation, mode="corpus",
+                        validation_pairs=vocab + 3)
+    seed = run_schedule(config, steps)
+    assert {VALIDATION_WEIGHTS, VALIDATION_INITIAL_LOSS, VALIDATION_LOSS} <= set(seed[0])
+    assert_same_arenas(seed, run_schedule(replace(config, schedule="fused"), steps))
 
 
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
@@ -87,7 +106,7 @@ def test_fused_equals_seed_after_every_invocation(mode, vocab, prompts, steps, p
 def test_either_launch_split_gives_the_seed_bytes(monkeypatch, mode, one_launch_max):
     """One launch per update, or every update in one launch, whatever V."""
     monkeypatch.setattr(program, "ONE_LAUNCH_MAX_VOCAB", one_launch_max)
-    config = BobConfig(vocab=64, prompts=2, updates=3, mode=mode)
+    config = bob_config(vocab=64, prompts=2, updates=3, mode=mode)
     assert_same_arenas(run_schedule(config, 7), run_schedule(replace(config, schedule="fused"),
                                                               7))
 
@@ -99,7 +118,7 @@ def test_held_launches_of_a_few_updates_each_give_the_seed_bytes(monkeypatch, mo
     monkeypatch.setattr(program, "ONE_LAUNCH_MAX_VOCAB", 16)
     monkeypatch.setattr(program, "HELD_FROM_VOCAB", 64)
     monkeypatch.setattr(program, "HELD_UPDATES_PER_LAUNCH", 2)
-    config = BobConfig(vocab=68, prompts=1, updates=5, mode=mode)
+    config = bob_config(vocab=68, prompts=1, updates=5, mode=mode)
     fused_config = replace(config, schedule="fused")
     assert fused_config.fused_region(SM86) in sig.SHARED_REST
     assert fused_config.training_launches(SM86) == 3 + 1
@@ -108,7 +127,7 @@ def test_held_launches_of_a_few_updates_each_give_the_seed_bytes(monkeypatch, mo
 
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_the_reference_fused_kernel_equals_the_seed(mode):
-    config = BobConfig(vocab=96, prompts=1, updates=3, mode=mode)
+    config = bob_config(vocab=96, prompts=1, updates=3, mode=mode)
     assert_same_arenas(run_schedule(config, 5, "reference"),
                        run_schedule(replace(config, schedule="fused"), 5, "reference"))
 
@@ -116,32 +135,40 @@ def test_the_reference_fused_kernel_equals_the_seed(mode):
 # -- the plan ---------------------------------------------------------------------------------
 
 
-# training: the fused launches, then the health check (when N > 0)
+# training: the fused launches, then the health check (when N > 0), by mode
 @pytest.mark.parametrize("vocab,updates,training", [
-    (256, 100, 1 + 1), (1025, 7, 1 + 1), (8192, 3, 1 + 1), (8193, 7, 7 + 1), (16384, 3, 1 + 1),
-    (16386, 3, 3 + 1),  # past 8192: held (V % 4 == 0) in one launch, streamed one per update
+    (256, 100, 1 + 1), (1025, 7, 1 + 1), (8192, 3, 1 + 1), (16384, 3, 1 + 1),
+    # past 8192 the held kernels, any V, up to 32 updates a launch
+    (8193, 7, 1 + 1), (16386, 3, 1 + 1), (16384, 40, 2 + 1),
+    # corpus rows held only while they fit whole on the target: past it, one per update
+    (52228, 3, {"hard": 1 + 1, "corpus": 3 + 1}),
     (256, 0, 0), (16384, 0, 0),
 ])
 @pytest.mark.parametrize("prompts", [0, 3])
 def test_figures_follow_the_documented_formulas(vocab, updates, training, prompts):
     for mode in ("hard", "corpus"):
-        config = BobConfig(vocab=vocab, prompts=prompts, updates=updates, mode=mode,
-                           schedule="fused")
+        config = bob_config(vocab=vocab, prompts=prompts, updates=updates, mode=mode,
+                            schedule="fused")
         plan = build_plan(config, SM90)
-        forward = 1 + 2 * prompts
-        assert config.training_launches(SM90) == training
-        assert plan.launch_count == config.launch_count(SM90) == forward + training
+        loads = int(mode == "corpus")  # the sparse input scattered into `weights`
+        forward = loads + 1 + 2 * prompts
+        expected = training[mode] if isinstance(training, dict) else training
+        assert config.training_launches(SM90) == expected
+        assert plan.launch_count == config.launch_count(SM90) == forward + expected
         assert plan.submission_count == config.submission_count(SM90) \
-            == forward + training + 2 * prompts
+            == forward + expected + 2 * prompts
         assert plan.program_bytes == plan.code_extent + plan.launch_count * 1024
         assert certify(plan).holds, certify(plan).hazards
         seed = build_plan(replace(config, schedule="seed"), SM90)
         assert seed.launch_count == forward + 2 * updates + int(updates > 0)
         # one QMD record per launch, whatever the schedule
         assert plan.qmd_table_bytes * seed.launch_count == seed.qmd_table_bytes * plan.launch_count
-        # the fused plan adds one tensor before health: the seed's nine keep their addresses
+        # the fused plan adds one tensor after the seed's nine, which keep their addresses;
+        # corpus mode's weights follow, health is last
+        corpus = [WEIGHTS_TENSOR] if loads else []
         assert [t.name for t in plan.tensors] == [*TENSOR_NAMES, ADAM_SCALARS_TENSOR,
-                                                  HEALTH_TENSOR]
+                                                  *corpus, HEALTH_TENSOR]
+        assert [t.name for t in seed.tensors] == [*TENSOR_NAMES, *corpus, HEALTH_TENSOR]
         for name in TENSOR_NAMES:
             assert plan.tensor(name) == seed.tensor(name)
         assert plan.tensor(HEALTH_TENSOR).bytes == seed.tensor(HEALTH_TENSOR).bytes == 24
@@ -149,12 +176,13 @@ def test_figures_follow_the_documented_formulas(vocab, updates, training, prompt
 
 
 def test_the_fused_launches_and_their_footprints():
-    # V % 4 != 0: the narrow kernel streams (V % 4 == 0 goes to the stream kernel)
-    config = BobConfig(vocab=9002, prompts=1, updates=3, mode="hard", schedule="fused")
+    # A corpus row longer than any target's shared memory holds, V % 4 != 0: the narrow
+    # kernel streams, one launch per update (V % 4 == 0 goes to the stream kernel)
+    config = bob_config(vocab=52225, prompts=1, updates=3, mode="corpus", schedule="fused")
     plan = build_plan(config, SM86)
-    fused = [launch for launch in plan.launches if launch.region == sig.FUSED_HARD]
+    fused = [launch for launch in plan.launches if launch.region == sig.FUSED_CORPUS]
     assert [launch.label for launch in fused] == ["fused[0]", "fused[1]", "fused[2]"]
-    region = plan.region(sig.FUSED_HARD)
+    region = plan.region(sig.FUSED_CORPUS)
     names = [p.name for p in region.params]
     scalars_base = plan.tensor(ADAM_SCALARS_TENSOR).address
     for k, launch in enumerate(fused):
@@ -162,20 +190,22 @@ def test_the_fused_launches_and_their_footprints():
         assert args["updates"] == Scalar.u32(1)
         assert args["finish"] == Scalar.u32(int(k == 2))  # only the last writes gradients
         assert args["adam_scalars"] == Address(scalars_base + 32 * k)
-        assert launch.grid.x == 9002
+        # the weights the loss reads: the table the sparse input is scattered into
+        assert args["weights"] == Address(plan.tensor(WEIGHTS_TENSOR).address)
+        assert launch.grid.x == 52225
     assert {p.name for p in plan.placed_regions} == {
-        sig.GATHER, sig.LOSS_HARD, sig.FUSED_HARD, sig.ARGMAX, sig.HEALTH}
+        sig.GATHER, sig.LOSS_CORPUS, sig.FUSED_CORPUS, sig.ARGMAX, sig.HEALTH, sig.SCATTER}
     # the health check is the last launch, after the last fused one
     assert plan.launches[-1].region == sig.HEALTH and plan.launches[-2].label == "fused[2]"
-    small = build_plan(replace(config, vocab=256, updates=50), SM86)
-    (launch,) = [launch for launch in small.launches if launch.region == sig.FUSED_HARD]
+    small = build_plan(replace(config, vocab=256, updates=50, pairs=300), SM86)
+    (launch,) = [launch for launch in small.launches if launch.region == sig.FUSED_CORPUS]
     args = dict(zip(names, launch.args, strict=True))
     assert (args["updates"], args["finish"]) == (Scalar.u32(50), Scalar.u32(1))
 
 
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_the_certificate_catches_a_fused_launch_reaching_too_far(mode):
-    config = BobConfig(vocab=1100, prompts=0, updates=2, mode=mode, schedule="fused")
+    config = bob_config(vocab=1100, prompts=0, updates=2, mode=mode, schedule="fused")
     plan = build_plan(config)
     index = next(i for i, launch in enumerate(plan.launches)
                  if launch.region == config.fused_region(plan.target))
@@ -218,7 +248,7 @@ def test_the_session_writes_the_scalars_of_the_global_steps():
 
 def test_fused_and_seed_checkpoints_agree_through_the_api(tmp_path):
     """A whole training run through the host: the checkpoints are the same bytes."""
-    config = BobConfig(vocab=256, prompts=0, updates=25, mode="corpus")
+    config = bob_config(vocab=256, prompts=0, updates=25, mode="corpus")
     runs = {schedule: run_schedule(replace(config, schedule=schedule), 50)
             for schedule in ("seed", "fused")}
     assert_same_arenas(runs["seed"], runs["fused"])
@@ -259,9 +289,10 @@ def test_the_scalar_table_equals_the_per_step_scalars_bit_for_bit():
 def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
     """1024 < V <= 4096: the wide region; from where it is faster (4608 hard, 5121 corpus)
     to 8192 the tall one (sig.TALL_BLOCKS: 1024 threads hard, 512 corpus); past it the held
-    one (512 threads) when V % 4 == 0 (corpus rows to 52224); other streamed rows the
-    stream one when V % 4 == 0, else narrow. One signature everywhere, the stream one's
-    tables 16-byte aligned (it moves them as float4)."""
+    one (512 threads), any V (corpus rows to 52224); other streamed rows the stream one
+    when V % 4 == 0, else narrow. One signature everywhere, the stream and held ones'
+    tables 16-byte aligned (the stream one moves them as float4, the held one where
+    V % 4 == 0)."""
     hard = mode == "hard"
     narrow = sig.FUSED_HARD if hard else sig.FUSED_CORPUS
     wide = sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS
@@ -273,12 +304,13 @@ def test_rows_that_fit_on_chip_get_the_wide_or_tall_kernel(mode):
                                  (4096, wide, 256), (4097, narrow, 256), (4100, stream, 256),
                                  (first_tall - 1, narrow if hard else stream, 256),
                                  (first_tall, tall, sig.TALL_BLOCKS[tall]),
-                                 (8192, tall, sig.TALL_BLOCKS[tall]), (8193, narrow, 256),
-                                 (8196, held, 512), (9000, held, 512), (9002, narrow, 256),
-                                 (52224, held, 512),
+                                 (8192, tall, sig.TALL_BLOCKS[tall]), (8193, held, 512),
+                                 (8196, held, 512), (9000, held, 512), (9002, held, 512),
+                                 (50257, held, 512), (52224, held, 512),
+                                 (52225, held if hard else narrow, 512 if hard else 256),
                                  (52228, held if hard else stream, 512 if hard else 256),
                                  (65536, held if hard else stream, 512 if hard else 256)):
-        config = BobConfig(vocab=vocab, prompts=0, updates=2, mode=mode, schedule="fused")
+        config = bob_config(vocab=vocab, prompts=0, updates=2, mode=mode, schedule="fused")
         assert config.fused_region(SM90) == region, vocab
         plan = build_plan(config, SM90)
         assert certify(plan).holds, certify(plan).hazards

@@ -31,7 +31,7 @@ from bob.plan.certificate import certify
 from bob.plan.model import Address, Scalar
 from bob.program.bob import HEALTH_TENSOR, BobConfig, Hyper, build_plan
 from bob.records.checkpoint import Checkpoint
-from conftest import needs_nvrtc, shipped_ptx
+from conftest import bob_config, needs_nvrtc, shipped_ptx
 
 TABLES = sig.HEALTH_COUNTS  # parameters, first_moment, second_moment
 # Every kind of non-finite binary32: +-inf, quiet and signalling NaN, payloads, both signs.
@@ -157,7 +157,7 @@ def invoke(backend: str, config: BobConfig, checkpoint: Checkpoint):
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 @pytest.mark.parametrize("poison", [None, *POISONS], ids=lambda p: p and p[0] or "finite")
 def test_every_backend_writes_the_health_of_the_tables_it_leaves(schedule, mode, poison):
-    config = BobConfig(vocab=37, prompts=1, updates=3, mode=mode, schedule=schedule)
+    config = bob_config(vocab=37, prompts=1, updates=3, mode=mode, schedule=schedule)
     table, value, message = poison or (None, np.float32(0), None)
     checkpoint = poisoned_checkpoint(config, table, value, places=5)
     results = {backend: invoke(backend, config, checkpoint) for backend in BACKENDS}
@@ -337,7 +337,7 @@ GPU_CASES = [(vocab, mode, schedule) for vocab in (3, 256, 1025, 8192)
 @pytest.mark.gpu
 @pytest.mark.parametrize("vocab,mode,schedule", GPU_CASES)
 def test_health_on_cuda_equals_the_cpu(cuda_choice, vocab, mode, schedule):
-    config = BobConfig(vocab=vocab, prompts=1, updates=2, mode=mode, schedule=schedule)
+    config = bob_config(vocab=vocab, prompts=1, updates=2, mode=mode, schedule=schedule)
     gpu_against_cpu(cuda_choice, config)
 
 
@@ -349,7 +349,7 @@ def test_health_on_nv_equals_the_cpu(vocab, mode, schedule):
     if not _nv_present():
         pytest.skip("no NVIDIA kernel driver here")
     pytest.importorskip("cuda.bindings.nvrtc", reason="the nv backend compiles with NVRTC")
-    config = BobConfig(vocab=vocab, prompts=1, updates=2, mode=mode, schedule=schedule)
+    config = bob_config(vocab=vocab, prompts=1, updates=2, mode=mode, schedule=schedule)
     gpu_against_cpu(choose_backend("nv"), config)
 
 

@@ -32,7 +32,7 @@ from bob.program.bob import (
     build_plan,
     held_to_vocab,
 )
-from conftest import stand_in_regions
+from conftest import bob_config, stand_in_regions
 
 
 def compiled(arch: str):
@@ -63,10 +63,12 @@ def test_the_longest_held_corpus_row_is_what_the_targets_shared_memory_holds_who
     (MAX_VOCAB, "hard", sig.FUSED_HELD_HARD),
     (65536, "corpus", sig.FUSED_STREAM_CORPUS),
     (4100, "hard", sig.FUSED_STREAM_HARD),  # below the tall rows: streamed
-    (8194, "hard", sig.FUSED_HARD),  # V % 4 != 0: the narrow kernels' scalar path
+    (8194, "hard", sig.FUSED_HELD_HARD),  # any V: a row of V % 4 != 0 element by element
+    (50257, "corpus", sig.FUSED_HELD_CORPUS),  # GPT-2's vocabulary, held whole on sm_90
+    (52225, "corpus", sig.FUSED_CORPUS),  # past it, V % 4 != 0: the narrow kernels' path
 ])
 def test_the_plan_gives_rows_past_8192_to_the_held_kernels_while_they_fit(vocab, mode, region):
-    assert BobConfig(vocab=vocab, mode=mode, schedule="fused").fused_region(SM90) == region
+    assert bob_config(vocab=vocab, mode=mode, schedule="fused").fused_region(SM90) == region
 
 
 @pytest.mark.parametrize("vocab, mode, region", [
@@ -76,7 +78,7 @@ def test_the_plan_gives_rows_past_8192_to_the_held_kernels_while_they_fit(vocab,
     (52228, "hard", sig.FUSED_HELD_HARD),
 ])
 def test_a_target_with_less_shared_memory_holds_shorter_corpus_rows(vocab, mode, region):
-    assert BobConfig(vocab=vocab, mode=mode, schedule="fused").fused_region(SM86) == region
+    assert bob_config(vocab=vocab, mode=mode, schedule="fused").fused_region(SM86) == region
 
 
 @pytest.mark.parametrize("vocab, target, grid", [
@@ -134,11 +136,12 @@ def test_a_held_launch_runs_at_most_32_updates_and_the_last_the_rest(updates, co
     assert certify(plan).holds
 
 
-@pytest.mark.parametrize("vocab, mode", [(65536, "corpus"), (9002, "hard")])
+@pytest.mark.parametrize("vocab, mode", [(65536, "corpus"), (52225, "corpus")])
 def test_rows_past_8192_the_held_kernels_do_not_take_get_a_launch_per_update(vocab, mode):
-    """Streamed rows (corpus past what shared memory holds; V % 4 != 0) keep no part of
-    the row from one update to the next, so each update is a launch of its own."""
-    config = BobConfig(vocab=vocab, prompts=0, updates=3, mode=mode, schedule="fused")
+    """Streamed rows (corpus past what shared memory holds, the stream kernels' or, where
+    V % 4 != 0, the narrow ones') keep no part of the row from one update to the next, so
+    each update is a launch of its own."""
+    config = bob_config(vocab=vocab, prompts=0, updates=3, mode=mode, schedule="fused")
     assert config.fused_region(SM90) not in sig.SHARED_REST
     assert config.updates_per_fused_launch(SM90) == 1
     assert config.training_launches(SM90) == 3 + 1  # and the health check

@@ -1,7 +1,7 @@
-"""The held kernels (a row's w in dynamic shared memory, V % 4 == 0) on the GPU, byte for
-byte against the seed schedule on the CPU: as shipped, with their other shapes, and with a
-launch given too little shared memory for the whole row (the rest read from memory in each
-pass, as the stream kernels read it).
+"""The held kernels (a row's w in dynamic shared memory, any V: a row of V % 4 != 0 moves
+element by element) on the GPU, byte for byte against the seed schedule on the CPU: as
+shipped, with their other shapes, and with a launch given too little shared memory for the
+whole row (the rest read from memory in each pass, as the stream kernels read it).
 
     PYTHONPATH=src python -m pytest -m gpu tests/test_held_gpu.py     # on a GPU machine
 
@@ -24,6 +24,7 @@ from bob.backends.cuda import CudaBackend
 from bob.kernels.cuda.regions import CompiledRegions
 from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord
+from conftest import bob_config
 from dev.cuda.variants import variant_choice
 from test_fused_gpu import train_both
 
@@ -33,7 +34,8 @@ gpu = pytest.mark.gpu
 SHAPES = {
     "shipped": "",
     "768 threads": "#define HELD_THREADS 768u\n#define HELD_UPDATE_DEPTH 1u\n"
-                   "#define HELD_DEPTH 2u\n#define HELD_RUNNING_MAX 0\n",
+                   "#define HELD_DEPTH 2u\n#define HELD_RUNNING_MAX 0\n"
+                   "#define HELD_KEEP_EXPONENTIALS 0\n",
     "a max pass every update, a prefetch at the first": "#define HELD_RUNNING_MAX 0\n"
                                                          "#define HELD_L2_PREFETCH_EACH 0\n",
     "at most 4096 of w held": "#define HELD_W_LIMIT 4096u\n",
@@ -63,6 +65,8 @@ CASES = [
     (9216, 3, 1),  # one update per invocation (so per launch); whole rounds
     (9000, 3, 2),  # a last round in part; every update of an invocation in one launch
     (4100, 5, 3),  # (held from 4097) w and the running max stay with the row between updates
+    (9001, 3, 2),  # V % 4 != 0: rows start off 16-byte boundaries, a partial last quad
+    (4103, 5, 3),  # V % 4 == 3: the last quad one element short
 ]
 
 
@@ -74,7 +78,7 @@ def test_the_held_kernels_equal_the_seed_on_the_cpu(monkeypatch: pytest.MonkeyPa
                                                     shape: str, mode: str, vocab: int,
                                                     steps: int, per_invocation: int) -> None:
     monkeypatch.setattr(program, "HELD_FROM_VOCAB", 4097)
-    config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
+    config = bob_config(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
     choice = kernels_of(shape)
     assert config.fused_region(choice.target) in (sig.FUSED_HELD_HARD, sig.FUSED_HELD_CORPUS)
     train_both(choice, config, steps)
@@ -92,7 +96,7 @@ def test_a_row_held_in_part_equals_the_seed_on_the_cpu(monkeypatch: pytest.Monke
     inside a round; at V = 4100 all held and 1020 exponentials kept, a round in part); or
     12288 (at V = 9000 all held and 3288 exponentials kept)."""
     monkeypatch.setattr(program, "HELD_FROM_VOCAB", 4097)
-    config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
+    config = bob_config(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
     train_both(held_capacity(kernels_of("shipped"), held_bytes), config, steps)
 
 
@@ -123,7 +127,7 @@ def test_an_invocation_of_several_held_launches_equals_the_seed_on_the_cpu(
     """Two updates a launch (HELD_UPDATES_PER_LAUNCH 2), so an invocation of 5 is three
     launches of 2, 2 and 1: w goes back to memory between them, the last finishes."""
     monkeypatch.setattr(program, "HELD_UPDATES_PER_LAUNCH", 2)
-    config = BobConfig(vocab=9000, prompts=1, updates=5, mode=mode)
+    config = bob_config(vocab=9000, prompts=1, updates=5, mode=mode)
     choice = kernels_of("shipped")
     assert replace(config, schedule="fused").training_launches(choice.target) == 3 + 1
     train_both(choice, config, 5)

@@ -19,7 +19,7 @@ from bob.host.session import Session, split_updates, train
 from bob.kernels.cuda.regions import catalogue
 from bob.plan.certificate import CertificateError
 from bob.plan.jsonio import plan_from_json, plan_to_json
-from bob.program.bob import BobConfig, build_plan
+from bob.program.bob import BobConfig, build_plan, typical_pairs
 from bob.records.checkpoint import Checkpoint
 
 
@@ -37,7 +37,7 @@ def run_split(config: BobConfig, steps: int, per_invocation: int, seed: int = 1)
 
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_invocation_splits_give_identical_bytes(mode):
-    config = BobConfig(vocab=256, mode=mode)
+    config = BobConfig(vocab=256, mode=mode, pairs=typical_pairs(256) if mode == "corpus" else 0)
     whole, arena_whole = run_split(config, 100, 100)
     parts, arena_parts = run_split(config, 100, 25)
     assert whole.checkpoint.step == parts.checkpoint.step == 100
@@ -57,7 +57,8 @@ def test_split_updates():
 def test_matches_torch_adamw(mode):
     torch = pytest.importorskip("torch")
     vocab, steps = 64, 40
-    config = BobConfig(vocab=vocab, prompts=0, updates=steps, mode=mode)
+    config = BobConfig(vocab=vocab, prompts=0, updates=steps, mode=mode,
+                       pairs=typical_pairs(vocab) // 2 if mode == "corpus" else 0)
     record = random_record(config, 7)
     hyper = Hyper()
     with Session(choose_backend("cpu"), hyper) as session:
@@ -73,7 +74,7 @@ def test_matches_torch_adamw(mode):
             loss = torch.nn.functional.cross_entropy(table, torch.as_tensor(
                 record.targets.astype(np.int64)))
         else:
-            weights = torch.tensor(np.array(record.weights))
+            weights = torch.tensor(record.dense_weights())
             loss = -(weights * torch.log_softmax(table, dim=1)).sum()
         losses.append(loss.item())
         loss.backward()

@@ -29,11 +29,13 @@ from bob.host.check import random_record
 from bob.host.session import Session, train
 from bob.host.writer import BackgroundWriter
 from bob.plan.model import Scalar
-from bob.program.bob import ADAM_SCALAR_NAMES, BobConfig, adam_scalar_table
+from bob.program.bob import ADAM_SCALAR_NAMES, BobConfig, adam_scalar_table, typical_pairs
 from bob.records.checkpoint import Checkpoint
 
-ARENA_TENSORS = ("parameters", "first_moment", "second_moment", "gradients", "input",
-                 "initial_loss", "training_loss", "logit_rows", "predictions")
+
+def corpus_config(vocab: int, **fields) -> BobConfig:
+    """A corpus-mode configuration of the K pairs `random_record` draws for it."""
+    return BobConfig(vocab=vocab, mode="corpus", pairs=typical_pairs(vocab) // 2, **fields)
 
 
 class CountingCpu(CpuBackend):
@@ -62,14 +64,16 @@ def counting_choice() -> BackendChoice:
 
 
 def arena_bytes(backend) -> dict[str, bytes]:
-    return {name: backend.read_tensor(name) for name in ARENA_TENSORS}
+    """Every tensor of the arena (in corpus mode the scattered `weights` among them)."""
+    return {tensor.name: backend.read_tensor(tensor.name) for tensor in backend.plan.tensors}
 
 
 # -- resident state -------------------------------------------------------------
 @pytest.mark.parametrize("schedule", ["seed", "fused"])
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_a_resident_checkpoint_gives_the_bytes_of_a_loaded_one(schedule, mode):
-    config = BobConfig(vocab=64, prompts=2, updates=4, mode=mode, schedule=schedule)
+    config = BobConfig(vocab=64, prompts=2, updates=4, mode=mode, schedule=schedule,
+                       pairs=typical_pairs(64) // 2 if mode == "corpus" else 0)
     record = random_record(config, 3)
     start = Checkpoint.zeros(64, Hyper(), mode)
     with Session(counting_choice()) as resident, Session(counting_choice()) as loaded:
@@ -82,6 +86,9 @@ def test_a_resident_checkpoint_gives_the_bytes_of_a_loaded_one(schedule, mode):
                                              for name in CHECKPOINT_TENSORS})
         fresh = loaded.invoke(config, copy, record, "train")
         assert arena_bytes(resident.last_backend) == arena_bytes(loaded.last_backend)
+        if mode == "corpus":  # the scatter left the record's table where the loss reads it
+            weights = np.frombuffer(resident.last_backend.read_tensor("weights"), np.float32)
+            assert weights.tobytes() == record.dense_weights().tobytes()
         for name in CHECKPOINT_TENSORS:
             assert getattr(again.checkpoint, name).tobytes() == \
                 getattr(fresh.checkpoint, name).tobytes(), name
@@ -132,7 +139,7 @@ def test_predict_from_a_resident_state_keeps_it():
 
 # -- the pipeline ----------------------------------------------------------------
 def test_pipelined_training_is_invoke_after_invoke():
-    config = BobConfig(vocab=48, prompts=2, updates=4, mode="corpus", schedule="fused")
+    config = corpus_config(48, prompts=2, updates=4, schedule="fused")
     record = random_record(config, 5)
     start = Checkpoint.zeros(48, Hyper(), "corpus")
     seen = []
@@ -212,7 +219,7 @@ class StreamCpu(CountingCpu):
 
 @pytest.mark.parametrize("schedule", ["seed", "fused"])
 def test_the_next_invocation_is_queued_before_the_last_is_read(schedule):
-    config = BobConfig(vocab=32, prompts=1, updates=3, mode="corpus", schedule=schedule)
+    config = corpus_config(32, prompts=1, updates=3, schedule=schedule)
     record = random_record(config, 2)
     seen = []
     with Session(replace(choose_backend("cpu"), opener=StreamCpu)) as streamed, \
@@ -520,7 +527,7 @@ def test_a_checkpoint_is_the_state_after_its_invocation(tmp_path, text):
     steps = [s.step for s in states]
     assert steps[-1] == 10 and steps == sorted(set(steps)) and set(steps) <= {4, 8, 10}
     data = api.training_data([str(text)])
-    config = BobConfig(prompts=0, updates=4, mode="corpus")
+    config = BobConfig(prompts=0, updates=4, mode="corpus", pairs=data.record.pairs)
     state = Checkpoint.zeros(256, Hyper(), "corpus")
     expected = {}
     with Session(choose_backend("cpu")) as session:
@@ -542,7 +549,8 @@ def test_a_killed_run_leaves_a_whole_checkpoint(tmp_path, text):
     process = subprocess.Popen(
         [sys.executable, "-m", "bob.cli.main", "train", "--text", str(text), "--backend",
          "cpu", "-N", "2", "--steps", "1000000", "-c", str(path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent / "src")})
     try:
         deadline = time.monotonic() + 60
         while not path.exists() and time.monotonic() < deadline:
@@ -558,7 +566,8 @@ def test_a_killed_run_leaves_a_whole_checkpoint(tmp_path, text):
     assert saved.step >= 2 and saved.step % 2 == 0
     data = api.training_data([str(text)])
     with Session(choose_backend("cpu")) as session:
-        expected = train(session, BobConfig(prompts=0, updates=2, mode="corpus"),
+        expected = train(session, BobConfig(prompts=0, updates=2, mode="corpus",
+                                            pairs=data.record.pairs),
                          Checkpoint.zeros(256, Hyper(), "corpus"), data.record,
                          saved.step)[-1].checkpoint
     for name in CHECKPOINT_TENSORS:

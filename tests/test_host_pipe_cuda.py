@@ -30,8 +30,14 @@ from bob.host.check import random_record
 from bob.host.session import Session, train
 from bob.plan.model import Scalar
 from bob.plan.placement import TARGETS, argument_slots
-from bob.program.bob import ADAM_SCALAR_NAMES, BobConfig, adam_scalar_table, build_plan
-from bob.records.checkpoint import Checkpoint
+from bob.program.bob import (
+    ADAM_SCALAR_NAMES,
+    BobConfig,
+    adam_scalar_table,
+    build_plan,
+    typical_pairs,
+)
+from bob.records.checkpoint import Checkpoint, CheckpointFile, StartingPoint
 from conftest import assert_same_tensors
 
 gpu = pytest.mark.gpu
@@ -299,7 +305,8 @@ def assert_same_invocations(got, want) -> None:
 @pytest.mark.parametrize("schedule", ["seed", "fused"])
 @pytest.mark.parametrize("vocab", [256, 1024])
 def test_pipelined_training_on_cuda_matches_the_cpu(cuda_arena, arena, schedule, vocab):
-    config = BobConfig(vocab=vocab, prompts=2, updates=3, mode="corpus", schedule=schedule)
+    config = BobConfig(vocab=vocab, prompts=2, updates=3, mode="corpus", schedule=schedule,
+                       pairs=typical_pairs(vocab))
     record = random_record(config, vocab)
     start = Checkpoint.zeros(vocab, Hyper(), "corpus")
     with Session(cuda_arena(arena)) as cuda, Session(choose_backend("cpu")) as cpu:
@@ -328,6 +335,34 @@ def test_seed_training_where_the_scalars_stop_changing_matches_the_cpu(cuda_aren
 
 
 @gpu
+@pytest.mark.parametrize("arena", ["device", "host"])
+def test_a_checkpoint_streamed_from_the_cuda_arena_is_the_cpus(cuda_arena, arena, tmp_path):
+    """Tables never read back whole: the save streamed from the arena (stream_read's ring)
+    is the file the CPU's tables write, and a run started from that file (streamed in)
+    continues to the CPU's bytes."""
+    vocab = 1024
+    config = BobConfig(vocab=vocab, prompts=0, updates=3, mode="corpus",
+                       pairs=typical_pairs(vocab))
+    record = random_record(config, 4)
+    start = Checkpoint.zeros(vocab, Hyper(), "corpus")
+    streamed, whole = tmp_path / "cuda.safetensors", tmp_path / "cpu.safetensors"
+    with Session(choose_backend("cpu")) as cpu:
+        want = train(cpu, config, start, record, 6)
+        want[0].checkpoint.save(whole)
+    with Session(cuda_arena(arena)) as cuda:
+        (first,) = train(cuda, config, StartingPoint(start.state), record, 3,
+                         tables=lambda index, done: False)
+        assert first.checkpoint is None
+        first.state.save(streamed, lambda sink, chunk: cuda.stream_tables(3, sink, chunk),
+                         checked=True, chunk_bytes=1 << 20)
+        assert streamed.read_bytes() == whole.read_bytes()
+    with Session(cuda_arena(arena)) as cuda:
+        resumed = StartingPoint(first.state, CheckpointFile.open(streamed))
+        (second,) = train(cuda, config, resumed, record, 3)
+    assert_same_invocations([second], want[1:])
+
+
+@gpu
 def test_a_write_larger_than_the_staging_chunks_lands_whole(cuda_arena):
     config = BobConfig(vocab=4096, prompts=0, updates=1)
     assert 4 * 4096 * 4096 > 2 * UPLOAD_CHUNK_BYTES  # the chunks are reused mid-write
@@ -343,7 +378,8 @@ def test_a_write_larger_than_the_staging_chunks_lands_whole(cuda_arena):
 
 @gpu
 def test_a_begun_read_is_the_state_before_later_runs(cuda_arena):
-    config = BobConfig(vocab=1024, prompts=0, updates=2, mode="corpus")
+    config = BobConfig(vocab=1024, prompts=0, updates=2, mode="corpus",
+                       pairs=typical_pairs(1024))
     record = random_record(config, 2)
     with Session(cuda_arena("device")) as session:
         session.invoke(config, Checkpoint.zeros(1024, Hyper(), "corpus"), record, "train")

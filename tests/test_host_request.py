@@ -23,6 +23,8 @@ TRAIN_KEYWORDS = (
     ("arena", ARENA_KINDS[0]), ("result_path", None), ("schedule", "seed"),
     ("hyper_changes", None), ("new_data", False), ("data_spec", None), ("val_spec", None),
     ("submission", AUTO_SUBMISSION),
+    # Checkpoint periods (None: SavePolicy's default for the checkpoint's size).
+    ("save_every_seconds", None), ("save_every_updates", None),
 )
 
 
@@ -57,6 +59,10 @@ REFUSALS = [
      "{dir}/missing/r.bin: directory {dir}/missing does not exist (the result record goes "
      "there)"),
     ({"result_path": "{dir}"}, "{dir}: is a directory, not a result record file"),
+    ({"save_every_seconds": 0.0}, "save_every_seconds must be a positive number, not 0.0"),
+    ({"save_every_seconds": float("nan")},
+     "save_every_seconds must be a positive number, not nan"),
+    ({"save_every_updates": 0}, "save_every_updates must be at least 1, not 0"),
     ({"texts": ["a.txt"], "input_record": "b.bob"},
      "give either texts or an input_record, not both"),
     ({"data_spec": CorpusSpec(counts="c.counts"), "input_record": "b.bob"},
@@ -122,12 +128,14 @@ def test_the_cli_passes_one_request_whole_to_the_driver(tmp_path: Path,
     checkpoint = str(tmp_path / "m.safetensors")
     status = main(["train", "--text", str(tmp_path / "a.txt"), "--steps", "7", "-N", "3",
                    "-c", checkpoint, "--backend", "cpu", "--schedule", "fused", "--lr",
-                   "0.05", "--val-counts", str(tmp_path / "v.counts")])
+                   "0.05", "--val-counts", str(tmp_path / "v.counts"), "--save-every", "90",
+                   "--save-every-updates", "6"])
     assert status == 2
     assert given == [TrainRequest(
         texts=(str(tmp_path / "a.txt"),), steps=7, checkpoint=checkpoint, backend="cpu",
         updates_per_invocation=3, schedule="fused", hyper_changes={"lr": 0.05},
-        val_spec=CorpusSpec(counts=str(tmp_path / "v.counts")))]
+        val_spec=CorpusSpec(counts=str(tmp_path / "v.counts")), save_every_seconds=90.0,
+        save_every_updates=6)]
 
 
 def test_the_driver_runs_a_request(tmp_path: Path):

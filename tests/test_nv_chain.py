@@ -46,6 +46,7 @@ from bob.plan.model import (
 )
 from bob.plan.placement import SM86, SM90, place
 from bob.program.bob import BobConfig, Hyper, adam_scalars, build_plan, declared_regions
+from conftest import bob_config
 
 TARGETS = (SM86, SM90)
 CHAINED = BobConfig(vocab=256, prompts=2, updates=3, submission="chained")
@@ -436,8 +437,8 @@ def test_nv_sim_runs_chained_launches_from_their_predecessors(target):
 @pytest.mark.parametrize("schedule", ["seed", "fused"])
 def test_chained_nv_sim_is_byte_identical_to_the_cpu(vocab, mode, schedule):
     """Three invocations (2, 2 and 1 updates), two prompts, on both targets."""
-    config = BobConfig(vocab=vocab, prompts=2, updates=2, mode=mode, schedule=schedule,
-                       submission="chained")
+    config = bob_config(vocab=vocab, prompts=2, updates=2, mode=mode, schedule=schedule,
+                        submission="chained")
     for arch in ("sm_86", "sm_90"):
         report = differential_check(("cpu", "nv-sim"), config, 5, seed=vocab, arch=arch)
         assert report.identical, report.difference
@@ -640,8 +641,8 @@ def test_chained_two_launch_submission_on_hopper():
 def test_chained_bob_plan_on_hopper_is_byte_identical_to_cpu(vocab, mode, schedule):
     pytest.importorskip("cuda.bindings.nvrtc", reason="the nv backend compiles with NVRTC")
     updates, steps = (10, 25) if vocab <= 1024 else (1, 2)
-    config = BobConfig(vocab=vocab, prompts=2, updates=updates, mode=mode, schedule=schedule,
-                       submission="chained")
+    config = bob_config(vocab=vocab, prompts=2, updates=updates, mode=mode, schedule=schedule,
+                        submission="chained")
     report = differential_check(("cpu", "nv"), config, steps, arenas=("device", "host"))
     print(f"V={vocab} {mode} {schedule} chained: {report.invocations} invocations, "
           f"{report.bytes_compared:,} bytes, identical={report.identical}")

@@ -119,10 +119,11 @@ def test_nv_queued_read_is_the_state_before_later_runs_and_writes():
     from bob.config import CHECKPOINT_TENSORS, Hyper
     from bob.host.check import random_record
     from bob.host.session import Session
-    from bob.program.bob import BobConfig
+    from bob.program.bob import BobConfig, typical_pairs
     from bob.records.checkpoint import Checkpoint
 
-    config = BobConfig(vocab=1024, prompts=0, updates=2, mode="corpus", submission="chained")
+    config = BobConfig(vocab=1024, prompts=0, updates=2, mode="corpus", submission="chained",
+                       pairs=typical_pairs(1024))
     record = random_record(config, 2)
     with Session(choose_backend("nv")) as session:
         session.invoke(config, Checkpoint.zeros(1024, Hyper(), "corpus"), record, "train")
@@ -164,11 +165,12 @@ def check_clear_and_stream(name: str, arena: str = "device") -> None:
     from bob.config import CHECKPOINT_TENSORS, Hyper
     from bob.host.check import random_record
     from bob.host.session import Session
-    from bob.program.bob import HEALTH_TENSOR, BobConfig
+    from bob.program.bob import HEALTH_TENSOR, BobConfig, typical_pairs
     from bob.records.checkpoint import Checkpoint
 
     config = BobConfig(vocab=2048, prompts=0, updates=2, mode="corpus",
-                       submission="chained" if name == "nv" else "per-launch")
+                       submission="chained" if name == "nv" else "per-launch",
+                       pairs=typical_pairs(2048))
     record = random_record(config, 4)
     with Session(choose_backend(name, arena=arena)) as session:
         session.invoke(config, Checkpoint.zeros(2048, Hyper(), "corpus"), record, "train")

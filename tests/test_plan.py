@@ -35,8 +35,8 @@ from bob.plan.model import (
     TensorSpec,
 )
 from bob.plan.placement import decode_parameter_block, encode_parameter_block
-from bob.program.bob import BobConfig, build_plan, build_program
-from conftest import bob_plan
+from bob.program.bob import BobConfig, build_plan, build_program, typical_pairs
+from conftest import bob_config, bob_plan
 
 # -- derived figures ---------------------------------------------------------
 
@@ -45,17 +45,22 @@ from conftest import bob_plan
 ])
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_figures_follow_the_seed_formulas(vocab, prompts, updates, mode):
-    config = BobConfig(vocab=vocab, prompts=prompts, updates=updates, mode=mode)
+    config = bob_config(vocab=vocab, prompts=prompts, updates=updates, mode=mode)
     for target in (SM86, SM90):
         plan = build_plan(config, target)
         health = int(updates > 0)  # the health check ends a training invocation
-        launches = 1 + 2 * prompts + 2 * updates + health
+        loads = int(mode == "corpus")  # the scatter of the sparse input into `weights`
+        launches = loads + 1 + 2 * prompts + 2 * updates + health
         assert plan.launch_count == launches == config.launch_count(target)
         assert plan.submission_count == launches + 2 * prompts == config.submission_count(target)
         assert plan.program_bytes == plan.code_extent + target.parameter_block_bytes * launches
         assert plan.qmd_table_bytes == launches * target.qmd_stride_bytes
         assert target.qmd_stride_bytes == {"sm_86": 256, "sm_90": 512}[target.name]
-        assert plan.forward_launches == 1 + 2 * prompts
+        assert plan.forward_launches == loads + 1 + 2 * prompts
+        assert plan.forward_submissions == loads + 1 + 2 * prompts
+        if loads:
+            assert plan.launches[0].region == "bob-scatter"
+            assert plan.launches[0].label == "scatter->weights"
         for k in range(updates):
             assert plan.launches[config.adamw_launch(k)].region == "bob-adamw"
             assert plan.launches[config.adamw_launch(k)].label == f"adamw[{k}]"
@@ -345,7 +350,9 @@ def test_bob_certify_default_and_plan_json(capsys):
     assert "certified" in capsys.readouterr().out
     assert main(["plan", "--json", "-V", "512", "-P", "2", "-N", "4", "--mode", "corpus"]) == 0
     plan = loads(capsys.readouterr().out, regions=catalogue())
-    assert plan.launch_count == 1 + 4 + 8 + 1 and plan.tensor("parameters").shape == (512, 512)
+    # the scatter, the initial loss, 2P predictions, 2N training launches, the health check
+    assert plan.launch_count == 1 + 1 + 4 + 8 + 1 and plan.tensor("parameters").shape == (512, 512)
+    assert plan.attributes["pairs"] == typical_pairs(512)  # no corpus given: a typical K
     assert main(["plan", "-N", "2"]) == 0
     out = capsys.readouterr().out
     for heading in ("Arena", "Regions", "Launches", "Submissions", "Totals"):

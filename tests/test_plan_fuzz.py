@@ -32,9 +32,11 @@ from bob.program.bob import BobConfig, build_plan
 EXAMPLES = 5000
 BASES = tuple(dumps(build_plan(config, target)) for config, target in (
     (BobConfig(vocab=256, prompts=1, updates=1), SM86),
-    (BobConfig(vocab=2, prompts=2, updates=2, mode="corpus"), SM90),
+    (BobConfig(vocab=2, prompts=2, updates=2, mode="corpus", pairs=3), SM90),
     (BobConfig(vocab=16, prompts=1, updates=3, schedule="fused"), SM86),
-    (BobConfig(vocab=4, prompts=0, updates=1, mode="corpus", schedule="fused"), SM90),
+    # with validation: both scatters and the loss alone
+    (BobConfig(vocab=4, prompts=0, updates=1, mode="corpus", schedule="fused", pairs=16,
+               validation_pairs=5), SM90),
 ))
 CATALOGUE = catalogue()
 

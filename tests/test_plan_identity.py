@@ -129,13 +129,38 @@ def _reference_launches(config: BobConfig, target: Target, hyper: Hyper, first_s
     def at(name: str, offset: int = 0) -> Address:
         return Address(addresses[name] + offset)
 
+    # The loss's targets: the input's (hard), the table the input's pairs are scattered
+    # into (corpus).
+    targets = "input" if hard else "weights"
+
     def loss(into: str) -> Launch:
         data = (log2e, ln2, inverse) if hard else (log2e, ln2)
         return Launch(config.loss_region, Dim3(v), block, (
-            at("parameters"), at("gradients"), at("input"), at(into), *data, vocab,
+            at("parameters"), at("gradients"), at(targets), at(into), *data, vocab,
         ), f"loss->{into}")
 
-    launches = [loss("initial_loss")]
+    def scatter(table: str, pairs: str, count: int) -> Launch:
+        # keys u64[K] at the pairs' start, values f32[K] after them; a thread per pair, at
+        # most 4096 blocks
+        grid = Dim3(max(1, min(-(-count // sig.BLOCK), 4096)))
+        return Launch(sig.SCATTER, grid, block, (
+            at(table), at(pairs), at(pairs, 8 * count), Scalar("u32", count), vocab,
+        ), f"scatter->{table}")
+
+    def validation_loss(into: str) -> Launch:
+        return Launch(sig.LOSS_ONLY_CORPUS, Dim3(v), block, (
+            at("parameters"), at("validation_weights"), at(into), log2e, ln2, vocab,
+        ), f"validation->{into}")
+
+    launches = []
+    if not hard:
+        launches.append(scatter("weights", "input", config.pairs))
+    if config.validation_pairs:
+        launches.append(scatter("validation_weights", "validation_input",
+                                config.validation_pairs))
+    launches.append(loss("initial_loss"))
+    if config.validation_pairs:
+        launches.append(validation_loss("validation_initial_loss"))
     for i in range(config.prompts):
         row = at("logit_rows", 4 * v * i)
         launches.append(Launch(sig.GATHER, Dim3(1), block, (
@@ -160,13 +185,15 @@ def _reference_launches(config: BobConfig, target: Target, hyper: Hyper, first_s
             label = f"fused[{first}]" if count == 1 else f"fused[{first}:{first + count}]"
             launches.append(Launch(region, Dim3(v), Dim3(sig.block_of(region)), (
                 at("parameters"), at("first_moment"), at("second_moment"), at("gradients"),
-                at("input"), at("training_loss"),
+                at(targets), at("training_loss"),
                 at(ADAM_SCALARS_TENSOR, 4 * ADAM_SCALAR_STRIDE * first), *data, vocab,
                 Scalar("u32", count), Scalar("u32", int(first + count == config.updates)),
             ), label))
     if config.updates:
         launches.append(Launch(sig.HEALTH, Dim3(health_grid(v * v)), block, (
             *(at(name) for name in sig.HEALTH_COUNTS), at(HEALTH_TENSOR), vocab), "health"))
+        if config.validation_pairs:
+            launches.append(validation_loss("validation_loss"))
     return launches
 
 
@@ -183,9 +210,13 @@ def _configs() -> list[tuple[BobConfig, Hyper, int, bool]]:
         for j, combo in enumerate(combos):
             chosen.append((v, combo, hypers[j % 2], (1, 997)[j % 3 == 0]))
     out = []
-    for v, (schedule, mode, prompts, updates, submission), hyper, first_step in chosen:
+    for n, (v, (schedule, mode, prompts, updates, submission), hyper, first_step) in \
+            enumerate(chosen):
+        # corpus: K from one pair to every cell, and validation in every other plan
+        sparse = {} if mode == "hard" else {
+            "pairs": (1, v, v * v)[n % 3], "validation_pairs": (0, min(7, v * v))[n % 2]}
         config = BobConfig(vocab=v, prompts=prompts, updates=updates, mode=mode,
-                           schedule=schedule, submission=submission)
+                           schedule=schedule, submission=submission, **sparse)
         out.append((config, hyper, first_step))
     return out
 

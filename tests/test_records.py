@@ -58,11 +58,15 @@ def test_input_record_round_trips(record: InputRecord, tmp_path: Path) -> None:
 
 def test_input_payload_is_the_arena_input_tensor() -> None:
     for record in (hard_record(), corpus_record()):
-        config = BobConfig(vocab=record.vocab, prompts=record.prompt_count, mode=record.mode)
+        config = BobConfig(vocab=record.vocab, prompts=record.prompt_count, mode=record.mode,
+                           pairs=record.pairs)
         payload = record.payload()
         assert len(payload) == config.input_bytes
-        dtype = "<u4" if record.mode == "hard" else "<f4"
-        assert payload[: config.input_targets_bytes] == record.table.astype(dtype).tobytes()
+        if record.mode == "hard":
+            training = record.targets.astype("<u4").tobytes()
+        else:  # keys u64[K], then their values f32[K]
+            training = record.keys.astype("<u8").tobytes() + record.values.astype("<f4").tobytes()
+        assert payload[: config.input_targets_bytes] == training
         prompts = np.frombuffer(payload[config.input_targets_bytes:], "<u4")
         assert prompts.tolist() == record.prompts.tolist()
 
@@ -70,8 +74,10 @@ def test_input_payload_is_the_arena_input_tensor() -> None:
 def test_header_layout() -> None:
     record = corpus_record(5, (4,))
     data = record.to_bytes()
-    assert data[:HEADER.size] == b"BOBINPUT" + struct.pack("<IIII", 1, 1, 5, 1)
-    assert data[HEADER.size:] == record.payload()
+    # A corpus record is version 2: the header, then K as a u64, then the payload.
+    assert data[:HEADER.size] == b"BOBINPUT" + struct.pack("<IIII", 2, 1, 5, 1)
+    assert data[HEADER.size:HEADER.size + 8] == struct.pack("<Q", 25) and record.pairs == 25
+    assert data[HEADER.size + 8:] == record.payload()
     assert hard_record(4, (1, 2)).to_bytes()[:24] == b"BOBINPUT" + struct.pack("<IIII",
                                                                                 1, 0, 4, 2)
 
@@ -153,8 +159,10 @@ BAD_INPUTS = {
     "short header": (GOOD_HARD[:10], "truncated header: 10 bytes, a Bob input record "
                                      "starts with 24"),
     "short magic": (b"BOBIN", "truncated header: 5 bytes"),
-    "version": (_header(version=2) + GOOD_HARD[24:],
-                "unsupported format version 2 (this Bob reads version 1)"),
+    "version": (_header(version=3) + GOOD_HARD[24:],
+                "unsupported format version 3 (this Bob reads version 1 and 2)"),
+    "hard version 2": (_header(version=2) + GOOD_HARD[24:],
+                       "a hard-mode record is format version 1, not 2"),
     "mode": (_header(mode=2) + GOOD_HARD[24:], "unknown mode 2 (0 hard, 1 corpus)"),
     "small V": (_header(v=1) + _u32(0, 0), "V=1 is outside [2, 65536]"),
     "large V": (_header(v=65537), "V=65537 is outside [2, 65536]"),
@@ -195,6 +203,117 @@ def test_bad_input_record(name: str, tmp_path: Path) -> None:
     assert caught.value.exit_status == 2
     assert listing(tmp_path) == before
     assert path.read_bytes() == data
+
+
+# -- sparse corpus records -----------------------------------------------------
+def _sparse(keys: tuple[int, ...], values: tuple[float, ...], v: int = 4,
+            prompts: tuple[int, ...] = (0,), pairs: int | None = None) -> bytes:
+    """A version 2 corpus record written field by field: header, K, keys, values, prompts."""
+    k = len(keys) if pairs is None else pairs
+    return (_header(version=2, mode=1, v=v, p=len(prompts)) + struct.pack("<Q", k)
+            + np.array(keys, "<u8").tobytes() + np.array(values, "<f4").tobytes()
+            + _u32(*prompts))
+
+
+GOOD_SPARSE = _sparse((1, 6, 15), (0.25, 0.5, 0.25))
+
+BAD_SPARSE = {
+    "key outside": (_sparse((1, 16), (0.5, 0.5)),
+                    "keys[1] = 16 is outside the V x V table (V=4: keys below 16)"),
+    "key repeated": (_sparse((3, 3), (0.5, 0.5)), "keys[1] = 3 does not follow keys[0] = 3: "
+                                                  "keys must be strictly increasing"),
+    "keys decreasing": (_sparse((1, 9, 2), (0.25, 0.5, 0.25)),
+                        "keys[2] = 2 does not follow keys[1] = 9"),
+    "no pairs": (_sparse((), ()), "no pairs: a corpus record needs at least one transition"),
+    "too many pairs": (_sparse((), (), pairs=17),
+                       "K=17 pairs, more than the 16 cells of a V=4 table"),
+    "value nan": (_sparse((1, 6), (np.nan, 1.0)), "weights[0][1] is nan (not finite)"),
+    "value inf": (_sparse((1, 6), (0.0, np.inf)), "weights[1][2] is inf (not finite)"),
+    "value negative": (_sparse((1, 6, 15), (1.25, -0.5, 0.25)),
+                       "weights[1][2] = -0.5 is negative"),
+    "values sum": (_sparse((1, 6), (0.5, 0.25)), "weights sum to 0.75, not 1"),
+    "prompt": (_sparse((1,), (1.0,), prompts=(4,)), "prompts[0] = 4 is not below V=4"),
+    "no K": (_header(version=2, mode=1), "truncated header: 24 bytes, a sparse corpus record "
+                                          "starts with 32"),
+    "truncated": (GOOD_SPARSE[:-1], f"truncated: {len(GOOD_SPARSE) - 1} bytes, a corpus input "
+                                    f"record with V=4, K=3, P=1 has {len(GOOD_SPARSE)}"),
+    "trailing": (GOOD_SPARSE + b"\0" * 4, f"4 trailing bytes after a corpus input record with "
+                                          f"V=4, K=3, P=1 ({len(GOOD_SPARSE)} bytes)"),
+    "dense, all zero": (_header(mode=1) + bytes(64) + _u32(0),
+                        "no pairs: a corpus record needs at least one transition"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_SPARSE))
+def test_bad_sparse_record(name: str, tmp_path: Path) -> None:
+    data, fragment = BAD_SPARSE[name]
+    path = tmp_path / "bad.bob"
+    path.write_bytes(data)
+    with pytest.raises(BadInput) as caught:
+        InputRecord.read(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and fragment in message, message
+    assert "\n" not in message and caught.value.exit_status == 2
+    assert listing(tmp_path) == ["bad.bob"] and path.read_bytes() == data
+
+
+def test_a_sparse_record_is_version_2_and_round_trips(tmp_path: Path) -> None:
+    record = InputRecord.from_bytes(GOOD_SPARSE, "good")
+    assert (record.mode, record.vocab, record.pairs, record.prompt_count) == ("corpus", 4, 3, 1)
+    assert record.keys.dtype == np.uint64 and record.keys.tolist() == [1, 6, 15]
+    assert record.values.dtype == np.float32 and record.values.tolist() == [0.25, 0.5, 0.25]
+    assert record.to_bytes() == GOOD_SPARSE
+    assert repr(record) == "InputRecord(mode='corpus', V=4, K=3, P=1)"
+    dense = np.zeros((4, 4), np.float32)
+    dense[0, 1], dense[1, 2], dense[3, 3] = 0.25, 0.5, 0.25
+    assert record.dense_weights().tobytes() == dense.tobytes()
+    assert InputRecord.corpus(dense, (0,)) == record
+    # A large V with few pairs: the file is O(K), no V x V table is built to write or read it.
+    v = 65536
+    wide = InputRecord.sparse(v, [0, 70_000, v * v - 1], [0.5, 0.25, 0.25], [v - 1])
+    path = tmp_path / "wide.bob"
+    wide.write(path)
+    assert path.stat().st_size == 24 + 8 + 3 * 12 + 4
+    assert InputRecord.read(path) == wide
+    assert listing(tmp_path) == ["wide.bob"]
+
+
+def test_a_version_1_dense_corpus_record_is_read_as_sparse() -> None:
+    """Bob wrote corpus records as the dense table (version 1): they are still read, their
+    cells whose bits are not zero becoming the pairs (a -0.0 cell among them)."""
+    dense = np.zeros((4, 4), np.float32)
+    dense[0, 3], dense[2, 0], dense[2, 1], dense[3, 2] = 0.5, 0.125, -0.0, 0.375
+    old = _header(mode=1, p=2) + dense.astype("<f4").tobytes() + _u32(3, 1)
+    record = InputRecord.from_bytes(old, "old.bob")
+    assert record.keys.tolist() == [3, 8, 9, 14]
+    assert record.values.view(np.uint32).tolist() == dense.reshape(-1)[[3, 8, 9, 14]].view(
+        np.uint32).tolist()
+    assert record.prompts.tolist() == [3, 1]
+    assert record.dense_weights().tobytes() == dense.tobytes()
+    rewritten = record.to_bytes()
+    assert rewritten[8:12] == struct.pack("<I", 2)  # written again as version 2
+    assert InputRecord.from_bytes(rewritten, "new.bob") == record
+    # It trains on the same data: its sparse digest, and the legacy digest of its table.
+    import hashlib
+
+    from bob.records.digest import is_sparse
+    assert is_sparse(record.data_digest)
+    legacy = hashlib.sha256(dense.astype("<f4").tobytes()).hexdigest()
+    assert record.digest_matches(legacy) and record.digest_matches(record.data_digest)
+    assert not record.digest_matches(hashlib.sha256(b"other").hexdigest())
+
+
+def test_sparse_construction_checks() -> None:
+    with pytest.raises(TypeError, match="values must be floating point"):
+        InputRecord.sparse(4, [1], np.array([1], np.int32))
+    with pytest.raises(TypeError, match="keys must be integers"):
+        InputRecord.sparse(4, np.array([1.0]), [1.0])
+    with pytest.raises(ValueError, match="must be one entry per pair"):
+        InputRecord.sparse(4, [1, 2], [1.0])
+    with pytest.raises(BadInput, match=r"^cli: keys\[0\] = -1 is negative$"):
+        InputRecord.sparse(4, np.array([-1, 2]), [0.5, 0.5], source="cli")
+    with pytest.raises(ValueError, match="a corpus-mode record has keys and values"):
+        InputRecord(mode="corpus", vocab=4, keys=[1], prompts=())
 
 
 def test_the_good_hard_sample_is_good() -> None:

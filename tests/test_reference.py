@@ -292,7 +292,7 @@ def test_argmax_equals_the_cuda_lanes_and_tree(v):
 # -- kernels over an arena: footprints --------------------------------------------------
 
 U32_POINTERS = {"prompt", "targets", "prediction"}
-U64_POINTERS = {"health"}
+U64_POINTERS = {"health", "keys"}
 
 
 FUSED_UPDATES = 3
@@ -302,7 +302,7 @@ def arena_for(region: str, vocab: int, count: int, rng: np.random.Generator, fin
     """Every pointer of `region` in its own tensor, separated by poisoned gaps."""
     params = sig.SIGNATURES[region]
     values = {"vocab": vocab, "rows": 1, "columns": count, "updates": FUSED_UPDATES,
-              "finish": finish}
+              "finish": finish, "count": count}
     base, gap = 0x40000, 512
     spans, address = {}, base + gap
     for p in params:
@@ -341,7 +341,7 @@ def test_kernels_write_only_their_declared_footprints(region, finish, vocab):
     count = vocab * vocab - 5
     memory, args, spans = arena_for(region, vocab, count, rng, finish)
     fused = region in FUSED_REGIONS
-    if region in (sig.LOSS_HARD, sig.LOSS_CORPUS) or fused:
+    if region in (sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS) or fused:
         scalars = ref.LossScalars.for_vocab(vocab)
         args.update(log2e=scalars.log2e, ln2=scalars.ln2)
         if "inverse_rows" in args:
@@ -359,6 +359,13 @@ def test_kernels_write_only_their_declared_footprints(region, finish, vocab):
     if fused:
         rows = memory.array(int(args["adam_scalars"]), "f32", 8 * FUSED_UPDATES)
         rows[:] = adam_scalar_table(Hyper(), 4, FUSED_UPDATES).reshape(-1)
+    if region == sig.SCATTER:
+        # distinct keys: all but five cells, in random order, and a few past the table
+        # (never written); the table cleared first, as the host does
+        keys = memory.array(int(args["keys"]), "u64", count)
+        keys[:] = rng.permutation(vocab * vocab)[:count]
+        keys[rng.choice(count, 3, replace=False)] += np.uint64(vocab * vocab)
+        memory.array(int(args["table"]), "f32", vocab * vocab)[:] = 0.0
     before = memory.buffer.copy()
     ref.KERNELS[region](memory, args)
     writable = np.zeros(memory.buffer.size, bool)

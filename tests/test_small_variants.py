@@ -26,6 +26,7 @@ from bob.kernels import signatures as sig
 from bob.plan.certificate import certify
 from bob.program.bob import BobConfig, Hyper
 from bob.records.checkpoint import Checkpoint
+from conftest import bob_config
 from dev.cuda.bench_small import VARIANTS
 from dev.cuda.variants import knob_source, variant_choice
 
@@ -171,7 +172,7 @@ def test_each_variant_on_the_gpu_equals_the_cpu(variant_choices, name: str, voca
                                                 mode: str) -> None:
     """12 updates in invocations of 9 and 3: staged AdamW scalars across chunks (4 rows a
     chunk on 32 threads), and a second launch starting from the first one's state."""
-    config = BobConfig(vocab=vocab, prompts=1, updates=9, mode=mode)
+    config = bob_config(vocab=vocab, prompts=1, updates=9, mode=mode)
     train_both(variant_choices[name], config, 12)
 
 

@@ -15,7 +15,7 @@ import pytest
 import bob.kernels.signatures as sig
 import bob.program.bob as program
 from bob.backends import choose_backend
-from bob.program.bob import BobConfig
+from conftest import bob_config
 from dev.cuda.variants import variant_choice
 from test_fused_gpu import train_both
 
@@ -38,7 +38,7 @@ def test_the_stream_kernels_equal_the_seed_on_the_cpu(monkeypatch: pytest.Monkey
                                                       steps: int, per_invocation: int) -> None:
     monkeypatch.setattr(program, "WIDE_VOCAB", 1024)  # rows past 1024 stream
     monkeypatch.setattr(program, "HELD_FROM_VOCAB", program.MAX_VOCAB + 1)  # and past 8192
-    config = BobConfig(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
+    config = bob_config(vocab=vocab, prompts=1, updates=per_invocation, mode=mode)
     choice = variant_choice(macros) if macros else choose_backend("cuda")
     assert config.fused_region(choice.target) in (sig.FUSED_STREAM_HARD, sig.FUSED_STREAM_CORPUS)
     train_both(choice, config, steps)

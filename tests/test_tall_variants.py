@@ -23,6 +23,7 @@ import bob.kernels.signatures as sig
 import bob.program.bob as program
 from bob.errors import BadInput, RunFailure
 from bob.program.bob import BobConfig, build_plan
+from conftest import bob_config
 from dev.cuda import bench_tall
 from dev.cuda.variants import knob_source, variant_choice
 
@@ -126,7 +127,7 @@ def test_a_1024_thread_variant_plans_and_certifies_with_its_block(nvrtc: None,
     from bob.plan.placement import TARGETS
 
     regions, _ = compiled(bench_tall.both(1024))
-    config = BobConfig(vocab=8192, prompts=1, updates=3, mode=mode, schedule="fused")
+    config = bob_config(vocab=8192, prompts=1, updates=3, mode=mode, schedule="fused")
     plan = build_plan(config, TARGETS["sm_90"], compiled=regions)
     region = config.fused_region(plan.target)
     fused = [launch for launch in plan.launches if launch.region == region]
@@ -246,7 +247,7 @@ def test_each_variant_equals_the_seed_on_the_cpu(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(program, "TALL_FROM_VOCAB", {"hard": 4608, "corpus": 4608})
     choice = variant_choice(bench_tall.VARIANTS[name])
-    config = BobConfig(vocab=vocab, prompts=1, updates=2, mode=mode)
+    config = bob_config(vocab=vocab, prompts=1, updates=2, mode=mode)
     region = config.fused_region(choice.target)
     assert region in TALL
     assert choice.regions[region].block_x == threads_of(bench_tall.VARIANTS[name], region)

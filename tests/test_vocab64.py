@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from bob.backends.nv.encoder import encode, parameter_block
 from bob.cli.main import main
-from bob.config import MAX_VOCAB, Hyper
+from bob.config import MAX_PAIRS, MAX_VOCAB, Hyper
 from bob.errors import BadInput
 from bob.host import api, training
 from bob.host.training import refuse_slow_cpu
@@ -31,7 +31,14 @@ from bob.plan.certificate import certify
 from bob.plan.jsonio import dumps, loads
 from bob.plan.model import Scalar
 from bob.plan.placement import SM86, SM90, decode_parameter_block
-from bob.program.bob import BobConfig, adam_scalar_table, build_plan
+from bob.program.bob import (
+    PAIR_BYTES,
+    WEIGHTS_TENSOR,
+    BobConfig,
+    adam_scalar_table,
+    build_plan,
+    typical_pairs,
+)
 from bob.records import checkpoint as ckpt
 from bob.records import corpus
 from bob.records.binary import HEADER, INPUT_MAGIC, InputRecord
@@ -53,9 +60,11 @@ def test_the_limit_is_65536() -> None:
 # -- the plan --------------------------------------------------------------------------
 
 
-def big_plan(schedule: str, mode: str, target=SM90, updates: int = 2):
+def big_plan(schedule: str, mode: str, target=SM90, updates: int = 2, pairs: int = 0):
+    """Bob's plan at V = 65536; corpus mode with `pairs` (typical_pairs(V) when 0)."""
+    sparse = {} if mode == "hard" else {"pairs": pairs or typical_pairs(V)}
     config = BobConfig(vocab=V, prompts=2, updates=updates, mode=mode,  # type: ignore[arg-type]
-                       schedule=schedule)  # type: ignore[arg-type]
+                       schedule=schedule, **sparse)  # type: ignore[arg-type]
     return config, build_plan(config, target)
 
 
@@ -75,9 +84,30 @@ def test_a_plan_at_65536_certifies_with_64_bit_sizes(schedule: str, mode: str, t
     assert offsets == sorted(offsets) and offsets[3] >= 3 * TABLE_BYTES
     assert all(b.address >= a.end for a, b in zip(tables, tables[1:], strict=False))
     data = plan.tensor("input")
-    assert data.bytes == config.input_bytes == (TABLE_BYTES if mode == "corpus" else 4 * V) + 8
+    # corpus: the sparse pairs, keys u64 then values f32, not a table
+    assert data.bytes == config.input_bytes == (
+        PAIR_BYTES * config.pairs if mode == "corpus" else 4 * V) + 8
     assert all(t.end <= arena.end for t in plan.tensors)
     assert arena.bytes > (5 if mode == "corpus" else 4) * TABLE_BYTES
+    if mode == "corpus":  # the table the pairs are scattered into, after the seed's nine
+        weights = plan.tensor(WEIGHTS_TENSOR)
+        assert weights.bytes == TABLE_BYTES and weights.address > tables[-1].address
+
+
+@pytest.mark.parametrize("target", [SM86, SM90], ids=lambda t: t.name)
+def test_a_corpus_plan_of_the_most_pairs_at_65536_certifies(target) -> None:
+    """K = MAX_PAIRS = 2**31: 16 GiB of keys and 8 GiB of values, the scatter's count and
+    the offset of its values past 32 bits."""
+    config, plan = big_plan("fused", "corpus", target, pairs=MAX_PAIRS)
+    certificate = certify(plan)
+    assert certificate.holds, certificate.hazards
+    assert plan.tensor("input").bytes == PAIR_BYTES * MAX_PAIRS + 8
+    index = next(i for i, launch in enumerate(plan.launches) if launch.region == sig.SCATTER)
+    decoded = decode_parameter_block(plan.target, plan.region(sig.SCATTER),
+                                     parameter_block(plan, index))
+    assert decoded["count"] == Scalar.u32(MAX_PAIRS) and decoded["vocab"] == Scalar.u32(V)
+    assert decoded["values"].address - decoded["keys"].address == 8 * MAX_PAIRS
+    assert decoded["table"].address == plan.tensor(WEIGHTS_TENSOR).address
 
 
 def test_the_seed_adamw_launch_covers_2_32_elements() -> None:
@@ -173,7 +203,7 @@ def lazy_checkpoint(vocab: int) -> ckpt.Checkpoint:
 
 def test_a_checkpoint_header_at_65536_has_64_bit_offsets(tmp_path: Path) -> None:
     state = lazy_checkpoint(V)
-    header = state._safetensors_header()
+    header = state.state.header()
     length = struct.unpack("<Q", header[:8])[0]
     layout = json.loads(header[8:8 + length])
     assert layout["second_moment"]["data_offsets"] == [2 * TABLE_BYTES, 3 * TABLE_BYTES]
@@ -324,7 +354,7 @@ def token_walk(path: Path, vocab: int, tokens: int = 20_000) -> None:
     (np.cumsum(rng.integers(1, 50, tokens)) % vocab).astype("<u2").tofile(path)
 
 
-def test_sparse_counts_become_the_dense_corpus_record(tmp_path: Path, capsys) -> None:
+def test_sparse_counts_become_the_sparse_corpus_record(tmp_path: Path, capsys) -> None:
     vocab = 3000  # above DENSE_MAX_VOCAB: the counts file is sparse
     token_walk(tmp_path / "t.bin", vocab)
     counts = tmp_path / "t.counts"
@@ -338,7 +368,9 @@ def test_sparse_counts_become_the_dense_corpus_record(tmp_path: Path, capsys) ->
     loaded = CountsFile.load(counts)
     dense = loaded.counts.to_dense()
     assert data.record.mode == "corpus" and data.record.vocab == vocab
-    assert data.record.weights.tobytes() == corpus.weights(dense).tobytes()
+    # the counted pairs, no more: the record's scattered table is the dense weights
+    assert data.record.keys.tolist() == np.flatnonzero(dense).tolist()
+    assert data.record.dense_weights().tobytes() == corpus.weights(dense).tobytes()
     assert counted["digest"] == loaded.digest == sparse_digest(loaded.counts)
     assert digest_matches(data.record.data_digest, loaded.counts)  # the record's digest
     assert data.optimum == counted["optimum"]
@@ -350,7 +382,7 @@ def test_sparse_counts_become_the_dense_corpus_record(tmp_path: Path, capsys) ->
     assert ckpt.Checkpoint.load(checkpoint).vocab == vocab
 
 
-def test_the_cpu_refuses_counts_above_its_limit_before_building_weights(
+def test_the_cpu_refuses_counts_above_its_limit_before_building_the_record(
         tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     """The refusal of V=50257 on the CPU, on a table small enough for CI: the limit lowered."""
     vocab = 3000
@@ -361,10 +393,10 @@ def test_the_cpu_refuses_counts_above_its_limit_before_building_weights(
     capsys.readouterr()
     monkeypatch.setattr(training, "CPU_MAX_VOCAB", 2048)
 
-    def no_weights(counted):  # the dense table must never be built for a refused V
-        raise AssertionError("table_weights was called")
+    def no_record(counted, description):  # no record is built for a refused V
+        raise AssertionError("corpus_record was called")
 
-    monkeypatch.setattr("bob.host.data.table_weights", no_weights)
+    monkeypatch.setattr("bob.host.data.corpus_record", no_record)
     before = listing(tmp_path)
     status = main(["train", "--counts", str(counts), "--backend", "cpu", "-c",
                    str(tmp_path / "bob.safetensors")])
@@ -384,7 +416,8 @@ def test_a_plan_of_the_compiled_kernels_at_65536_certifies_and_encodes(schedule:
     from bob.kernels.cuda.regions import compiled_regions
 
     config = BobConfig(vocab=V, prompts=1, updates=2, mode="corpus",  # type: ignore[arg-type]
-                       schedule=schedule)  # type: ignore[arg-type]
+                       schedule=schedule, pairs=typical_pairs(V),  # type: ignore[arg-type]
+                       validation_pairs=V)
     plan = build_plan(config, SM90, compiled=compiled_regions(SM90.name))
     assert certify(plan).holds, certify(plan).hazards
     encoded = encode(plan)

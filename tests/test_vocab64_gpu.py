@@ -5,14 +5,15 @@
 - V = 16384: byte identity with the CPU over 2 updates, hard and corpus: the fused
   schedule on cuda (against the seed schedule on the CPU), the seed schedule on cuda,
   and the fused schedule on nv.
-- V = 32768 and 65536: one fused invocation of 2 updates on cuda (one streaming launch
-  per update). The whole table is checked finite and a few rows, the first and the
+- V = 32768 and 65536: one fused invocation of 2 updates on cuda, the whole plan (in
+  corpus mode the scatter of 64 sparse pairs a row into the weights table first, keys past
+  2**32 among them). The whole table is checked finite and a few rows, the first and the
   last among them (offsets past 2**32 and 2**34 bytes), against the NumPy reference run
   on those rows alone; the full CPU run would take hours and 100 GiB.
 - V = 50257: `bob count --tokens` then `bob train --counts --backend cuda` end to end.
 
-Memory: at V = 65536 a table is 16 GiB; the corpus plan holds five (80 GiB of the
-H200's 139), and the host reads one table back at a time.
+Memory: at V = 65536 a table is 16 GiB; the corpus plan holds five (the scattered weights
+the fifth: 80 GiB of the H200's 139), and the host reads one table back at a time.
 """
 
 from __future__ import annotations
@@ -31,7 +32,15 @@ from bob.errors import BackendUnavailable
 from bob.host.check import differential_check
 from bob.kernels import reference as ref
 from bob.plan.certificate import require_certified
-from bob.program.bob import HEALTH_TENSOR, BobConfig, adam_scalar_table, build_plan
+from bob.program.bob import (
+    HEALTH_TENSOR,
+    WEIGHTS_TENSOR,
+    BobConfig,
+    adam_scalar_table,
+    build_plan,
+)
+from bob.records.binary import InputRecord
+from conftest import bob_config
 from large_vocab import Rows, fused_rows_reference
 from test_fused_gpu import train_both
 
@@ -45,13 +54,13 @@ BLOCK_ROWS = 1024  # rows generated and written at a time: 256 MiB at V = 65536
 @gpu
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_fused_on_cuda_at_16384_equals_the_cpu(cuda_choice: BackendChoice, mode: str) -> None:
-    train_both(cuda_choice, BobConfig(vocab=16384, prompts=2, updates=2, mode=mode), 2)
+    train_both(cuda_choice, bob_config(vocab=16384, prompts=2, updates=2, mode=mode), 2)
 
 
 @gpu
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_seed_on_cuda_at_16384_equals_the_cpu(cuda_choice: BackendChoice, mode: str) -> None:
-    config = BobConfig(vocab=16384, prompts=2, updates=2, mode=mode, schedule="seed")
+    config = bob_config(vocab=16384, prompts=2, updates=2, mode=mode, schedule="seed")
     report = differential_check(("cpu", "cuda"), config, 2)
     assert report.identical, report.difference
 
@@ -65,7 +74,7 @@ def test_fused_on_nv_at_16384_equals_the_cpu(mode: str, arena: str) -> None:
         choose_backend("nv")
     except BackendUnavailable as why:
         pytest.skip(f"the nv backend cannot run here: {why}")
-    config = BobConfig(vocab=16384, prompts=2, updates=2, mode=mode, schedule="fused")
+    config = bob_config(vocab=16384, prompts=2, updates=2, mode=mode, schedule="fused")
     report = differential_check(("cpu", "nv"), config, 2, arenas=("device", arena))
     assert report.identical, report.difference
 
@@ -90,21 +99,51 @@ def read_rows(backend, name: str, vocab: int, rows: np.ndarray) -> np.ndarray:
     return picked
 
 
+PAIRS_PER_ROW = 64  # typical_pairs: the successors per previous token of a large text
+
+
+def sparse_record(rng: np.random.Generator, vocab: int, prompt: np.ndarray) -> InputRecord:
+    """Up to PAIRS_PER_ROW random columns a row (duplicates fall away), weights summing to
+    1: keys reach (V - 1) V + V - 1, past 2**32 at V = 65536."""
+    columns = rng.integers(0, vocab, (vocab, PAIRS_PER_ROW), dtype=np.uint64)
+    keys = np.unique(np.arange(vocab, dtype=np.uint64)[:, None] * np.uint64(vocab) + columns)
+    values = rng.random(keys.size, dtype=np.float32)
+    values = (values / values.sum(dtype=np.float64)).astype(np.float32)
+    return InputRecord.sparse(vocab, keys, values, prompt)
+
+
+def dense_rows(record: InputRecord, rows: np.ndarray) -> np.ndarray:
+    """These rows of the record's V x V weights, built from its pairs alone."""
+    vocab = record.vocab
+    assert record.keys is not None and record.values is not None
+    out = np.zeros((len(rows), vocab), np.float32)
+    for i, row in enumerate(rows.tolist()):
+        first, last = np.searchsorted(record.keys, [row * vocab, (row + 1) * vocab])
+        out[i, (record.keys[first:last] - np.uint64(row * vocab)).astype(np.int64)] = \
+            record.values[first:last]
+    return out
+
+
 @gpu
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 @pytest.mark.parametrize("vocab", [pytest.param(32768, marks=pytest.mark.smoke), 65536])
 def test_a_large_fused_invocation_matches_the_reference_rows(cuda_choice: BackendChoice,
                                                              vocab: int, mode: str) -> None:
+    """The sparse pairs go into `input` and the whole plan runs, the scatter included: a
+    corpus of every cell (the dense weights a table is) would be 2**32 pairs at V = 65536,
+    past MAX_PAIRS, so the corpus here is PAIRS_PER_ROW columns a row."""
     updates = 2
+    rng = np.random.default_rng(vocab)
+    prompt = np.array([vocab - 1], np.uint32)
+    record = sparse_record(rng, vocab, prompt) if mode == "corpus" else None
     config = BobConfig(vocab=vocab, prompts=1, updates=updates, mode=mode,  # type: ignore[arg-type]
-                       schedule="fused")
+                       schedule="fused", pairs=0 if record is None else record.pairs)
     plan = build_plan(config, cuda_choice.target, Hyper(), compiled=cuda_choice.regions)
     region = config.fused_region(cuda_choice.target)
     fused = [launch for launch in plan.launches if launch.region == region]
     # the held kernels run both updates in one launch; streamed rows take one each
     assert len(fused) == (1 if region in sig.SHARED_REST else updates)
     checked = np.array([0, 1, vocab // 2 + 3, vocab - 1])
-    rng = np.random.default_rng(vocab)
     parameters = {}  # the checked rows' initial parameters
 
     def parameter_block(first: int, rows: int) -> np.ndarray:
@@ -117,29 +156,20 @@ def test_a_large_fused_invocation_matches_the_reference_rows(cuda_choice: Backen
 
     targets = rng.integers(0, vocab, vocab, dtype=np.uint32)
     targets[vocab - 1] = vocab - 1
-    weights = {}
-    scale = np.float32(2.0 / (vocab * vocab))  # weights sum to about 1, as a corpus's do
-
-    def weight_block(first: int, rows: int) -> np.ndarray:
-        block = rng.random((rows, vocab), dtype=np.float32) * scale
-        for r in checked[(checked >= first) & (checked < first + rows)]:
-            weights[int(r)] = block[r - first].copy()
-        return block
 
     def zeros(first: int, rows: int) -> np.ndarray:
         return np.zeros((rows, vocab), np.float32)
 
     steps = adam_scalar_table(Hyper(), 1, updates)
-    prompt = np.array([vocab - 1], np.uint32)
     with cuda_choice.open(require_certified(plan)) as backend:
         write_blocks(backend, "parameters", vocab, parameter_block)
         write_blocks(backend, "first_moment", vocab, zeros)
         write_blocks(backend, "second_moment", vocab, zeros)
-        if mode == "hard":
+        if record is None:
             backend.write_tensor("input", targets.tobytes() + prompt.tobytes())
-        else:
-            write_blocks(backend, "input", vocab, weight_block)
-            backend.write_tensor("input", prompt.tobytes(), offset=4 * vocab * vocab)
+        else:  # the pairs, scattered by the load submission into the cleared table
+            backend.write_tensor("input", record.payload())
+            backend.clear_tensors([WEIGHTS_TENSOR])
         backend.write_tensor("adam_scalars", steps.tobytes())
         backend.run(range(plan.submission_count))
         got = {name: read_rows(backend, name, vocab, checked)
@@ -149,11 +179,14 @@ def test_a_large_fused_invocation_matches_the_reference_rows(cuda_choice: Backen
         logits = np.frombuffer(backend.read_tensor("logit_rows"), np.float32)
         prediction = np.frombuffer(backend.read_tensor("predictions"), np.uint32)
         health = np.frombuffer(backend.read_tensor(HEALTH_TENSOR), np.uint64)
+        if record is not None:  # the table the loss read: the pairs' cells, zeros elsewhere
+            weights = read_rows(backend, WEIGHTS_TENSOR, vocab, checked)
+            assert weights.tobytes() == dense_rows(record, checked).tobytes()
 
     start = np.stack([parameters[int(r)] for r in checked])
     zero = np.zeros_like(start)
     rows = (Rows(start, zero, zero, targets=targets[checked]) if mode == "hard" else
-            Rows(start, zero, zero, weights=np.stack([weights[int(r)] for r in checked])))
+            Rows(start, zero, zero, weights=dense_rows(record, checked)))
     want = fused_rows_reference(rows, steps, vocab)
     for name, expected in zip(("parameters", "first_moment", "second_moment", "gradients"),
                               want, strict=False):

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from bob.bench.measurement import command_env
 
 from bob.records import corpus, counting
 from bob.records.countsfile import CountsFile
 from bob.records.sources import resolve
+from dev.bench.measurement import command_env
 
 TOKEN_VOCAB = 50257  # GPT-2's vocabulary
 BPE_IDS = 21553  # ids a BPE tokenizer's head uses in practice; the rest stay rare

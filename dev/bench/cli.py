@@ -26,12 +26,20 @@ def _ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
 
 
+def _memory(value: int | None) -> str:
+    return "" if value is None else f"{value / 1e9:.2f} GB"
+
+
 def render_table(table: BenchTable) -> Table:
     """One rich table: a device at one V."""
-    title = (f"{table.device}: {table.device_name} - V={table.vocab}, {table.updates} updates "
-             f"per timing, median of {table.repeats}")
+    workload = f"{table.mode} mode" + (f", {table.data}" if table.data else "")
+    title = (f"{table.device}: {table.device_name} - V={table.vocab} {workload}, "
+             f"{table.updates} updates per timing, median of {table.repeats}")
     caption = ("ratio = row time / Bob's time (>1: Bob is faster); bob run = the device program "
                "alone, bob invocation = with checkpoint in/out")
+    if table.shows_commands:
+        caption += ("; vs bob command = a whole process's time (start to exit) over the whole "
+                    "`bob train`'s")
     if table.shows_bandwidth:
         caption += (f"; GB/s counts {BYTES_PER_PARAMETER} bytes per parameter per update "
                     "(read + write of W, m, v)")
@@ -43,6 +51,10 @@ def render_table(table: BenchTable) -> Table:
         out.add_column("GB/s", justify="right")
     out.add_column("vs bob run", justify="right")
     out.add_column("vs bob invocation", justify="right")
+    if table.shows_commands:
+        out.add_column("vs bob command", justify="right")
+    if table.shows_memory:
+        out.add_column("peak RSS", justify="right")
     out.add_column(f"loss after {table.updates}", justify="right")
     out.add_column("note")
     for row in table.rows:
@@ -55,19 +67,20 @@ def render_table(table: BenchTable) -> Table:
         if table.shows_bandwidth:
             bandwidth = table.bandwidth(row)
             cells.append(_number(None if bandwidth is None else bandwidth / 1e9, 0))
-        cells += [
-            _ratio(table.ratio(row, "run")),
-            _ratio(table.ratio(row, "invocation")),
-            "" if row.loss is None else f"{row.loss:.6f}",
-            row.error or row.note,
-        ]
+        cells += [_ratio(table.ratio(row, "run")), _ratio(table.ratio(row, "invocation"))]
+        if table.shows_commands:
+            cells.append(_ratio(table.ratio(row, "command")))
+        if table.shows_memory:
+            cells.append(_memory(row.peak_rss_bytes))
+        cells += ["" if row.loss is None else f"{row.loss:.6f}", row.error or row.note]
         style = "dim" if row.kind in ("host", "floor") or row.error else None
         out.add_row(*cells, style=style)
     return out
 
 
 def bench(vocabs: Sequence[int], updates: int | None, repeats: int, backends: Sequence[str],
-          as_json: bool, save: Path | None, submission: str) -> int:
+          as_json: bool, save: Path | None, submission: str, mode: str = "hard",
+          tokens: str | None = None, val_tokens: str | None = None) -> int:
     """Run the suite as the command's options ask; the exit status (1: a Bob row failed)."""
     errors = Console(stderr=True)
 
@@ -79,10 +92,13 @@ def bench(vocabs: Sequence[int], updates: int | None, repeats: int, backends: Se
     words += [word for vocab in vocabs for word in ("--vocab", str(vocab))]
     if updates is not None:
         words += ["--updates", str(updates)]
-    words += ["--repeats", str(repeats), "--submission", submission]
+    words += ["--repeats", str(repeats), "--submission", submission, "--mode", mode]
+    words += [word for flag, path in (("--tokens", tokens), ("--val-tokens", val_tokens))
+              if path is not None for word in (flag, path)]
     command = shlex.join(words)
     report = run_bench(backends, vocabs, updates, repeats, progress=progress, command=command,
-                       submission=submission)
+                       submission=submission, mode=mode,  # type: ignore[arg-type]
+                       tokens=tokens, val_tokens=val_tokens)
     document = json.dumps(report.to_json(), indent=1)
     if save is not None:
         atomic_write(save, (document + "\n").encode("utf-8"))

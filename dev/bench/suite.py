@@ -8,33 +8,29 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
 from bob.backends import BackendChoice, choose_backend, resolve_submission
-from bob.config import AUTO_SUBMISSION, DEFAULT_SUBMISSION_POLICY, Hyper
+from bob.config import AUTO_SUBMISSION, DEFAULT_SUBMISSION_POLICY, MODES, Hyper, Mode
 from bob.errors import BadInput
 from bob.host.training import CPU_MAX_VOCAB
 from dev.bench.measurement import (
     bob_configs,
+    corpus_command_rows,
     error_text,
     failed,
     floor_rows,
     measure_bob,
     measure_peer,
 )
-from dev.bench.peers import (
-    JaxLoop,
-    NumpyPeer,
-    Peer,
-    TorchEager,
-    TorchGraph,
-    bench_targets,
-    torch_modules,
-)
+from dev.bench.peers import JaxLoop, NumpyPeer, Peer, TorchEager, TorchGraph, torch_modules
 from dev.bench.tables import BANDWIDTH_MIN_VOCAB, BenchReport, BenchTable, Device, Row
+from dev.bench.workload import Workload, bench_workload, token_corpus
 
 
 def default_vocabs(device: Device) -> tuple[int, ...]:
@@ -42,9 +38,16 @@ def default_vocabs(device: Device) -> tuple[int, ...]:
     return (256, 8192) if device == "cuda" else (256,)
 
 
-def default_updates(device: Device, vocab: int) -> int:
+# Past this V a corpus table takes tens of milliseconds an update on the GPU, and PyTorch
+# longer: a timing of N = 20 lasts over a second.
+LARGE_CORPUS_VOCAB = 16384
+
+
+def default_updates(device: Device, vocab: int, mode: Mode = "hard") -> int:
     """Updates per timing: enough that one timing lasts tens of milliseconds."""
     if device == "cuda":
+        if mode == "corpus" and vocab > LARGE_CORPUS_VOCAB:
+            return 20
         return 1000 if vocab <= 1024 else 100  # ~3 us vs ~1 ms per update
     return 100 if vocab <= 1024 else 5  # ~0.4 ms vs ~0.5 s per update
 
@@ -99,7 +102,8 @@ PER_LAUNCH_ROW_MAX_VOCAB = 1024
 
 
 def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
-            progress: Progress, submission: str = AUTO_SUBMISSION) -> list[Row]:
+            progress: Progress, submission: str = AUTO_SUBMISSION,
+            workload: Workload | None = None) -> list[Row]:
     """The cuda rows' configurations on the `nv` backend (no CUDA runtime), with nv's
     policy (auto: chained), and the seed schedule per-launch beside them for comparison
     (up to PER_LAUNCH_ROW_MAX_VOCAB).
@@ -113,7 +117,9 @@ def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
         return [Row("bob nv invocation", "peer", updates,
                     error=f"skipped: {error_text(error)}")]
     policy = resolve_submission(submission, choice.name)
-    configs = list(bob_configs(vocab, updates, policy))
+    workload = workload or bench_workload("hard", vocab)
+    record = workload.record
+    configs = list(bob_configs(vocab, updates, policy, record.mode, record.pairs))
     if policy != DEFAULT_SUBMISSION_POLICY and vocab <= PER_LAUNCH_ROW_MAX_VOCAB:
         seed = configs[0][1]
         configs.append((f" {DEFAULT_SUBMISSION_POLICY}",
@@ -123,7 +129,7 @@ def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
         progress(f"cuda V={vocab}: bob nv{label} ({updates} updates per invocation, "
                  f"{config.submission} submissions)")
         try:
-            rows.extend(measure_bob(choice, config, hyper, repeats, label))
+            rows.extend(measure_bob(choice, config, hyper, repeats, label, record=record))
         except Exception as error:  # noqa: BLE001 - a failing variant must not end the bench
             rows.append(failed(f"bob nv{label} invocation", "bob", updates, error))
     return rows
@@ -132,37 +138,64 @@ def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
 def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: Hyper,
                  choice: BackendChoice, device_name: str, progress: Progress,
                  copy: float | None = None,
-                 submission: str = AUTO_SUBMISSION) -> BenchTable:
-    targets = bench_targets(vocab)
+                 submission: str = AUTO_SUBMISSION,
+                 workload: Workload | None = None) -> BenchTable:
+    """One table: Bob's rows on `choice` (and nv beside cuda), in corpus mode the whole
+    commands, then the peers and the memory floor, all on `workload` (default: the hard
+    bench targets).
+
+    Run in an order that leaves each its device memory: every Bob session is closed before
+    the processes start, and the peers in this process come last (JAX's allocator keeps
+    what it took)."""
+    workload = workload or bench_workload("hard", vocab)
+    record = workload.record
+    policy = resolve_submission(submission, choice.name)
     rows: list[Row] = []
-    for label, config in bob_configs(vocab, updates, resolve_submission(submission, choice.name)):
+    for label, config in bob_configs(vocab, updates, policy, record.mode, record.pairs):
         progress(f"{device} V={vocab}: bob{label} ({updates} updates per invocation)")
         try:
-            rows.extend(measure_bob(choice, config, hyper, repeats, label))
+            rows.extend(measure_bob(choice, config, hyper, repeats, label, record=record))
         except Exception as error:  # noqa: BLE001 - a failing variant must not end the bench
             rows.append(failed(f"bob {device}{label} invocation", "bob", updates, error))
 
     if device == "cuda":
-        rows.extend(nv_rows(vocab, updates, repeats, hyper, progress, submission))
+        rows.extend(nv_rows(vocab, updates, repeats, hyper, progress, submission, workload))
+
+    if record.mode == "corpus":
+        rows.extend(command_rows(device, vocab, updates, repeats, hyper, choice, policy,
+                                 workload, progress))
 
     peers: list[tuple[str, Callable[[], Peer]]]
     if device == "cuda":
         peers = [
-            ("pytorch eager", lambda: TorchEager(vocab, updates, targets, hyper, "cuda")),
-            ("pytorch cuda graph", lambda: TorchGraph(vocab, updates, targets, hyper)),
-            ("jax jit(fori_loop)", lambda: JaxLoop(vocab, updates, targets, hyper)),
+            ("pytorch eager", lambda: TorchEager(record, updates, hyper, "cuda")),
+            ("pytorch cuda graph", lambda: TorchGraph(record, updates, hyper)),
+            ("jax jit(fori_loop)", lambda: JaxLoop(record, updates, hyper)),
         ]
     else:
         peers = [
-            ("numpy loop", lambda: NumpyPeer(vocab, updates, targets, hyper)),
-            ("pytorch cpu eager", lambda: TorchEager(vocab, updates, targets, hyper, "cpu")),
+            ("numpy loop", lambda: NumpyPeer(record, updates, hyper)),
+            ("pytorch cpu eager", lambda: TorchEager(record, updates, hyper, "cpu")),
         ]
     for name, make in peers:
         progress(f"{device} V={vocab}: {name}")
         rows.append(measure_peer(make, name, updates, repeats))
     if device == "cuda" and vocab >= BANDWIDTH_MIN_VOCAB:
         rows.extend(floor_rows(vocab, updates, copy))
-    return BenchTable(device, device_name, vocab, updates, repeats, tuple(rows))
+    return BenchTable(device, device_name, vocab, updates, repeats, tuple(rows), record.mode,
+                      record.pairs, workload.data)
+
+
+def command_rows(device: Device, vocab: int, updates: int, repeats: int, hyper: Hyper,
+                 choice: BackendChoice, policy: str, workload: Workload,
+                 progress: Progress) -> list[Row]:
+    """The whole commands on the given token files, or on a token corpus made for V in a
+    temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="bob-bench-tokens-") as directory:
+        corpus = workload.tokens or token_corpus(Path(directory), vocab)
+        return corpus_command_rows(
+            choice, corpus, vocab, updates, repeats, hyper, policy, device,
+            lambda text: progress(f"{device} V={vocab}: {text}"))
 
 
 def resolve_devices(backends: Sequence[str],
@@ -193,10 +226,19 @@ def environment() -> dict[str, str]:
 def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
               updates: int | None = None, repeats: int = 5, hyper: Hyper = Hyper(),
               progress: Progress | None = None, command: str = "",
-              submission: str = AUTO_SUBMISSION) -> BenchReport:
-    """Every table: for each device, for each V, Bob and its peers side by side."""
+              submission: str = AUTO_SUBMISSION, mode: Mode = "hard",
+              tokens: str | None = None, val_tokens: str | None = None) -> BenchReport:
+    """Every table: for each device, for each V, Bob and its peers side by side, training
+    `mode`'s objective (corpus: on the pairs of `tokens`, counted, where given; the whole
+    commands validate on `val_tokens`, or on `tokens` itself)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, not {repeats}")
+    if mode not in MODES:
+        raise BadInput(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode == "hard" and (tokens or val_tokens):
+        raise BadInput("token files are corpus data: give --mode corpus with --tokens")
+    if val_tokens and not tokens:
+        raise BadInput("--val-tokens validates the --tokens corpus: give --tokens too")
     resolve_submission(submission)  # an unknown policy is refused before any work
     say = progress or (lambda text: None)
     devices, choices = resolve_devices(backends)
@@ -209,8 +251,10 @@ def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
         name = gpu_name() if device == "cuda" else cpu_name()
         copy = copy_bandwidth() if device == "cuda" else None
         for vocab in vocabs or default_vocabs(device):
-            n = updates or default_updates(device, vocab)
+            n = updates or default_updates(device, vocab, mode)
+            say(f"{device} V={vocab}: the {mode} workload")
+            workload = bench_workload(mode, vocab, tokens, val_tokens)
             tables.append(bench_device(device, vocab, n, repeats, hyper, choices[device],
-                                       name, say, copy, submission))
+                                       name, say, copy, submission, workload))
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return BenchReport(tuple(tables), hyper, date, command, environment())

@@ -9,17 +9,19 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bob.config import Hyper
+from bob.config import Hyper, Mode
 
 Device = Literal["cpu", "cuda"]
 RowKind = Literal["bob", "host", "peer", "floor"]
 DEVICES: tuple[Device, ...] = ("cpu", "cuda")
+Against = Literal["run", "invocation", "command"]
 
 BYTES_PER_PARAMETER = 24  # read + write of W, m, v: the least an AdamW update moves
 # Bandwidth is shown from this V on: smaller tables live in the caches (an H200's
 # L2 holds 60 MB, so V = 1024's 12 MB of state never leaves it).
 BANDWIDTH_MIN_VOCAB = 2048
-TARGET_SEED = 0  # the random targets every contender trains on
+TARGET_SEED = 0  # the random targets (or random corpus) every contender trains on
+COMMAND_ROW = "train command"  # Bob's whole `bob train` process: "bob cuda train command"
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,10 @@ class Row:
     loss: float | None = None  # the objective after N updates from the zero table
     note: str = ""
     error: str | None = None  # "skipped: ..." or "failed: ..."
+    # A whole process timed from start to exit (a command row): the ratio column "vs bob
+    # command" compares such rows with each other.
+    whole_process: bool = False
+    peak_rss_bytes: int | None = None  # a whole process's peak resident memory
 
     @property
     def us_per_update(self) -> float | None:
@@ -59,6 +65,9 @@ class BenchTable:
     updates: int
     repeats: int
     rows: tuple[Row, ...]
+    mode: Mode = "hard"  # the objective every contender trains
+    pairs: int = 0  # K, corpus mode: the distinct pairs of the corpus
+    data: str = ""  # where the targets or the corpus come from
 
     @property
     def parameters(self) -> int:
@@ -75,17 +84,29 @@ class BenchTable:
             return None
         return BYTES_PER_PARAMETER * self.parameters / (us * 1e-6)
 
-    def _bob(self, suffix: str) -> Row | None:
-        name = f"bob {self.device} {suffix}"
+    def _bob(self, against: Against) -> Row | None:
+        name = f"bob {self.device} {COMMAND_ROW if against == 'command' else against}"
         return next((r for r in self.rows if r.contender == name and r.seconds), None)
 
-    def ratio(self, row: Row, against: Literal["run", "invocation"]) -> float | None:
-        """This row's time over Bob's run (or whole invocation): > 1 means Bob is faster."""
+    def ratio(self, row: Row, against: Against) -> float | None:
+        """This row's time over Bob's run, whole invocation or whole `bob train` command
+        (only whole processes against the command): > 1 means Bob is faster."""
         bob = self._bob(against)
         if bob is None or row.kind == "host" or row.us_per_update is None:
             return None
+        if against == "command" and not row.whole_process:
+            return None
         assert bob.us_per_update is not None
         return row.us_per_update / bob.us_per_update
+
+    @property
+    def shows_commands(self) -> bool:
+        """Whether whole processes stand side by side (a "vs bob command" column)."""
+        return sum(1 for row in self.rows if row.whole_process) > 1
+
+    @property
+    def shows_memory(self) -> bool:
+        return any(row.peak_rss_bytes is not None for row in self.rows)
 
     @property
     def bob_failed(self) -> bool:
@@ -99,6 +120,9 @@ class BenchTable:
             "vocab": self.vocab,
             "updates": self.updates,
             "repeats": self.repeats,
+            "mode": self.mode,
+            "pairs": self.pairs,
+            "data": self.data,
             "rows": [self.row_json(row) for row in self.rows],
         }
 
@@ -115,9 +139,12 @@ class BenchTable:
             "gb_per_s": None if bandwidth is None else bandwidth / 1e9,
             "ratio_to_bob_run": self.ratio(row, "run"),
             "ratio_to_bob_invocation": self.ratio(row, "invocation"),
+            "ratio_to_bob_command": self.ratio(row, "command"),
             "loss": row.loss,
             "note": row.note,
             "error": row.error,
+            "whole_process": row.whole_process,
+            "peak_rss_bytes": row.peak_rss_bytes,
         }
 
 
@@ -136,7 +163,7 @@ class BenchReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "format": "bob-bench",
-            "format_version": 1,
+            "format_version": 2,
             "date": self.date,
             "command": self.command,
             "bytes_per_parameter": BYTES_PER_PARAMETER,

@@ -35,7 +35,8 @@ from dev.bench.measurement import time_runs
 from dev.cuda.variants import (
     SHIPPED,
     against_shipped,
-    input_bytes,
+    fused,
+    load_input,
     shipped_and_variants,
     state_digest,
 )
@@ -75,10 +76,6 @@ class SmallRun:
                 f"state {self.digest}{verdict}")
 
 
-def fused(vocab: int, mode: Mode, updates: int) -> BobConfig:
-    return BobConfig(vocab=vocab, prompts=0, updates=updates, mode=mode, schedule="fused")
-
-
 def start_parameters(vocab: int) -> bytes:
     """Standard normal rows, and row 0 all zero: a tie whose maximum is a zero, so the
     kernels' literal max tree runs too."""
@@ -94,7 +91,7 @@ def run_small(choice: BackendChoice, config: BobConfig, timed: bool) -> SmallRun
     try:
         parameters = start_parameters(config.vocab)
         zeros = bytes(len(parameters))
-        backend.write_tensor("input", input_bytes(config, plan.tensor("input").bytes))
+        first = load_input(backend, config)
         Session(choice).write_update_scalars(config, backend, 1)
 
         def reset() -> None:
@@ -102,7 +99,7 @@ def run_small(choice: BackendChoice, config: BobConfig, timed: bool) -> SmallRun
             backend.write_tensor("first_moment", zeros)
             backend.write_tensor("second_moment", zeros)
 
-        run = functools.partial(backend.run, range(plan.submission_count))
+        run = functools.partial(backend.run, range(first, plan.submission_count))
         seconds = None
         if timed:
             samples = time_runs(run, reset, repeats=3)

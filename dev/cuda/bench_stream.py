@@ -45,10 +45,11 @@ from bob.program.bob import BobConfig, build_plan
 from dev.bench.measurement import time_runs
 from dev.bench.suite import copy_bandwidth
 from dev.bench.tables import BYTES_PER_PARAMETER
+from dev.cuda import variants
 from dev.cuda.variants import (
     SHIPPED,
     against_shipped,
-    input_bytes,
+    load_input,
     shipped_and_variants,
     state_digest,
 )
@@ -63,7 +64,8 @@ VARIANTS = {
     "held, element by element (HELD_FAST_DIVIDE 0)": ("held", "#define HELD_FAST_DIVIDE 0\n"),
     "held, HELD_UPDATE_DEPTH 1": ("held", "#define HELD_UPDATE_DEPTH 1u\n"),
     "held, 768 threads": ("held", "#define HELD_THREADS 768u\n#define HELD_UPDATE_DEPTH 1u\n"
-                                  "#define HELD_DEPTH 2u\n#define HELD_RUNNING_MAX 0\n"),
+                                  "#define HELD_DEPTH 2u\n#define HELD_RUNNING_MAX 0\n"
+                                  "#define HELD_KEEP_EXPONENTIALS 0\n"),
     "held, a max pass every update (HELD_RUNNING_MAX 0)": ("held",
                                                            "#define HELD_RUNNING_MAX 0\n"),
     "held, m and v asked into L2 at a row's first update only": (
@@ -115,9 +117,9 @@ def time_invocation(choice: BackendChoice, config: BobConfig,
     try:
         for name in ("parameters", "first_moment", "second_moment"):
             backend.write_tensor(name, bytes(plan.tensor(name).bytes))
-        backend.write_tensor("input", input_bytes(config, plan.tensor("input").bytes))
+        first = load_input(backend, config)
         Session(choice).write_update_scalars(config, backend, 1)
-        run = functools.partial(backend.run, range(plan.submission_count))
+        run = functools.partial(backend.run, range(first, plan.submission_count))
         seconds = statistics.median(time_runs(run, lambda: None, repeats=3))
         return seconds, state_digest(backend) if digest else "not digested", plan.launch_count
     finally:
@@ -139,13 +141,13 @@ def digest_only(choice: BackendChoice, config: BobConfig) -> str:
 
 
 def fused(vocab: int, mode: Mode = "hard", updates: int = LONG) -> BobConfig:
-    return BobConfig(vocab=vocab, prompts=0, updates=updates, mode=mode, schedule="fused")
+    return variants.fused(vocab, mode, updates)
 
 
 @contextlib.contextmanager
 def with_kernels(kernels: str):
-    """The plan picks the held kernels (from V = 4097, any V % 4 == 0) or the stream ones
-    past the tall kernels' rows, inside the block."""
+    """The plan picks the held kernels (from V = 4097, any V) or the stream ones past the
+    tall kernels' rows, inside the block."""
     held_from, held_to = program.HELD_FROM_VOCAB, program.held_to_vocab
     if kernels == "stream":
         program.HELD_FROM_VOCAB = program.MAX_VOCAB + 1

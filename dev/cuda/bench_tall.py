@@ -38,7 +38,7 @@ from bob.host.session import Session
 from bob.plan.certificate import require_certified
 from bob.program.bob import BobConfig, build_plan
 from dev.bench.measurement import time_runs
-from dev.cuda.variants import SHIPPED, input_bytes, shipped_and_variants, state_digest
+from dev.cuda.variants import SHIPPED, fused, load_input, shipped_and_variants, state_digest
 
 # name -> the #defines put in front of the knob source. The first is its defaults: the shipped
 # kernels' shapes.
@@ -110,17 +110,16 @@ def run_tall(choice: BackendChoice, config: BobConfig, timed: bool) -> TallRun:
     backend = choice.open(require_certified(plan))
     try:
         parameters = start_parameters(config.vocab, random=not timed)
-        data = input_bytes(config, plan.tensor("input").bytes)
+        first = load_input(backend, config)
 
         def reset() -> None:
             backend.write_tensor("parameters", parameters)
             for name in ("first_moment", "second_moment"):
                 backend.write_tensor(name, bytes(plan.tensor(name).bytes))
-            backend.write_tensor("input", data)
             Session(choice).write_update_scalars(config, backend, 1)
 
         def run() -> None:
-            backend.run(range(plan.submission_count))
+            backend.run(range(first, plan.submission_count))
 
         seconds = None
         if timed:
@@ -132,10 +131,6 @@ def run_tall(choice: BackendChoice, config: BobConfig, timed: bool) -> TallRun:
         return TallRun(config, seconds, state_digest(backend), region, fused.block.x)
     finally:
         backend.close()
-
-
-def fused(vocab: int, mode: Mode, updates: int) -> BobConfig:
-    return BobConfig(vocab=vocab, prompts=0, updates=updates, mode=mode, schedule="fused")
 
 
 def sizes(variable: str, default: str) -> tuple[int, ...]:

@@ -26,8 +26,10 @@
 // lane-order tree when it is a zero (its sign is the lane order's).
 //
 // Tuning macros change speed, never bits (dev/cuda/bench_stream.py --variants):
-// - HELD_THREADS: 512 (128 registers), 768 (80) or 1024 (64: both kernels spill but with
-//   HELD_FAST_DIVIDE 0, HELD_DEPTH 2 and HELD_UPDATE_DEPTH 1, and the corpus one even so)
+// - HELD_THREADS: 512 (128 registers), 768 (80: the hard kernel's rows of V % 4 != 0 spill
+//   but with HELD_KEEP_EXPONENTIALS 0, HELD_DEPTH 2 and HELD_UPDATE_DEPTH 1) or 1024 (64:
+//   both kernels spill but with HELD_FAST_DIVIDE 0, HELD_DEPTH 2 and HELD_UPDATE_DEPTH 1,
+//   and the corpus one even so)
 //   threads per block; the plan launches the block the image's launch bounds name
 //   (signatures.BLOCK_FROM_IMAGE). HELD_BLOCKS: blocks per SM the bounds plan registers for.
 // - HELD_DEPTH: rounds of w loads in flight per thread while the row is first read.
@@ -124,6 +126,16 @@ static __device__ __forceinline__ void prefetch_into_l2(const float* from, u32 b
 #endif
 }
 
+// The same from any 4-byte aligned address (a row of V % 4 != 0): from the 16-byte boundary
+// below it, the bytes asked for rounded down to whole 16 (a request is a hint: the few bytes
+// before the row are the table's, the last row's end is never passed).
+static __device__ __forceinline__ void prefetch_row_into_l2(const float* from, u32 bytes) {
+    const u64 address = (u64)from;
+    const u32 skew = (u32)(address % 16u);
+    const u32 whole = (bytes + skew) / 16u * 16u;
+    if (whole) prefetch_into_l2((const float*)(address - skew), whole);
+}
+
 // This row's m and v, their first HELD_L2_PREFETCH eighths, asked into L2 in chunks, one
 // chunk per thread.
 // The bytes of a row's m (and of its v) HELD_L2_PREFETCH asks for: a multiple of 16.
@@ -131,6 +143,7 @@ static __device__ __forceinline__ u32 first_asked_bytes(u32 vocab) {
     return vocab * 4u / 8u * HELD_L2_PREFETCH / 16u * 16u;
 }
 
+template <bool WHOLE>
 static __device__ __forceinline__ void prefetch_moments(const float* m, const float* v,
                                                         u32 vocab) {
     const u32 bytes = first_asked_bytes(vocab);
@@ -138,11 +151,16 @@ static __device__ __forceinline__ void prefetch_moments(const float* m, const fl
     for (u32 c = threadIdx.x; c < 2u * chunks; c += HELD_THREADS) {
         const u32 offset = (c % chunks) * HELD_PREFETCH_CHUNK;
         const u32 size = ::min(HELD_PREFETCH_CHUNK, bytes - offset);
-        prefetch_into_l2((c < chunks ? m : v) + offset / 4u, size);
+        if (WHOLE) {
+            prefetch_into_l2((c < chunks ? m : v) + offset / 4u, size);
+        } else {
+            prefetch_row_into_l2((c < chunks ? m : v) + offset / 4u, size);
+        }
     }
 }
 
 // Round q's m and v asked into L2, a chunk per thread, unless HELD_L2_PREFETCH asked already.
+template <bool WHOLE>
 static __device__ __forceinline__ void prefetch_round(const float* m, const float* v, u32 q,
                                                       u32 vocab) {
     constexpr u32 chunks = HELD_ROUND * 4u / HELD_PREFETCH_CHUNK;  // of m, and of v
@@ -151,20 +169,94 @@ static __device__ __forceinline__ void prefetch_round(const float* m, const floa
     const u32 offset = HELD_ROUND * 4u * q + (threadIdx.x % chunks) * HELD_PREFETCH_CHUNK;
     if (threadIdx.x < 2u * chunks && offset >= asked && offset < vocab * 4u) {
         const u32 size = ::min(HELD_PREFETCH_CHUNK, vocab * 4u - offset);
-        prefetch_into_l2((threadIdx.x < chunks ? m : v) + offset / 4u, size);
+        if (WHOLE) {
+            prefetch_into_l2((threadIdx.x < chunks ? m : v) + offset / 4u, size);
+        } else {
+            prefetch_row_into_l2((threadIdx.x < chunks ? m : v) + offset / 4u, size);
+        }
     }
+}
+
+// A row's four elements from j (those below V) when V % 4 != 0: the row starts wherever
+// row * V puts it, so the quad is read, written and copied element by element, and the
+// elements past the row's end are neither read (the last row ends the table) nor written
+// (they are the next row's, another block's).
+static __device__ __forceinline__ float4 load_row_quad(const float* p, u32 j, u32 vocab) {
+    float4 q{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (u32 c = 0; c < 4u; ++c) {
+        if (j + c < vocab) part(q, c) = p[j + c];
+    }
+    return q;
+}
+
+static __device__ __forceinline__ void store_row_quad(float* p, u32 j, u32 vocab, float4 q) {
+#pragma unroll
+    for (u32 c = 0; c < 4u; ++c) {
+        if (j + c < vocab) p[j + c] = part(q, c);
+    }
+}
+
+static __device__ __forceinline__ void copy_row_quad_in(float4* to, const float* from, u32 j,
+                                                        u32 vocab) {
+    const u32 address = (u32)__cvta_generic_to_shared(to);
+#pragma unroll
+    for (u32 c = 0; c < 4u; ++c) {
+        if (j + c < vocab) {
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" : : "r"(address + 4u * c),
+                         "l"(from + j + c) : "memory");
+        }
+    }
+}
+
+// Row quads: whole float4s where V % 4 == 0 (WHOLE: every row 16-byte aligned), with the
+// cache hints of load_quad and load_quad_last; else the element by element forms above.
+template <bool WHOLE>
+static __device__ __forceinline__ float4 row_quad(const float* p, u32 j, u32 vocab) {
+    return WHOLE ? load_quad(p + j) : load_row_quad(p, j, vocab);
+}
+
+template <bool WHOLE>
+static __device__ __forceinline__ float4 row_quad_last(const float* p, u32 j, u32 vocab) {
+    return WHOLE ? load_quad_last(p + j) : load_row_quad(p, j, vocab);
+}
+
+template <bool WHOLE>
+static __device__ __forceinline__ void store_quad_of(float* p, u32 j, u32 vocab, float4 q) {
+    if (WHOLE) {
+        store_quad(p + j, q);
+    } else {
+        store_row_quad(p, j, vocab, q);
+    }
+}
+
+template <bool WHOLE>
+static __device__ __forceinline__ void copy_quad_of(float4* to, const float* from, u32 j,
+                                                    u32 vocab) {
+    if (WHOLE) {
+        copy_quad_in(to, from + j);
+    } else {
+        copy_row_quad_in(to, from, j, vocab);
+    }
+}
+
+// The element c of the quad at j is in the row (always, where V % 4 == 0).
+template <bool WHOLE>
+static __device__ __forceinline__ bool in_row(u32 j, u32 c, u32 vocab) {
+    return WHOLE || j + c < vocab;
 }
 
 static __device__ __forceinline__ void copies_done() {
     asm volatile("cp.async.wait_all;" : : : "memory");
 }
 
+template <bool WHOLE>
 struct HeldRow {
     const FusedArgs& a;
     HeldShared& shared;
     float4* row;  // the held quads: element j < held at row[j / 4]
     const float* w;  // the row in memory
-    u32 held;  // elements held, a multiple of 4
+    u32 held;  // elements held, a multiple of 4 (past V where a partial last quad is held)
     float4* kept;  // the current exponentials: element j < kept_count at kept[j / 4]
     u32 kept_count;  // a multiple of 4
 
@@ -172,7 +264,9 @@ struct HeldRow {
     __device__ u32 quad(u32 r) const { return HELD_ROUND * r + 4u * threadIdx.x; }
     __device__ bool is_held(u32 j) const { return j < held; }
     // w's current quad at j: held, or read from memory.
-    __device__ float4 w_quad(u32 j) const { return is_held(j) ? row[j / 4u] : load_quad(w + j); }
+    __device__ float4 w_quad(u32 j) const {
+        return is_held(j) ? row[j / 4u] : row_quad<WHOLE>(w, j, a.vocab);
+    }
 
     // Warp 0's tree over partials (written before a barrier), published behind one more.
     template <typename Op>
@@ -229,8 +323,10 @@ struct HeldRow {
             for (u32 d = 0; d < HELD_DEPTH; ++d) {
                 const u32 j = quad(r0 + d);
                 if (j < a.vocab) {
-                    // First: a held quad's only read from memory; the others are read again.
+                    // First: a held quad's only read from memory; the others are read again
+                    // (a row of V % 4 != 0: element by element, without hints).
                     x[d] = !first || (prefetched && is_held(j)) ? w_quad(j)
+                           : !WHOLE ? load_row_quad(w, j, a.vocab)
                            : is_held(j) ? load_quad_last(w + j) : load_quad_again(w + j);
                 }
             }
@@ -240,7 +336,9 @@ struct HeldRow {
                 if (j < a.vocab) {
                     if (first && !prefetched && is_held(j)) row[j / 4u] = x[d];
 #pragma unroll
-                    for (u32 c = 0; c < 4u; ++c) best = select_max(best, part(x[d], c));
+                    for (u32 c = 0; c < 4u; ++c) {
+                        if (in_row<WHOLE>(j, c, a.vocab)) best = select_max(best, part(x[d], c));
+                    }
                 }
             }
         }
@@ -274,9 +372,9 @@ static_assert(HELD_WARPS <= WARP, "a warp's lanes read the keys of every warp");
 
 // One update on the thread's quad at j (w, m, v and corpus weights t given); w's new quad
 // goes to the held row and, at the launch's last update or past the held part, to memory.
-template <bool CORPUS>
+template <bool CORPUS, bool WHOLE>
 static __device__ __forceinline__ void held_update_quad(
-        const FusedArgs& a, HeldRow& row, u64 base, u32 j, float row_max, float s,
+        const FusedArgs& a, HeldRow<WHOLE>& row, u64 base, u32 j, float row_max, float s,
         const AdamStep& step, u32 target, float weight_sum, bool last, const float* next_w,
         float4 wq, float4 mq, float4 vq, float4 tq, float& best) {
     const float4 eq = j < row.kept_count ? row.kept[j / 4u] : exponentials_of(wq, row_max,
@@ -284,7 +382,8 @@ static __device__ __forceinline__ void held_update_quad(
 #if HELD_FAST_DIVIDE
     float e[4], t[4], w[4], m[4], v[4];
     u32 js[4];
-    const bool inside[4] = {true, true, true, true};  // V % 4 == 0: a quad is whole
+    const bool inside[4] = {in_row<WHOLE>(j, 0u, a.vocab), in_row<WHOLE>(j, 1u, a.vocab),
+                            in_row<WHOLE>(j, 2u, a.vocab), in_row<WHOLE>(j, 3u, a.vocab)};
 #pragma unroll
     for (u32 c = 0; c < 4u; ++c) {
         e[c] = part(eq, c);
@@ -304,6 +403,7 @@ static __device__ __forceinline__ void held_update_quad(
 #else
 #pragma unroll
     for (u32 c = 0; c < 4u; ++c) {
+        if (!in_row<WHOLE>(j, c, a.vocab)) continue;
         const float p = dvd(part(eq, c), s);
         const float g = gradient<CORPUS>(a, p, j + c, target, weight_sum, part(tq, c));
         adamw_element(step, g, part(wq, c), part(mq, c), part(vq, c));
@@ -312,24 +412,26 @@ static __device__ __forceinline__ void held_update_quad(
     wq = canonical_quad(wq);
     if (HELD_RUNNING_MAX) {
 #pragma unroll
-        for (u32 c = 0; c < 4u; ++c) best = select_max(best, part(wq, c));
+        for (u32 c = 0; c < 4u; ++c) {
+            if (in_row<WHOLE>(j, c, a.vocab)) best = select_max(best, part(wq, c));
+        }
     }
     if (row.is_held(j)) {
         if (next_w != nullptr) {  // the launch is done with this row: its slot takes the next's
-            copy_quad_in(row.row + j / 4u, next_w + j);
+            copy_quad_of<WHOLE>(row.row + j / 4u, next_w, j, a.vocab);
         } else {
             row.row[j / 4u] = wq;
         }
     }
-    if (last || !row.is_held(j)) store_quad(a.parameters + base + j, wq);
-    store_quad(a.first_moment + base + j, canonical_quad(mq));
-    store_quad(a.second_moment + base + j, canonical_quad(vq));
+    if (last || !row.is_held(j)) store_quad_of<WHOLE>(a.parameters + base, j, a.vocab, wq);
+    store_quad_of<WHOLE>(a.first_moment + base, j, a.vocab, canonical_quad(mq));
+    store_quad_of<WHOLE>(a.second_moment + base, j, a.vocab, canonical_quad(vq));
 }
 
 // The update pass: HELD_UPDATE_DEPTH rounds of m, v (and weights) loads issued together.
-template <bool CORPUS>
-static __device__ void held_update(const FusedArgs& a, HeldRow& row, u64 base, float row_max,
-                                   float s, const AdamStep& step, u32 target,
+template <bool CORPUS, bool WHOLE>
+static __device__ void held_update(const FusedArgs& a, HeldRow<WHOLE>& row, u64 base,
+                                   float row_max, float s, const AdamStep& step, u32 target,
                                    float weight_sum, bool last, const float* next_w,
                                    float& best) {
     const float* m = a.first_moment + base;
@@ -341,25 +443,26 @@ static __device__ void held_update(const FusedArgs& a, HeldRow& row, u64 base, f
         if (HELD_L2_AHEAD > 0u) {
 #pragma unroll
             for (u32 d = 0; d < HELD_UPDATE_DEPTH; ++d) {
-                prefetch_round(m, v, r0 + d + HELD_L2_AHEAD, a.vocab);
+                prefetch_round<WHOLE>(m, v, r0 + d + HELD_L2_AHEAD, a.vocab);
             }
         }
 #pragma unroll
         for (u32 d = 0; d < HELD_UPDATE_DEPTH; ++d) {
             const u32 j = row.quad(r0 + d);
             if (j < a.vocab) {
-                mq[d] = load_quad_last(m + j);
-                vq[d] = load_quad_last(v + j);
-                tq[d] = CORPUS ? load_quad_last(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                mq[d] = row_quad_last<WHOLE>(m, j, a.vocab);
+                vq[d] = row_quad_last<WHOLE>(v, j, a.vocab);
+                tq[d] = CORPUS ? row_quad_last<WHOLE>(t, j, a.vocab)
+                               : float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
 #pragma unroll
         for (u32 d = 0; d < HELD_UPDATE_DEPTH; ++d) {
             const u32 j = row.quad(r0 + d);
             if (j < a.vocab) {
-                held_update_quad<CORPUS>(a, row, base, j, row_max, s, step, target, weight_sum,
-                                         last, next_w, row.w_quad(j), mq[d], vq[d], tq[d],
-                                         best);
+                held_update_quad<CORPUS, WHOLE>(a, row, base, j, row_max, s, step, target,
+                                                weight_sum, last, next_w, row.w_quad(j), mq[d],
+                                                vq[d], tq[d], best);
             }
         }
     }
@@ -368,19 +471,20 @@ static __device__ void held_update(const FusedArgs& a, HeldRow& row, u64 base, f
 // One row's updates and finish. `prefetched`: its held quads are on their way in already;
 // `next_w`: the row this block takes next, whose held quads are copied in as the launch is
 // done with this row's (nullptr: none).
-template <bool CORPUS>
-static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, StagedScalars& scalars,
-                                        u32 index, bool prefetched, const float* next_w) {
+template <bool CORPUS, bool WHOLE>
+static __device__ void held_row_updates(const FusedArgs& a, HeldRow<WHOLE>& row,
+                                        StagedScalars& scalars, u32 index, bool prefetched,
+                                        const float* next_w) {
     const u64 base = (u64)index * a.vocab;
     const float* t = CORPUS ? a.weights + base : nullptr;
     const float weight_sum =
-        CORPUS ? row.fold([&](u32 j) { return load_quad(t + j); }) : 0.0f;
+        CORPUS ? row.fold([&](u32 j) { return row_quad<WHOLE>(t, j, a.vocab); }) : 0.0f;
     const u32 target = CORPUS ? 0u : a.targets[index];
     const u32 passes = a.updates + (a.finish ? 1u : 0u);
     float running_max = 0.0f;  // the max of the w the last update wrote (HELD_RUNNING_MAX)
     for (u32 k = 0; k < passes; ++k) {
         if (HELD_L2_PREFETCH > 0u && k < a.updates && (k == 0u || HELD_L2_PREFETCH_EACH)) {
-            prefetch_moments(a.first_moment + base, a.second_moment + base, a.vocab);
+            prefetch_moments<WHOLE>(a.first_moment + base, a.second_moment + base, a.vocab);
         }
         if (k < a.updates) scalars.stage(a, k);
         const float row_max =
@@ -392,7 +496,8 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
             const float big_l = bob_log2(s);
             const float total = row.fold([&](u32 j) {
                 const float4 wq = row.w_quad(j);
-                const float4 tq = CORPUS ? load_quad_last(t + j) : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                const float4 tq = CORPUS ? row_quad_last<WHOLE>(t, j, a.vocab)
+                                         : float4{0.0f, 0.0f, 0.0f, 0.0f};
                 const float4 eq = j < row.kept_count ? row.kept[j / 4u]
                                                      : exponentials_of(wq, row_max, a.log2e);
                 float4 gq, terms{0.0f, 0.0f, 0.0f, 0.0f};
@@ -408,10 +513,12 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
                         a.loss[index] = canonical(mul(a.ln2, sub(big_l, z)));
                     }
                 }
-                store_quad(a.gradients + base + j, gq);
+                store_quad_of<WHOLE>(a.gradients + base, j, a.vocab, gq);
                 // Done with the held quad (the arithmetic above waited for its load): the slot
                 // takes the next row's.
-                if (next_w != nullptr && row.is_held(j)) copy_quad_in(row.row + j / 4u, next_w + j);
+                if (next_w != nullptr && row.is_held(j)) {
+                    copy_quad_of<WHOLE>(row.row + j / 4u, next_w, j, a.vocab);
+                }
                 return terms;
             });
             if (threadIdx.x == 0) {
@@ -427,8 +534,8 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
         // Each thread reads back only the held quads it stored until the next max's barrier.
         const bool last = k + 1u == a.updates;
         float best = f32(NEG_INF);
-        held_update<CORPUS>(a, row, base, row_max, s, step, target, weight_sum, last,
-                            last && !a.finish ? next_w : nullptr, best);
+        held_update<CORPUS, WHOLE>(a, row, base, row_max, s, step, target, weight_sum, last,
+                                   last && !a.finish ? next_w : nullptr, best);
         if (HELD_RUNNING_MAX && k + 1u < passes) {  // the next pass's max, behind one barrier
             running_max = row.block_max(best);
         }
@@ -437,14 +544,13 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow& row, Staged
 
 // Rows blockIdx.x, + gridDim.x, ...: a grid of one block per SM keeps every SM's next row
 // coming in while it updates the last.
-template <bool CORPUS>
-static __device__ void fused_train_held(const FusedArgs& a) {
-    __shared__ HeldShared shared;
-    extern __shared__ float4 held_row[];
-    if (blockDim.x != HELD_THREADS || a.vocab % 4u != 0u) __trap();
+template <bool CORPUS, bool WHOLE>
+static __device__ void fused_train_held(const FusedArgs& a, HeldShared& shared,
+                                        float4* held_row) {
     // The dynamic shared memory holds w first, then as many exponentials as fit.
     const u32 capacity = dynamic_shared_bytes() / 16u * 4u;
-    const u32 held = ::min(::min(capacity, a.vocab), HELD_W_LIMIT / 4u * 4u);
+    // As much of the row as fits is held, in whole quads (a partial last quad's slot too).
+    const u32 held = ::min(::min(capacity, (a.vocab + 3u) / 4u * 4u), HELD_W_LIMIT / 4u * 4u);
     float4* const kept = held_row + held / 4u;
     const u32 room = HELD_KEEP_EXPONENTIALS ? capacity - held : 0u;
     StagedScalars scalars{shared.scalars, HELD_THREADS};
@@ -453,10 +559,23 @@ static __device__ void fused_train_held(const FusedArgs& a) {
         if (index != blockIdx.x) __syncthreads();  // the last row's reads of shared memory
         const u32 next = index + gridDim.x;
         const float* next_w = next < a.vocab ? a.parameters + (u64)next * a.vocab : nullptr;
-        HeldRow row{a, shared, held_row, a.parameters + (u64)index * a.vocab, held, kept,
-                    room < a.vocab ? room : a.vocab};
-        held_row_updates<CORPUS>(a, row, scalars, index, prefetched, next_w);
+        HeldRow<WHOLE> row{a, shared, held_row, a.parameters + (u64)index * a.vocab, held,
+                           kept, room < a.vocab ? room : a.vocab};
+        held_row_updates<CORPUS, WHOLE>(a, row, scalars, index, prefetched, next_w);
         prefetched = next_w != nullptr && a.updates + (a.finish ? 1u : 0u) > 0u;
+    }
+}
+
+// The kernels' body: rows whole float4s apart where V % 4 == 0, element by element else.
+template <bool CORPUS>
+static __device__ void held_kernel(const FusedArgs& a) {
+    __shared__ HeldShared shared;
+    extern __shared__ float4 held_row[];
+    if (blockDim.x != HELD_THREADS) __trap();
+    if (a.vocab % 4u == 0u) {
+        fused_train_held<CORPUS, true>(a, shared, held_row);
+    } else {
+        fused_train_held<CORPUS, false>(a, shared, held_row);
     }
 }
 
@@ -467,7 +586,7 @@ extern "C" __global__ HELD_BOUNDS void bob_fused_train_held_hard(
     wait_for_prerequisites();
     const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
                       loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
-    fused_train_held<false>(a);
+    held_kernel<false>(a);
 }
 
 extern "C" __global__ HELD_BOUNDS void bob_fused_train_held_corpus(
@@ -477,5 +596,5 @@ extern "C" __global__ HELD_BOUNDS void bob_fused_train_held_corpus(
     wait_for_prerequisites();
     const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
                       loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
-    fused_train_held<true>(a);
+    held_kernel<true>(a);
 }

@@ -1,22 +1,27 @@
 """What the kernel-variant benches share (dev/cuda: bench_small, bench_tall, bench_stream,
 bench_fused): the knob source beside this file compiled with a variant's macros in front,
-the shipped kernels every variant is checked against, the input they train on, and a
-digest of the state a run leaves.
+the shipped kernels every variant is checked against, the configuration and the input they
+train on (loaded once, the corpus pairs scattered by the plan's loads), and a digest of the
+state a run leaves.
 
 A variant changes speed, never bits: its digest is the shipped kernels', its bytes too.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from bob.backends import BackendChoice, choose_backend
+from bob.backends import Backend, BackendChoice, choose_backend
+from bob.config import Mode
 from bob.kernels.cuda.compile import SOURCE_NAME, KernelSource
 from bob.program.bob import BobConfig
+from bob.program.invocation import invocation_layout
+from bob.records.binary import InputRecord
 from dev.bench.peers import bench_targets
 
 KNOB_DIRECTORY = Path(__file__).resolve().parent  # bob_kernels.cu with its tuning macros
@@ -74,16 +79,32 @@ def against_shipped(digest: str, shipped: str) -> str:
     return "= shipped" if digest == shipped else f"DIFFERS from shipped {shipped}"
 
 
-def input_bytes(config: BobConfig, size: int) -> bytes:
-    """The input tensor's `size` bytes: hard, the bench targets; corpus, fixed
-    pseudo-random weights summing to 1."""
-    vocab = config.vocab
-    if config.mode == "hard":
-        head = bench_targets(vocab).astype(np.uint32).tobytes()
-    else:
-        weights = np.random.default_rng(0).random((vocab, vocab), np.float32)
-        head = (weights / weights.sum(dtype=np.float64)).astype(np.float32).tobytes()
-    return head + bytes(size - len(head))
+@functools.lru_cache(maxsize=4)
+def bench_record(mode: Mode, vocab: int) -> InputRecord:
+    """The input the benches train on: hard, the bench targets; corpus, fixed pseudo-random
+    weights summing to 1 in (nearly) every cell, as sparse pairs. No prompts."""
+    if mode == "hard":
+        return InputRecord.hard(bench_targets(vocab).astype(np.uint32))
+    weights = np.random.default_rng(0).random((vocab, vocab), np.float32)
+    return InputRecord.corpus((weights / weights.sum(dtype=np.float64)).astype(np.float32))
+
+
+def fused(vocab: int, mode: Mode, updates: int) -> BobConfig:
+    """The fused schedule's configuration a bench runs: no prompts; corpus mode with the
+    pairs of bench_record."""
+    return BobConfig(vocab=vocab, prompts=0, updates=updates, mode=mode, schedule="fused",
+                     pairs=bench_record(mode, vocab).pairs)
+
+
+def load_input(backend: Backend, config: BobConfig) -> int:
+    """bench_record's input into the arena and, in corpus mode, scattered into its table
+    (cleared first, by the load submissions): the first submission of a timed run, past
+    the loads. Training never writes that table, so it holds across runs."""
+    layout = invocation_layout(config)
+    backend.write_tensor(layout.input, bench_record(config.mode, config.vocab).payload())
+    backend.clear_tensors(layout.input_tables)
+    backend.run(range(layout.load_submissions))
+    return layout.load_submissions
 
 
 def state_digest(backend, names: tuple[str, ...] = DIGEST_TENSORS) -> str:

@@ -40,6 +40,9 @@ MIN_VOCAB = 2  # a softmax over one column learns nothing
 MAX_VOCAB = 65536  # 16 GiB f32 tables: every size and offset is 64-bit
 MAX_PROMPTS = 4096
 MAX_UPDATES = 100_000
+# A sparse corpus input's pairs: the scatter counts them in a u32, and 2^31 of them (24 GiB
+# of keys and values) is past any corpus's distinct pairs at V = 65536.
+MAX_PAIRS = 1 << 31
 
 # The arena's first three tensors, in arena order: what a checkpoint holds.
 CHECKPOINT_TENSORS = ("parameters", "first_moment", "second_moment")

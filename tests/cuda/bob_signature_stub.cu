@@ -173,3 +173,17 @@ extern "C" __global__ void bob_health(const float* parameters, const float* firs
 {
     health[blockIdx.x] = parameters[vocab] + first_moment[0] + second_moment[0];
 }
+
+extern "C" __global__ void bob_scatter(float* table, const unsigned long long* keys,
+                                       const float* values, unsigned int count,
+                                       unsigned int vocab)
+{
+    if (blockIdx.x < count) table[keys[blockIdx.x] % vocab] = values[blockIdx.x];
+}
+
+extern "C" __global__ void bob_loss_corpus(const float* parameters, const float* weights,
+                                           float* loss, float log2e, float ln2,
+                                           unsigned int vocab)
+{
+    loss[blockIdx.x] = parameters[vocab] * weights[0] * log2e * ln2;
+}

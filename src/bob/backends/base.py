@@ -79,6 +79,30 @@ def zero_bytes(size: int) -> memoryview:
     return memoryview(bytes(size))
 
 
+MEMINFO = "/proc/meminfo"
+
+
+def host_memory_available(path: str = MEMINFO) -> int | None:
+    """The kernel's MemAvailable in bytes (what a process may take without swapping), or
+    None where it is not reported."""
+    try:
+        with open(path) as file:
+            for line in file:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def require_memory(backend: str, what: str, need: int, available: int | None) -> None:
+    """BadInput, before anything is allocated, when a plan needs more of some memory than
+    there is: one line naming both (exit 2, nothing written)."""
+    if available is not None and need > available:
+        raise BadInput(f"the {backend} backend needs {need / 1e9:.2f} GB of {what} for this "
+                       f"plan; {available / 1e9:.2f} GB is available")
+
+
 class ReadHandle:
     """Tensors being read back: `wait()` gives name -> a flat uint8 array the caller owns.
 

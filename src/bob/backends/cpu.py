@@ -21,7 +21,7 @@ from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Address, Plan, Scalar
 from bob.plan.placement import decode_parameter_block
 
-from .base import Backend, Patch
+from .base import Backend, Patch, host_memory_available, require_memory
 
 Kernel = Callable[[Memory, dict], None]
 
@@ -70,6 +70,11 @@ class HostArenaBackend(Backend):
     def __init__(self, plan: Plan | CertifiedPlan):
         super().__init__(plan)
         arena = self.plan.address_map.arena
+        # The arena, and at most one V x V table of working arrays beside it (the reference
+        # kernels' largest temporary; the Numba kernels take a row at a time).
+        vocab = int(self.plan.attributes.get("vocab", 0))
+        require_memory(self.name, "host memory", arena.bytes + 4 * vocab * vocab,
+                       host_memory_available())
         self.arena = np.zeros(arena.bytes, dtype=np.uint8)
         self.memory = Memory(self.arena, arena.base)
 

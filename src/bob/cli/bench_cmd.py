@@ -1,4 +1,5 @@
-"""`bob bench`: Bob beside PyTorch, JAX and NumPy, per AdamW update, in one process.
+"""`bob bench`: Bob beside PyTorch, JAX and NumPy, per AdamW update, in one process; in
+corpus mode the whole `bob train` beside PyTorch's eager loop end to end, as processes.
 
 The suite is tooling of the source repository (``dev/bench``), which the wheel does not
 ship: from a checkout, where ``dev/`` lies beside ``src/`` (the Makefile's editable
@@ -13,7 +14,7 @@ from pathlib import Path
 import click
 
 import bob
-from bob.config import MAX_UPDATES
+from bob.config import MAX_UPDATES, MODES
 from bob.errors import BadInput
 
 from .options import check_vocab, submission_option
@@ -38,7 +39,8 @@ def checkout_root() -> Path | None:
                    "256 on the CPU.")
 @click.option("--updates", "-N", type=click.IntRange(1, MAX_UPDATES), default=None,
               help="Updates per timing (per invocation for Bob). Default: on the GPU 1000 "
-                   "for V <= 1024 and 100 above; on the CPU 100 and 5.")
+                   "for V <= 1024 and 100 above (corpus mode: 20 past V = 16384); on the "
+                   "CPU 100 and 5.")
 @click.option("--repeats", "-r", type=click.IntRange(1, 1000), default=5, show_default=True,
               help="Timings per contender (after one warm-up); the median is reported.")
 @click.option("--backend", "backends", type=click.Choice(BENCH_BACKENDS), multiple=True,
@@ -49,13 +51,24 @@ def checkout_root() -> Path | None:
               help="Also write the JSON report to this file.")
 @submission_option("per-launch for Bob's cuda and cpu rows; chained for the nv rows, with "
                    "a per-launch nv seed row beside them")
-def bench(vocabs, updates, repeats, backends, as_json, save, submission) -> None:
+@click.option("--mode", type=click.Choice(MODES), default="hard", show_default=True,
+              help="The objective: hard targets, or a corpus (sparse weights; adds the whole "
+                   "`bob train` beside PyTorch's eager loop end to end).")
+@click.option("--tokens", type=click.Path(dir_okay=False, exists=True),
+              help="Corpus mode: train on this token file's pairs (uint16, or .npy), counted "
+                   "with Bob's counter. Default: a random corpus of 64 pairs per row, and for "
+                   "the whole commands a token corpus made for V.")
+@click.option("--val-tokens", type=click.Path(dir_okay=False, exists=True),
+              help="The whole commands' validation tokens (default: the --tokens file).")
+def bench(vocabs, updates, repeats, backends, as_json, save, submission, mode, tokens,
+          val_tokens) -> None:
     """Microseconds per AdamW update: Bob beside its peers, side by side.
 
-    Every contender trains the hard-target objective from a zero table with
-    lr 0.1, betas 0.9/0.999, eps 1e-8, weight decay 0.01 on the same random
-    targets. No timing is asserted anywhere: the numbers are for reading.
-    Runs from a source checkout (`make bench`).
+    Every contender trains the same objective from a zero table with lr 0.1,
+    betas 0.9/0.999, eps 1e-8, weight decay 0.01: the hard targets' (random
+    targets), or with --mode corpus the corpus loss on the same weights. No
+    timing is asserted anywhere: the numbers are for reading. Runs from a source
+    checkout (`make bench`).
     """
     root = checkout_root()
     if root is None:
@@ -64,7 +77,8 @@ def bench(vocabs, updates, repeats, backends, as_json, save, submission) -> None
         sys.path.insert(0, str(root))  # the checkout's dev/ imports as the package `dev`
     from dev.bench import cli as suite
 
-    status = suite.bench(vocabs, updates, repeats, backends, as_json, save, submission)
+    status = suite.bench(vocabs, updates, repeats, backends, as_json, save, submission, mode,
+                         tokens, val_tokens)
     if status:
         click.get_current_context().exit(status)
 

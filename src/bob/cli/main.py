@@ -130,7 +130,8 @@ def _stop_signals_raise() -> Iterator[None]:
     def stop(signum: int, frame: object) -> None:
         if not raised:  # a second signal while stopping must not interrupt the cleanup
             raised.append(signum)
-            request_stop(signum)  # raises Interrupted, or when a save ends
+            if request_stop(signum):  # raises Interrupted, or when a save ends
+                raised.clear()  # it only asked a run to finish: the next signal stops it
 
     previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
     try:

@@ -9,7 +9,7 @@ from bob import config
 from bob.backends import registry
 from bob.config import Hyper
 from bob.errors import BadInput
-from bob.program.bob import BobConfig
+from bob.program.bob import BobConfig, typical_pairs
 
 SCHEDULE_OPTION = click.option(
     "--schedule", type=click.Choice(config.SCHEDULES), default=config.SCHEDULES[0],
@@ -116,6 +116,8 @@ def hyper_options(function):
 
 def config_from(vocab: int, prompts: int, updates: int, mode: str, schedule: str = "seed",
                 submission: str = config.DEFAULT_SUBMISSION_POLICY) -> BobConfig:
+    """A configuration from the options; corpus mode with a typical K (no corpus given)."""
     return BobConfig(vocab=vocab, prompts=prompts, updates=updates,  # type: ignore[arg-type]
                      mode=mode, schedule=schedule,  # type: ignore[arg-type]
-                     submission=submission)  # type: ignore[arg-type]
+                     submission=submission,  # type: ignore[arg-type]
+                     pairs=typical_pairs(vocab) if mode == "corpus" else 0)

@@ -123,10 +123,10 @@ def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper()
     targets = np.random.default_rng(TARGET_SEED).integers(0, vocab, vocab, dtype=np.uint32)
     if bob_config.mode == "hard":
         record = InputRecord.hard(targets, (), source="profile targets")
-    else:  # corpus mode: the same transitions as weights, one per row
-        weights = np.zeros((vocab, vocab), np.float32)
-        weights[np.arange(vocab), targets] = 1.0
-        record = InputRecord.corpus(weights, (), source="profile weights")
+    else:  # corpus mode: the plan's K random pairs
+        from bob.host.check import random_record
+
+        record = random_record(bob_config, TARGET_SEED)
     with Session(replace(choice, opener=open_timed), hyper) as session:
         plan = session.plan_for(bob_config)
         session.invoke(bob_config, Checkpoint.zeros(vocab, hyper, bob_config.mode), record,

@@ -6,7 +6,6 @@ import json
 import math
 import os
 import sys
-import time
 
 import click
 from rich.console import Console
@@ -94,7 +93,7 @@ def _byte_text(value: int) -> str:
 @ARENA_OPTION
 @click.option("--updates-per-invocation", "-N", type=click.IntRange(1, MAX_UPDATES),
               default=api.DEFAULT_UPDATES_PER_INVOCATION, show_default=True,
-              help="Updates in one plan; a checkpoint is written after each invocation.")
+              help="Updates in one plan; checkpoints are saved at an invocation's end.")
 @hyper_options
 @click.option("--result", "result_path", type=click.Path(dir_okay=False),
               help="Write the last invocation's result record here.")
@@ -108,11 +107,21 @@ def _byte_text(value: int) -> str:
 @click.option("--val-tokens", multiple=True, help="Validation token file (repeatable).")
 @click.option("--val-counts", type=click.Path(dir_okay=False),
               help="Validation counts file from `bob count`.")
+@click.option("--save-every", "save_every_seconds", type=click.FloatRange(min=0, min_open=True),
+              default=None, metavar="SECONDS",
+              help="Save the checkpoint at the first invocation's end this long after the last "
+                   "save (default: every invocation up to a 256 MiB checkpoint, else every "
+                   "600 s; always at the end).")
+@click.option("--save-every-updates", type=click.IntRange(1), default=None, metavar="K",
+              help="Save the checkpoint at the first invocation's end K updates after the "
+                   "last save.")
 def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, backend, arch,
           arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path,
           schedule, as_json, tokens, vocab, token_dtype, counts_file, val_texts, val_tokens,
-          val_counts, submission) -> None:
-    """Train the bigram table with AdamW, a checkpoint after every invocation."""
+          val_counts, submission, save_every_seconds, save_every_updates) -> None:
+    """Train the bigram table with AdamW: invocations of -N updates, the checkpoint saved as
+    --save-every/--save-every-updates say and at the end; the first Ctrl-C (or SIGTERM)
+    finishes the invocation in flight and saves it, a second stops at once."""
     Hyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)  # checks them
     if texts and input_record is not None:  # the API says it in its words; here in flags
         raise BadInput("give either --text files or an --input record, not both")
@@ -126,7 +135,8 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
         overwrite=overwrite, arch=arch, arena=arena, result_path=result_path,
         schedule=schedule, data_spec=_spec(tokens, vocab, token_dtype, counts_file),
         val_spec=_spec(val_tokens, None, token_dtype, val_counts, val_texts),
-        submission=submission)
+        submission=submission, save_every_seconds=save_every_seconds,
+        save_every_updates=save_every_updates)
     errors = _err_console()
     progress = Progress(TextColumn("[bold]training"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} updates"),
@@ -134,7 +144,7 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
                         console=errors, transient=True, disable=not errors.is_terminal)
     with progress:
         task = progress.add_task("train", total=steps, loss="-")
-        log = InvocationLog(errors) if not errors.is_terminal else None
+        log = InvocationLog(errors, steps) if not errors.is_terminal else None
 
         def advance(invocation, done) -> None:
             progress.update(task, completed=done, loss=f"{invocation.loss:.6f}")
@@ -156,21 +166,36 @@ def _stated_hyper(context: click.Context, values: dict[str, float]) -> dict[str,
 
 
 class InvocationLog:
-    """Without a terminal (nohup, CI): one plain line per invocation, as nanoGPT prints."""
+    """Without a terminal (nohup, CI): one plain line per invocation, as nanoGPT prints:
+    `update 200: loss 3.810000, val 3.950000, 14.600 ms/update, ETA 1m12s`. The rate is
+    the invocation's own (its device time in a pipeline, `Invocation.seconds`); the ETA
+    the run's mean rate so far times the updates left."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, steps: int) -> None:
         self.console = console
-        self.last = time.perf_counter()
+        self.steps = steps
         self.done = 0
+        self.seconds = 0.0  # the invocations' own time so far
 
     def line(self, invocation, done: int) -> None:
-        now = time.perf_counter()
-        seconds, self.last = now - self.last, now
         updates, self.done = max(done - self.done, 1), done
-        rate = updates / seconds if seconds > 0 else math.inf
-        self.console.print(f"update {invocation.checkpoint.step}: loss {invocation.loss:.6f}, "
-                           f"{1000 * seconds / updates:.3f} ms/update, {rate:,.1f} updates/s",
+        self.seconds += invocation.seconds
+        val = "" if invocation.validation is None else f", val {invocation.validation[1]:.6f}"
+        left = max(self.steps - done, 0) * self.seconds / max(done, 1)
+        self.console.print(f"update {invocation.state.step}: loss {invocation.loss:.6f}{val}, "
+                           f"{1000 * invocation.seconds / updates:.3f} ms/update, "
+                           f"ETA {_duration(left)}",
                            markup=False, highlight=False, soft_wrap=True)
+
+
+def _duration(seconds: float) -> str:
+    """1h02m, 1m12s, 9s."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _table_console(console: Console | None) -> Console:
@@ -257,16 +282,16 @@ def _predict_ids(checkpoint, prompts, backend, as_json) -> None:
 @click.option("--prompt", "-p", help="Text to continue.")
 @click.option("--ids", "id_prompt", help='Token ids to continue, e.g. "464 3290 318".')
 @click.option("--length", "-n", type=click.IntRange(0, 10_000_000), default=200,
-              show_default=True, help="Bytes to generate.")
+              show_default=True, help="Bytes (tokens, with --ids) to generate.")
 @click.option("--temperature", "-t", type=click.FloatRange(0), default=0.0, show_default=True,
               help="0 is greedy; above 0 samples.")
 @click.option("--top-k", "-k", type=click.IntRange(1), default=None,
-              help="Sample only from the K most likely next bytes (default: all).")
+              help="Sample only from the K most likely next bytes or tokens (default: all).")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
               help="Sampling seed: the same seed gives the same text on every backend.")
 @click.option("--raw", is_flag=True,
               help="Write the prompt and the generated bytes unchanged (no UTF-8 decoding, "
-                   "no newline).")
+                   "no newline; with --ids the ids, no newline).")
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True,
               help="Print the prompt and the continuation as JSON (text and byte values).")
@@ -279,8 +304,14 @@ def generate(checkpoint, prompt, id_prompt, length, temperature, top_k, seed, ra
         raise click.UsageError("--raw and --json are two ways to print: choose one")
     if id_prompt is not None:
         ids = _ids(id_prompt)
-        more = api.generate_ids(checkpoint, ids, length, temperature, seed, backend)
-        click.echo(json.dumps({"ids": ids + more}) if as_json else " ".join(map(str, ids + more)))
+        more = api.generate_ids(checkpoint, ids, length, temperature, seed, backend, top_k)
+        if as_json:
+            click.echo(json.dumps({"ids": ids + more}))
+        elif raw:  # the ids alone, one line, nothing else
+            sys.stdout.write(" ".join(map(str, ids + more)))
+            sys.stdout.flush()
+        else:
+            click.echo(" ".join(map(str, ids + more)))
         return
     prompt_bytes = os.fsencode(prompt)
     text = api.generate(checkpoint, prompt_bytes, length, temperature, seed, backend, top_k)
@@ -393,4 +424,16 @@ def _check_plot_directory(out_dir: str, targets) -> None:
             raise BadInput(f"{path}: is a directory, not a PNG file")
 
 
-COMMANDS = (train, predict, generate, eval_, plot)
+@click.command(name="export")
+@_CHECKPOINT
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False),
+              help="The parameters file to write (safetensors).")
+@click.option("--overwrite", is_flag=True, help="Replace the file if it exists.")
+def export(checkpoint, out, overwrite) -> None:
+    """Write the parameters alone (a third of the checkpoint) as safetensors: one F32 [V, V]
+    tensor, `parameters`, streamed from the checkpoint."""
+    size = api.export(checkpoint, out, overwrite)
+    click.echo(f"{out}: parameters of {checkpoint} ({size:,} bytes)")
+
+
+COMMANDS = (train, predict, generate, eval_, plot, export)

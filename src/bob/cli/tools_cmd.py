@@ -11,8 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from bob.backends.registry import BACKENDS, STREAM_BACKENDS, resolve_submission
+from bob.cli.options import config_from
 from bob.config import MAX_UPDATES
-from bob.program.bob import BobConfig
 
 from .options import (
     MODE_OPTION,
@@ -57,8 +57,8 @@ def check(backends, vocab, prompts, updates_per_invocation, steps, mode, arch, s
     from bob.host.check import differential_check
 
     pair = _backend_pair(backends)
-    config = BobConfig(vocab=vocab, prompts=prompts, updates=updates_per_invocation, mode=mode,
-                       schedule=schedule, submission=resolve_submission(submission, *pair))
+    config = config_from(vocab, prompts, updates_per_invocation, mode, schedule,
+                         resolve_submission(submission, *pair))
     report = differential_check(pair, config, steps, seed=seed, arch=arch)
     if as_json:
         click.echo(json.dumps({

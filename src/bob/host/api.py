@@ -22,6 +22,7 @@ from bob.host.data import CorpusSpec, CountReport, TrainingData, count, training
 from bob.host.inference import (
     EvalReport,
     evaluate,
+    export,
     generate,
     generate_ids,
     predict,
@@ -39,14 +40,14 @@ from bob.host.training import (
 __all__ = [
     "DEFAULT_CHECKPOINT", "DEFAULT_UPDATES_PER_INVOCATION", "CorpusSpec", "CountReport",
     "EvalReport", "Progress", "TrainReport", "TrainRequest", "TrainingData", "count",
-    "evaluate", "generate", "generate_ids", "predict", "predict_ids", "run_training", "train",
-    "training_data",
+    "evaluate", "export", "generate", "generate_ids", "predict", "predict_ids", "run_training",
+    "train", "training_data",
 ]
 
 
 def train(texts: Sequence[str] | None = None, *, progress: Progress | None = None,
           **fields: Any) -> TrainReport:
     """``run_training(TrainRequest(texts=texts, **fields), progress)``: train for `steps`
-    updates, saving the checkpoint after every invocation (`TrainRequest` names and checks
-    the fields)."""
+    updates, saving the checkpoint as `training.SavePolicy` says (`TrainRequest` names and
+    checks the fields)."""
     return run_training(TrainRequest(texts=texts, **fields), progress)

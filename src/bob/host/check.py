@@ -13,13 +13,36 @@ import numpy as np
 from bob.backends import Backend, choose_backend
 from bob.config import DEFAULT_TARGET
 from bob.host.session import Session, split_updates
-from bob.program.bob import HEALTH_TENSOR, TENSOR_NAMES, BobConfig, Hyper
+from bob.plan.model import Plan
+from bob.program.bob import (
+    HEALTH_TENSOR,
+    TENSOR_NAMES,
+    VALIDATION_INITIAL_LOSS,
+    VALIDATION_INPUT,
+    VALIDATION_LOSS,
+    VALIDATION_WEIGHTS,
+    WEIGHTS_TENSOR,
+    BobConfig,
+    Hyper,
+)
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
 
 _DTYPES = {"f32": np.float32, "u32": np.uint32, "u8": np.uint8}
-# The seed's nine tensors and the health check's counts: every tensor a kernel writes.
+# The seed's nine tensors and the health check's counts: every tensor a kernel writes in
+# hard mode, and the inputs.
 COMPARED = (*TENSOR_NAMES, HEALTH_TENSOR)
+# What corpus mode adds to them: the tables the scatters write, the validation input and
+# the validation losses.
+CORPUS_COMPARED = (WEIGHTS_TENSOR, VALIDATION_INPUT, VALIDATION_WEIGHTS,
+                   VALIDATION_INITIAL_LOSS, VALIDATION_LOSS)
+
+
+def compared_tensors(plan: Plan) -> tuple[str, ...]:
+    """The tensors a check compares in `plan`: COMPARED and those of CORPUS_COMPARED it has
+    (the fused schedule's AdamW scalars are the host's, the same on every backend)."""
+    names = {tensor.name for tensor in plan.tensors}
+    return (*TENSOR_NAMES, *(name for name in CORPUS_COMPARED if name in names), HEALTH_TENSOR)
 
 
 @dataclass(frozen=True)
@@ -65,7 +88,7 @@ def first_difference(plan_tensor, a: bytes, b: bytes, invocation: int) -> Differ
 
 
 def compare_backends(left: Backend, right: Backend, invocation: int) -> Difference | None:
-    for name in COMPARED:
+    for name in compared_tensors(left.plan):
         difference = first_difference(left.plan.tensor(name), left.read_tensor(name),
                                       right.read_tensor(name), invocation)
         if difference is not None:
@@ -74,15 +97,17 @@ def compare_backends(left: Backend, right: Backend, invocation: int) -> Differen
 
 
 def random_record(config: BobConfig, seed: int) -> InputRecord:
-    """Input for a check: random targets, or random corpus weights, and prompts."""
+    """Input for a check: random targets, or `config.pairs` random corpus pairs (the first
+    cell always among them) with weights from counts 1 .. 49, and prompts."""
     rng = np.random.default_rng(seed)
     v = config.vocab
     prompts = rng.integers(0, v, config.prompts, dtype=np.uint32)
     if config.mode == "hard":
         return InputRecord.hard(rng.integers(0, v, v, dtype=np.uint32), prompts, source="check")
-    counts = rng.integers(0, 50, (v, v)).astype(np.float64) * (rng.random((v, v)) < 0.2)
-    counts[0, 0] += 1
-    return InputRecord.corpus((counts / counts.sum()).astype(np.float32), prompts,
+    keys = np.unique(np.concatenate([[0], rng.choice(v * v, config.pairs, replace=False)]))
+    keys = keys[:config.pairs].astype(np.uint64)
+    counts = rng.integers(1, 50, keys.size).astype(np.float64)
+    return InputRecord.sparse(v, keys, (counts / counts.sum()).astype(np.float32), prompts,
                               source="check")
 
 
@@ -103,8 +128,9 @@ def differential_check(backend_names: tuple[str, str], config: BobConfig, steps:
                 states[i] = session.invoke(step_config, states[i], record, operation).checkpoint
             backends = [session.last_backend for session in sessions]
             difference = compare_backends(backends[0], backends[1], number)
-            compared += len(COMPARED)
-            bytes_compared += sum(backends[0].plan.tensor(n).bytes for n in COMPARED)
+            names = compared_tensors(backends[0].plan)
+            compared += len(names)
+            bytes_compared += sum(backends[0].plan.tensor(n).bytes for n in names)
             if difference is not None:
                 return CheckReport(backend_names, number + 1, compared, bytes_compared,
                                    difference)

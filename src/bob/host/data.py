@@ -6,8 +6,9 @@
 
 Corpus data reaches the device through its V x V transition counts: text files, token
 files or a counts file (`CorpusSpec`) are counted by the streamed engine
-(``bob.records.counting``, or a Dask cluster) and become the weights of an input record.
-A hard-target input record is read as it is.
+(``bob.records.counting``, or a Dask cluster) and become the sparse weights of an input
+record: its K pairs, never a V x V table on the host. A hard-target input record is read
+as it is.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from bob.config import MAX_VOCAB
 from bob.errors import BadInput
 from bob.records import corpus, counting, sources
 from bob.records.binary import InputRecord
-from bob.records.countsfile import CountsFile, table_weights
+from bob.records.countsfile import CountsFile
+from bob.records.digest import weights_of
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,14 @@ def count_corpus(spec: CorpusSpec, workers: int | None = None,
 
 
 def corpus_record(counted: CountsFile, description: str) -> InputRecord:
-    """The corpus-mode input record of counts the device table can hold."""
+    """The corpus-mode input record of counts the device table can hold: the K pairs that
+    were counted and their weights C / N (each formed as `corpus.weights` forms it)."""
     if counted.vocab > MAX_VOCAB:
         raise BadInput(f"{description}: V={counted.vocab} is above the largest table Bob "
                        f"trains (V={MAX_VOCAB})")
-    return InputRecord.corpus(table_weights(counted.counts), (), source=description)
+    keys, values = counted.counts.pairs()
+    return InputRecord.sparse(counted.vocab, keys, weights_of(values, counted.transitions),
+                              (), source=description)
 
 
 def require_one_source(texts: Sequence[str] | None, input_record: str | None,
@@ -118,8 +123,8 @@ def training_data(texts: Sequence[str] | None = None, input_record: str | None =
                   admit: Callable[[int], None] | None = None) -> TrainingData:
     """The training data: text files (corpus mode), an input record, or the built-in corpus.
 
-    `admit(V)` runs once V is known from counts, before their V x V weights are built
-    (10 GiB at V = 50257): a refusal there costs nothing.
+    `admit(V)` runs once V is known, before the data is counted where it can be (token
+    files name V) and before any record is built: a refusal there costs nothing.
     """
     require_one_source(texts, input_record, spec)
     admit = admit or (lambda vocab: None)
@@ -162,8 +167,8 @@ def replace_prompts(record: InputRecord, prompts: Sequence[int]) -> InputRecord:
     if record.mode == "hard":
         return InputRecord(mode="hard", vocab=record.vocab, targets=record.targets,
                            prompts=prompts_array, source=record.source)
-    return InputRecord(mode="corpus", vocab=record.vocab, weights=record.weights,
-                       prompts=prompts_array, source=record.source)
+    return InputRecord(mode="corpus", vocab=record.vocab, keys=record.keys,
+                       values=record.values, prompts=prompts_array, source=record.source)
 
 
 @dataclass(frozen=True)

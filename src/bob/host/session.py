@@ -3,24 +3,30 @@
 One invocation = one plan run on one backend, as its layout says
 (``bob.program.invocation``):
 
-1. build the plan for (V, P, N, mode, schedule) and certify it (refusing it otherwise);
-2. load the checkpoint's tables and the input payload into the arena, and clear what a
-   request may leave unwritten or adds to;
+1. build the plan for (V, P, N, mode, schedule; K and K_val pairs in corpus mode) and
+   certify it (refusing it otherwise);
+2. load the starting point's tables into the arena (a checkpoint in memory, a checkpoint
+   file streamed in chunks, or zeros cleared on the device: no V x V table need be on the
+   host), the input payload and the validation input, and clear what a request may leave
+   unwritten or adds to;
 3. give each update its AdamW scalars (global step t = checkpoint step + k + 1), written
    as a tensor's rows or patched into launches: the layout says which;
-4. submit: the forward submissions only (predict) or all of them (train);
-5. read back the result record, the health check's counts (24 bytes: is every
-   table still finite?) and the new checkpoint.
+4. submit: the load submissions (the scatters) when the inputs were just written, then the
+   forward submissions only (predict) or all of them (train);
+5. read back the result record, the validation losses, the health check's counts (24
+   bytes: is every table still finite?) and, when the caller wants the state on the host,
+   the new tables.
 
-Resident state: the session remembers which checkpoint each arena holds (the
+Resident state: the session remembers which starting point each arena holds (the
 one its last invocation produced there, by identity). An invocation from
-exactly that checkpoint skips step 2's tables: it writes the input only when
-the record changed, and clears only what the layout clears for a resident arena.
+exactly that state skips step 2's tables: it writes the inputs only when a
+record changed, and clears only what the layout clears for a resident arena.
 
-Long training runs as several invocations, a checkpoint after each, as a
-pipeline (`train`): invocation k's tables are read back while invocation k+1
-runs (``Backend.begin_read``), and the caller's `after_invocation` (the training
-driver saves the checkpoint on a background writer) runs meanwhile.
+Long training runs as several invocations as a pipeline (`train`): invocation k's
+result record (and its tables, where asked for) is read back while invocation k+1 runs
+(``Backend.begin_read``), and the caller's `after_invocation` runs meanwhile; where the
+caller asks for k's state in the arena itself (`holds_state`), k+1 waits until the
+callback is done (a streamed checkpoint save reads the tables from the arena).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -36,25 +43,44 @@ import numpy as np
 
 from bob.backends import Backend, BackendChoice
 from bob.backends.base import ReadHandle
+from bob.config import CHECKPOINT_TENSORS
 from bob.errors import RunFailure
 from bob.plan.certificate import require_certified
 from bob.plan.model import Plan
 from bob.program.bob import BobConfig, Hyper, adam_scalar_table, build_plan
-from bob.program.invocation import ScalarRows, invocation_layout, plan_config
+from bob.program.invocation import InvocationLayout, ScalarRows, invocation_layout, plan_config
 from bob.records.binary import InputRecord, ResultRecord
-from bob.records.checkpoint import Checkpoint
+from bob.records.checkpoint import (
+    CHUNK_BYTES,
+    Checkpoint,
+    StartingPoint,
+    TableSink,
+    TrainingState,
+)
 
 Operation = Literal["predict", "train"]
+# Where an invocation starts from: a checkpoint in host memory, or a state whose tables
+# are a file's or zeros.
+Start = Checkpoint | StartingPoint
 
 
 @dataclass(frozen=True)
 class Invocation:
     """What one invocation produced."""
 
-    checkpoint: Checkpoint
+    # The state after it, with its tables when they were read back (else None: they are in
+    # the arena, `state` says where the run stands).
+    checkpoint: Checkpoint | None
     result: ResultRecord
     initial_loss: float  # the objective before the first update
     loss: float  # the objective after the last update (the initial loss when predicting)
+    state: TrainingState | None = None
+    # The validation losses of the starting and of the trained table, where the program
+    # validates (the trained one is the starting one's when predicting).
+    validation: tuple[float, float] | None = None
+    # Its own time: the host's part of its start, then its wait once the work before it
+    # was done (a pipelined invocation's device time, not the one it ran beside).
+    seconds: float = 0.0
 
 
 # AdamW rows computed at once for a training run's coming invocations: NumPy's per-call
@@ -70,12 +96,14 @@ def _bytes_view(array: np.ndarray) -> np.ndarray:
 
 @dataclass(eq=False)
 class _Arena:
-    """What one backend's arena holds: the tables after `step` (the checkpoint object
-    once it is read back, None before) and the input record last written."""
+    """What one backend's arena holds: the tables after `step` (the starting point's
+    object once it is known on the host, None before) and the input records last
+    written."""
 
     step: int | None = None  # None: the tables are not a known state
-    checkpoint: Checkpoint | None = None
+    checkpoint: Start | None = None
     record: InputRecord | None = None
+    validation: InputRecord | None = None
     pending: Running | None = None  # the last invocation started here, until settled
 
 
@@ -85,16 +113,19 @@ class Running:
 
     config: BobConfig
     backend: Backend
-    start: Checkpoint  # the state it began from (its metadata is the result's)
+    start: Start  # the state it began from (its metadata is the result's)
     first_step: int  # the step the tables were at before it
     operation: Operation
     arena: _Arena
+    tables: bool = True  # whether its read brings the tables back to the host
+    starting: float = 0.0  # perf_counter before its start, and after it
+    started: float = 0.0
 
 
 @dataclass(eq=False)
 class Settled:
     """An invocation done on the device: its result record read and its loss checked; the
-    tables on their way to the host (`tables`), None when predicting."""
+    tables on their way to the host (`tables`), None when predicting or not asked for."""
 
     running: Running
     result: ResultRecord
@@ -102,6 +133,8 @@ class Settled:
     loss: float
     tables: ReadHandle | None = None
     invocation: Invocation | None = field(default=None)
+    validation: tuple[float, float] | None = None
+    seconds: float = 0.0  # Invocation.seconds
 
 
 def _require_finite_loss(initial: float, final: float, step: int) -> None:
@@ -120,6 +153,8 @@ class Session:
         self._open: dict[BobConfig, tuple[Plan, Backend]] = {}
         self._arenas: dict[BobConfig, _Arena] = {}
         self.last_backend: Backend | None = None  # the arena of the latest invocation
+        self._last_arena: _Arena | None = None
+        self._last_settled = 0.0  # perf_counter when the last invocation settled
         # AdamW rows computed ahead for later invocations of a training run: (first
         # step, rows), or None.
         self._scalar_rows: tuple[int, np.ndarray] | None = None
@@ -136,17 +171,24 @@ class Session:
             self._arenas[config] = _Arena()
         return self._open[config]
 
-    def holds(self, config: BobConfig, checkpoint: Checkpoint) -> bool:
-        """Whether the arena for `config` holds exactly this checkpoint's tables."""
+    def holds(self, config: BobConfig, checkpoint: Start) -> bool:
+        """Whether the arena for `config` holds exactly this starting point's tables."""
         arena = self._arenas.get(self._key(config, "train"))
         return (arena is not None and arena.checkpoint is checkpoint
-                and arena.step == checkpoint.step)
+                and arena.step == state_of(checkpoint).step)
 
     def close(self) -> None:
         for _, backend in self._open.values():
             backend.close()
         self._open.clear()
         self._arenas.clear()
+
+    def release(self, keep: BobConfig | None = None) -> None:
+        """Close every arena but `keep`'s (its device memory freed for another plan)."""
+        for config in [c for c in self._open if c != keep]:
+            _, backend = self._open.pop(config)
+            self._arenas.pop(config, None)
+            backend.close()
 
     def __enter__(self) -> Session:
         return self
@@ -158,25 +200,30 @@ class Session:
     def _key(config: BobConfig, operation: Operation) -> BobConfig:
         return replace(config, updates=0) if operation == "predict" else config
 
-    def invoke(self, config: BobConfig, checkpoint: Checkpoint, record: InputRecord,
-               operation: Operation) -> Invocation:
-        return self.finish(self.settle(self.begin(config, checkpoint, record, operation)))
+    def invoke(self, config: BobConfig, checkpoint: Start, record: InputRecord,
+               operation: Operation, *, validation: InputRecord | None = None) -> Invocation:
+        return self.finish(self.settle(self.begin(config, checkpoint, record, operation,
+                                                  validation=validation)))
 
     # -- one invocation in three steps, so that train can overlap them ------------------
-    def begin(self, config: BobConfig, checkpoint: Checkpoint, record: InputRecord,
-              operation: Operation, *, ahead: int = 0) -> Running:
+    def begin(self, config: BobConfig, checkpoint: Start, record: InputRecord,
+              operation: Operation, *, ahead: int = 0,
+              validation: InputRecord | None = None, tables: bool = True) -> Running:
         """Load what the arena lacks, write the scalars, start the submissions.
 
         `ahead`: how many updates follow in later invocations of the same run, whose
-        AdamW rows may be computed now with this one's (fewer, larger NumPy calls)."""
+        AdamW rows may be computed now with this one's (fewer, larger NumPy calls).
+        `validation`: the validation record, where `config` validates. `tables`: whether
+        settling it brings the trained tables back to the host."""
         config = self._key(config, operation)
         resident = self.holds(config, checkpoint)
         plan, backend = self._backend_for(config)
-        return self._start(config, plan, backend, checkpoint, checkpoint.step, record,
-                           operation, resident, ahead)
+        return self._start(config, plan, backend, checkpoint, state_of(checkpoint).step,
+                           record, validation, operation, resident, ahead, tables)
 
     def begin_after(self, previous: Running, config: BobConfig, record: InputRecord, *,
-                    ahead: int = 0) -> Running:
+                    ahead: int = 0, validation: InputRecord | None = None,
+                    tables: bool = True) -> Running:
         """Start training from the state `previous` leaves in its arena, before it is read
         back or even done: the backend runs the two in order, and `read_after(previous)`,
         queued first, still gives previous's state.
@@ -185,8 +232,8 @@ class Session:
         if not self.continues(previous, config):
             raise ValueError("begin_after needs the arena the previous invocation ran in")
         return self._start(config, *self._backend_for(config), previous.start,
-                           previous.first_step + previous.config.updates, record, "train",
-                           True, ahead)
+                           previous.first_step + previous.config.updates, record, validation,
+                           "train", True, ahead, tables)
 
     def continues(self, previous: Running, config: BobConfig) -> bool:
         """Whether `config` trains in the arena `previous` leaves its state in."""
@@ -196,37 +243,57 @@ class Session:
                 and (arena.pending is previous
                      or (arena.pending is None and arena.step == end)))
 
-    def _start(self, config: BobConfig, plan: Plan, backend: Backend, start: Checkpoint,
-               first_step: int, record: InputRecord, operation: Operation,
-               resident: bool, ahead: int = 0) -> Running:
+    def _start(self, config: BobConfig, plan: Plan, backend: Backend, start: Start,
+               first_step: int, record: InputRecord, validation: InputRecord | None,
+               operation: Operation, resident: bool, ahead: int = 0,
+               tables: bool = True) -> Running:
+        layout = invocation_layout(config)
+        _require_inputs(config, record, validation)
+        starting = time.perf_counter()
         self.last_backend = backend
-        arena = self._arenas[config]
+        arena = self._last_arena = self._arenas[config]
         held = arena.checkpoint if resident else None
         arena.step = arena.checkpoint = None  # in flux until the invocation settles
-        if resident:  # the input where it changed, the scalars and the clears: one batch
-            layout = invocation_layout(config)
-            changed = [] if record is arena.record else [(layout.input, record.payload())]
-            self._write_and_clear(backend, [*changed, *self.update_scalar_writes(
-                config, backend, first_step + 1, ahead)], layout.cleared_when_resident)
+        inputs = self.input_writes(layout, record, validation)
+        if resident:  # the inputs where they changed, the scalars and the clears: one batch
+            fresh = record is not arena.record or validation is not arena.validation
+            self._write_and_clear(backend, [*(inputs if fresh else []),
+                                            *self.update_scalar_writes(config, backend,
+                                                                       first_step + 1, ahead)],
+                                  (*layout.cleared_when_resident,
+                                   *(layout.input_tables if fresh else ())))
         else:
-            arena.record = None
-            self.load(backend, start, record)
+            arena.record = arena.validation = None
+            fresh = True
+            self.load(backend, start, record, validation, forward=operation == "predict")
             backend.write_tensors(self.update_scalar_writes(config, backend, first_step + 1,
                                                             ahead))
-        arena.record = record
-        submissions = plan.submission_count if operation == "train" else plan.forward_submissions
-        backend.start(range(submissions))
-        running = Running(config, backend, start, first_step, operation, arena)
+        arena.record, arena.validation = record, validation
+        first = 0 if fresh else layout.load_submissions
+        last = plan.submission_count if operation == "train" else plan.forward_submissions
+        backend.start(range(first, last))
+        running = Running(config, backend, start, first_step, operation, arena, tables,
+                          starting, time.perf_counter())
         arena.pending = running
         if operation == "predict":  # forward launches leave the tables as they were
             arena.step, arena.checkpoint = first_step, held
         return running
 
+    @staticmethod
+    def input_writes(layout: InvocationLayout, record: InputRecord,
+                     validation: InputRecord | None) -> list[tuple[str, bytes]]:
+        """The input and, where the program validates, the validation input."""
+        writes = [(layout.input, record.payload())]
+        if layout.validation_input is not None and validation is not None:
+            writes.append((layout.validation_input, validation.payload()))
+        return writes
+
     def read_after(self, running: Running) -> ReadHandle:
         """Queue the read of all that settling `running` needs (the result record, the
-        health counts, the tables when it trained): later submissions do not change it."""
+        validation losses, the health counts and the tables when it trained and they are
+        wanted): later submissions do not change it."""
         layout = invocation_layout(running.config)
-        return running.backend.begin_read(layout.reads(_trains(running)))
+        return running.backend.begin_read(layout.reads(_trains(running), running.tables))
 
     def abandon(self, running: Running) -> None:
         """`running` will not be settled (an earlier invocation failed): let it finish and
@@ -243,42 +310,68 @@ class Session:
         config = running.config
         layout = invocation_layout(config)
         got = (read or self.read_after(running)).wait()
+        settled_at = time.perf_counter()
+        seconds = (running.started - running.starting
+                   + settled_at - max(running.started, self._last_settled))
+        self._last_settled = settled_at
         result = ResultRecord.from_arena(
             config.mode, config.vocab, **{name: got[name] for name in layout.results})
         initial = result.initial_objective
+        validation = None
+        if layout.validation_losses is not None:
+            start, trained = (ResultRecord.objective("corpus", got[name].view(np.float32))
+                              for name in layout.validation_losses)
+            validation = (start, trained if _trains(running) else start)
         if running.arena.pending is running:
             running.arena.pending = None
         if not _trains(running):
-            return Settled(running, result, initial, initial)
+            return Settled(running, result, initial, initial, validation=validation,
+                           seconds=seconds)
         final = result.training_objective
         step = running.first_step + config.updates
         _require_finite_loss(initial, final, step)
         require_finite_counts(got[layout.health], step)
         if running.arena.step is None and running.arena.pending is None:
             running.arena.step = step  # nothing started after it: the arena holds its state
-        tables = ReadHandle({name: got[name] for name in layout.checkpoint})
-        return Settled(running, result, initial, final, tables)
+        tables = ReadHandle({name: got[name] for name in layout.checkpoint}) \
+            if running.tables else None
+        return Settled(running, result, initial, final, tables, validation=validation,
+                       seconds=seconds)
 
     def finish(self, settled: Settled) -> Invocation:
         """The tables read back and checked: the invocation's checkpoint."""
         if settled.invocation is not None:
             return settled.invocation
         running = settled.running
-        if settled.tables is None:
-            invocation = Invocation(running.start, settled.result, settled.initial_loss,
-                                    settled.loss)
+        start = state_of(running.start)
+        if not _trains(running):
+            checkpoint = running.start if isinstance(running.start, Checkpoint) else None
+            invocation = Invocation(checkpoint, settled.result, settled.initial_loss,
+                                    settled.loss, start, settled.validation, settled.seconds)
         else:
             step = running.first_step + running.config.updates
-            v = running.config.vocab
-            tables = {name: _table(data, v) for name, data in settled.tables.wait().items()}
-            trained = replace(running.start, step=step, **tables)
+            state = replace(start, step=step)
+            trained = None
+            if settled.tables is not None:
+                v = running.config.vocab
+                tables = {name: _table(data, v) for name, data in settled.tables.wait().items()}
+                trained = Checkpoint.of(state, *(tables[name] for name in CHECKPOINT_TENSORS))
             invocation = Invocation(trained, settled.result, settled.initial_loss,
-                                    settled.loss)
+                                    settled.loss, state, settled.validation, settled.seconds)
             arena = running.arena
-            if arena.step == step and arena.checkpoint is None and arena.record is not None:
+            if trained is not None and arena.step == step and arena.checkpoint is None \
+                    and arena.record is not None:
                 arena.checkpoint = trained  # still the arena's state: the next may start here
         settled.invocation = invocation
         return invocation
+
+    def stream_tables(self, step: int, sink: TableSink, chunk_bytes: int = CHUNK_BYTES) -> None:
+        """The tables the latest invocation left in its arena, the state after `step`
+        updates, to `sink` in pieces (a streamed save): nothing may run there now."""
+        arena, backend = self._last_arena, self.last_backend
+        if arena is None or backend is None or arena.pending is not None or arena.step != step:
+            raise ValueError(f"the arena does not hold the state after step {step}")
+        backend.stream_read(CHECKPOINT_TENSORS, sink, chunk_bytes)
 
     def write_update_scalars(self, config: BobConfig, backend: Backend, first_step: int) -> None:
         """Update k's AdamW scalars, for global step first_step + k, where the plan reads them."""
@@ -313,14 +406,27 @@ class Session:
         return rows[:updates]
 
     @staticmethod
-    def load(backend: Backend, checkpoint: Checkpoint, record: InputRecord) -> None:
-        """The checkpoint's tables and the input into the arena, and the tensors a load
-        clears zeroed (the layout of the backend's plan)."""
+    def load(backend: Backend, start: Start, record: InputRecord,
+             validation: InputRecord | None = None, *, forward: bool = False) -> None:
+        """The starting point's tables (a checkpoint's arrays, a file's chunks, or zeros
+        cleared on the device) and the inputs into the arena, and the tensors a load clears
+        zeroed (the layout of the backend's plan). With `forward` (a forward invocation:
+        no launch reads a moment) only the parameters are loaded, the moments cleared."""
         layout = invocation_layout(plan_config(backend.plan))
-        for name in layout.checkpoint:
-            backend.write_tensor(name, _bytes_view(getattr(checkpoint, name)))
-        backend.write_tensor(layout.input, record.payload())
-        Session._write_and_clear(backend, [], layout.cleared_on_load)
+        loaded = layout.checkpoint[:1] if forward else layout.checkpoint
+        if isinstance(start, Checkpoint):
+            for name in loaded:
+                backend.write_tensor(name, _bytes_view(getattr(start, name)))
+        elif start.source is not None:
+            start.source.deliver(
+                lambda name, offset, data: backend.write_tensor(name, data, offset),
+                names=loaded)
+        else:
+            backend.clear_tensors(loaded)
+        backend.clear_tensors(layout.checkpoint[len(loaded):])
+        for name, data in Session.input_writes(layout, record, validation):
+            backend.write_tensor(name, data)
+        Session._write_and_clear(backend, [], (*layout.cleared_on_load, *layout.input_tables))
 
     @staticmethod
     def _write_and_clear(backend: Backend, writes: list[tuple[str, bytes]],
@@ -334,16 +440,48 @@ class Session:
                                           for name in small)])
         backend.clear_tensors([name for name in cleared if name not in small])
 
-    def collect(self, config: BobConfig, backend: Backend, checkpoint: Checkpoint,
+    def collect(self, config: BobConfig, backend: Backend, checkpoint: Start,
                 operation: Operation) -> Invocation:
         """The invocation just run on `backend` from `checkpoint`: results, checks, tables."""
-        running = Running(config, backend, checkpoint, checkpoint.step, operation, _Arena())
+        running = Running(config, backend, checkpoint, state_of(checkpoint).step, operation,
+                          _Arena())
         return self.finish(self.settle(running))
 
 
 @functools.lru_cache(maxsize=16)
 def _small_zeros(size: int) -> bytes:
     return bytes(size)
+
+
+def _next_start(last: Invocation, reload: Callable[[Invocation], Start] | None) -> Start:
+    """Where the invocation after `last` starts when it needs another arena."""
+    if reload is not None:
+        return reload(last)
+    if last.checkpoint is None:
+        raise ValueError("the next invocation opens another arena, and the last one's "
+                         "tables were not read back: ask for them (`tables`) or give "
+                         "`reload`")
+    return last.checkpoint
+
+
+def state_of(start: Start) -> TrainingState:
+    """Where a starting point stands (its metadata)."""
+    return start.state
+
+
+def _require_inputs(config: BobConfig, record: InputRecord,
+                    validation: InputRecord | None) -> None:
+    """The records must be the ones `config`'s plan was built for: its K pairs and, where
+    it validates, the validation record's."""
+    if record.mode != config.mode or record.pairs != config.pairs:
+        raise ValueError(f"the input record ({record.mode}, K={record.pairs}) is not the one "
+                         f"the plan is built for ({config.mode}, K={config.pairs})")
+    wanted = config.validation_pairs
+    if (validation is None) != (wanted == 0) or (validation is not None
+                                                  and validation.pairs != wanted):
+        given = "none" if validation is None else f"K={validation.pairs}"
+        raise ValueError(f"the validation record ({given}) is not the one the plan is built "
+                         f"for (K={wanted})")
 
 
 def _trains(running: Running) -> bool:
@@ -377,11 +515,24 @@ def split_updates(steps: int, per_invocation: int) -> list[int]:
 
 
 ProgressCallback = Callable[[Invocation, int], None]
+# Asked of invocation k (from 0) of a run, with the updates done once it is done.
+InvocationTest = Callable[[int, int], bool]
 
 
-def train(session: Session, config: BobConfig, checkpoint: Checkpoint, record: InputRecord,
+def _always(index: int, done: int) -> bool:
+    return True
+
+
+def _never(index: int, done: int) -> bool:
+    return False
+
+
+def train(session: Session, config: BobConfig, checkpoint: Start, record: InputRecord,
           steps: int, after_invocation: ProgressCallback | None = None,
-          keep_all: bool = True) -> list[Invocation]:
+          keep_all: bool = True, *, validation: InputRecord | None = None,
+          tables: InvocationTest = _always, holds_state: InvocationTest = _never,
+          stop: Callable[[], bool] = lambda: False,
+          reload: Callable[[Invocation], Start] | None = None) -> list[Invocation]:
     """Run `steps` updates as invocations of at most `config.updates` each.
 
     Returns every invocation, or with `keep_all` False only the last: a long run then
@@ -390,12 +541,18 @@ def train(session: Session, config: BobConfig, checkpoint: Checkpoint, record: I
 
     `after_invocation(invocation, done)` runs after each one (the CLI saves the
     checkpoint and advances its progress bar there). Pipelined: each invocation's
-    read (result record, health counts, tables) is queued right behind it, and
-    invocation k+1 is started from the state k leaves in the arena before k is
-    done, so the device runs k+1 while the host settles k (checks, tables, the
-    callback). Each invocation is exactly the one `Session.invoke` gives; a
-    failure in k+1 is raised after k's callback has run, and a failure in k
-    abandons k+1 (waited for, its arena forgotten).
+    read (result record, validation losses, health counts, and its tables where
+    `tables(k, done)`) is queued right behind it, and invocation k+1 is started from
+    the state k leaves in the arena before k is done, so the device runs k+1 while the
+    host settles k (checks, tables, the callback); where `holds_state(k, done)`, k+1
+    starts only after k's callback, which then finds k's state in the arena
+    (`Session.stream_tables`). Once `stop()` is true no invocation is started; those
+    started are finished and given to the callback. Where the next invocation needs
+    another plan (the last, shorter one), it starts from the last invocation's
+    checkpoint, or from what `reload(last)` gives (a file just saved, say, where its
+    tables were not read back). Each invocation is exactly the one
+    `Session.invoke` gives; a failure in k+1 is raised after k's callback has run, and a
+    failure in k abandons k+1 (waited for, its arena forgotten).
     """
     invocations: list[Invocation] = []
     done = 0
@@ -421,26 +578,44 @@ def train(session: Session, config: BobConfig, checkpoint: Checkpoint, record: I
 
     running: Running | None = None  # started, its read queued behind it, not yet settled
     read: ReadHandle | None = None
+    held = False  # whether `running`'s callback wants its state in the arena
     started = 0  # updates of the invocations started so far, this one's included
-    for updates in split_updates(steps, max(1, config.updates)):
+    for index, updates in enumerate(split_updates(steps, max(1, config.updates))):
+        if stop():
+            break
         step_config = replace(config, updates=updates)
         started += updates
+        wants_tables = tables(index, started)
+        previous: Running | None = None  # settled already, its state still in the arena
+        if running is not None and read is not None and held:
+            settle_and_finish(running, read, None)  # its callback reads the arena first
+            previous, running, read = running, None, None
+            if stop():
+                break
         if running is not None and read is not None and session.continues(running,
                                                                           step_config):
             try:
                 following = session.begin_after(running, step_config, record,
-                                                ahead=steps - started)
+                                                ahead=steps - started, validation=validation,
+                                                tables=wants_tables)
             except BaseException:
                 settle_and_finish(running, read, None)  # k is complete whatever stopped k+1
                 raise
             settle_and_finish(running, read, following)  # while the device runs k+1
+        elif previous is not None and session.continues(previous, step_config):
+            following = session.begin_after(previous, step_config, record,
+                                            ahead=steps - started, validation=validation,
+                                            tables=wants_tables)
         else:
             if running is not None and read is not None:  # another arena: it loads k's
                 settle_and_finish(running, read, None)   # tables, so finish k first
-                checkpoint = invocations[-1].checkpoint
+            if invocations:
+                checkpoint = _next_start(invocations[-1], reload)
             following = session.begin(step_config, checkpoint, record, "train",
-                                      ahead=steps - started)
+                                      ahead=steps - started, validation=validation,
+                                      tables=wants_tables)
         running, read = following, session.read_after(following)
+        held = holds_state(index, started)
     if running is not None and read is not None:
         settle_and_finish(running, read, None)
     return invocations

@@ -2,7 +2,10 @@
 
 The command line's signal handler calls `request_stop`; it raises `Interrupted`
 at once, except while `held()` is active (a checkpoint being saved and its step
-recorded), where the stop waits until the block ends. Blocking the signals
+recorded), where the stop waits until the block ends, and inside `finishing()` (a
+training run), where the first signal only asks the run to stop at the next
+invocation boundary (`stop_requested`): the invocation in flight finishes and is
+saved. A second signal stops it at once, keeping the last file. Blocking the signals
 alone is not enough: one that arrived just before the block has already set
 Python's flag, and its handler would run somewhere inside the block.
 """
@@ -19,14 +22,40 @@ STOP_SIGNALS = frozenset((signal.SIGINT, signal.SIGTERM))
 
 _depth = 0  # how many held() blocks are active
 _pending: list[int] = []  # signals that arrived while held
+_finishing = 0  # how many finishing() blocks are active
+_requested: list[int] = []  # the signal that asked a finishing run to stop
 
 
-def request_stop(signum: int) -> None:
-    """Stop now (raise Interrupted), or at the end of the held block."""
+def request_stop(signum: int) -> bool:
+    """Ask a finishing run to stop at its next boundary (the first signal: True, a later
+    signal may still stop it at once), or stop now (raise Interrupted), or at the end of
+    the held block (False)."""
+    if _finishing and not _requested:
+        _requested.append(signum)
+        return True
     if _depth:
         _pending.append(signum)
-        return
+        return False
     raise Interrupted(signum)
+
+
+def stop_requested() -> int | None:
+    """The signal that asked the finishing run to stop, or None."""
+    return _requested[0] if _requested else None
+
+
+@contextlib.contextmanager
+def finishing() -> Iterator[None]:
+    """Inside, the first SIGINT/SIGTERM asks the run to stop (`stop_requested`) rather
+    than stopping it; the request is forgotten when the block ends."""
+    global _finishing
+    _finishing += 1
+    try:
+        yield
+    finally:
+        _finishing -= 1
+        if not _finishing:
+            _requested.clear()
 
 
 @contextlib.contextmanager

@@ -6,17 +6,28 @@
 
 A request is checked once, when it is made: its values, and that its outputs can be
 written. The run then chooses the backend, reads or counts the data (refusing a table
-the CPU should not train before its weights are built), finds the starting point (a
-fresh table, or the checkpoint to resume, with this run's data and hyperparameters),
-and trains as a pipeline of invocations (``bob.host.session.train``). Each
-invocation's checkpoint is saved by a `BackgroundWriter` while the next one runs; a
-SIGINT or SIGTERM waits for the save in flight, so the file it names is whole.
+the CPU should not train before any work), finds the starting point (a fresh table, or
+the checkpoint to resume, with this run's data and hyperparameters; neither is read
+into host memory: zeros are cleared on the device, a checkpoint is streamed in), checks
+that the disk has room for the checkpoint, and trains as a pipeline of invocations
+(``bob.host.session.train``), the validation loss computed on the device.
+
+Checkpoints follow a policy (`SavePolicy`): every invocation while the checkpoint is at
+most SMALL_CHECKPOINT_BYTES (its tables read back beside the next invocation and saved
+by a `BackgroundWriter`), past that every DEFAULT_SAVE_SECONDS (the tables streamed
+from the arena to the file through a few pinned buffers, the next invocation waiting),
+or as `save_every_seconds`/`save_every_updates` ask; always at the end. The first
+SIGINT or SIGTERM lets the invocation in flight finish and saves it; a second stops at
+once, keeping the last file. Every file is an invocation-boundary state, so a resumed
+run reaches the bytes of an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -42,18 +53,56 @@ from bob.host.data import (
     training_data,
     validation_record,
 )
-from bob.host.inference import validation_loss
-from bob.host.session import Invocation, Session
+from bob.host.session import Invocation, Session, Start
 from bob.host.session import train as train_invocations
 from bob.host.writer import BackgroundWriter
 from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord, ResultRecord
-from bob.records.checkpoint import HYPER_FIELDS, Checkpoint, History, Segment, checkpoint_lock
+from bob.records.checkpoint import (
+    HYPER_FIELDS,
+    Checkpoint,
+    CheckpointFile,
+    History,
+    Segment,
+    StartingPoint,
+    TrainingState,
+    checkpoint_lock,
+)
 
 DEFAULT_CHECKPOINT = "bob.safetensors"
 DEFAULT_UPDATES_PER_INVOCATION = 100
 
 Progress = Callable[[Invocation, int], None]  # (the invocation, updates done so far)
+# A checkpoint up to this size is saved after every invocation by default, its tables read
+# back beside the next one; a larger one is streamed from the arena when a save is due.
+SMALL_CHECKPOINT_BYTES = 256 << 20
+DEFAULT_SAVE_SECONDS = 600.0  # a large checkpoint's default period
+
+
+@dataclass(frozen=True)
+class SavePolicy:
+    """When a run writes its checkpoint: always after its last invocation, and after an
+    invocation whose end is due by seconds or updates since the last save."""
+
+    every_invocation: bool = True
+    every_seconds: float | None = None
+    every_updates: int | None = None
+
+    @classmethod
+    def of(cls, request: TrainRequest, checkpoint_bytes: int) -> SavePolicy:
+        """The request's periods, or the default for a checkpoint of this size."""
+        if request.save_every_seconds is None and request.save_every_updates is None:
+            if checkpoint_bytes <= SMALL_CHECKPOINT_BYTES:
+                return cls(True)
+            return cls(False, DEFAULT_SAVE_SECONDS)
+        return cls(False, request.save_every_seconds, request.save_every_updates)
+
+    def due(self, done: int, saved_done: int, since_save: float) -> bool:
+        """Whether a save is due once `done` updates are made (`saved_done` at the last
+        save, `since_save` seconds ago)."""
+        return (self.every_invocation
+                or (self.every_updates is not None and done - saved_done >= self.every_updates)
+                or (self.every_seconds is not None and since_save >= self.every_seconds))
 
 
 @dataclass(frozen=True)
@@ -89,6 +138,10 @@ class TrainRequest:
     val_spec: CorpusSpec | None = None  # validation data: its exact loss after each invocation
     # "auto": chained on nv and nv-sim, per-launch elsewhere (bob.backends.resolve_submission).
     submission: str = AUTO_SUBMISSION
+    # Checkpoint periods; None for both: every invocation while the checkpoint is at most
+    # SMALL_CHECKPOINT_BYTES, else every DEFAULT_SAVE_SECONDS (SavePolicy). Always at the end.
+    save_every_seconds: float | None = None
+    save_every_updates: int | None = None
 
     def __post_init__(self) -> None:
         if self.texts is not None:  # any sequence of names, kept as a tuple
@@ -102,6 +155,13 @@ class TrainRequest:
                            f"{self.updates_per_invocation}")
         require_choice("schedule", self.schedule, SCHEDULES)
         require_choice("submission", self.submission, SUBMISSION_CHOICES)
+        if self.save_every_seconds is not None and not (
+                math.isfinite(self.save_every_seconds) and self.save_every_seconds > 0):
+            raise BadInput(f"save_every_seconds must be a positive number, not "
+                           f"{self.save_every_seconds!r}")
+        if self.save_every_updates is not None and self.save_every_updates < 1:
+            raise BadInput(f"save_every_updates must be at least 1, not "
+                           f"{self.save_every_updates}")
         if self.new_data and not self.resume:
             raise BadInput("--new-data continues a checkpoint on other data: it needs --resume")
         unknown = sorted(set(self.hyper_changes or ()) - set(HYPER_FIELDS))
@@ -160,7 +220,7 @@ class TrainReport:
 
 
 def run_training(request: TrainRequest, progress: Progress | None = None) -> TrainReport:
-    """Train for `request.steps` updates, saving the checkpoint after every invocation.
+    """Train for `request.steps` updates, saving the checkpoint as `SavePolicy` says.
 
     `progress(invocation, done)` runs after each invocation (the CLI advances its bar
     there). One run holds CKPT.lock while it works; a second is refused.
@@ -173,110 +233,191 @@ def run_training(request: TrainRequest, progress: Progress | None = None) -> Tra
     lock = checkpoint_lock(request.checkpoint) if request.steps > 0 else contextlib.nullcontext()
     with lock:
         start = _starting_point(request, data)
+        if request.steps > 0:
+            require_disk_room(request.checkpoint, start.state.file_bytes)
         report = _train_from(request, start, data, choice, progress, validation)
     return replace(report, wall_seconds=time.perf_counter() - begun)
 
 
-def _starting_point(request: TrainRequest, data: TrainingData) -> Checkpoint:
-    """The checkpoint the run starts from, carrying this run's data and hyperparameters."""
+def require_disk_room(path: str, size: int) -> None:
+    """BadInput, before any work, when the checkpoint's file system cannot hold a new one
+    (written beside the old, which a rename then replaces)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    free = shutil.disk_usage(directory).free
+    if free < size:
+        raise BadInput(f"{path}: the checkpoint needs {size / 1e9:.2f} GB on disk, "
+                       f"{directory} has {free / 1e9:.2f} GB free")
+
+
+def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
+    """Where the run starts, carrying this run's data and hyperparameters: zero tables,
+    or the checkpoint to resume (its header read; its tables stream into the arena)."""
     checkpoint = request.checkpoint
     exists = os.path.exists(checkpoint)
-    digest = data.record.data_digest
+    record = data.record
+    digest = record.data_digest
     changes = request.hyper_changes or {}
     if not request.resume:
         if exists and not request.overwrite:
             raise BadInput(f"{checkpoint}: exists; pass --resume to continue it or --overwrite "
                            "to start again")
         chosen = replace(request.hyper or Hyper(), **changes)
-        return Checkpoint.zeros(data.record.vocab, chosen, data.record.mode, data_digest=digest,
-                                ).with_segments((Segment(0, digest, chosen),))
+        return StartingPoint(TrainingState(record.vocab, 0, chosen, record.mode, digest,
+                                           segments=(Segment(0, digest, chosen),)))
     if not exists:
         raise BadInput(f"{checkpoint}: no checkpoint to resume from")
-    start = Checkpoint.load(checkpoint)
-    if start.vocab != data.record.vocab:
+    stored = CheckpointFile.open(checkpoint)
+    start = stored.state
+    if start.vocab != record.vocab:
         raise BadInput(f"{checkpoint}: the checkpoint has V={start.vocab}, the data "
-                       f"V={data.record.vocab}")
-    if start.data_digest and start.data_digest != digest and not request.new_data:
-        raise BadInput(f"{checkpoint}: trained on data {start.data_digest[:12]}, this data "
-                       f"({data.description}) is {digest[:12]}; pass --new-data to continue "
-                       "on other data")
+                       f"V={record.vocab}")
+    if start.data_digest and not record.digest_matches(start.data_digest) \
+            and not request.new_data:
+        raise BadInput(f"{checkpoint}: trained on data {_short(start.data_digest)}, this data "
+                       f"({data.description}) is {_short(digest)}; pass --new-data to "
+                       "continue on other data")
     chosen = replace(request.hyper or start.hyper, **changes)
-    return _continued(start, data.record, chosen)
+    return StartingPoint(_continued(start, record, chosen), stored)
 
 
-def _continued(start: Checkpoint, record: InputRecord, hyper: Hyper) -> Checkpoint:
-    """`start` set to train on `record` with `hyper`, a new segment where either changed."""
+def _short(digest: str) -> str:
+    """A digest as messages name it: its first hex digits (past a version prefix)."""
+    return digest.rsplit(":", 1)[-1][:12]
+
+
+def _continued(start: TrainingState, record: InputRecord, hyper: Hyper) -> TrainingState:
+    """`start` set to train on `record` with `hyper`, a new segment where either changed
+    (the same data named by an older form of its digest is the same data)."""
     segments = start.segments or (Segment(0, start.data_digest, start.hyper),)
     now = Segment(start.step, record.data_digest, hyper)
     last = segments[-1]
-    if (last.data_digest, last.hyper) != (now.data_digest, now.hyper):
+    same_data = last.data_digest == now.data_digest or (
+        bool(last.data_digest) and record.digest_matches(last.data_digest))
+    if not (same_data and last.hyper == now.hyper):
         # A segment that never ran an update is replaced, not kept.
         segments = (*segments[:-1], now) if last.first_step == start.step else (*segments, now)
     return replace(start, hyper=hyper, data_digest=record.data_digest, mode=record.mode,
                    segments=segments)
 
 
-def _train_from(request: TrainRequest, start: Checkpoint, data: TrainingData,
+def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                 choice: BackendChoice, progress: Progress | None,
                 validation: InputRecord | None) -> TrainReport:
     steps, checkpoint = request.steps, request.checkpoint
-    config = BobConfig(vocab=data.record.vocab, prompts=0,
+    record = data.record
+    config = BobConfig(vocab=record.vocab, prompts=0,
                        updates=min(request.updates_per_invocation, max(steps, 1)),
-                       mode=data.record.mode, schedule=request.schedule,  # type: ignore[arg-type]
-                       submission=resolve_submission(request.submission, choice.name))
+                       mode=record.mode, schedule=request.schedule,  # type: ignore[arg-type]
+                       submission=resolve_submission(request.submission, choice.name),
+                       pairs=record.pairs,
+                       validation_pairs=0 if validation is None else validation.pairs)
+    policy = SavePolicy.of(request, start.state.file_bytes)
+    streamed = start.state.file_bytes > SMALL_CHECKPOINT_BYTES
+    sizes = split_sizes(steps, config.updates)
     # The loss and validation histories so far, each extended by what an invocation adds
     # (only that is checked: a long run's history is not checked again at every step).
-    history = History.of(start.history)
-    val_history = History.of(start.val_history)
+    history = History.of(start.state.history)
+    val_history = History.of(start.state.val_history)
     written: list[str] = []
-    kept = [start.step if request.resume else None]  # the step of the checkpoint on disk
-
-    def validate(state: Checkpoint) -> None:
-        nonlocal val_history
-        if validation is not None:
-            val_history = val_history.extended(
-                [(state.step, validation_loss(session, state, validation))])
-
+    kept = [start.state.step if request.resume else None]  # the step of the checkpoint on disk
+    # The last save decided: updates done, when. Periods count from the decision, made as
+    # an invocation starts: the save itself lands while later invocations run.
+    planned = {"done": 0, "at": time.monotonic()}
     first_initial: list[float] = []  # the first invocation's initial loss
+    finals: list[TrainingState] = []  # the last invocation's state, as saved
+
+    decided: dict[int, bool] = {}  # invocation -> whether its end is saved, decided at its start
+
+    def due(index: int, done: int) -> bool:
+        """Whether invocation `index`'s end is saved (decided once, as it starts): the
+        policy's, the last one's, and the one before a shorter last invocation (its plan is
+        another, which starts from the file)."""
+        if index not in decided:
+            last = index == len(sizes) - 1
+            before_change = not last and sizes[index + 1] != sizes[index]
+            decided[index] = last or before_change or policy.due(
+                done, planned["done"], time.monotonic() - planned["at"])
+            if decided[index]:
+                planned["done"], planned["at"] = done, time.monotonic()
+        return decided[index]
+
+    def wrote(state: TrainingState) -> None:
+        kept[0] = state.step  # the interrupt message names the checkpoint on disk
+        if checkpoint not in written:
+            written.append(checkpoint)
+
+    def stream_save(state: TrainingState) -> None:
+        """The arena's tables (the last invocation's state) to the checkpoint, streamed."""
+        with stops.held():  # a stop waits: the file it names is whole
+            state.save(checkpoint, lambda sink, chunk: session.stream_tables(
+                state.step, sink, chunk), checked=True)
+            wrote(state)
 
     def after(invocation: Invocation, done: int) -> None:
-        nonlocal history
+        nonlocal history, val_history
+        assert invocation.state is not None
         if not first_initial:
             first_initial.append(invocation.initial_loss)
-        first = [] if history else [(start.step, invocation.initial_loss)]
-        history = history.extended([*first, (invocation.checkpoint.step, invocation.loss)])
-        if validation is not None and not val_history:
-            validate(start)
-        validate(invocation.checkpoint)
-        state = replace(invocation.checkpoint, history=history, optimum=data.optimum,
+        first = [] if history else [(start.state.step, invocation.initial_loss)]
+        history = history.extended([*first, (invocation.state.step, invocation.loss)])
+        if invocation.validation is not None:
+            begun = [] if val_history else [(start.state.step, invocation.validation[0])]
+            val_history = val_history.extended(
+                [*begun, (invocation.state.step, invocation.validation[1])])
+        state = replace(invocation.state, history=history, optimum=data.optimum,
                         val_history=val_history)
+        finals[:] = [state]
+        if invocation.checkpoint is not None:  # read back beside the next invocation
+            saving = Checkpoint.of(state, invocation.checkpoint.parameters,
+                                   invocation.checkpoint.first_moment,
+                                   invocation.checkpoint.second_moment)
 
-        def save() -> None:  # on the writer's thread, while the next invocation runs
-            state.save(checkpoint)
-            kept[0] = state.step  # the interrupt message names the checkpoint on disk
-            if checkpoint not in written:
-                written.append(checkpoint)
+            def save() -> None:  # on the writer's thread, while the next invocation runs
+                saving.save(checkpoint)
+                wrote(state)
 
-        writer.submit(save, supersede=True)  # every save goes to the one file
+            writer.submit(save, supersede=True)  # every save goes to the one file
+        elif streamed and due(len(finals_done), done):
+            stream_save(state)
+        finals_done.append(done)
         if progress is not None:
             progress(invocation, done)
 
-    refuse_slow_cpu(choice.name, data.record.vocab, steps)  # an input record's V
+    def reload(last: Invocation) -> Start:
+        """The shorter last invocation's start: the file just saved (the arena freed)."""
+        writer.drain()
+        session.release()
+        return StartingPoint(finals[0], CheckpointFile.open(checkpoint))
+
+    finals_done: list[int] = []  # updates done after each invocation settled so far
+    stopped: int | None = None  # the signal that stopped the run at a boundary
+    refuse_slow_cpu(choice.name, record.vocab, steps)  # an input record's V
     writer = BackgroundWriter()
     try:
         try:
-            with Session(choice, start.hyper) as session:
+            with Session(choice, start.state.hyper) as session, stops.finishing():
                 if steps == 0:
-                    invocation = session.invoke(config, start, data.record, "predict")
+                    invocation = session.invoke(replace(config, updates=0), start, record,
+                                                "predict", validation=validation)
                     initial = final = invocation.initial_loss
                     result = invocation.result
-                    validate(start)
+                    if invocation.validation is not None:
+                        val_history = val_history.extended(
+                            [(start.state.step, invocation.validation[0])])
                 else:
                     # Only the last invocation is held: a long run keeps no old tables.
-                    (last,) = train_invocations(session, config, start, data.record, steps,
-                                                after, keep_all=False)
+                    (last,) = train_invocations(
+                        session, config, start, record, steps, after, keep_all=False,
+                        validation=validation,
+                        tables=lambda index, done: not streamed and due(index, done),
+                        holds_state=lambda index, done: streamed and due(index, done),
+                        stop=lambda: stops.stop_requested() is not None, reload=reload)
                     initial, final = first_initial[0], last.loss
                     result = last.result
+                    writer.drain()
+                    if finals and kept[0] != finals[0].step:  # stopped before its save
+                        stream_save(finals[0])
+                    stopped = stops.stop_requested()
         finally:
             # Every checkpoint handed over is written before anything is reported (a stop
             # waits for the save in flight: the file it names is whole).
@@ -286,15 +427,25 @@ def _train_from(request: TrainRequest, start: Checkpoint, data: TrainingData,
             result.write(request.result_path)
             written.append(request.result_path)
     except KeyboardInterrupt as stop:
-        raise _interrupted(stop, start.step, steps, config.updates, kept[0]) from None
+        raise _interrupted(stop, start.state.step, steps, config.updates, kept[0]) from None
+    if stopped is not None:  # the invocation in flight was finished and saved
+        raise Interrupted(stopped, f"interrupted at update {finals[0].step}; checkpoint at "
+                                   f"update {kept[0]} kept")
     return TrainReport(
         checkpoint=checkpoint, backend=choice.name, data=data.description,
-        mode=data.record.mode, steps=steps, global_step=start.step + steps,
+        mode=record.mode, steps=steps, global_step=start.state.step + steps,
         initial_loss=initial, loss=final, optimum=data.optimum, history=history,
-        last_result=result, written=tuple(written), segments=start.segments,
+        last_result=result, written=tuple(written), segments=start.state.segments,
         val_loss=val_history[-1][1] if val_history else None,
         val_history=val_history,
     )
+
+
+def split_sizes(steps: int, per_invocation: int) -> list[int]:
+    """Each invocation's updates (as `bob.host.session.train` splits a run)."""
+    from bob.host.session import split_updates
+
+    return split_updates(steps, max(1, per_invocation))
 
 
 def _interrupted(stop: KeyboardInterrupt, first: int, steps: int, per_invocation: int,

@@ -55,8 +55,15 @@ class BackgroundWriter:
         if supersede:  # only this thread puts: what it takes is a job, never the stop
             with contextlib.suppress(queue.Empty):
                 self._jobs.get_nowait()
+                self._jobs.task_done()
                 self.superseded += 1
         self._jobs.put(job)
+
+    def drain(self) -> None:
+        """Wait until every job given has run; then raise a failure, if any."""
+        if not self._closed:
+            self._jobs.join()
+        self.raise_failure()
 
     def close(self) -> None:
         """Run every job given, end the thread (once), then raise a failure, if any."""
@@ -75,15 +82,18 @@ class BackgroundWriter:
     def _work(self) -> None:
         while True:
             job = self._jobs.get()
-            if job is _STOP:
-                return
-            if self._failure is not None:
-                continue  # dropped: nothing newer than a failed save is written
             try:
-                job()
-            except BobError as error:
-                self._failure = error
-            except BaseException as error:  # noqa: BLE001 - kept for the caller, one line
-                text = str(error).strip().splitlines()
-                detail = text[0] if text else type(error).__name__
-                self._failure = RunFailure(f"saving the checkpoint failed: {detail}")
+                if job is _STOP:
+                    return
+                if self._failure is not None:
+                    continue  # dropped: nothing newer than a failed save is written
+                try:
+                    job()
+                except BobError as error:
+                    self._failure = error
+                except BaseException as error:  # noqa: BLE001 - kept for the caller, one line
+                    text = str(error).strip().splitlines()
+                    detail = text[0] if text else type(error).__name__
+                    self._failure = RunFailure(f"saving the checkpoint failed: {detail}")
+            finally:
+                self._jobs.task_done()

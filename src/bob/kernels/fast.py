@@ -292,13 +292,20 @@ def _hard_row(w, target, log2e, ln2, inverse_rows, grad, lanes):  # type: ignore
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _corpus_row(w, weights, log2e, ln2, grad, terms, lanes):  # type: ignore[no-untyped-def]
-    """Section 7, bob-loss-gradient-corpus: grad[j] = rowsum(T) p_j - T_j; the loss."""
-    m, s = _exponentials(w, log2e, grad, lanes)
+def _corpus_loss(w, weights, log2e, ln2, e, terms, lanes):  # type: ignore[no-untyped-def]
+    """Section 7, bob-loss-gradient-corpus's loss; the exponentials left in e. Returns
+    (loss, s)."""
+    m, s = _exponentials(w, log2e, e, lanes)
     big_l = _log2(s)
     for j in range(w.size):
         terms[j] = (big_l - (w[j] - m) * log2e) * weights[j]
-    loss = _canonical(ln2 * _row_sum(terms, lanes))
+    return _canonical(ln2 * _row_sum(terms, lanes)), s
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _corpus_row(w, weights, log2e, ln2, grad, terms, lanes):  # type: ignore[no-untyped-def]
+    """Section 7, bob-loss-gradient-corpus: grad[j] = rowsum(T) p_j - T_j; the loss."""
+    loss, s = _corpus_loss(w, weights, log2e, ln2, grad, terms, lanes)
     weight_sum = _row_sum(weights, lanes)
     for j in range(w.size):
         grad[j] = _canonical((grad[j] / s) * weight_sum - weights[j])
@@ -324,6 +331,17 @@ def loss_gradient_corpus_rows(table, weights, log2e, ln2, grad,
         lanes = np.empty(_LANES, _F32)
         terms = np.empty(table.shape[1], _F32)
         loss[r] = _corpus_row(table[r], weights[r], log2e, ln2, grad[r], terms, lanes)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def loss_corpus_rows(table, weights, log2e, ln2, loss):  # type: ignore[no-untyped-def]
+    """reference.loss_corpus's row losses into `loss`; no gradient stored."""
+    for r in prange(table.shape[0]):
+        _wide_vectors()
+        lanes = np.empty(_LANES, _F32)
+        e = np.empty(table.shape[1], _F32)
+        terms = np.empty(table.shape[1], _F32)
+        loss[r] = _corpus_loss(table[r], weights[r], log2e, ln2, e, terms, lanes)[0]
 
 
 # -- AdamW --------------------------------------------------------------------------------
@@ -437,6 +455,13 @@ def loss_gradient_corpus(memory: Memory, args: Args) -> None:
         memory.array(int(args["loss"]), "f32", vocab))
 
 
+def loss_corpus(memory: Memory, args: Args) -> None:
+    vocab = int(args["vocab"])
+    loss_corpus_rows(_table(memory, args, "parameters"), _table(memory, args, "weights"),
+                     _F32(args["log2e"]), _F32(args["ln2"]),
+                     memory.array(int(args["loss"]), "f32", vocab))
+
+
 def adamw(memory: Memory, args: Args) -> None:
     count = int(args["rows"]) * int(args["columns"])
     w, g, m, v = (memory.array(int(args[name]), "f32", count)
@@ -492,4 +517,6 @@ KERNELS: dict[str, ref.Kernel] = {
     # NumPy's isfinite runs at memory speed already; a Numba loop is slower (and a
     # parallel one pays its threads' start-up at every size)
     sig.HEALTH: ref.health,
+    sig.SCATTER: ref.scatter,  # one indexed store in NumPy: nothing to gain
+    sig.LOSS_ONLY_CORPUS: loss_corpus,
 }

@@ -6,7 +6,7 @@ import numpy as np
 
 from bob.errors import RunFailure
 
-_DTYPES = {"f32": np.float32, "u32": np.uint32, "u8": np.uint8}
+_DTYPES = {"f32": np.float32, "u32": np.uint32, "u64": np.uint64, "u8": np.uint8}
 
 
 class Memory:

@@ -267,6 +267,37 @@ def loss_gradient_corpus(memory: Memory, args: Args) -> None:
     memory.array(int(args["loss"]), "f32", vocab)[:] = loss
 
 
+# Rows of a V x V table the loss alone handles at a time: its scratch stays a few MiB.
+_LOSS_BLOCK_ELEMENTS = 1 << 20
+
+
+def loss_corpus(memory: Memory, args: Args) -> None:
+    """bob-loss-corpus: bob-loss-gradient-corpus's row losses, no gradient stored."""
+    vocab = _u32(args, "vocab")
+    table = memory.array(int(args["parameters"]), "f32", vocab * vocab).reshape(vocab, vocab)
+    weights = memory.array(int(args["weights"]), "f32", vocab * vocab).reshape(vocab, vocab)
+    loss = memory.array(int(args["loss"]), "f32", vocab)
+    scalars = LossScalars(args["log2e"], args["ln2"])
+    rows = max(1, _LOSS_BLOCK_ELEMENTS // vocab)
+    scratch = np.empty((min(rows, vocab), vocab), np.float32)
+    for first in range(0, vocab, rows):
+        last = min(vocab, first + rows)
+        loss[first:last], _ = loss_gradient_corpus_rows(
+            table[first:last], weights[first:last], scalars, out=scratch[:last - first])
+
+
+def scatter(memory: Memory, args: Args) -> None:
+    """bob-scatter: table[keys[i]] = values[i] (as bits) for i < count; a key outside the
+    V x V table is not written."""
+    vocab, count = _u32(args, "vocab"), _u32(args, "count")
+    cells = vocab * vocab
+    table = memory.array(int(args["table"]), "u32", cells)
+    keys = memory.array(int(args["keys"]), "u64", count)
+    values = memory.array(int(args["values"]), "u32", count)
+    inside = keys < cells
+    table[keys[inside]] = values[inside]
+
+
 def adamw(memory: Memory, args: Args) -> None:
     count = _u32(args, "rows") * _u32(args, "columns")  # a Python int: 2**32 at V = 65536
     w = memory.array(int(args["parameters"]), "f32", count)
@@ -377,4 +408,6 @@ KERNELS: dict[str, Kernel] = {
     sig.FUSED_HELD_HARD: fused_train_hard,
     sig.FUSED_HELD_CORPUS: fused_train_corpus,
     sig.HEALTH: health,
+    sig.SCATTER: scatter,
+    sig.LOSS_ONLY_CORPUS: loss_corpus,
 }

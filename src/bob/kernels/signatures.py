@@ -39,12 +39,16 @@ FUSED_TALL_CORPUS = "bob-fused-train-tall-corpus"
 # tables (and corpus weights) must be 16-byte aligned. Same bits.
 FUSED_STREAM_HARD = "bob-fused-train-stream"
 FUSED_STREAM_CORPUS = "bob-fused-train-stream-corpus"
-# And for rows beyond TALL's with V % 4 == 0: a block of 512 threads per SM, looping over rows,
-# holds as much of a row's w in shared memory as the target leaves it (a row of 52224 floats
-# on sm_90), so each update reads w from memory once. Same bits.
+# And for rows beyond TALL's, any V: a block of 512 threads per SM, looping over rows, holds as
+# much of a row's w in shared memory as the target leaves it (a row of 52224 floats on sm_90),
+# so each update reads w from memory once. Same bits.
 FUSED_HELD_HARD = "bob-fused-train-held"
 FUSED_HELD_CORPUS = "bob-fused-train-held-corpus"
 HEALTH = "bob-health"
+# Sparse corpus input: each (key, value) pair into its cell of a V x V table of weights, once
+# per load; and the corpus loss alone (validation: no gradient is written).
+SCATTER = "bob-scatter"
+LOSS_ONLY_CORPUS = "bob-loss-corpus"
 
 BLOCK = 256  # threads per block; reductions run over 256 lanes whatever the block
 # Regions launched with other blocks (their kernels trap on any other width).
@@ -86,6 +90,10 @@ QUAD_ALIGN = 16
 # the device's 64-bit atomics. A u64 because V x V reaches 2^32 at V = 65536.
 HEALTH_COUNTS = ("parameters", "first_moment", "second_moment")
 _HEALTH = Footprint(8 * len(HEALTH_COUNTS))
+# The scatter's K pairs: u64 keys (row * V + column: V x V needs 33 bits at V = 65536) and
+# binary32 values.
+_KEYS = Footprint(8, ("count",))
+_VALUES = Footprint(4, ("count",))
 
 SIGNATURES: dict[str, tuple] = {
     # logits[j] = table[prompt[0]][j]: reads any row of the table.
@@ -179,6 +187,24 @@ SIGNATURES: dict[str, tuple] = {
         PointerParam("health", _HEALTH, "readwrite", align=8),
         ScalarParam("vocab", "u32"),
     ),
+    # table[keys[i]] = values[i] for i < count; keys are distinct (the host refuses others),
+    # so no two threads write one cell, and a key >= V x V is never written.
+    SCATTER: (
+        PointerParam("table", _TABLE, "write"),
+        PointerParam("keys", _KEYS, "read", align=8),
+        PointerParam("values", _VALUES, "read"),
+        ScalarParam("count", "u32"),
+        ScalarParam("vocab", "u32"),
+    ),
+    # One block per row: bob-loss-gradient-corpus's row loss, bit for bit, and no gradient.
+    LOSS_ONLY_CORPUS: (
+        PointerParam("parameters", _TABLE, "read"),
+        PointerParam("weights", _TABLE, "read"),
+        PointerParam("loss", _ROW, "write"),
+        ScalarParam("log2e", "f32"),
+        ScalarParam("ln2", "f32"),
+        ScalarParam("vocab", "u32"),
+    ),
 }
 SIGNATURES[FUSED_WIDE_HARD] = SIGNATURES[FUSED_HARD]
 SIGNATURES[FUSED_WIDE_CORPUS] = SIGNATURES[FUSED_CORPUS]
@@ -216,6 +242,8 @@ ENTRIES = {
     FUSED_HELD_HARD: "bob_fused_train_held_hard",
     FUSED_HELD_CORPUS: "bob_fused_train_held_corpus",
     HEALTH: "bob_health",
+    SCATTER: "bob_scatter",
+    LOSS_ONLY_CORPUS: "bob_loss_corpus",
 }
 
 

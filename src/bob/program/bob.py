@@ -1,9 +1,17 @@
 """Bob's device program: the seed's regions, tensors and schedules.
 
-For a configuration (V, P, N, mode, schedule) the program is:
+For a configuration (V, P, N, mode, schedule; in corpus mode K pairs, and K_val
+validation pairs where validation runs on the device) the program is:
 
-- launch 0: the initial loss (loss-gradient into ``initial_loss``);
-- per prompt i: gather its logits row, then its greedy argmax;
+- the load launches, corpus mode only: ``bob-scatter`` writes the input's K sparse
+  weights (keys row * V + column and binary32 values, as the host computed them) into
+  the ``weights`` table, and a second one the validation input's into
+  ``validation_weights``; the host clears both tables first and runs these launches only
+  when it has written the inputs (they are the first submissions, ``load_submissions``);
+- the forward launches: the initial loss (loss-gradient into ``initial_loss``), with
+  validation the validation loss of the starting table (``bob-loss-corpus`` into
+  ``validation_initial_loss``), then per prompt i: gather its logits row, then its
+  greedy argmax;
 - the N training updates, by schedule:
 
   - ``seed`` (the default and the reference): per update k, AdamW with update
@@ -23,7 +31,8 @@ For a configuration (V, P, N, mode, schedule) the program is:
 
 - when N > 0, the health check (``bob-health``): each table's count of
   non-finite elements added into ``health``, so the host reads 24 bytes, not
-  the tables, to know whether training stayed finite;
+  the tables, to know whether training stayed finite; then, with validation, the
+  validation loss of the trained table (into ``validation_loss``);
 
 - then the prediction launches again, so the prompts are predicted from the
   trained table. How launches are grouped into submissions is the submission
@@ -31,14 +40,15 @@ For a configuration (V, P, N, mode, schedule) the program is:
 
   - ``per-launch`` (the default and the reference): every launch submitted
     alone with its own semaphore value; a forward-only request (predict) runs
-    the first 1 + 2P submissions;
-  - ``chained``: one submission for the forward launches, one for the
-    training launches (when N > 0), one for the predictions again (when
-    P > 0); the command stream links the launches of a submission, so the
-    device runs each submission without the host. Predict runs the first.
+    the first F submissions (from L, past the loads, when the inputs are in place);
+  - ``chained``: one submission for the load launches (when L > 0), one for the
+    forward launches, one for the training launches (when N > 0), one for the
+    predictions again (when P > 0); the command stream links the launches of a
+    submission, so the device runs each submission without the host.
 
-Derived figures (F = 1 + 2P forward launches; the training launches T count
-the health check, H = 1 if N > 0 else 0):
+Derived figures (L = 1 + X load launches in corpus mode, 0 in hard mode, X = 1 with
+validation; F = L + 1 + X + 2P forward launches, the loads included; the training
+launches T count the health check and the validation loss, H = 1 + X if N > 0 else 0):
 
 | schedule | training launches T | launches | submissions (per-launch) |
 | --- | --- | --- | --- |
@@ -47,8 +57,8 @@ the health check, H = 1 if N > 0 else 0):
 | fused, larger V held | ceil(N / 32) + H | F + T | F + T + 2P |
 | fused, larger V streamed | N + H | F + T | F + T + 2P |
 
-Chained: 1 + (1 if T > 0) + (1 if P > 0) submissions, the launches the same
-(the health check ends the training submission).
+Chained: (1 if L > 0) + 1 + (1 if T > 0) + (1 if P > 0) submissions, the launches
+the same (the health check and the validation loss end the training submission).
 
 Program bytes = retained code + launches x parameter block; QMD table bytes =
 launches x the target's QMD stride (``Plan.program_bytes``, ``Plan.qmd_table_bytes``).
@@ -66,6 +76,7 @@ import numpy as np
 
 from bob.config import (
     DEFAULT_SUBMISSION_POLICY,
+    MAX_PAIRS,
     MAX_PROMPTS,
     MAX_UPDATES,
     MAX_VOCAB,
@@ -107,6 +118,15 @@ TENSOR_NAMES = (
 # The fused schedule's one more tensor, placed after the seed's nine so they keep their
 # addresses.
 ADAM_SCALARS_TENSOR = "adam_scalars"
+# Corpus mode: the V x V weights the loss reads, scattered from the input's sparse pairs
+# (keys u64 then values f32: PAIR_BYTES a pair), and with validation its own input, table
+# and the validation losses of the starting and the trained table; after the others.
+WEIGHTS_TENSOR = "weights"
+VALIDATION_INPUT = "validation_input"
+VALIDATION_WEIGHTS = "validation_weights"
+VALIDATION_INITIAL_LOSS = "validation_initial_loss"
+VALIDATION_LOSS = "validation_loss"
+PAIR_BYTES = 12
 # The health check's counts: u64[3] (as u32[3][2], little-endian words), one per table of
 # sig.HEALTH_COUNTS; placed after every other tensor so theirs keep their addresses.
 HEALTH_TENSOR = "health"
@@ -136,9 +156,9 @@ TALL_VOCAB = 8192  # bob_kernels.cu: TALL_VOCAB (TALL_THREADS x TALL_SLOTS)
 # Where the tall kernels overtake the streaming narrow ones, per mode (docs/BENCHMARKS.md).
 TALL_FROM_VOCAB = {"hard": 4608, "corpus": 5121}
 # Past the tall kernels' rows the held ones (w in shared memory, read from DRAM once a
-# launch) take V % 4 == 0, holding as much of the row as the target's shared memory takes
-# and streaming the rest; a corpus row only while it fits whole (held_to_vocab): held in
-# part, it runs slower than streamed.
+# launch) take any V (a row of V % 4 != 0 moves element by element), holding as much of the
+# row as the target's shared memory takes and streaming the rest; a corpus row only while it
+# fits whole (held_to_vocab): held in part, it runs slower than streamed.
 HELD_FROM_VOCAB = TALL_VOCAB + 1
 # The stream kernels move rows as float4 quads, so a row must start 16 bytes aligned:
 # V % 4 == 0 (bob_kernels.cu traps otherwise).
@@ -156,6 +176,13 @@ def held_to_vocab(mode: Mode, target: Target) -> int:
     return sig.shared_rest(target, sig.HELD_STATIC_SHARED_BYTES) // 4
 
 
+def typical_pairs(vocab: int) -> int:
+    """K for a corpus-mode plan made without a corpus (`bob plan`, `check`, `profile`, the
+    benches): 64 successors per previous token, as a text of a few million tokens has,
+    every cell of a table smaller than that."""
+    return min(vocab * vocab, 64 * vocab)
+
+
 @dataclass(frozen=True)
 class BobConfig:
     vocab: int = 256  # V: one row per previous byte, one column per next byte
@@ -167,18 +194,33 @@ class BobConfig:
     # module docstring. The command line and the API ask for the backend's own
     # (bob.backends.registry.resolve_submission).
     submission: SubmissionPolicy = DEFAULT_SUBMISSION_POLICY
+    # K, corpus mode only: the distinct (previous, next) pairs of the corpus, whose
+    # weights the input carries sparse (the record's `pairs`); hard mode has none.
+    pairs: int = 0
+    # K_val, corpus mode only: the validation corpus's pairs; 0 runs no validation.
+    validation_pairs: int = 0
 
     def __post_init__(self) -> None:
+        corpus = self.mode == "corpus"
+        # (name, value, low, high, whether the range depends on the mode)
         checks = (
-            ("vocab", self.vocab, MIN_VOCAB, MAX_VOCAB),
-            ("prompts", self.prompts, 0, MAX_PROMPTS),
-            ("updates", self.updates, 0, MAX_UPDATES),
+            ("vocab", self.vocab, MIN_VOCAB, MAX_VOCAB, False),
+            ("prompts", self.prompts, 0, MAX_PROMPTS, False),
+            ("updates", self.updates, 0, MAX_UPDATES, False),
+            ("pairs", self.pairs, 1 if corpus else 0, MAX_PAIRS if corpus else 0, True),
+            ("validation_pairs", self.validation_pairs, 0, MAX_PAIRS if corpus else 0, True),
         )
-        for name, value, low, high in checks:
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise BadInput(f"{name} must be an integer in [{low}, {high}], not {value!r}")
         if self.mode not in MODES:
             raise BadInput(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        for name, value, low, high, per_mode in checks:
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                where = f" in {self.mode} mode" if per_mode else ""
+                raise BadInput(f"{name} must be an integer in [{low}, {high}]{where}, "
+                               f"not {value!r}")
+        cells = self.vocab * self.vocab
+        if self.pairs > cells or self.validation_pairs > cells:
+            raise BadInput(f"a V={self.vocab} table has {cells} cells, fewer than the "
+                           f"{max(self.pairs, self.validation_pairs)} pairs asked for")
         if self.schedule not in SCHEDULES:
             raise BadInput(f"schedule must be one of {', '.join(SCHEDULES)}, not "
                            f"{self.schedule!r}")
@@ -193,13 +235,13 @@ class BobConfig:
     def fused_region(self, target: Target) -> str:
         """The narrow kernels (rows to 1024 in registers, longer rows streamed), the wide
         ones whose rows up to WIDE_VOCAB stay on chip, the tall ones (a block of 1024
-        threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB, past it with V % 4 == 0
-        the held ones (as much of the row's w in shared memory as fits, the rest
-        streamed; corpus rows only while they fit whole on `target`), or, for the other
-        streamed rows with V % 4 == 0, the stream ones (float4 loads and stores)."""
+        threads per row) from TALL_FROM_VOCAB up to TALL_VOCAB, past it the held ones (as
+        much of the row's w in shared memory as fits, the rest streamed; corpus rows only
+        while they fit whole on `target`; any V: a row of V % 4 != 0 moves element by
+        element), or, for the other streamed rows with V % 4 == 0, the stream ones (float4
+        loads and stores)."""
         hard = self.mode == "hard"
-        if HELD_FROM_VOCAB <= self.vocab <= held_to_vocab(self.mode, target) \
-                and self.vocab % STREAM_QUAD == 0:
+        if HELD_FROM_VOCAB <= self.vocab <= held_to_vocab(self.mode, target):
             return sig.FUSED_HELD_HARD if hard else sig.FUSED_HELD_CORPUS
         if RESIDENT_VOCAB < self.vocab <= WIDE_VOCAB:
             return sig.FUSED_WIDE_HARD if hard else sig.FUSED_WIDE_CORPUS
@@ -211,18 +253,34 @@ class BobConfig:
 
     @property
     def input_targets_bytes(self) -> int:
-        """Bytes of the targets (hard) or weights (corpus) at the start of the input."""
-        return 4 * self.vocab if self.mode == "hard" else 4 * self.vocab * self.vocab
+        """Bytes of the targets (hard: u32[V]) or the sparse weights (corpus: keys u64[K],
+        then values f32[K]) at the start of the input."""
+        return 4 * self.vocab if self.mode == "hard" else PAIR_BYTES * self.pairs
 
     @property
     def input_bytes(self) -> int:
         return self.input_targets_bytes + 4 * self.prompts
 
+    @property
+    def validates(self) -> bool:
+        """Whether the program computes a validation loss on the device."""
+        return self.validation_pairs > 0
+
     # -- derived figures (the table in the module docstring) -----------------
     # Those that depend on the fused region take the target: its shared memory decides it.
     @property
+    def load_launches(self) -> int:
+        """The scatters of the sparse inputs into their tables (corpus mode)."""
+        return 0 if self.mode == "hard" else 1 + int(self.validates)
+
+    @property
+    def first_prediction(self) -> int:
+        """Index of prompt 0's gather: past the loads and the starting losses."""
+        return self.load_launches + 1 + int(self.validates)
+
+    @property
     def forward_launches(self) -> int:
-        return 1 + 2 * self.prompts
+        return self.first_prediction + 2 * self.prompts
 
     def updates_per_fused_launch(self, target: Target) -> int:
         """Updates each fused launch runs (the last may run fewer): all N while V is
@@ -239,27 +297,42 @@ class BobConfig:
         """The health check ends every invocation that trains."""
         return int(self.updates > 0)
 
+    @property
+    def closing_launches(self) -> int:
+        """What ends the training launches: the health check, then the validation loss."""
+        return self.health_launches * (1 + int(self.validates))
+
     def training_launches(self, target: Target) -> int:
-        """The updates' launches, then the health check."""
+        """The updates' launches, then the health check and the validation loss."""
         if self.updates == 0:
             return 0
         if self.schedule == "seed":
-            return 2 * self.updates + self.health_launches
+            return 2 * self.updates + self.closing_launches
         each = self.updates_per_fused_launch(target)
-        return (self.updates + each - 1) // each + self.health_launches
+        return (self.updates + each - 1) // each + self.closing_launches
 
     def launch_count(self, target: Target) -> int:
         return self.forward_launches + self.training_launches(target)
 
     def submission_count(self, target: Target) -> int:
         if self.submission == "chained":
-            return 1 + int(self.training_launches(target) > 0) + int(self.prompts > 0)
+            return (self.load_submissions + 1 + int(self.training_launches(target) > 0)
+                    + int(self.prompts > 0))
         return self.launch_count(target) + 2 * self.prompts
 
     @property
+    def load_submissions(self) -> int:
+        """The first submissions: the load launches, which run only after the inputs were
+        written (a request from inputs already in place starts past them)."""
+        if self.submission == "chained":
+            return int(self.load_launches > 0)
+        return self.load_launches
+
+    @property
     def forward_submissions(self) -> int:
-        """Submissions a forward-only request (predict) runs."""
-        return 1 if self.submission == "chained" else self.forward_launches
+        """Submissions a forward-only request (predict) runs, the loads included."""
+        return self.load_submissions + 1 if self.submission == "chained" \
+            else self.forward_launches
 
     def adamw_launch(self, k: int) -> int:
         """Index of update k's AdamW launch (k from 0); the seed schedule only."""
@@ -414,24 +487,39 @@ def tensor_specs(config: BobConfig) -> tuple[TensorSpec, ...]:
         TensorSpec("predictions", "u32", (p,)),
     )
     health = TensorSpec(HEALTH_TENSOR, "u32", (len(sig.HEALTH_COUNTS), 2))
-    if config.schedule == "seed":
-        return (*seed, health)
-    scalars = TensorSpec(ADAM_SCALARS_TENSOR, "f32", (config.updates, ADAM_SCALAR_STRIDE))
-    return (*seed, scalars, health)
+    scalars = () if config.schedule == "seed" else (
+        TensorSpec(ADAM_SCALARS_TENSOR, "f32", (config.updates, ADAM_SCALAR_STRIDE)),)
+    weights = () if config.mode == "hard" else (TensorSpec(WEIGHTS_TENSOR, "f32", (v, v)),)
+    validation = () if not config.validates else (
+        TensorSpec(VALIDATION_INPUT, "u8", (PAIR_BYTES * config.validation_pairs,)),
+        TensorSpec(VALIDATION_WEIGHTS, "f32", (v, v)),
+        TensorSpec(VALIDATION_INITIAL_LOSS, "f32", (v,)),
+        TensorSpec(VALIDATION_LOSS, "f32", (v,)),
+    )
+    return (*seed, *scalars, *weights, *validation, health)
 
 
 def declared_regions(config: BobConfig, target: Target,
                      compiled: dict[str, Region] | None = None) -> tuple[Region, ...]:
-    """The four regions of the seed's order (the fused one in AdamW's place), then the
-    health check."""
+    """The four regions of the seed's order (the fused one in AdamW's place), the health
+    check, then in corpus mode the scatter and, with validation, the loss alone."""
     training = sig.ADAMW if config.schedule == "seed" else config.fused_region(target)
     names = (sig.GATHER, config.loss_region, training, sig.ARGMAX, sig.HEALTH)
+    if config.mode == "corpus":
+        names += (sig.SCATTER,)
+    if config.validates:
+        names += (sig.LOSS_ONLY_CORPUS,)
     compiled = compiled or {}
     return tuple(compiled.get(name) or sig.declared_region(name) for name in names)
 
 
 def adamw_grid(count: int) -> int:
     # Enough blocks to fill a large GPU; each thread strides over the rest.
+    return max(1, min(math.ceil(count / sig.BLOCK), 4096))
+
+
+def scatter_grid(count: int) -> int:
+    # A thread per pair, up to 4096 blocks; each thread strides over the rest.
     return max(1, min(math.ceil(count / sig.BLOCK), 4096))
 
 
@@ -459,15 +547,30 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
     log2e, ln2 = Scalar.f32_bits(LOG2E_BITS), Scalar.f32_bits(LN2_BITS)
     row_bytes = 4 * v
     prompts_offset = config.input_targets_bytes
+    # What the loss reads its targets from: the input (hard), the scattered table (corpus).
+    targets = TensorRef("input" if config.mode == "hard" else WEIGHTS_TENSOR)
 
     def loss(into: str) -> LaunchSpec:
         if config.mode == "hard":
-            args = (TensorRef("parameters"), TensorRef("gradients"), TensorRef("input"),
+            args = (TensorRef("parameters"), TensorRef("gradients"), targets,
                     TensorRef(into), log2e, ln2, Scalar.f32_bits(inverse_rows_bits(v)), vocab)
         else:
-            args = (TensorRef("parameters"), TensorRef("gradients"), TensorRef("input"),
+            args = (TensorRef("parameters"), TensorRef("gradients"), targets,
                     TensorRef(into), log2e, ln2, vocab)
         return LaunchSpec(config.loss_region, Dim3(v), block, args, f"loss->{into}")
+
+    def scatter(table: str, pairs: str, count: int) -> LaunchSpec:
+        # keys u64[K] at the input's start, then values f32[K]
+        return LaunchSpec(sig.SCATTER, Dim3(scatter_grid(count)), block, (
+            TensorRef(table), TensorRef(pairs), TensorRef(pairs, 8 * count),
+            Scalar.u32(count), vocab,
+        ), f"scatter->{table}")
+
+    def validation_loss(into: str) -> LaunchSpec:
+        return LaunchSpec(sig.LOSS_ONLY_CORPUS, Dim3(v), block, (
+            TensorRef("parameters"), TensorRef(VALIDATION_WEIGHTS), TensorRef(into),
+            log2e, ln2, vocab,
+        ), f"validation->{into}")
 
     def predict(i: int) -> tuple[LaunchSpec, LaunchSpec]:
         row = TensorRef("logit_rows", i * row_bytes)
@@ -504,7 +607,7 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
         rows = min(v, target.multiprocessors) if region in sig.SHARED_REST else v
         return LaunchSpec(region, Dim3(rows), Dim3(region_blocks[region]), (
             TensorRef("parameters"), TensorRef("first_moment"), TensorRef("second_moment"),
-            TensorRef("gradients"), TensorRef("input"), TensorRef("training_loss"),
+            TensorRef("gradients"), targets, TensorRef("training_loss"),
             scalars_row, *data, vocab, Scalar.u32(updates), finish,
         ), label)
 
@@ -513,7 +616,14 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
         return LaunchSpec(sig.HEALTH, Dim3(health_grid(v * v)), block,
                           (*tables, TensorRef(HEALTH_TENSOR), vocab), "health")
 
-    launches: list[LaunchSpec] = [loss("initial_loss")]
+    launches: list[LaunchSpec] = []
+    if config.mode == "corpus":
+        launches.append(scatter(WEIGHTS_TENSOR, "input", config.pairs))
+    if config.validates:
+        launches.append(scatter(VALIDATION_WEIGHTS, VALIDATION_INPUT, config.validation_pairs))
+    launches.append(loss("initial_loss"))
+    if config.validates:
+        launches.append(validation_loss(VALIDATION_INITIAL_LOSS))
     for i in range(config.prompts):
         launches.extend(predict(i))
     if config.schedule == "seed":
@@ -527,6 +637,8 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
                         for first in range(0, config.updates, step))
     if config.health_launches:
         launches.append(health())
+        if config.validates:
+            launches.append(validation_loss(VALIDATION_LOSS))
 
     return ProgramSpec(
         regions=regions,
@@ -539,6 +651,7 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
         attributes={"program": "bob", "vocab": v, "prompts": config.prompts,
                     "updates": config.updates, "mode": config.mode,
                     "schedule": config.schedule, "submission": config.submission,
+                    "pairs": config.pairs, "validation_pairs": config.validation_pairs,
                     "first_step": first_step},
     )
 
@@ -557,18 +670,20 @@ def adamw_scalar_arguments(hyper: Hyper, first_step: int, updates: int,
 
 
 def submission_schedule(config: BobConfig, target: Target) -> tuple[Submission, ...]:
-    """The launches in submissions, by policy: the forward launches, the training
-    launches, then the predictions again (launches 1 .. 2P); semaphore values 1, 2, ..."""
-    forward, training = config.forward_launches, config.training_launches(target)
+    """The launches in submissions, by policy: the loads, the forward launches, the
+    training launches, then the predictions again; semaphore values 1, 2, ..."""
+    loads, forward = config.load_launches, config.forward_launches
+    training, predictions = config.training_launches(target), config.first_prediction
     if config.submission == "per-launch":
         groups = [(i, 1) for i in range(forward + training)]
-        groups += [(1 + i, 1) for i in range(2 * config.prompts)]
+        groups += [(predictions + i, 1) for i in range(2 * config.prompts)]
     else:
-        groups = [(0, forward)]
+        groups = [(0, loads)] if loads else []
+        groups.append((loads, forward - loads))
         if training:
             groups.append((forward, training))
         if config.prompts:
-            groups.append((1, 2 * config.prompts))
+            groups.append((predictions, 2 * config.prompts))
     return tuple(Submission(first, count, value)
                  for value, (first, count) in enumerate(groups, start=1))
 

@@ -8,10 +8,15 @@ host applies the layout without knowing the schedules:
   order) and the input record (``input``), and zeroes ``cleared_on_load``;
 - an invocation from the state the arena already holds writes the input only where it
   changed and zeroes ``cleared_when_resident``;
+- whenever the inputs are written (the corpus input, and the validation input when the
+  program validates), the tables their pairs are scattered into (``input_tables``) are
+  zeroed and the first ``load_submissions`` submissions run (the scatters); otherwise
+  the invocation starts past them;
 - update k's AdamW scalars (global step t = the first step + k) reach the device as
   ``adam_scalars`` says: the rows of a tensor (fused) or patched into launches (seed);
-- a forward invocation reads back the result record (``results``); a training one
-  ``training_reads``: the result record, the health counts and the tables.
+- a forward invocation reads back the result record (``results``) and the validation
+  losses; a training one also the health counts (``training_reads``), and the tables
+  (``checkpoint``) when its state is wanted on the host.
 """
 
 from __future__ import annotations
@@ -21,7 +26,17 @@ from dataclasses import dataclass, fields
 
 from bob.config import CHECKPOINT_TENSORS, RESULT_TENSORS
 from bob.plan.model import Plan
-from bob.program.bob import ADAM_SCALAR_NAMES, ADAM_SCALARS_TENSOR, HEALTH_TENSOR, BobConfig
+from bob.program.bob import (
+    ADAM_SCALAR_NAMES,
+    ADAM_SCALARS_TENSOR,
+    HEALTH_TENSOR,
+    VALIDATION_INITIAL_LOSS,
+    VALIDATION_INPUT,
+    VALIDATION_LOSS,
+    VALIDATION_WEIGHTS,
+    WEIGHTS_TENSOR,
+    BobConfig,
+)
 
 
 @dataclass(frozen=True)
@@ -56,12 +71,26 @@ class InvocationLayout:
     cleared_when_resident: tuple[str, ...]
     results: tuple[str, ...]  # the result record, in arena order
     health: str  # the health check's counts of non-finite elements (u64 per table)
-    training_reads: tuple[str, ...]  # what a training invocation reads back
+    # What a training invocation reads back besides the tables: the result record, the
+    # validation losses, the health counts.
+    training_reads: tuple[str, ...]
     adam_scalars: ScalarRows | ScalarPatches | None  # None: no update, no scalars
+    # The validation input's tensor, None when the program does not validate.
+    validation_input: str | None = None
+    # The tables the load launches scatter the inputs' pairs into: zeroed first, since a
+    # scatter writes only the cells it has pairs for.
+    input_tables: tuple[str, ...] = ()
+    load_submissions: int = 0  # the first submissions: the scatters (corpus mode)
+    # The validation losses of the starting and of the trained table (row losses), or None.
+    validation_losses: tuple[str, str] | None = None
 
-    def reads(self, trains: bool) -> tuple[str, ...]:
-        """What settling an invocation needs: `training_reads` when it made updates."""
-        return self.training_reads if trains else self.results
+    def reads(self, trains: bool, tables: bool = True) -> tuple[str, ...]:
+        """What settling an invocation needs: with updates `training_reads`, and the tables
+        when `tables` (its state is wanted on the host); else the result record and the
+        validation losses."""
+        if not trains:
+            return (*self.results, *(self.validation_losses or ()))
+        return (*self.training_reads, *(self.checkpoint if tables else ()))
 
 
 @functools.lru_cache(maxsize=64)
@@ -74,6 +103,11 @@ def invocation_layout(config: BobConfig) -> InvocationLayout:
     elif trains:
         adam_scalars = ScalarPatches(
             tuple(config.adamw_launch(k) for k in range(config.updates)), ADAM_SCALAR_NAMES)
+    validation = (VALIDATION_INITIAL_LOSS, VALIDATION_LOSS) if config.validates else None
+    health = (HEALTH_TENSOR,) if trains else ()  # no health check runs without updates
+    input_tables = () if config.mode == "hard" else (WEIGHTS_TENSOR,)
+    if config.validates:
+        input_tables += (VALIDATION_WEIGHTS,)
     return InvocationLayout(
         checkpoint=CHECKPOINT_TENSORS,
         input="input",
@@ -81,9 +115,12 @@ def invocation_layout(config: BobConfig) -> InvocationLayout:
         cleared_when_resident=("training_loss", HEALTH_TENSOR),
         results=RESULT_TENSORS,
         health=HEALTH_TENSOR,
-        training_reads=(*RESULT_TENSORS, HEALTH_TENSOR, *CHECKPOINT_TENSORS) if trains
-        else RESULT_TENSORS,
+        training_reads=(*RESULT_TENSORS, *(validation or ()), *health),
         adam_scalars=adam_scalars,
+        validation_input=VALIDATION_INPUT if config.validates else None,
+        input_tables=input_tables,
+        load_submissions=config.load_submissions,
+        validation_losses=validation,
     )
 
 

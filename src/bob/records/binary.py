@@ -3,18 +3,23 @@
 A record file is a 24-byte header, then the payload, all little-endian:
 
     magic     8 bytes  b"BOBINPUT" (input) or b"BOBRESLT" (result)
-    version   u32      FORMAT_VERSION
+    version   u32      FORMAT_VERSION (1), or SPARSE_VERSION (2) for a sparse corpus record
     mode      u32      0 hard targets, 1 corpus weights
     V         u32      vocabulary: rows and columns of the table, in [2, 65536]
     P         u32      prompts, in [0, 4096]
+    K         u64      version 2 only: the corpus pairs
 
 Input payload, exactly the arena's ``input`` tensor: hard mode targets u32[V]
-then prompts u32[P]; corpus mode weights f32[V][V] then prompts u32[P].
+then prompts u32[P]; corpus mode (version 2) keys u64[K] (row * V + column, strictly
+increasing), their weights f32[K], then prompts u32[P]. A version 1 corpus record
+(weights f32[V][V], then prompts) is still read: its cells that are not zero become the
+pairs. Bob writes version 1 for hard records and version 2 for corpus records.
 Result payload, the arena's result tensors in order: initial_loss f32[V],
 training_loss f32[V], logit_rows f32[P][V], predictions u32[P].
 
 Reading a record checks everything a kernel relies on (sizes, every target and
-prompt below V, finite non-negative weights summing to 1) and raises BadInput
+prompt below V, every key a cell of the table and each once, finite non-negative weights
+summing to 1) and raises BadInput
 "<file>: <problem>" otherwise.
 """
 
@@ -32,6 +37,7 @@ import numpy as np
 from bob.config import MAX_PROMPTS, MAX_VOCAB, MIN_VOCAB, MODES, RESULT_TENSORS, Mode
 from bob.errors import BadInput
 from bob.files import StrPath, atomic_write, read_bytes
+from bob.records.digest import is_sparse, legacy_digest_of, sparse_digest_of
 
 INPUT_MAGIC = b"BOBINPUT"
 RESULT_MAGIC = b"BOBRESLT"
@@ -39,7 +45,10 @@ FORMAT_VERSION = 1
 HEADER = struct.Struct("<8sIIII")  # magic, version, mode, V, P
 
 U32 = np.dtype("<u4")
+U64 = np.dtype("<u8")
 F32 = np.dtype("<f4")
+SPARSE_VERSION = 2  # a corpus record's weights as K sparse pairs (K: u64 after the header)
+PAIRS = struct.Struct("<Q")
 
 # C/N rounded to binary32 is within 2**-24 of C/N, so exact weights sum to
 # within 6e-8 of 1; the slack admits weights normalized in float32 elsewhere.
@@ -101,16 +110,45 @@ def _check_indices(array: np.ndarray, vocab: int, name: str, source: str) -> Non
         raise BadInput(f"{source}: {name}{index_text(i)} = {array[i]} is not below V={vocab}")
 
 
-def _check_weights(weights: np.ndarray, source: str) -> None:
+def _cell(keys: np.ndarray, i: tuple[int, ...], vocab: int) -> str:
+    """Where pair i's weight sits in the table, as weights[row][column]."""
+    row, column = divmod(int(keys[i]), vocab)
+    return f"weights[{row}][{column}]"
+
+
+def _check_keys(keys: np.ndarray, vocab: int, source: str) -> None:
+    """Every key a cell of the V x V table (row * V + column), strictly increasing: the
+    scatter writes each cell once, and a key outside the table is refused here, before
+    anything runs."""
+    if keys.size == 0:
+        raise BadInput(f"{source}: no pairs: a corpus record needs at least one transition")
+    if keys.min() < 0:
+        i = first_true(keys < 0)
+        raise BadInput(f"{source}: keys{index_text(i)} = {keys[i]} is negative")
+    outside = keys.astype(U64) >= vocab * vocab
+    if outside.any():
+        i = first_true(outside)
+        raise BadInput(f"{source}: keys{index_text(i)} = {keys[i]} is outside the V x V table "
+                       f"(V={vocab}: keys below {vocab * vocab})")
+    if keys.size > 1:
+        wide = keys.astype(U64, copy=False)
+        order = wide[1:] <= wide[:-1]  # not np.diff: an unsigned difference wraps around
+        if order.any():
+            i = int(np.argmax(order)) + 1
+            raise BadInput(f"{source}: keys[{i}] = {keys[i]} does not follow keys[{i - 1}] = "
+                           f"{keys[i - 1]}: keys must be strictly increasing")
+
+
+def _check_weights(weights: np.ndarray, source: str, keys: np.ndarray, vocab: int) -> None:
     """Finite, non-negative and summing to 1: a distribution over transitions."""
     finite = np.isfinite(weights)
     if not finite.all():
         i = first_true(~finite)
-        raise BadInput(f"{source}: weights{index_text(i)} is {weights[i]} (not finite)")
+        raise BadInput(f"{source}: {_cell(keys, i, vocab)} is {weights[i]} (not finite)")
     negative = weights < 0
     if negative.any():
         i = first_true(negative)
-        raise BadInput(f"{source}: weights{index_text(i)} = {weights[i]} is negative")
+        raise BadInput(f"{source}: {_cell(keys, i, vocab)} = {weights[i]} is negative")
     total = float(weights.sum(dtype=np.float64))
     if not abs(total - 1.0) <= WEIGHT_SUM_TOLERANCE:
         raise BadInput(f"{source}: weights sum to {total!r}, not 1 (within "
@@ -160,8 +198,8 @@ def _what_it_is(data: bytes) -> str:
 
 
 def _read_header(data: bytes, source: str, magic: bytes, what: str,
-                 ) -> tuple[Mode, int, int]:
-    """Mode, V and P from a record's header, every field checked."""
+                 versions: tuple[int, ...] = (1,)) -> tuple[Mode, int, int, int]:
+    """Mode, V, P and the format version from a record's header, every field checked."""
     if not data:
         raise BadInput(f"{source}: empty file, not a Bob {what}")
     head = data[:8]
@@ -172,22 +210,25 @@ def _read_header(data: bytes, source: str, magic: bytes, what: str,
         raise BadInput(f"{source}: truncated header: {len(data)} bytes, a Bob {what} "
                        f"starts with {HEADER.size}")
     _, version, mode_code, vocab, prompts = HEADER.unpack_from(data)
-    if version != FORMAT_VERSION:
+    if version not in versions:
+        readable = " and ".join(map(str, versions))
         raise BadInput(f"{source}: unsupported format version {version} "
-                       f"(this Bob reads version {FORMAT_VERSION})")
+                       f"(this Bob reads version {readable})")
     if mode_code >= len(MODES):
         raise BadInput(f"{source}: unknown mode {mode_code} (0 hard, 1 corpus)")
     if not MIN_VOCAB <= vocab <= MAX_VOCAB:
         raise BadInput(f"{source}: V={vocab} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
     if prompts > MAX_PROMPTS:
         raise BadInput(f"{source}: P={prompts} is outside [0, {MAX_PROMPTS}]")
-    return MODES[mode_code], vocab, prompts
+    return MODES[mode_code], vocab, prompts, version
 
 
 def _check_length(data: bytes, source: str, what: str, mode: Mode, vocab: int,
-                  prompts: int, payload_bytes: int) -> None:
-    expected = HEADER.size + payload_bytes
-    shape = f"{mode} {what} with V={vocab}, P={prompts}"
+                  prompts: int, payload_bytes: int, *, start: int = HEADER.size,
+                  pairs: int | None = None) -> None:
+    expected = start + payload_bytes
+    shape = f"{mode} {what} with V={vocab}, " + ("" if pairs is None else f"K={pairs}, ") \
+        + f"P={prompts}"
     if len(data) < expected:
         raise BadInput(f"{source}: truncated: {len(data)} bytes, a {shape} has {expected}")
     if len(data) > expected:
@@ -195,8 +236,9 @@ def _check_length(data: bytes, source: str, what: str, mode: Mode, vocab: int,
                        f"({expected} bytes)")
 
 
-def _header(magic: bytes, mode: Mode, vocab: int, prompts: int) -> bytes:
-    return HEADER.pack(magic, FORMAT_VERSION, MODES.index(mode), vocab, prompts)
+def _header(magic: bytes, mode: Mode, vocab: int, prompts: int,
+            version: int = FORMAT_VERSION) -> bytes:
+    return HEADER.pack(magic, version, MODES.index(mode), vocab, prompts)
 
 
 def _as_bytes(data: bytes | bytearray | memoryview) -> bytes:
@@ -207,18 +249,23 @@ def _as_bytes(data: bytes | bytearray | memoryview) -> bytes:
 # -- the input record ----------------------------------------------------------
 @dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class InputRecord:
-    """What one invocation reads: the training table and the prompts.
+    """What one invocation reads: the training targets and the prompts.
 
-    Build one with `InputRecord.hard(targets, prompts)` or
-    `InputRecord.corpus(weights, prompts)`. Shapes and dtypes that do not fit
-    raise ValueError/TypeError (a caller's mistake); values that do not fit
-    (a target or prompt >= V, bad weights) raise BadInput naming `source`.
+    Hard mode: `targets[r]`, the byte that follows byte r. Corpus mode: the K cells of the
+    V x V table of weights C / total that are not zero, sparse: `keys` (row * V + column,
+    strictly increasing) and their binary32 `values`; the device scatters them into its
+    table. Build one with `InputRecord.hard(targets, prompts)`,
+    `InputRecord.sparse(vocab, keys, values, prompts)` or, from a dense table,
+    `InputRecord.corpus(weights, prompts)`. Shapes and dtypes that do not fit raise
+    ValueError/TypeError (a caller's mistake); values that do not fit (a target, prompt or
+    key out of range, bad weights) raise BadInput naming `source`.
     """
 
     mode: Mode
     vocab: int  # V
     targets: np.ndarray | None = None  # u32[V], hard mode: row r's next byte
-    weights: np.ndarray | None = None  # f32[V][V], corpus mode: C / total
+    keys: np.ndarray | None = None  # u64[K], corpus mode: row * V + column, increasing
+    values: np.ndarray | None = None  # f32[K], corpus mode: C / total of each key's pair
     prompts: np.ndarray  # u32[P]: rows whose next byte is predicted
     source: str = field(default="input record", repr=False)  # names the file in errors
 
@@ -231,22 +278,27 @@ class InputRecord:
         _check_indices(prompts, v, "prompts", self.source)
         object.__setattr__(self, "prompts", _readonly(prompts.astype(U32, copy=False)))
         if self.mode == "hard":
-            if self.targets is None or self.weights is not None:
-                raise ValueError("a hard-mode record has targets and no weights")
+            if self.targets is None or self.keys is not None or self.values is not None:
+                raise ValueError("a hard-mode record has targets and no keys or values")
             targets = _as_indices(self.targets, "targets")
             _check_shape(targets, (v,), "targets")
             _check_indices(targets, v, "targets", self.source)
             object.__setattr__(self, "targets", _readonly(targets.astype(U32, copy=False)))
-        else:
-            if self.weights is None or self.targets is not None:
-                raise ValueError("a corpus-mode record has weights and no targets")
-            weights = np.asarray(self.weights)
-            if weights.dtype.kind != "f":
-                raise TypeError(f"weights must be floating point, not {weights.dtype}")
-            weights = np.ascontiguousarray(weights, dtype=F32)
-            _check_shape(weights, (v, v), "weights")
-            _check_weights(weights, self.source)
-            object.__setattr__(self, "weights", _readonly(weights))
+            return
+        if self.keys is None or self.values is None or self.targets is not None:
+            raise ValueError("a corpus-mode record has keys and values and no targets")
+        keys = _as_indices(self.keys, "keys")
+        values = np.asarray(self.values)
+        if values.dtype.kind != "f":
+            raise TypeError(f"values must be floating point, not {values.dtype}")
+        if keys.ndim != 1 or values.shape != keys.shape:
+            raise ValueError(f"keys {keys.shape} and values {values.shape} must be one "
+                             "entry per pair")
+        _check_keys(keys, v, self.source)
+        values = np.ascontiguousarray(values, dtype=F32)
+        _check_weights(values, self.source, keys, v)
+        object.__setattr__(self, "keys", _readonly(keys.astype(U64, copy=False)))
+        object.__setattr__(self, "values", _readonly(values))
 
     @classmethod
     def hard(cls, targets: object, prompts: object = (), source: str = "input record",
@@ -257,44 +309,87 @@ class InputRecord:
                    source=source)
 
     @classmethod
+    def sparse(cls, vocab: int, keys: object, values: object, prompts: object = (),
+               source: str = "input record") -> InputRecord:
+        """Corpus weights, sparse: values[i] is the share of transitions keys[i] // V ->
+        keys[i] % V; every other transition has none."""
+        return cls(mode="corpus", vocab=vocab, keys=keys, values=values, prompts=prompts,
+                   source=source)
+
+    @classmethod
     def corpus(cls, weights: object, prompts: object = (), source: str = "input record",
                ) -> InputRecord:
-        """Corpus weights: weights[r][n] is the share of transitions r -> n."""
+        """Corpus weights from a dense table: weights[r][n] is the share of transitions
+        r -> n. Its cells whose bits are not zero become the pairs (a -0.0 stays one)."""
         weights = np.asarray(weights)
-        return cls(mode="corpus", vocab=len(weights), weights=weights, prompts=prompts,
-                   source=source)
+        if weights.dtype.kind != "f":
+            raise TypeError(f"weights must be floating point, not {weights.dtype}")
+        if weights.ndim != 2 or weights.shape[0] != weights.shape[1]:
+            raise ValueError(f"weights must be a square table, not of shape {weights.shape}")
+        flat = np.ascontiguousarray(weights, dtype=F32).reshape(-1)
+        keys = np.flatnonzero(flat.view(U32)).astype(U64)
+        return cls.sparse(len(weights), keys, flat[keys.astype(np.intp)], prompts, source)
 
     @property
     def prompt_count(self) -> int:
         return len(self.prompts)
 
     @property
-    def table(self) -> np.ndarray:
-        """The training part: targets (hard) or weights (corpus)."""
-        table = self.targets if self.mode == "hard" else self.weights
-        assert table is not None  # __post_init__ guarantees it
-        return table
+    def pairs(self) -> int:
+        """K: the corpus pairs the record carries (0 in hard mode)."""
+        return 0 if self.keys is None else len(self.keys)
+
+    def dense_weights(self) -> np.ndarray:
+        """The corpus weights as the V x V table the device scatters them into (V x V
+        memory: for small tables and tests)."""
+        if self.mode != "corpus":
+            raise ValueError("a hard-mode record has no weights")
+        assert self.keys is not None and self.values is not None
+        table = np.zeros(self.vocab * self.vocab, F32)
+        table[self.keys.astype(np.intp)] = self.values
+        return table.reshape(self.vocab, self.vocab)
+
+    def _training_parts(self) -> tuple[memoryview, ...]:
+        """The payload before the prompts: targets (hard), or keys then values (corpus)."""
+        if self.mode == "hard":
+            assert self.targets is not None  # __post_init__ guarantees it
+            return (_raw(self.targets),)
+        assert self.keys is not None and self.values is not None
+        return (_raw(self.keys), _raw(self.values))
 
     @functools.cached_property
     def data_digest(self) -> str:
-        """sha256 hex of the training part of the payload (prompts do not affect training)."""
-        return hashlib.sha256(_raw(self.table)).hexdigest()
+        """What the record trains on (prompts do not affect training): the sha256 hex of
+        the targets (hard), the sparse digest of the weights (corpus, records.digest)."""
+        if self.mode == "hard":
+            return hashlib.sha256(_raw(self.targets)).hexdigest()
+        assert self.keys is not None and self.values is not None
+        return sparse_digest_of(self.vocab, self.keys, self.values)
+
+    def digest_matches(self, stored: str) -> bool:
+        """Whether a stored data digest (either version) names this record's data."""
+        if self.mode == "hard" or is_sparse(stored):
+            return stored == self.data_digest
+        assert self.keys is not None and self.values is not None
+        return stored == legacy_digest_of(self.vocab, self.keys, self.values)
 
     def payload(self) -> bytes:
         """Exactly the arena's input tensor."""
-        return b"".join((_raw(self.table), _raw(self.prompts)))
+        return b"".join((*self._training_parts(), _raw(self.prompts)))
 
     def header(self) -> bytes:
-        return _header(INPUT_MAGIC, self.mode, self.vocab, self.prompt_count)
+        if self.mode == "hard":
+            return _header(INPUT_MAGIC, self.mode, self.vocab, self.prompt_count)
+        return (_header(INPUT_MAGIC, self.mode, self.vocab, self.prompt_count, SPARSE_VERSION)
+                + PAIRS.pack(self.pairs))
 
     def to_bytes(self) -> bytes:
-        return b"".join((self.header(), _raw(self.table), _raw(self.prompts)))
+        return b"".join((self.header(), self.payload()))
 
     def write(self, path: StrPath) -> None:
         """Write the record atomically."""
         def write_parts(file: BinaryIO) -> None:
-            # Streamed: a corpus table is up to 1 GiB, no need for a second copy.
-            for part in (self.header(), _raw(self.table), _raw(self.prompts)):
+            for part in (self.header(), *self._training_parts(), _raw(self.prompts)):
                 file.write(part)
         atomic_write(path, write_parts)
 
@@ -302,16 +397,34 @@ class InputRecord:
     def from_bytes(cls, data: bytes | bytearray | memoryview, source_name: str,
                    ) -> InputRecord:
         data = _as_bytes(data)
-        mode, v, p = _read_header(data, source_name, INPUT_MAGIC, "input record")
-        table_bytes = 4 * v if mode == "hard" else 4 * v * v
-        _check_length(data, source_name, "input record", mode, v, p, table_bytes + 4 * p)
-        prompts = np.frombuffer(data, U32, p, HEADER.size + table_bytes)
-        if mode == "hard":
-            targets = np.frombuffer(data, U32, v, HEADER.size)
-            return cls(mode=mode, vocab=v, targets=targets, prompts=prompts,
-                       source=source_name)
-        weights = np.frombuffer(data, F32, v * v, HEADER.size).reshape(v, v)
-        return cls(mode=mode, vocab=v, weights=weights, prompts=prompts, source=source_name)
+        mode, v, p, version = _read_header(data, source_name, INPUT_MAGIC, "input record",
+                                           versions=(FORMAT_VERSION, SPARSE_VERSION))
+        if mode == "hard" or version == FORMAT_VERSION:
+            table_bytes = 4 * v if mode == "hard" else 4 * v * v
+            _check_length(data, source_name, "input record", mode, v, p, table_bytes + 4 * p)
+            prompts = np.frombuffer(data, U32, p, HEADER.size + table_bytes)
+            if mode == "hard":
+                if version != FORMAT_VERSION:
+                    raise BadInput(f"{source_name}: a hard-mode record is format version "
+                                   f"{FORMAT_VERSION}, not {version}")
+                targets = np.frombuffer(data, U32, v, HEADER.size)
+                return cls.hard(targets, prompts, source=source_name)
+            weights = np.frombuffer(data, F32, v * v, HEADER.size).reshape(v, v)
+            return cls.corpus(weights, prompts, source=source_name)
+        if len(data) < HEADER.size + PAIRS.size:
+            raise BadInput(f"{source_name}: truncated header: {len(data)} bytes, a sparse "
+                           f"corpus record starts with {HEADER.size + PAIRS.size}")
+        (k,) = PAIRS.unpack_from(data, HEADER.size)
+        if k > v * v:
+            raise BadInput(f"{source_name}: K={k} pairs, more than the {v * v} cells of a "
+                           f"V={v} table")
+        start = HEADER.size + PAIRS.size
+        _check_length(data, source_name, "input record", mode, v, p, 12 * k + 4 * p,
+                      start=start, pairs=k)
+        keys = np.frombuffer(data, U64, k, start)
+        values = np.frombuffer(data, F32, k, start + 8 * k)
+        prompts = np.frombuffer(data, U32, p, start + 12 * k)
+        return cls.sparse(v, keys, values, prompts, source=source_name)
 
     @classmethod
     def read(cls, path: StrPath) -> InputRecord:
@@ -320,14 +433,19 @@ class InputRecord:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, InputRecord):
             return NotImplemented
-        return (self.mode == other.mode and self.vocab == other.vocab
-                and arrays_identical(self.table, other.table)
-                and arrays_identical(self.prompts, other.prompts))
+        if (self.mode, self.vocab) != (other.mode, other.vocab) \
+                or not arrays_identical(self.prompts, other.prompts):
+            return False
+        if self.mode == "hard":
+            return arrays_identical(self.targets, other.targets)
+        return arrays_identical(self.keys, other.keys) \
+            and arrays_identical(self.values, other.values)
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays
 
     def __repr__(self) -> str:
-        return f"InputRecord(mode={self.mode!r}, V={self.vocab}, P={self.prompt_count})"
+        pairs = f", K={self.pairs}" if self.mode == "corpus" else ""
+        return f"InputRecord(mode={self.mode!r}, V={self.vocab}{pairs}, P={self.prompt_count})"
 
 
 # -- the result record ---------------------------------------------------------
@@ -428,7 +546,7 @@ class ResultRecord:
     def from_bytes(cls, data: bytes | bytearray | memoryview, source_name: str,
                    ) -> ResultRecord:
         data = _as_bytes(data)
-        mode, v, p = _read_header(data, source_name, RESULT_MAGIC, "result record")
+        mode, v, p, _ = _read_header(data, source_name, RESULT_MAGIC, "result record")
         _check_length(data, source_name, "result record", mode, v, p, 4 * (2 * v + p * v + p))
         offset = HEADER.size
 

@@ -35,7 +35,7 @@ import math
 import os
 import socket
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from numbers import Integral, Real
 from pathlib import Path
@@ -197,6 +197,323 @@ def _segment_from_json(entry: object) -> Segment | str:
     return Segment(first, entry["data_digest"], hyper)
 
 
+# What a save's tables are handed to: (tensor, byte offset in it, bytes), in arena order.
+TableSink = Callable[[str, int, memoryview], None]
+# A source of the three tables: it calls the sink with every byte of them, in order.
+TableDelivery = Callable[[TableSink, int], None]
+CHUNK_BYTES = 64 << 20  # a streamed save's or load's piece: the host holds a few of them
+TABLE_PIECES = 4  # and a table crosses in at least this many: no piece is a whole table
+
+
+def piece_bytes(table_bytes: int, chunk_bytes: int | None = None) -> int:
+    """The piece a streamed save or load moves: at most `chunk_bytes` (CHUNK_BYTES when
+    None) and at most a TABLE_PIECES-th of a table, in whole float32s."""
+    chunk = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    return max(4, min(chunk, table_bytes // TABLE_PIECES) // 4 * 4)
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """Everything a checkpoint holds but its three tables: where the run stands.
+
+    A run whose tables stay on the device carries this between its invocations; a save
+    streams the tables behind its header (`save`), and a load reads them a chunk at a
+    time (`CheckpointFile`).
+    """
+
+    vocab: int
+    step: int  # global AdamW update count; it continues across invocations
+    hyper: Hyper
+    mode: Mode
+    data_digest: str  # of the training data ("v2:" sparse, or legacy); "" before training
+    history: tuple[tuple[int, float], ...] = ()
+    optimum: float | None = None
+    segments: tuple[Segment, ...] = ()
+    val_history: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.vocab, bool) or not isinstance(self.vocab, int) \
+                or not MIN_VOCAB <= self.vocab <= MAX_VOCAB:
+            raise ValueError(f"V={self.vocab} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
+        if not isinstance(self.step, int) or isinstance(self.step, bool) or self.step < 0:
+            raise ValueError(f"step must be a non-negative integer, not {self.step!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be 'hard' or 'corpus', not {self.mode!r}")
+        if not isinstance(self.hyper, Hyper):  # a Hyper checks its own values
+            raise TypeError(f"hyper must be a Hyper, not {type(self.hyper).__name__}")
+        problem = (_digest_problem(self.data_digest) or _optimum_problem(self.optimum)
+                   or _segments_problem(tuple(self.segments), self.step))
+        if problem:
+            raise ValueError(problem)
+        # Pairs of (int, float), so equality does not depend on how they were given; a
+        # History given is already checked.
+        object.__setattr__(self, "history", History.of(self.history))
+        object.__setattr__(self, "segments", tuple(self.segments))
+        object.__setattr__(self, "val_history", History.of(self.val_history))
+
+    @property
+    def table_bytes(self) -> int:
+        return 4 * self.vocab * self.vocab
+
+    @property
+    def file_bytes(self) -> int:
+        """The checkpoint file's size: its header and three tables."""
+        return len(self.header()) + 3 * self.table_bytes
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "format": FORMAT,
+            "format_version": str(FORMAT_VERSION),
+            "vocab": str(self.vocab),
+            "step": str(self.step),
+            "mode": self.mode,
+            **{name: repr(float(getattr(self.hyper, name))) for name in HYPER_FIELDS},
+            "data_digest": self.data_digest,
+            "created_by": f"bob {bob_version()}",
+            **({"history": json.dumps([list(p) for p in self.history])} if self.history else {}),
+            **({"optimum": repr(float(self.optimum))} if self.optimum is not None else {}),
+            **({"segments": json.dumps([s.to_json() for s in self.segments])}
+               if self.segments else {}),
+            **({"val_history": json.dumps([list(p) for p in self.val_history])}
+               if self.val_history else {}),
+        }
+
+    def header(self) -> bytes:
+        """The safetensors header of the checkpoint: its length, then the JSON padded."""
+        header: dict[str, object] = {"__metadata__": self.metadata()}
+        for i, name in enumerate(CHECKPOINT_TENSORS):
+            header[name] = {"dtype": "F32", "shape": [self.vocab, self.vocab],
+                            "data_offsets": [i * self.table_bytes,
+                                             (i + 1) * self.table_bytes]}
+        text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        text += b" " * (-len(text) % 8)  # safetensors pads with spaces to align the data
+        return struct.pack("<Q", len(text)) + text
+
+    def save(self, path: StrPath, deliver: TableDelivery, *, checked: bool = False,
+             chunk_bytes: int | None = None) -> None:
+        """Write the checkpoint atomically (temporary, fsync, rename): the header, then the
+        tables as `deliver` hands them over, each piece written as it comes.
+
+        Every piece is checked as it passes (finite, a non-negative second moment) unless
+        `checked` says the caller knows (a device's health check counted no non-finite
+        element); the second moment's sign is checked always. A problem abandons the
+        temporary and raises RunFailure: the previous checkpoint is kept.
+        """
+        expected = [(name, 0) for name in CHECKPOINT_TENSORS]
+
+        def write(file: BinaryIO) -> None:
+            file.write(self.header())
+            at = [0]  # index into expected of the tensor being written
+
+            def sink(name: str, offset: int, data: memoryview) -> None:
+                while at[0] < 3 and expected[at[0]][1] == self.table_bytes:
+                    at[0] += 1
+                if at[0] == 3 or (name, offset) != expected[at[0]]:
+                    raise RunFailure(f"{path}: checkpoint not written: the tables came out of "
+                                     f"order ({name} at byte {offset}); the previous "
+                                     "checkpoint is kept")
+                problem = _chunk_problem(name, offset, data, self.vocab,
+                                         finite=not checked)
+                if problem:
+                    raise RunFailure(f"{path}: checkpoint not written: {problem}; the "
+                                     "previous checkpoint is kept")
+                file.write(data)
+                expected[at[0]] = (name, offset + len(data))
+
+            deliver(sink, piece_bytes(self.table_bytes, chunk_bytes))
+            if any(done != self.table_bytes for _, done in expected):
+                raise RunFailure(f"{path}: checkpoint not written: the tables ended early; "
+                                 "the previous checkpoint is kept")
+        atomic_write(path, write)
+
+
+@dataclass(frozen=True)
+class ArrayTables:
+    """Three tables in host memory, delivered in pieces (no copy)."""
+
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray]
+
+    def deliver(self, sink: TableSink, chunk_bytes: int = CHUNK_BYTES) -> None:
+        for name, array in zip(CHECKPOINT_TENSORS, self.arrays, strict=True):
+            data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+            for offset in range(0, len(data), chunk_bytes):
+                sink(name, offset, data[offset:offset + chunk_bytes])
+
+
+def _chunk_problem(name: str, offset: int, data: memoryview, vocab: int, *,
+                   finite: bool = True) -> str | None:
+    """What makes a piece of a table unfit to save or load, named by its element."""
+    values = np.frombuffer(data, F32)
+    first = offset // 4
+    if finite:
+        bad = ~np.isfinite(values)
+        if bad.any():
+            i = first + int(np.argmax(bad))
+            return f"{name}[{i // vocab}][{i % vocab}] is {values[i - first]} (not finite)"
+    if name == "second_moment":
+        negative = values < 0
+        if negative.any():
+            i = first + int(np.argmax(negative))
+            return (f"{name}[{i // vocab}][{i % vocab}] = {values[i - first]} is negative "
+                    "(it is a mean of squares)")
+    return None
+
+
+class CheckpointFile:
+    """A checkpoint on disk, opened without reading its tables: the state from its header,
+    the tables read a chunk or a few rows at a time (each piece checked as it is read).
+
+        stored = CheckpointFile.open("bob.safetensors")
+        stored.state.step
+        stored.rows("parameters", [464])      # f32[1][V]: one row, nothing else read
+        stored.deliver(sink)                  # every byte of the tables, in pieces
+    """
+
+    def __init__(self, path: StrPath, state: TrainingState, offsets: dict[str, int]):
+        self.path = str(path)
+        self.state = state
+        self._offsets = offsets  # where each table's bytes begin in the file
+
+    @classmethod
+    def open(cls, path: StrPath) -> CheckpointFile:
+        """Read and check the header; BadInput "<file>: <problem>" when it is not sound."""
+        source = str(path)
+        _check_opening_bytes(path)
+        try:
+            with safe_open(source, framework="numpy") as file:
+                # The metadata first: a foreign safetensors file is "not a Bob checkpoint".
+                state = _read_metadata(file.metadata() or {}, source)
+                names = set(file.keys())
+                missing = [n for n in CHECKPOINT_TENSORS if n not in names]
+                if missing:
+                    raise BadInput(f"{source}: no tensor {missing[0]!r} (a Bob checkpoint has "
+                                   f"{', '.join(CHECKPOINT_TENSORS)})")
+                extra = sorted(names - set(CHECKPOINT_TENSORS))
+                if extra:
+                    raise BadInput(f"{source}: unexpected tensor {extra[0]!r} (a Bob "
+                                   f"checkpoint has only {', '.join(CHECKPOINT_TENSORS)})")
+                v = state.vocab
+                for name in CHECKPOINT_TENSORS:
+                    # From the header, before reading: NumPy has no bfloat16, say.
+                    layout = file.get_slice(name)
+                    dtype, shape = layout.get_dtype(), list(layout.get_shape())
+                    if dtype != "F32":
+                        raise BadInput(f"{source}: tensor {name} is {dtype}, not F32 (float32)")
+                    if shape != [v, v]:
+                        raise BadInput(f"{source}: tensor {name} has shape {shape}, expected "
+                                       f"[{v}, {v}] (V={v})")
+            offsets = _table_offsets(source)
+        except SafetensorError as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise BadInput(f"{source}: not a readable safetensors file ({reason})") from None
+        except OSError as error:
+            raise BadInput(f"{source}: cannot read ({error.strerror or error})") from None
+        return cls(path, state, offsets)
+
+    def _offset(self, name: str) -> int:
+        return self._offsets[name]
+
+    def _read(self, file: BinaryIO, at: int, into: memoryview) -> None:
+        file.seek(at)
+        if file.readinto(into) != len(into):
+            raise BadInput(f"{self.path}: truncated: the tables end before byte "
+                           f"{at + len(into)}")
+
+    def rows(self, name: str, indices: Sequence[int]) -> np.ndarray:
+        """Rows `indices` of one table (f32[len][V]), read from the file alone and checked."""
+        v = self.state.vocab
+        out = np.empty((len(indices), v), F32)
+        with reading(self.path, "checkpoint") as file:
+            for i, row in enumerate(indices):
+                if not 0 <= row < v:
+                    raise ValueError(f"row {row} is outside the V={v} table")
+                view = memoryview(out[i]).cast("B")
+                self._read(file, self._offset(name) + 4 * v * row, view)
+                problem = _chunk_problem(name, 4 * v * row, view, v)
+                if problem:
+                    raise BadInput(f"{self.path}: {problem}")
+        return out
+
+    def deliver(self, sink: TableSink, chunk_bytes: int | None = None,
+                names: Sequence[str] = CHECKPOINT_TENSORS) -> None:
+        """Every byte of these tables (all three by default) to `sink`, a checked chunk at a
+        time, through two buffers of a piece each (`piece_bytes`: the host holds no
+        table)."""
+        chunk_bytes = piece_bytes(self.state.table_bytes, chunk_bytes)
+        buffers = [bytearray(chunk_bytes) for _ in range(2)]
+        turn = 0
+        with reading(self.path, "checkpoint") as file:
+            for name in names:
+                start = self._offset(name)
+                for offset in range(0, self.state.table_bytes, chunk_bytes):
+                    size = min(chunk_bytes, self.state.table_bytes - offset)
+                    view = memoryview(buffers[turn])[:size]
+                    turn = 1 - turn
+                    self._read(file, start + offset, view)
+                    problem = _chunk_problem(name, offset, view, self.state.vocab)
+                    if problem:
+                        raise BadInput(f"{self.path}: {problem}")
+                    sink(name, offset, view)
+
+    def load(self) -> Checkpoint:
+        """The whole checkpoint in host memory (three V x V tables)."""
+        tables = [np.empty((self.state.vocab, self.state.vocab), F32) for _ in range(3)]
+
+        def keep(name: str, offset: int, data: memoryview) -> None:
+            flat = tables[CHECKPOINT_TENSORS.index(name)].reshape(-1).view(np.uint8)
+            flat[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
+
+        self.deliver(keep)
+        return Checkpoint.of(self.state, *tables)
+
+
+@dataclass(frozen=True, eq=False)
+class StartingPoint:
+    """A training state and where its tables come from, with no table in host memory: a
+    checkpoint file (its chunks streamed into the arena) or none (every table zero)."""
+
+    state: TrainingState
+    source: CheckpointFile | None = None  # None: three zero tables
+
+    @classmethod
+    def fresh(cls, vocab: int, hyper: Hyper = DEFAULT_HYPER, mode: Mode = "hard",
+              data_digest: str = "") -> StartingPoint:
+        """A zero table and zero moments at step 0 (Checkpoint.zeros, without the zeros)."""
+        return cls(TrainingState(vocab, 0, hyper, mode, data_digest))
+
+
+PARAMETERS_FORMAT = "bob-parameters"
+
+
+def export_parameters(stored: CheckpointFile, out: StrPath) -> int:
+    """The checkpoint's parameters alone as a safetensors file (one F32 [V, V] tensor,
+    `parameters`, and the checkpoint's metadata but its format), written atomically a
+    chunk at a time; the bytes written."""
+    state = stored.state
+    metadata = {**state.metadata(), "format": PARAMETERS_FORMAT}
+    header = {"__metadata__": metadata,
+              "parameters": {"dtype": "F32", "shape": [state.vocab, state.vocab],
+                             "data_offsets": [0, state.table_bytes]}}
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+
+    def write(file: BinaryIO) -> None:
+        file.write(struct.pack("<Q", len(text)) + text)
+        stored.deliver(lambda name, offset, data: file.write(data), names=("parameters",))
+
+    atomic_write(out, write)
+    return 8 + len(text) + state.table_bytes
+
+
+def _table_offsets(source: str) -> dict[str, int]:
+    """Where each table's bytes begin in a checkpoint file, as its header says (safetensors
+    has checked the header against the file; any order of the tables is one it reads)."""
+    with reading(source, "checkpoint") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+        header = json.loads(file.read(length))
+    return {name: 8 + length + header[name]["data_offsets"][0] for name in CHECKPOINT_TENSORS}
+
+
 @dataclass(frozen=True, eq=False)
 class Checkpoint:
     """The training state: what the arena's first three tensors hold, plus where it stands."""
@@ -283,92 +600,42 @@ class Checkpoint:
         return cls(*tables, step=step, hyper=hyper, mode=mode, data_digest=data_digest)
 
     # -- files -----------------------------------------------------------------
-    def metadata(self) -> dict[str, str]:
-        return {
-            "format": FORMAT,
-            "format_version": str(FORMAT_VERSION),
-            "vocab": str(self.vocab),
-            "step": str(self.step),
-            "mode": self.mode,
-            **{name: repr(float(getattr(self.hyper, name))) for name in HYPER_FIELDS},
-            "data_digest": self.data_digest,
-            "created_by": f"bob {bob_version()}",
-            **({"history": json.dumps([list(p) for p in self.history])} if self.history else {}),
-            **({"optimum": repr(float(self.optimum))} if self.optimum is not None else {}),
-            **({"segments": json.dumps([s.to_json() for s in self.segments])}
-               if self.segments else {}),
-            **({"val_history": json.dumps([list(p) for p in self.val_history])}
-               if self.val_history else {}),
-        }
+    @property
+    def state(self) -> TrainingState:
+        """Everything but the tables."""
+        return TrainingState(self.vocab, self.step, self.hyper, self.mode, self.data_digest,
+                             self.history, self.optimum, self.segments, self.val_history)
 
-    def _safetensors_header(self) -> bytes:
-        header: dict[str, object] = {"__metadata__": self.metadata()}
-        table_bytes = 4 * self.vocab * self.vocab
-        for i, name in enumerate(CHECKPOINT_TENSORS):
-            header[name] = {"dtype": "F32", "shape": [self.vocab, self.vocab],
-                            "data_offsets": [i * table_bytes, (i + 1) * table_bytes]}
-        text = json.dumps(header, separators=(",", ":")).encode("utf-8")
-        text += b" " * (-len(text) % 8)  # safetensors pads with spaces to align the data
-        return struct.pack("<Q", len(text)) + text
+    @classmethod
+    def of(cls, state: TrainingState, parameters: np.ndarray, first_moment: np.ndarray,
+           second_moment: np.ndarray) -> Checkpoint:
+        """A state and its three tables."""
+        return cls(parameters, first_moment, second_moment, step=state.step, hyper=state.hyper,
+                   mode=state.mode, data_digest=state.data_digest, history=state.history,
+                   optimum=state.optimum, segments=state.segments,
+                   val_history=state.val_history)
+
+    def metadata(self) -> dict[str, str]:
+        return self.state.metadata()
+
+    def tables(self) -> ArrayTables:
+        """The three tables as a source a save or a load streams."""
+        return ArrayTables(tuple(getattr(self, name) for name in CHECKPOINT_TENSORS))
 
     def save(self, path: StrPath) -> None:
-        """Write atomically; refuse (RunFailure) a state that would not load."""
+        """Write atomically; refuse (RunFailure) a state that would not load, before any
+        byte is written."""
         for name in CHECKPOINT_TENSORS:
             problem = _table_problem(name, getattr(self, name))
             if problem:
                 raise RunFailure(f"{path}: checkpoint not written: {problem}; the previous "
                                  f"checkpoint is kept")
-
-        def write(file: BinaryIO) -> None:
-            # Streamed as safetensors lays it out: a 1 GiB table is not copied again.
-            file.write(self._safetensors_header())
-            for name in CHECKPOINT_TENSORS:
-                file.write(memoryview(getattr(self, name).reshape(-1).view(np.uint8)))
-        atomic_write(path, write)
+        self.state.save(path, self.tables().deliver, checked=True)
 
     @classmethod
     def load(cls, path: StrPath) -> Checkpoint:
         """Read and check a checkpoint; BadInput "<file>: <problem>" when it is not sound."""
-        source = str(path)
-        _check_opening_bytes(path)
-        try:
-            with safe_open(source, framework="numpy") as file:
-                # The metadata first: a foreign safetensors file is "not a Bob checkpoint".
-                fields = _read_metadata(file.metadata() or {}, source)
-                names = set(file.keys())
-                missing = [n for n in CHECKPOINT_TENSORS if n not in names]
-                if missing:
-                    raise BadInput(f"{source}: no tensor {missing[0]!r} (a Bob checkpoint has "
-                                   f"{', '.join(CHECKPOINT_TENSORS)})")
-                extra = sorted(names - set(CHECKPOINT_TENSORS))
-                if extra:
-                    raise BadInput(f"{source}: unexpected tensor {extra[0]!r} (a Bob "
-                                   f"checkpoint has only {', '.join(CHECKPOINT_TENSORS)})")
-                v = fields.vocab
-                for name in CHECKPOINT_TENSORS:
-                    # From the header, before reading: NumPy has no bfloat16, say.
-                    layout = file.get_slice(name)
-                    dtype, shape = layout.get_dtype(), list(layout.get_shape())
-                    if dtype != "F32":
-                        raise BadInput(f"{source}: tensor {name} is {dtype}, not F32 (float32)")
-                    if shape != [v, v]:
-                        raise BadInput(f"{source}: tensor {name} has shape {shape}, expected "
-                                       f"[{v}, {v}] (V={v})")
-                tensors = {name: file.get_tensor(name) for name in CHECKPOINT_TENSORS}
-        except SafetensorError as error:
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise BadInput(f"{source}: not a readable safetensors file ({reason})") from None
-        except OSError as error:
-            raise BadInput(f"{source}: cannot read ({error.strerror or error})") from None
-        for name, array in tensors.items():
-            problem = _table_problem(name, array)
-            if problem:
-                raise BadInput(f"{source}: {problem}")
-        return cls(*(np.ascontiguousarray(tensors[n], F32) for n in CHECKPOINT_TENSORS),
-                   step=fields.step, hyper=fields.hyper, mode=fields.mode,
-                   data_digest=fields.data_digest, history=fields.history,
-                   optimum=fields.optimum, segments=fields.segments,
-                   val_history=fields.val_history)
+        return CheckpointFile.open(path).load()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Checkpoint):
@@ -400,22 +667,7 @@ def _check_opening_bytes(path: StrPath) -> None:
         raise BadInput(f"{path}: this is a Bob result record, not a checkpoint")
 
 
-@dataclass(frozen=True)
-class _Fields:
-    """A checkpoint's metadata, checked and parsed."""
-
-    vocab: int
-    step: int
-    mode: Mode
-    hyper: Hyper
-    data_digest: str
-    history: tuple[tuple[int, float], ...]
-    optimum: float | None
-    segments: tuple[Segment, ...]
-    val_history: tuple[tuple[int, float], ...] = ()
-
-
-def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
+def _read_metadata(metadata: dict[str, str], source: str) -> TrainingState:
     """Every field present and well formed, or BadInput naming the first that is not."""
     require_fields(metadata, source, kind="checkpoint", format_name=FORMAT,
                    required=REQUIRED_METADATA)
@@ -449,7 +701,7 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
         if problem:
             raise BadInput(f"{source}: metadata {problem}")
     segments = _read_segments(metadata, source, integers["step"])
-    return _Fields(vocab=integers["vocab"], step=integers["step"],
+    return TrainingState(vocab=integers["vocab"], step=integers["step"],
                    mode=metadata["mode"],  # type: ignore[arg-type]  # checked against MODES
                    hyper=hyper, data_digest=metadata["data_digest"],
                    history=tuple((step, float(loss)) for step, loss in history),

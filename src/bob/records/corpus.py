@@ -211,7 +211,8 @@ def _optimum_partials():
 
 
 def digest(counts: np.ndarray) -> str:
-    """sha256 hex of the weights' bytes: equal to the corpus record's data_digest."""
+    """sha256 hex of the weights' dense bytes: the legacy data digest (records.digest), which
+    a corpus record's `digest_matches` accepts beside its sparse one."""
     return hashlib.sha256(weights(counts).astype("<f4").tobytes()).hexdigest()
 
 

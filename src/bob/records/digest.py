@@ -47,9 +47,12 @@ def is_sparse(digest: str) -> bool:
     return digest.startswith(SPARSE_PREFIX)
 
 
-def _weights(values: np.ndarray, total: int) -> np.ndarray:
+
+def weights_of(values: np.ndarray, total: int) -> np.ndarray:
     """C / N as corpus.weights forms it: the float64 quotient rounded to float32."""
     return (values.astype(np.float64) / total).astype("<f4")
+
+
 
 
 def sparse_digest(counts: PairCounts) -> str:
@@ -58,28 +61,49 @@ def sparse_digest(counts: PairCounts) -> str:
     if total == 0:
         raise ValueError("the counts are all zero")
     keys, values = counts.pairs()
+    return sparse_digest_of(counts.vocab, keys, _Weights(values, total))
+
+
+def sparse_digest_of(vocab: int, keys: np.ndarray, weights: np.ndarray | _Weights) -> str:
+    """The version 2 digest of K sparse weights: their keys (row-major order) and binary32
+    weights, as a sparse corpus input record holds them."""
     hasher = hashlib.sha256(SPARSE_DOMAIN)
-    hasher.update(np.array([counts.vocab, keys.size], "<u8").tobytes())
+    hasher.update(np.array([vocab, keys.size], "<u8").tobytes())
     for first in range(0, keys.size, ENTRIES_AT_A_TIME):
         wide = keys[first:first + ENTRIES_AT_A_TIME].astype("<u8")
         hasher.update(memoryview(wide).cast("B"))
     for first in range(0, keys.size, ENTRIES_AT_A_TIME):
-        weights = _weights(values[first:first + ENTRIES_AT_A_TIME], total)
-        hasher.update(memoryview(weights).cast("B"))
+        part = weights[first:first + ENTRIES_AT_A_TIME]
+        hasher.update(memoryview(np.ascontiguousarray(part, "<f4")).cast("B"))
     return SPARSE_PREFIX + hasher.hexdigest()
+
+
+class _Weights:
+    """C / N of counts, formed a slice at a time as the digests read them."""
+
+    def __init__(self, values: np.ndarray, total: int):
+        self.values, self.total = values, total
+
+    def __getitem__(self, where: slice) -> np.ndarray:
+        return weights_of(self.values[where], self.total)
 
 
 def legacy_digest(counts: PairCounts) -> str:
     """The legacy digest: sha256 of (C / N) as float32, row-major, a block of rows at a time.
 
-    Equal to the corpus input record's data_digest without building the V x V
-    table at once; its work is still V * V.
+    Equal to a dense corpus input record's digest without building the V x V table at
+    once; its work is still V * V.
     """
     total = counts.transitions
     if total == 0:
         raise ValueError("the counts are all zero")
-    vocab = counts.vocab
     keys, values = counts.pairs()
+    return legacy_digest_of(counts.vocab, keys, _Weights(values, total))
+
+
+def legacy_digest_of(vocab: int, keys: np.ndarray, weights: np.ndarray | _Weights) -> str:
+    """The legacy digest of K sparse weights: the sha256 of the dense V x V table they
+    fill (zeros elsewhere), row-major binary32, a block of rows at a time."""
     hasher = hashlib.sha256()
     step = max(1, LEGACY_ELEMENTS // vocab)  # rows at a time
     starts = np.searchsorted(keys, np.arange(0, vocab + step, step, dtype=np.int64) * vocab)
@@ -88,7 +112,7 @@ def legacy_digest(counts: PairCounts) -> str:
         last = min(first + step, vocab)
         lo, hi = starts[k], starts[k + 1]
         at = keys[lo:hi].astype(np.int64) - first * vocab
-        block[at] = _weights(values[lo:hi], total)
+        block[at] = weights[lo:hi]
         hasher.update(memoryview(block[: (last - first) * vocab]).cast("B"))
         block[at] = 0
     return hasher.hexdigest()

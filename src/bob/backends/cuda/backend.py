@@ -50,7 +50,14 @@ from typing import Any
 
 import numpy as np
 
-from bob.backends.base import Backend, Completion, Copy, Patch
+from bob.backends.base import (
+    Backend,
+    Completion,
+    Copy,
+    Patch,
+    host_memory_available,
+    require_memory,
+)
 from bob.config import ARENA_KINDS
 from bob.errors import RunFailure
 from bob.kernels.cuda.regions import CompiledRegions
@@ -181,10 +188,14 @@ class CudaBackend(Backend):
                             .CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic)
         size = max(1, self.plan.arena_bytes)
         if self.arena_kind == "device":
+            free, _ = driver.call("cuMemGetInfo")
+            require_memory("cuda", "device memory", size, int(free))
             self._arena = int(driver.call("cuMemAlloc", size))
             driver.call("cuMemsetD8", self._arena, 0, size)
             driver.call("cuCtxSynchronize")
         else:
+            require_memory("cuda", "host memory (the mapped arena)", size,
+                           host_memory_available())
             self._host_arena = int(driver.call("cuMemHostAlloc", size,
                                                api.CU_MEMHOSTALLOC_DEVICEMAP))
             ctypes.memset(self._host_arena, 0, size)

@@ -1565,3 +1565,6 @@ namespace tall_corpus {
 
 // -- held: a block per row past TALL_VOCAB, the row's w in shared memory: bob_held.cuh -----
 #include "bob_held.cuh"
+
+// -- the sparse corpus input: the scatter and the loss alone: bob_sparse.cuh -------------
+#include "bob_sparse.cuh"

@@ -64,7 +64,7 @@ from bob.backends.nv.encoder import (
     encode,
 )
 from bob.config import ARENA_KINDS
-from bob.errors import BackendUnavailable, RunFailure
+from bob.errors import BackendUnavailable, BadInput, RunFailure
 from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Component, Plan, Scalar
 
@@ -158,7 +158,16 @@ class NvBackend(Backend):
             where = {"program": "vidmem", "qmd-table": "vidmem", "pushbuffer": "sysmem",
                      "semaphores": "sysmem", "arena": "vidmem" if arena == "device" else "sysmem"}
             for component in plan.address_map.components:
-                self.blocks[component.name] = self._map(component, where[component.name])
+                try:
+                    self.blocks[component.name] = self._map(component, where[component.name])
+                except RmError as error:
+                    if "NO_MEMORY" not in str(error):
+                        raise
+                    place = "device memory" if where[component.name] == "vidmem" \
+                        else "host memory"
+                    raise BadInput(f"the nv backend needs {component.bytes / 1e9:.2f} GB of "
+                                   f"{place} for this plan's {component.name}; the driver "
+                                   f"has no room for it ({error})") from None
             for encoded in self.encoded.components:
                 if encoded.base is not None:  # the GPFIFO entries go to the channel's ring
                     self._upload(encoded.name, encoded.base, encoded.data)
