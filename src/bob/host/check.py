@@ -14,17 +14,7 @@ from bob.backends import Backend, choose_backend
 from bob.config import DEFAULT_TARGET
 from bob.host.session import Session, split_updates
 from bob.plan.model import Plan
-from bob.program.bob import (
-    HEALTH_TENSOR,
-    TENSOR_NAMES,
-    VALIDATION_INITIAL_LOSS,
-    VALIDATION_INPUT,
-    VALIDATION_LOSS,
-    VALIDATION_WEIGHTS,
-    WEIGHTS_TENSOR,
-    BobConfig,
-    Hyper,
-)
+from bob.program.bob import CORPUS_TENSORS, HEALTH_TENSOR, TENSOR_NAMES, BobConfig, Hyper
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
 
@@ -34,8 +24,7 @@ _DTYPES = {"f32": np.float32, "u32": np.uint32, "u8": np.uint8}
 COMPARED = (*TENSOR_NAMES, HEALTH_TENSOR)
 # What corpus mode adds to them: the tables the scatters write, the validation input and
 # the validation losses.
-CORPUS_COMPARED = (WEIGHTS_TENSOR, VALIDATION_INPUT, VALIDATION_WEIGHTS,
-                   VALIDATION_INITIAL_LOSS, VALIDATION_LOSS)
+CORPUS_COMPARED = CORPUS_TENSORS
 
 
 def compared_tensors(plan: Plan) -> tuple[str, ...]:

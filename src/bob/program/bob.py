@@ -127,6 +127,9 @@ VALIDATION_WEIGHTS = "validation_weights"
 VALIDATION_INITIAL_LOSS = "validation_initial_loss"
 VALIDATION_LOSS = "validation_loss"
 PAIR_BYTES = 12
+# The corpus-mode tensors beside the seed's, in arena order.
+CORPUS_TENSORS = (WEIGHTS_TENSOR, VALIDATION_INPUT, VALIDATION_WEIGHTS, VALIDATION_INITIAL_LOSS,
+                  VALIDATION_LOSS)
 # The health check's counts: u64[3] (as u32[3][2], little-endian words), one per table of
 # sig.HEALTH_COUNTS; placed after every other tensor so theirs keep their addresses.
 HEALTH_TENSOR = "health"

@@ -544,23 +544,9 @@ class Checkpoint:
             view = np.ascontiguousarray(array).view()
             view.flags.writeable = False
             object.__setattr__(self, name, view)
-        if not MIN_VOCAB <= self.vocab <= MAX_VOCAB:
-            raise ValueError(f"V={self.vocab} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
-        if not isinstance(self.step, int) or isinstance(self.step, bool) or self.step < 0:
-            raise ValueError(f"step must be a non-negative integer, not {self.step!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be 'hard' or 'corpus', not {self.mode!r}")
-        if not isinstance(self.hyper, Hyper):  # a Hyper checks its own values
-            raise TypeError(f"hyper must be a Hyper, not {type(self.hyper).__name__}")
-        problem = (_digest_problem(self.data_digest) or _optimum_problem(self.optimum)
-                   or _segments_problem(tuple(self.segments), self.step))
-        if problem:
-            raise ValueError(problem)
-        # Pairs of (int, float), so equality does not depend on how they were given; a
-        # History given is already checked.
-        object.__setattr__(self, "history", History.of(self.history))
-        object.__setattr__(self, "segments", tuple(self.segments))
-        object.__setattr__(self, "val_history", History.of(self.val_history))
+        state = self.state  # the metadata, checked by the state's own rules
+        for name in ("history", "segments", "val_history"):
+            object.__setattr__(self, name, getattr(state, name))
 
     @property
     def vocab(self) -> int:

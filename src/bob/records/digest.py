@@ -57,11 +57,7 @@ def weights_of(values: np.ndarray, total: int) -> np.ndarray:
 
 def sparse_digest(counts: PairCounts) -> str:
     """The version 2 digest of the counts: their keys and weights, never a dense table."""
-    total = counts.transitions
-    if total == 0:
-        raise ValueError("the counts are all zero")
-    keys, values = counts.pairs()
-    return sparse_digest_of(counts.vocab, keys, _Weights(values, total))
+    return sparse_digest_of(*_sparse_weights(counts))
 
 
 def sparse_digest_of(vocab: int, keys: np.ndarray, weights: np.ndarray | _Weights) -> str:
@@ -76,6 +72,14 @@ def sparse_digest_of(vocab: int, keys: np.ndarray, weights: np.ndarray | _Weight
         part = weights[first:first + ENTRIES_AT_A_TIME]
         hasher.update(memoryview(np.ascontiguousarray(part, "<f4")).cast("B"))
     return SPARSE_PREFIX + hasher.hexdigest()
+
+
+def _sparse_weights(counts: PairCounts) -> tuple[int, np.ndarray, _Weights]:
+    """V, the keys and the weights C / N of non-zero counts, as both digests read them."""
+    if counts.transitions == 0:
+        raise ValueError("the counts are all zero")
+    keys, values = counts.pairs()
+    return counts.vocab, keys, _Weights(values, counts.transitions)
 
 
 class _Weights:
@@ -94,11 +98,7 @@ def legacy_digest(counts: PairCounts) -> str:
     Equal to a dense corpus input record's digest without building the V x V table at
     once; its work is still V * V.
     """
-    total = counts.transitions
-    if total == 0:
-        raise ValueError("the counts are all zero")
-    keys, values = counts.pairs()
-    return legacy_digest_of(counts.vocab, keys, _Weights(values, total))
+    return legacy_digest_of(*_sparse_weights(counts))
 
 
 def legacy_digest_of(vocab: int, keys: np.ndarray, weights: np.ndarray | _Weights) -> str:
