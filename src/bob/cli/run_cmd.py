@@ -261,8 +261,9 @@ def _train_table(report: api.TrainReport) -> Table:
     table.add_row("wall time", f"{report.wall_seconds:.2f} s{rate}")
     if report.checkpoint in report.written:
         table.add_row("checkpoint", report.checkpoint)
+    best = None if report.best is None else report.best.path
     for path in report.written:
-        if path != report.checkpoint:
+        if path not in (report.checkpoint, best):
             table.add_row("result record", path)
     if not report.written:
         table.add_row("written", "nothing (--steps 0)")

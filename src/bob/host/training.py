@@ -554,6 +554,8 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
             # waits for the save in flight: the file it names is whole).
             with stops.held():
                 writer.close()
+        if best[0] is not None and best[0].written:
+            written.append(best[0].path)
         if request.result_path is not None and result is not None:
             result.write(request.result_path)
             written.append(request.result_path)
