@@ -16,9 +16,9 @@ import pytest
 
 from bob.cli.main import main
 from bob.errors import BadInput
+from bob.host import training
 from bob.host.training import TrainRequest, best_checkpoint_path
 from bob.records.checkpoint import Checkpoint
-
 from conftest import listing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,6 +163,24 @@ def test_a_resumed_run_keeps_the_earlier_best_until_it_is_beaten(tmp_path, texts
     assert report["best_step"] == Checkpoint.load(best).step < 60
     assert report["written"] == [str(path)]
     assert "an earlier run's" in err
+
+
+def test_a_streamed_checkpoint_keeps_the_same_best(tmp_path, texts, capsys, monkeypatch):
+    """Past SMALL_CHECKPOINT_BYTES the tables are streamed from the arena, the best ones
+    too: the same files as when they are read back beside the next invocation."""
+    text, val = texts
+    common = ("--text", str(text), "--val-text", str(val), "--steps", "60", "-N", "10",
+              "--eval-every", "5", "--keep-best")
+    read_back = tmp_path / "read" / "bob.safetensors"
+    streamed = tmp_path / "streamed" / "bob.safetensors"
+    read_back.parent.mkdir()
+    streamed.parent.mkdir()
+    assert train(capsys, *common, "-c", str(read_back))[0] == 0
+    monkeypatch.setattr(training, "SMALL_CHECKPOINT_BYTES", 1)
+    status, out, _ = train(capsys, *common, "-c", str(streamed), "--json")
+    assert status == 0 and 5 < json.loads(out)["best_step"] < 60
+    for name in ("bob.safetensors", "bob.best.safetensors"):
+        assert (read_back.parent / name).read_bytes() == (streamed.parent / name).read_bytes()
 
 
 @pytest.mark.parametrize("argv,message", [
