@@ -20,6 +20,12 @@ or as `save_every_seconds`/`save_every_updates` ask; always at the end. The firs
 SIGINT or SIGTERM lets the invocation in flight finish and saves it; a second stops at
 once, keeping the last file. Every file is an invocation-boundary state, so a resumed
 run reaches the bytes of an uninterrupted one.
+
+Eval points (`eval_every`, else every invocation, and the end) are where the caller's
+progress reports the losses; invocations end there, while the checkpoint's histories and
+the policy keep the `updates_per_invocation` grain, so the file is the same with or
+without them. With `keep_best`, the state of the lowest validation loss at an eval point
+is saved beside the checkpoint as well (`best_checkpoint_path`).
 """
 
 from __future__ import annotations
