@@ -1,12 +1,18 @@
 # Bob: `make run` trains on the built-in corpus; `make test` runs the tests.
 # Both create the virtual environment and install what they need first: `run` only
-# what running needs, `test` the test tools and PyTorch besides.
+# what running needs (CUDA's wheels only where a GPU is usable), `test` the test tools,
+# the CUDA wheels (NVRTC compiles without a GPU) and PyTorch besides.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
+# "yes" where an NVIDIA GPU is usable (its driver's nvidia-smi or device node); `make run
+# GPU=` installs without the [cuda] extra anyway, `make run GPU=yes` with it.
+GPU ?= $(shell (command -v nvidia-smi || test -e /dev/nvidia0) >/dev/null 2>&1 && echo yes)
+comma := ,
+RUN_EXTRAS := fast,plot$(if $(GPU),$(comma)cuda)
 
 .PHONY: setup run test lint gpu-test bench clean
 
@@ -15,7 +21,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(RUN_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[cuda,fast,plot]'
+	$(BIN)/python -m pip install -q -e '.[$(RUN_EXTRAS)]'
 	touch $(RUN_STAMP)
 
 $(TEST_STAMP): $(RUN_STAMP)

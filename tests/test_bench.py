@@ -534,8 +534,8 @@ def test_a_process_is_timed_with_its_own_peak_memory(monkeypatch, gnu_time) -> N
 
 
 def test_bench_tokens_reads_the_device_time_and_folds_gpt2_ids() -> None:
-    stderr = ("update 100: loss 9.1, val 9.2, 20.000 ms/update, ETA 18s\n"
-              "  update 200: loss 8.1, 15.500 ms/update, ETA 0s\nbob train (cuda)\n")
+    stderr = ("step 100: train 9.1000, val 9.2000  (20 ms/update, ETA 0:18)\n"
+              "  step 200: train 8.1000  (15.5 ms/update, ETA 0:00)\nbob train (cuda)\n")
     assert bench_tokens.device_seconds(stderr) == pytest.approx(100 * 0.020 + 100 * 0.0155)
     assert bench_tokens.device_seconds("no lines") is None
     assert bench_tokens.prompt_ids("464 3290", 50257) == "464 3290"

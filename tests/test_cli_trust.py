@@ -264,27 +264,29 @@ def test_every_json_output_is_only_json(tmp_path, text, capsys):
     assert json.loads(json.dumps(None)) is None
 
 
-def test_without_a_terminal_each_invocation_prints_a_line(tmp_path, text, capsys):
+PROGRESS_LINE = re.compile(r"step (\d+): train (\d+\.\d{4})(?:, val (\d+\.\d{4}))?  "
+                           r"\((\d+(?:\.\d+)?) ms/update, ETA (\d+:\d\d(?::\d\d)?)\)")
+
+
+def test_without_eval_every_each_invocation_prints_a_line(tmp_path, text, capsys):
     path = tmp_path / "bob.safetensors"
     validation = tmp_path / "val.txt"
     validation.write_bytes(b"the hat sat on the cat. " * 5)
-    pattern = re.compile(r"update (\d+): loss (\d+\.\d+)(?:, val (\d+\.\d+))?, "
-                         r"(\d+\.\d+) ms/update, ETA (\d+h\d\dm|\d+m\d\ds|\d+s)")
-    for extra in ((), ("--val", str(validation))):
+    for extra in ((), ("--val-text", str(validation))):
         assert train("--text", str(text), "--steps", "12", "-c", str(path), "--overwrite",
                      *extra) == 0
         err = capsys.readouterr().err
-        lines = [line for line in err.splitlines() if line.startswith("update ")]
-        matches = [pattern.fullmatch(line) for line in lines]
+        lines = [line for line in err.splitlines() if line.startswith("step ")]
+        matches = [PROGRESS_LINE.fullmatch(line) for line in lines]
         assert all(matches), lines
         assert [int(m.group(1)) for m in matches] == [5, 10, 12]
         state = Checkpoint.load(path)
-        assert [float(m.group(2)) for m in matches] == [round(loss, 6)
-                                                        for _, loss in state.history[1:]]
-        assert matches[-1].group(5) == "0s"  # nothing left
+        assert [m.group(2) for m in matches] == [f"{loss:.4f}"
+                                                 for _, loss in state.history[1:]]
+        assert matches[-1].group(5) == "0:00"  # nothing left
         if extra:
-            assert [float(m.group(3)) for m in matches] == [round(loss, 6) for _, loss
-                                                            in state.val_history[1:]]
+            assert [m.group(3) for m in matches] == [f"{loss:.4f}" for _, loss
+                                                     in state.val_history[1:]]
         else:
             assert all(m.group(3) is None for m in matches) and state.val_history == ()
 

@@ -461,6 +461,24 @@ def test_a_superseding_job_replaces_the_waiting_one_never_the_one_begun():
     assert done == [0, 4] and writer.superseded == 3  # the begun one and the newest
 
 
+def test_a_kept_job_is_never_replaced_by_a_superseding_one():
+    started, release, finish_best = threading.Event(), threading.Event(), threading.Event()
+    done = []
+    writer = BackgroundWriter()
+    writer.submit(lambda: (started.set(), release.wait(5), done.append(0)))
+    assert started.wait(5)
+    # Waits behind the one begun, then runs until finish_best.
+    writer.submit(lambda: (finish_best.wait(5), done.append("best")), keep=True)
+    releaser = threading.Timer(0.2, release.set)
+    releaser.start()
+    writer.submit(lambda: done.append(1), supersede=True)  # waits for room: best is kept
+    writer.submit(lambda: done.append(2), supersede=True)  # replaces 1, waiting
+    finish_best.set()
+    writer.close()
+    releaser.join()
+    assert done == [0, "best", 2] and writer.superseded == 1  # 1 replaced, the kept one not
+
+
 def test_the_writer_runs_beside_the_caller():
     started, release = threading.Event(), threading.Event()
     writer = BackgroundWriter()

@@ -25,6 +25,8 @@ TRAIN_KEYWORDS = (
     ("submission", AUTO_SUBMISSION),
     # Checkpoint periods (None: SavePolicy's default for the checkpoint's size).
     ("save_every_seconds", None), ("save_every_updates", None),
+    # Eval points (None: every invocation) and the checkpoint of the lowest validation loss.
+    ("eval_every", None), ("keep_best", False),
 )
 
 
@@ -45,6 +47,9 @@ REFUSALS = [
     ({"schedule": "turbo"}, "schedule must be one of seed, fused, not 'turbo'"),
     ({"submission": "batched"},
      "submission must be one of auto, per-launch, chained, not 'batched'"),
+    ({"eval_every": 0}, "eval_every must be at least 1, not 0"),
+    ({"keep_best": True}, "--keep-best keeps the checkpoint of the lowest validation loss: "
+                          "it needs validation data (--val-text, --val-tokens or --val-counts)"),
     ({"new_data": True},
      "--new-data continues a checkpoint on other data: it needs --resume"),
     ({"hyper_changes": {"momentum": 0.5}},

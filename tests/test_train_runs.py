@@ -64,7 +64,7 @@ class InlineWriter(BackgroundWriter):
     copied aside as CKPT.<step>."""
 
 
-    def submit(self, job, supersede: bool = False) -> None:
+    def submit(self, job, supersede: bool = False, keep: bool = False) -> None:
         job()
 
 
@@ -106,6 +106,22 @@ def test_the_default_policy_saves_every_invocation_of_a_small_checkpoint(tmp_pat
     path = tmp_path / "bob.safetensors"
     assert train("--text", text, "--steps", 10, "-N", 2, "-c", path) == 0
     assert saves == [2, 4, 6, 8, 10]
+
+
+def test_eval_points_leave_the_saves_at_the_invocation_grain(tmp_path, text, saves):
+    """--eval-every 3 with -N 4 ends invocations every update (gcd 1), yet the checkpoint
+    is saved where -N 4 alone saves it; --keep-best saves the other file at eval points."""
+    path = tmp_path / "bob.safetensors"
+    assert train("--text", text, "--steps", 10, "-N", 4, "--eval-every", 3, "-c", path) == 0
+    assert saves == [4, 8, 10]
+    saves.clear()
+    validation = tmp_path / "val.txt"
+    validation.write_bytes(Path(text).read_bytes()[:200])
+    assert train("--text", text, "--steps", 10, "-N", 4, "--eval-every", 3, "--keep-best",
+                 "--val-text", validation, "-c", path, "--overwrite") == 0
+    best = Checkpoint.load(tmp_path / "bob.best.safetensors")
+    # The validation text is training text: its loss falls at every eval point.
+    assert saves == [3, 4, 6, 8, 9, 10, 10] and best.step == 10
 
 
 @pytest.mark.parametrize(("policy", "per_invocation", "saved"), [

@@ -22,7 +22,8 @@ RSS recorded:
 
 Between train and eval the disk's write speed is sampled (up to 4 GiB written beside the
 checkpoint and fsynced) to price one checkpoint write, and the device program's time is
-read from `bob train`'s per-invocation lines. Printed: each command, then the targets
+read from `bob train`'s progress lines (their wall time from the first invocation's start
+to the last line: the device's, in a run the device bounds). Printed: each command, then the targets
 (SPEC.md §10) with their ratios: peak RSS <= 4 GB for each of Bob's commands; the train
 command within 1.3 x its device program + start-up + one checkpoint write; the device
 program per update within 1.15 x the 24 B/parameter copy floor (at the goal's 4.27 TB/s);
@@ -64,7 +65,7 @@ GENERATE_SECONDS = 2.0  # generate's own time past start-up
 PROBE_BYTES = 4 << 30  # disk write sampled to price one checkpoint write
 PROBE_CHUNK = 64 << 20
 DEFAULT_IDS = "464 3290"  # GPT-2's "The" and " dog"
-_INVOCATION_LINE = re.compile(r"^update (\d+): loss [^,]+(?:, val [^,]+)?, ([\d.]+) ms/update")
+_PROGRESS_LINE = re.compile(r"^step (\d+): train [\d.]+(?:, val [\d.]+)?  \(([\d.]+) ms/update")
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,12 @@ class Target:
 
 
 def device_seconds(train_stderr: str) -> float | None:
-    """The invocations' own time from `bob train`'s lines (`update K: ..., X ms/update`)."""
+    """The training's time from `bob train`'s lines (`step K: train ... (X ms/update, ...)`:
+    each the wall time since the line before, over the updates made in it)."""
     total, before = 0.0, 0
     found = False
     for line in train_stderr.splitlines():
-        match = _INVOCATION_LINE.match(line.strip())
+        match = _PROGRESS_LINE.match(line.strip())
         if match:
             step, per_update = int(match.group(1)), float(match.group(2))
             total += (step - before) * per_update / 1e3

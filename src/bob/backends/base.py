@@ -117,6 +117,11 @@ class ReadHandle:
         self._tables = tables
         self._settle = settle
 
+    @property
+    def complete(self) -> bool:
+        """Whether the tensors are already on the host (`wait` will not block)."""
+        return self._settle is None
+
     def wait(self) -> dict[str, np.ndarray]:
         if self._settle is not None:
             made = self._settle()

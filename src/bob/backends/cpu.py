@@ -12,6 +12,7 @@ the reference anyway.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -63,6 +64,19 @@ def default_kernels() -> tuple[str, Mapping[str, Kernel]]:
     return "reference", reference
 
 
+COMPILING_NOTICE = "compiling the CPU kernels (first run only) ..."
+
+
+def announce_compiling(regions: set[str]) -> None:
+    """One line on stderr before a first launch compiles Numba kernels: tens of seconds on
+    a small machine that would otherwise look like a hang. Later runs load them from
+    Numba's cache on disk and say nothing."""
+    from bob.kernels.fast import needs_compiling
+
+    if needs_compiling(regions):
+        print(COMPILING_NOTICE, file=sys.stderr, flush=True)
+
+
 class HostArenaBackend(Backend):
     """A backend whose arena is one NumPy byte buffer laid out as the plan's, in host
     memory (cpu, nv-sim): its kernels run on it through `memory`."""
@@ -104,6 +118,8 @@ class CpuBackend(HostArenaBackend):
             raise KeyError(f"no CPU implementation for regions {sorted(missing)}")
         self.kernels = kernels
         self._arguments = [self._decode(i) for i in range(plan.launch_count)]
+        if self.kernel_set == "fast":
+            announce_compiling({launch.region for launch in plan.launches})
 
     def _decode(self, launch_index: int) -> dict[str, int | np.float32]:
         """What launch `launch_index`'s kernel reads from its parameter block."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 
 import click
@@ -21,16 +22,16 @@ from rich.table import Table
 from bob.host import api
 from bob.records.sources import TOKEN_DTYPES
 
-from .options import vocab_option
+from .options import REPEAT_TOKENS, vocab_option
 
 DEFAULT_OUT = "counts.safetensors"
 
 
 @click.command()
 @click.argument("inputs", nargs=-1)
-@click.option("--tokens", "tokens", multiple=True,
-              help="A token file (raw little-endian, or .npy) instead of text; repeatable, "
-                   "and directories, globs and URLs work as for text.")
+@click.option("--tokens", "tokens", multiple=True, metavar="FILE",
+              help=f"A token file (raw little-endian, or .npy) instead of text ({REPEAT_TOKENS}); "
+                   "directories, globs and URLs work as for text.")
 @vocab_option(help="V: the token vocabulary (required with --tokens; text: 256).")
 @click.option("--token-dtype", type=click.Choice(sorted(TOKEN_DTYPES)), default="uint16",
               show_default=True, help="Type of a raw token (nanoGPT's train.bin is uint16).")
@@ -54,7 +55,11 @@ def count(inputs, tokens, vocab, token_dtype, out, overwrite, workers, dask, das
     bob train --counts corpus.counts
     """
     if inputs and tokens:
-        raise click.UsageError("give text INPUTS or --tokens files, not both")
+        words = " ".join(inputs)
+        raise click.UsageError(
+            f"{words}: text INPUTS beside --tokens files; give each token file its own "
+            f"--tokens ({' '.join(f'--tokens {name}' for name in (*tokens, *inputs))}), or "
+            "count text INPUTS alone")
     if not inputs and not tokens:
         raise click.UsageError("give the files to count (INPUTS or --tokens FILE)")
     if dask is not None:
@@ -73,7 +78,7 @@ def count(inputs, tokens, vocab, token_dtype, out, overwrite, workers, dask, das
             progress.advance(task, done)
 
         report = api.count(spec, out, overwrite, workers, dask, dask_workers, advance)
-    table = Table(title=f"bob count ({report.where})")
+    table = Table(title="bob count")
     table.add_column("")
     table.add_column("value", justify="right")
     for name, value in (
@@ -82,13 +87,24 @@ def count(inputs, tokens, vocab, token_dtype, out, overwrite, workers, dask, das
         ("V", f"{report.vocab} ({'sparse' if report.sparse else 'dense'})"),
         ("transitions", f"{report.transitions:,}"),
         ("optimum (nats)", f"{report.optimum:.6f}"),
-        ("speed", f"{report.bytes_per_second / 1e6:,.0f} MB/s"),
+        ("counted on", report.where),
+        ("time", f"{report.seconds:.2f} s, {byte_rate(report.bytes_per_second)}"),
         ("counts file", report.out),
     ):
         table.add_row(name, value)
     Console(width=None if sys.stdout.isatty() else 100).print(table)
     if as_json:
         click.echo(json.dumps(report.to_json()))
+
+
+def byte_rate(bytes_per_second: float) -> str:
+    """Three significant digits in the unit that fits: 812 B/s, 41.3 kB/s, 1.25 GB/s."""
+    if not math.isfinite(bytes_per_second):
+        return "too fast to time"
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_second >= size:
+            return f"{bytes_per_second / size:.3g} {unit}"
+    return f"{bytes_per_second:.0f} B/s"
 
 
 COMMANDS = (count,)

@@ -11,6 +11,24 @@ from bob.config import Hyper
 from bob.errors import BadInput
 from bob.program.bob import BobConfig, typical_pairs
 
+# One notation for several files everywhere: an option takes one file, and is repeated.
+REPEAT_TEXT = "repeat for several: --text a.txt --text b.txt"
+REPEAT_TOKENS = "repeat for several: --tokens a.bin --tokens b.bin"
+# A command whose options take files keeps stray words, so that refuse_extra_arguments
+# can say how to give several files rather than click's "unexpected extra argument".
+FILE_OPTIONS = {"allow_extra_args": True}
+
+
+def refuse_extra_arguments(context: click.Context) -> None:
+    """A usage error (exit 2) for a word no option or argument took: most often a second
+    file after an option that takes one."""
+    if context.args:
+        words = " ".join(context.args)
+        raise click.UsageError(f"unexpected argument {words!r}: an option takes one file, "
+                               "repeat it for several (--text a.txt --text b.txt, "
+                               "--tokens a.bin --tokens b.bin)")
+
+
 SCHEDULE_OPTION = click.option(
     "--schedule", type=click.Choice(config.SCHEDULES), default=config.SCHEDULES[0],
     show_default=True,

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import click
 from rich.console import Console
@@ -20,10 +21,14 @@ from bob.host import api
 from .options import (
     ARENA_OPTION,
     BACKEND_OPTION,
+    FILE_OPTIONS,
+    REPEAT_TEXT,
+    REPEAT_TOKENS,
     SCHEDULE_OPTION,
     SUBMISSION_OPTION,
     arch_option,
     hyper_options,
+    refuse_extra_arguments,
     vocab_option,
 )
 
@@ -41,8 +46,9 @@ _TOKEN_DTYPE = click.option("--token-dtype", type=click.Choice(["uint16", "uint3
 def _data_options(function):
     """--tokens, --vocab, --counts: corpus data beside --text (`bob count` makes counts)."""
     for option in reversed((
-        click.option("--tokens", "tokens", multiple=True,
-                     help="A token file (raw uint16/uint32 or .npy); needs --vocab."),
+        click.option("--tokens", "tokens", multiple=True, metavar="FILE",
+                     help=f"A token file (raw uint16/uint32 or .npy; {REPEAT_TOKENS}); "
+                          "needs --vocab."),
         vocab_option(help="V of the --tokens files."),
         _TOKEN_DTYPE,
         click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
@@ -74,9 +80,10 @@ def _byte_text(value: int) -> str:
     return repr(bytes([value]))[2:-1] if value < 256 else f"<{value}>"
 
 
-@click.command()
-@click.option("--text", "texts", multiple=True, type=click.Path(dir_okay=False, allow_dash=True),
-              help="Train on this text file (repeat for several; - reads stdin). Default: the "
+@click.command(context_settings=FILE_OPTIONS)
+@click.option("--text", "texts", multiple=True, metavar="FILE",
+              type=click.Path(dir_okay=False, allow_dash=True),
+              help=f"Train on this text file ({REPEAT_TEXT}; - reads stdin). Default: the "
                    "built-in corpus.")
 @click.option("--input", "input_record", type=click.Path(dir_okay=False),
               help="Train on an input record (hard targets or corpus weights) instead.")
@@ -94,6 +101,12 @@ def _byte_text(value: int) -> str:
 @click.option("--updates-per-invocation", "-N", type=click.IntRange(1, MAX_UPDATES),
               default=api.DEFAULT_UPDATES_PER_INVOCATION, show_default=True,
               help="Updates in one plan; checkpoints are saved at an invocation's end.")
+@click.option("--eval-every", type=click.IntRange(1), default=None, metavar="U",
+              help="A progress line (train and validation loss, rate, ETA) every U updates "
+                   "(default: every invocation); invocations end there.")
+@click.option("--keep-best", is_flag=True,
+              help="Also save the checkpoint of the lowest validation loss seen at an eval "
+                   "point, beside the checkpoint (bob.best.safetensors).")
 @hyper_options
 @click.option("--result", "result_path", type=click.Path(dir_okay=False),
               help="Write the last invocation's result record here.")
@@ -102,9 +115,10 @@ def _byte_text(value: int) -> str:
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON summary on stdout (the table goes to stderr).")
 @_data_options
-@click.option("--val", "val_texts", multiple=True,
-              help="Validation text (repeatable): its exact loss after every invocation.")
-@click.option("--val-tokens", multiple=True, help="Validation token file (repeatable).")
+@click.option("--val-text", "--val", "val_texts", multiple=True, metavar="FILE",
+              help=f"Validation text ({REPEAT_TEXT}): its exact loss at every eval point.")
+@click.option("--val-tokens", multiple=True, metavar="FILE",
+              help=f"Validation token file ({REPEAT_TOKENS}).")
 @click.option("--val-counts", type=click.Path(dir_okay=False),
               help="Validation counts file from `bob count`.")
 @click.option("--save-every", "save_every_seconds", type=click.FloatRange(min=0, min_open=True),
@@ -118,10 +132,13 @@ def _byte_text(value: int) -> str:
 def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, backend, arch,
           arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path,
           schedule, as_json, tokens, vocab, token_dtype, counts_file, val_texts, val_tokens,
-          val_counts, submission, save_every_seconds, save_every_updates) -> None:
-    """Train the bigram table with AdamW: invocations of -N updates, the checkpoint saved as
-    --save-every/--save-every-updates say and at the end; the first Ctrl-C (or SIGTERM)
-    finishes the invocation in flight and saves it, a second stops at once."""
+          val_counts, submission, save_every_seconds, save_every_updates, eval_every,
+          keep_best) -> None:
+    """Train the bigram table with AdamW: invocations of -N updates, a line every
+    --eval-every updates, the checkpoint saved as --save-every/--save-every-updates say and
+    at the end; the first Ctrl-C (or SIGTERM) finishes the invocation in flight and saves
+    it, a second stops at once."""
+    refuse_extra_arguments(click.get_current_context())
     Hyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)  # checks them
     if texts and input_record is not None:  # the API says it in its words; here in flags
         raise BadInput("give either --text files or an --input record, not both")
@@ -136,7 +153,7 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
         schedule=schedule, data_spec=_spec(tokens, vocab, token_dtype, counts_file),
         val_spec=_spec(val_tokens, None, token_dtype, val_counts, val_texts),
         submission=submission, save_every_seconds=save_every_seconds,
-        save_every_updates=save_every_updates)
+        save_every_updates=save_every_updates, eval_every=eval_every, keep_best=keep_best)
     errors = _err_console()
     progress = Progress(TextColumn("[bold]training"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} updates"),
@@ -144,12 +161,11 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
                         console=errors, transient=True, disable=not errors.is_terminal)
     with progress:
         task = progress.add_task("train", total=steps, loss="-")
-        log = InvocationLog(errors, steps) if not errors.is_terminal else None
+        log = ProgressLog(errors, request)  # above the bar at a terminal
 
         def advance(invocation, done) -> None:
-            progress.update(task, completed=done, loss=f"{invocation.loss:.6f}")
-            if log is not None:
-                log.line(invocation, done)
+            progress.update(task, completed=done, loss=f"{invocation.loss:.4f}")
+            log.line(invocation, done)
 
         report = api.run_training(request, advance)
     _table_console(errors if as_json else None).print(_train_table(report))
@@ -165,37 +181,45 @@ def _stated_hyper(context: click.Context, values: dict[str, float]) -> dict[str,
             if context.get_parameter_source(name) is not ParameterSource.DEFAULT}
 
 
-class InvocationLog:
-    """Without a terminal (nohup, CI): one plain line per invocation, as nanoGPT prints:
-    `update 200: loss 3.810000, val 3.950000, 14.600 ms/update, ETA 1m12s`. The rate is
-    the invocation's own (its device time in a pipeline, `Invocation.seconds`); the ETA
-    the run's mean rate so far times the updates left."""
+class ProgressLog:
+    """A line at each eval point, as nanoGPT prints them:
+    `step 1200: train 2.4712, val 2.4981  (12.6 ms/update, ETA 0:42)`. The rate is the wall
+    time from the line before's invocation to this one's (`Invocation.finished`; the first:
+    from the first invocation's start) over the updates made in it, so the lines add up to
+    the run, saves and all; the ETA is that rate times the updates left."""
 
-    def __init__(self, console: Console, steps: int) -> None:
+    def __init__(self, console: Console, request: api.TrainRequest) -> None:
         self.console = console
-        self.steps = steps
-        self.done = 0
-        self.seconds = 0.0  # the invocations' own time so far
+        self.request = request
+        self.done = 0  # updates made at the last line
+        self.at: float | None = None  # perf_counter of the last line (or the first start)
 
     def line(self, invocation, done: int) -> None:
-        updates, self.done = max(done - self.done, 1), done
-        self.seconds += invocation.seconds
-        val = "" if invocation.validation is None else f", val {invocation.validation[1]:.6f}"
-        left = max(self.steps - done, 0) * self.seconds / max(done, 1)
-        self.console.print(f"update {invocation.state.step}: loss {invocation.loss:.6f}{val}, "
-                           f"{1000 * invocation.seconds / updates:.3f} ms/update, "
-                           f"ETA {_duration(left)}",
+        if self.at is None:
+            self.at = invocation.began or time.perf_counter()
+        if not self.request.eval_point(done):
+            return
+        now = invocation.finished or time.perf_counter()
+        per_update = (now - self.at) / max(done - self.done, 1)
+        self.done, self.at = done, now
+        val = "" if invocation.validation is None else f", val {invocation.validation[1]:.4f}"
+        left = max(self.request.steps - done, 0) * per_update
+        self.console.print(f"step {invocation.state.step}: train {invocation.loss:.4f}{val}  "
+                           f"({_milliseconds(per_update)} ms/update, ETA {_clock(left)})",
                            markup=False, highlight=False, soft_wrap=True)
 
 
-def _duration(seconds: float) -> str:
-    """1h02m, 1m12s, 9s."""
-    whole = round(seconds)
-    hours, rest = divmod(whole, 3600)
+def _milliseconds(seconds: float) -> str:
+    """Three significant digits: 261, 12.6, 0.481."""
+    milliseconds = 1000 * seconds
+    return f"{milliseconds:.0f}" if milliseconds >= 1000 else f"{milliseconds:.3g}"
+
+
+def _clock(seconds: float) -> str:
+    """0:42, 12:05, 1:02:03."""
+    hours, rest = divmod(round(seconds), 3600)
     minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _table_console(console: Console | None) -> Console:
@@ -229,12 +253,17 @@ def _train_table(report: api.TrainReport) -> Table:
             table.add_row("above optimum (nats)", f"{report.loss - report.optimum:.6f}")
     if report.val_loss is not None:
         table.add_row("validation loss (nats)", f"{report.val_loss:.6f}")
+    if report.best is not None:
+        kept = "" if report.best.written else ", an earlier run's"
+        table.add_row("best checkpoint", f"{report.best.path} (update {report.best.step}, "
+                                         f"validation {report.best.val_loss:.6f}{kept})")
     rate = f", {report.updates_per_second:,.1f} updates/s" if report.steps else ""
     table.add_row("wall time", f"{report.wall_seconds:.2f} s{rate}")
     if report.checkpoint in report.written:
         table.add_row("checkpoint", report.checkpoint)
+    best = None if report.best is None else report.best.path
     for path in report.written:
-        if path != report.checkpoint:
+        if path not in (report.checkpoint, best):
             table.add_row("result record", path)
     if not report.written:
         table.add_row("written", "nothing (--steps 0)")
@@ -327,16 +356,18 @@ def generate(checkpoint, prompt, id_prompt, length, temperature, top_k, seed, ra
     sys.stdout.write((prompt_bytes + text).decode("utf-8", errors="replace") + "\n")
 
 
-@click.command(name="eval")
+@click.command(name="eval", context_settings=FILE_OPTIONS)
 @_CHECKPOINT
-@click.option("--text", "texts", multiple=True,
+@click.option("--text", "texts", multiple=True, metavar="FILE",
               type=click.Path(dir_okay=False, allow_dash=True),
-              help="Text file to evaluate on (repeat for several; - reads stdin).")
+              help=f"Text file to evaluate on ({REPEAT_TEXT}; - reads stdin).")
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_data_options
 def eval_(checkpoint, texts, backend, as_json, tokens, vocab, token_dtype, counts_file) -> None:
-    """Loss of the model on text: nats per transition, bits per byte, and the optimum."""
+    """Loss of the model on text: nats per transition, bits per byte, and the entropy of
+    that text (the lowest loss any bigram table reaches on it)."""
+    refuse_extra_arguments(click.get_current_context())
     spec = _spec(tokens, vocab, token_dtype, counts_file)
     if not texts and spec is None:
         raise click.UsageError("give --text files, --tokens files or --counts")
@@ -349,7 +380,7 @@ def eval_(checkpoint, texts, backend, as_json, tokens, vocab, token_dtype, count
     table.add_column("nats / transition", justify="right")
     table.add_column("bits / byte", justify="right")
     table.add_row("model", f"{report.nats:.6f}", f"{report.bits_per_byte:.6f}")
-    table.add_row("optimum (bigram)", f"{report.optimum:.6f}",
+    table.add_row("entropy of this text (lower bound)", f"{report.optimum:.6f}",
                   f"{report.optimum / math.log(2):.6f}")
     table.add_row("transitions", f"{report.transitions:,}", "")
     _table_console(None).print(table)
@@ -363,17 +394,26 @@ def eval_(checkpoint, texts, backend, as_json, tokens, vocab, token_dtype, count
               help="The training counts file: its optimum on the loss curve.")
 @click.option("--json", "as_json", is_flag=True, help="List the files written as JSON.")
 def plot(checkpoint, out_dir, counts_file, as_json) -> None:
-    """Draw the loss curve and the learned transition heat map as PNG (matplotlib)."""
+    """Draw the loss curve and the learned transition heat map as PNG (matplotlib): the
+    map over the symbols the data uses, above V=512 the 64 most frequent (by --counts, else
+    by the model's estimate)."""
     from bob.files import atomic_write
     from bob.host import plot as pictures
-    from bob.records.checkpoint import Checkpoint
+    from bob.records.checkpoint import CheckpointFile
     from bob.records.countsfile import CountsFile
 
-    state = Checkpoint.load(checkpoint)
-    optimum = state.optimum if counts_file is None else CountsFile.load(counts_file).optimum
+    stored = CheckpointFile.open(checkpoint)  # the header: rows are read as the map needs
+    state = stored.state
+    counted = None if counts_file is None else CountsFile.load(counts_file)
+    if counted is not None and counted.vocab != state.vocab:
+        raise BadInput(f"{counts_file}: counts of V={counted.vocab}, the checkpoint has "
+                       f"V={state.vocab}")
+    optimum = state.optimum if counted is None else counted.optimum
     targets = {name: os.path.join(out_dir, name) for name in ("loss.png", "transitions.png")}
     _check_plot_directory(out_dir, targets.values())
-    figures = {"transitions.png": pictures.transitions_figure(state.parameters)}
+    figures = {"transitions.png": pictures.transitions_figure(
+        lambda indices: stored.rows("parameters", indices), state.vocab,
+        None if counted is None else pictures.symbol_counts(counted.counts))}
     if state.history:
         figures["loss.png"] = pictures.loss_figure(
             state.history, optimum, validation=validation_curve(state),

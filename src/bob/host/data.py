@@ -182,7 +182,7 @@ class CountReport:
     optimum: float
     digest: str
     seconds: float
-    where: str  # "this machine (N threads at most)" or the Dask cluster
+    where: str  # "this machine, N threads at most" or the Dask cluster
 
     @property
     def bytes_per_second(self) -> float:
@@ -211,9 +211,10 @@ def count(spec: CorpusSpec, out: str, overwrite: bool = False, workers: int | No
     seconds = time.perf_counter() - begun
     counted.save(out)
     if dask is None:
-        where = f"this machine ({workers or counting.default_workers()} threads at most)"
+        where = f"this machine, {workers or counting.default_workers()} threads at most"
     else:
-        where = f"Dask LocalCluster ({dask_workers} workers)" if dask == "local" else dask
+        where = (f"a Dask LocalCluster of {dask_workers} workers" if dask == "local"
+                 else f"the Dask scheduler at {dask}")
     return CountReport(out, counted.vocab, counted.counts.is_sparse, len(counted.sources),
                        sum(size for _, size in counted.sources), counted.transitions,
                        counted.optimum, counted.digest, seconds, where)

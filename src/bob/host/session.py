@@ -81,6 +81,10 @@ class Invocation:
     # Its own time: the host's part of its start, then its wait once the work before it
     # was done (a pipelined invocation's device time, not the one it ran beside).
     seconds: float = 0.0
+    began: float = 0.0  # perf_counter as the host began to start it
+    # perf_counter once its work was done, as near as the host sees it: as its start
+    # returned where the backend runs it there (cpu), else as its read came back.
+    finished: float = 0.0
 
 
 # AdamW rows computed at once for a training run's coming invocations: NumPy's per-call
@@ -135,6 +139,7 @@ class Settled:
     invocation: Invocation | None = field(default=None)
     validation: tuple[float, float] | None = None
     seconds: float = 0.0  # Invocation.seconds
+    finished: float = 0.0  # Invocation.finished
 
 
 def _require_finite_loss(initial: float, final: float, step: int) -> None:
@@ -155,6 +160,7 @@ class Session:
         self.last_backend: Backend | None = None  # the arena of the latest invocation
         self._last_arena: _Arena | None = None
         self._last_settled = 0.0  # perf_counter when the last invocation settled
+        self._last_finished = 0.0  # the last invocation's Invocation.finished
         # AdamW rows computed ahead for later invocations of a training run: (first
         # step, rows), or None.
         self._scalar_rows: tuple[int, np.ndarray] | None = None
@@ -309,11 +315,15 @@ class Session:
         result record, the loss and the health counts checked, the tables with it."""
         config = running.config
         layout = invocation_layout(config)
-        got = (read or self.read_after(running)).wait()
+        read = read or self.read_after(running)
+        ready = read.complete  # done as it was started: the backend ran it then
+        got = read.wait()
         settled_at = time.perf_counter()
         seconds = (running.started - running.starting
                    + settled_at - max(running.started, self._last_settled))
         self._last_settled = settled_at
+        finished = max(running.started, self._last_finished) if ready else settled_at
+        self._last_finished = finished
         result = ResultRecord.from_arena(
             config.mode, config.vocab, **{name: got[name] for name in layout.results})
         initial = result.initial_objective
@@ -326,7 +336,7 @@ class Session:
             running.arena.pending = None
         if not _trains(running):
             return Settled(running, result, initial, initial, validation=validation,
-                           seconds=seconds)
+                           seconds=seconds, finished=finished)
         final = result.training_objective
         step = running.first_step + config.updates
         _require_finite_loss(initial, final, step)
@@ -336,7 +346,7 @@ class Session:
         tables = ReadHandle({name: got[name] for name in layout.checkpoint}) \
             if running.tables else None
         return Settled(running, result, initial, final, tables, validation=validation,
-                       seconds=seconds)
+                       seconds=seconds, finished=finished)
 
     def finish(self, settled: Settled) -> Invocation:
         """The tables read back and checked: the invocation's checkpoint."""
@@ -347,7 +357,8 @@ class Session:
         if not _trains(running):
             checkpoint = running.start if isinstance(running.start, Checkpoint) else None
             invocation = Invocation(checkpoint, settled.result, settled.initial_loss,
-                                    settled.loss, start, settled.validation, settled.seconds)
+                                    settled.loss, start, settled.validation, settled.seconds,
+                                    running.starting, settled.finished)
         else:
             step = running.first_step + running.config.updates
             state = replace(start, step=step)
@@ -357,7 +368,8 @@ class Session:
                 tables = {name: _table(data, v) for name, data in settled.tables.wait().items()}
                 trained = Checkpoint.of(state, *(tables[name] for name in CHECKPOINT_TENSORS))
             invocation = Invocation(trained, settled.result, settled.initial_loss,
-                                    settled.loss, state, settled.validation, settled.seconds)
+                                    settled.loss, state, settled.validation, settled.seconds,
+                                    running.starting, settled.finished)
             arena = running.arena
             if trained is not None and arena.step == step and arena.checkpoint is None \
                     and arena.record is not None:

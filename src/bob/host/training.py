@@ -20,6 +20,12 @@ or as `save_every_seconds`/`save_every_updates` ask; always at the end. The firs
 SIGINT or SIGTERM lets the invocation in flight finish and saves it; a second stops at
 once, keeping the last file. Every file is an invocation-boundary state, so a resumed
 run reaches the bytes of an uninterrupted one.
+
+Eval points (`eval_every`, else every invocation, and the end) are where the caller's
+progress reports the losses; invocations end there, while the checkpoint's histories and
+the policy keep the `updates_per_invocation` grain, so the file is the same with or
+without them. With `keep_best`, the state of the lowest validation loss at an eval point
+is saved beside the checkpoint as well (`best_checkpoint_path`).
 """
 
 from __future__ import annotations
@@ -142,6 +148,13 @@ class TrainRequest:
     # SMALL_CHECKPOINT_BYTES, else every DEFAULT_SAVE_SECONDS (SavePolicy). Always at the end.
     save_every_seconds: float | None = None
     save_every_updates: int | None = None
+    # An eval point every this many updates of the run (a progress line, the validation
+    # loss); None: every invocation. Invocations end at eval points (`invocation_updates`);
+    # the checkpoint, its histories and the save policy keep the -N grain.
+    eval_every: int | None = None
+    # At each eval point whose validation loss is the lowest so far, save the checkpoint to
+    # `best_checkpoint_path(checkpoint)` as well (atomically); needs val_spec.
+    keep_best: bool = False
 
     def __post_init__(self) -> None:
         if self.texts is not None:  # any sequence of names, kept as a tuple
@@ -162,6 +175,11 @@ class TrainRequest:
         if self.save_every_updates is not None and self.save_every_updates < 1:
             raise BadInput(f"save_every_updates must be at least 1, not "
                            f"{self.save_every_updates}")
+        if self.eval_every is not None and self.eval_every < 1:
+            raise BadInput(f"eval_every must be at least 1, not {self.eval_every}")
+        if self.keep_best and self.val_spec is None:
+            raise BadInput("--keep-best keeps the checkpoint of the lowest validation loss: "
+                           "it needs validation data (--val-text, --val-tokens or --val-counts)")
         if self.new_data and not self.resume:
             raise BadInput("--new-data continues a checkpoint on other data: it needs --resume")
         unknown = sorted(set(self.hyper_changes or ()) - set(HYPER_FIELDS))
@@ -173,7 +191,47 @@ class TrainRequest:
             check_output_file(self.checkpoint, "checkpoint")
         if self.result_path is not None:
             check_output_file(self.result_path, "result record")
+        if self.keep_best and self.steps > 0:
+            check_output_file(self.best_checkpoint, "best checkpoint")
+            if os.path.abspath(self.best_checkpoint) == os.path.abspath(self.result_path or ""):
+                raise BadInput(f"{self.best_checkpoint}: the best checkpoint and the result "
+                               "record would be one file")
         require_one_source(self.texts, self.input_record, self.data_spec)
+
+    @property
+    def best_checkpoint(self) -> str:
+        return best_checkpoint_path(self.checkpoint)
+
+    @property
+    def invocation_updates(self) -> int:
+        """Updates of one invocation: -N, or its greatest common divisor with eval_every,
+        so that every eval point ends an invocation."""
+        if self.eval_every is None:
+            return self.updates_per_invocation
+        return math.gcd(self.updates_per_invocation, self.eval_every)
+
+    def eval_point(self, done: int) -> bool:
+        """Whether the run reports (a line, the validation loss, --keep-best) once `done`
+        of its updates are made: every eval_every (else every invocation) and at the end."""
+        return done == self.steps or done % (self.eval_every or self.invocation_updates) == 0
+
+
+def best_checkpoint_path(checkpoint: str) -> str:
+    """Where --keep-best saves: beside the checkpoint, `.best` before its extension
+    (bob.safetensors: bob.best.safetensors)."""
+    stem, extension = os.path.splitext(checkpoint)
+    return f"{stem}.best{extension}"
+
+
+@dataclass(frozen=True)
+class BestCheckpoint:
+    """The checkpoint of the lowest validation loss so far: its file, update and loss,
+    and whether this run wrote it (else it is an earlier run's, not beaten)."""
+
+    path: str
+    step: int
+    val_loss: float
+    written: bool = False
 
 
 @dataclass(frozen=True)
@@ -194,6 +252,7 @@ class TrainReport:
     val_loss: float | None = None  # the exact validation loss after the run (--val)
     val_history: tuple[tuple[int, float], ...] = ()
     wall_seconds: float = 0.0  # run_training from call to return: data, backend, updates, saves
+    best: BestCheckpoint | None = None  # --keep-best's checkpoint
 
     @property
     def updates_per_second(self) -> float:
@@ -215,6 +274,8 @@ class TrainReport:
             "written": list(self.written), "backend": self.backend, "mode": self.mode,
             "data": self.data, "segments": [segment.to_json() for segment in self.segments],
             **({"val_loss": self.val_loss} if self.val_loss is not None else {}),
+            **({"best_checkpoint": self.best.path, "best_step": self.best.step,
+                "best_val_loss": self.best.val_loss} if self.best is not None else {}),
             "wall_seconds": self.wall_seconds, "updates_per_second": self.updates_per_second,
         }
 
@@ -233,9 +294,12 @@ def run_training(request: TrainRequest, progress: Progress | None = None) -> Tra
     lock = checkpoint_lock(request.checkpoint) if request.steps > 0 else contextlib.nullcontext()
     with lock:
         start = _starting_point(request, data)
+        earlier_best = _earlier_best(request)
         if request.steps > 0:
-            require_disk_room(request.checkpoint, start.state.file_bytes)
-        report = _train_from(request, start, data, choice, progress, validation)
+            require_disk_room(request.checkpoint, start.state.file_bytes
+                              * (2 if request.keep_best else 1))
+        report = _train_from(request, start, data, choice, progress, validation,
+                             earlier_best)
     return replace(report, wall_seconds=time.perf_counter() - begun)
 
 
@@ -280,6 +344,23 @@ def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
     return StartingPoint(_continued(start, record, chosen), stored)
 
 
+def _earlier_best(request: TrainRequest) -> BestCheckpoint | None:
+    """The best checkpoint a resumed run must beat (its own last validation loss); an
+    existing one is refused without --resume or --overwrite, as the checkpoint is."""
+    path = request.best_checkpoint
+    if not request.keep_best or request.steps == 0 or not os.path.exists(path):
+        return None
+    if not request.resume:
+        if not request.overwrite:
+            raise BadInput(f"{path}: exists; pass --resume to keep it until a lower "
+                           "validation loss beats it, or --overwrite to start again")
+        return None
+    state = CheckpointFile.open(path).state
+    if not state.val_history or state.val_history[-1][0] != state.step:
+        return None  # no validation loss of its own: any eval point beats it
+    return BestCheckpoint(path, state.step, state.val_history[-1][1])
+
+
 def _short(digest: str) -> str:
     """A digest as messages name it: its first hex digits (past a version prefix)."""
     return digest.rsplit(":", 1)[-1][:12]
@@ -302,11 +383,15 @@ def _continued(start: TrainingState, record: InputRecord, hyper: Hyper) -> Train
 
 def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                 choice: BackendChoice, progress: Progress | None,
-                validation: InputRecord | None) -> TrainReport:
+                validation: InputRecord | None,
+                earlier_best: BestCheckpoint | None = None) -> TrainReport:
     steps, checkpoint = request.steps, request.checkpoint
     record = data.record
+    # The checkpoint's grain: its histories gain a point, and the save policy may save,
+    # every -N updates (and at the end), however often eval points end invocations.
+    grain = request.updates_per_invocation
     config = BobConfig(vocab=record.vocab, prompts=0,
-                       updates=min(request.updates_per_invocation, max(steps, 1)),
+                       updates=min(request.invocation_updates, max(steps, 1)),
                        mode=record.mode, schedule=request.schedule,  # type: ignore[arg-type]
                        submission=resolve_submission(request.submission, choice.name),
                        pairs=record.pairs,
@@ -335,11 +420,40 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         if index not in decided:
             last = index == len(sizes) - 1
             before_change = not last and sizes[index + 1] != sizes[index]
-            decided[index] = last or before_change or policy.due(
-                done, planned["done"], time.monotonic() - planned["at"])
+            decided[index] = last or before_change or (done % grain == 0 and policy.due(
+                done, planned["done"], time.monotonic() - planned["at"]))
             if decided[index]:
                 planned["done"], planned["at"] = done, time.monotonic()
         return decided[index]
+
+    best = [earlier_best]  # the lowest validation loss so far, and its file
+
+    def best_candidate(index: int, done: int) -> bool:
+        """Whether invocation `index` ends at an eval point that --keep-best judges (its
+        tables wanted in case its validation loss is the lowest)."""
+        return request.keep_best and request.eval_point(done)
+
+    def new_best(invocation: Invocation, done: int) -> bool:
+        if not best_candidate(len(finals_done), done) or invocation.validation is None:
+            return False
+        return best[0] is None or invocation.validation[1] < best[0].val_loss
+
+    def best_state(state: TrainingState, invocation: Invocation) -> TrainingState:
+        """The best checkpoint's metadata: its histories end at its own update, so a
+        resumed run reads the loss to beat from it."""
+        assert invocation.validation is not None
+        step = state.step
+        loss = [] if state.history and state.history[-1][0] == step else [
+            (step, invocation.loss)]
+        val = [] if state.val_history and state.val_history[-1][0] == step else [
+            (step, invocation.validation[1])]
+        return replace(state, history=state.history.extended(loss),
+                       val_history=state.val_history.extended(val))
+
+    def chose_best(state: TrainingState, invocation: Invocation) -> None:
+        assert invocation.validation is not None
+        best[0] = BestCheckpoint(request.best_checkpoint, state.step,
+                                 invocation.validation[1], written=True)
 
     def wrote(state: TrainingState) -> None:
         kept[0] = state.step  # the interrupt message names the checkpoint on disk
@@ -358,27 +472,48 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         assert invocation.state is not None
         if not first_initial:
             first_initial.append(invocation.initial_loss)
+        step = invocation.state.step
+        # A point at the grain, at the end, and where a stop makes this the last one.
+        recorded = done % grain == 0 or done == steps or stops.stop_requested() is not None
         first = [] if history else [(start.state.step, invocation.initial_loss)]
-        history = history.extended([*first, (invocation.state.step, invocation.loss)])
+        history = history.extended([*first, *([(step, invocation.loss)] if recorded else [])])
         if invocation.validation is not None:
             begun = [] if val_history else [(start.state.step, invocation.validation[0])]
             val_history = val_history.extended(
-                [*begun, (invocation.state.step, invocation.validation[1])])
+                [*begun, *([(step, invocation.validation[1])] if recorded else [])])
         state = replace(invocation.state, history=history, optimum=data.optimum,
                         val_history=val_history)
         finals[:] = [state]
+        index = len(finals_done)
+        saved, lowest = bool(decided.get(index)), new_best(invocation, done)
         if invocation.checkpoint is not None:  # read back beside the next invocation
-            saving = Checkpoint.of(state, invocation.checkpoint.parameters,
-                                   invocation.checkpoint.first_moment,
-                                   invocation.checkpoint.second_moment)
+            tables = (invocation.checkpoint.parameters, invocation.checkpoint.first_moment,
+                      invocation.checkpoint.second_moment)
+            saving = Checkpoint.of(state, *tables) if saved else None
+            better = Checkpoint.of(best_state(state, invocation), *tables) if lowest else None
 
             def save() -> None:  # on the writer's thread, while the next invocation runs
-                saving.save(checkpoint)
-                wrote(state)
+                if saving is not None:
+                    saving.save(checkpoint)
+                    wrote(state)
+                if better is not None:
+                    better.save(request.best_checkpoint)
 
-            writer.submit(save, supersede=True)  # every save goes to the one file
-        elif streamed and due(len(finals_done), done):
-            stream_save(state)
+            if lowest:
+                chose_best(state, invocation)
+            if saved or lowest:
+                # A save of the checkpoint alone replaces one still waiting (the one file);
+                # a best checkpoint's save is never dropped.
+                writer.submit(save, supersede=not lowest, keep=lowest)
+        elif streamed:
+            if due(index, done):
+                stream_save(state)
+            if lowest:
+                with stops.held():
+                    best_state(state, invocation).save(
+                        request.best_checkpoint, lambda sink, chunk: session.stream_tables(
+                            state.step, sink, chunk), checked=True)
+                chose_best(state, invocation)
         finals_done.append(done)
         if progress is not None:
             progress(invocation, done)
@@ -409,8 +544,10 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                     (last,) = train_invocations(
                         session, config, start, record, steps, after, keep_all=False,
                         validation=validation,
-                        tables=lambda index, done: not streamed and due(index, done),
-                        holds_state=lambda index, done: streamed and due(index, done),
+                        tables=lambda index, done: not streamed and (
+                            due(index, done) | best_candidate(index, done)),
+                        holds_state=lambda index, done: streamed and (
+                            due(index, done) | best_candidate(index, done)),
                         stop=lambda: stops.stop_requested() is not None, reload=reload)
                     initial, final = first_initial[0], last.loss
                     result = last.result
@@ -423,6 +560,8 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
             # waits for the save in flight: the file it names is whole).
             with stops.held():
                 writer.close()
+        if best[0] is not None and best[0].written:
+            written.append(best[0].path)
         if request.result_path is not None and result is not None:
             result.write(request.result_path)
             written.append(request.result_path)
@@ -437,7 +576,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         initial_loss=initial, loss=final, optimum=data.optimum, history=history,
         last_result=result, written=tuple(written), segments=start.state.segments,
         val_loss=val_history[-1][1] if val_history else None,
-        val_history=val_history,
+        val_history=val_history, best=best[0],
     )
 
 

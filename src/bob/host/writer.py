@@ -8,7 +8,9 @@ checkpoint. At most one job waits behind the one being written: a slow disk
 holds the training back rather than piling up tables in memory. A job given
 with `supersede` (a save to the file the waiting one saves to) replaces the
 waiting one instead: the newer checkpoint makes the older one's save pointless,
-so a disk slower than the training skips states, never the last.
+so a disk slower than the training skips states, never the last. A job given
+with `keep` (one that also saves a file no later job saves again, --keep-best's)
+is never replaced: a later job waits behind it.
 
 A failure is never lost: it is kept and raised in the caller's thread at the
 next `submit` or at `close`, as a one-line BobError (anything else is wrapped
@@ -38,26 +40,31 @@ class BackgroundWriter:
         self._reported = False  # the failure is raised once, in the caller's thread
         self._closed = False
         self.superseded = 0  # jobs dropped for a newer one (submit's supersede)
+        self._last_kept = False  # whether the job given last may not be dropped
         # A daemon, so a writer never closed (a stop between start and the caller's try)
         # cannot hold the process open; callers close it, which waits for every save, and
         # a save cut short by an exit leaves the previous file (atomic_write).
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job, supersede: bool = False) -> None:
+    def submit(self, job: Job, supersede: bool = False, keep: bool = False) -> None:
         """Queue `job`; raise the failure of an earlier one, if any, instead. With
-        `supersede`, a job still waiting (not begun) is dropped for this one."""
+        `supersede`, a job still waiting (not begun) is dropped for this one, unless it was
+        given with `keep`."""
         self.raise_failure()
         if self._failure is not None:
             raise self._failure
         if self._closed:
             raise RuntimeError("the checkpoint writer is closed")
-        if supersede:  # only this thread puts: what it takes is a job, never the stop
+        # Only this thread puts, so a job still waiting is the one given last: what it
+        # takes is a job, never the stop.
+        if supersede and not self._last_kept:
             with contextlib.suppress(queue.Empty):
                 self._jobs.get_nowait()
                 self._jobs.task_done()
                 self.superseded += 1
         self._jobs.put(job)
+        self._last_kept = keep
 
     def drain(self) -> None:
         """Wait until every job given has run; then raise a failure, if any."""

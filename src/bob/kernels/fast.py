@@ -22,6 +22,9 @@ the reference. The first call compiles (a few seconds, cached on disk after).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -496,6 +499,40 @@ def fused_train_corpus(memory: Memory, args: Args) -> None:
     weights = _table(memory, args, "weights")
     fused_corpus_rows(table, first, second, weights, steps, _F32(args["log2e"]),
                       _F32(args["ln2"]), finish, grad, loss)
+
+
+# The compiled functions each kernel calls: what its first launch in a process compiles,
+# or loads from Numba's cache on disk (`cache=True`) where an earlier run left it.
+COMPILED: dict[str, tuple[Any, ...]] = {
+    sig.LOSS_HARD: (loss_gradient_hard_rows,),
+    sig.LOSS_CORPUS: (loss_gradient_corpus_rows,),
+    sig.LOSS_ONLY_CORPUS: (loss_corpus_rows,),
+    sig.ADAMW: (adamw_update,),
+    **{name: (fused_hard_rows,) for name in (
+        sig.FUSED_HARD, sig.FUSED_WIDE_HARD, sig.FUSED_TALL_HARD, sig.FUSED_STREAM_HARD,
+        sig.FUSED_HELD_HARD)},
+    **{name: (fused_corpus_rows,) for name in (
+        sig.FUSED_CORPUS, sig.FUSED_WIDE_CORPUS, sig.FUSED_TALL_CORPUS,
+        sig.FUSED_STREAM_CORPUS, sig.FUSED_HELD_CORPUS)},
+}
+
+
+def needs_compiling(regions: Iterable[str]) -> bool:
+    """Whether launching these kernels compiles one of them (seconds to tens of seconds):
+    not yet compiled in this process, and no fresh code of it in Numba's cache on disk (a
+    first run, or sources changed since)."""
+    functions = {function for region in set(regions) for function in COMPILED.get(region, ())}
+    return any(not function.signatures and not _cached_on_disk(function)
+               for function in functions)
+
+
+def _cached_on_disk(function: Any) -> bool:
+    """Whether Numba's cache index for `function` lists code for these sources (Numba's
+    own freshness test: the index is empty when missing, of another version or stale)."""
+    try:
+        return bool(function._cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001 - Numba's internals moved: claim nothing
+        return True
 
 
 KERNELS: dict[str, ref.Kernel] = {
