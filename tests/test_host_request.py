@@ -25,6 +25,8 @@ TRAIN_KEYWORDS = (
     ("submission", AUTO_SUBMISSION),
     # Checkpoint periods (None: SavePolicy's default for the checkpoint's size).
     ("save_every_seconds", None), ("save_every_updates", None),
+    # steps = 0 still writes the starting point (bob.train's model must exist to load).
+    ("save_start", False),
 )
 
 

@@ -158,9 +158,11 @@ def _ranges_problem(ranges: object, vocab: int) -> str | None:
                 and all(isinstance(v, int) and not isinstance(v, bool) for v in entry)):
             return f"successors entry {entry!r} is not a [first, last] pair of integers"
         first, last = entry
-        if not previous + 1 < first <= last < vocab:
-            return (f"successors range {list(entry)} does not follow {previous} inside "
-                    f"[0, V={vocab}) (ranges increase, apart, first <= last)")
+        if not 0 <= first <= last < vocab:
+            return f"successors range {list(entry)} is not first <= last inside [0, V={vocab})"
+        if first <= previous + 1:
+            return (f"successors range {list(entry)} touches or overlaps the one before it "
+                    f"(ending at {previous}): ranges increase, apart")
         previous = last
     return None
 
