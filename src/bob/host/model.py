@@ -157,7 +157,6 @@ class Model:
         self._stored = stored
         self.tokenizer = tokenizer
         self.backend = backend
-        self._rows = inference.Rows(stored)
         if temporary is not None:  # a checkpoint in a temporary directory lives with it
             weakref.finalize(self, shutil.rmtree, temporary, ignore_errors=True)
 
@@ -225,7 +224,7 @@ class Model:
         ids = self.encode(prev)
         if not ids:
             raise BadInput("give at least one symbol")
-        return np.stack([self._rows[i][0] for i in ids])
+        return self._stored.rows("parameters", ids)  # read from the file, checked
 
     def probs(self, prev: int | Symbols, temperature: float = 1.0) -> np.ndarray:
         """The next symbol's distribution after `prev` (f64, rows summing to 1), as
