@@ -106,7 +106,7 @@ def test_token_checkpoints_take_and_print_ids(tmp_path: Path, capsys) -> None:
     assert entry["prompt"] == [5, 7, 299]
     assert entry["next"] == int(np.argmax(state.parameters[299]))
     status, stdout, _ = run(capsys, "generate", "-c", checkpoint, "--ids", "1 2", "-n", "4",
-                            "--backend", "cpu")
+                            "-t", "0", "--backend", "cpu")
     ids = [int(w) for w in stdout.split()]
     assert status == 0 and ids[:2] == [1, 2] and len(ids) == 6
     for prev, nxt in zip(ids[1:], ids[2:], strict=False):

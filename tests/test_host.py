@@ -138,8 +138,9 @@ def test_predict_generate_eval(tmp_path, capsys):
     assert main(["predict", "-c", str(path), "--backend", "cpu", "--json", "a", "xb"]) == 0
     predictions = json.loads(capsys.readouterr().out)
     assert [p["next_text"] for p in predictions] == ["b", "a"]
-    assert main(["generate", "-c", str(path), "-p", "a", "-n", "6", "--backend", "cpu"]) == 0
-    assert capsys.readouterr().out == "abababa\n"
+    assert main(["generate", "-c", str(path), "-p", "a", "-n", "6", "-t", "0",
+                 "--backend", "cpu"]) == 0
+    assert capsys.readouterr().out == "abababa\n"  # -t 0: greedy
     sampled = [api.generate(str(path), b"a", 40, 1.0, seed, "cpu") for seed in (1, 1, 2)]
     assert sampled[0] == sampled[1] != sampled[2]
     assert main(["eval", "-c", str(path), "--text", str(text), "--backend", "cpu",

@@ -27,6 +27,8 @@ TRAIN_KEYWORDS = (
     ("save_every_seconds", None), ("save_every_updates", None),
     # Eval points (None: every invocation) and the checkpoint of the lowest validation loss.
     ("eval_every", None), ("keep_best", False),
+    # steps = 0 still writes the starting point (bob.train's model must exist to load).
+    ("save_start", False),
 )
 
 

@@ -356,7 +356,7 @@ def test_generate_ids_samples_the_checkpoints_rows_with_a_seed(token_model, caps
 
 def test_greedy_generate_ids_is_predict_ids_again_and_again(token_model, capsys):
     ids = [int(word) for word in generate_ids(token_model, capsys, "--ids", "5", "-n",
-                                              "12").split()]
+                                              "12", "-t", "0").split()]
     for previous, chosen in zip(ids, ids[1:], strict=False):
         capsys.readouterr()
         assert main(["predict", "-c", str(token_model), "--backend", "cpu", "--ids",

@@ -19,10 +19,11 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from bob.errors import BadInput
 from bob.host import api
 from bob.records.sources import TOKEN_DTYPES
 
-from .options import REPEAT_TOKENS, vocab_option
+from .options import REPEAT_TOKENS, tokenizer_option, vocab_option
 
 DEFAULT_OUT = "counts.safetensors"
 
@@ -32,7 +33,9 @@ DEFAULT_OUT = "counts.safetensors"
 @click.option("--tokens", "tokens", multiple=True, metavar="FILE",
               help=f"A token file (raw little-endian, or .npy) instead of text ({REPEAT_TOKENS}); "
                    "directories, globs and URLs work as for text.")
-@vocab_option(help="V: the token vocabulary (required with --tokens; text: 256).")
+@vocab_option(help="V: the token vocabulary (with --tokens: this or --tokenizer; text: 256).")
+@tokenizer_option("The tokenizer of the --tokens files: their V (a --vocab that differs is "
+                  "refused).")
 @click.option("--token-dtype", type=click.Choice(sorted(TOKEN_DTYPES)), default="uint16",
               show_default=True, help="Type of a raw token (nanoGPT's train.bin is uint16).")
 @click.option("--out", "-o", default=DEFAULT_OUT, show_default=True,
@@ -45,13 +48,14 @@ DEFAULT_OUT = "counts.safetensors"
 @click.option("--dask-workers", type=click.IntRange(1), default=2, show_default=True,
               help="Workers of the LocalCluster that --dask starts.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary as the last line.")
-def count(inputs, tokens, vocab, token_dtype, out, overwrite, workers, dask, dask_workers,
-          as_json) -> None:
+def count(inputs, tokens, vocab, tokenizer_path, token_dtype, out, overwrite, workers, dask,
+          dask_workers, as_json) -> None:
     """Count the adjacent pairs of INPUTS (files, directories, globs, URLs, - for stdin).
 
     \b
     bob count corpus/ -o corpus.counts
     bob count --tokens train.bin --vocab 50257 -o owt.counts
+    bob count --tokens train.bin --tokenizer meta.pkl -o chars.counts
     bob train --counts corpus.counts
     """
     if inputs and tokens:
@@ -62,6 +66,11 @@ def count(inputs, tokens, vocab, token_dtype, out, overwrite, workers, dask, das
             "count text INPUTS alone")
     if not inputs and not tokens:
         raise click.UsageError("give the files to count (INPUTS or --tokens FILE)")
+    if tokenizer_path is not None:
+        if not tokens:
+            raise BadInput("--tokenizer gives the V of --tokens files; text is counted as "
+                           "bytes (V=256)")
+        vocab = api.resolve_vocab(vocab, api.load_tokenizer(tokenizer_path))
     if dask is not None:
         # Dask logs every failed attempt with its traceback; the command says it in one line.
         logging.getLogger("distributed").setLevel(logging.CRITICAL)

@@ -87,6 +87,16 @@ def vocab_option(default: int | None = None, help: str = "V: rows and columns of
                         default=default, show_default=default is not None, help=help)
 
 
+TOKENIZER_KINDS = ("a Hugging Face tokenizers JSON file ([tokens] extra), nanoGPT's meta.pkl, "
+                   "or a tiktoken encoding name where tiktoken and its data are here")
+
+
+def tokenizer_option(help: str) -> click.Option:
+    """--tokenizer FILE: a token model's tokenizer (`bob.records.tokenizer`)."""
+    return click.option("--tokenizer", "tokenizer_path", metavar="FILE",
+                        help=f"{help} FILE: {TOKENIZER_KINDS}.")
+
+
 def prompts_option(default: int) -> click.Option:
     return click.option("--prompts", "-P", type=click.IntRange(0, config.MAX_PROMPTS),
                         default=default, show_default=True,

@@ -29,6 +29,7 @@ from .options import (
     arch_option,
     hyper_options,
     refuse_extra_arguments,
+    tokenizer_option,
     vocab_option,
 )
 
@@ -44,15 +45,18 @@ _TOKEN_DTYPE = click.option("--token-dtype", type=click.Choice(["uint16", "uint3
 
 
 def _data_options(function):
-    """--tokens, --vocab, --counts: corpus data beside --text (`bob count` makes counts)."""
+    """--tokens, --vocab, --counts, --tokenizer: corpus data beside --text (`bob count`
+    makes counts)."""
     for option in reversed((
         click.option("--tokens", "tokens", multiple=True, metavar="FILE",
                      help=f"A token file (raw uint16/uint32 or .npy; {REPEAT_TOKENS}); "
-                          "needs --vocab."),
-        vocab_option(help="V of the --tokens files."),
+                          "needs --vocab or --tokenizer."),
+        vocab_option(help="V of the --tokens files (default: the --tokenizer's)."),
         _TOKEN_DTYPE,
         click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
                      help="A counts file from `bob count`: no recount."),
+        tokenizer_option("The tokenizer of the --tokens files: their V (a --vocab that "
+                         "differs is refused)."),
     )):
         function = option(function)
     return function
@@ -62,6 +66,10 @@ def _spec(tokens, vocab, token_dtype, counts_file, texts=()) -> api.CorpusSpec |
     spec = api.CorpusSpec(texts=tuple(texts), tokens=tuple(tokens), counts=counts_file,
                           vocab=vocab, token_dtype=token_dtype)
     return spec if spec.given else None
+
+
+def _tokenizer(path: str | None) -> api.Tokenizer | None:
+    return None if path is None else api.load_tokenizer(path)
 
 
 def _ids(text: str) -> list[int]:
@@ -131,9 +139,9 @@ def _byte_text(value: int) -> str:
                    "last save.")
 def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, backend, arch,
           arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path,
-          schedule, as_json, tokens, vocab, token_dtype, counts_file, val_texts, val_tokens,
-          val_counts, submission, save_every_seconds, save_every_updates, eval_every,
-          keep_best) -> None:
+          schedule, as_json, tokens, vocab, token_dtype, counts_file, tokenizer_path, val_texts,
+          val_tokens, val_counts, submission, save_every_seconds, save_every_updates,
+          eval_every, keep_best) -> None:
     """Train the bigram table with AdamW: invocations of -N updates, a line every
     --eval-every updates, the checkpoint saved as --save-every/--save-every-updates say and
     at the end; the first Ctrl-C (or SIGTERM) finishes the invocation in flight and saves
@@ -142,6 +150,10 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
     Hyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)  # checks them
     if texts and input_record is not None:  # the API says it in its words; here in flags
         raise BadInput("give either --text files or an --input record, not both")
+    if tokenizer_path is not None and not (tokens or counts_file or val_tokens):
+        raise BadInput("--tokenizer gives the V of --tokens files; text trains on bytes "
+                       "(V=256)")
+    vocab = api.resolve_vocab(vocab, _tokenizer(tokenizer_path))
     stated = _stated_hyper(click.get_current_context(),
                            dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                                 weight_decay=weight_decay))
@@ -277,15 +289,23 @@ def _train_table(report: api.TrainReport) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
 @click.option("--ids", "id_prompts", multiple=True,
               help='A prompt of token ids, e.g. "464 3290 318" (token checkpoints; repeatable).')
-def predict(checkpoint, prompts, backend, as_json, id_prompts) -> None:
-    """Predict the byte after each PROMPT (greedy argmax of its last byte's row)."""
+@tokenizer_option("Token checkpoints: encode the text PROMPTS and decode the predictions.")
+def predict(checkpoint, prompts, backend, as_json, id_prompts, tokenizer_path) -> None:
+    """Predict the byte (or token) after each PROMPT: the greedy argmax of its last
+    symbol's row."""
     if id_prompts:
         if prompts:
             raise click.UsageError("give text PROMPTS or --ids, not both")
-        _predict_ids(checkpoint, [_ids(p) for p in id_prompts], backend, as_json)
+        _predict_ids(checkpoint, [_ids(p) for p in id_prompts], backend, as_json,
+                     _tokenizer(tokenizer_path))
         return
     if not prompts:
         raise click.UsageError("give at least one PROMPT (or --ids)")
+    if tokenizer_path is not None:
+        tokenizer = api.load_tokenizer(tokenizer_path)
+        _predict_ids(checkpoint, [tokenizer.encode(p) for p in prompts], backend, as_json,
+                     tokenizer)
+        return
     results = api.predict(checkpoint, [os.fsencode(p) for p in prompts], backend)
     if as_json:
         click.echo(json.dumps([{"prompt": p.decode(errors="replace"), "next": nxt,
@@ -297,8 +317,20 @@ def predict(checkpoint, prompts, backend, as_json, id_prompts) -> None:
                    f"(logit {float(logits[nxt]):.4f})")
 
 
-def _predict_ids(checkpoint, prompts, backend, as_json) -> None:
+def _predict_ids(checkpoint, prompts, backend, as_json, tokenizer=None) -> None:
+    if tokenizer is not None:
+        api.require_tokenizer(checkpoint, tokenizer)
     results = api.predict_ids(checkpoint, prompts, backend)
+    if tokenizer is not None:
+        if as_json:
+            click.echo(json.dumps([{"prompt": tokenizer.decode(p), "ids": p, "next": nxt,
+                                    "next_text": tokenizer.decode([nxt])}
+                                   for p, nxt, _ in results]))
+            return
+        for prompt, nxt, logit in results:
+            click.echo(f"{tokenizer.decode(prompt)!r} -> {tokenizer.decode([nxt])!r} "
+                       f"(id {nxt}, logit {logit:.4f})")
+        return
     if as_json:
         click.echo(json.dumps([{"prompt": p, "next": nxt} for p, nxt, _ in results]))
         return
@@ -306,80 +338,123 @@ def _predict_ids(checkpoint, prompts, backend, as_json) -> None:
         click.echo(f"{' '.join(map(str, prompt))} -> {nxt} (logit {logit:.4f})")
 
 
+# Between samples, as nanoGPT's sample.py prints them.
+SAMPLE_SEPARATOR = "-" * 15
+
+
 @click.command()
 @_CHECKPOINT
-@click.option("--prompt", "-p", help="Text to continue.")
+@click.option("--prompt", "-p", help="Text to continue (a token model's with --tokenizer).")
 @click.option("--ids", "id_prompt", help='Token ids to continue, e.g. "464 3290 318".')
 @click.option("--length", "-n", type=click.IntRange(0, 10_000_000), default=200,
-              show_default=True, help="Bytes (tokens, with --ids) to generate.")
-@click.option("--temperature", "-t", type=click.FloatRange(0), default=0.0, show_default=True,
-              help="0 is greedy; above 0 samples.")
-@click.option("--top-k", "-k", type=click.IntRange(1), default=None,
-              help="Sample only from the K most likely next bytes or tokens (default: all).")
+              show_default=True, help="Symbols to generate: bytes, or token ids for a token "
+                                      "model.")
+@click.option("--temperature", "-t", type=click.FloatRange(0), default=0.8, show_default=True,
+              help="0 is greedy; above 0 samples (0.8 as nanoGPT's sample.py).")
+@click.option("--top-k", "-k", type=click.IntRange(1), default=200, show_default=True,
+              help="Sample only among the K most likely next symbols (200 as nanoGPT's "
+                   "sample.py; K >= V: all of them).")
+@click.option("--seen-only/--no-seen-only", default=None,
+              help="Draw only symbols the training data has as a next symbol, as the "
+                   "checkpoint records them. Default: on for byte models trained on text (a "
+                   "model of ASCII text writes valid UTF-8), off for token models. A "
+                   "checkpoint written before Bob recorded them cannot tell: by default it "
+                   "draws from every symbol, and --seen-only is refused.")
+@click.option("--num-samples", type=click.IntRange(1, 100_000), default=1, show_default=True,
+              help="Samples to draw, each continuing the prompt, separated by a line of "
+                   "dashes (sample k draws the seed's numbers after those of the k before it).")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
               help="Sampling seed: the same seed gives the same text on every backend.")
+@tokenizer_option("Token checkpoints: decode the generated ids to text and encode --prompt.")
 @click.option("--raw", is_flag=True,
               help="Write the prompt and the generated bytes unchanged (no UTF-8 decoding, "
-                   "no newline; with --ids the ids, no newline).")
+                   "no newline; with --ids the ids, no newline; with --tokenizer the text).")
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True,
               help="Print the prompt and the continuation as JSON (text and byte values).")
-def generate(checkpoint, prompt, id_prompt, length, temperature, top_k, seed, raw, backend,
-             as_json) -> None:
-    """Continue a prompt (text, or --ids for token checkpoints), greedily or by sampling."""
+def generate(checkpoint, prompt, id_prompt, length, temperature, top_k, seen_only, num_samples,
+             seed, tokenizer_path, raw, backend, as_json) -> None:
+    """Continue a prompt (text, or --ids for token checkpoints) by sampling, as nanoGPT's
+    sample.py does (temperature 0.8, top-k 200), or greedily with -t 0."""
     if (prompt is None) == (id_prompt is None):
         raise click.UsageError("give --prompt text or --ids, one of them")
     if raw and as_json:
         raise click.UsageError("--raw and --json are two ways to print: choose one")
-    if id_prompt is not None:
-        ids = _ids(id_prompt)
-        more = api.generate_ids(checkpoint, ids, length, temperature, seed, backend, top_k)
-        if as_json:
-            click.echo(json.dumps({"ids": ids + more}))
-        elif raw:  # the ids alone, one line, nothing else
-            sys.stdout.write(" ".join(map(str, ids + more)))
-            sys.stdout.flush()
-        else:
-            click.echo(" ".join(map(str, ids + more)))
-        return
-    prompt_bytes = os.fsencode(prompt)
-    text = api.generate(checkpoint, prompt_bytes, length, temperature, seed, backend, top_k)
+    if raw and num_samples > 1:
+        raise click.UsageError("--raw writes one sample unchanged: leave out --num-samples")
+    tokenizer = _tokenizer(tokenizer_path)
+    if tokenizer is not None:
+        api.require_tokenizer(checkpoint, tokenizer)
+        given: bytes | list[int] = (tokenizer.encode(prompt) if prompt is not None
+                                    else _ids(id_prompt))
+    else:
+        given = os.fsencode(prompt) if prompt is not None else _ids(id_prompt)
+    samples = api.generate_samples(checkpoint, given, length, temperature, seed, backend,
+                                   top_k, seen_only, num_samples)
+    form = "json" if as_json else "raw" if raw else "text"
+    shown = [_sample_shown(given, more, tokenizer, form) for more in samples]
     if as_json:
-        click.echo(json.dumps({"prompt": prompt_bytes.decode("utf-8", errors="replace"),
-                               "text": text.decode("utf-8", errors="replace"),
-                               "bytes": list(text)}))
+        click.echo(json.dumps(shown[0] if len(shown) == 1 else {"samples": shown}))
         return
     if raw:
-        sys.stdout.buffer.write(prompt_bytes + text)
+        data = shown[0]
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return
-    sys.stdout.write((prompt_bytes + text).decode("utf-8", errors="replace") + "\n")
+    sys.stdout.write(f"\n{SAMPLE_SEPARATOR}\n".join(shown) + "\n")
+
+
+def _sample_shown(given: bytes | list[int], more: list[int], tokenizer: api.Tokenizer | None,
+                  form: str):
+    """One sample as `form` ("text", "raw" or "json") prints it: a line, bytes, an object."""
+    if tokenizer is not None:
+        text = tokenizer.decode([*given, *more])
+        if form == "json":
+            return {"prompt": tokenizer.decode(given), "ids": [*given, *more], "text": text}
+        return text
+    if isinstance(given, bytes):
+        continuation = bytes(more)
+        if form == "raw":
+            return given + continuation
+        if form == "json":
+            return {"prompt": given.decode("utf-8", errors="replace"),
+                    "text": continuation.decode("utf-8", errors="replace"),
+                    "bytes": list(continuation)}
+        return (given + continuation).decode("utf-8", errors="replace")
+    ids = [*given, *more]
+    return {"ids": ids} if form == "json" else " ".join(map(str, ids))
 
 
 @click.command(name="eval", context_settings=FILE_OPTIONS)
 @_CHECKPOINT
 @click.option("--text", "texts", multiple=True, metavar="FILE",
               type=click.Path(dir_okay=False, allow_dash=True),
-              help=f"Text file to evaluate on ({REPEAT_TEXT}; - reads stdin).")
+              help=f"Text file to evaluate on ({REPEAT_TEXT}; - reads stdin; a token "
+                   "model's with --tokenizer, encoded).")
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_data_options
-def eval_(checkpoint, texts, backend, as_json, tokens, vocab, token_dtype, counts_file) -> None:
-    """Loss of the model on text: nats per transition, bits per byte, and the entropy of
-    that text (the lowest loss any bigram table reaches on it)."""
+def eval_(checkpoint, texts, backend, as_json, tokens, vocab, token_dtype, counts_file,
+          tokenizer_path) -> None:
+    """Loss of the model on data: nats per transition, bits per byte (per token for a token
+    model), and the entropy of that data (the lowest loss any bigram table reaches on it)."""
     refuse_extra_arguments(click.get_current_context())
-    spec = _spec(tokens, vocab, token_dtype, counts_file)
+    tokenizer = _tokenizer(tokenizer_path)
+    spec = _spec(tokens, api.resolve_vocab(vocab, tokenizer) if tokens else vocab,
+                 token_dtype, counts_file)
     if not texts and spec is None:
         raise click.UsageError("give --text files, --tokens files or --counts")
-    report = api.evaluate(checkpoint, list(texts), backend, spec)
+    report = api.evaluate(checkpoint, list(texts), backend, spec, tokenizer)
     if as_json:
         click.echo(json.dumps(report.to_json()))
         return
     table = Table(title=f"bob eval on {report.text}")
     table.add_column("")
     table.add_column("nats / transition", justify="right")
-    table.add_column("bits / byte", justify="right")
-    table.add_row("model", f"{report.nats:.6f}", f"{report.bits_per_byte:.6f}")
+    table.add_column(f"bits / {report.unit}", justify="right")
+    table.add_row("model", f"{report.nats:.6f}", f"{report.bits:.6f}")
     table.add_row("entropy of this text (lower bound)", f"{report.optimum:.6f}",
                   f"{report.optimum / math.log(2):.6f}")
     table.add_row("transitions", f"{report.transitions:,}", "")

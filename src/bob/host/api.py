@@ -4,6 +4,8 @@
     >>> report = api.train(steps=200, checkpoint="bob.safetensors", backend="cpu")
     >>> api.predict("bob.safetensors", [b"def"], backend="cpu")
     >>> api.generate("bob.safetensors", b"def ", length=40)
+    >>> api.generate_samples("bob.safetensors", b"def ", 40, 0.8, seed=1, samples=3)
+    >>> api.load_tokenizer("meta.pkl").decode([20, 43])  # nanoGPT's char-level meta
     >>> api.evaluate("bob.safetensors", ["notes.txt"], backend="cpu")
     >>> api.count(api.CorpusSpec(texts=("corpus/",)), "corpus.counts")
     >>> api.run_training(api.TrainRequest(steps=200, resume=True), progress=None)
@@ -22,11 +24,14 @@ from bob.host.data import CorpusSpec, CountReport, TrainingData, count, training
 from bob.host.inference import (
     EvalReport,
     evaluate,
+    evaluate_symbols,
     export,
     generate,
     generate_ids,
+    generate_samples,
     predict,
     predict_ids,
+    require_tokenizer,
 )
 from bob.host.training import (
     DEFAULT_CHECKPOINT,
@@ -36,12 +41,14 @@ from bob.host.training import (
     TrainRequest,
     run_training,
 )
+from bob.records.tokenizer import Tokenizer, load_tokenizer, resolve_vocab
 
 __all__ = [
     "DEFAULT_CHECKPOINT", "DEFAULT_UPDATES_PER_INVOCATION", "CorpusSpec", "CountReport",
-    "EvalReport", "Progress", "TrainReport", "TrainRequest", "TrainingData", "count",
-    "evaluate", "export", "generate", "generate_ids", "predict", "predict_ids", "run_training",
-    "train", "training_data",
+    "EvalReport", "Progress", "Tokenizer", "TrainReport", "TrainRequest", "TrainingData",
+    "count", "evaluate", "evaluate_symbols", "export", "generate", "generate_ids",
+    "generate_samples", "load_tokenizer", "predict", "predict_ids", "require_tokenizer",
+    "resolve_vocab", "run_training", "train", "training_data",
 ]
 
 

@@ -24,6 +24,7 @@ from bob.config import MAX_VOCAB
 from bob.errors import BadInput
 from bob.records import corpus, counting, sources
 from bob.records.binary import InputRecord
+from bob.records.checkpoint import Ranges, symbol_ranges
 from bob.records.countsfile import CountsFile
 from bob.records.digest import weights_of
 
@@ -96,6 +97,30 @@ def count_corpus(spec: CorpusSpec, workers: int | None = None,
                                   for s in found])
 
 
+def count_sequences(sequences: Sequence[tuple[str, np.ndarray]], vocab: int) -> CountsFile:
+    """The counts of symbol sequences in memory (a text's bytes, a tokenizer's ids): the
+    pairs within each, none across two, as `count_corpus` counts files."""
+    tally = counting.Tally(vocab)
+    sizes = []
+    for name, symbols in sequences:
+        symbols = np.asarray(symbols).reshape(-1)
+        if symbols.size and symbols.dtype.kind not in "iu":
+            raise BadInput(f"{name}: symbols are integers, not {symbols.dtype}")
+        outside = (symbols < 0) | (symbols >= vocab)
+        if outside.any():
+            i = int(np.argmax(outside))
+            raise BadInput(f"{name}: symbol {int(symbols[i])} at position {i} is not in "
+                           f"[0, V={vocab})")
+        if symbols.size:
+            tally.add_block(symbols.astype(np.uint32), -1)
+        sizes.append((name, int(symbols.size)))
+    counts = tally.result()
+    if counts.transitions == 0:
+        raise BadInput(f"{', '.join(name for name, _ in sequences)}: no transitions (at least "
+                       "two symbols are needed)")
+    return CountsFile.of(counts, sizes)
+
+
 def corpus_record(counted: CountsFile, description: str) -> InputRecord:
     """The corpus-mode input record of counts the device table can hold: the K pairs that
     were counted and their weights C / N (each formed as `corpus.weights` forms it)."""
@@ -160,6 +185,26 @@ def validation_record(spec: CorpusSpec | None, vocab: int) -> InputRecord | None
         raise BadInput(f"{counted.name}: validation data has V={counted.vocab}, the model "
                        f"V={vocab}")
     return corpus_record(counted, counted.name)
+
+
+SUCCESSOR_BLOCK = 1 << 24  # keys examined at a time: a bounded temporary beside the record
+
+
+def successor_ranges(record: InputRecord) -> Ranges:
+    """The symbols the record's data has as a next symbol (its targets, or the columns of
+    its pairs), as ranges: what a checkpoint records for generation's --seen-only."""
+    seen = np.zeros(record.vocab, bool)
+    if record.mode == "hard":
+        assert record.targets is not None
+        seen[record.targets] = True
+        return symbol_ranges(seen)
+    assert record.keys is not None and record.values is not None
+    vocab = np.uint64(record.vocab)
+    for start in range(0, record.keys.size, SUCCESSOR_BLOCK):
+        keys = record.keys[start:start + SUCCESSOR_BLOCK]
+        counted = record.values[start:start + SUCCESSOR_BLOCK] > 0
+        seen[(keys[counted].astype(np.uint64) % vocab).astype(np.intp)] = True
+    return symbol_ranges(seen)
 
 
 def replace_prompts(record: InputRecord, prompts: Sequence[int]) -> InputRecord:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -26,13 +27,24 @@ import numpy as np
 from bob.backends import choose_backend, resolve_submission
 from bob.config import AUTO_SUBMISSION, DEFAULT_TARGET
 from bob.errors import BadInput
+from bob.files import read_bytes
 from bob.host import sampling
-from bob.host.data import CorpusSpec, corpus_record, count_corpus, replace_prompts
+from bob.host.data import (
+    CorpusSpec,
+    corpus_record,
+    count_corpus,
+    count_sequences,
+    replace_prompts,
+)
 from bob.host.session import Session
 from bob.kernels.reference import greedy_argmax_rows
 from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord, ResultRecord
 from bob.records.checkpoint import Checkpoint, CheckpointFile, StartingPoint
+from bob.records.corpus import BYTE_VOCAB
+from bob.records.countsfile import CountsFile
+from bob.records.sources import STDIN
+from bob.records.tokenizer import Tokenizer
 
 # Where a forward invocation's table comes from: a checkpoint in memory or on disk.
 Table = Checkpoint | CheckpointFile
@@ -90,46 +102,97 @@ def predict(checkpoint: str, prompts: Sequence[bytes], backend: str = "auto",
 
 
 def _require_bytes(stored: CheckpointFile, path: str) -> None:
-    if stored.state.vocab != 256:
-        raise BadInput(f"{path}: V={stored.state.vocab}; text needs a byte table (V=256)")
+    if stored.state.vocab != BYTE_VOCAB:
+        raise BadInput(f"{path}: V={stored.state.vocab}; text needs a byte table (V=256), or "
+                       "a --tokenizer for a token model")
 
 
-def _check_sampling(length: int, temperature: float, top_k: int | None) -> None:
+def _check_sampling(length: int, temperature: float, top_k: int | None,
+                    samples: int = 1) -> None:
     if length < 0:
         raise BadInput(f"length must be >= 0, not {length}")
     if not math.isfinite(temperature) or temperature < 0:
         raise BadInput(f"--temperature must be a finite number >= 0, not {temperature}")
     if top_k is not None and top_k < 1:
         raise BadInput(f"--top-k must be at least 1, not {top_k}")
+    if samples < 1:
+        raise BadInput(f"--num-samples must be at least 1, not {samples}")
+
+
+def seen_symbols(stored: CheckpointFile, seen_only: bool | None) -> np.ndarray | None:
+    """The symbols generation may draw: None for all of them, or the mask of those the
+    training data has as a next symbol (the checkpoint's `successors`).
+
+    `seen_only` None is on for a byte model trained on a corpus whose checkpoint records
+    them, off otherwise; True refuses a checkpoint that cannot tell.
+    """
+    state = stored.state
+    seen = state.seen()
+    if seen_only is None:
+        return seen if state.vocab == BYTE_VOCAB and state.mode == "corpus" else None
+    if not seen_only:
+        return None
+    if seen is None:
+        raise BadInput(f"{stored.path}: the checkpoint does not record which symbols its "
+                       "training data has as a next symbol (written before Bob kept them, "
+                       "or resumed on other data from such a checkpoint): --seen-only cannot "
+                       "tell; pass --no-seen-only")
+    return seen
 
 
 def _continue(rows: Rows, last: int, length: int, temperature: float, seed: int,
-              top_k: int | None) -> list[int]:
+              top_k: int | None, allowed: np.ndarray | None = None,
+              first_position: int = 0) -> list[int]:
     """`length` tokens after `last`: greedy, or sampled with `seed` (position by position,
-    as `sampling.generate` draws them)."""
+    as `sampling.generate` draws them, from `first_position` on), among the `allowed`
+    symbols where given."""
     out = []
-    for position in range(length):
+    for position in range(first_position, first_position + length):
         logits, greedy = rows[last]
         if temperature == 0:
-            last = greedy
+            last = greedy if allowed is None else sampling.greedy(logits, allowed)
         else:
             last = sampling.sample_row(logits, temperature, sampling.uniform(seed, position),
-                                       top_k)
+                                       top_k, allowed)
         out.append(last)
     return out
 
 
-def generate(checkpoint: str, prompt: bytes, length: int, temperature: float = 0.0,
-             seed: int = 0, backend: str = "auto", top_k: int | None = None) -> bytes:
-    """Continue `prompt` by `length` bytes, greedily or sampled with `seed` (from the
-    `top_k` most likely bytes only, when given)."""
-    if not prompt:
-        raise BadInput("the prompt must have at least one byte")
-    _check_sampling(length, temperature, top_k)
+def generate_samples(checkpoint: str, prompt: bytes | Sequence[int], length: int,
+                     temperature: float = 0.0, seed: int = 0, backend: str = "auto",
+                     top_k: int | None = None, seen_only: bool | None = False,
+                     samples: int = 1) -> list[list[int]]:
+    """`samples` continuations of `prompt` (bytes for a byte table, else token ids), each
+    `length` symbols, from the rows of the checkpoint it visits (each read once).
+
+    Sample k draws the uniforms of positions k * length onwards: one seed's stream cut
+    into samples, so sample 0 is what one sample with that seed gives.
+    """
+    _check_sampling(length, temperature, top_k, samples)
     choose_backend(backend)  # a name it does not know is refused as everywhere
     stored = CheckpointFile.open(checkpoint)
-    _require_bytes(stored, checkpoint)
-    return bytes(_continue(Rows(stored), prompt[-1], length, temperature, seed, top_k))
+    if isinstance(prompt, bytes | bytearray):
+        if not prompt:
+            raise BadInput("the prompt must have at least one byte")
+        _require_bytes(stored, checkpoint)
+        last = prompt[-1]
+    else:
+        last = _require_tokens(stored, checkpoint, prompt)[-1]
+    allowed = seen_symbols(stored, seen_only)
+    rows = Rows(stored)
+    return [_continue(rows, last, length, temperature, seed, top_k, allowed, k * length)
+            for k in range(samples)]
+
+
+def generate(checkpoint: str, prompt: bytes, length: int, temperature: float = 0.0,
+             seed: int = 0, backend: str = "auto", top_k: int | None = None,
+             seen_only: bool | None = False) -> bytes:
+    """Continue `prompt` by `length` bytes, greedily or sampled with `seed` (from the
+    `top_k` most likely bytes only, when given; only bytes the training data has as a
+    next byte with `seen_only`)."""
+    (sample,) = generate_samples(checkpoint, bytes(prompt), length, temperature, seed,
+                                 backend, top_k, seen_only)
+    return bytes(sample)
 
 
 @dataclass(frozen=True)
@@ -139,36 +202,84 @@ class EvalReport:
     transitions: int
     nats: float  # mean negative log-likelihood per transition
     optimum: float
+    unit: str = "byte"  # what a symbol is: "byte" (V = 256) or "token"
 
     @property
-    def bits_per_byte(self) -> float:
+    def bits(self) -> float:
+        """Bits per symbol: per byte, or per token."""
         return self.nats / math.log(2)
 
     def to_json(self) -> dict:
         return {"checkpoint": self.checkpoint, "text": self.text,
                 "transitions": self.transitions, "nats_per_transition": self.nats,
-                "bits_per_byte": self.bits_per_byte, "optimum": self.optimum,
-                "optimum_bits_per_byte": self.optimum / math.log(2),
-                "loss": self.nats}
+                f"bits_per_{self.unit}": self.bits, "optimum": self.optimum,
+                f"optimum_bits_per_{self.unit}": self.optimum / math.log(2),
+                "unit": self.unit, "loss": self.nats}
+
+
+def symbol_unit(vocab: int) -> str:
+    """What one symbol of a V-symbol model is called: a byte (V = 256) or a token."""
+    return "byte" if vocab == BYTE_VOCAB else "token"
 
 
 def evaluate(checkpoint: str, texts: Sequence[str], backend: str = "auto",
-             spec: CorpusSpec | None = None) -> EvalReport:
+             spec: CorpusSpec | None = None, tokenizer: Tokenizer | None = None) -> EvalReport:
     """The model's loss on text files (or tokens, or a counts file), beside the optimum: one
-    forward invocation with the data as its corpus input, the table streamed in."""
+    forward invocation with the data as its corpus input, the table streamed in. With a
+    `tokenizer`, a token model reads text files as the tokens it encodes them to."""
     stored = CheckpointFile.open(checkpoint)
     vocab = stored.state.vocab
-    if spec is None or not spec.given:
-        _require_bytes(stored, checkpoint)
-        spec = CorpusSpec(texts=tuple(texts))
-    elif texts:
+    if tokenizer is not None:
+        tokenizer.require_vocab(vocab, checkpoint)
+    if spec is not None and spec.given and texts:
         raise BadInput("give one kind of data: text inputs, --tokens files or --counts")
-    counted = count_corpus(replace(spec, vocab=spec.vocab or (None if spec.counts else vocab)))
+    if texts and tokenizer is not None:
+        counted = count_sequences([(name, np.asarray(tokenizer.encode(_text_of(name)),
+                                                     np.int64))
+                                   for name in texts], vocab)
+    else:
+        if spec is None or not spec.given:
+            _require_bytes(stored, checkpoint)
+            spec = CorpusSpec(texts=tuple(texts))
+        counted = count_corpus(replace(spec, vocab=spec.vocab
+                                       or (None if spec.counts else vocab)))
+    return _evaluate_counts(stored, counted, backend)
+
+
+def evaluate_symbols(checkpoint: Table, symbols: Sequence[int] | np.ndarray | bytes,
+                     name: str, backend: str = "auto") -> EvalReport:
+    """The model's loss on one sequence of symbols in memory (bytes, or token ids)."""
+    stored = CheckpointFile.open(checkpoint) if isinstance(checkpoint, str) else checkpoint
+    array = (np.frombuffer(symbols, np.uint8) if isinstance(symbols, bytes | bytearray)
+             else np.asarray(symbols))
+    return _evaluate_counts(stored, count_sequences([(name, array)], stored.state.vocab),
+                            backend)
+
+
+def _evaluate_counts(stored: Table, counted: CountsFile, backend: str) -> EvalReport:
+    vocab = stored.state.vocab
     if counted.vocab != vocab:
         raise BadInput(f"{counted.name}: V={counted.vocab}, the checkpoint V={vocab}")
     record = corpus_record(counted, counted.name)
     loss = forward(stored, (), backend, record=record).initial_objective
-    return EvalReport(checkpoint, counted.name, counted.transitions, loss, counted.optimum)
+    path = stored.path if isinstance(stored, CheckpointFile) else "checkpoint"
+    return EvalReport(path, counted.name, counted.transitions, loss, counted.optimum,
+                      symbol_unit(vocab))
+
+
+def _text_of(name: str) -> str:
+    """A text file (or stdin, "-") as text, for a tokenizer to encode."""
+    data = sys.stdin.buffer.read() if name == STDIN else read_bytes(name, "text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BadInput(f"{name}: not UTF-8 text (byte {error.start}), which a tokenizer "
+                       "encodes") from None
+
+
+def require_tokenizer(checkpoint: str, tokenizer: Tokenizer) -> None:
+    """BadInput unless the checkpoint's V is the tokenizer's."""
+    tokenizer.require_vocab(CheckpointFile.open(checkpoint).state.vocab, checkpoint)
 
 
 def _require_tokens(stored: CheckpointFile, path: str, ids: Sequence[int]) -> list[int]:
@@ -195,14 +306,13 @@ def predict_ids(checkpoint: str, prompts: Sequence[Sequence[int]], backend: str 
 
 
 def generate_ids(checkpoint: str, prompt: Sequence[int], length: int, temperature: float = 0.0,
-                 seed: int = 0, backend: str = "auto", top_k: int | None = None) -> list[int]:
+                 seed: int = 0, backend: str = "auto", top_k: int | None = None,
+                 seen_only: bool | None = False) -> list[int]:
     """Token checkpoints: continue the ids by `length` ids, as `generate` does bytes (the
     rows visited read from the file, each once)."""
-    _check_sampling(length, temperature, top_k)
-    choose_backend(backend)  # a name it does not know is refused as everywhere
-    stored = CheckpointFile.open(checkpoint)
-    last = _require_tokens(stored, checkpoint, prompt)[-1]
-    return _continue(Rows(stored), last, length, temperature, seed, top_k)
+    (sample,) = generate_samples(checkpoint, [int(i) for i in prompt], length, temperature,
+                                 seed, backend, top_k, seen_only)
+    return sample
 
 
 def export(checkpoint: str, out: str, overwrite: bool = False) -> int:

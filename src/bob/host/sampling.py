@@ -35,26 +35,65 @@ def top_k_mask(logits: np.ndarray, k: int | None) -> np.ndarray:
         return np.ones(len(logits), bool)
     if k < 1:
         raise ValueError(f"top-k must be at least 1, not {k}")
-    # A stable sort of -logits keeps equal logits in index order.
-    order = np.argsort(-logits.astype(np.float32), kind="stable")
-    mask = np.zeros(len(logits), bool)
-    mask[order[:k]] = True
+    # The k-th largest value by a partition (linear in V: a token row is 50257 wide), then
+    # every larger value and the lowest-indexed equal ones: a stable sort's first k.
+    values = logits.astype(np.float32)
+    kth = np.partition(values, len(values) - k)[len(values) - k]
+    mask = values > kth
+    mask[np.flatnonzero(values == kth)[:k - int(mask.sum())]] = True
     return mask
 
 
-def sample_row(logits: np.ndarray, temperature: float, u: float, top_k: int | None = None,
-               ) -> int:
-    """Inverse-CDF sample of softmax(logits / temperature) with the uniform u.
+def candidates(logits: np.ndarray, top_k: int | None = None,
+               allowed: np.ndarray | None = None) -> np.ndarray:
+    """True for the symbols a draw may give: the `top_k` most likely of the `allowed` ones
+    (all of them where None)."""
+    if allowed is None:
+        return top_k_mask(logits, top_k)
+    if not allowed.any():
+        raise ValueError("no symbol is allowed")
+    ranked = np.where(allowed, logits.astype(np.float32), np.float32(-np.inf))
+    return top_k_mask(ranked, top_k) & allowed
 
-    With `top_k`, only the k most likely bytes can be drawn (the others weigh 0).
-    """
+
+def weights(logits: np.ndarray, temperature: float, top_k: int | None = None,
+            allowed: np.ndarray | None = None) -> np.ndarray:
+    """softmax(logits / temperature)'s weights before normalising (float64, the largest
+    1), zero outside `candidates`: what a draw chooses among."""
     with np.errstate(over="ignore"):  # a temperature beyond float32 is inf: uniform
         scaled = logits.astype(np.float32) / np.float32(temperature)
-    weights = exp2((scaled - scaled.max()) * _LOG2E).astype(np.float64)
-    weights[~top_k_mask(logits, top_k)] = 0.0
-    cumulative = np.cumsum(weights)  # sequential, in index order
+    keep = candidates(logits, top_k, allowed)
+    # The largest candidate weighs 1 (without `allowed`, the largest of all: the likeliest
+    # symbol is always a candidate).
+    found = exp2((scaled - scaled[keep].max()) * _LOG2E).astype(np.float64)
+    found[~keep] = 0.0
+    return found
+
+
+def probabilities(logits: np.ndarray, temperature: float = 1.0, top_k: int | None = None,
+                  allowed: np.ndarray | None = None) -> np.ndarray:
+    """The distribution a draw follows (float64, summing to 1)."""
+    found = weights(logits, temperature, top_k, allowed)
+    return found / found.sum()
+
+
+def greedy(logits: np.ndarray, allowed: np.ndarray | None = None) -> int:
+    """The most likely symbol (of the `allowed` ones), the lowest index among equals."""
+    if allowed is None:
+        return int(np.argmax(logits))
+    return int(np.argmax(np.where(allowed, logits.astype(np.float32), np.float32(-np.inf))))
+
+
+def sample_row(logits: np.ndarray, temperature: float, u: float, top_k: int | None = None,
+               allowed: np.ndarray | None = None) -> int:
+    """Inverse-CDF sample of softmax(logits / temperature) with the uniform u.
+
+    With `top_k`, only the k most likely symbols can be drawn (the others weigh 0); with
+    `allowed`, only those it marks (the k most likely of them).
+    """
+    cumulative = np.cumsum(weights(logits, temperature, top_k, allowed))  # in index order
     index = int(np.searchsorted(cumulative, u * cumulative[-1], side="right"))
-    return min(index, len(weights) - 1)
+    return min(index, len(cumulative) - 1)
 
 
 def generate(logit_rows: np.ndarray, greedy_next: np.ndarray, prompt: bytes, length: int,

@@ -43,6 +43,7 @@ from bob.backends import BackendChoice, choose_backend, resolve_submission
 from bob.config import (
     ARENA_KINDS,
     AUTO_SUBMISSION,
+    CHECKPOINT_TENSORS,
     DEFAULT_TARGET,
     SCHEDULES,
     SUBMISSION_CHOICES,
@@ -56,6 +57,7 @@ from bob.host.data import (
     CorpusSpec,
     TrainingData,
     require_one_source,
+    successor_ranges,
     training_data,
     validation_record,
 )
@@ -69,10 +71,15 @@ from bob.records.checkpoint import (
     Checkpoint,
     CheckpointFile,
     History,
+    Ranges,
     Segment,
     StartingPoint,
+    TableDelivery,
+    TableSink,
     TrainingState,
     checkpoint_lock,
+    ranges_mask,
+    symbol_ranges,
 )
 
 DEFAULT_CHECKPOINT = "bob.safetensors"
@@ -155,6 +162,9 @@ class TrainRequest:
     # At each eval point whose validation loss is the lowest so far, save the checkpoint to
     # `best_checkpoint_path(checkpoint)` as well (atomically); needs val_spec.
     keep_best: bool = False
+    # steps = 0: still write the starting point (a fresh run's zero table) as the checkpoint,
+    # so that a model exists to load; `bob train --steps 0` writes nothing.
+    save_start: bool = False
 
     def __post_init__(self) -> None:
         if self.texts is not None:  # any sequence of names, kept as a tuple
@@ -187,7 +197,7 @@ class TrainRequest:
             raise BadInput(f"unknown hyperparameter {unknown[0]!r}; Bob's are "
                            f"{', '.join(HYPER_FIELDS)}")
         # Every output is checked before any work, so a bad path costs nothing.
-        if self.steps > 0:
+        if self.writes_checkpoint:
             check_output_file(self.checkpoint, "checkpoint")
         if self.result_path is not None:
             check_output_file(self.result_path, "result record")
@@ -197,6 +207,11 @@ class TrainRequest:
                 raise BadInput(f"{self.best_checkpoint}: the best checkpoint and the result "
                                "record would be one file")
         require_one_source(self.texts, self.input_record, self.data_spec)
+
+    @property
+    def writes_checkpoint(self) -> bool:
+        """Whether the run may write its checkpoint (and so holds its lock)."""
+        return self.steps > 0 or self.save_start
 
     @property
     def best_checkpoint(self) -> str:
@@ -291,11 +306,12 @@ def run_training(request: TrainRequest, progress: Progress | None = None) -> Tra
     data = training_data(request.texts, request.input_record, request.data_spec,
                          admit=lambda vocab: refuse_slow_cpu(choice.name, vocab, request.steps))
     validation = validation_record(request.val_spec, data.record.vocab)
-    lock = checkpoint_lock(request.checkpoint) if request.steps > 0 else contextlib.nullcontext()
+    lock = (checkpoint_lock(request.checkpoint) if request.writes_checkpoint
+            else contextlib.nullcontext())
     with lock:
         start = _starting_point(request, data)
         earlier_best = _earlier_best(request)
-        if request.steps > 0:
+        if request.writes_checkpoint:
             require_disk_room(request.checkpoint, start.state.file_bytes
                               * (2 if request.keep_best else 1))
         report = _train_from(request, start, data, choice, progress, validation,
@@ -327,7 +343,8 @@ def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
                            "to start again")
         chosen = replace(request.hyper or Hyper(), **changes)
         return StartingPoint(TrainingState(record.vocab, 0, chosen, record.mode, digest,
-                                           segments=(Segment(0, digest, chosen),)))
+                                           segments=(Segment(0, digest, chosen),),
+                                           successors=successor_ranges(record)))
     if not exists:
         raise BadInput(f"{checkpoint}: no checkpoint to resume from")
     stored = CheckpointFile.open(checkpoint)
@@ -378,7 +395,23 @@ def _continued(start: TrainingState, record: InputRecord, hyper: Hyper) -> Train
         # A segment that never ran an update is replaced, not kept.
         segments = (*segments[:-1], now) if last.first_step == start.step else (*segments, now)
     return replace(start, hyper=hyper, data_digest=record.data_digest, mode=record.mode,
-                   segments=segments)
+                   segments=segments, successors=_successors(start, record, segments))
+
+
+def _successors(start: TrainingState, record: InputRecord,
+                segments: tuple[Segment, ...]) -> Ranges | None:
+    """The next symbols of all the data the run trains on: this record's where every
+    segment's data is this record's, else their union with the checkpoint's (None where
+    the checkpoint cannot tell)."""
+    now = successor_ranges(record)
+    earlier = [s.data_digest for s in segments
+               if s.data_digest and s.first_step < start.step]
+    if all(record.digest_matches(digest) for digest in earlier):
+        return now
+    if start.successors is None:
+        return None
+    either = ranges_mask(start.successors, start.vocab) | ranges_mask(now, record.vocab)
+    return symbol_ranges(either)
 
 
 def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
@@ -539,6 +572,14 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                     if invocation.validation is not None:
                         val_history = val_history.extended(
                             [(start.state.step, invocation.validation[0])])
+                    if request.save_start and start.source is None:
+                        history = history.extended([(start.state.step, initial)])
+                        state = replace(start.state, history=history, optimum=data.optimum,
+                                        val_history=val_history)
+                        with stops.held():
+                            state.save(checkpoint, zero_tables(state.table_bytes),
+                                       checked=True)
+                        wrote(state)
                 else:
                     # Only the last invocation is held: a long run keeps no old tables.
                     (last,) = train_invocations(
@@ -578,6 +619,16 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         val_loss=val_history[-1][1] if val_history else None,
         val_history=val_history, best=best[0],
     )
+
+
+def zero_tables(table_bytes: int) -> TableDelivery:
+    """A save's delivery of three zero tables, a piece at a time (no table in memory)."""
+    def deliver(sink: TableSink, chunk_bytes: int) -> None:
+        zeros = memoryview(bytes(min(chunk_bytes, table_bytes)))
+        for name in CHECKPOINT_TENSORS:
+            for offset in range(0, table_bytes, chunk_bytes):
+                sink(name, offset, zeros[:min(chunk_bytes, table_bytes - offset)])
+    return deliver
 
 
 def split_sizes(steps: int, per_invocation: int) -> list[int]:

@@ -20,6 +20,10 @@ string metadata:
                     from update s + 1 on, training used data d and those hyperparameters
                     (absent in checkpoints written before Bob kept it)
     val_history     optional: JSON [[step, loss], ...], the validation loss after each invocation
+    successors      optional: JSON [[first, last], ...], the symbols the training data has as
+                    a next symbol, as inclusive ranges (absent where the data does not say:
+                    checkpoints written before Bob kept it, a run resumed on other data
+                    from one of those)
 
 Any safetensors reader loads one. Bob's own loader checks every tensor and
 field and raises BadInput "<file>: <problem>"; saving refuses non-finite values
@@ -127,6 +131,42 @@ def _optimum_problem(optimum: object) -> str | None:
     return None
 
 
+Ranges = tuple[tuple[int, int], ...]  # inclusive [first, last] runs of symbols, increasing
+
+
+def symbol_ranges(present: np.ndarray) -> Ranges:
+    """The runs of True in a mask of V symbols, as inclusive (first, last) ranges."""
+    flags = np.concatenate(([False], np.asarray(present, bool), [False]))
+    edges = np.flatnonzero(flags[1:] != flags[:-1])
+    return tuple((int(first), int(after) - 1) for first, after in edges.reshape(-1, 2))
+
+
+def ranges_mask(ranges: Ranges, vocab: int) -> np.ndarray:
+    """The mask of V symbols that `ranges` hold."""
+    mask = np.zeros(vocab, bool)
+    for first, last in ranges:
+        mask[first:last + 1] = True
+    return mask
+
+
+def _ranges_problem(ranges: object, vocab: int) -> str | None:
+    if ranges is None:
+        return None
+    previous = -2
+    for entry in ranges:  # type: ignore[attr-defined]
+        if not (isinstance(entry, tuple | list) and len(entry) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in entry)):
+            return f"successors entry {entry!r} is not a [first, last] pair of integers"
+        first, last = entry
+        if not 0 <= first <= last < vocab:
+            return f"successors range {list(entry)} is not first <= last inside [0, V={vocab})"
+        if first <= previous + 1:
+            return (f"successors range {list(entry)} touches or overlaps the one before it "
+                    f"(ending at {previous}): ranges increase, apart")
+        previous = last
+    return None
+
+
 def _table_problem(name: str, array: np.ndarray) -> str | None:
     """What makes a table unfit to save or load (a value AdamW cannot continue from)."""
     finite = np.isfinite(array)
@@ -230,6 +270,9 @@ class TrainingState:
     optimum: float | None = None
     segments: tuple[Segment, ...] = ()
     val_history: tuple[tuple[int, float], ...] = ()
+    # The symbols the training data has as a next symbol (generation's --seen-only); None
+    # where the checkpoint cannot tell.
+    successors: Ranges | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.vocab, bool) or not isinstance(self.vocab, int) \
@@ -242,9 +285,13 @@ class TrainingState:
         if not isinstance(self.hyper, Hyper):  # a Hyper checks its own values
             raise TypeError(f"hyper must be a Hyper, not {type(self.hyper).__name__}")
         problem = (_digest_problem(self.data_digest) or _optimum_problem(self.optimum)
-                   or _segments_problem(tuple(self.segments), self.step))
+                   or _segments_problem(tuple(self.segments), self.step)
+                   or _ranges_problem(self.successors, self.vocab))
         if problem:
             raise ValueError(problem)
+        if self.successors is not None:
+            object.__setattr__(self, "successors",
+                               tuple((int(a), int(b)) for a, b in self.successors))
         # Pairs of (int, float), so equality does not depend on how they were given; a
         # History given is already checked.
         object.__setattr__(self, "history", History.of(self.history))
@@ -276,7 +323,14 @@ class TrainingState:
                if self.segments else {}),
             **({"val_history": json.dumps([list(p) for p in self.val_history])}
                if self.val_history else {}),
+            **({"successors": json.dumps([list(r) for r in self.successors])}
+               if self.successors is not None else {}),
         }
+
+    def seen(self) -> np.ndarray | None:
+        """The mask of V symbols the training data has as a next symbol, or None where the
+        checkpoint cannot tell."""
+        return None if self.successors is None else ranges_mask(self.successors, self.vocab)
 
     def header(self) -> bytes:
         """The safetensors header of the checkpoint: its length, then the JSON padded."""
@@ -434,6 +488,16 @@ class CheckpointFile:
                     raise BadInput(f"{self.path}: {problem}")
         return out
 
+    def mapped(self, name: str) -> np.ndarray:
+        """One table as a read-only f32[V][V] memory map of the file: its pages are read as
+        they are touched, and nothing is checked (`rows` and `deliver` check what they
+        read)."""
+        v = self.state.vocab
+        try:
+            return np.memmap(self.path, F32, mode="r", offset=self._offset(name), shape=(v, v))
+        except (OSError, ValueError) as error:
+            raise BadInput(f"{self.path}: cannot map the {name} table ({error})") from None
+
     def deliver(self, sink: TableSink, chunk_bytes: int | None = None,
                 names: Sequence[str] = CHECKPOINT_TENSORS) -> None:
         """Every byte of these tables (all three by default) to `sink`, a checked chunk at a
@@ -529,6 +593,7 @@ class Checkpoint:
     optimum: float | None = None  # the data's least reachable objective, where known
     segments: tuple[Segment, ...] = ()  # what trained each step range; () in old checkpoints
     val_history: tuple[tuple[int, float], ...] = ()  # (step, validation loss), with --val
+    successors: Ranges | None = None  # the data's next symbols (TrainingState.successors)
 
     def __post_init__(self) -> None:
         shape = None
@@ -545,7 +610,7 @@ class Checkpoint:
             view.flags.writeable = False
             object.__setattr__(self, name, view)
         state = self.state  # the metadata, checked by the state's own rules
-        for name in ("history", "segments", "val_history"):
+        for name in ("history", "segments", "val_history", "successors"):
             object.__setattr__(self, name, getattr(state, name))
 
     @property
@@ -590,7 +655,8 @@ class Checkpoint:
     def state(self) -> TrainingState:
         """Everything but the tables."""
         return TrainingState(self.vocab, self.step, self.hyper, self.mode, self.data_digest,
-                             self.history, self.optimum, self.segments, self.val_history)
+                             self.history, self.optimum, self.segments, self.val_history,
+                             self.successors)
 
     @classmethod
     def of(cls, state: TrainingState, parameters: np.ndarray, first_moment: np.ndarray,
@@ -599,7 +665,7 @@ class Checkpoint:
         return cls(parameters, first_moment, second_moment, step=state.step, hyper=state.hyper,
                    mode=state.mode, data_digest=state.data_digest, history=state.history,
                    optimum=state.optimum, segments=state.segments,
-                   val_history=state.val_history)
+                   val_history=state.val_history, successors=state.successors)
 
     def metadata(self) -> dict[str, str]:
         return self.state.metadata()
@@ -631,6 +697,7 @@ class Checkpoint:
                 and self.history == other.history and self.optimum == other.optimum
                 and self.segments == other.segments
                 and self.val_history == other.val_history
+                and self.successors == other.successors
                 and all(arrays_identical(getattr(self, n), getattr(other, n))
                         for n in CHECKPOINT_TENSORS))
 
@@ -687,12 +754,29 @@ def _read_metadata(metadata: dict[str, str], source: str) -> TrainingState:
         if problem:
             raise BadInput(f"{source}: metadata {problem}")
     segments = _read_segments(metadata, source, integers["step"])
+    successors = _read_successors(metadata, source, integers["vocab"])
     return TrainingState(vocab=integers["vocab"], step=integers["step"],
                    mode=metadata["mode"],  # type: ignore[arg-type]  # checked against MODES
                    hyper=hyper, data_digest=metadata["data_digest"],
                    history=tuple((step, float(loss)) for step, loss in history),
                    optimum=optimum, segments=segments,
-                   val_history=tuple((step, float(loss)) for step, loss in val_history))
+                   val_history=tuple((step, float(loss)) for step, loss in val_history),
+                   successors=successors)
+
+
+def _read_successors(metadata: dict[str, str], source: str, vocab: int) -> Ranges | None:
+    if "successors" not in metadata:
+        return None  # the checkpoint cannot tell
+    try:
+        ranges = json.loads(metadata["successors"])
+    except (ValueError, RecursionError):
+        raise BadInput(f"{source}: metadata successors is not JSON") from None
+    if not isinstance(ranges, list):
+        raise BadInput(f"{source}: metadata successors is not a list of [first, last] ranges")
+    problem = _ranges_problem(ranges, vocab)
+    if problem:
+        raise BadInput(f"{source}: metadata {problem}")
+    return tuple((first, last) for first, last in ranges)
 
 
 def _read_segments(metadata: dict[str, str], source: str, step: int) -> tuple[Segment, ...]:
