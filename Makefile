@@ -25,7 +25,7 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	touch $(RUN_STAMP)
 
 $(TEST_STAMP): $(RUN_STAMP)
-	$(BIN)/python -m pip install -q -e '.[cuda,fast,plot,test,dask,remote]'
+	$(BIN)/python -m pip install -q -e '.[cuda,fast,plot,test,dask,remote,tokens]'
 	# CPU PyTorch, for the tests that compare with torch.optim.AdamW only
 	$(BIN)/python -m pip install -q torch==2.13.0
 	touch $(TEST_STAMP)
