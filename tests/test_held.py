@@ -63,7 +63,7 @@ def test_the_longest_held_corpus_row_is_what_the_targets_shared_memory_holds_who
     (MAX_VOCAB, "hard", sig.FUSED_HELD_HARD),
     (65536, "corpus", sig.FUSED_STREAM_CORPUS),
     (4100, "hard", sig.FUSED_STREAM_HARD),  # below the tall rows: streamed
-    (8194, "hard", sig.FUSED_HELD_HARD),  # any V: a row of V % 4 != 0 element by element
+    (8194, "hard", sig.FUSED_HELD_HARD),  # any V: a row of V % 4 != 0 from its 16-byte boundary
     (50257, "corpus", sig.FUSED_HELD_CORPUS),  # GPT-2's vocabulary, held whole on sm_90
     (52225, "corpus", sig.FUSED_CORPUS),  # past it, V % 4 != 0: the narrow kernels' path
 ])

@@ -159,9 +159,10 @@ TALL_VOCAB = 8192  # bob_kernels.cu: TALL_VOCAB (TALL_THREADS x TALL_SLOTS)
 # Where the tall kernels overtake the streaming narrow ones, per mode (docs/BENCHMARKS.md).
 TALL_FROM_VOCAB = {"hard": 4608, "corpus": 5121}
 # Past the tall kernels' rows the held ones (w in shared memory, read from DRAM once a
-# launch) take any V (a row of V % 4 != 0 moves element by element), holding as much of the
-# row as the target's shared memory takes and streaming the rest; a corpus row only while it
-# fits whole (held_to_vocab): held in part, it runs slower than streamed.
+# launch) take any V (a row of V % 4 != 0 moves as float4s from its 16-byte boundary, its
+# first and last quads element by element), holding as much of the row as the target's
+# shared memory takes and streaming the rest; a corpus row only while it fits whole
+# (held_to_vocab): held in part, it runs slower than streamed.
 HELD_FROM_VOCAB = TALL_VOCAB + 1
 # The stream kernels move rows as float4 quads, so a row must start 16 bytes aligned:
 # V % 4 == 0 (bob_kernels.cu traps otherwise).
