@@ -17,8 +17,9 @@
 // copies the next row's held quads into the slots it has finished with (cp.async), so the
 // next row's first pass finds w in shared memory. Any grid gives the same bits.
 //
-// Thread t takes the quad at j = 4 HELD_THREADS r + 4 t in round r: the max and the update
-// are elementwise, so any mapping gives their bits. A lane-order fold (the row sum, the
+// Thread t takes the quad at position p = 4 HELD_THREADS r + 4 t in round r (the row's
+// element p - skew, below): the max and the update are elementwise, so any mapping gives
+// their bits. A lane-order fold (the row sum, the
 // corpus weight sum and loss) is one chain per tree lane l over j = l + 256 n, so each
 // round's values are staged in shared memory by element and the first 256 threads fold
 // their HELD_FOLD of the round in order, two rounds' buffers alternating so one barrier a
@@ -38,9 +39,10 @@
 //   of the sum for the update (1), or the update computes them all again (0).
 // - HELD_FAST_DIVIDE: a quad's divisions and roots issued together (adamw_together) (1), or
 //   element by element (0).
-// - HELD_L2_PREFETCH: eighths of the row's m and v (from its start) the block asks into the
-//   L2 cache as it begins an update of the row (cp.async.bulk.prefetch, sm_90), so memory
-//   works during the max and the sum and the update finds them in L2; 0: none.
+// - HELD_L2_PREFETCH: eighths of the row's m and v (of its positions, from its aligned
+//   base) the block asks into the L2 cache as it begins an update of the row
+//   (cp.async.bulk.prefetch, sm_90), so memory works during the max and the sum and the
+//   update finds them in L2; 0: none.
 // - HELD_L2_PREFETCH_EACH: HELD_L2_PREFETCH asks at every update of the row (1), or only at
 //   the launch's first (0).
 // - HELD_RUNNING_MAX: the update keeps each thread's max of the w it writes, and the next
@@ -126,147 +128,163 @@ static __device__ __forceinline__ void prefetch_into_l2(const float* from, u32 b
 #endif
 }
 
-// The same from any 4-byte aligned address (a row of V % 4 != 0): from the 16-byte boundary
-// below it, the bytes asked for rounded down to whole 16 (a request is a hint: the few bytes
-// before the row are the table's, the last row's end is never passed).
-static __device__ __forceinline__ void prefetch_row_into_l2(const float* from, u32 bytes) {
-    const u64 address = (u64)from;
-    const u32 skew = (u32)(address % 16u);
-    const u32 whole = (bytes + skew) / 16u * 16u;
-    if (whole) prefetch_into_l2((const float*)(address - skew), whole);
+// The bytes of a row's m (and of its v) HELD_L2_PREFETCH asks for as an update of the row
+// begins: its first HELD_L2_PREFETCH eighths of its positions (below: from its aligned
+// base), a multiple of 16.
+static __device__ __forceinline__ u32 first_asked_bytes(u32 end) {
+    return end * 4u / 8u * HELD_L2_PREFETCH / 16u * 16u;
 }
 
-// This row's m and v, their first HELD_L2_PREFETCH eighths, asked into L2 in chunks, one
-// chunk per thread.
-// The bytes of a row's m (and of its v) HELD_L2_PREFETCH asks for: a multiple of 16.
-static __device__ __forceinline__ u32 first_asked_bytes(u32 vocab) {
-    return vocab * 4u / 8u * HELD_L2_PREFETCH / 16u * 16u;
-}
-
-template <bool WHOLE>
+// This row's m and v from their aligned bases, their first HELD_L2_PREFETCH eighths, asked
+// into L2 in chunks, one chunk per thread. `end`: one past the row's last position.
 static __device__ __forceinline__ void prefetch_moments(const float* m, const float* v,
-                                                        u32 vocab) {
-    const u32 bytes = first_asked_bytes(vocab);
+                                                        u32 end) {
+    const u32 bytes = first_asked_bytes(end);
     const u32 chunks = (bytes + HELD_PREFETCH_CHUNK - 1u) / HELD_PREFETCH_CHUNK;
     for (u32 c = threadIdx.x; c < 2u * chunks; c += HELD_THREADS) {
         const u32 offset = (c % chunks) * HELD_PREFETCH_CHUNK;
         const u32 size = ::min(HELD_PREFETCH_CHUNK, bytes - offset);
-        if (WHOLE) {
-            prefetch_into_l2((c < chunks ? m : v) + offset / 4u, size);
-        } else {
-            prefetch_row_into_l2((c < chunks ? m : v) + offset / 4u, size);
-        }
+        prefetch_into_l2((c < chunks ? m : v) + offset / 4u, size);
     }
 }
 
-// Round q's m and v asked into L2, a chunk per thread, unless HELD_L2_PREFETCH asked already.
-template <bool WHOLE>
+// Round q's m and v asked into L2, a chunk per thread, unless HELD_L2_PREFETCH asked
+// already; whole 16 bytes, so the last row's end is never passed.
 static __device__ __forceinline__ void prefetch_round(const float* m, const float* v, u32 q,
-                                                      u32 vocab) {
+                                                      u32 end) {
     constexpr u32 chunks = HELD_ROUND * 4u / HELD_PREFETCH_CHUNK;  // of m, and of v
     static_assert(chunks * HELD_PREFETCH_CHUNK == HELD_ROUND * 4u, "whole chunks per round");
-    const u32 asked = first_asked_bytes(vocab);
+    const u32 asked = first_asked_bytes(end);
     const u32 offset = HELD_ROUND * 4u * q + (threadIdx.x % chunks) * HELD_PREFETCH_CHUNK;
-    if (threadIdx.x < 2u * chunks && offset >= asked && offset < vocab * 4u) {
-        const u32 size = ::min(HELD_PREFETCH_CHUNK, vocab * 4u - offset);
-        if (WHOLE) {
-            prefetch_into_l2((threadIdx.x < chunks ? m : v) + offset / 4u, size);
-        } else {
-            prefetch_row_into_l2((threadIdx.x < chunks ? m : v) + offset / 4u, size);
-        }
+    if (threadIdx.x < 2u * chunks && offset >= asked && offset < end * 4u) {
+        const u32 size = ::min(HELD_PREFETCH_CHUNK, (end * 4u - offset) / 16u * 16u);
+        if (size) prefetch_into_l2((threadIdx.x < chunks ? m : v) + offset / 4u, size);
     }
 }
 
-// A row's four elements from j (those below V) when V % 4 != 0: the row starts wherever
-// row * V puts it, so the quad is read, written and copied element by element, and the
-// elements past the row's end are neither read (the last row ends the table) nor written
-// (they are the next row's, another block's).
-static __device__ __forceinline__ float4 load_row_quad(const float* p, u32 j, u32 vocab) {
+// A row of V % 4 != 0 starts wherever row * V puts it, skew = (row * V) % 4 elements past a
+// 16-byte boundary. Its quads are taken from that boundary: position p (a multiple of 4)
+// is the row's element p - skew, and the row's aligned base (its start less skew floats)
+// plus p is 16-byte aligned. So every quad inside the row moves as one float4, and only a
+// row's first and last quads, which hold elements of the rows beside it, move element by
+// element: those elements are neither read (the last row ends the table) nor written (they
+// are another block's). Where V % 4 == 0 (WHOLE) the skew is 0 and every quad is whole.
+template <bool WHOLE>
+static __device__ __forceinline__ bool in_row(u32 p, u32 c, u32 skew, u32 vocab) {
+    return WHOLE || (p + c >= skew && p + c < vocab + skew);
+}
+
+template <bool WHOLE>
+static __device__ __forceinline__ bool whole_quad(u32 p, u32 skew, u32 vocab) {
+    return WHOLE || (p >= skew && p + 4u <= vocab + skew);
+}
+
+// The quad at position p of the row whose aligned base is `at`: a whole quad by `load`
+// (load_quad, or a form with the cache hints of STREAM_CACHE_HINTS: load_quad_last,
+// load_quad_again), a row's first and last quads element by element, without hints.
+template <bool WHOLE, typename Load>
+static __device__ __forceinline__ float4 row_quad_by(const float* at, u32 p, u32 skew,
+                                                     u32 vocab, Load load) {
+    if (whole_quad<WHOLE>(p, skew, vocab)) return load(at + p);
     float4 q{0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (u32 c = 0; c < 4u; ++c) {
-        if (j + c < vocab) part(q, c) = p[j + c];
+        if (in_row<WHOLE>(p, c, skew, vocab)) part(q, c) = at[p + c];
     }
     return q;
 }
 
-static __device__ __forceinline__ void store_row_quad(float* p, u32 j, u32 vocab, float4 q) {
+template <bool WHOLE>
+static __device__ __forceinline__ float4 row_quad(const float* at, u32 p, u32 skew,
+                                                  u32 vocab) {
+    return row_quad_by<WHOLE>(at, p, skew, vocab, [](const float* q) { return load_quad(q); });
+}
+
+// The same, the quad's last read in the launch (load_quad_last's hints).
+template <bool WHOLE>
+static __device__ __forceinline__ float4 row_quad_last(const float* at, u32 p, u32 skew,
+                                                       u32 vocab) {
+    return row_quad_by<WHOLE>(at, p, skew, vocab,
+                              [](const float* q) { return load_quad_last(q); });
+}
+
+template <bool WHOLE>
+static __device__ __forceinline__ void store_quad_of(float* at, u32 p, u32 skew, u32 vocab,
+                                                     float4 q) {
+    if (whole_quad<WHOLE>(p, skew, vocab)) {
+        store_quad(at + p, q);
+        return;
+    }
 #pragma unroll
     for (u32 c = 0; c < 4u; ++c) {
-        if (j + c < vocab) p[j + c] = part(q, c);
+        if (in_row<WHOLE>(p, c, skew, vocab)) at[p + c] = part(q, c);
     }
 }
 
-static __device__ __forceinline__ void copy_row_quad_in(float4* to, const float* from, u32 j,
-                                                        u32 vocab) {
+template <bool WHOLE>
+static __device__ __forceinline__ void copy_quad_of(float4* to, const float* at, u32 p,
+                                                    u32 skew, u32 vocab) {
+    if (whole_quad<WHOLE>(p, skew, vocab)) {
+        copy_quad_in(to, at + p);
+        return;
+    }
     const u32 address = (u32)__cvta_generic_to_shared(to);
 #pragma unroll
     for (u32 c = 0; c < 4u; ++c) {
-        if (j + c < vocab) {
+        if (in_row<WHOLE>(p, c, skew, vocab)) {
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" : : "r"(address + 4u * c),
-                         "l"(from + j + c) : "memory");
+                         "l"(at + p + c) : "memory");
         }
     }
-}
-
-// Row quads: whole float4s where V % 4 == 0 (WHOLE: every row 16-byte aligned), with the
-// cache hints of load_quad and load_quad_last; else the element by element forms above.
-template <bool WHOLE>
-static __device__ __forceinline__ float4 row_quad(const float* p, u32 j, u32 vocab) {
-    return WHOLE ? load_quad(p + j) : load_row_quad(p, j, vocab);
-}
-
-template <bool WHOLE>
-static __device__ __forceinline__ float4 row_quad_last(const float* p, u32 j, u32 vocab) {
-    return WHOLE ? load_quad_last(p + j) : load_row_quad(p, j, vocab);
-}
-
-template <bool WHOLE>
-static __device__ __forceinline__ void store_quad_of(float* p, u32 j, u32 vocab, float4 q) {
-    if (WHOLE) {
-        store_quad(p + j, q);
-    } else {
-        store_row_quad(p, j, vocab, q);
-    }
-}
-
-template <bool WHOLE>
-static __device__ __forceinline__ void copy_quad_of(float4* to, const float* from, u32 j,
-                                                    u32 vocab) {
-    if (WHOLE) {
-        copy_quad_in(to, from + j);
-    } else {
-        copy_row_quad_in(to, from, j, vocab);
-    }
-}
-
-// The element c of the quad at j is in the row (always, where V % 4 == 0).
-template <bool WHOLE>
-static __device__ __forceinline__ bool in_row(u32 j, u32 c, u32 vocab) {
-    return WHOLE || j + c < vocab;
 }
 
 static __device__ __forceinline__ void copies_done() {
     asm volatile("cp.async.wait_all;" : : : "memory");
 }
 
+// A row's place in memory: its aligned base (an offset into every V x V tensor) and skew.
+template <bool WHOLE>
+struct RowPlace {
+    u64 at;
+    u32 skew;
+
+    static __device__ RowPlace of(u32 index, u32 vocab) {
+        const u64 start = (u64)index * vocab;
+        const u32 skew = WHOLE ? 0u : (u32)(start % 4u);
+        return RowPlace{start - skew, skew};
+    }
+};
+
 template <bool WHOLE>
 struct HeldRow {
     const FusedArgs& a;
     HeldShared& shared;
-    float4* row;  // the held quads: element j < held at row[j / 4]
-    const float* w;  // the row in memory
-    u32 held;  // elements held, a multiple of 4 (past V where a partial last quad is held)
-    float4* kept;  // the current exponentials: element j < kept_count at kept[j / 4]
-    u32 kept_count;  // a multiple of 4
+    float4* row;  // the held quads: position p < held at row[p / 4]
+    const float* w;  // the row's aligned base in memory
+    u32 skew;
+    u32 held;  // positions held, a multiple of 4
+    float4* kept;  // the current exponentials: position p < kept_count at kept[p / 4]
+    u32 kept_count;
 
-    __device__ u32 rounds() const { return (a.vocab + HELD_ROUND - 1u) / HELD_ROUND; }
+    // One past the row's last position.
+    __device__ u32 end() const { return a.vocab + skew; }
+    __device__ u32 rounds() const { return (end() + HELD_ROUND - 1u) / HELD_ROUND; }
     __device__ u32 quad(u32 r) const { return HELD_ROUND * r + 4u * threadIdx.x; }
-    __device__ bool is_held(u32 j) const { return j < held; }
-    // w's current quad at j: held, or read from memory.
-    __device__ float4 w_quad(u32 j) const {
-        return is_held(j) ? row[j / 4u] : row_quad<WHOLE>(w, j, a.vocab);
+    __device__ bool is_held(u32 p) const { return p < held; }
+    __device__ bool inside(u32 p, u32 c) const { return in_row<WHOLE>(p, c, skew, a.vocab); }
+    // The quad of a V x V tensor's row at this row's place.
+    __device__ float4 quad_of(const float* tensor, u32 p) const {
+        return row_quad<WHOLE>(tensor, p, skew, a.vocab);
     }
+    // The same, its last read in the launch (row_quad_last).
+    __device__ float4 last_quad_of(const float* tensor, u32 p) const {
+        return row_quad_last<WHOLE>(tensor, p, skew, a.vocab);
+    }
+    __device__ void store(float* tensor, u32 p, float4 q) const {
+        store_quad_of<WHOLE>(tensor, p, skew, a.vocab, q);
+    }
+    // w's current quad at p: held, or read from memory.
+    __device__ float4 w_quad(u32 p) const { return is_held(p) ? row[p / 4u] : quad_of(w, p); }
 
     // Warp 0's tree over partials (written before a barrier), published behind one more.
     template <typename Op>
@@ -274,21 +292,23 @@ struct HeldRow {
         return published_tree(shared.partials, shared.result, op);
     }
 
-    // Lane-order fold of the row's values: values(j) gives this thread's quad at j (called
-    // once per quad inside the row, so it may store what it computes). With `keep`, the
-    // quads below kept_count are staged in kept, where they stay (the exponentials).
+    // Lane-order fold of the row's values: values(p) gives this thread's quad at p (called
+    // once per quad touching the row, so it may store what it computes). With `keep`, the
+    // quads below kept_count are staged in kept, where they stay (the exponentials). Tree
+    // lane l folds the row's elements l + 256 n, at positions l + skew + 256 n.
     template <typename Values>
     __device__ float fold(Values values, bool keep = false) {
         float acc = 0.0f;
         const u32 rounds_ = rounds(), kept_until = keep ? kept_count : 0u;
         const float* kept_values = (const float*)kept;
+        const u32 lead = (threadIdx.x + skew) % LANES;
         for (u32 r = 0; r < rounds_; ++r) {
             float4* stage = shared.staged[r % 2u];
-            const u32 j = quad(r);
-            if (j < a.vocab) {
-                const float4 f = values(j);
-                if (j < kept_until) {
-                    kept[j / 4u] = f;
+            const u32 p = quad(r);
+            if (p < end()) {
+                const float4 f = values(p);
+                if (p < kept_until) {
+                    kept[p / 4u] = f;
                 } else {
                     stage[threadIdx.x] = f;
                 }
@@ -299,9 +319,10 @@ struct HeldRow {
                 const u32 first = HELD_ROUND * r;
 #pragma unroll
                 for (u32 n = 0; n < HELD_FOLD; ++n) {
-                    const u32 e = LANES * n + threadIdx.x;
-                    if (first + e < a.vocab) {
-                        acc = add(acc, first + e < kept_until ? kept_values[first + e] : f[e]);
+                    const u32 e = LANES * n + lead;
+                    const u32 position = first + e;
+                    if (position >= skew && position < end()) {
+                        acc = add(acc, position < kept_until ? kept_values[position] : f[e]);
                     }
                 }
             }
@@ -321,23 +342,25 @@ struct HeldRow {
             float4 x[HELD_DEPTH];
 #pragma unroll
             for (u32 d = 0; d < HELD_DEPTH; ++d) {
-                const u32 j = quad(r0 + d);
-                if (j < a.vocab) {
-                    // First: a held quad's only read from memory; the others are read again
-                    // (a row of V % 4 != 0: element by element, without hints).
-                    x[d] = !first || (prefetched && is_held(j)) ? w_quad(j)
-                           : !WHOLE ? load_row_quad(w, j, a.vocab)
-                           : is_held(j) ? load_quad_last(w + j) : load_quad_again(w + j);
+                const u32 p = quad(r0 + d);
+                if (p < end()) {
+                    // First: w from memory, a held quad's only read from there; the others
+                    // are read again (hints as load_quad_last and load_quad_again; a row's
+                    // first and last quads element by element, without hints).
+                    x[d] = !first || (prefetched && is_held(p)) ? w_quad(p)
+                           : row_quad_by<WHOLE>(w, p, skew, a.vocab, [&](const float* q) {
+                                 return is_held(p) ? load_quad_last(q) : load_quad_again(q);
+                             });
                 }
             }
 #pragma unroll
             for (u32 d = 0; d < HELD_DEPTH; ++d) {
-                const u32 j = quad(r0 + d);
-                if (j < a.vocab) {
-                    if (first && !prefetched && is_held(j)) row[j / 4u] = x[d];
+                const u32 p = quad(r0 + d);
+                if (p < end()) {
+                    if (first && !prefetched && is_held(p)) row[p / 4u] = x[d];
 #pragma unroll
                     for (u32 c = 0; c < 4u; ++c) {
-                        if (in_row<WHOLE>(j, c, a.vocab)) best = select_max(best, part(x[d], c));
+                        if (inside(p, c)) best = select_max(best, part(x[d], c));
                     }
                 }
             }
@@ -358,8 +381,8 @@ struct HeldRow {
     __device__ float literal_max() {
         if (threadIdx.x < LANES) {
             float lane_max = f32(NEG_INF);
-            for (u32 j = threadIdx.x; j < a.vocab; j += LANES) {
-                lane_max = select_max(lane_max, is_held(j) ? ((const float*)row)[j] : w[j]);
+            for (u32 p = threadIdx.x + skew; p < end(); p += LANES) {
+                lane_max = select_max(lane_max, is_held(p) ? ((const float*)row)[p] : w[p]);
             }
             shared.partials[threadIdx.x] = lane_max;
         }
@@ -370,20 +393,43 @@ struct HeldRow {
 
 static_assert(HELD_WARPS <= WARP, "a warp's lanes read the keys of every warp");
 
-// One update on the thread's quad at j (w, m, v and corpus weights t given); w's new quad
+// The row a block takes next, whose held quads are copied in as the launch is done with
+// this row's (w == nullptr: none).
+template <bool WHOLE>
+struct NextRow {
+    const float* w;  // its aligned base
+    u32 skew;
+
+    __device__ void copy_in(const HeldRow<WHOLE>& row, u32 p, u32 vocab) const {
+        copy_quad_of<WHOLE>(row.row + p / 4u, w, p, skew, vocab);
+    }
+
+    // The held positions the next row has past this row's end (at most one quad, where its
+    // skew is larger): this row's passes never reach them, so they are copied here, each by
+    // the thread whose position it is (the thread that reads it first).
+    __device__ void copy_rest(const HeldRow<WHOLE>& row, u32 vocab) const {
+        if (WHOLE || w == nullptr) return;
+        for (u32 r = row.end() / HELD_ROUND; r * HELD_ROUND < vocab + skew; ++r) {
+            const u32 p = row.quad(r);
+            if (p >= row.end() && p < vocab + skew && row.is_held(p)) copy_in(row, p, vocab);
+        }
+    }
+};
+
+// One update on the thread's quad at p (w, m, v and corpus weights t given); w's new quad
 // goes to the held row and, at the launch's last update or past the held part, to memory.
 template <bool CORPUS, bool WHOLE>
 static __device__ __forceinline__ void held_update_quad(
-        const FusedArgs& a, HeldRow<WHOLE>& row, u64 base, u32 j, float row_max, float s,
-        const AdamStep& step, u32 target, float weight_sum, bool last, const float* next_w,
-        float4 wq, float4 mq, float4 vq, float4 tq, float& best) {
-    const float4 eq = j < row.kept_count ? row.kept[j / 4u] : exponentials_of(wq, row_max,
+        const FusedArgs& a, HeldRow<WHOLE>& row, u64 at, u32 p, float row_max, float s,
+        const AdamStep& step, u32 target, float weight_sum, bool last,
+        NextRow<WHOLE> next, float4 wq, float4 mq, float4 vq, float4 tq, float& best) {
+    const float4 eq = p < row.kept_count ? row.kept[p / 4u] : exponentials_of(wq, row_max,
                                                                               a.log2e);
 #if HELD_FAST_DIVIDE
     float e[4], t[4], w[4], m[4], v[4];
     u32 js[4];
-    const bool inside[4] = {in_row<WHOLE>(j, 0u, a.vocab), in_row<WHOLE>(j, 1u, a.vocab),
-                            in_row<WHOLE>(j, 2u, a.vocab), in_row<WHOLE>(j, 3u, a.vocab)};
+    const bool inside[4] = {row.inside(p, 0u), row.inside(p, 1u), row.inside(p, 2u),
+                            row.inside(p, 3u)};
 #pragma unroll
     for (u32 c = 0; c < 4u; ++c) {
         e[c] = part(eq, c);
@@ -391,7 +437,7 @@ static __device__ __forceinline__ void held_update_quad(
         m[c] = part(mq, c);
         v[c] = part(vq, c);
         t[c] = part(tq, c);
-        js[c] = j + c;
+        js[c] = p + c - row.skew;
     }
     adamw_together<CORPUS, 4>(a, step, e, s, js, inside, target, weight_sum, t, w, m, v);
 #pragma unroll
@@ -401,11 +447,14 @@ static __device__ __forceinline__ void held_update_quad(
         part(vq, c) = v[c];
     }
 #else
+    const bool inside[4] = {row.inside(p, 0u), row.inside(p, 1u), row.inside(p, 2u),
+                            row.inside(p, 3u)};
 #pragma unroll
     for (u32 c = 0; c < 4u; ++c) {
-        if (!in_row<WHOLE>(j, c, a.vocab)) continue;
-        const float p = dvd(part(eq, c), s);
-        const float g = gradient<CORPUS>(a, p, j + c, target, weight_sum, part(tq, c));
+        if (!inside[c]) continue;
+        const u32 j = p + c - row.skew;
+        const float prob = dvd(part(eq, c), s);
+        const float g = gradient<CORPUS>(a, prob, j, target, weight_sum, part(tq, c));
         adamw_element(step, g, part(wq, c), part(mq, c), part(vq, c));
     }
 #endif
@@ -413,55 +462,54 @@ static __device__ __forceinline__ void held_update_quad(
     if (HELD_RUNNING_MAX) {
 #pragma unroll
         for (u32 c = 0; c < 4u; ++c) {
-            if (in_row<WHOLE>(j, c, a.vocab)) best = select_max(best, part(wq, c));
+            if (inside[c]) best = select_max(best, part(wq, c));
         }
     }
-    if (row.is_held(j)) {
-        if (next_w != nullptr) {  // the launch is done with this row: its slot takes the next's
-            copy_quad_of<WHOLE>(row.row + j / 4u, next_w, j, a.vocab);
+    if (row.is_held(p)) {
+        if (next.w != nullptr) {  // the launch is done with this row: its slot takes the next's
+            next.copy_in(row, p, a.vocab);
         } else {
-            row.row[j / 4u] = wq;
+            row.row[p / 4u] = wq;
         }
     }
-    if (last || !row.is_held(j)) store_quad_of<WHOLE>(a.parameters + base, j, a.vocab, wq);
-    store_quad_of<WHOLE>(a.first_moment + base, j, a.vocab, canonical_quad(mq));
-    store_quad_of<WHOLE>(a.second_moment + base, j, a.vocab, canonical_quad(vq));
+    if (last || !row.is_held(p)) row.store(a.parameters + at, p, wq);
+    row.store(a.first_moment + at, p, canonical_quad(mq));
+    row.store(a.second_moment + at, p, canonical_quad(vq));
 }
 
 // The update pass: HELD_UPDATE_DEPTH rounds of m, v (and weights) loads issued together.
 template <bool CORPUS, bool WHOLE>
-static __device__ void held_update(const FusedArgs& a, HeldRow<WHOLE>& row, u64 base,
-                                   float row_max, float s, const AdamStep& step, u32 target,
-                                   float weight_sum, bool last, const float* next_w,
-                                   float& best) {
-    const float* m = a.first_moment + base;
-    const float* v = a.second_moment + base;
-    const float* t = CORPUS ? a.weights + base : nullptr;
+static __device__ void held_update(const FusedArgs& a, HeldRow<WHOLE>& row, u64 at,
+                                   float row_max, float s, const AdamStep& step,
+                                   u32 target, float weight_sum, bool last,
+                                   NextRow<WHOLE> next, float& best) {
+    const float* m = a.first_moment + at;
+    const float* v = a.second_moment + at;
+    const float* t = CORPUS ? a.weights + at : nullptr;
     const u32 rounds = row.rounds();
     for (u32 r0 = 0; r0 < rounds; r0 += HELD_UPDATE_DEPTH) {
         float4 mq[HELD_UPDATE_DEPTH], vq[HELD_UPDATE_DEPTH], tq[HELD_UPDATE_DEPTH];
         if (HELD_L2_AHEAD > 0u) {
 #pragma unroll
             for (u32 d = 0; d < HELD_UPDATE_DEPTH; ++d) {
-                prefetch_round<WHOLE>(m, v, r0 + d + HELD_L2_AHEAD, a.vocab);
+                prefetch_round(m, v, r0 + d + HELD_L2_AHEAD, row.end());
             }
         }
 #pragma unroll
         for (u32 d = 0; d < HELD_UPDATE_DEPTH; ++d) {
-            const u32 j = row.quad(r0 + d);
-            if (j < a.vocab) {
-                mq[d] = row_quad_last<WHOLE>(m, j, a.vocab);
-                vq[d] = row_quad_last<WHOLE>(v, j, a.vocab);
-                tq[d] = CORPUS ? row_quad_last<WHOLE>(t, j, a.vocab)
-                               : float4{0.0f, 0.0f, 0.0f, 0.0f};
+            const u32 p = row.quad(r0 + d);
+            if (p < row.end()) {
+                mq[d] = row.last_quad_of(m, p);
+                vq[d] = row.last_quad_of(v, p);
+                tq[d] = CORPUS ? row.last_quad_of(t, p) : float4{0.0f, 0.0f, 0.0f, 0.0f};
             }
         }
 #pragma unroll
         for (u32 d = 0; d < HELD_UPDATE_DEPTH; ++d) {
-            const u32 j = row.quad(r0 + d);
-            if (j < a.vocab) {
-                held_update_quad<CORPUS, WHOLE>(a, row, base, j, row_max, s, step, target,
-                                                weight_sum, last, next_w, row.w_quad(j), mq[d],
+            const u32 p = row.quad(r0 + d);
+            if (p < row.end()) {
+                held_update_quad<CORPUS, WHOLE>(a, row, at, p, row_max, s, step, target,
+                                                weight_sum, last, next, row.w_quad(p), mq[d],
                                                 vq[d], tq[d], best);
             }
         }
@@ -469,56 +517,54 @@ static __device__ void held_update(const FusedArgs& a, HeldRow<WHOLE>& row, u64 
 }
 
 // One row's updates and finish. `prefetched`: its held quads are on their way in already;
-// `next_w`: the row this block takes next, whose held quads are copied in as the launch is
-// done with this row's (nullptr: none).
+// `next`: the row this block takes next.
 template <bool CORPUS, bool WHOLE>
 static __device__ void held_row_updates(const FusedArgs& a, HeldRow<WHOLE>& row,
-                                        StagedScalars& scalars, u32 index, bool prefetched,
-                                        const float* next_w) {
-    const u64 base = (u64)index * a.vocab;
-    const float* t = CORPUS ? a.weights + base : nullptr;
+                                        StagedScalars& scalars, u32 index, u64 at,
+                                        bool prefetched, NextRow<WHOLE> next) {
+    const float* t = CORPUS ? a.weights + at : nullptr;
     const float weight_sum =
-        CORPUS ? row.fold([&](u32 j) { return row_quad<WHOLE>(t, j, a.vocab); }) : 0.0f;
+        CORPUS ? row.fold([&](u32 p) { return row.quad_of(t, p); }) : 0.0f;
     const u32 target = CORPUS ? 0u : a.targets[index];
     const u32 passes = a.updates + (a.finish ? 1u : 0u);
+    const NextRow<WHOLE> none{nullptr, 0u};
     float running_max = 0.0f;  // the max of the w the last update wrote (HELD_RUNNING_MAX)
     for (u32 k = 0; k < passes; ++k) {
         if (HELD_L2_PREFETCH > 0u && k < a.updates && (k == 0u || HELD_L2_PREFETCH_EACH)) {
-            prefetch_moments<WHOLE>(a.first_moment + base, a.second_moment + base, a.vocab);
+            prefetch_moments(a.first_moment + at, a.second_moment + at, row.end());
         }
         if (k < a.updates) scalars.stage(a, k);
         const float row_max =
             HELD_RUNNING_MAX && k > 0u ? running_max : row.max(k == 0, prefetched);
-        const float s = row.fold([&](u32 j) {
-            return exponentials_of(row.w_quad(j), row_max, a.log2e);
+        const float s = row.fold([&](u32 p) {
+            return exponentials_of(row.w_quad(p), row_max, a.log2e);
         }, true);
         if (k == a.updates) {  // the finish: gradients and loss of the final w
             const float big_l = bob_log2(s);
-            const float total = row.fold([&](u32 j) {
-                const float4 wq = row.w_quad(j);
-                const float4 tq = CORPUS ? row_quad_last<WHOLE>(t, j, a.vocab)
+            const float total = row.fold([&](u32 p) {
+                const float4 wq = row.w_quad(p);
+                const float4 tq = CORPUS ? row.last_quad_of(t, p)
                                          : float4{0.0f, 0.0f, 0.0f, 0.0f};
-                const float4 eq = j < row.kept_count ? row.kept[j / 4u]
+                const float4 eq = p < row.kept_count ? row.kept[p / 4u]
                                                      : exponentials_of(wq, row_max, a.log2e);
                 float4 gq, terms{0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (u32 c = 0; c < 4u; ++c) {
-                    const float p = dvd(part(eq, c), s);
-                    part(gq, c) = canonical(gradient<CORPUS>(a, p, j + c, target, weight_sum,
+                    const u32 j = p + c - row.skew;
+                    const float prob = dvd(part(eq, c), s);
+                    part(gq, c) = canonical(gradient<CORPUS>(a, prob, j, target, weight_sum,
                                                              part(tq, c)));
                     const float z = exponent(part(wq, c), row_max, a.log2e);
                     if (CORPUS) {
                         part(terms, c) = mul(sub(big_l, z), part(tq, c));
-                    } else if (j + c == target) {
+                    } else if (row.inside(p, c) && j == target) {
                         a.loss[index] = canonical(mul(a.ln2, sub(big_l, z)));
                     }
                 }
-                store_quad_of<WHOLE>(a.gradients + base, j, a.vocab, gq);
+                row.store(a.gradients + at, p, gq);
                 // Done with the held quad (the arithmetic above waited for its load): the slot
                 // takes the next row's.
-                if (next_w != nullptr && row.is_held(j)) {
-                    copy_quad_of<WHOLE>(row.row + j / 4u, next_w, j, a.vocab);
-                }
+                if (next.w != nullptr && row.is_held(p)) next.copy_in(row, p, a.vocab);
                 return terms;
             });
             if (threadIdx.x == 0) {
@@ -534,12 +580,13 @@ static __device__ void held_row_updates(const FusedArgs& a, HeldRow<WHOLE>& row,
         // Each thread reads back only the held quads it stored until the next max's barrier.
         const bool last = k + 1u == a.updates;
         float best = f32(NEG_INF);
-        held_update<CORPUS, WHOLE>(a, row, base, row_max, s, step, target, weight_sum, last,
-                                   last && !a.finish ? next_w : nullptr, best);
+        held_update<CORPUS, WHOLE>(a, row, at, row_max, s, step, target, weight_sum,
+                                   last, last && !a.finish ? next : none, best);
         if (HELD_RUNNING_MAX && k + 1u < passes) {  // the next pass's max, behind one barrier
             running_max = row.block_max(best);
         }
     }
+    if (passes > 0u) next.copy_rest(row, a.vocab);
 }
 
 // Rows blockIdx.x, + gridDim.x, ...: a grid of one block per SM keeps every SM's next row
@@ -549,24 +596,32 @@ static __device__ void fused_train_held(const FusedArgs& a, HeldShared& shared,
                                         float4* held_row) {
     // The dynamic shared memory holds w first, then as many exponentials as fit.
     const u32 capacity = dynamic_shared_bytes() / 16u * 4u;
-    // As much of the row as fits is held, in whole quads (a partial last quad's slot too).
-    const u32 held = ::min(::min(capacity, (a.vocab + 3u) / 4u * 4u), HELD_W_LIMIT / 4u * 4u);
+    // As much of the row as fits is held, in whole quads: the positions of any skew; at most
+    // HELD_W_LIMIT.
+    const u32 reach = WHOLE ? a.vocab : a.vocab + 3u;
+    const u32 held = ::min(::min(capacity, (reach + 3u) / 4u * 4u), HELD_W_LIMIT / 4u * 4u);
     float4* const kept = held_row + held / 4u;
     const u32 room = HELD_KEEP_EXPONENTIALS ? capacity - held : 0u;
     StagedScalars scalars{shared.scalars, HELD_THREADS};
     bool prefetched = false;
     for (u32 index = blockIdx.x; index < a.vocab; index += gridDim.x) {
         if (index != blockIdx.x) __syncthreads();  // the last row's reads of shared memory
-        const u32 next = index + gridDim.x;
-        const float* next_w = next < a.vocab ? a.parameters + (u64)next * a.vocab : nullptr;
-        HeldRow<WHOLE> row{a, shared, held_row, a.parameters + (u64)index * a.vocab, held,
-                           kept, room < a.vocab ? room : a.vocab};
-        held_row_updates<CORPUS, WHOLE>(a, row, scalars, index, prefetched, next_w);
-        prefetched = next_w != nullptr && a.updates + (a.finish ? 1u : 0u) > 0u;
+        const RowPlace<WHOLE> place = RowPlace<WHOLE>::of(index, a.vocab);
+        const u32 next_index = index + gridDim.x;
+        NextRow<WHOLE> next{nullptr, 0u};
+        if (next_index < a.vocab) {
+            const RowPlace<WHOLE> after = RowPlace<WHOLE>::of(next_index, a.vocab);
+            next = NextRow<WHOLE>{a.parameters + after.at, after.skew};
+        }
+        const u32 end = a.vocab + place.skew;
+        HeldRow<WHOLE> row{a, shared, held_row, a.parameters + place.at, place.skew, held,
+                           kept, room < end ? room : end};
+        held_row_updates<CORPUS, WHOLE>(a, row, scalars, index, place.at, prefetched, next);
+        prefetched = next.w != nullptr && a.updates + (a.finish ? 1u : 0u) > 0u;
     }
 }
 
-// The kernels' body: rows whole float4s apart where V % 4 == 0, element by element else.
+// The kernels' body: rows 16-byte aligned where V % 4 == 0, each with its skew else.
 template <bool CORPUS>
 static __device__ void held_kernel(const FusedArgs& a) {
     __shared__ HeldShared shared;
