@@ -36,7 +36,7 @@ SHAPES = {
     "shipped": "",
     "768 threads": "#define HELD_THREADS 768u\n#define HELD_UPDATE_DEPTH 1u\n"
                    "#define HELD_DEPTH 2u\n#define HELD_RUNNING_MAX 0\n"
-                   "#define HELD_KEEP_EXPONENTIALS 0\n",
+                   "#define HELD_KEEP_EXPONENTIALS 0\n#define HELD_PREFETCH_CHUNK 6144u\n",
     "a max pass every update, a prefetch at the first": "#define HELD_RUNNING_MAX 0\n"
                                                          "#define HELD_L2_PREFETCH_EACH 0\n",
     "at most 4096 of w held": "#define HELD_W_LIMIT 4096u\n",

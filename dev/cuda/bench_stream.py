@@ -20,12 +20,13 @@ reads 16 GB back).
 ``--variants`` (cuda): the shipped held and stream kernels, then their tuning macros (the
 knob source in dev/cuda, bob_held.cuh: HELD_THREADS, HELD_DEPTH, HELD_UPDATE_DEPTH,
 HELD_KEEP_EXPONENTIALS, HELD_FAST_DIVIDE, HELD_L2_PREFETCH, HELD_L2_PREFETCH_EACH,
-HELD_L2_AHEAD, HELD_RUNNING_MAX, HELD_W_LIMIT; bob_kernels.cu: STREAM_VECTOR,
-STREAM_FAST_DIVIDE, VECTOR_DEPTH, UPDATE_DEPTH, STREAM_BOUNDS, KEPT_EXPONENTIALS,
-STREAM_CACHE_HINTS), each compiled into this process and timed the same way at V = 32768
-(and 65536 with BIG=1), hard targets; then the digests alone of V = 4100 (hard and corpus,
-N = 20: every update in one launch) and 8196 (N = 2) for the shipped kernels and a few
-variants, each variant's beside the shipped kernels' ("= shipped" or "DIFFERS").
+HELD_L2_AHEAD, HELD_RUNNING_MAX, HELD_W_LIMIT, HELD_PREFETCH_CHUNK; bob_kernels.cu:
+STREAM_VECTOR, STREAM_FAST_DIVIDE, VECTOR_DEPTH, UPDATE_DEPTH, STREAM_BOUNDS,
+KEPT_EXPONENTIALS, STREAM_CACHE_HINTS), each compiled into this process and timed the
+same way at V = 32768 (and 65536 with BIG=1), hard targets; then the digests alone of
+V = 4100 (hard and corpus, N = 20: every update in one launch) and 8196 (N = 2) for the
+shipped kernels and a few variants, each variant's beside the shipped kernels' ("= shipped"
+or "DIFFERS").
 """
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ VARIANTS = {
     "held, HELD_UPDATE_DEPTH 1": ("held", "#define HELD_UPDATE_DEPTH 1u\n"),
     "held, 768 threads": ("held", "#define HELD_THREADS 768u\n#define HELD_UPDATE_DEPTH 1u\n"
                                   "#define HELD_DEPTH 2u\n#define HELD_RUNNING_MAX 0\n"
-                                  "#define HELD_KEEP_EXPONENTIALS 0\n"),
+                                  "#define HELD_KEEP_EXPONENTIALS 0\n"
+                                  "#define HELD_PREFETCH_CHUNK 6144u\n"),
     "held, a max pass every update (HELD_RUNNING_MAX 0)": ("held",
                                                            "#define HELD_RUNNING_MAX 0\n"),
     "held, m and v asked into L2 at a row's first update only": (

@@ -27,12 +27,14 @@
 // lane-order tree when it is a zero (its sign is the lane order's).
 //
 // Tuning macros change speed, never bits (dev/cuda/bench_stream.py --variants):
-// - HELD_THREADS: 512 (128 registers), 768 (80: the hard kernel's rows of V % 4 != 0 spill
-//   but with HELD_KEEP_EXPONENTIALS 0, HELD_DEPTH 2 and HELD_UPDATE_DEPTH 1) or 1024 (64:
-//   both kernels spill but with HELD_FAST_DIVIDE 0, HELD_DEPTH 2 and HELD_UPDATE_DEPTH 1,
-//   and the corpus one even so)
-//   threads per block; the plan launches the block the image's launch bounds name
-//   (signatures.BLOCK_FROM_IMAGE). HELD_BLOCKS: blocks per SM the bounds plan registers for.
+// - HELD_THREADS: 512 (128 registers), 768 (80: the kernels spill but with
+//   HELD_KEEP_EXPONENTIALS 0, HELD_DEPTH 2, HELD_UPDATE_DEPTH 1, HELD_RUNNING_MAX 0 and
+//   HELD_PREFETCH_CHUNK 6144, a round's m in two chunks as at 512 rather than three) or
+//   1024 (64: both kernels spill but with HELD_FAST_DIVIDE 0, HELD_DEPTH 2,
+//   HELD_UPDATE_DEPTH 1, HELD_KEEP_EXPONENTIALS 0 and HELD_RUNNING_MAX 0, and the corpus
+//   one even so) threads per block; the plan launches the block the image's launch bounds
+//   name (signatures.BLOCK_FROM_IMAGE). HELD_BLOCKS: blocks per SM the bounds plan
+//   registers for.
 // - HELD_DEPTH: rounds of w loads in flight per thread while the row is first read.
 // - HELD_UPDATE_DEPTH: rounds of m and v (and corpus weights) loads in flight in the update.
 // - HELD_KEEP_EXPONENTIALS: the shared memory past the held w keeps the first exponentials
@@ -54,6 +56,8 @@
 //   from memory in each pass; the room freed keeps more exponentials). Unlimited by default.
 // - HELD_L2_AHEAD: the update asks L2 for the m and v of the round this many rounds ahead
 //   of the one it reads (past those HELD_L2_PREFETCH asked for); 0: none.
+// - HELD_PREFETCH_CHUNK: the bytes one thread asks into L2 at a time (a multiple of 16
+//   that divides a round's 16 HELD_THREADS bytes of m).
 #ifndef HELD_THREADS
 #define HELD_THREADS 512u
 #endif
