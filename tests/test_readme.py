@@ -31,8 +31,9 @@ def worked_session() -> list[tuple[str, list[str]]]:
 
 def make_lines(target: str) -> list[str]:
     """What `make TARGET` echoes on a machine without a GPU, from a fresh clone."""
-    return subprocess.run(["make", "-n", "-B", target, "GPU="], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.splitlines()
+    return subprocess.run(["make", "--no-print-directory", "-n", "-B", target, "GPU="],
+                          cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.splitlines()
 
 
 # A run's wall time, rates and ETA differ every time: their figures are not compared.
@@ -88,9 +89,9 @@ def test_make_run_installs_only_what_running_needs():
     installs = [line for line in make_lines("run") if "pip install" in line]
     assert any("'.[fast,plot]'" in line for line in installs), installs
     assert not any("cuda" in line or "torch" in line or "test" in line for line in installs)
-    with_gpu = subprocess.run(["make", "-n", "-B", "run", "GPU=yes"], cwd=ROOT,
+    with_gpu = subprocess.run(["make", "--no-print-directory", "-n", "-B", "run", "GPU=yes"], cwd=ROOT,
                               capture_output=True, text=True, check=True).stdout
     assert "'.[fast,plot,cuda]'" in with_gpu
     # The tests keep the CUDA wheels: NVRTC compiles the kernels without a GPU.
     tests = "\n".join(make_lines("test"))
-    assert "'.[cuda,fast,plot,test,dask,remote]'" in tests and "torch==" in tests
+    assert "'.[cuda,fast,plot,test,dask,remote,tokens]'" in tests and "torch==" in tests
