@@ -89,8 +89,8 @@ def test_make_run_installs_only_what_running_needs():
     installs = [line for line in make_lines("run") if "pip install" in line]
     assert any("'.[fast,plot]'" in line for line in installs), installs
     assert not any("cuda" in line or "torch" in line or "test" in line for line in installs)
-    with_gpu = subprocess.run(["make", "--no-print-directory", "-n", "-B", "run", "GPU=yes"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout
+    with_gpu = subprocess.run(["make", "--no-print-directory", "-n", "-B", "run", "GPU=yes"],
+                              cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert "'.[fast,plot,cuda]'" in with_gpu
     # The tests keep the CUDA wheels: NVRTC compiles the kernels without a GPU.
     tests = "\n".join(make_lines("test"))
