@@ -765,14 +765,9 @@ def _read_metadata(metadata: dict[str, str], source: str) -> TrainingState:
 
 
 def _read_successors(metadata: dict[str, str], source: str, vocab: int) -> Ranges | None:
-    if "successors" not in metadata:
+    ranges = _json_list(metadata, "successors", source, "a list of [first, last] ranges")
+    if ranges is None:
         return None  # the checkpoint cannot tell
-    try:
-        ranges = json.loads(metadata["successors"])
-    except (ValueError, RecursionError):
-        raise BadInput(f"{source}: metadata successors is not JSON") from None
-    if not isinstance(ranges, list):
-        raise BadInput(f"{source}: metadata successors is not a list of [first, last] ranges")
     problem = _ranges_problem(ranges, vocab)
     if problem:
         raise BadInput(f"{source}: metadata {problem}")
@@ -780,14 +775,9 @@ def _read_successors(metadata: dict[str, str], source: str, vocab: int) -> Range
 
 
 def _read_segments(metadata: dict[str, str], source: str, step: int) -> tuple[Segment, ...]:
-    if "segments" not in metadata:
+    entries = _json_list(metadata, "segments", source, "a list")
+    if entries is None:
         return ()  # written before Bob kept segments: still a good checkpoint
-    try:
-        entries = json.loads(metadata["segments"])
-    except (ValueError, RecursionError):
-        raise BadInput(f"{source}: metadata segments is not JSON") from None
-    if not isinstance(entries, list):
-        raise BadInput(f"{source}: metadata segments is not a list")
     segments = []
     for entry in entries:
         segment = _segment_from_json(entry)
@@ -861,15 +851,24 @@ def _same_file(fd: int, where: Path) -> bool:
 
 def _read_history(metadata: dict[str, str], name: str, source: str) -> list:
     """A [[step, loss], ...] field, checked; [] when absent."""
-    if name not in metadata:
+    history = _json_list(metadata, name, source, "a list of [step, loss] pairs")
+    if history is None:
         return []
-    try:
-        history = json.loads(metadata[name])
-    except (ValueError, RecursionError):  # RecursionError: nested too deeply
-        raise BadInput(f"{source}: metadata {name} is not JSON") from None
-    if not isinstance(history, list):
-        raise BadInput(f"{source}: metadata {name} is not a list of [step, loss] pairs")
     problem = _history_problem(history)
     if problem:
         raise BadInput(f"{source}: metadata {problem}")
     return history
+
+
+def _json_list(metadata: dict[str, str], name: str, source: str, shape: str) -> list | None:
+    """A metadata field holding a JSON list (`shape` says of what, for the refusal); None
+    when absent."""
+    if name not in metadata:
+        return None
+    try:
+        value = json.loads(metadata[name])
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
+        raise BadInput(f"{source}: metadata {name} is not JSON") from None
+    if not isinstance(value, list):
+        raise BadInput(f"{source}: metadata {name} is not {shape}")
+    return value
