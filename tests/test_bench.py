@@ -607,3 +607,32 @@ def test_cuda_corpus_bench_rows_agree_with_their_peers(cuda_choice) -> None:
     if end_to_end.error is None:
         assert end_to_end.loss == pytest.approx(command.loss, rel=1e-4)
         assert table.ratio(end_to_end, "command") > 0 and end_to_end.peak_rss_bytes > 0
+
+
+def test_compute_floor_reads_ncu_csv_sums_over_launches():
+    from dev.bench.compute_floor import parse_ncu_csv
+
+    header = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+              '"Block Size","Grid Size","Device","CC","Section Name","Metric Name",'
+              '"Metric Unit","Metric Value"\n')
+
+    def row(launch: int, metric: str, value: str) -> str:
+        return (f'"{launch}","1","python","h","bob_fused_train_held","1","7","(512,1,1)",'
+                f'"(132,1,1)","0","9.0","Command line profiler metrics","{metric}","inst",'
+                f'"{value}"\n')
+
+    text = ("==PROF== Connected to process 1\n" + header
+            + row(0, "smsp__inst_executed.sum", "1,000")
+            + row(0, "smsp__thread_inst_executed.sum", "32,000")
+            + row(1, "smsp__inst_executed.sum", "500")
+            + row(1, "smsp__thread_inst_executed.sum", "15,000"))
+    count = parse_ncu_csv(text)
+    assert (count.launches, count.warp, count.thread) == (2, 1500.0, 47000.0)
+
+
+def test_compute_floor_refuses_a_malformed_case():
+    from dev.bench.compute_floor import parse_case
+
+    assert parse_case("50257:corpus") == (50257, "corpus")
+    with pytest.raises(SystemExit, match="V:hard or V:corpus, not '8192'"):
+        parse_case("8192")
