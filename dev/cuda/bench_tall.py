@@ -53,6 +53,7 @@ def both(threads: int, unguarded: int = 0, flags: str = "") -> str:
 
 EVERY_WARP = "#define TALL_EVERY_WARP_TREE 1\n"
 NO_CHAIN = "#define TALL_REGISTER_CHAIN 0\n"
+FAST = "#define TALL_FAST_DIVIDE 1\n"
 VARIANTS = {
     "defaults (hard: 1024 threads unguarded; corpus: 512 with the register chain)": "",
     "1024 threads x 8": both(1024),
@@ -67,6 +68,11 @@ VARIANTS = {
         both(512, 0, NO_CHAIN + "#define TALL_HOLD_WEIGHTS 0\n#define TALL_CORPUS_FULL 0\n"),
     "512 threads x 16, weights held, corpus counted":
         both(512, 0, NO_CHAIN + "#define TALL_CORPUS_FULL 0\n"),
+    "fast divide (adamw_together), chunks of 2": FAST + "#define TALL_FAST_CHUNK 2u\n",
+    "fast divide, chunks of 4, hard at 512 threads": (
+        FAST + "#define TALL_HARD_THREADS 512u\n#define TALL_FAST_CHUNK 4u\n"),
+    "fast divide, chunks of 8, hard at 512 threads": (
+        FAST + "#define TALL_HARD_THREADS 512u\n#define TALL_FAST_CHUNK 8u\n"),
 }
 MODES: tuple[Mode, ...] = ("hard", "corpus")
 
@@ -178,12 +184,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", action="store_true",
                         help="every TALL_* variant of the kernels, timed and checked (cuda)")
+    parser.add_argument("--only", metavar="TEXT",
+                        help="with --variants: only the variants whose name holds TEXT")
     args = parser.parse_args()
     backend = os.environ.get("B", "cuda")
     if args.variants and backend != "cuda":
         print("--variants needs B=cuda: the variants are CUDA kernels", file=sys.stderr)
         return 2
-    choices = shipped_and_variants(VARIANTS) if args.variants else {
+    chosen = {name: macros for name, macros in VARIANTS.items()
+              if args.only is None or args.only in name}
+    choices = shipped_and_variants(chosen) if args.variants else {
         SHIPPED: choose_backend(backend)}
     bench(choices, lambda: choose_backend("cpu"))
     return 0

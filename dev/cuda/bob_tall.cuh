@@ -50,6 +50,14 @@
 #define TALL_REGISTER_CHAIN (TALL_THREADS <= 512u)
 #define TALL_REGISTER_CHAIN_HERE  // defined by this inclusion: undefined at its end
 #endif
+#ifndef TALL_FAST_DIVIDE  // AdamW as adamw_together (the fast division and root) in chunks
+#define TALL_FAST_DIVIDE 0
+#define TALL_FAST_DIVIDE_HERE  // defined by this inclusion: undefined at its end
+#endif
+#ifndef TALL_FAST_CHUNK  // a thread's slots per adamw_together: registers against issue
+#define TALL_FAST_CHUNK 4u
+#define TALL_FAST_CHUNK_HERE  // defined by this inclusion: undefined at its end
+#endif
 #define TALL_BOUNDS __launch_bounds__(TALL_THREADS, 1)
 
 struct __align__(16) TallShared {
@@ -259,6 +267,37 @@ static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
         float row_max;
         const float s = e.row_sum(row, w, row_max);
         const AdamStep step = scalars.step(a, k);  // after the trees' barriers
+#if TALL_FAST_DIVIDE
+        // A slot that runs no arithmetic (past V, guarded) goes through with e = 0 and
+        // weight 0; its values are never stored, folded or maxed.
+        constexpr u32 C = TALL_FAST_CHUNK;
+        static_assert(TALL_SLOTS % C == 0, "whole chunks of a thread's slots");
+#pragma unroll
+        for (u32 first = 0; first < TALL_SLOTS; first += C) {
+            float ec[C], tc[C], wc[C], mc[C], vc[C];
+            u32 jc[C];
+            bool ic[C];
+#pragma unroll
+            for (u32 i = 0; i < C; ++i) {
+                const u32 slot = first + i;
+                jc[i] = row.element(slot);
+                ic[i] = row.inside(slot);
+                ec[i] = row.computed(slot) ? e.at(shared, slot, jc[i]) : 0.0f;
+                tc[i] = CORPUS ? weights.at(t, slot, jc[i], ic[i]) : 0.0f;
+                wc[i] = w[slot];
+                mc[i] = m[slot];
+                vc[i] = v[slot];
+            }
+            adamw_together<CORPUS, C>(a, step, ec, s, jc, ic, target, weight_sum, tc, wc, mc,
+                                      vc);
+#pragma unroll
+            for (u32 i = 0; i < C; ++i) {
+                w[first + i] = wc[i];
+                m[first + i] = mc[i];
+                v[first + i] = vc[i];
+            }
+        }
+#else
 #pragma unroll
         for (u32 i = 0; i < TALL_SLOTS; ++i) {
             if (row.computed(i)) {
@@ -269,6 +308,7 @@ static __device__ void fused_tall(const FusedArgs& a, TallShared& shared) {
                 adamw_element(step, g, w[i], m[i], v[i]);
             }
         }
+#endif
     }
 
     if (a.finish) {
@@ -369,4 +409,12 @@ extern "C" __global__ TALL_BOUNDS void bob_fused_train_tall_corpus(
 #ifdef TALL_REGISTER_CHAIN_HERE
 #undef TALL_REGISTER_CHAIN
 #undef TALL_REGISTER_CHAIN_HERE
+#endif
+#ifdef TALL_FAST_DIVIDE_HERE
+#undef TALL_FAST_DIVIDE
+#undef TALL_FAST_DIVIDE_HERE
+#endif
+#ifdef TALL_FAST_CHUNK_HERE
+#undef TALL_FAST_CHUNK
+#undef TALL_FAST_CHUNK_HERE
 #endif
