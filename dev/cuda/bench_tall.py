@@ -71,8 +71,6 @@ VARIANTS = {
     "fast divide (adamw_together), chunks of 2": FAST + "#define TALL_FAST_CHUNK 2u\n",
     "fast divide, chunks of 4, hard at 512 threads": (
         FAST + "#define TALL_HARD_THREADS 512u\n#define TALL_FAST_CHUNK 4u\n"),
-    "fast divide, chunks of 8, hard at 512 threads": (
-        FAST + "#define TALL_HARD_THREADS 512u\n#define TALL_FAST_CHUNK 8u\n"),
 }
 MODES: tuple[Mode, ...] = ("hard", "corpus")
 
