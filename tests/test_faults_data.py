@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
 
 from bob.cli.main import main
 
@@ -51,3 +53,50 @@ def test_help_keeps_click_usage_form(capsys):
     assert main(["train", "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("Usage: bob train [OPTIONS]")
+
+
+# -- checkpoint integers: bounded ----------------------------------------------
+def trained(directory: Path, name: str = "base.safetensors") -> Path:
+    path = directory / name
+    assert main(["train", "--backend", "cpu", "-N", "2", "--steps", "2", "-c", str(path)]) == 0
+    return path
+
+
+def with_metadata(source: Path, target: Path, **changes: str) -> Path:
+    """A copy of the checkpoint `source` at `target`, these metadata fields changed."""
+    with safe_open(str(source), framework="numpy") as file:
+        metadata = dict(file.metadata())
+    save_file(load_file(str(source)), str(target), metadata={**metadata, **changes})
+    return target
+
+
+@pytest.fixture(scope="module")
+def base_checkpoint(tmp_path_factory) -> Path:
+    return trained(tmp_path_factory.mktemp("base"))
+
+
+@pytest.mark.parametrize(("field", "value", "shown"), [
+    ("step", "9223372036854775803", "9223372036854775803"),
+    ("step", str(10**20), "100000000000000000000"),
+    ("step", "9" * 400, "999999999999... (400 digits)"),
+    ("step", str(2**53 + 1), "9007199254740993"),
+    ("format_version", "9" * 5000, "999999999999... (5000 digits)"),
+])
+@pytest.mark.parametrize("command", ["resume", "predict"])
+def test_a_huge_checkpoint_integer_is_refused_naming_field_and_bound(
+        tmp_path, capsys, base_checkpoint, field, value, shown, command):
+    path = with_metadata(base_checkpoint, tmp_path / "huge.safetensors", **{field: value})
+    argv = (["train", "--backend", "cpu", "--resume", "-N", "2", "--steps", "2",
+             "-c", str(path)] if command == "resume" else ["predict", "-c", str(path), "a"])
+    err = refused(capsys, tmp_path, argv)
+    assert err == (f"bob: {path}: metadata {field} {shown} is above 2**53 = {2**53}, "
+                   "the largest Bob reads")
+
+
+def test_resuming_past_the_largest_step_is_refused(tmp_path, capsys, base_checkpoint):
+    path = with_metadata(base_checkpoint, tmp_path / "edge.safetensors", step=str(2**53 - 1))
+    err = refused(capsys, tmp_path, ["train", "--backend", "cpu", "--resume", "-N", "2",
+                                     "--steps", "2", "-c", str(path)])
+    assert err == (f"bob: {path}: step {2**53 - 1} + 2 updates is above 2**53 = {2**53}, "
+                   "the largest step a checkpoint holds")
+    assert main(["predict", "-c", str(path), "a"]) == 0  # the bound itself is readable
