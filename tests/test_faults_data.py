@@ -3,6 +3,7 @@ status, and nothing written."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from bob.cli.main import main
+from bob.plan.jsonio import MAX_LAUNCHES, MAX_REGIONS, MAX_SUBMISSIONS, MAX_TENSORS, dumps
+from bob.program.bob import BobConfig, build_plan
 
 
 def listing(directory: Path) -> dict[str, bytes]:
@@ -100,3 +103,41 @@ def test_resuming_past_the_largest_step_is_refused(tmp_path, capsys, base_checkp
     assert err == (f"bob: {path}: step {2**53 - 1} + 2 updates is above 2**53 = {2**53}, "
                    "the largest step a checkpoint holds")
     assert main(["predict", "-c", str(path), "a"]) == 0  # the bound itself is readable
+
+
+# -- plan reader: counts bounded, duplicates found in linear time ---------------
+def plan_with_tensors(directory: Path, count: int, duplicate: bool = False) -> Path:
+    data = json.loads(dumps(build_plan(BobConfig(prompts=1, updates=1))))
+    first = data["tensors"][0]
+    tensors = [{**first, "name": f"t{i}"} for i in range(count)]
+    if duplicate:
+        tensors[-1] = {**first, "name": "t0"}
+    data["tensors"] = tensors
+    path = directory / "plan.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_plan_with_100000_tensors_is_refused_by_the_bound(tmp_path, capsys):
+    path = plan_with_tensors(tmp_path, 100_000)
+    err = refused(capsys, tmp_path, ["certify", "--plan", str(path)])
+    assert err == f"bob: {path}: tensors: 100000 items, at most {MAX_TENSORS}"
+
+
+def test_a_duplicate_among_the_most_tensors_a_plan_holds_is_named(tmp_path, capsys):
+    path = plan_with_tensors(tmp_path, MAX_TENSORS, duplicate=True)
+    err = refused(capsys, tmp_path, ["certify", "--plan", str(path)])
+    assert err == (f"bob: {path}: tensors[{MAX_TENSORS - 1}].name: tensor 't0' is "
+                   "declared twice")
+
+
+@pytest.mark.parametrize(("field", "bound"), [
+    ("regions", MAX_REGIONS), ("placed_regions", MAX_REGIONS),
+    ("launches", MAX_LAUNCHES), ("submissions", MAX_SUBMISSIONS)])
+def test_every_plan_list_is_bounded_before_it_is_read(tmp_path, capsys, field, bound):
+    data = json.loads(dumps(build_plan(BobConfig(prompts=1, updates=1))))
+    data[field] = [0] * (bound + 1)  # not even entries: the count is refused first
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    err = refused(capsys, tmp_path, ["certify", "--plan", str(path)])
+    assert err == f"bob: {path}: {field}: {bound + 1} items, at most {bound}"
