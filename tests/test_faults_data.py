@@ -141,3 +141,42 @@ def test_every_plan_list_is_bounded_before_it_is_read(tmp_path, capsys, field, b
     path.write_text(json.dumps(data))
     err = refused(capsys, tmp_path, ["certify", "--plan", str(path)])
     assert err == f"bob: {path}: {field}: {bound + 1} items, at most {bound}"
+
+
+# -- counts files: nothing trusted ------------------------------------------------
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory) -> tuple[Path, Path]:
+    """A counts file of a small text, and a checkpoint trained on that text."""
+    directory = tmp_path_factory.mktemp("counted")
+    text = directory / "a.txt"
+    text.write_bytes(b"the cat sat on the mat; the rat ate the hat. " * 20)
+    counts = directory / "a.counts"
+    assert main(["count", str(text), "-o", str(counts)]) == 0
+    checkpoint = directory / "a.safetensors"
+    assert main(["train", "--backend", "cpu", "-N", "2", "--steps", "2", "--text", str(text),
+                 "-c", str(checkpoint)]) == 0
+    return counts, checkpoint
+
+
+def counts_commands(counts: Path, checkpoint: Path, directory: Path) -> list[list[str]]:
+    return [["train", "--backend", "cpu", "--steps", "1", "--counts", str(counts),
+             "-c", str(directory / "new.safetensors")],
+            ["eval", "--backend", "cpu", "-c", str(checkpoint), "--counts", str(counts)]]
+
+
+@pytest.mark.parametrize("sources", [
+    "[" * 50_000 + "]" * 50_000,
+    "[[" * 50_000 + "]]" * 50_000,
+    '[["a.txt", 900, 1]]',
+    '["ab"]',
+    '[["a.txt", true]]',
+    '[["a.txt", -1]]',
+    '{"a.txt": 900}',
+])
+@pytest.mark.parametrize("command", [0, 1], ids=["train", "eval"])
+def test_a_malformed_sources_field_is_refused(tmp_path, capsys, counted, sources, command):
+    counts, checkpoint = counted
+    bad = with_metadata(counts, tmp_path / "bad.counts", sources=sources)
+    argv = counts_commands(bad, checkpoint, tmp_path)[command]
+    err = refused(capsys, tmp_path, argv)
+    assert err == f"bob: {bad}: metadata sources is not a JSON list of [name, bytes]"

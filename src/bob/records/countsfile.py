@@ -47,7 +47,13 @@ from bob.records.counting import (
     PairCounts,
 )
 from bob.records.digest import DIGEST_FORMS, is_digest, sparse_digest
-from bob.records.metadata import bob_version, read_integers, read_number, require_fields
+from bob.records.metadata import (
+    MAX_INTEGER,
+    bob_version,
+    read_integers,
+    read_number,
+    require_fields,
+)
 
 FORMAT = "bob-counts"
 FORMAT_VERSION = 1
@@ -209,11 +215,7 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
     if metadata["layout"] != layout:
         raise BadInput(f"{source}: metadata layout {metadata['layout']!r}; V={vocab} is "
                        f"stored {layout}")
-    try:
-        sources = tuple((str(n), int(s)) for n, s in json.loads(metadata["sources"]))
-    except (ValueError, TypeError):
-        raise BadInput(f"{source}: metadata sources is not a JSON list of [name, bytes]") \
-            from None
+    sources = _read_sources(metadata["sources"], source)
     if not is_digest(metadata["digest"]):
         raise BadInput(f"{source}: metadata digest is not {DIGEST_FORMS}")
     optimum = read_number(metadata, "optimum", source)
@@ -221,6 +223,25 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
         raise BadInput(f"{source}: metadata optimum {optimum!r} is not a finite number >= 0")
     return _Fields(vocab, layout, sources, integers["transitions"], metadata["digest"],
                    optimum)
+
+
+def _read_sources(text: str, source: str) -> tuple[tuple[str, int], ...]:
+    """The sources field: a JSON list of [name, bytes] pairs, nothing nested deeper."""
+    refusal = BadInput(f"{source}: metadata sources is not a JSON list of [name, bytes]")
+    try:
+        entries = json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
+        raise refusal from None
+    if not isinstance(entries, list):
+        raise refusal
+    sources = []
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+                and isinstance(entry[1], int) and not isinstance(entry[1], bool)
+                and 0 <= entry[1] <= MAX_INTEGER):
+            raise refusal
+        sources.append((entry[0], entry[1]))
+    return tuple(sources)
 
 
 def _tensor(file, name: str, dtype: str, shape: list[int] | None, source: str) -> np.ndarray:
