@@ -13,6 +13,7 @@ from safetensors.numpy import load_file, save_file
 from bob.cli.main import main
 from bob.plan.jsonio import MAX_LAUNCHES, MAX_REGIONS, MAX_SUBMISSIONS, MAX_TENSORS, dumps
 from bob.program.bob import BobConfig, build_plan
+from bob.records.countsfile import CountsFile
 
 
 def listing(directory: Path) -> dict[str, bytes]:
@@ -180,3 +181,29 @@ def test_a_malformed_sources_field_is_refused(tmp_path, capsys, counted, sources
     argv = counts_commands(bad, checkpoint, tmp_path)[command]
     err = refused(capsys, tmp_path, argv)
     assert err == f"bob: {bad}: metadata sources is not a JSON list of [name, bytes]"
+
+
+def test_a_counts_file_optimum_is_computed_not_trusted(tmp_path, capsys, counted):
+    counts, checkpoint = counted
+    stored = CountsFile.load(counts).optimum
+    bad = with_metadata(counts, tmp_path / "bad.counts", optimum="1.0")
+    for argv in counts_commands(bad, checkpoint, tmp_path):
+        err = refused(capsys, tmp_path, argv)
+        assert err == (f"bob: {bad}: metadata optimum 1.0 is not the {stored!r} nats of "
+                       "the stored counts")
+
+
+@pytest.mark.parametrize("digest", ["v2:" + "0" * 64, "0" * 64])
+def test_a_counts_file_digest_is_checked_against_its_counts(tmp_path, capsys, counted, digest):
+    counts, checkpoint = counted
+    bad = with_metadata(counts, tmp_path / "bad.counts", digest=digest)
+    for argv in counts_commands(bad, checkpoint, tmp_path):
+        err = refused(capsys, tmp_path, argv)
+        assert err == (f"bob: {bad}: metadata digest {digest[:15]}... is not the digest "
+                       "of the stored counts (the file was altered or damaged)")
+
+
+def test_a_sound_counts_file_still_trains_and_evaluates(tmp_path, capsys, counted):
+    counts, checkpoint = counted
+    for argv in counts_commands(counts, checkpoint, tmp_path):
+        assert main(argv) == 0, capsys.readouterr().err

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import math
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ from bob.records.counting import (
     MIN_VOCAB,
     PairCounts,
 )
-from bob.records.digest import DIGEST_FORMS, is_digest, sparse_digest
+from bob.records.digest import DIGEST_FORMS, digest_matches, is_digest, sparse_digest
 from bob.records.metadata import (
     MAX_INTEGER,
     bob_version,
@@ -187,7 +188,29 @@ class CountsFile:
                            f"says {fields.transitions} transitions")
         if counts.transitions == 0:
             raise BadInput(f"{source}: the counts are all zero")
-        return cls(counts, fields.sources, fields.digest, fields.optimum)
+        optimum = _checked_against_counts(counts, fields, source)
+        return cls(counts, fields.sources, fields.digest, optimum)
+
+
+# The stored optimum is the figure computed at the count; the same sum computed again
+# agrees to rounding (compiled and Python terms), far closer than this.
+OPTIMUM_REL_TOLERANCE = 1e-9
+
+
+def _checked_against_counts(counts: PairCounts, fields: _Fields, source: str) -> float:
+    """The optimum computed from the counts, once the stored optimum and digest agree
+    with them (both computed side by side, as when the file was made)."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bob-digest") as pool:
+        digest_agrees = pool.submit(digest_matches, fields.digest, counts)
+        optimum = counts_optimum(counts)
+        if not digest_agrees.result():
+            raise BadInput(f"{source}: metadata digest {fields.digest[:15]}... is not the "
+                           "digest of the stored counts (the file was altered or damaged)")
+    if not math.isclose(fields.optimum, optimum, rel_tol=OPTIMUM_REL_TOLERANCE,
+                        abs_tol=OPTIMUM_REL_TOLERANCE):
+        raise BadInput(f"{source}: metadata optimum {fields.optimum!r} is not the "
+                       f"{optimum!r} nats of the stored counts")
+    return optimum
 
 
 @dataclass(frozen=True)
