@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
@@ -207,3 +208,21 @@ def test_a_sound_counts_file_still_trains_and_evaluates(tmp_path, capsys, counte
     counts, checkpoint = counted
     for argv in counts_commands(counts, checkpoint, tmp_path):
         assert main(argv) == 0, capsys.readouterr().err
+
+
+# -- plot: the counts must be the checkpoint's kind ---------------------------------
+def test_plot_refuses_counts_of_another_vocabulary_as_eval_does(tmp_path, capsys, counted):
+    counts, _ = counted
+    tokens = tmp_path / "t.bin"
+    np.random.default_rng(0).integers(0, 512, 2000).astype("<u2").tofile(tokens)
+    checkpoint = tmp_path / "v512.safetensors"
+    assert main(["train", "--backend", "cpu", "--tokens", str(tokens), "--vocab", "512",
+                 "-N", "2", "--steps", "2", "-c", str(checkpoint)]) == 0
+    capsys.readouterr()
+    err = refused(capsys, tmp_path, ["plot", "-c", str(checkpoint), "--counts", str(counts),
+                                     "--out", str(tmp_path / "plots")])
+    assert err == f"bob: {counts}: counts of V=256, the checkpoint has V=512"
+    err = refused(capsys, tmp_path, ["eval", "--backend", "cpu", "-c", str(checkpoint),
+                                     "--counts", str(counts)])
+    assert err == f"bob: {counts.parent / 'a.txt'}: V=256, the checkpoint V=512"  # its source
+    assert not (tmp_path / "plots").exists()
