@@ -56,8 +56,8 @@ def test_the_cli_applies_the_same_rule(tmp_path: Path, capsys, flag: str, value:
                    str(tmp_path / "model.safetensors")])
     err = capsys.readouterr().err
     assert status == 2, err
-    error = err.strip().splitlines()[-1]  # after click's usage lines
-    assert error == f"Error: Invalid value for '{flag}': {message}"
+    assert err == (f"bob train: Invalid value for '{flag}': {message} "
+                   "(see bob train --help)\n")
     assert "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
 

@@ -95,8 +95,8 @@ def test_region_times_refuse_what_the_plan_does_not_have():
     (["--backend", "nv", "--submission", "chained"],
      "bob: profiling on nv times one launch per submission: use --submission per-launch "
      "(chained submissions cannot be bracketed launch by launch)"),
-    (["-N", "0"], "Error: Invalid value for '--updates' / '-N': 0 is not in the range"),
-    (["--backend", "cpu"], "Error: Invalid value for '--backend': 'cpu' is not one of"),
+    (["-N", "0"], "bob profile: Invalid value for '--updates' / '-N': 0 is not in the range"),
+    (["--backend", "cpu"], "bob profile: Invalid value for '--backend': 'cpu' is not one of"),
     (["-V", "1"], "bob: --vocab 1 is outside [2, 65536]"),
     (["-V", "65537"], "bob: --vocab 65537 is outside [2, 65536]: V=65536 is the largest "
                       "table Bob trains"),

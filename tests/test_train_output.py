@@ -250,7 +250,7 @@ def test_a_second_file_after_an_option_says_how_to_give_it(tmp_path, texts, caps
     before = listing(tmp_path)
     status, out, err = run(capsys, *[w.format(a=a, b=b, d=tmp_path) for w in command])
     assert status == 2
-    assert (f"Error: unexpected argument '{b}': an option takes one file, repeat it for "
+    assert (f": unexpected argument '{b}': an option takes one file, repeat it for "
             "several (--text a.txt --text b.txt, --tokens a.bin --tokens b.bin)") in err
     assert listing(tmp_path) == before
 
@@ -263,7 +263,7 @@ def test_count_takes_several_token_files_by_repeating_the_option(tmp_path, capsy
     status, _, err = run(capsys, "count", "--tokens", str(first), str(second), "--vocab", "8",
                          "-o", str(tmp_path / "c.st"))
     assert status == 2
-    assert (f"Error: {second}: text INPUTS beside --tokens files; give each token file its "
+    assert (f"bob count: {second}: text INPUTS beside --tokens files; give each token file its "
             f"own --tokens (--tokens {first} --tokens {second}), or count text INPUTS "
             "alone") in err
     assert listing(tmp_path) == before

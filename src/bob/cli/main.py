@@ -53,8 +53,11 @@ def _run(argv: list[str] | None) -> int:
         status = cli.main(args=argv, prog_name="bob", standalone_mode=False)
     except click.exceptions.Exit as done:
         return done.exit_code
+    except click.UsageError as error:
+        click.echo(_usage_line(error), err=True)
+        return 2
     except click.ClickException as error:
-        error.show()
+        click.echo(f"bob: {_one_line(error.format_message())}", err=True)
         return 2
     except click.exceptions.Abort as abort:
         # click turns a KeyboardInterrupt (so Interrupted) into Abort: report the signal
@@ -78,6 +81,16 @@ def _run(argv: list[str] | None) -> int:
             raise  # for whoever debugs Bob: the traceback right here
         return _report_internal_error(error, argv)
     return status if isinstance(status, int) else 0
+
+
+def _usage_line(error: click.UsageError) -> str:
+    """click's usage error as one line: the command, the message, where help is."""
+    command = error.ctx.command_path if error.ctx is not None else "bob"
+    return f"{command}: {_one_line(error.format_message())} (see {command} --help)"
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
 
 
 def _report_interrupt(stop: Interrupted) -> int:

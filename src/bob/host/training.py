@@ -68,6 +68,7 @@ from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord, ResultRecord
 from bob.records.checkpoint import (
     HYPER_FIELDS,
+    MAX_STEP,
     Checkpoint,
     CheckpointFile,
     History,
@@ -349,6 +350,9 @@ def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
         raise BadInput(f"{checkpoint}: no checkpoint to resume from")
     stored = CheckpointFile.open(checkpoint)
     start = stored.state
+    if start.step + request.steps > MAX_STEP:
+        raise BadInput(f"{checkpoint}: step {start.step} + {request.steps} updates is above "
+                       f"2**53 = {MAX_STEP}, the largest step a checkpoint holds")
     if start.vocab != record.vocab:
         raise BadInput(f"{checkpoint}: the checkpoint has V={start.vocab}, the data "
                        f"V={record.vocab}")

@@ -69,7 +69,7 @@ from bob.records.binary import (
 )
 from bob.records.digest import DIGEST_FORMS, is_digest
 from bob.records.metadata import (
-    PLAIN_INTEGER,
+    MAX_INTEGER,
     bob_version,
     read_integers,
     read_number,
@@ -81,6 +81,7 @@ FORMAT_VERSION = 1
 REQUIRED_METADATA = ("format", "format_version", "vocab", "step", "mode", *HYPER_FIELDS,
                      "data_digest")
 DEFAULT_HYPER = Hyper()
+MAX_STEP = MAX_INTEGER  # 2**53: every step is exact as a float64 (bias correction)
 
 
 def _digest_problem(digest: object) -> str | None:
@@ -93,9 +94,10 @@ def _history_problem(history: Iterable[object]) -> str | None:
     for entry in history:
         if not (isinstance(entry, tuple | list) and len(entry) == 2
                 and isinstance(entry[0], Integral) and not isinstance(entry[0], bool)
-                and entry[0] >= 0 and isinstance(entry[1], Real)
+                and 0 <= entry[0] <= MAX_STEP and isinstance(entry[1], Real)
                 and not isinstance(entry[1], bool) and math.isfinite(entry[1])):
-            return f"history entry {entry!r} is not a [step, finite loss] pair"
+            return (f"history entry {entry!r} is not a [step, finite loss] pair "
+                    f"(step at most 2**53)")
     return None
 
 
@@ -278,8 +280,9 @@ class TrainingState:
         if isinstance(self.vocab, bool) or not isinstance(self.vocab, int) \
                 or not MIN_VOCAB <= self.vocab <= MAX_VOCAB:
             raise ValueError(f"V={self.vocab} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
-        if not isinstance(self.step, int) or isinstance(self.step, bool) or self.step < 0:
-            raise ValueError(f"step must be a non-negative integer, not {self.step!r}")
+        if not isinstance(self.step, int) or isinstance(self.step, bool) \
+                or not 0 <= self.step <= MAX_STEP:
+            raise ValueError(f"step must be an integer in [0, 2**53], not {self.step!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be 'hard' or 'corpus', not {self.mode!r}")
         if not isinstance(self.hyper, Hyper):  # a Hyper checks its own values
@@ -724,10 +727,8 @@ def _read_metadata(metadata: dict[str, str], source: str) -> TrainingState:
     """Every field present and well formed, or BadInput naming the first that is not."""
     require_fields(metadata, source, kind="checkpoint", format_name=FORMAT,
                    required=REQUIRED_METADATA)
-    version = metadata["format_version"]
-    if not PLAIN_INTEGER.fullmatch(version):
-        raise BadInput(f"{source}: metadata format_version {version!r} is not an integer")
-    if int(version) != FORMAT_VERSION:
+    version = read_integers(metadata, ("format_version",), source)["format_version"]
+    if version != FORMAT_VERSION:
         raise BadInput(f"{source}: unsupported checkpoint format version {version} "
                        f"(this Bob reads version {FORMAT_VERSION})")
     integers = read_integers(metadata, ("vocab", "step"), source)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import math
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -46,8 +47,14 @@ from bob.records.counting import (
     MIN_VOCAB,
     PairCounts,
 )
-from bob.records.digest import DIGEST_FORMS, is_digest, sparse_digest
-from bob.records.metadata import bob_version, read_integers, read_number, require_fields
+from bob.records.digest import DIGEST_FORMS, digest_matches, is_digest, sparse_digest
+from bob.records.metadata import (
+    MAX_INTEGER,
+    bob_version,
+    read_integers,
+    read_number,
+    require_fields,
+)
 
 FORMAT = "bob-counts"
 FORMAT_VERSION = 1
@@ -181,7 +188,29 @@ class CountsFile:
                            f"says {fields.transitions} transitions")
         if counts.transitions == 0:
             raise BadInput(f"{source}: the counts are all zero")
-        return cls(counts, fields.sources, fields.digest, fields.optimum)
+        optimum = _checked_against_counts(counts, fields, source)
+        return cls(counts, fields.sources, fields.digest, optimum)
+
+
+# The stored optimum is the figure computed at the count; the same sum computed again
+# agrees to rounding (compiled and Python terms), far closer than this.
+OPTIMUM_REL_TOLERANCE = 1e-9
+
+
+def _checked_against_counts(counts: PairCounts, fields: _Fields, source: str) -> float:
+    """The optimum computed from the counts, once the stored optimum and digest agree
+    with them (both computed side by side, as when the file was made)."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bob-digest") as pool:
+        digest_agrees = pool.submit(digest_matches, fields.digest, counts)
+        optimum = counts_optimum(counts)
+        if not digest_agrees.result():
+            raise BadInput(f"{source}: metadata digest {fields.digest[:15]}... is not the "
+                           "digest of the stored counts (the file was altered or damaged)")
+    if not math.isclose(fields.optimum, optimum, rel_tol=OPTIMUM_REL_TOLERANCE,
+                        abs_tol=OPTIMUM_REL_TOLERANCE):
+        raise BadInput(f"{source}: metadata optimum {fields.optimum!r} is not the "
+                       f"{optimum!r} nats of the stored counts")
+    return optimum
 
 
 @dataclass(frozen=True)
@@ -209,11 +238,7 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
     if metadata["layout"] != layout:
         raise BadInput(f"{source}: metadata layout {metadata['layout']!r}; V={vocab} is "
                        f"stored {layout}")
-    try:
-        sources = tuple((str(n), int(s)) for n, s in json.loads(metadata["sources"]))
-    except (ValueError, TypeError):
-        raise BadInput(f"{source}: metadata sources is not a JSON list of [name, bytes]") \
-            from None
+    sources = _read_sources(metadata["sources"], source)
     if not is_digest(metadata["digest"]):
         raise BadInput(f"{source}: metadata digest is not {DIGEST_FORMS}")
     optimum = read_number(metadata, "optimum", source)
@@ -221,6 +246,25 @@ def _read_metadata(metadata: dict[str, str], source: str) -> _Fields:
         raise BadInput(f"{source}: metadata optimum {optimum!r} is not a finite number >= 0")
     return _Fields(vocab, layout, sources, integers["transitions"], metadata["digest"],
                    optimum)
+
+
+def _read_sources(text: str, source: str) -> tuple[tuple[str, int], ...]:
+    """The sources field: a JSON list of [name, bytes] pairs, nothing nested deeper."""
+    refusal = BadInput(f"{source}: metadata sources is not a JSON list of [name, bytes]")
+    try:
+        entries = json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
+        raise refusal from None
+    if not isinstance(entries, list):
+        raise refusal
+    sources = []
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+                and isinstance(entry[1], int) and not isinstance(entry[1], bool)
+                and 0 <= entry[1] <= MAX_INTEGER):
+            raise refusal
+        sources.append((entry[0], entry[1]))
+    return tuple(sources)
 
 
 def _tensor(file, name: str, dtype: str, shape: list[int] | None, source: str) -> np.ndarray:

@@ -13,6 +13,9 @@ from collections.abc import Iterable
 from bob.errors import BadInput
 
 PLAIN_INTEGER = re.compile(r"0|[1-9][0-9]*")  # plain decimal: no sign, spaces or underscores
+# The largest integer a field may hold: every integer up to it is exact as a float64, so
+# a step or count survives the float arithmetic (bias correction, rates) that uses it.
+MAX_INTEGER = 1 << 53
 
 
 def bob_version() -> str:
@@ -41,13 +44,19 @@ def require_fields(metadata: dict[str, str], source: str, *, kind: str, format_n
 
 def read_integers(metadata: dict[str, str], names: Iterable[str],
                   source: str) -> dict[str, int]:
-    """Each named field as a non-negative integer written in plain decimal."""
+    """Each named field as an integer in [0, 2**53] written in plain decimal."""
     integers = {}
     for name in names:
-        if not PLAIN_INTEGER.fullmatch(metadata[name]):
-            raise BadInput(f"{source}: metadata {name} {metadata[name]!r} is not a "
+        text = metadata[name]
+        if not PLAIN_INTEGER.fullmatch(text):
+            raise BadInput(f"{source}: metadata {name} {text!r} is not a "
                            f"non-negative integer")
-        integers[name] = int(metadata[name])
+        # The length first: int() of thousands of digits is refused, or slow.
+        if len(text) > len(str(MAX_INTEGER)) or int(text) > MAX_INTEGER:
+            shown = text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
+            raise BadInput(f"{source}: metadata {name} {shown} is above 2**53 "
+                           f"= {MAX_INTEGER}, the largest Bob reads")
+        integers[name] = int(text)
     return integers
 
 
