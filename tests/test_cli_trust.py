@@ -616,7 +616,7 @@ def test_the_warm_up_makes_the_backends_first_calls_and_keeps_the_context(monkey
 
 def test_the_executable_imports_only_the_standard_library_before_the_warm_up():
     """What `python -m bob` has imported when the warm-up thread starts: no NumPy, no
-    click, no part of Bob but the two modules of its start."""
+    click, no part of Bob but the modules of its start and the stop signals' handler."""
     code = ("import sys\n"
             "from bob.cli import warmup\n"
             "seen = []\n"
@@ -634,7 +634,8 @@ def test_the_executable_imports_only_the_standard_library_before_the_warm_up():
     assert {"bob.cli.warmup", "bob.cli.executable"} <= modules
     assert not {"numpy", "click", "rich", "cuda", "bob.cli.main", "bob.backends"} & modules
     assert {name for name in modules if name.startswith("bob")} == {
-        "bob", "bob.cli", "bob.cli.warmup", "bob.cli.executable"}
+        "bob", "bob.cli", "bob.cli.warmup", "bob.cli.executable", "bob.errors", "bob.host",
+        "bob.host.stops"}  # the stop signals' handler is set first
 
 
 @pytest.mark.gpu

@@ -16,6 +16,7 @@ import functools
 import os
 import re
 import socket
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,13 +34,40 @@ TEMP_SUFFIX = ".tmp"
 def reading(path: StrPath, what: str = "file") -> Iterator[BinaryIO]:
     """`path` open for binary reading; a failure to open or read it is a BadInput naming it.
 
-    `what` names the expected kind where a directory stands in its place.
+    `what` names the expected kind where a directory stands in its place. A FIFO, socket
+    or device is refused before it is opened (opening a FIFO blocks until a writer comes).
     """
+    require_regular_file(path, what)
     try:
         with Path(path).open("rb") as file:
             yield file
     except OSError as error:
         raise unreadable(path, error, what) from None
+
+
+def require_regular_file(path: StrPath, what: str = "file") -> None:
+    """BadInput unless `path` is a regular file (or a link to one) or a directory (which
+    open() then reports): a FIFO, socket or device is "not a regular file", found by stat
+    without opening it."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise unreadable(path, error, what) from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise BadInput(f"{path}: not a regular file ({special_kind(mode)}, not a {what})")
+
+
+def special_kind(mode: int) -> str:
+    """What a file that is not regular is, in a word or two: "a FIFO", "a socket"..."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    return "a special file"
 
 
 def unreadable(path: StrPath, error: OSError, what: str = "file") -> BadInput:

@@ -131,6 +131,10 @@ class ReadHandle:
         return self._tables
 
 
+def _nothing() -> None:
+    pass
+
+
 class Backend(ABC):
     name = "abstract"
     # Whether `profile` times launches here (`_timed_run`).
@@ -165,6 +169,9 @@ class Backend(ABC):
         self._ring: HostRing | None = None
         self._staged: ReadHandle | None = None  # the last read through the staging
         self._copiers: ThreadPoolExecutor | None = None  # copies out of the staging
+        # Run between two kernels the host runs itself (cpu): the session sets it to raise
+        # a stop that waited out a kernel's compilation (bob.host.stops.raise_pending).
+        self.between_kernels: Callable[[], None] = _nothing
 
     # -- what the host uses ----------------------------------------------
     def write_tensor(self, name: str, data: bytes, offset: int = 0) -> None:

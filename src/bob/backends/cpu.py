@@ -132,6 +132,7 @@ class CpuBackend(HostArenaBackend):
             for launch_index in self.plan.submissions[index].launches:
                 region = self.plan.launches[launch_index].region
                 self.kernels[region](self.memory, self._arguments[launch_index])
+                self.between_kernels()
 
     def _carry_scalar_rows(self, launches: list[int], names: tuple[str, ...], dtype: str,
                            words: np.ndarray, offsets: np.ndarray) -> None:

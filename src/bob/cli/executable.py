@@ -19,20 +19,34 @@ import threading
 from typing import NoReturn
 
 from bob.cli import warmup
+from bob.errors import Interrupted
+from bob.host import stops
 
 
 def entry(argv: list[str] | None = None) -> NoReturn:
+    stops.install()  # before anything else is imported or started
     words = sys.argv[1:] if argv is None else argv
-    warmup.start_for(words)
-    from bob.cli.main import main  # the command line's imports, beside the driver's
+    try:
+        warmup.start_for(words)
+        from bob.cli.main import main  # the command line's imports, beside the driver's
 
-    status = main(words)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed or broken stream has nothing to give
-            stream.flush()
+        stops.raise_pending()  # a stop that waited for the imports
+        status = main(words)
+        flush_output()
+    except Interrupted as stop:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"bob: {stop}\n")
+        flush_output()
+        status = stop.exit_status
     if nothing_left_running():
         os._exit(status)
     sys.exit(status)
+
+
+def flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream has nothing to give
+            stream.flush()
 
 
 def nothing_left_running() -> bool:

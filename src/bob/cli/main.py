@@ -13,15 +13,13 @@ import os
 import signal
 import sys
 import tempfile
-import threading
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
 from bob.errors import BobError, Interrupted
-from bob.host.stops import STOP_SIGNALS, request_stop
+from bob.host import stops
 
 from . import bench_cmd, count_cmd, plan_cmd, profile_cmd, run_cmd, tools_cmd
 
@@ -41,11 +39,13 @@ for module in (plan_cmd, run_cmd, tools_cmd, bench_cmd, count_cmd, profile_cmd):
 
 
 def main(argv: list[str] | None = None) -> int:
-    with _stop_signals_raise():
+    with stops.handling():
         try:
-            return _run(argv)
+            status = _run(argv)
+            stops.raise_pending()  # a stop deferred to the very end still ends in its status
         except Interrupted as stop:  # arrived while an error was being reported
             return _report_interrupt(stop)
+        return status
 
 
 def _run(argv: list[str] | None) -> int:
@@ -130,28 +130,6 @@ def write_error_report(error: BaseException, argv: list[str] | None) -> Path | N
     except OSError:
         return None
     return path
-
-
-@contextlib.contextmanager
-def _stop_signals_raise() -> Iterator[None]:
-    """SIGINT and SIGTERM raise Interrupted (once), so every command stops cleanly."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
-        return
-    raised = []
-
-    def stop(signum: int, frame: object) -> None:
-        if not raised:  # a second signal while stopping must not interrupt the cleanup
-            raised.append(signum)
-            if request_stop(signum):  # raises Interrupted, or when a save ends
-                raised.clear()  # it only asked a run to finish: the next signal stops it
-
-    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 if __name__ == "__main__":  # pragma: no cover (`python -m bob` is the executable)

@@ -11,6 +11,7 @@ from rich.console import Console
 from bob.backends.registry import SPECS, resolve_submission
 from bob.config import AUTO_SUBMISSION, TARGET_NAMES
 from bob.errors import BackendUnavailable
+from bob.files import require_regular_file
 from bob.kernels.cuda.regions import catalogue
 from bob.plan import TARGETS
 from bob.plan import certify as certify_plan
@@ -87,6 +88,7 @@ def certify(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
             plan_file: str | None, as_json: bool) -> None:
     """Certify a plan: exit 0 when it holds, 1 with every hazard listed otherwise."""
     if plan_file is not None:
+        require_regular_file(plan_file, "plan")  # a FIFO would block the read
         the_plan = read_plan(plan_file, regions=catalogue())
     else:
         the_plan = build_plan(config_from(vocab, prompts, updates, mode, schedule))

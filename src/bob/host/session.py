@@ -45,6 +45,7 @@ from bob.backends import Backend, BackendChoice
 from bob.backends.base import ReadHandle
 from bob.config import CHECKPOINT_TENSORS
 from bob.errors import RunFailure
+from bob.host import stops
 from bob.plan.certificate import require_certified
 from bob.plan.model import Plan
 from bob.program.bob import BobConfig, Hyper, adam_scalar_table, build_plan
@@ -173,7 +174,10 @@ class Session:
             plan = build_plan(config, self.choice.target, self.hyper,
                               compiled=self.choice.regions)
             certified = require_certified(plan)  # once: the backend takes it as certified
-            self._open[config] = (plan, self.choice.open(certified))
+            backend = self.choice.open(certified)
+            backend.between_kernels = stops.raise_pending  # past a compilation, at once
+            self._open[config] = (plan, backend)
+            stops.raise_pending()  # a stop that waited out the backend's imports
             self._arenas[config] = _Arena()
         return self._open[config]
 

@@ -191,6 +191,9 @@ class TrainRequest:
         if self.keep_best and self.val_spec is None:
             raise BadInput("--keep-best keeps the checkpoint of the lowest validation loss: "
                            "it needs validation data (--val-text, --val-tokens or --val-counts)")
+        if self.resume and self.overwrite:
+            raise BadInput("--resume continues the checkpoint, --overwrite starts again over "
+                           "it: choose one")
         if self.new_data and not self.resume:
             raise BadInput("--new-data continues a checkpoint on other data: it needs --resume")
         unknown = sorted(set(self.hyper_changes or ()) - set(HYPER_FIELDS))
