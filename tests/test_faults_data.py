@@ -4,6 +4,9 @@ status, and nothing written."""
 from __future__ import annotations
 
 import json
+import re
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -226,3 +229,31 @@ def test_plot_refuses_counts_of_another_vocabulary_as_eval_does(tmp_path, capsys
                                      "--counts", str(counts)])
     assert err == f"bob: {counts.parent / 'a.txt'}: V=256, the checkpoint V=512"  # its source
     assert not (tmp_path / "plots").exists()
+
+
+# -- Dask: a lost scheduler named ----------------------------------------------
+def test_losing_the_dask_scheduler_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    distributed = pytest.importorskip("distributed")
+    from bob.records import dask_count
+
+    text = tmp_path / "a.txt"
+    text.write_bytes(b"abcdef" * 10)
+    clusters = []
+
+    class Recorded(distributed.LocalCluster):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            clusters.append(self)
+
+    def slow(*args):
+        # The first task closes the scheduler under the count, then takes its time.
+        cluster = clusters[0]
+        threading.Thread(target=lambda: cluster.sync(cluster.scheduler.close)).start()
+        time.sleep(3)
+
+    monkeypatch.setattr(distributed, "LocalCluster", Recorded)
+    monkeypatch.setattr(dask_count, "count_piece", slow)
+    err = refused(capsys, tmp_path, ["count", str(text), "--dask", "--dask-workers", "1",
+                                     "-o", str(tmp_path / "a.counts")], status=1)
+    assert re.fullmatch(rf"bob: {re.escape(str(text))} bytes 0-60: lost the Dask scheduler "
+                        r"\(\S+\); the count stopped", err), err

@@ -114,7 +114,7 @@ def _gather(client, distributed, tasks: list[list[Piece]], vocab: int, engine: s
         for future in distributed.as_completed(futures):
             task = futures.pop(future)
             if future.status != "finished":
-                raise _failure(future, task)
+                raise _failure(future, task, client, distributed)
             tally.add(future.result())
             future.release()
             if progress is not None:
@@ -127,8 +127,16 @@ def _gather(client, distributed, tasks: list[list[Piece]], vocab: int, engine: s
     return counts
 
 
-def _failure(future, task: Sequence[Piece]) -> BobError:
+def _failure(future, task: Sequence[Piece], client, distributed) -> BobError:
+    """One line for a task that did not finish: its own error, the workers that died
+    running it, or the scheduler the client lost."""
+    if future.status != "error":  # cancelled or lost: no error of the task's own
+        return RunFailure(f"{_task_text(task)}: {_lost_what(client)}; the count stopped")
     error = future.exception()
+    if isinstance(error, distributed.KilledWorker):
+        worker = getattr(error.last_worker, "address", error.last_worker)
+        return RunFailure(f"{_task_text(task)}: every Dask worker that ran it died "
+                          f"({error.allowed_failures + 1} workers, the last {worker})")
     if isinstance(error, BobError):
         text = str(error)
         kind = type(error) if isinstance(error, BadInput) else RunFailure
@@ -139,3 +147,11 @@ def _failure(future, task: Sequence[Piece]) -> BobError:
     if kind is RunFailure:
         message += f" (failed {RETRIES + 1} times)"
     return kind(message)
+
+
+def _lost_what(client) -> str:
+    """What took a task away: the scheduler, where the client no longer reaches it."""
+    scheduler = getattr(client.scheduler, "address", None) or "address unknown"
+    if client.status != "running":
+        return f"lost the Dask scheduler ({scheduler})"
+    return f"the Dask scheduler ({scheduler}) cancelled the task"
