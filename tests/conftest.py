@@ -88,6 +88,28 @@ def listing(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
+def contents(directory: Path) -> dict[str, bytes]:
+    """Every file under a directory with its bytes: to show that a refusal wrote nothing
+    and changed nothing."""
+    return {str(p.relative_to(directory)): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def text(tmp_path: Path) -> Path:
+    """A small text to train on (a module may define its own)."""
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"the cat sat on the mat; the rat ate the hat. " * 20)
+    return path
+
+
+def train_cpu(*argv: str) -> int:
+    """`bob train` on the cpu backend, 5 updates an invocation, in this process."""
+    from bob.cli.main import main
+
+    return main(["train", "--backend", "cpu", "-N", "5", *argv])
+
+
 # -- plans -----------------------------------------------------------------------------
 
 

@@ -23,12 +23,9 @@ from bob.records import corpus
 from bob.records.checkpoint import Checkpoint, Segment, checkpoint_lock, lock_path
 from bob.records.counting import PairCounts
 from bob.records.digest import sparse_digest
+from conftest import contents, train_cpu
 
 INTERRUPTED = re.compile(r"interrupted at update (\d+); checkpoint at update (\d+) kept")
-
-
-def listing(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
 
 
 def text_digest(data: bytes) -> str:
@@ -36,24 +33,13 @@ def text_digest(data: bytes) -> str:
     return sparse_digest(PairCounts.from_dense(corpus.counts_from_bytes(data)))
 
 
-@pytest.fixture
-def text(tmp_path: Path) -> Path:
-    path = tmp_path / "a.txt"
-    path.write_bytes(b"the cat sat on the mat; the rat ate the hat. " * 20)
-    return path
-
-
-def train(*argv: str) -> int:
-    return main(["train", "--backend", "cpu", "-N", "5", *argv])
-
-
 # -- resume on other data ------------------------------------------------------
 def test_resume_on_other_data_is_refused_naming_both_digests(tmp_path, text, capsys):
     path = tmp_path / "bob.safetensors"
-    assert train("--text", str(text), "--steps", "10", "-c", str(path)) == 0
+    assert train_cpu("--text", str(text), "--steps", "10", "-c", str(path)) == 0
     capsys.readouterr()
-    before = listing(tmp_path)
-    status = train("--resume", "--steps", "5", "-c", str(path))  # no --text: built-in corpus
+    before = contents(tmp_path)
+    status = train_cpu("--resume", "--steps", "5", "-c", str(path))  # no --text: built-in corpus
     err = capsys.readouterr().err
     assert status == 2, err
     mine = text_digest(text.read_bytes())
@@ -61,16 +47,16 @@ def test_resume_on_other_data_is_refused_naming_both_digests(tmp_path, text, cap
     # Named by their hex digits, past the "v2:" of the form.
     assert mine[3:15] in err and builtin[3:15] in err and "--new-data" in err
     assert len(err.strip().splitlines()) == 1
-    assert listing(tmp_path) == before  # the checkpoint untouched, no lock file left
+    assert contents(tmp_path) == before  # the checkpoint untouched, no lock file left
 
 
 def test_new_data_is_recorded_where_it_changed(tmp_path, text, capsys):
     path = tmp_path / "bob.safetensors"
     other = tmp_path / "b.txt"
     other.write_bytes(b"0123456789" * 30)
-    assert train("--text", str(text), "--steps", "10", "-c", str(path)) == 0
-    assert train("--resume", "--new-data", "--text", str(other), "--steps", "5",
-                 "-c", str(path)) == 0
+    assert train_cpu("--text", str(text), "--steps", "10", "-c", str(path)) == 0
+    assert train_cpu("--resume", "--new-data", "--text", str(other), "--steps", "5",
+                     "-c", str(path)) == 0
     state = Checkpoint.load(path)
     new = text_digest(other.read_bytes())
     assert state.step == 15 and state.data_digest == new
@@ -79,12 +65,12 @@ def test_new_data_is_recorded_where_it_changed(tmp_path, text, capsys):
     assert state.optimum == pytest.approx(corpus.optimum(corpus.counts_from_bytes(
         other.read_bytes())))
     # The same data again needs no flag.
-    assert train("--resume", "--text", str(other), "--steps", "5", "-c", str(path)) == 0
+    assert train_cpu("--resume", "--text", str(other), "--steps", "5", "-c", str(path)) == 0
     assert len(Checkpoint.load(path).segments) == 2
 
 
 def test_new_data_without_resume_is_refused(tmp_path, text, capsys):
-    status = train("--new-data", "--text", str(text), "-c", str(tmp_path / "x.safetensors"))
+    status = train_cpu("--new-data", "--text", str(text), "-c", str(tmp_path / "x.safetensors"))
     assert status == 2
     assert "needs --resume" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
@@ -93,11 +79,11 @@ def test_new_data_without_resume_is_refused(tmp_path, text, capsys):
 # -- hyperparameters on resume -------------------------------------------------
 def test_a_stated_default_hyperparameter_is_honoured_on_resume(tmp_path, text):
     path = tmp_path / "bob.safetensors"
-    assert train("--text", str(text), "--steps", "10", "--lr", "0.05", "-c", str(path)) == 0
-    assert train("--text", str(text), "--resume", "--steps", "5", "-c", str(path)) == 0
+    assert train_cpu("--text", str(text), "--steps", "10", "--lr", "0.05", "-c", str(path)) == 0
+    assert train_cpu("--text", str(text), "--resume", "--steps", "5", "-c", str(path)) == 0
     assert Checkpoint.load(path).hyper.lr == 0.05  # not stated: the checkpoint's own
-    assert train("--text", str(text), "--resume", "--steps", "5", "--lr", "0.1",
-                 "-c", str(path)) == 0  # 0.1 is the default, stated: it counts
+    assert train_cpu("--text", str(text), "--resume", "--steps", "5", "--lr", "0.1",
+                     "-c", str(path)) == 0  # 0.1 is the default, stated: it counts
     state = Checkpoint.load(path)
     assert state.hyper == Hyper(lr=0.1)
     assert [(s.first_step, s.hyper.lr) for s in state.segments] == [(0, 0.05), (15, 0.1)]
@@ -108,10 +94,10 @@ def test_resume_runs_with_the_stated_hyperparameters(tmp_path, text):
     from the same state."""
     changed, reference = tmp_path / "changed.safetensors", tmp_path / "ref.safetensors"
     for path in (changed, reference):
-        assert train("--text", str(text), "--steps", "10", "--lr", "0.05", "-c",
-                     str(path)) == 0
-    assert train("--text", str(text), "--resume", "--steps", "5", "--beta1", "0.9",
-                 "--lr", "0.1", "-c", str(changed)) == 0
+        assert train_cpu("--text", str(text), "--steps", "10", "--lr", "0.05", "-c",
+                         str(path)) == 0
+    assert train_cpu("--text", str(text), "--resume", "--steps", "5", "--beta1", "0.9",
+                     "--lr", "0.1", "-c", str(changed)) == 0
     start = Checkpoint.load(reference)
     data = api.training_data([str(text)])
     from bob.backends import choose_backend
@@ -127,13 +113,13 @@ def test_resume_runs_with_the_stated_hyperparameters(tmp_path, text):
 
 def test_a_checkpoint_without_segments_resumes(tmp_path, text):
     path = tmp_path / "old.safetensors"
-    assert train("--text", str(text), "--steps", "10", "-c", str(path)) == 0
+    assert train_cpu("--text", str(text), "--steps", "10", "-c", str(path)) == 0
     state = Checkpoint.load(path)
     old = state.with_segments(())  # as Bob wrote before it kept segments
     old.save(path)
     assert Checkpoint.load(path).segments == ()
-    assert train("--text", str(text), "--resume", "--steps", "5", "--lr", "0.2",
-                 "-c", str(path)) == 0
+    assert train_cpu("--text", str(text), "--resume", "--steps", "5", "--lr", "0.2",
+                     "-c", str(path)) == 0
     assert Checkpoint.load(path).segments == (
         Segment(0, state.data_digest, Hyper()), Segment(10, state.data_digest, Hyper(lr=0.2)))
 
@@ -141,19 +127,19 @@ def test_a_checkpoint_without_segments_resumes(tmp_path, text):
 # -- one run per checkpoint ----------------------------------------------------
 def test_a_locked_checkpoint_is_refused_naming_the_holder(tmp_path, text, capsys):
     path = tmp_path / "bob.safetensors"
-    assert train("--text", str(text), "--steps", "5", "-c", str(path)) == 0
+    assert train_cpu("--text", str(text), "--steps", "5", "-c", str(path)) == 0
     capsys.readouterr()
     before = path.read_bytes()
     with checkpoint_lock(path):
         assert f"pid {os.getpid()}" in lock_path(path).read_text()
         for extra in (["--resume"], ["--overwrite"]):
-            status = train("--text", str(text), "--steps", "5", "-c", str(path), *extra)
+            status = train_cpu("--text", str(text), "--steps", "5", "-c", str(path), *extra)
             err = capsys.readouterr().err
             assert status == 2, err
             assert f"in use by another run (pid {os.getpid()} on " in err
             assert path.read_bytes() == before
     assert not lock_path(path).exists()
-    assert train("--text", str(text), "--resume", "--steps", "5", "-c", str(path)) == 0
+    assert train_cpu("--text", str(text), "--resume", "--steps", "5", "-c", str(path)) == 0
 
 
 # -- outputs checked before any work -------------------------------------------
@@ -168,24 +154,24 @@ def test_bad_output_paths_are_refused_before_training(tmp_path, text, capsys, ar
     args = [a.format(dir=tmp_path) for a in argv]
     if "-c" not in args:
         args += ["-c", str(tmp_path / "bob.safetensors")]
-    before = listing(tmp_path)
-    assert train("--text", str(text), "--steps", "5", *args) == 2
+    before = contents(tmp_path)
+    assert train_cpu("--text", str(text), "--steps", "5", *args) == 2
     err = capsys.readouterr().err
     assert message.format(dir=tmp_path) in err
-    assert listing(tmp_path) == before and not (tmp_path / "missing").exists()
+    assert contents(tmp_path) == before and not (tmp_path / "missing").exists()
 
 
 def test_steps_0_reports_only_what_it_wrote(tmp_path, text, capsys):
     path = tmp_path / "bob.safetensors"
-    assert train("--text", str(text), "--steps", "0", "-c", str(path), "--json") == 0
+    assert train_cpu("--text", str(text), "--steps", "0", "-c", str(path), "--json") == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     assert summary["checkpoint"] is None and summary["written"] == []
     assert "nothing (--steps 0)" in captured.err and str(path) not in captured.err
     assert sorted(os.listdir(tmp_path)) == ["a.txt"]
     result = tmp_path / "r.bin"
-    assert train("--text", str(text), "--steps", "0", "-c", str(path), "--json",
-                 "--result", str(result)) == 0
+    assert train_cpu("--text", str(text), "--steps", "0", "-c", str(path), "--json",
+                     "--result", str(result)) == 0
     assert json.loads(capsys.readouterr().out)["written"] == [str(result)]
     assert sorted(os.listdir(tmp_path)) == ["a.txt", "r.bin"]
 
@@ -198,11 +184,11 @@ def test_plot_refuses_a_bad_directory(tmp_path, capsys, target, message):
     Checkpoint.zeros(4).with_history(((0, 1.0),)).save(path)
     (tmp_path / "file").write_text("keep")
     (tmp_path / "plots" / "loss.png").mkdir(parents=True)
-    before = listing(tmp_path)
+    before = contents(tmp_path)
     assert main(["plot", "-c", str(path), "--out", str(tmp_path / target)]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "plots" / "transitions.png").exists()
-    assert listing(tmp_path) == before and not (tmp_path / "missing").exists()
+    assert contents(tmp_path) == before and not (tmp_path / "missing").exists()
 
 
 # -- a text whose optimum is 0 -------------------------------------------------
@@ -211,7 +197,7 @@ def test_a_text_with_zero_entropy_trains(tmp_path, capsys, content):
     source = tmp_path / "t.txt"
     source.write_bytes(content)
     path = tmp_path / "bob.safetensors"
-    assert train("--text", str(source), "--steps", "10", "-c", str(path), "--json") == 0
+    assert train_cpu("--text", str(source), "--steps", "10", "-c", str(path), "--json") == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     assert summary["optimum"] == 0 and summary["gap"] is None
@@ -273,8 +259,8 @@ def test_without_eval_every_each_invocation_prints_a_line(tmp_path, text, capsys
     validation = tmp_path / "val.txt"
     validation.write_bytes(b"the hat sat on the cat. " * 5)
     for extra in ((), ("--val-text", str(validation))):
-        assert train("--text", str(text), "--steps", "12", "-c", str(path), "--overwrite",
-                     *extra) == 0
+        assert train_cpu("--text", str(text), "--steps", "12", "-c", str(path), "--overwrite",
+                         *extra) == 0
         err = capsys.readouterr().err
         lines = [line for line in err.splitlines() if line.startswith("step ")]
         matches = [PROGRESS_LINE.fullmatch(line) for line in lines]
@@ -330,7 +316,7 @@ def test_a_signal_finishes_the_invocation_in_flight_and_saves_it(tmp_path, text,
     try:
         seen = wait_for_updates(path, 2 * per_invocation, process)
         # A second run on the same checkpoint is refused while this one holds it.
-        assert train("--text", str(text), "--resume", "-c", str(path)) == 2
+        assert train_cpu("--text", str(text), "--resume", "-c", str(path)) == 2
         assert f"in use by another run (pid {process.pid} on " in capsys.readouterr().err
         process.send_signal(signum)
         _, err = process.communicate(timeout=60)
@@ -369,7 +355,7 @@ def byte_model(tmp_path: Path) -> Path:
     source = tmp_path / "binary.txt"
     source.write_bytes(b"\xff\xfe" * 100 + b"xyz")
     path = tmp_path / "bytes.safetensors"
-    assert train("--text", str(source), "--steps", "100", "-c", str(path)) == 0
+    assert train_cpu("--text", str(source), "--steps", "100", "-c", str(path)) == 0
     return path
 
 
@@ -386,7 +372,7 @@ def test_generate_raw_writes_the_bytes_unchanged(byte_model, capsysbinary):
 
 def test_top_k_samples_only_the_k_likeliest(tmp_path, text, capsys):
     path = tmp_path / "bob.safetensors"
-    assert train("--text", str(text), "--steps", "50", "-c", str(path)) == 0
+    assert train_cpu("--text", str(text), "--steps", "50", "-c", str(path)) == 0
     greedy = api.generate(str(path), b"t", 200, 0.0, 0, "cpu")
     assert api.generate(str(path), b"t", 200, 5.0, 3, "cpu", top_k=1) == greedy
     rows = inference.forward(Checkpoint.load(path), range(256), "cpu").logit_rows
@@ -461,7 +447,7 @@ def test_a_killed_runs_lock_does_not_block_the_next(tmp_path, text):
             process.kill()
     assert lock_path(path).exists()
     step = Checkpoint.load(path).step
-    assert train("--text", str(text), "--resume", "--steps", "5", "-c", str(path)) == 0
+    assert train_cpu("--text", str(text), "--resume", "--steps", "5", "-c", str(path)) == 0
     assert Checkpoint.load(path).step == step + 5 and not lock_path(path).exists()
 
 

@@ -18,21 +18,18 @@ from bob.cli.main import main
 from bob.plan.jsonio import MAX_LAUNCHES, MAX_REGIONS, MAX_SUBMISSIONS, MAX_TENSORS, dumps
 from bob.program.bob import BobConfig, build_plan
 from bob.records.countsfile import CountsFile
-
-
-def listing(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+from conftest import contents
 
 
 def refused(capsys, directory: Path, argv: list[str], status: int = 2) -> str:
     """Run `bob argv`; check the status, one line on stderr, nothing written; the line."""
-    before = listing(directory)
+    before = contents(directory)
     got = main(argv)
     err = capsys.readouterr().err
     assert got == status, err
     assert err.startswith("bob") and len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err and "internal error" not in err, err
-    assert listing(directory) == before
+    assert contents(directory) == before
     return err.strip()
 
 

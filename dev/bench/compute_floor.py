@@ -29,17 +29,13 @@ import sys
 from dataclasses import dataclass
 
 from bob.backends import choose_backend
-from bob.backends.cuda.driver import bindings, call, initialize
-from bob.config import Hyper, Mode
-from bob.host.session import Session
-from bob.plan.certificate import require_certified
-from bob.program.bob import build_plan
+from bob.backends.cuda.driver import bindings, call, describe_device
+from bob.config import Mode
 from dev.bench.measurement import GOAL_COPY_BANDWIDTH, command_env
 from dev.bench.suite import copy_bandwidth
 from dev.bench.tables import BYTES_PER_PARAMETER
 from dev.cuda import variants
-from dev.cuda.bench_stream import LONG, SHORT, run_stream
-from dev.cuda.variants import load_input
+from dev.cuda.bench_stream import LONG, SHORT, invocation, run_stream
 
 SCHEDULERS_PER_SM = 4  # Hopper: four warp schedulers, each issuing one instruction a cycle
 KERNEL_NAMES = "regex:bob_fused"
@@ -60,14 +56,11 @@ class Issue:
 
     @staticmethod
     def of_device(ordinal: int = 0) -> Issue:
-        initialize()
-        device = call("cuDeviceGet", ordinal)
-        attribute = bindings().CUdevice_attribute
-        sms = int(call("cuDeviceGetAttribute",
-                       attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device))
-        khz = int(call("cuDeviceGetAttribute", attribute.CU_DEVICE_ATTRIBUTE_CLOCK_RATE,
-                       device))
-        return Issue(sms, khz * 1e3)
+        info = describe_device(ordinal)  # initializes the driver
+        khz = int(call("cuDeviceGetAttribute",
+                       bindings().CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLOCK_RATE,
+                       call("cuDeviceGet", ordinal)))
+        return Issue(info.multiprocessors, khz * 1e3)
 
 
 @dataclass(frozen=True)
@@ -87,17 +80,10 @@ def parse_case(text: str) -> tuple[int, Mode]:
 
 def run_child(vocab: int, mode: Mode, updates: int) -> None:
     """One invocation of `updates` updates from zero tables, on cuda: what ncu counts."""
-    choice = choose_backend("cuda")
-    config = variants.fused(vocab, mode, updates)
-    plan = build_plan(config, choice.target, Hyper(), compiled=choice.regions)
-    backend = choice.open(require_certified(plan))
-    try:
-        first = load_input(backend, config)
-        Session(choice).write_update_scalars(config, backend, 1)
-        backend.run(range(first, plan.submission_count))
+    with invocation(choose_backend("cuda"), variants.fused(vocab, mode, updates)) as (
+            backend, run, _):
+        run()
         backend.read_tensor("training_loss")  # the invocation has finished
-    finally:
-        backend.close()
 
 
 def ncu_count(vocab: int, mode: Mode, updates: int) -> Count:

@@ -35,10 +35,11 @@ import contextlib
 import functools
 import os
 import statistics
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import bob.program.bob as program
-from bob.backends import BackendChoice, choose_backend
+from bob.backends import Backend, BackendChoice, choose_backend
 from bob.config import Hyper, Mode
 from bob.host.session import Session
 from bob.plan.certificate import require_certified
@@ -110,10 +111,11 @@ class StreamRun:
                 f"{self.launches} launches of {self.region}; state {self.digest}")
 
 
-def time_invocation(choice: BackendChoice, config: BobConfig,
-                    digest: bool) -> tuple[float, str, int]:
-    """Zero tables, then a warm-up and three timed runs of the invocation, in turn: the
-    median's seconds, the state's digest (unless `digest` is false) and the launches."""
+@contextlib.contextmanager
+def invocation(choice: BackendChoice,
+               config: BobConfig) -> Iterator[tuple[Backend, Callable[[], None], int]]:
+    """The backend on the config's plan from zero tables, its input loaded and its first
+    update's scalars written: (the backend, a run of the invocation, its launches)."""
     plan = build_plan(config, choice.target, Hyper(), compiled=choice.regions)
     backend = choice.open(require_certified(plan))
     try:
@@ -121,11 +123,19 @@ def time_invocation(choice: BackendChoice, config: BobConfig,
             backend.write_tensor(name, bytes(plan.tensor(name).bytes))
         first = load_input(backend, config)
         Session(choice).write_update_scalars(config, backend, 1)
-        run = functools.partial(backend.run, range(first, plan.submission_count))
-        seconds = statistics.median(time_runs(run, lambda: None, repeats=3))
-        return seconds, state_digest(backend) if digest else "not digested", plan.launch_count
+        yield (backend, functools.partial(backend.run, range(first, plan.submission_count)),
+               plan.launch_count)
     finally:
         backend.close()
+
+
+def time_invocation(choice: BackendChoice, config: BobConfig,
+                    digest: bool) -> tuple[float, str, int]:
+    """A warm-up and three timed runs of the invocation, in turn: the median's seconds, the
+    state's digest (unless `digest` is false) and the launches."""
+    with invocation(choice, config) as (backend, run, launches):
+        seconds = statistics.median(time_runs(run, lambda: None, repeats=3))
+        return seconds, state_digest(backend) if digest else "not digested", launches
 
 
 def run_stream(choice: BackendChoice, config: BobConfig, digest: bool = False) -> StreamRun:
