@@ -150,7 +150,19 @@ def encode(instruction: Instruction, table: Table) -> bytes:
         for position, (slot, operand) in enumerate(zip(form.operands, instruction.operands,
                                                        strict=True)):
             word = _write_operand(form, position, slot, operand, word, table)
-        word = write_control(word, instruction.control)
+        ports = {slot.reuse for slot in form.operands if slot.reuse is not None}
+        stray = [port for port in range(4)
+                 if instruction.control.reuse >> port & 1 and port not in ports]
+        if stray:  # nvdisasm refuses these: the port reads no register here
+            raise EncodeError(f"{form.name}: reuse flag {stray[0]} names a port the form "
+                              "reads no register through")
+        control = instruction.control
+        if not form.variable_latency and (control.write is not None or control.read is not None):
+            # nvdisasm refuses it, and ptxas never sets one: nothing would release it.
+            raise EncodeError(f"{form.name}: a fixed-latency instruction takes no scoreboard")
+        if control.write is not None and not any(slot.written for slot in form.operands):
+            raise EncodeError(f"{form.name} writes no register: it takes no write scoreboard")
+        word = write_control(word, control)
     except FieldError as error:
         raise EncodeError(f"{form.name}: {error}") from None
     return word.to_bytes(INSTRUCTION_BYTES, "little")

@@ -176,8 +176,9 @@ def three_source(shape: str, flags: Source, *, style: str = "u",
     if first != "R":
         raise ValueError(f"three-source shape {shape!r}: one of b, c must be a register")
     c, fixed = port1(second, flags, style=style)
+    # b sits at 64..71 here but is still the second source: its reuse flag is port 1's.
     b = reg(C, neg=C_NEG if flags.neg else None, abs_=C_ABS if flags.abs_ else None,
-            reuse=2, count=count_b)
+            reuse=1, count=count_b)
     return THIRD_SOURCE_KINDS[second], [b, c], fixed
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from bob.isa.fields import Bits, Field, Form, Kind, Slot, bits
+from bob.isa.fields import Bits, Field, Form, Kind, Modifier, Slot, bits
 from bob.isa.forms import (
     A_NEG,
     BOOL_MOD,
@@ -51,7 +51,6 @@ from bob.isa.forms import (
     modifier,
     pdst,
     port1,
-    port2,
     pred,
     reg,
     three_source,
@@ -139,10 +138,15 @@ F2I_NTZ = Field("ntz", bits(77, 1), "NTZ (ptxas sets it on every F2I it writes)"
 WORD_SIZES = ((DST_SIZE, 2), (SRC_SIZE, 2))
 
 
+def _no_reuse(slot: Slot) -> Slot:
+    """The slot without a reuse port: the unit behind the opcode keeps no operand cache."""
+    return Slot(slot.kind, slot.fields, slot.written, None, slot.count, slot.style)
+
+
 def frnd(shapes: Iterable[str]) -> list[Form]:
     rounding = modifier(ROUND, _=0, FLOOR=1, CEIL=2, TRUNC=3)
     return [form(f"FRND.{k}", "FRND", alu_opcode(0x107, TWO_SOURCE_KINDS[k]),
-                 [dst(), port1(k, FLOAT, style="f")[0]], (FTZ_MOD, rounding),
+                 [dst(), _no_reuse(port1(k, FLOAT, style="f")[0])], (FTZ_MOD, rounding),
                  (*port1(k, FLOAT)[1], *WORD_SIZES), variable=True)
             for k in shapes]
 
@@ -151,7 +155,7 @@ def f2i(shapes: Iterable[str]) -> list[Form]:
     signed = modifier(F2I_SIGNED, _=1, U32=0)
     rounding = modifier(ROUND, _=0, FLOOR=1, CEIL=2, TRUNC=3)
     return [form(f"F2I.{k}", "F2I", alu_opcode(0x105, TWO_SOURCE_KINDS[k]),
-                 [dst(), port1(k, FLOAT, style="f")[0]],
+                 [dst(), _no_reuse(port1(k, FLOAT, style="f")[0])],
                  (FTZ_MOD, signed, rounding, flag(F2I_NTZ, "NTZ")),
                  (*port1(k, FLOAT)[1], *WORD_SIZES), variable=True)
             for k in shapes]
@@ -163,7 +167,8 @@ MUFU_MOD = modifier(MUFU_FUNCTION, COS=0, SIN=1, EX2=2, LG2=3, RCP=4, RSQ=5, SQR
 
 def mufu(shapes: Iterable[str]) -> list[Form]:
     return [form(f"MUFU.{k}", "MUFU", alu_opcode(0x108, TWO_SOURCE_KINDS[k]),
-                 [dst(), port1(k, FLOAT, style="f")[0]], (MUFU_MOD,), port1(k, FLOAT)[1],
+                 [dst(), _no_reuse(port1(k, FLOAT, style="f")[0])], (MUFU_MOD,),
+                 port1(k, FLOAT)[1],
                  variable=True)
             for k in shapes]
 
@@ -171,7 +176,7 @@ def mufu(shapes: Iterable[str]) -> list[Form]:
 def fchk(shapes: Iterable[str]) -> list[Form]:
     # P = the division a / b needs the slow path (denormal, overflow, special values).
     return [form(f"FCHK.PR{k}", "FCHK", alu_opcode(0x102, TWO_SOURCE_KINDS[k]),
-                 [pdst(), a_src(PLAIN), port1(k, PLAIN)[0]], (), port1(k, PLAIN)[1],
+                 [pdst(), reg(A), _no_reuse(port1(k, PLAIN)[0])], (), port1(k, PLAIN)[1],
                  variable=True)
             for k in shapes]
 
@@ -199,9 +204,9 @@ def iadd3_x(shapes: Iterable[str]) -> list[Form]:
     forms = []
     for shape in shapes:
         kinds, (b, c), fixed = three_source(shape, PLAIN, style="s")
-        forms.append(form(f"IADD3.X.RR{shape}PP", "IADD3", alu_opcode(0x010, kinds),
+        forms.append(form(f"IADD3.X.RR{shape}PP", "IADD3.X", alu_opcode(0x010, kinds),
                           [dst(), a_src(), b, c, pred(PSRC, PSRC_NOT), pred(PSRC2, PSRC2_NOT)],
-                          (flag(IADD3_X, "X"),), (*fixed, *NO_PDST, *NO_PDST2)))
+                          (), (*fixed, *NO_PDST, *NO_PDST2, (IADD3_X, 1))))
     return forms
 
 
@@ -228,7 +233,7 @@ def imad(shapes: Iterable[str], *, wide: bool = False) -> list[Form]:
         if shape[1] == "R":
             b = _unsigned(b)
         else:
-            b, c = reg(C, reuse=2), _unsigned(c)
+            b, c = reg(C, reuse=1), _unsigned(c)
         forms.append(form(f"{mnemonic}.RR{shape}", mnemonic, alu_opcode(opcode, kinds),
                           [dst(count), a_src(), b, c], (IMAD_SIGNED_MOD,),
                           (*fixed, *NO_PDST, *FALSE_PSRC)))
@@ -260,9 +265,10 @@ def lea_hi_x(shapes: Iterable[str]) -> list[Form]:
     forms = []
     for k in shapes:
         b, fixed = port1(k, PLAIN)
-        forms.append(form(f"LEA.HI.X.RR{k}RP", "LEA", alu_opcode(0x011, TWO_SOURCE_KINDS[k]),
-                          [dst(), a_src(), b, port2(), imm(LEA_SHIFT), pred(PSRC, PSRC_NOT)],
-                          (flag(LEA_HI, "HI"), flag(LEA_X, "X")), (*fixed, *NO_PDST)))
+        forms.append(form(f"LEA.HI.X.RR{k}RP", "LEA.HI.X",
+                          alu_opcode(0x011, TWO_SOURCE_KINDS[k]),
+                          [dst(), a_src(), b, reg(C), imm(LEA_SHIFT), pred(PSRC, PSRC_NOT)],
+                          (), (*fixed, *NO_PDST, (LEA_HI, 1), (LEA_X, 1))))
     return forms
 
 
@@ -271,10 +277,11 @@ def lea_hi_sx32(shapes: Iterable[str]) -> list[Form]:
     forms = []
     for k in shapes:
         b, fixed = port1(k, PLAIN)
-        forms.append(form(f"LEA.HI.SX32.RR{k}", "LEA", alu_opcode(0x011, TWO_SOURCE_KINDS[k]),
-                          [dst(), a_src(), b, imm(LEA_SHIFT)],
-                          (flag(LEA_HI, "HI"), flag(LEA_SX32, "SX32")),
-                          (*fixed, *NO_PDST, *FALSE_PSRC, (C, 0xFF))))
+        forms.append(form(f"LEA.HI.SX32.RR{k}", "LEA.HI.SX32",
+                          alu_opcode(0x011, TWO_SOURCE_KINDS[k]),
+                          [dst(), a_src(), b, imm(LEA_SHIFT)], (),
+                          (*fixed, *NO_PDST, *FALSE_PSRC, (C, 0xFF), (LEA_HI, 1),
+                           (LEA_SX32, 1))))
     return forms
 
 
@@ -327,7 +334,7 @@ def isetp(shapes: Iterable[str], *, extended: bool = False) -> list[Form]:
         mods = [INT_COMPARE_MOD, modifier(ISETP_SIGNED, _=1, U32=0), BOOL_MOD]
         if extended:
             ops.append(pred(PSRC3, PSRC3_NOT))
-            mods.append(flag(ISETP_EX, "EX"))
+            mods.append(Modifier(ISETP_EX, ((1, "EX"),)))
         else:
             fixed = (*fixed, (PSRC3, 7))
         forms.append(form(f"ISETP{'.EX' if extended else ''}.PPR{k}P{'P' if extended else ''}",
@@ -366,7 +373,8 @@ I2F_SIGNED = Field("signed", bits(74, 1), "the integer source is signed")
 def i2fp(shapes: Iterable[str]) -> list[Form]:
     """I2FP.F32.S32 / .U32: an integer to binary32."""
     return [form(f"I2FP.F32.{k}", "I2FP.F32", alu_opcode(0x045, TWO_SOURCE_KINDS[k]),
-                 [dst(), port1(k, PLAIN)[0]], (modifier(I2F_SIGNED, U32=0, S32=1), ROUND_MOD),
+                 [dst(), port1(k, PLAIN)[0]],
+                 (modifier(I2F_SIGNED, U32=0, S32=1), modifier(ROUND, _=0, RZ=3)),
                  (*port1(k, PLAIN)[1], *WORD_SIZES))
             for k in shapes]
 
@@ -385,7 +393,7 @@ def plop3() -> list[Form]:
 def hfma2_mma() -> list[Form]:
     """HFMA2.MMA d, a, b, (h1, h0): two binary16 FMAs; ptxas uses -RZ * RZ + c as a move."""
     return [form("HFMA2.MMA.RRRI", "HFMA2.MMA", alu_opcode(0x035, 2),
-                 [dst(), reg(A, neg=A_NEG, reuse=0), reg(C, reuse=2), imm(IMM32, "h")])]
+                 [dst(), reg(A, neg=A_NEG, reuse=0), reg(C, reuse=1), imm(IMM32, "h")])]
 
 
 # -- uniform datapath -------------------------------------------------------------------
@@ -447,7 +455,7 @@ REDUX_SIGNED = Field("signed", bits(73, 1), "the operands are signed (MIN, MAX)"
 def redux() -> list[Form]:
     """REDUX.op UR, R: a warp-wide reduction into a uniform register."""
     return [form("REDUX", "REDUX", 0x3C4, [udst(), reg(A)],
-                 (modifier(REDUX_OP, AND=0, OR=1, XOR=2, SUM=3, MIN=4, MAX=5),
+                 (modifier(REDUX_OP, _=0, OR=1, XOR=2, SUM=3, MIN=4, MAX=5),
                   modifier(REDUX_SIGNED, _=0, S32=1)), variable=True)]
 
 
@@ -461,6 +469,7 @@ def ulea() -> list[Form]:
 # -- constants, special registers -------------------------------------------------------
 LOAD_SIZE = Field("size", bits(73, 3), "the access size")
 LOAD_SIZE_MOD = modifier(LOAD_SIZE, U8=0, S8=1, U16=2, S16=3, _=4, **{"64": 5, "128": 6})
+CONSTANT_SIZE_MOD = modifier(LOAD_SIZE, U8=0, S8=1, U16=2, S16=3, _=4, **{"64": 5})
 
 
 LDC_MODE = Field("mode", bits(78, 2), "the indexing mode (0: plain)")
@@ -469,12 +478,12 @@ LDC_MODE = Field("mode", bits(78, 2), "the indexing mode (0: plain)")
 def ldc() -> list[Form]:
     """LDC d, c[bank][R + offset]: a constant word at a register index (RZ for none)."""
     word = Slot(Kind.CBUF, (("value", CB_OFFSET), ("bank", CB_BANK), ("index", A)), reuse=0)
-    return [form("LDC", "LDC", 0xB82, [dst(), word], (LOAD_SIZE_MOD,), ((LDC_MODE, 0),),
+    return [form("LDC", "LDC", 0xB82, [dst(), word], (CONSTANT_SIZE_MOD,), ((LDC_MODE, 0),),
                  variable=True)]
 
 
 def uldc() -> list[Form]:
-    return [form("ULDC", "ULDC", 0xAB9, [udst(), cbuf()], (LOAD_SIZE_MOD,))]
+    return [form("ULDC", "ULDC", 0xAB9, [udst(), cbuf()], (CONSTANT_SIZE_MOD,), uniform=True)]
 
 
 SPECIAL = Field("special", bits(72, 8), "the special register")
@@ -487,7 +496,7 @@ def s2r() -> list[Form]:
 
 def s2ur() -> list[Form]:
     return [form("S2UR", "S2UR", 0x9C3, [udst(), Slot(Kind.SREG, (("value", SPECIAL),))],
-                 variable=True)]
+                 variable=True, uniform=True)]
 
 
 # -- memory -----------------------------------------------------------------------------
@@ -505,19 +514,18 @@ DESC_BITS = Field("desc_bits", bits(90, 2), "the descriptor form (3 in ptxas's c
 
 
 def gmem(desc: Field) -> Slot:
-    return Slot(Kind.GMEM, (("value", A), ("offset", MEM_OFFSET), ("desc", desc)), reuse=0,
-                count=2)
+    return Slot(Kind.GMEM, (("value", A), ("offset", MEM_OFFSET), ("desc", desc)), count=2)
 
 
 def ldg() -> list[Form]:
     return [form("LDG.E", "LDG.E", 0x981, [dst(), gmem(DESC_LOAD)],
-                 (LOAD_SIZE_MOD, EVICTION_MOD),
+                 (EVICTION_MOD, LOAD_SIZE_MOD),
                  ((MEM_WIDE, 1), (GLOBAL_E, 1), (PDST, 7), (DESC_BITS, 3)), variable=True)]
 
 
 def stg() -> list[Form]:
-    return [form("STG.E", "STG.E", 0x986, [gmem(DESC_STORE), reg(B, reuse=1)],
-                 (LOAD_SIZE_MOD, EVICTION_MOD), ((MEM_WIDE, 1), (GLOBAL_E, 1), (DESC_BITS, 3)),
+    return [form("STG.E", "STG.E", 0x986, [gmem(DESC_STORE), reg(B)],
+                 (EVICTION_MOD, LOAD_SIZE_MOD), ((MEM_WIDE, 1), (GLOBAL_E, 1), (DESC_BITS, 3)),
                  variable=True)]
 
 
@@ -528,7 +536,7 @@ def smem(ubase: Field | None = None) -> Slot:
     roles = [("value", A), ("offset", MEM_OFFSET), ("x4", SMEM_X4)]
     if ubase is not None:
         roles.append(("ubase", ubase))
-    return Slot(Kind.SMEM, tuple(roles), reuse=0)
+    return Slot(Kind.SMEM, tuple(roles))
 
 
 # A shared address may add a uniform register (bit 91 says so): at 32..39 for a
@@ -544,9 +552,9 @@ def lds() -> list[Form]:
 
 
 def sts() -> list[Form]:
-    return [form("STS", "STS", 0x388, [smem(), reg(B, reuse=1)], (LOAD_SIZE_MOD,),
+    return [form("STS", "STS", 0x388, [smem(), reg(B)], (LOAD_SIZE_MOD,),
                  variable=True),
-            form("STS.U", "STS", 0x388, [smem(SMEM_USTORE), reg(B, reuse=1)], (LOAD_SIZE_MOD,),
+            form("STS.U", "STS", 0x988, [smem(SMEM_USTORE), reg(B)], (LOAD_SIZE_MOD,),
                  ((UNIFORM, 1),), variable=True)]
 
 
@@ -561,10 +569,11 @@ def shfl() -> list[Form]:
     shapes = {"RR": 0x389, "RI": 0x589, "IR": 0x989, "II": 0xF89}
     forms = []
     for shape, opcode in shapes.items():
-        lane = reg(B, reuse=1) if shape[0] == "R" else imm(SHFL_LANE)
-        clamp = port2() if shape[1] == "R" else imm(SHFL_CLAMP)
+        # No reuse flags: nvdisasm refuses them on SHFL.
+        lane = reg(B) if shape[0] == "R" else imm(SHFL_LANE)
+        clamp = reg(C) if shape[1] == "R" else imm(SHFL_CLAMP)
         forms.append(form(f"SHFL.PRR{shape}", "SHFL", opcode,
-                          [pdst(), dst(), a_src(), lane, clamp], (SHFL_MOD,), variable=True))
+                          [pdst(), dst(), reg(A), lane, clamp], (SHFL_MOD,), variable=True))
     return forms
 
 
@@ -574,8 +583,8 @@ BAR_DEFER = Field("defer", bits(80, 1), "DEFER_BLOCKING (set by ptxas on every b
 
 
 def bar() -> list[Form]:
-    return [form("BAR.SYNC.I", "BAR.SYNC", 0xB1D, [imm(BAR_ID)],
-                 (flag(BAR_DEFER, "DEFER_BLOCKING"),), variable=True)]
+    return [form("BAR.SYNC.I", "BAR.SYNC.DEFER_BLOCKING", 0xB1D, [imm(BAR_ID)], (),
+                 ((BAR_DEFER, 1),), variable=True)]
 
 
 BRANCH_PSRC = ((PSRC, 7),)
@@ -624,7 +633,7 @@ def ret(offset: Field) -> list[Form]:
                  (*BRANCH_PSRC, (CALL_RELATIVE, 1)))]
 
 
-TRAP_CODE = Field("code", bits(34, 20), "the breakpoint's code")
+TRAP_CODE = Field("code", bits(34, 3), "the breakpoint's code")
 TRAP_MODE = Field("trap", bits(84, 2), "TRAP (3): stop the grid with an error")
 
 

@@ -40,6 +40,9 @@ SPECIAL_REGISTERS = {
     0x88: "SR_CgaCtaId",
 }
 
+# Opcodes whose carry or result predicate nvdisasm leaves out when it is PT.
+HIDES_PT_RESULT = {"IADD3", "LEA", "LOP3.LUT"}
+
 # nvdisasm switches a binary32 immediate to exponent form from this magnitude.
 EXPONENT_FROM = 1e9
 
@@ -133,7 +136,10 @@ def operand_text(slot: Slot, operand: Operand, reuse: int, pc: int,
         return f"0x{pc + INSTRUCTION_BYTES + operand.offset:x}"
     if isinstance(operand, GMem):
         base = ("RZ" if operand.base == RZ else f"R{operand.base}") + ".64"
-        inner = f"[{_address(base + ('.reuse' if reused else ''), operand.offset)}]"
+        # A negative global offset prints as "+-0x8" (nvdisasm's way).
+        offset = f"+-0x{-operand.offset:x}" if operand.offset < 0 else (
+            f"+0x{operand.offset:x}" if operand.offset else "")
+        inner = f"[{base}{'.reuse' if reused else ''}{offset}]"
         if table is not None and not table.prints_descriptor:
             return inner
         return f"desc[UR{operand.desc}]{inner}"
@@ -158,16 +164,18 @@ def mnemonic(form: Form, instruction: Instruction) -> str:
     if name == "IMAD":
         alias = _imad_alias(instruction)
         if alias:
-            if alias == "IADD" and "U32" in modifiers:
-                modifiers.remove("U32")
             name = f"IMAD.{alias}"
     return ".".join([name, *modifiers])
 
 
 def _imad_alias(instruction: Instruction) -> str | None:
     _, a, b, c = instruction.operands
-    if isinstance(a, Reg) and isinstance(b, Reg) and a.index == RZ and b.index == RZ \
-            and not isinstance(c, UReg):
+    if isinstance(b, UReg) or isinstance(c, UReg):
+        return None  # nvdisasm names no alias with a uniform source
+    # A zero product, or a * 1 + 0: nvdisasm calls it a move.
+    zero = (isinstance(a, Reg) and a.index == RZ) or (isinstance(b, Reg) and b.index == RZ)
+    if zero or (isinstance(b, Imm) and b.value == 1 and isinstance(c, Reg) and c.index == RZ
+                and not c.neg):
         return "MOV"
     if isinstance(b, Imm) and b.value == 1:
         return "IADD"
@@ -185,9 +193,14 @@ def render(instruction: Instruction, table: Table, pc: int = 0) -> str:
     if guard.index != PT or guard.inverted:
         shown = UPred(guard.index, guard.inverted) if form.uniform_guard else guard
         prefix = "@" + operand_text(Slot(Kind.PRED, ()), shown, 0, pc) + " "
+    shown = [(slot, operand) for slot, operand in zip(form.operands, instruction.operands,
+                                                      strict=True)
+             if not (form.mnemonic in HIDES_PT_RESULT and slot.written
+                     and isinstance(operand, Pred) and operand.index == PT)
+             and not (form.mnemonic == "BRA" and operand == Pred(PT))
+             and not (form.mnemonic == "BPT.TRAP" and operand == Imm(0))]
     operands = ", ".join(operand_text(slot, operand, instruction.control.reuse, pc, table)
-                         for slot, operand in zip(form.operands, instruction.operands,
-                                                  strict=True))
+                         for slot, operand in shown)
     if form.mnemonic == "RET.REL.NODEC":  # nvdisasm prints no comma before the target
         operands = operands.replace(", ", " ")
     text = prefix + mnemonic(form, instruction)
