@@ -1,0 +1,330 @@
+"""Check a program's scheduling controls against a latency and scoreboard model.
+
+Volta and later GPUs do not interlock fixed-latency results: an instruction
+that reads a register before its producer's latency has passed reads the old
+value, silently. Variable-latency results (loads, the multi-function unit,
+conversions, shuffles) arrive through a scoreboard that the reader must wait
+on. The checker walks every path of the program (branches, calls and returns
+followed, states merged where paths meet) and reports:
+
+- ``fixed-latency``: a register (or predicate) read fewer cycles after its
+  fixed-latency producer issued than the producer's latency;
+- ``unwaited-read``: a read of a register whose variable-latency write is
+  pending on a scoreboard not waited for since. A result written with no
+  scoreboard is covered by the next one a later instruction of the same opcode
+  sets (ptxas relies on loads of one kind completing in order: eight LDS, every
+  second with a scoreboard); until then no wait covers it;
+- ``unwaited-overwrite``: a write to a register a pending variable-latency
+  instruction will still write (its late result would land on top) or still
+  read (its read scoreboard not waited for);
+- ``early-wait``: a wait on a scoreboard by the instruction right after the one
+  that sets it, whose stall is too short for the scoreboard to be set yet.
+
+The model is conservative (the latencies in `FIXED_LATENCY` are upper bounds
+of what the hardware needs, checked to be no more than ptxas allows itself),
+so a schedule it accepts is safe by it; instructions outside Bob's subset are
+opaque: their waits and scoreboards count, their registers are not known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from bob.isa.codec import NotInSubset, decode
+from bob.isa.control import SCOREBOARDS, Control, read_control
+from bob.isa.fields import INSTRUCTION_BYTES, Kind, Table
+from bob.isa.model import PT, RZ, URZ, CBuf, GMem, Instruction, SMem, Target
+
+# Cycles from issue until a fixed-latency result can be read. The ALU pipes
+# (integer, binary32, logic, compares) take 4 cycles on Volta through Hopper
+# (Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via
+# Microbenchmarking"). Shorter figures are what ptxas itself relies on in the
+# corpus of Bob's kernels (the black-box evidence: its code is correct): the
+# uniform datapath's results are read 2 cycles on, IMAD.WIDE's 3.
+DEFAULT_LATENCY = 4
+UNIFORM_LATENCY = 2
+FIXED_LATENCY = {
+    "IMAD.WIDE": 3,
+}
+# Sources read some cycles after issue: IMAD.WIDE's addend (port 2), 2 cycles
+# later, so its producer may issue that much closer (ptxas does).
+LATE_PORT2 = {"IMAD.WIDE": 2}
+# A scoreboard is set a cycle after its instruction issues: an instruction that
+# waits on it must issue at least this many cycles later.
+SCOREBOARD_SETUP = 2
+WIDE_SIZES = {"64": 2, "128": 4}
+
+Register = tuple[str, int]  # ("R", 5), ("P", 0), ("UR", 4), ("UP", 1)
+
+
+@dataclass(frozen=True)
+class Hazard:
+    pc: int
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"0x{self.pc:04x}: {self.rule}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What one instruction reads and writes, and how its results arrive."""
+
+    reads: frozenset[Register]
+    writes: frozenset[Register]
+    late: tuple[tuple[Register, int], ...]  # sources read this many cycles after issue
+    variable: bool
+    latency: int
+    known: bool  # False for an instruction outside the subset (opaque)
+    queue: str = ""  # the in-order queue of a variable-latency instruction (its opcode)
+
+
+@dataclass
+class State:
+    """The machine between two instructions on one path."""
+
+    ready: dict[Register, int] = field(default_factory=dict)  # cycles until readable
+    pending_write: dict[Register, frozenset[int]] = field(default_factory=dict)
+    pending_read: dict[Register, frozenset[int]] = field(default_factory=dict)
+    # Results written with no scoreboard, by queue, until a later instruction of
+    # the queue sets one: its completion implies theirs (the queue is in order).
+    orphans: dict[str, frozenset[Register]] = field(default_factory=dict)
+
+    def copy(self) -> State:
+        return State(dict(self.ready), dict(self.pending_write), dict(self.pending_read),
+                     dict(self.orphans))
+
+    def merge(self, other: State) -> bool:
+        """Take the worse of both; True if anything changed."""
+        changed = False
+        for name in ("pending_write", "pending_read"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            for register, boards in theirs.items():
+                union = mine.get(register, frozenset()) | boards
+                if union != mine.get(register):
+                    mine[register] = union
+                    changed = True
+        for queue, registers in other.orphans.items():
+            union = self.orphans.get(queue, frozenset()) | registers
+            if union != self.orphans.get(queue):
+                self.orphans[queue] = union
+                changed = True
+        for register, cycles in other.ready.items():
+            if cycles > self.ready.get(register, 0):
+                self.ready[register] = cycles
+                changed = True
+        return changed
+
+    def advance(self, cycles: int) -> None:
+        self.ready = {r: c - cycles for r, c in self.ready.items() if c > cycles}
+
+    def wait(self, mask: int) -> None:
+        for name in ("pending_write", "pending_read"):
+            table = getattr(self, name)
+            for register in list(table):
+                left = frozenset(b for b in table[register] if not mask >> b & 1)
+                if left:
+                    table[register] = left
+                else:
+                    del table[register]
+
+
+def _names(kind: Kind, index: int, count: int) -> list[Register]:
+    if kind in (Kind.REG, Kind.GMEM, Kind.SMEM):
+        return [("R", index + i) for i in range(count) if index + i != RZ]
+    if kind is Kind.UREG:
+        return [("UR", index + i) for i in range(count) if index + i != URZ]
+    if kind is Kind.PRED:
+        return [] if index == PT else [("P", index)]
+    if kind is Kind.UPRED:
+        return [] if index == PT else [("UP", index)]
+    return []
+
+
+def effects(instruction: Instruction, table: Table) -> Effects:
+    form = table.form(instruction.form)
+    size = next((WIDE_SIZES[m] for m in instruction.modifiers if m in WIDE_SIZES), 1)
+    reads: set[Register] = set()
+    writes: set[Register] = set()
+    late: list[tuple[Register, int]] = []
+    if instruction.guard.index != PT:
+        reads.add(("UP" if form.uniform_guard else "P", instruction.guard.index))
+    for slot, operand in zip(form.operands, instruction.operands, strict=True):
+        index = getattr(operand, "index", getattr(operand, "base", None))
+        if isinstance(operand, CBuf):
+            if operand.index is not None:
+                reads.update(_names(Kind.REG, operand.index, 1))
+            continue
+        if index is None:
+            continue
+        data = slot.kind in (Kind.REG, Kind.UREG) and form.mnemonic in _SIZED
+        count = slot.count * (size if data else 1)
+        names = _names(slot.kind, index, count)
+        (writes if slot.written else reads).update(names)
+        if not slot.written and slot.reuse == 2 and form.mnemonic in LATE_PORT2:
+            late.extend((name, LATE_PORT2[form.mnemonic]) for name in names)
+        if isinstance(operand, SMem) and operand.ubase is not None:
+            reads.update(_names(Kind.UREG, operand.ubase, 1))
+        if isinstance(operand, GMem):
+            reads.update(_names(Kind.UREG, operand.desc, 2))
+    uniform = form.mnemonic.startswith("U")
+    latency = FIXED_LATENCY.get(form.mnemonic, UNIFORM_LATENCY if uniform else DEFAULT_LATENCY)
+    opcode = form.mnemonic.split(".")[0]
+    return Effects(frozenset(reads), frozenset(writes), tuple(late), form.variable_latency,
+                   latency, True, QUEUES.get(opcode, opcode))
+
+
+# Variable-latency opcodes that complete in one order: the conversions and the
+# multi-function unit share one (ptxas covers an F2I result by a later FRND's
+# scoreboard); every other opcode is its own queue.
+QUEUES = {"F2I": "conversion", "FRND": "conversion", "MUFU": "conversion",
+          "I2FP": "conversion"}
+
+# Forms whose register data operand widens with a .64 / .128 size modifier.
+_SIZED = {"LDG.E", "STG.E", "LDS", "STS", "LDC", "ULDC"}
+OPAQUE = Effects(frozenset(), frozenset(), (), False, 0, False)
+# A variable-latency result written with no scoreboard: no wait can make it safe.
+NEVER = SCOREBOARDS
+
+
+@dataclass(frozen=True)
+class Step:
+    pc: int
+    control: Control
+    instruction: Instruction | None
+    effects: Effects
+    successors: tuple[int, ...]  # indices of the instructions that may follow
+
+
+def _steps(code: bytes, table: Table) -> list[Step]:
+    count = len(code) // INSTRUCTION_BYTES
+    decoded: list[tuple[Control, Instruction | None]] = []
+    for index in range(count):
+        raw = code[index * INSTRUCTION_BYTES:(index + 1) * INSTRUCTION_BYTES]
+        control = read_control(int.from_bytes(raw, "little"))
+        try:
+            decoded.append((control, decode(raw, table)))
+        except NotInSubset:
+            decoded.append((control, None))
+    returns = [i + 1 for i, (_, ins) in enumerate(decoded)
+               if ins is not None and table.form(ins.form).mnemonic == "CALL.REL.NOINC"
+               and i + 1 < count]
+    steps = []
+    for index, (control, instruction) in enumerate(decoded):
+        pc = index * INSTRUCTION_BYTES
+        if instruction is None:
+            successors = (index + 1,) if index + 1 < count else ()
+            steps.append(Step(pc, control, None, OPAQUE, successors))
+            continue
+        steps.append(Step(pc, control, instruction, effects(instruction, table),
+                          _successors(index, instruction, table, count, returns)))
+    return steps
+
+
+def _successors(index: int, instruction: Instruction, table: Table, count: int,
+                returns: list[int]) -> tuple[int, ...]:
+    mnemonic = table.form(instruction.form).mnemonic
+    conditional = instruction.guard.index != PT or instruction.guard.inverted
+    following = [index + 1] if index + 1 < count else []
+    targets = [index + 1 + t.offset // INSTRUCTION_BYTES for t in instruction.operands
+               if isinstance(t, Target)]
+    targets = [t for t in targets if 0 <= t < count]
+    if mnemonic == "BRA":
+        conditional = conditional or len(instruction.operands) == 2
+        return tuple(targets + (following if conditional else []))
+    if mnemonic == "CALL.REL.NOINC":
+        return tuple(targets)
+    if mnemonic == "RET.REL.NODEC":
+        return tuple(returns + (following if conditional else []))
+    if mnemonic in ("EXIT", "BPT.TRAP"):
+        return tuple(following if conditional else [])
+    return tuple(following)
+
+
+def check(code: bytes, table: Table) -> list[Hazard]:
+    """Every hazard the model finds in `code` (one kernel's machine code), by address."""
+    steps = _steps(code, table)
+    if not steps:
+        return []
+    states: dict[int, State] = {0: State()}
+    work = [0]
+    hazards: dict[tuple[int, str, str], Hazard] = {}
+    while work:
+        index = work.pop()
+        step = steps[index]
+        after = _step(step, states[index].copy(), steps, index, hazards)
+        for successor in step.successors:
+            if successor not in states:
+                states[successor] = after.copy()
+                work.append(successor)
+            elif states[successor].merge(after):
+                work.append(successor)
+    return sorted(hazards.values(), key=lambda h: (h.pc, h.rule))
+
+
+def _step(step: Step, state: State, steps: list[Step], index: int,
+          hazards: dict[tuple[int, str, str], Hazard]) -> State:
+    def report(rule: str, message: str) -> None:
+        hazards.setdefault((step.pc, rule, message), Hazard(step.pc, rule, message))
+
+    control = step.control
+    if index > 0 and control.wait:
+        previous = steps[index - 1]
+        setters = {b for b in (previous.control.write, previous.control.read) if b is not None}
+        early = {b for b in setters if control.waits_on(b)}
+        if early and max(previous.control.stall, 1) < SCOREBOARD_SETUP:
+            report("early-wait", f"waits on scoreboard {min(early)} set by the instruction "
+                                 f"before, whose stall {previous.control.stall} is under "
+                                 f"{SCOREBOARD_SETUP}")
+    state.wait(control.wait)
+    fx = step.effects
+    allowance = dict(fx.late)
+    for register in sorted(fx.reads):
+        cycles = state.ready.get(register, 0) - allowance.get(register, 0)
+        if cycles > 0:
+            report("fixed-latency", f"reads {_name(register)} {cycles} cycle(s) too early")
+        boards = state.pending_write.get(register)
+        if boards and NEVER in boards:
+            report("unwaited-read", f"reads {_name(register)}, a variable-latency result "
+                                    "written with no scoreboard")
+        elif boards:
+            report("unwaited-read", f"reads {_name(register)} before its variable-latency "
+                                    f"write (scoreboard {_boards(boards)}) is waited for")
+    for register in sorted(fx.writes):
+        boards = state.pending_write.get(register, frozenset()) | \
+            state.pending_read.get(register, frozenset())
+        if boards:
+            report("unwaited-overwrite", f"writes {_name(register)} while scoreboard "
+                                         f"{_boards(boards)} still covers it")
+    if fx.variable and control.write is not None:
+        for register in state.orphans.pop(fx.queue, frozenset()):
+            if NEVER in state.pending_write.get(register, frozenset()):
+                state.pending_write[register] = frozenset({control.write})
+    if fx.variable and control.write is None and fx.writes:
+        state.orphans[fx.queue] = state.orphans.get(fx.queue, frozenset()) | fx.writes
+    for register in fx.writes:
+        state.pending_write.pop(register, None)
+        state.pending_read.pop(register, None)
+        state.ready.pop(register, None)
+        if fx.variable:
+            board = NEVER if control.write is None else control.write
+            state.pending_write[register] = frozenset({board})
+        else:
+            state.ready[register] = fx.latency
+    if control.read is not None:
+        # Predicates (the guard among them) are read at issue; registers may be read late.
+        for register in fx.reads - {r for r in fx.reads if r[0] in ("P", "UP")}:
+            state.pending_read[register] = state.pending_read.get(register, frozenset()) | {
+                control.read}
+    state.advance(max(control.stall, 1))
+    return state
+
+
+def _name(register: Register) -> str:
+    return f"{register[0]}{register[1]}"
+
+
+def _boards(boards: Iterable[int]) -> str:
+    return ",".join(str(b) for b in sorted(boards) if b < SCOREBOARDS)
