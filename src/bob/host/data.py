@@ -22,6 +22,7 @@ import numpy as np
 
 from bob.config import MAX_VOCAB
 from bob.errors import BadInput
+from bob.files import check_output_file
 from bob.records import corpus, counting, sources
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Ranges, symbol_ranges
@@ -247,6 +248,7 @@ def count(spec: CorpusSpec, out: str, overwrite: bool = False, workers: int | No
     """Count a corpus into a counts file (`bob count`)."""
     if spec.counts:
         raise BadInput("bob count reads text or token files, not a counts file")
+    check_output_file(out, "counts file")  # before the count, which may take hours
     if os.path.exists(out) and not overwrite:
         raise BadInput(f"{out}: exists; pass --overwrite to replace it")
     if workers is not None and workers < 1:
