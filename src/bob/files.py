@@ -3,6 +3,12 @@ before any work, atomic writes.
 
 Ground floor: it imports only ``bob.errors``, so any layer may use it.
 
+A file Bob reads is a regular file; a FIFO, socket or device is refused unopened
+(opening a FIFO blocks until a writer comes). Data inputs (texts, token files,
+input records) also take a stream: a pipe (bash's ``<(...)``), a FIFO or a
+character device, read through once. A stream has no size up front, so its
+reader bounds what it reads and names the bound when a stream goes past it.
+
 An atomic write goes to a temporary file in the target's directory, is flushed
 and fsynced, renamed over the target, and the directory is fsynced, so a crash
 at any moment leaves either the old file or the new one, never a mix. A failed
@@ -31,6 +37,7 @@ Writer = Callable[[BinaryIO], None]
 StrPath = str | os.PathLike[str]
 
 TEMP_SUFFIX = ".tmp"
+READ_CHUNK = 1 << 24  # a stream read whole comes in pieces of 16 MiB
 # Inode flags that chattr sets (linux/fs.h): the rename over such a file fails, even as root.
 FS_IOC_GETFLAGS = 0x80006601 | (struct.calcsize("l") << 16)  # _IOR('f', 1, long)
 FS_IMMUTABLE_FL = 0x10
@@ -92,6 +99,63 @@ def read_bytes(path: StrPath, what: str = "file") -> bytes:
     """The whole file; BadInput naming it when it is missing or unreadable."""
     with reading(path, what) as file:
         return file.read()
+
+
+def stream_kind(path: StrPath) -> str | None:
+    """"a FIFO" or "a character device" where `path` is one, to be read as a stream (a
+    pipe, bash's <(...), /dev/stdin); None otherwise, and where stat fails (the open then
+    says why)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+        return special_kind(mode)
+    return None
+
+
+@contextlib.contextmanager
+def reading_input(path: StrPath, what: str = "file") -> Iterator[BinaryIO]:
+    """`path` open for binary reading as `reading` opens it, except that a stream (a FIFO
+    or a character device, `stream_kind`) is opened too: a data input read through once,
+    whose open waits for the pipe's writer as any reader of a pipe does."""
+    if stream_kind(path) is None:
+        with reading(path, what) as file:
+            yield file
+        return
+    try:
+        with open(path, "rb") as file:  # noqa: PTH123  # the same open as reading()'s
+            yield file
+    except OSError as error:
+        raise unreadable(path, error, what) from None
+
+
+def read_bounded(file: BinaryIO, name: str, limit: int, bound: str) -> bytes:
+    """All of a stream, read a piece at a time; past `limit` bytes, BadInput naming the
+    bound (`bound` says what it is), before the stream can fill memory."""
+    pieces = []
+    total = 0
+    while piece := file.read(min(READ_CHUNK, limit + 1 - total)):
+        total += len(piece)
+        if total > limit:
+            raise stream_too_long(name, limit, bound)
+        pieces.append(piece)
+    return b"".join(pieces)
+
+
+def stream_too_long(name: str, limit: int, bound: str) -> BadInput:
+    """The one line for a stream that goes on past `limit` bytes (`bound` says what that
+    is): /dev/zero, say, never ends."""
+    return BadInput(f"{name}: the stream goes on past {limit:,} bytes ({size_text(limit)}), "
+                    f"{bound}")
+
+
+def size_text(size: int) -> str:
+    """A size in the binary unit that fits: 512 B, 16 MiB, 64 GiB."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.3g} {unit}"
+    return f"{size} B"
 
 
 def make_directory(path: StrPath) -> None:

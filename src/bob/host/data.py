@@ -80,21 +80,15 @@ def count_corpus(spec: CorpusSpec, workers: int | None = None,
     vocab = spec.vocab if spec.vocab is not None else corpus.BYTE_VOCAB
     found = sources.resolve(spec.texts or spec.tokens,
                             spec.token_dtype if spec.tokens else None)
-    seen = [0]  # bytes counted: standard input's size is known only afterwards
-
-    def tracking(done: int) -> None:
-        seen[0] += done
-        if progress is not None:
-            progress(done)
-
+    streamed: dict[str, int] = {}  # a stream's size is known only once it has ended
     if dask is None:
-        counts = counting.count_sources(found, vocab, workers, progress=tracking)
+        counts = counting.count_sources(found, vocab, workers, progress=progress,
+                                        stream_bytes=streamed)
     else:
         from bob.records.dask_count import count_on_dask
         counts = count_on_dask(found, vocab, None if dask == "local" else dask,
-                               workers=dask_workers, progress=tracking)
-    stdin_bytes = seen[0] - sum(s.tokens * s.itemsize for s in found if not s.is_stdin)
-    return CountsFile.of(counts, [(s.name, stdin_bytes if s.is_stdin else s.size)
+                               workers=dask_workers, progress=progress)
+    return CountsFile.of(counts, [(s.name, streamed[s.name] if s.is_stream else s.size)
                                   for s in found])
 
 
