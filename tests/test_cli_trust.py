@@ -502,7 +502,8 @@ def test_the_executable_ends_at_once_with_its_output_whole_and_its_status(tmp_pa
     assert trained.returncode == 0, trained.stderr
     assert json.loads(trained.stdout)["steps"] == 20
     assert Checkpoint.load(str(tmp_path / "bob.safetensors")).step == 20
-    refused = _executable("train", "--input", "missing.bin", "--backend", "cpu", cwd=tmp_path)
+    refused = _executable("train", "--input", "missing.bin", "--backend", "cpu",
+                          "-c", "new.safetensors", cwd=tmp_path)
     assert refused.returncode == 2
     assert "missing.bin" in refused.stderr and refused.stdout == ""
 

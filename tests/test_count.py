@@ -448,5 +448,5 @@ def test_a_small_corpus_is_counted_without_numba(tmp_path: Path) -> None:
                           check=True)
     assert done.stdout.strip() == "False"
     assert counting.default_engine(1 << 20) == "numpy"
-    assert counting.default_engine(1 << 20, reads_stdin=True) == counting.ENGINES[0]
+    assert counting.default_engine(1 << 20, reads_stream=True) == counting.ENGINES[0]
     assert counting.default_engine(counting.COMPILED_MIN_BYTES) == counting.ENGINES[0]

@@ -18,7 +18,7 @@ import pytest
 
 from bob.backends.nv import decoder, encoder
 from bob.backends.nv import fields_generated as g
-from bob.backends.nv.encoder import EncodeError, emit, encode, encode_qmd
+from bob.backends.nv.encoder import EncodeError, emitted, encode, encode_qmd
 from bob.backends.nv.pushbuffer import (
     AMPERE_CHANNEL_GPFIFO_A,
     HOPPER_CHANNEL_GPFIFO_A,
@@ -503,19 +503,19 @@ def test_encoder_refuses_a_plan_inside_a_memory_window():
         encode(plan)
 
 
-def test_emit_writes_every_component_and_an_index(plan, tmp_path):
+def test_emit_holds_every_component_and_an_index(plan):
     encoded = encode(plan)
-    paths = emit(encoded, tmp_path / "out")
-    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    files = emitted(encoded)
+    index = json.loads(files["index.json"])
     assert index["format"] == "bob-nv-components" and index["version"] == 3
     assert index["submission_policy"] == plan.submission_policy == "per-launch"
     assert index["semaphores"]["submission_slots"] == f"0x{encoded.submission_semaphore(0):x}"
     assert index["semaphores"]["slot_bytes"] == 16
     assert index["target"] == plan.target.name
-    assert {p.name for p in paths} == {"program.bin", "qmd-table.bin", "pushbuffer.bin",
-                                       "gpfifo.bin", "semaphores.bin", "index.json"}
+    assert set(files) == {"program.bin", "qmd-table.bin", "pushbuffer.bin", "gpfifo.bin",
+                          "semaphores.bin", "index.json"}
     for component, listed in zip(encoded.components, index["components"], strict=True):
-        assert (tmp_path / "out" / listed["file"]).read_bytes() == component.data
+        assert files[listed["file"]] == component.data
         assert listed["bytes"] == len(component.data)
         assert listed["base"] == (None if component.base is None else f"0x{component.base:x}")
 

@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 
 from bob.cli.main import main
 from bob.errors import BadInput
+from bob.host import inference
 from bob.records import tokenizer as tokenizer_module
 from bob.records.checkpoint import Checkpoint, CheckpointFile
 from bob.records.tokenizer import load_tokenizer
@@ -134,6 +136,37 @@ def test_eval_of_the_text_through_the_tokenizer_is_eval_of_its_tokens(chars, tmp
     assert by_text["nats_per_transition"] == by_tokens["nats_per_transition"]
     assert by_text["transitions"] == by_tokens["transitions"] == len(TEXT) - 1
     assert by_text["unit"] == "token" and "bits_per_token" in by_text
+
+
+def test_eval_through_the_tokenizer_reads_a_fifo_as_the_file(chars, tmp_path, capsys):
+    model, _, meta, _ = chars
+    text = tmp_path / "input.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(text.read_bytes()), daemon=True)
+    writer.start()
+    reports = []
+    for source in (fifo, text):
+        status, out, err = run(capsys, "eval", "-c", str(model), "--tokenizer", str(meta),
+                               "--text", str(source), "--backend", "cpu", "--json")
+        assert status == 0, err
+        reports.append(json.loads(out))
+    writer.join(10)
+    assert reports[0]["nats_per_transition"] == reports[1]["nats_per_transition"]
+
+
+def test_eval_through_the_tokenizer_bounds_what_it_reads_of_a_stream(chars, tmp_path, capsys,
+                                                                      monkeypatch):
+    model, _, meta, _ = chars
+    assert inference.TEXT_STREAM_MAX_BYTES == 1 << 30
+    monkeypatch.setattr(inference, "TEXT_STREAM_MAX_BYTES", 4096)
+    status, _, err = run(capsys, "eval", "-c", str(model), "--tokenizer", str(meta),
+                         "--text", "/dev/zero", "--backend", "cpu")
+    assert status == 2
+    assert err == ("bob: /dev/zero: the stream goes on past 4,096 bytes (4 KiB), the most Bob "
+                   "reads from a stream for a tokenizer to encode\n")
+    assert listing(tmp_path) == []
 
 
 def test_count_reads_v_from_meta_pkl(tmp_path, capsys):

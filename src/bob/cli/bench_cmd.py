@@ -16,6 +16,7 @@ import click
 import bob
 from bob.config import MAX_UPDATES, MODES
 from bob.errors import BadInput
+from bob.files import check_output_file
 
 from .options import check_vocab, submission_option
 
@@ -73,6 +74,8 @@ def bench(vocabs, updates, repeats, backends, as_json, save, submission, mode, t
     root = checkout_root()
     if root is None:
         raise BadInput(NO_CHECKOUT)
+    if save is not None:
+        check_output_file(save, "bench report")  # before the minutes the suite takes
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))  # the checkout's dev/ imports as the package `dev`
     from dev.bench import cli as suite

@@ -11,7 +11,7 @@ from rich.console import Console
 from bob.backends.registry import SPECS, resolve_submission
 from bob.config import AUTO_SUBMISSION, TARGET_NAMES
 from bob.errors import BackendUnavailable
-from bob.files import require_regular_file
+from bob.files import check_output_directory, require_regular_file, write_directory
 from bob.kernels.cuda.regions import catalogue
 from bob.plan import TARGETS
 from bob.plan import certify as certify_plan
@@ -56,6 +56,8 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
 def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submission: str,
          arch: str | None, as_json: bool, disasm: bool, emit_dir: str | None) -> None:
     """Show Bob's device program: arena, regions, launches, submissions, sizes."""
+    if emit_dir:
+        check_output_directory(emit_dir, "components")  # before the plan is built
     policy = resolve_submission(submission, STREAM_BACKEND)
     the_plan = _bob_plan(vocab, prompts, updates, mode, schedule, arch, policy)
     certificate = certify_plan(the_plan)
@@ -64,11 +66,11 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submi
         return
     if disasm or emit_dir:
         from bob.backends.nv.decoder import disassemble
-        from bob.backends.nv.encoder import emit, encode
+        from bob.backends.nv.encoder import emitted, encode
 
         encoded = encode(the_plan)
         if emit_dir:
-            for path in emit(encoded, emit_dir):
+            for path in write_directory(emit_dir, emitted(encoded), "components"):
                 click.echo(path)
         if disasm:
             click.echo(disassemble(encoded, the_plan))

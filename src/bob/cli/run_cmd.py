@@ -15,7 +15,7 @@ from rich.table import Table
 
 from bob.config import MAX_UPDATES, Hyper
 from bob.errors import BadInput
-from bob.files import probe_directory
+from bob.files import check_output_directory, check_output_file, write_directory
 from bob.host import api
 
 from .options import (
@@ -472,7 +472,6 @@ def plot(checkpoint, out_dir, counts_file, as_json) -> None:
     """Draw the loss curve and the learned transition heat map as PNG (matplotlib): the
     map over the symbols the data uses, above V=512 the 64 most frequent (by --counts, else
     by the model's estimate)."""
-    from bob.files import atomic_write
     from bob.host import plot as pictures
     from bob.records.checkpoint import CheckpointFile
     from bob.records.countsfile import CountsFile
@@ -493,18 +492,10 @@ def plot(checkpoint, out_dir, counts_file, as_json) -> None:
         figures["loss.png"] = pictures.loss_figure(
             state.history, optimum, validation=validation_curve(state),
             changes=[s.first_step for s in state.segments[1:]])
-    images = {name: pictures.png_bytes(figure) for name, figure in figures.items()}
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as error:
-        raise BadInput(f"{out_dir}: cannot make the plot directory "
-                       f"({error.strerror or error})") from None
-    probe_directory(out_dir, f"{out_dir}: cannot write the plots there")
-    written = []
-    for name in ("loss.png", "transitions.png"):
-        if name in images:
-            atomic_write(targets[name], images[name])
-            written.append(targets[name])
+    images = {name: pictures.png_bytes(figures[name])
+              for name in ("loss.png", "transitions.png") if name in figures}
+    write_directory(out_dir, images, "plots")
+    written = [targets[name] for name in images]
     if as_json:
         click.echo(json.dumps({"written": written}))
     else:
@@ -524,19 +515,11 @@ def validation_curve(state) -> list[tuple[int, float]]:
 
 
 def _check_plot_directory(out_dir: str, targets) -> None:
-    """Before drawing: the directory can be made or used, and no target is a directory."""
-    if os.path.exists(out_dir):
-        if not os.path.isdir(out_dir):
-            raise BadInput(f"{out_dir}: is a file, not a directory for the plots")
-        probe_directory(out_dir, f"{out_dir}: cannot write the plots there")
-    else:
-        parent = os.path.dirname(os.path.abspath(out_dir))
-        if not os.path.isdir(parent):
-            raise BadInput(f"{out_dir}: directory {parent} does not exist (the plot directory "
-                           "is made only inside an existing one)")
-    for path in targets:
-        if os.path.isdir(path):
-            raise BadInput(f"{path}: is a directory, not a PNG file")
+    """Before drawing: the directory can be made or used, and each target can be written."""
+    check_output_directory(out_dir, "plots")
+    if os.path.isdir(out_dir):
+        for path in targets:
+            check_output_file(path, "PNG")
 
 
 @click.command(name="export")

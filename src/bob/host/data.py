@@ -22,6 +22,7 @@ import numpy as np
 
 from bob.config import MAX_VOCAB
 from bob.errors import BadInput
+from bob.files import check_output_file
 from bob.records import corpus, counting, sources
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Ranges, symbol_ranges
@@ -79,21 +80,15 @@ def count_corpus(spec: CorpusSpec, workers: int | None = None,
     vocab = spec.vocab if spec.vocab is not None else corpus.BYTE_VOCAB
     found = sources.resolve(spec.texts or spec.tokens,
                             spec.token_dtype if spec.tokens else None)
-    seen = [0]  # bytes counted: standard input's size is known only afterwards
-
-    def tracking(done: int) -> None:
-        seen[0] += done
-        if progress is not None:
-            progress(done)
-
+    streamed: dict[str, int] = {}  # a stream's size is known only once it has ended
     if dask is None:
-        counts = counting.count_sources(found, vocab, workers, progress=tracking)
+        counts = counting.count_sources(found, vocab, workers, progress=progress,
+                                        stream_bytes=streamed)
     else:
         from bob.records.dask_count import count_on_dask
         counts = count_on_dask(found, vocab, None if dask == "local" else dask,
-                               workers=dask_workers, progress=tracking)
-    stdin_bytes = seen[0] - sum(s.tokens * s.itemsize for s in found if not s.is_stdin)
-    return CountsFile.of(counts, [(s.name, stdin_bytes if s.is_stdin else s.size)
+                               workers=dask_workers, progress=progress)
+    return CountsFile.of(counts, [(s.name, streamed[s.name] if s.is_stream else s.size)
                                   for s in found])
 
 
@@ -247,6 +242,7 @@ def count(spec: CorpusSpec, out: str, overwrite: bool = False, workers: int | No
     """Count a corpus into a counts file (`bob count`)."""
     if spec.counts:
         raise BadInput("bob count reads text or token files, not a counts file")
+    check_output_file(out, "counts file")  # before the count, which may take hours
     if os.path.exists(out) and not overwrite:
         raise BadInput(f"{out}: exists; pass --overwrite to replace it")
     if workers is not None and workers < 1:

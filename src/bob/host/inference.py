@@ -27,7 +27,7 @@ import numpy as np
 from bob.backends import choose_backend, resolve_submission
 from bob.config import AUTO_SUBMISSION, DEFAULT_TARGET
 from bob.errors import BadInput
-from bob.files import read_bytes
+from bob.files import read_bounded, read_bytes, reading_input, stream_kind
 from bob.host import sampling
 from bob.host.data import (
     CorpusSpec,
@@ -48,6 +48,10 @@ from bob.records.tokenizer import Tokenizer
 
 # Where a forward invocation's table comes from: a checkpoint in memory or on disk.
 Table = Checkpoint | CheckpointFile
+# The most of a stream (standard input, a pipe, a device) read whole for a tokenizer to
+# encode: the text and its ids are held in memory at once, a Python int a token.
+TEXT_STREAM_MAX_BYTES = 1 << 30
+TEXT_STREAM_BOUND = "the most Bob reads from a stream for a tokenizer to encode"
 
 
 def _start(table: Table) -> Checkpoint | StartingPoint:
@@ -268,8 +272,15 @@ def _evaluate_counts(stored: Table, counted: CountsFile, backend: str) -> EvalRe
 
 
 def _text_of(name: str) -> str:
-    """A text file (or stdin, "-") as text, for a tokenizer to encode."""
-    data = sys.stdin.buffer.read() if name == STDIN else read_bytes(name, "text file")
+    """A text file (or stdin, "-", or another stream, up to TEXT_STREAM_MAX_BYTES) as text,
+    for a tokenizer to encode."""
+    if name == STDIN:
+        data = read_bounded(sys.stdin.buffer, name, TEXT_STREAM_MAX_BYTES, TEXT_STREAM_BOUND)
+    elif stream_kind(name) is not None:
+        with reading_input(name, "text file") as stream:
+            data = read_bounded(stream, name, TEXT_STREAM_MAX_BYTES, TEXT_STREAM_BOUND)
+    else:
+        data = read_bytes(name, "text file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:

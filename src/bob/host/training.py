@@ -51,7 +51,7 @@ from bob.config import (
     require_choice,
 )
 from bob.errors import BadInput, Interrupted
-from bob.files import check_output_file
+from bob.files import check_output_file, write_target
 from bob.host import stops
 from bob.host.data import (
     CorpusSpec,
@@ -306,6 +306,7 @@ def run_training(request: TrainRequest, progress: Progress | None = None) -> Tra
     there). One run holds CKPT.lock while it works; a second is refused.
     """
     begun = time.perf_counter()
+    _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
     choice = choose_backend(request.backend, arch=request.arch, arena=request.arena)
     data = training_data(request.texts, request.input_record, request.data_spec,
                          admit=lambda vocab: refuse_slow_cpu(choice.name, vocab, request.steps))
@@ -326,31 +327,37 @@ def run_training(request: TrainRequest, progress: Progress | None = None) -> Tra
 def require_disk_room(path: str, size: int) -> None:
     """BadInput, before any work, when the checkpoint's file system cannot hold a new one
     (written beside the old, which a rename then replaces)."""
-    directory = os.path.dirname(os.path.abspath(path))
+    directory = os.path.dirname(os.path.abspath(write_target(path)))  # a link's target's
     free = shutil.disk_usage(directory).free
     if free < size:
         raise BadInput(f"{path}: the checkpoint needs {size / 1e9:.2f} GB on disk, "
                        f"{directory} has {free / 1e9:.2f} GB free")
 
 
+def _require_checkpoint_as_asked(request: TrainRequest) -> None:
+    """BadInput unless the checkpoint is there to resume (--resume), or is not there or may
+    be started over (--overwrite)."""
+    exists = os.path.exists(request.checkpoint)
+    if request.resume and not exists:
+        raise BadInput(f"{request.checkpoint}: no checkpoint to resume from")
+    if not request.resume and exists and not request.overwrite:
+        raise BadInput(f"{request.checkpoint}: exists; pass --resume to continue it or "
+                       "--overwrite to start again")
+
+
 def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
     """Where the run starts, carrying this run's data and hyperparameters: zero tables,
     or the checkpoint to resume (its header read; its tables stream into the arena)."""
     checkpoint = request.checkpoint
-    exists = os.path.exists(checkpoint)
+    _require_checkpoint_as_asked(request)  # again, under the lock
     record = data.record
     digest = record.data_digest
     changes = request.hyper_changes or {}
     if not request.resume:
-        if exists and not request.overwrite:
-            raise BadInput(f"{checkpoint}: exists; pass --resume to continue it or --overwrite "
-                           "to start again")
         chosen = replace(request.hyper or Hyper(), **changes)
         return StartingPoint(TrainingState(record.vocab, 0, chosen, record.mode, digest,
                                            segments=(Segment(0, digest, chosen),),
                                            successors=successor_ranges(record)))
-    if not exists:
-        raise BadInput(f"{checkpoint}: no checkpoint to resume from")
     stored = CheckpointFile.open(checkpoint)
     start = stored.state
     if start.step + request.steps > MAX_STEP:

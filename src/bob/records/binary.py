@@ -36,7 +36,7 @@ import numpy as np
 
 from bob.config import MAX_PROMPTS, MAX_VOCAB, MIN_VOCAB, MODES, RESULT_TENSORS, Mode
 from bob.errors import BadInput
-from bob.files import StrPath, atomic_write, read_bytes
+from bob.files import StrPath, atomic_write, read_bytes, reading_input, stream_kind
 from bob.records.digest import is_sparse, legacy_digest_of, sparse_digest_of
 
 INPUT_MAGIC = b"BOBINPUT"
@@ -401,7 +401,8 @@ class InputRecord:
                                            versions=(FORMAT_VERSION, SPARSE_VERSION))
         if mode == "hard" or version == FORMAT_VERSION:
             table_bytes = 4 * v if mode == "hard" else 4 * v * v
-            _check_length(data, source_name, "input record", mode, v, p, table_bytes + 4 * p)
+            _check_length(data, source_name, "input record", mode, v, p,
+                          _payload_bytes(mode, v, p, version))
             prompts = np.frombuffer(data, U32, p, HEADER.size + table_bytes)
             if mode == "hard":
                 if version != FORMAT_VERSION:
@@ -419,8 +420,8 @@ class InputRecord:
             raise BadInput(f"{source_name}: K={k} pairs, more than the {v * v} cells of a "
                            f"V={v} table")
         start = HEADER.size + PAIRS.size
-        _check_length(data, source_name, "input record", mode, v, p, 12 * k + 4 * p,
-                      start=start, pairs=k)
+        _check_length(data, source_name, "input record", mode, v, p,
+                      _payload_bytes(mode, v, p, version, k), start=start, pairs=k)
         keys = np.frombuffer(data, U64, k, start)
         values = np.frombuffer(data, F32, k, start + 8 * k)
         prompts = np.frombuffer(data, U32, p, start + 12 * k)
@@ -428,7 +429,12 @@ class InputRecord:
 
     @classmethod
     def read(cls, path: StrPath) -> InputRecord:
-        return cls.from_bytes(read_bytes(path), str(path))
+        """The record in a file, or in a stream (a pipe, a FIFO, a character device): read
+        as far as its header says and no further (`_read_record_stream`)."""
+        if stream_kind(path) is None:
+            return cls.from_bytes(read_bytes(path), str(path))
+        with reading_input(path, "input record") as stream:
+            return cls.from_bytes(_read_record_stream(stream, str(path)), str(path))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, InputRecord):
@@ -446,6 +452,47 @@ class InputRecord:
     def __repr__(self) -> str:
         pairs = f", K={self.pairs}" if self.mode == "corpus" else ""
         return f"InputRecord(mode={self.mode!r}, V={self.vocab}{pairs}, P={self.prompt_count})"
+
+
+def _read_record_stream(stream: BinaryIO, source: str) -> bytes:
+    """An input record from a stream, which has no size up front: the header, then as many
+    bytes as the header declares (at most a V=MAX_VOCAB table and MAX_PROMPTS prompts, or
+    K <= V * V pairs) and one more, to refuse a stream that goes on. A header that is not
+    an input record's is refused after its first bytes (/dev/zero's, say)."""
+    head = stream.read(HEADER.size + PAIRS.size)
+    declared = _declared_length(head, source)
+    if declared is None:
+        return head  # a cut header or too many pairs: from_bytes says which
+    data = head + stream.read(max(0, declared + 1 - len(head)))
+    if len(data) > declared:
+        raise BadInput(f"{source}: the stream goes on past the {declared:,} bytes its header "
+                       "declares")
+    return data
+
+
+def _declared_length(head: bytes, source: str) -> int | None:
+    """The bytes of the whole input record whose header is `head`; None where `head` stops
+    inside the pair count or the count does not fit V (from_bytes refuses both)."""
+    mode, v, p, version = _read_header(head, source, INPUT_MAGIC, "input record",
+                                       versions=(FORMAT_VERSION, SPARSE_VERSION))
+    if mode == "hard" or version == FORMAT_VERSION:
+        return HEADER.size + _payload_bytes(mode, v, p, version)
+    if len(head) < HEADER.size + PAIRS.size:
+        return None
+    (k,) = PAIRS.unpack_from(head, HEADER.size)
+    if k > v * v:
+        return None
+    return HEADER.size + PAIRS.size + _payload_bytes(mode, v, p, version, k)
+
+
+def _payload_bytes(mode: Mode, vocab: int, prompts: int, version: int, pairs: int = 0) -> int:
+    """The bytes after an input record's header (and pair count): the targets (hard), the
+    dense table (corpus, version 1) or K keys and values (sparse), then the prompts."""
+    if mode == "hard":
+        return 4 * vocab + 4 * prompts
+    if version == FORMAT_VERSION:
+        return 4 * vocab * vocab + 4 * prompts
+    return 12 * pairs + 4 * prompts
 
 
 # -- the result record ---------------------------------------------------------

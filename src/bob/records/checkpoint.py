@@ -58,7 +58,7 @@ from bob.config import (
     Mode,
 )
 from bob.errors import BadInput, RunFailure
-from bob.files import StrPath, atomic_write, reading
+from bob.files import StrPath, atomic_write, reading, write_target
 from bob.records.binary import (
     F32,
     INPUT_MAGIC,
@@ -793,7 +793,9 @@ def _read_segments(metadata: dict[str, str], source: str, step: int) -> tuple[Se
 
 # -- one run at a time ---------------------------------------------------------
 def lock_path(path: StrPath) -> Path:
-    return Path(f"{path}.lock")
+    """CKPT.lock beside the checkpoint (beside the file a link points to: every name of a
+    checkpoint shares one lock)."""
+    return Path(f"{write_target(path)}.lock")
 
 
 @contextlib.contextmanager
@@ -807,13 +809,23 @@ def checkpoint_lock(path: StrPath) -> Iterator[None]:
     where = lock_path(path)
     fd = _acquire(where, path)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        _write_holder(fd, where, path)
         yield
     finally:
         with contextlib.suppress(OSError):
             os.unlink(where)
         os.close(fd)
+
+
+def _write_holder(fd: int, where: Path, path: StrPath) -> None:
+    """"pid P on host H" into the lock file; a full disk or a failing device is a
+    RunFailure naming the lock file (the lock is then released and removed)."""
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+    except OSError as error:
+        raise RunFailure(f"{path}: cannot write the lock file {where} "
+                         f"({error.strerror or error}); the checkpoint is untouched") from None
 
 
 def _acquire(where: Path, path: StrPath) -> int:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bob.errors import BadInput
-from bob.records.sources import Piece, Source, read_blocks, split, stdin_blocks
+from bob.records.sources import Piece, Source, read_blocks, split, stream_blocks
 
 MIN_VOCAB = 2
 COUNT_MAX_VOCAB = 65536  # keys prev * V + next stay below 2**32
@@ -427,11 +427,11 @@ def count_batch(pieces: Sequence[Piece], vocab: int, engine: str | None = None,
     return tally.result()
 
 
-def count_stdin(tally: Tally, source: Source, block_bytes: int,
-                progress: Progress | None) -> int:
-    """Count standard input as one text; its size in bytes."""
+def count_stream(tally: Tally, source: Source, block_bytes: int,
+                 progress: Progress | None) -> int:
+    """Count a stream (standard input, a pipe, a device) as one text; its size in bytes."""
     prev, position = -1, 0
-    for block in stdin_blocks(source, block_bytes):
+    for block in stream_blocks(source, block_bytes):
         check_tokens(block, tally.vocab, source, position)
         tally.add_block(block, prev)
         prev = int(block[-1])
@@ -464,7 +464,7 @@ def plan_pieces(sources: Sequence[Source], piece_bytes: int) -> list[list[Piece]
 def refuse_empty(sources: Iterable[Source]) -> None:
     """A file the user named that holds no token: say so before counting anything."""
     for source in sources:
-        if source.explicit and not source.is_stdin and source.tokens == 0:
+        if source.explicit and not source.is_stream and source.tokens == 0:
             raise BadInput(f"{source.name}: empty file, nothing to learn from")
 
 
@@ -482,16 +482,21 @@ def default_workers() -> int:
 def count_sources(sources: Sequence[Source], vocab: int, workers: int | None = None,
                   engine: str | None = None, progress: Progress | None = None,
                   block_bytes: int = BLOCK_BYTES, piece_bytes: int = PIECE_BYTES,
-                  ) -> PairCounts:
-    """The counts of all sources, pairs within each; all cores unless workers says otherwise."""
+                  stream_bytes: dict[str, int] | None = None) -> PairCounts:
+    """The counts of all sources, pairs within each; all cores unless workers says otherwise.
+
+    Streams are counted first, one after another; `stream_bytes`, when given, receives
+    each one's size (known only once it has ended)."""
     check_vocab(vocab)
     refuse_empty(sources)
-    files = [s for s in sources if not s.is_stdin]
+    files = [s for s in sources if not s.is_stream]
     total = sum(s.size for s in files)
-    tally = Tally(vocab, engine or default_engine(total, any(s.is_stdin for s in sources)))
+    tally = Tally(vocab, engine or default_engine(total, any(s.is_stream for s in sources)))
     for source in sources:
-        if source.is_stdin:
-            count_stdin(tally, source, block_bytes, progress)
+        if source.is_stream:
+            size = count_stream(tally, source, block_bytes, progress)
+            if stream_bytes is not None:
+                stream_bytes[source.name] = size
     workers = default_workers() if workers is None else workers
     tasks = plan_pieces(files, even_piece_bytes(total, workers, piece_bytes))
     if workers <= 1 or total < PARALLEL_MIN_BYTES or len(tasks) < 2:
@@ -505,9 +510,9 @@ def count_sources(sources: Sequence[Source], vocab: int, workers: int | None = N
     return counts
 
 
-def default_engine(total_bytes: int, reads_stdin: bool = False) -> str:
+def default_engine(total_bytes: int, reads_stream: bool = False) -> str:
     """Numba where installed, unless the corpus is too small to repay importing it."""
-    if total_bytes < COMPILED_MIN_BYTES and not reads_stdin:
+    if total_bytes < COMPILED_MIN_BYTES and not reads_stream:
         return "numpy"
     return ENGINES[0]
 

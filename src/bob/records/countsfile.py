@@ -38,7 +38,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from bob.errors import BadInput
-from bob.files import StrPath, atomic_write
+from bob.files import StrPath, atomic_write, require_regular_file
 from bob.records.corpus import optimum_of_slices, weights
 from bob.records.counting import (
     COUNT_MAX_VOCAB,
@@ -172,6 +172,7 @@ class CountsFile:
     def load(cls, path: StrPath) -> CountsFile:
         """Read and check a counts file; BadInput "<file>: <problem>" when it is not sound."""
         source = str(path)
+        require_regular_file(path, "counts file")  # safetensors' open of a FIFO would block
         try:
             with safe_open(source, framework="numpy") as file:
                 fields = _read_metadata(file.metadata() or {}, source)

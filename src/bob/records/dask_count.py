@@ -75,9 +75,13 @@ def count_on_dask(sources: Sequence[Source], vocab: int, address: str | None = N
     count in parallel without the seconds a worker process takes to start.
     """
     check_vocab(vocab)
-    if any(s.is_stdin for s in sources):
-        raise BadInput("-: standard input cannot be counted on a Dask cluster (its workers "
-                       "cannot read it); give files")
+    for source in sources:
+        if source.is_stdin:
+            raise BadInput("-: standard input cannot be counted on a Dask cluster (its "
+                           "workers cannot read it); give files")
+        if source.is_stream:
+            raise BadInput(f"{source.name}: a stream cannot be counted on a Dask cluster (its "
+                           "workers cannot read it); give files")
     refuse_empty(sources)
     distributed = _distributed()
     tasks = plan_pieces(sources, piece_bytes)

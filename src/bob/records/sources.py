@@ -1,11 +1,17 @@
 """Where a corpus comes from: inputs resolved to files, and files cut into pieces.
 
 An input is a file, a directory (its files, recursively, in sorted order), a
-glob pattern, ``-`` for standard input, or an fsspec URL (``s3://bucket/x``,
-``memory://x``, ``file:///x``; any protocol whose fsspec package is
-installed). Each file is a sequence of tokens: bytes for text, or
+glob pattern, ``-`` for standard input, a stream (a pipe such as bash's
+``<(zcat x.gz)``, a FIFO, a character device), or an fsspec URL
+(``s3://bucket/x``, ``memory://x``, ``file:///x``; any protocol whose fsspec
+package is installed). Each file is a sequence of tokens: bytes for text, or
 little-endian uint16/uint32 for token files (nanoGPT's ``train.bin``), or a
-``.npy`` array of integers.
+``.npy`` array of integers (from a regular file: its header gives its length).
+
+A directory's or a glob's entries are regular files (or links to them) and
+directories; anything else among them (a broken link, a FIFO, a socket, a
+device) is refused by name, never skipped. A stream has no size up front: it is
+counted as it comes, a block at a time, up to STREAM_MAX_BYTES.
 
 A piece is a range [start, stop) of one file's tokens. It counts the pairs
 (t[i], t[i+1]) for start <= i < stop with i + 1 inside the file, so it reads
@@ -15,8 +21,10 @@ each adjacent pair exactly once, and no pair crosses a file boundary.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import stat
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -26,9 +34,22 @@ from typing import BinaryIO
 import numpy as np
 
 from bob.errors import BadInput
-from bob.files import unreadable
+from bob.files import (
+    reading_input,
+    require_regular_file,
+    special_kind,
+    stream_kind,
+    stream_too_long,
+    unreadable,
+)
 
 STDIN = "-"
+# The most Bob counts from one stream (standard input, a pipe, a device). Counting holds a
+# block at a time, so the bound is there only so an endless stream (/dev/zero) ends: 64 GiB
+# is about three minutes of counting bytes; a larger corpus is counted from a file.
+STREAM_MAX_BYTES = 1 << 36
+STREAM_BOUND = "the most Bob counts from a stream (standard input, a pipe, a device); count " \
+               "a larger corpus from a file"
 TOKEN_DTYPES = {"uint16": "<u2", "uint32": "<u4"}  # raw token files: nanoGPT writes uint16
 # .npy tokens: integers, little-endian (or single bytes)
 _NPY_DTYPES = frozenset(("|u1", "<u2", "<u4", "<u8", "|i1", "<i2", "<i4", "<i8"))
@@ -40,7 +61,7 @@ class Source:
     """One file of tokens: where it is, how its tokens are stored, how many there are."""
 
     name: str  # as the user gave or a directory/glob produced it; a URL keeps its protocol
-    size: int  # bytes of the whole file
+    size: int  # bytes of the whole file; -1 for a stream (standard input, a pipe, a device)
     dtype: str = "|u1"  # NumPy dtype string of one token: "|u1" for text
     offset: int = 0  # bytes before the first token (a .npy header)
     explicit: bool = True  # named by the user, not found in a directory or by a glob
@@ -60,6 +81,11 @@ class Source:
     @property
     def is_stdin(self) -> bool:
         return self.name == STDIN
+
+    @property
+    def is_stream(self) -> bool:
+        """Read through once as it comes, its size known only at its end."""
+        return self.size < 0
 
 
 @dataclass(frozen=True)
@@ -122,15 +148,18 @@ def _url_files(url: str) -> list[tuple[str, int, bool]]:
 def _local_files(name: str) -> list[tuple[str, int, bool]]:
     path = Path(name)
     if path.is_dir():
-        found = sorted(str(p) for p in path.rglob("*") if p.is_file())
+        found = _entry_files(sorted(path.rglob("*")), name)
         if not found:
             raise BadInput(f"{name}: directory has no files")
         return [(p, os.path.getsize(p), False) for p in found]
     if any(c in name for c in _GLOB_CHARACTERS) and not path.exists():
-        found = sorted(p for p in glob.glob(name, recursive=True) if os.path.isfile(p))
+        found = _entry_files(sorted(map(Path, glob.glob(name, recursive=True))), name)
         if not found:
             raise BadInput(f"{name}: no file matches")
         return [(p, os.path.getsize(p), False) for p in found]
+    if stream_kind(name) is not None:
+        return [(name, -1, True)]
+    require_regular_file(name, "corpus file")  # a socket or a block device
     try:
         return [(name, os.stat(name).st_size, True)]
     except FileNotFoundError:
@@ -139,12 +168,38 @@ def _local_files(name: str) -> list[tuple[str, int, bool]]:
         raise BadInput(f"{name}: cannot read ({error.strerror or error})") from None
 
 
+def _entry_files(entries: Sequence[Path], where: str) -> list[str]:
+    """The regular files among a directory's or a glob's entries; BadInput naming the first
+    entry that is neither a file nor a directory (a broken link, a FIFO, a socket, a
+    device): left out, it would leave its data out of the count unsaid."""
+    found = []
+    for entry in entries:
+        try:
+            mode = entry.stat().st_mode
+        except FileNotFoundError:
+            if entry.is_symlink():
+                raise BadInput(f"{entry}: a broken symbolic link (to {os.readlink(entry)}) "
+                               f"in {where}") from None
+            raise BadInput(f"{entry}: vanished while {where} was listed") from None
+        except OSError as error:
+            raise BadInput(f"{entry}: cannot read ({error.strerror or error})") from None
+        if stat.S_ISREG(mode):
+            found.append(str(entry))
+        elif not stat.S_ISDIR(mode):
+            raise BadInput(f"{entry}: not a regular file ({special_kind(mode)}) in {where}; "
+                           "a directory or glob holds only files to count")
+    return found
+
+
 def _token_layout(name: str, size: int, dtype: str) -> tuple[str, int]:
     """(dtype, header bytes) of a token file: raw tokens of `dtype`, or a .npy array."""
     if name.endswith(".npy"):
+        if size < 0:
+            raise BadInput(f"{name}: a .npy file is read from a regular file (its header "
+                           "gives its length), not from a stream; pipe raw tokens instead")
         return _npy_layout(name)
     itemsize = np.dtype(dtype).itemsize
-    if size % itemsize:
+    if size >= 0 and size % itemsize:
         raise BadInput(f"{name}: {size} bytes is not a whole number of "
                        f"{itemsize}-byte tokens (is --token-dtype right?)")
     return dtype, 0
@@ -196,6 +251,9 @@ def resolve(inputs: Sequence[str], token_dtype: str | None = None) -> tuple[Sour
             sources.append(Source(STDIN, -1, dtype))
             continue
         files = _url_files(name) if "://" in name else _local_files(name)
+        if files[0][1] < 0 and sum(1 for other in inputs if other == name) > 1:
+            # A second open would wait for a writer that has gone.
+            raise BadInput(f"{name}: a stream ({stream_kind(name)}) can be read only once")
         for file_name, size, explicit in files:
             dtype, offset = "|u1", 0
             if token_dtype is not None:
@@ -261,22 +319,33 @@ def _read_into(file: BinaryIO, view: memoryview) -> int:
     return done
 
 
-def stdin_blocks(source: Source, block_bytes: int) -> Iterator[np.ndarray]:
-    """Standard input in blocks of whole tokens; a partial last token is refused."""
-    stream = sys.stdin.buffer
+def stream_blocks(source: Source, block_bytes: int) -> Iterator[np.ndarray]:
+    """A stream (standard input, a pipe, a device) in blocks of whole tokens, as it comes;
+    a partial last token is refused, and so is a stream past STREAM_MAX_BYTES."""
     size = source.itemsize
+    seen = 0
     rest = b""
-    while True:
-        chunk = stream.read(block_bytes)
-        if not chunk:
-            break
-        data = rest + chunk
-        whole = len(data) - len(data) % size
-        rest = data[whole:]
-        if whole:
-            yield np.frombuffer(data[:whole], source.dtype)
+    with _opened_stream(source) as stream:
+        while chunk := stream.read(block_bytes):
+            seen += len(chunk)
+            if seen > STREAM_MAX_BYTES:
+                raise stream_too_long(source.name, STREAM_MAX_BYTES, STREAM_BOUND)
+            data = rest + chunk
+            whole = len(data) - len(data) % size
+            rest = data[whole:]
+            if whole:
+                yield np.frombuffer(data[:whole], source.dtype)
     if rest:
-        raise BadInput(f"-: ends with {len(rest)} bytes of a {size}-byte token")
+        raise BadInput(f"{source.name}: ends with {len(rest)} bytes of a {size}-byte token")
+
+
+@contextlib.contextmanager
+def _opened_stream(source: Source) -> Iterator[BinaryIO]:
+    if source.is_stdin:
+        yield sys.stdin.buffer
+        return
+    with reading_input(source.name, "corpus file") as stream:
+        yield stream
 
 
 def split(sources: Sequence[Source], piece_tokens: int) -> list[Piece]:
@@ -285,8 +354,8 @@ def split(sources: Sequence[Source], piece_tokens: int) -> list[Piece]:
         raise ValueError("a piece has at least one token")
     pieces = []
     for source in sources:
-        if source.is_stdin:
-            raise ValueError("standard input cannot be cut into pieces")
+        if source.is_stream:
+            raise ValueError("a stream cannot be cut into pieces")
         for start in range(0, source.tokens, piece_tokens):
             pieces.append(Piece(source, start, min(start + piece_tokens, source.tokens)))
     return pieces

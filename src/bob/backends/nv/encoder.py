@@ -1,7 +1,7 @@
 """Encode a certified plan into NVIDIA's command-stream components.
 
     encoded = encode(plan)          # deterministic bytes, at the plan's virtual addresses
-    emit(encoded, Path("out/"))     # one file per component and index.json
+    emitted(encoded)                # {"program.bin": ..., "index.json": ...}: --emit's files
 
 These bytes are the only command stream Bob has: the simulator (``nv-sim``),
 the disassembler (``bob plan --disasm``), ``bob plan --emit`` and the GPU (the
@@ -55,7 +55,6 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 
 from bob.backends.nv.pushbuffer import (
     AMPERE_CHANNEL_GPFIFO_A,
@@ -541,19 +540,17 @@ def encode(certified: CertifiedPlan | Plan) -> EncodedProgram:
 # -- files ----------------------------------------------------------------------------
 
 
-def emit(encoded: EncodedProgram, directory: Path) -> list[Path]:
-    """Write each component as `<name>.bin` and an index.json describing them."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+def emitted(encoded: EncodedProgram) -> dict[str, bytes]:
+    """The files `bob plan --emit` writes, name to bytes: each component as `<name>.bin`,
+    then index.json describing them (the writing, all or nothing, is the CLI's)."""
+    files: dict[str, bytes] = {}
     listing = []
     for component in encoded.components:
-        path = directory / f"{component.name}.bin"
-        path.write_bytes(component.data)
-        written.append(path)
+        name = f"{component.name}.bin"
+        files[name] = component.data
         listing.append({
             "name": component.name,
-            "file": path.name,
+            "file": name,
             "base": None if component.base is None else f"0x{component.base:x}",
             "bytes": len(component.data),
             "sha256": hashlib.sha256(component.data).hexdigest(),
@@ -587,7 +584,5 @@ def emit(encoded: EncodedProgram, directory: Path) -> list[Path]:
         },
         "components": listing,
     }
-    path = directory / "index.json"
-    path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    written.append(path)
-    return written
+    files["index.json"] = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
+    return files
