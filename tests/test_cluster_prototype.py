@@ -10,21 +10,16 @@ from dev.cuda.bench_cluster import cluster_ctas, cluster_source, rows_chunk
 OPT_IN = 232448  # the H200's opt-in shared memory per block
 
 
-@pytest.mark.parametrize(("vocab", "mode", "found"), [
-    (12000, "hard", (2, 4 * 4 * 47 * 128, False)),
-    (50257, "hard", (4, 4 * 4 * 197 * 64, False)),
-    (50257, "corpus", (4, 4 * 4 * 197 * 64, True)),  # 3152 quads: 7 a thread, in registers
-    (65536, "hard", (8, 4 * 4 * 256 * 32, False)),
-    (65536, "corpus", (8, 4 * 4 * 256 * 32, True)),
-    (21553, "corpus", (2, 4 * 4 * 85 * 128, True)),
+@pytest.mark.parametrize(("vocab", "mode", "ctas", "bytes_"), [
+    (12000, "hard", 2, 4 * 4 * 47 * 128),
+    (50257, "hard", 4, 4 * 4 * 197 * 64),
+    (50257, "corpus", 8, 5 * 4 * 197 * 32),
+    (65536, "hard", 8, 4 * 4 * 256 * 32),
+    (65536, "corpus", 8, 5 * 4 * 256 * 32),
 ])
-def test_the_cluster_is_the_fewest_ctas_whose_slices_fit(vocab: int, mode: str,
-                                                          found: tuple) -> None:
-    assert cluster_ctas(vocab, mode, OPT_IN) == found
-
-
-def test_weights_past_seven_quads_a_thread_stay_in_shared_memory() -> None:
-    assert cluster_ctas(21553, "corpus", OPT_IN, threads=256) == (2, 5 * 4 * 85 * 128, False)
+def test_the_cluster_is_the_fewest_ctas_whose_slices_fit(vocab: int, mode: str, ctas: int,
+                                                          bytes_: int) -> None:
+    assert cluster_ctas(vocab, mode, OPT_IN) == (ctas, bytes_)
 
 
 def test_a_row_no_cluster_holds_is_refused_by_name() -> None:
@@ -48,5 +43,5 @@ def test_the_cluster_kernels_compile_without_a_stack_frame() -> None:
     image = cubin.Cubin(compile_source(cluster_source(), "sm_90").image)
     for mode in ("hard", "corpus"):
         kernel = image.kernel(f"bob_fused_train_cluster_{mode}")
-        assert kernel.frame_bytes == (64 if mode == "corpus" else 0)  # see bench_cluster
+        assert kernel.frame_bytes == 0
         assert kernel.max_threads == (512, 1, 1)

@@ -33,7 +33,6 @@ from bob.program.bob import adam_scalar_table
 HERE = Path(__file__).resolve().parent
 ARRAYS = {"hard": 4, "corpus": 5}  # slice arrays in shared memory: w, m, v, e (, t)
 STATIC_BYTES = 12288  # ClusterShared, generously
-HELD_QUADS = 7  # CLUSTER_HELD_QUADS
 CHUNK_ROWS = 256  # rows generated (and regenerated for the check) together
 
 
@@ -44,19 +43,13 @@ def cluster_source(macros: str = "") -> KernelSource:
                         (*shipped.headers, ("bob_cluster.cuh", header)))
 
 
-def cluster_ctas(vocab: int, mode: str, limit: int,
-                 threads: int = 512) -> tuple[int, int, bool]:
-    """The fewest CTAs (a power of two) whose slices fit `limit` bytes, the slices' bytes,
-    and whether the corpus weights are held in registers (CLUSTER_HELD_WEIGHTS: at most
-    HELD_QUADS quads a thread), which leaves w, m, v and e in shared memory."""
+def cluster_ctas(vocab: int, mode: str, limit: int) -> tuple[int, int]:
+    """The fewest CTAs (a power of two) whose slices fit `limit` bytes, and the bytes."""
     chain = -(-vocab // 256)
     for ctas in (2, 4, 8, 16):
-        quads = chain * (256 // ctas) // 4
-        held = mode == "corpus" and quads <= HELD_QUADS * threads
-        arrays = ARRAYS[mode] - held
-        need = arrays * 16 * quads
+        need = ARRAYS[mode] * 4 * chain * (256 // ctas)
         if need + STATIC_BYTES <= limit:
-            return ctas, need, held
+            return ctas, need
     raise SystemExit(f"V={vocab} {mode}: a slice of 16 CTAs needs more than {limit} bytes")
 
 
@@ -108,10 +101,9 @@ class Device:
         limit = driver.call("cuDeviceGetAttribute",
                             attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                             device)
-        ctas, dynamic, held = cluster_ctas(vocab, mode, limit, threads)
-        macros = (f"#define CLUSTER_THREADS {threads}u\n#define CLUSTER_HELD_QUADS {HELD_QUADS}u\n"
-                  f"#define CLUSTER_HELD_WEIGHTS {int(held)}\n{macros}")
-        image = compile_source(cluster_source(macros), "sm_90").image
+        ctas, dynamic = cluster_ctas(vocab, mode, limit)
+        image = compile_source(cluster_source(f"#define CLUSTER_THREADS {threads}u\n{macros}"),
+                               "sm_90").image
         module = driver.call("cuModuleLoadData", np.frombuffer(image, np.uint8).ctypes.data)
         function = driver.call("cuModuleGetFunction", module,
                                f"bob_fused_train_cluster_{mode}".encode())

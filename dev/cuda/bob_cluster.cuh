@@ -88,7 +88,6 @@ struct ClusterRow {
     const FusedArgs& a;
     ClusterShared& shared;
     float4 *w, *m, *v, *e, *t;  // the slice's quads: `quads` each, in dynamic shared memory
-    // (t: unused here; the weights are ClusterWeights')
     u32 rank, lane_bits, chain, quads;  // L = 1 << lane_bits; chain = ceil(V / 256)
     u32 turn;
 
@@ -198,56 +197,15 @@ static __device__ __forceinline__ float4 quad(const float (&x)[4]) {
     return make_float4(x[0], x[1], x[2], x[3]);
 }
 
-// A thread's corpus weights: in registers (CLUSTER_HELD_WEIGHTS: its quads q = t + T i, i <
-// CLUSTER_HELD_QUADS, so the slices need only w, m, v and e in shared memory), or in shared
-// memory beside them; the hard kernel has none.
-#ifndef CLUSTER_HELD_WEIGHTS
-#define CLUSTER_HELD_WEIGHTS 1
-#endif
-#ifndef CLUSTER_HELD_QUADS
-#define CLUSTER_HELD_QUADS 7u
-#endif
-template <bool CORPUS, bool HELD>
-struct ClusterWeights {
-    float4* t;  // the slice's weights in shared memory (!HELD)
-    float4 held[HELD ? CLUSTER_HELD_QUADS : 1];
-    __device__ float4 get(u32 q, u32 i) const {
-        if constexpr (!CORPUS) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        else if constexpr (HELD) return held[i];
-        else return t[q];
-    }
-    __device__ void set(u32 q, u32 i, float4 x) {
-        if constexpr (HELD) held[i] = x;
-        else if constexpr (CORPUS) t[q] = x;
-    }
-};
-
-// body(q, i) for this thread's quads q = threadIdx.x + T i < quads: unrolled where the
-// weights are in registers (their index must be known), a loop otherwise.
-template <bool UNROLLED, typename Body>
-static __device__ __forceinline__ void each_quad(u32 quads, Body body) {
-    if constexpr (UNROLLED) {
-#pragma unroll
-        for (u32 i = 0; i < CLUSTER_HELD_QUADS; ++i) {
-            const u32 q = threadIdx.x + CLUSTER_THREADS * i;
-            if (q < quads) body(q, i);
-        }
-    } else {
-        u32 i = 0;
-        for (u32 q = threadIdx.x; q < quads; q += CLUSTER_THREADS) body(q, i++);
-    }
-}
-
 // The finish of row r from its final w (e and s of it): the gradients stored, and the loss.
-template <bool CORPUS, bool HELD>
-static __device__ void finish_row(const FusedArgs& a, ClusterRow<CORPUS>& row,
-                                  const ClusterWeights<CORPUS, HELD>& weights, u64 base, u32 r,
+template <bool CORPUS>
+static __device__ void finish_row(const FusedArgs& a, ClusterRow<CORPUS>& row, u64 base, u32 r,
                                   u32 target, float weight_sum, float s, float row_max) {
     const float big_l = bob_log2(s);
-    each_quad<HELD>(row.quads, [&](u32 q, u32 i) {
+    for (u32 q = threadIdx.x; q < row.quads; q += CLUSTER_THREADS) {
         const u32 j0 = row.column(4u * q);
         const float4 wq = row.w[q], eq = row.e[q];
-        const float4 tq = weights.get(q, i);
+        const float4 tq = CORPUS ? row.t[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         float terms[4];
 #pragma unroll
         for (u32 c = 0; c < 4u; ++c) {
@@ -266,7 +224,7 @@ static __device__ void finish_row(const FusedArgs& a, ClusterRow<CORPUS>& row,
             }
         }
         if (CORPUS) row.e[q] = quad(terms);  // only this thread reads these e in this pass
-    });
+    }
     if (CORPUS) {
         const float total = row.sum(row.e);
         if (row.rank == 0 && threadIdx.x == 0) a.loss[r] = canonical(mul(a.ln2, total));
@@ -275,7 +233,7 @@ static __device__ void finish_row(const FusedArgs& a, ClusterRow<CORPUS>& row,
     }
 }
 
-template <bool CORPUS, bool HELD>
+template <bool CORPUS>
 static __device__ void fused_cluster(const FusedArgs& a) {
     __shared__ ClusterShared shared;
     extern __shared__ float4 slices[];
@@ -283,19 +241,16 @@ static __device__ void fused_cluster(const FusedArgs& a) {
     const u32 lane_bits = 8u - (31u - __clz(ctas));  // L = 256 / C, C a power of two
     const u32 chain = (a.vocab + LANES - 1u) / LANES;
     const u32 quads = (chain << lane_bits) / 4u;
-    if (HELD && quads > CLUSTER_HELD_QUADS * CLUSTER_THREADS) __trap();
     ClusterRow<CORPUS> row{a, shared, slices, slices + quads, slices + 2u * quads,
-                           slices + 3u * quads, nullptr, cluster_rank(), lane_bits, chain,
-                           quads, 0u};
-    ClusterWeights<CORPUS, HELD> weights;
-    weights.t = slices + 4u * quads;
+                           slices + 3u * quads, CORPUS ? slices + 4u * quads : nullptr,
+                           cluster_rank(), lane_bits, chain, quads, 0u};
     StagedScalars scalars{shared.scalars, CLUSTER_THREADS};
 
     for (u32 r = cluster_index(); r < a.vocab; r += cluster_count()) {
         const u64 base = (u64)r * a.vocab;
         const u32 target = CORPUS ? 0u : a.targets[r];
         float held = f32(NEG_INF);
-        each_quad<HELD>(quads, [&](u32 q, u32 i) {
+        for (u32 q = threadIdx.x; q < quads; q += CLUSTER_THREADS) {
             const u32 j0 = row.column(4u * q);
             float w[4], m[4], v[4], t[4];
 #pragma unroll
@@ -310,38 +265,33 @@ static __device__ void fused_cluster(const FusedArgs& a) {
             row.w[q] = quad(w);
             row.m[q] = quad(m);
             row.v[q] = quad(v);
-            if (CORPUS) {
-                weights.set(q, i, quad(t));
-                row.e[q] = quad(t);  // for the weight sum's fold
-            }
-        });
-        const float weight_sum = CORPUS ? row.sum(row.e) : 0.0f;
+            if (CORPUS) row.t[q] = quad(t);
+        }
+        const float weight_sum = CORPUS ? row.sum(row.t) : 0.0f;
         float row_max = row.max(held);
 
         for (u32 k = 0; k <= a.updates; ++k) {
             const bool finishing = k == a.updates;
             if (finishing && !a.finish) break;
             if (!finishing) scalars.stage(a, k);
-            each_quad<HELD>(quads, [&](u32 q, u32) {
+            for (u32 q = threadIdx.x; q < quads; q += CLUSTER_THREADS) {
                 const float4 wq = row.w[q];
                 float e[4];
 #pragma unroll
-                for (u32 c = 0; c < 4u; ++c) {
-                    e[c] = bob_exp2(exponent(part(wq, c), row_max, a.log2e));
-                }
+                for (u32 c = 0; c < 4u; ++c) e[c] = bob_exp2(exponent(part(wq, c), row_max, a.log2e));
                 row.e[q] = quad(e);
-            });
+            }
             const float s = row.sum(row.e);
             if (finishing) {
-                finish_row(a, row, weights, base, r, target, weight_sum, s, row_max);
+                finish_row(a, row, base, r, target, weight_sum, s, row_max);
                 break;
             }
             const AdamStep step = scalars.step(a, k);  // after the sum's barriers
             held = f32(NEG_INF);
-            each_quad<HELD>(quads, [&](u32 q, u32 i) {
+            for (u32 q = threadIdx.x; q < quads; q += CLUSTER_THREADS) {
                 const u32 j0 = row.column(4u * q);
                 const float4 wq = row.w[q], mq = row.m[q], vq = row.v[q], eq = row.e[q];
-                const float4 tq = weights.get(q, i);
+                const float4 tq = CORPUS ? row.t[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 float w[4], m[4], v[4], e[4], t[4];
                 u32 j[4];
                 bool inside[4];
@@ -364,11 +314,11 @@ static __device__ void fused_cluster(const FusedArgs& a) {
                 row.w[q] = quad(w);
                 row.m[q] = quad(m);
                 row.v[q] = quad(v);
-            });
+            }
             row_max = row.max(held);
         }
 
-        each_quad<HELD>(quads, [&](u32 q, u32) {
+        for (u32 q = threadIdx.x; q < quads; q += CLUSTER_THREADS) {
             const u32 j0 = row.column(4u * q);
             const float4 wq = row.w[q], mq = row.m[q], vq = row.v[q];
 #pragma unroll
@@ -379,7 +329,7 @@ static __device__ void fused_cluster(const FusedArgs& a) {
                     a.second_moment[base + j0 + c] = canonical(part(vq, c));
                 }
             }
-        });
+        }
     }
     cluster_barrier();  // no CTA leaves while another may read its shared memory
 }
@@ -392,7 +342,7 @@ extern "C" __global__ CLUSTER_BOUNDS void bob_fused_train_cluster_hard(
     const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
                       loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
     if (blockDim.x != CLUSTER_THREADS) __trap();
-    fused_cluster<false, false>(a);
+    fused_cluster<false>(a);
 }
 
 extern "C" __global__ CLUSTER_BOUNDS void bob_fused_train_cluster_corpus(
@@ -403,5 +353,5 @@ extern "C" __global__ CLUSTER_BOUNDS void bob_fused_train_cluster_corpus(
     const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
                       loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
     if (blockDim.x != CLUSTER_THREADS) __trap();
-    fused_cluster<true, CLUSTER_HELD_WEIGHTS>(a);
+    fused_cluster<true>(a);
 }
