@@ -1,0 +1,447 @@
+"""The seed kernels in Bob's own machine code, written with ``bob.isa.builder``.
+
+Each kernel performs the operation sequence of docs/ARITHMETIC.md (the same as
+``cuda/bob_kernels.cu`` and ``reference.py``), so the bytes it stores equal
+theirs. Shapes chosen for simple, provable code rather than speed:
+
+- Every branch is uniform over the block: loops run over a block-wide base
+  index and each lane's element is guarded by a predicate, so no warp ever
+  diverges and no reconvergence barrier is needed.
+- Reductions are the 256-lane tree of ARITHMETIC.md in shared memory, one
+  level per barrier (lane l < s combines lane l + s), so the order is the
+  specified one by construction.
+- Division and square root are correctly rounded for every binary32 input by
+  their own construction (``divide``, ``square_root``): operands are scaled
+  exactly into [1, 2) (or [1, 4)), a Newton sequence from MUFU gives a
+  candidate within one ulp, and an exact test against the rounding midpoints
+  fixes the last bit, so the result does not depend on MUFU's last bits.
+- ``exp2``'s round-to-integer is the 1.5 * 2^23 addition (exact for the
+  clamped range, ties to even), which also gives k from the sum's bits.
+
+Register and predicate use is explicit; the routines document what they clobber.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bob.isa.builder import Builder, Image
+from bob.isa.model import PT, RZ, CBuf, GMem, Imm, Pred, Reg, SMem, SReg, UReg
+from bob.plan.model import Param
+from bob.plan.placement import TARGETS, argument_slots
+
+LANES = 256
+TID_X = 0x21
+CTAID_X = 0x25
+DESC = 4  # UR4:UR5 hold the global memory descriptor
+NAN_BITS = 0x7FFFFFFF  # the canonical NaN every kernel stores
+POS_INF = 0x7F800000
+NEG_INF = 0xFF800000
+SIGN = 0x80000000
+ONE = 0x3F800000
+TWO_POW_24 = 0x4B800000
+ROUND_MAGIC = 0x4B400000  # 1.5 * 2^23
+EXP2_LOW = 0xC3170000  # -151
+EXP2_HIGH = 0x43010000  # 129
+MIN_NORMAL = 0x00800000
+HALF = 0x3F000000
+
+# LOP3 truth tables over (a, b, c) = (0xF0, 0xCC, 0xAA).
+AND_AB = 0xC0
+OR_AB = 0xFC
+XOR_AC_AND_B = 0x48  # (a ^ c) & b
+OR_AC = 0xFA
+
+
+def r(index: int, neg: bool = False, abs_: bool = False) -> Reg:
+    return Reg(index, neg, abs_)
+
+
+RZR = Reg(RZ)
+PTP = Pred(PT)
+
+
+def p(index: int, inverted: bool = False) -> Pred:
+    return Pred(index, inverted)
+
+
+def imm(value: int) -> Imm:
+    return Imm(value & 0xFFFFFFFF)
+
+
+class Asm:
+    """A Builder with the spellings Bob's kernels use, and its constant-bank facts."""
+
+    def __init__(self, arch: str, params: tuple[Param, ...]):
+        self.b = Builder(arch)
+        self.arch = arch
+        self.facts = self.b.facts
+        self.slots = {slot.param.name: slot.offset
+                      for slot in argument_slots(TARGETS[arch], params)}
+        self._labels = 0
+
+    def fresh(self, stem: str) -> str:
+        self._labels += 1
+        return f"{stem}{self._labels}"
+
+    def param(self, name: str) -> CBuf:
+        return CBuf(0, self.slots[name])
+
+    def op(self, *args, **kwargs) -> None:
+        self.b.op(*args, **kwargs)
+
+    # -- moves and integers -------------------------------------------------------------
+    def mov(self, d: int, value: int | Reg | CBuf, guard: Pred = PTP) -> None:
+        if isinstance(value, int):
+            self.op("MOV.I", r(d), imm(value), guard=guard)
+        elif isinstance(value, CBuf):
+            self.op("MOV.C", r(d), value, guard=guard)
+        else:
+            self.op("MOV.R", r(d), value, guard=guard)
+
+    def pointer(self, d: int, name: str) -> None:
+        """Registers d, d + 1 := the pointer argument `name`."""
+        self.op("LDC", r(d), CBuf(0, self.slots[name], index=RZ), mods="64")
+
+    def add(self, d: int, a: Reg, b: int | Reg, guard: Pred = PTP) -> None:
+        if isinstance(b, int):
+            self.op("IADD3.RRIR", r(d), a, imm(b), RZR, guard=guard)
+        else:
+            self.op("IADD3.RRRR", r(d), a, b, RZR, guard=guard)
+
+    def logic(self, d: int, a: Reg, b: int | Reg, c: Reg, lut: int) -> None:
+        if isinstance(b, int):
+            self.op("LOP3.LUT.RRIR", r(d), a, imm(b), c, Imm(lut), PTP)
+        else:
+            self.op("LOP3.LUT.RRRR", r(d), a, b, c, Imm(lut), PTP)
+
+    def shr(self, d: int, a: Reg, shift: int | Reg, signed: bool = False) -> None:
+        kind = "S32" if signed else "U32"
+        if isinstance(shift, int):
+            self.op("SHF.RRIR", r(d), RZR, imm(shift), a, mods=("R", kind, "HI"))
+        else:
+            self.op("SHF.RRRR", r(d), RZR, shift, a, mods=("R", kind, "HI"))
+
+    def shl(self, d: int, a: Reg, shift: int | Reg) -> None:
+        if isinstance(shift, int):
+            self.op("SHF.RRIR", r(d), a, imm(shift), RZR, mods=("L", "U32"))
+        else:
+            self.op("SHF.RRRR", r(d), a, shift, RZR, mods=("L", "U32"))
+
+    def lea(self, d: int, a: Reg, b: int | Reg, shift: int) -> None:
+        """d = (a << shift) + b."""
+        if isinstance(b, int):
+            self.op("LEA.RRI", r(d), a, imm(b), Imm(shift))
+        else:
+            self.op("LEA.RRR", r(d), a, b, Imm(shift))
+
+    def wide(self, d: int, a: Reg, b: int | Reg, c: int) -> None:
+        """d:d+1 = a * b + c:c+1 (unsigned)."""
+        if isinstance(b, int):
+            self.op("IMAD.WIDE.RRIR", r(d), a, imm(b), r(c), mods="U32")
+        else:
+            self.op("IMAD.WIDE.RRRR", r(d), a, b, r(c), mods="U32")
+
+    def mad(self, d: int, a: Reg, b: int | Reg, c: Reg) -> None:
+        if isinstance(b, int):
+            self.op("IMAD.RRIR", r(d), a, imm(b), c, mods="U32")
+        else:
+            self.op("IMAD.RRRR", r(d), a, b, c, mods="U32")
+
+    def isetp(self, dst: int, compare: str, a: Reg, b: int | Reg | CBuf, *, signed: bool = False,
+              combine: str = "AND", other: Pred = PTP, guard: Pred = PTP) -> None:
+        mods = (compare, *(() if signed else ("U32",)), combine)
+        if isinstance(b, int):
+            self.op("ISETP.PPRIP", p(dst), PTP, a, imm(b), other, mods=mods, guard=guard)
+        elif isinstance(b, CBuf):
+            self.op("ISETP.PPRCP", p(dst), PTP, a, b, other, mods=mods, guard=guard)
+        else:
+            self.op("ISETP.PPRRP", p(dst), PTP, a, b, other, mods=mods, guard=guard)
+
+    def isetp_ex(self, dst: int, compare: str, a: Reg, b: Reg | CBuf, low: Pred) -> None:
+        """The 64-bit comparison's high words; `low` holds the low words' result."""
+        mods = (compare, "U32", "AND", "EX")
+        form = "ISETP.EX.PPRCPP" if isinstance(b, CBuf) else "ISETP.EX.PPRRPP"
+        self.op(form, p(dst), PTP, a, b, PTP, low, mods=mods)
+
+    def sel(self, d: int, a: Reg, b: int | Reg, choose_a: Pred) -> None:
+        if isinstance(b, int):
+            self.op("SEL.RIP", r(d), a, imm(b), choose_a)
+        else:
+            self.op("SEL.RRP", r(d), a, b, choose_a)
+
+    # -- binary32 -----------------------------------------------------------------------
+    def fadd(self, d: int, a: Reg, b: int | Reg | CBuf, guard: Pred = PTP) -> None:
+        self.op(_form("FADD", b), r(d), a, _src(b), guard=guard)
+
+    def fmul(self, d: int, a: Reg, b: int | Reg | CBuf, ftz: bool = False) -> None:
+        self.op(_form("FMUL", b), r(d), a, _src(b), mods=("FTZ",) if ftz else ())
+
+    def ffma(self, d: int, a: Reg, b: Reg, c: int | Reg) -> None:
+        if isinstance(c, int):
+            self.op("FFMA.RRI", r(d), a, b, imm(c))
+        else:
+            self.op("FFMA.RRR", r(d), a, b, c)
+
+    def fsetp(self, dst: int, compare: str, a: Reg, b: int | Reg | CBuf, *,
+              combine: str = "AND", other: Pred = PTP) -> None:
+        form = {"I": "FSETP.PPRIP", "C": "FSETP.PPRCP", "R": "FSETP.PPRRP"}[_kind(b)]
+        self.op(form, p(dst), PTP, a, _src(b), other, mods=(compare, combine))
+
+    def fsel(self, d: int, a: Reg, b: int | Reg, choose_a: Pred) -> None:
+        self.op("FSEL.RIP" if isinstance(b, int) else "FSEL.RRP", r(d), a, _src(b), choose_a)
+
+    def canonical(self, x: int, scratch_pred: int) -> None:
+        """x := the canonical NaN where x is a NaN."""
+        self.fsetp(scratch_pred, "NAN", r(x), r(x))
+        self.mov(x, NAN_BITS, guard=p(scratch_pred))
+
+    # -- memory -------------------------------------------------------------------------
+    def ldg(self, d: int, address: int, guard: Pred = PTP) -> None:
+        self.op("LDG.E", r(d), GMem(address, 0, DESC), guard=guard)
+
+    def stg(self, address: int, value: int, guard: Pred = PTP) -> None:
+        self.op("STG.E", GMem(address, 0, DESC), r(value), guard=guard)
+
+    def lds(self, d: int, base: int, offset: int, guard: Pred = PTP) -> None:
+        self.op("LDS", r(d), SMem(base, self.facts.shared_base + offset), guard=guard)
+
+    def sts(self, base: int, offset: int, value: int, guard: Pred = PTP) -> None:
+        self.op("STS", SMem(base, self.facts.shared_base + offset), r(value), guard=guard)
+
+    def barrier(self) -> None:
+        self.op("BAR.SYNC.I", Imm(0))
+
+    def prologue(self, tid: int, ctaid: int | None, scratch: int) -> None:
+        """The descriptor in UR4:UR5, tid (and ctaid); trap unless blockDim.x is 256
+        (the reductions' order, and the loops' stride, assume it)."""
+        self.op("ULDC", UReg(DESC), CBuf(0, self.facts.descriptor_offset), mods="64")
+        self.op("S2R", r(tid), SReg(TID_X))
+        if ctaid is not None:
+            self.op("S2R", r(ctaid), SReg(CTAID_X))
+        self.op("LDC", r(scratch), CBuf(0, 0, index=RZ))  # blockDim.x
+        self.isetp(0, "NE", r(scratch), LANES)
+        self.op("BPT.TRAP", Imm(1), guard=p(0))
+
+    def exit(self, guard: Pred = PTP) -> None:
+        self.op("EXIT", guard=guard)
+
+    def image(self, name: str, shared_bytes: int = 0) -> Image:
+        return self.b.image(name, shared_bytes=shared_bytes)
+
+
+def _kind(b) -> str:
+    return "I" if isinstance(b, int) else "C" if isinstance(b, CBuf) else "R"
+
+
+def _form(mnemonic: str, b) -> str:
+    return f"{mnemonic}.R{_kind(b)}"
+
+
+def _src(b):
+    return imm(b) if isinstance(b, int) else b
+
+
+# -- division and square root -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """Registers a routine may clobber: `first` .. `first + count - 1` (pairs aligned)."""
+
+    first: int
+    count: int
+
+    def __call__(self, i: int) -> int:
+        if not 0 <= i < self.count:
+            raise ValueError(f"scratch register {i} of {self.count}")
+        return self.first + i
+
+
+DIVIDE_SCRATCH = 22
+SQRT_SCRATCH = 14
+
+
+def _normalize(s: Asm, x: int, magnitude: int, mantissa: int, exponent: int, pred: int) -> None:
+    """From |x| in `magnitude` (finite, nonzero: other values give garbage, overridden
+    later): mantissa := its significand in [1, 2) as binary32 bits, exponent := its
+    unbiased exponent. Subnormals are scaled by 2^24 first, exactly."""
+    s.logic(magnitude, r(x), 0x7FFFFFFF, RZR, AND_AB)
+    s.isetp(pred, "LT", r(magnitude), MIN_NORMAL)
+    s.mov(exponent, 0)
+    s.fmul_guarded(magnitude, r(magnitude), TWO_POW_24, p(pred))
+    s.mov(exponent, 24, guard=p(pred))
+    s.shr(mantissa, r(magnitude), 23)
+    s.op("IADD3.RRRR", r(exponent), r(mantissa), r(exponent, neg=True), RZR)
+    s.add(exponent, r(exponent), -127)
+    s.logic(mantissa, r(magnitude), 0x007FFFFF, RZR, AND_AB)
+    s.logic(mantissa, r(mantissa), ONE, RZR, OR_AB)
+
+
+def _fmul_guarded(self: Asm, d: int, a: Reg, b: int, guard: Pred) -> None:
+    self.op("FMUL.RI", r(d), a, imm(b), guard=guard)
+
+
+Asm.fmul_guarded = _fmul_guarded  # type: ignore[attr-defined]
+
+
+def divide(s: Asm, d: int, a: int, b: int, t: Scratch) -> None:
+    """d := a / b correctly rounded (IEEE round to nearest even, subnormals kept), for
+    every binary32 a and b. Clobbers the scratch registers and P0..P5; d may be a or b.
+
+    |a| = A 2^ea, |b| = B 2^eb with A, B in [1, 2) (exact scaling). q = A / B rounded to
+    24 bits: a Newton sequence from MUFU.RCP gives a candidate within one ulp; the exact
+    remainder A - qB compared with B times half an ulp (both exact) moves it to the
+    correctly rounded one. The result q 2^(ea - eb) is made by two power-of-two
+    products of which only the last rounds (subnormal results). Where that rounding
+    meets an exact midpoint that the quotient only reached by its own rounding, q is
+    first moved one ulp towards the true quotient (the remainder's sign), so the last
+    rounding goes the way the exact quotient does.
+    """
+    sign, abs_a, abs_b = t(0), t(1), t(2)
+    big_a, big_b, ea, eb = t(3), t(4), t(5), t(6)
+    r0, e1, q, rem = t(7), t(8), t(9), t(10)
+    hu, hd, e, y = t(11), t(12), t(13), t(14)
+    w1, w2, w3 = t(15), t(16), t(17)
+    s.logic(sign, r(a), SIGN, r(b), XOR_AC_AND_B)
+    _normalize(s, a, abs_a, big_a, ea, 0)
+    _normalize(s, b, abs_b, big_b, eb, 0)
+    s.op("IADD3.RRRR", r(e), r(ea), r(eb, neg=True), RZR)
+    # q: MUFU.RCP, a Newton step on the reciprocal, the quotient and its correction.
+    s.op("MUFU.R", r(r0), r(big_b), mods="RCP")
+    s.ffma(e1, r(big_b, neg=True), r(r0), ONE)
+    s.ffma(r0, r(r0), r(e1), r(r0))
+    s.fmul(q, r(big_a), r(r0))
+    s.ffma(rem, r(big_b, neg=True), r(q), r(big_a))
+    s.ffma(q, r(r0), r(rem), r(q))
+    # The exact remainder and the midpoints: q +- ulp/2 scaled by B.
+    s.ffma(rem, r(q, neg=True), r(big_b), r(big_a))
+    s.logic(hu, r(q), POS_INF, RZR, AND_AB)
+    s.add(hu, r(hu), -(24 << 23))  # 2^(E - 24): half an ulp of q
+    s.fmul(hu, r(big_b), r(hu))  # exact
+    s.logic(w1, r(q), 0x007FFFFF, RZR, AND_AB)
+    s.isetp(1, "EQ", r(w1), 0)  # q a power of two: the ulp below is half
+    s.fmul(hd, r(hu), HALF)
+    s.fsel(hd, r(hd), r(hu), p(1))
+    s.logic(w1, r(q), 1, RZR, AND_AB)
+    s.isetp(3, "NE", r(w1), 0)  # q odd
+    s.fsetp(2, "EQ", r(rem), r(hu), other=p(3))
+    s.fsetp(1, "GT", r(rem), r(hu), combine="OR", other=p(2))
+    s.fsetp(2, "EQ", r(rem), r(hd, neg=True), other=p(3))
+    s.fsetp(4, "LT", r(rem), r(hd, neg=True), combine="OR", other=p(2))
+    s.add(q, r(q), 1, guard=p(1))
+    s.add(q, r(q), -1, guard=p(4))
+    s.ffma(rem, r(q, neg=True), r(big_b), r(big_a))  # exact, for the last rounding
+    # e clamped to [-152, 129]: beyond, the result is 0 or inf either way.
+    s.isetp(1, "LT", r(e), -152, signed=True)
+    s.sel(e, r(e), -152, p(1, True))
+    s.isetp(1, "GT", r(e), 129, signed=True)
+    s.sel(e, r(e), 129, p(1, True))
+    # Dropped bits of a subnormal result: drop = -126 - (E_q + e), clamped to 25.
+    s.shr(w1, r(q), 23)
+    s.op("IADD3.RRRR", r(w1), r(w1), r(e), RZR)  # biased E_q + e
+    s.op("IADD3.RRIR", r(w1), r(w1, neg=True), imm(127 - 126), RZR)  # 1 - (E_q + e + 127)
+    s.isetp(1, "GT", r(w1), 25, signed=True)
+    s.sel(w1, r(w1), 25, p(1, True))
+    s.isetp(5, "GT", r(w1), 0, signed=True)  # a subnormal (or zero) result
+    s.mov(w2, 1)
+    s.shl(w2, r(w2), r(w1))  # 2^drop
+    s.add(w3, r(w2), -1)
+    s.logic(y, r(q), 0x007FFFFF, RZR, AND_AB)
+    s.logic(y, r(y), 0x00800000, RZR, OR_AB)  # the significand
+    s.logic(y, r(y), r(w3), RZR, AND_AB)  # its dropped bits
+    s.shr(w2, r(w2), 1)  # half of 2^drop
+    s.isetp(1, "EQ", r(y), r(w2), other=p(5))
+    s.fsetp(2, "NE", r(rem), RZR, other=p(1))  # a midpoint the exact quotient is not on
+    s.fsetp(3, "GT", r(rem), RZR, other=p(2))
+    s.fsetp(4, "LT", r(rem), RZR, other=p(2))
+    s.add(q, r(q), 1, guard=p(3))
+    s.add(q, r(q), -1, guard=p(4))
+    # q 2^e as q 2^k1 2^k2, k1 = floor(e / 2): the first product is exact.
+    s.shr(w1, r(e), 1, signed=True)
+    s.op("IADD3.RRRR", r(w2), r(e), r(w1, neg=True), RZR)
+    s.lea(w1, r(w1), ONE, 23)
+    s.lea(w2, r(w2), ONE, 23)
+    s.fmul(y, r(q), r(w1))
+    s.fmul(y, r(y), r(w2))
+    s.logic(y, r(y), r(sign), RZR, OR_AB)
+    # Special operands, by their magnitudes' bits (|x| of a subnormal x was scaled, of
+    # 0 and inf not).
+    s.isetp(1, "EQ", r(abs_a), 0)
+    s.isetp(1, "EQ", r(abs_b), POS_INF, combine="OR", other=p(1))  # a zero result
+    s.isetp(2, "EQ", r(abs_a), POS_INF)
+    s.isetp(2, "EQ", r(abs_b), 0, combine="OR", other=p(2))  # an infinite result
+    s.logic(w1, r(a), 0x7FFFFFFF, RZR, AND_AB)
+    s.logic(w2, r(b), 0x7FFFFFFF, RZR, AND_AB)
+    s.isetp(4, "EQ", r(w1), r(w2), other=p(1))  # 0 / 0 or inf / inf
+    s.isetp(4, "GT", r(w1), POS_INF, combine="OR", other=p(4))
+    s.isetp(4, "GT", r(w2), POS_INF, combine="OR", other=p(4))  # or a NaN operand
+    s.mov(y, r(sign), guard=p(1))
+    s.op("LOP3.LUT.RRIR", r(y), r(sign), imm(POS_INF), RZR, Imm(OR_AB), PTP, guard=p(2))
+    s.mov(y, NAN_BITS, guard=p(4))
+    s.mov(d, r(y))
+
+
+def square_root(s: Asm, d: int, x: int, t: Scratch) -> None:
+    """d := sqrt(x) correctly rounded for every binary32 x. Clobbers the scratch
+    registers and P0..P2; d may be x.
+
+    x = M 4^k with M in [1, 4) (subnormals scaled by 2^24 first, exactly); MUFU.RSQ and
+    one correction by the residual give a candidate y within one ulp of sqrt(M), kept in
+    [1, 2). With Y = y 2^23 and M 2^23 integers, the midpoints (2Y +- 1) 2^-24 are
+    compared with sqrt(M) exactly as 64-bit integers: (2Y +- 1)^2 against M 2^48
+    (odd against even: a square root never lies on a midpoint). The result is the
+    corrected y with k added to its exponent.
+    """
+    xs, u, k, parity, big_m = t(0), t(1), t(2), t(3), t(4)
+    rs, y, h, w, sq = t(5), t(6), t(7), t(8), t(10)  # sq: t(10), t(11) a pair
+    m_lo, m_hi = t(12), t(13)
+    s.mov(xs, r(x))
+    s.isetp(0, "LT", r(x), MIN_NORMAL)
+    s.mov(u, -127)
+    s.fmul_guarded(xs, r(xs), TWO_POW_24, p(0))
+    s.mov(u, -127 - 24, guard=p(0))
+    s.shr(w, r(xs), 23)
+    s.op("IADD3.RRRR", r(u), r(u), r(w), RZR)  # the unbiased exponent
+    s.logic(parity, r(u), 1, RZR, AND_AB)
+    s.op("IADD3.RRRR", r(k), r(u), r(parity, neg=True), RZR)
+    s.shr(k, r(k), 1, signed=True)
+    s.logic(big_m, r(xs), 0x007FFFFF, RZR, AND_AB)
+    s.logic(big_m, r(big_m), ONE, RZR, OR_AB)
+    s.lea(big_m, r(parity), r(big_m), 23)  # M in [2, 4) for an odd exponent
+    s.op("MUFU.R", r(rs), r(big_m), mods="RSQ")
+    s.fmul(y, r(big_m), r(rs))
+    s.fmul(h, r(rs), HALF)
+    s.ffma(w, r(y, neg=True), r(y), r(big_m))
+    s.ffma(y, r(w), r(h), r(y))
+    s.isetp(0, "LT", r(y), ONE)
+    s.sel(y, r(y), ONE, p(0, True))
+    s.isetp(0, "GT", r(y), 0x3FFFFFFF)
+    s.sel(y, r(y), 0x3FFFFFFF, p(0, True))
+    # M 2^48 as a 64-bit integer: (M 2^23) << 25, M 2^23 = significand << parity.
+    s.logic(w, r(xs), 0x007FFFFF, RZR, AND_AB)
+    s.logic(w, r(w), 0x00800000, RZR, OR_AB)
+    s.shl(w, r(w), r(parity))
+    s.shl(m_lo, r(w), 25)
+    s.shr(m_hi, r(w), 7)
+    s.logic(w, r(y), 0x007FFFFF, RZR, AND_AB)
+    s.logic(w, r(w), 0x00800000, RZR, OR_AB)  # Y
+    s.lea(h, r(w), 1, 1)  # 2Y + 1
+    s.wide(sq, r(h), r(h), RZ)
+    s.isetp(1, "LT", r(sq), r(m_lo))
+    s.isetp_ex(1, "LT", r(sq + 1), r(m_hi), p(1))  # the upper midpoint is below sqrt(M)
+    s.lea(h, r(w), -1, 1)  # 2Y - 1
+    s.wide(sq, r(h), r(h), RZ)
+    s.isetp(2, "GT", r(sq), r(m_lo))
+    s.isetp_ex(2, "GT", r(sq + 1), r(m_hi), p(2))  # the lower one is above it
+    s.add(y, r(y), 1, guard=p(1))
+    s.add(y, r(y), -1, guard=p(2))
+    s.lea(y, r(k), r(y), 23)
+    # +0, -0 and +inf are their own roots; NaN and negative numbers give NaN.
+    s.isetp(0, "GT", r(x), POS_INF)
+    s.mov(y, NAN_BITS, guard=p(0))
+    s.isetp(0, "EQ", r(x), POS_INF)
+    s.logic(w, r(x), 0x7FFFFFFF, RZR, AND_AB)
+    s.isetp(0, "EQ", r(w), 0, combine="OR", other=p(0))
+    s.mov(y, r(x), guard=p(0))
+    s.mov(d, r(y))

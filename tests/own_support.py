@@ -1,0 +1,57 @@
+"""Running Bob's own kernels on the emulator (tests/isa_emulator.py): test harnesses."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bob.kernels.own import LANES, Asm, Scratch, divide, p, r, square_root
+from bob.plan.model import Footprint, PointerParam, ScalarParam
+from isa_emulator import Arena, Launch, constants
+
+ELEMENTWISE = (
+    PointerParam("out", Footprint(4, ("count",)), "write"),
+    PointerParam("a", Footprint(4, ("count",)), "read"),
+    PointerParam("b", Footprint(4, ("count",)), "read"),
+    ScalarParam("count", "u32"),
+)
+
+
+def elementwise(arch: str, operation: str):
+    """out[i] = a[i] / b[i] ("divide") or sqrt(a[i]) ("sqrt"), one element per thread."""
+    s = Asm(arch, ELEMENTWISE)
+    tid, ctaid, i, addr, x, y = 0, 1, 2, 4, 6, 7
+    s.prologue(tid, ctaid, scratch=3)
+    s.lea(i, r(ctaid), r(tid), 8)
+    s.isetp(6, "LT", r(i), s.param("count"))
+    s.pointer(8, "a")
+    s.wide(addr, r(i), 4, 8)
+    s.ldg(x, addr, guard=p(6))
+    if operation == "divide":
+        s.pointer(8, "b")
+        s.wide(addr, r(i), 4, 8)
+        s.ldg(y, addr, guard=p(6))
+        divide(s, x, x, y, Scratch(10, 18))
+    else:
+        square_root(s, x, x, Scratch(10, 14))
+    s.pointer(8, "out")
+    s.wide(addr, r(i), 4, 8)
+    s.stg(addr, x, guard=p(6))
+    s.exit()
+    return s.image(f"test_{operation}")
+
+
+def run_elementwise(image, a: np.ndarray, b: np.ndarray | None = None, perturb: int = 0):
+    count = len(a)
+    arena = Arena()
+    out = arena.put(np.zeros(count, np.uint32))
+    pa = arena.put(a.view(np.uint32))
+    pb = arena.put((b if b is not None else a).view(np.uint32))
+    from bob.isa.builder import ARCH_FACTS
+
+    facts = ARCH_FACTS[image.arch]
+    grid = -(-count // LANES)
+    bank = constants(facts.parameter_base, facts.descriptor_offset, LANES, grid,
+                     [("u64", out), ("u64", pa), ("u64", pb), ("u32", count)])
+    memory = arena.memory()
+    Launch(image.code, image.arch, bank, memory, arena.base, grid=grid, perturb=perturb).run()
+    return Arena.read(memory, arena.base, out, np.uint32, count)
