@@ -55,3 +55,33 @@ def run_elementwise(image, a: np.ndarray, b: np.ndarray | None = None, perturb: 
     memory = arena.memory()
     Launch(image.code, image.arch, bank, memory, arena.base, grid=grid, perturb=perturb).run()
     return Arena.read(memory, arena.base, out, np.uint32, count)
+
+
+def run_region(image, region: str, grid: int, arguments: dict, perturb: int = 0) -> dict:
+    """Run `image` as `region` on the emulator: `arguments` by parameter name (arrays for
+    pointers, numbers for scalars: np.float32 for f32). Returns every pointer's array
+    after the launch, by name."""
+    from bob.isa.builder import ARCH_FACTS
+    from bob.kernels import signatures as sig
+
+    arena = Arena()
+    placed = {}
+    words = []
+    params = sig.SIGNATURES[region]
+    for param in params:
+        if isinstance(param, PointerParam):
+            array = np.ascontiguousarray(arguments[param.name])
+            placed[param.name] = (arena.put(array), array.dtype, array.size)
+            words.append(("u64", placed[param.name][0]))
+    for param in params:
+        if isinstance(param, ScalarParam):
+            value = arguments[param.name]
+            bits = int(np.float32(value).view(np.uint32)) if param.dtype == "f32" else int(value)
+            words.append(("u32", bits))
+    facts = ARCH_FACTS[image.arch]
+    bank = constants(facts.parameter_base, facts.descriptor_offset, LANES, grid, words)
+    memory = arena.memory()
+    Launch(image.code, image.arch, bank, memory, arena.base, grid=grid,
+           shared_bytes=image.shared_bytes, perturb=perturb).run()
+    return {name: Arena.read(memory, arena.base, address, dtype, size)
+            for name, (address, dtype, size) in placed.items()}

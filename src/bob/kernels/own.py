@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from bob.isa.builder import Builder, Image
 from bob.isa.model import PT, RZ, CBuf, GMem, Imm, Pred, Reg, SMem, SReg, UReg
+from bob.kernels import signatures as sig
+from bob.kernels.arith import EXP2_COEFFICIENTS, LOG2_COEFFICIENTS, SQRT2_BELOW_BITS
 from bob.plan.model import Param
 from bob.plan.placement import TARGETS, argument_slots
 
@@ -445,3 +447,453 @@ def square_root(s: Asm, d: int, x: int, t: Scratch) -> None:
     s.isetp(0, "EQ", r(w), 0, combine="OR", other=p(0))
     s.mov(y, r(x), guard=p(0))
     s.mov(d, r(y))
+
+
+# -- exp2, log2, reductions ----------------------------------------------------------------
+
+
+def exp2(s: Asm, d: int, x: int, t: Scratch) -> None:
+    """d := 2^x by ARITHMETIC.md's sequence (reference.exp2's bits). Clobbers t(0..4), P0."""
+    xc, n, f, k, k1 = t(0), t(1), t(2), t(3), t(4)
+    s.fsetp(0, "LT", r(x), EXP2_LOW)  # NaN passes both selects
+    s.fsel(xc, r(x), EXP2_LOW, p(0, True))
+    s.fsetp(0, "GT", r(xc), EXP2_HIGH)
+    s.fsel(xc, r(xc), EXP2_HIGH, p(0, True))
+    s.fadd(k, r(xc), ROUND_MAGIC)  # rint(xc) + 1.5 * 2^23: exact, ties to even
+    s.fadd(n, r(k), ROUND_MAGIC | SIGN)
+    s.fadd(f, r(xc), r(n, neg=True))  # exact, in [-0.5, 0.5]
+    coefficients = [c.bits for c in EXP2_COEFFICIENTS]
+    s.fmul(d, r(f), coefficients[7])
+    for c in reversed(coefficients[1:7]):
+        s.fadd(d, r(d), c)
+        s.fmul(d, r(d), r(f))
+    s.fadd(d, r(d), coefficients[0])
+    s.add(k, r(k), -ROUND_MAGIC)  # the integer n from the sum's bits
+    s.shr(k1, r(k), 1, signed=True)  # floor(n / 2)
+    s.op("IADD3.RRRR", r(k), r(k), r(k1, neg=True), RZR)
+    s.lea(k1, r(k1), ONE, 23)
+    s.lea(k, r(k), ONE, 23)
+    s.fmul(d, r(d), r(k1))  # exact
+    s.fmul(d, r(d), r(k))  # the one rounding
+
+
+def log2(s: Asm, d: int, x: int, t: Scratch) -> None:
+    """d := log2(x) by ARITHMETIC.md's sequence (reference.log2's bits). Clobbers the
+    scratch registers (at least 24) and P0..P5; d must not be x."""
+    xs, e, m, num, den, q, u, w = (t(i) for i in range(8))
+    s.mov(xs, r(x))
+    s.mov(e, -127)
+    s.fsetp(0, "LT", r(x), MIN_NORMAL)
+    s.fmul_guarded(xs, r(xs), TWO_POW_24, p(0))  # exact: now normal
+    s.mov(e, -127 - 24, guard=p(0))
+    s.shr(w, r(xs), 23)
+    s.op("IADD3.RRRR", r(e), r(e), r(w), RZR)
+    s.logic(m, r(xs), 0x007FFFFF, RZR, AND_AB)
+    s.logic(m, r(m), ONE, RZR, OR_AB)  # [1, 2)
+    s.fsetp(0, "GT", r(m), SQRT2_BELOW_BITS)
+    s.fmul_guarded(m, r(m), HALF, p(0))  # exact
+    s.add(e, r(e), 1, guard=p(0))
+    s.fadd(num, r(m), ONE | SIGN)  # exact
+    s.fadd(den, r(m), ONE)
+    divide(s, q, num, den, Scratch(t.first + 8, t.count - 8))  # q holds t
+    s.fmul(u, r(q), r(q))
+    a = [c.bits for c in LOG2_COEFFICIENTS]
+    s.fmul(w, r(u), a[4])
+    for c in (a[3], a[2], a[1]):
+        s.fadd(w, r(w), c)
+        s.fmul(w, r(w), r(u))
+    s.fadd(w, r(w), a[0])
+    s.fmul(w, r(q), r(w))
+    s.add(e, r(e), ROUND_MAGIC)
+    s.fadd(e, r(e), ROUND_MAGIC | SIGN)  # (float)e, exact
+    s.fadd(d, r(e), r(w))
+    # 0 gives -inf, +inf itself, negative numbers and NaN a NaN.
+    s.fsetp(0, "EQ", r(x), POS_INF)
+    s.mov(d, POS_INF, guard=p(0))
+    s.fsetp(0, "LT", r(x), 0)
+    s.fsetp(0, "NAN", r(x), r(x), combine="OR", other=p(0))
+    s.mov(d, NAN_BITS, guard=p(0))
+    s.fsetp(0, "EQ", r(x), 0)
+    s.mov(d, NEG_INF, guard=p(0))
+
+
+def select_max(s: Asm, held: int, newcomer: int, pred: int) -> None:
+    """held := newcomer > held ? newcomer : held (a NaN newcomer skipped, ties kept)."""
+    s.fsetp(pred, "GT", r(newcomer), r(held))
+    s.fsel(held, r(newcomer), r(held), p(pred))
+
+
+def tree(s: Asm, d: int, value: int, word: int, kind: str, t: Scratch, offset: int = 0) -> None:
+    """d := the 256-lane tree of ARITHMETIC.md over each lane's `value` ("sum" or "max"):
+    for s = 128, 64, ..., 1, lane l < s combines lane l + s into itself, in shared
+    memory at `offset` (1 KiB), one barrier a level. `word` holds tid * 4. Every lane
+    gets the result, and the buffer may be written again at once. Clobbers t(0..1), P0,
+    P1."""
+    mine, theirs = t(0), t(1)
+    s.sts(word, offset, value)
+    s.barrier()
+    step = LANES // 2
+    while step:
+        s.isetp(0, "LT", r(word), 4 * step)
+        s.lds(mine, word, offset, guard=p(0))
+        s.lds(theirs, word, offset + 4 * step, guard=p(0))
+        if kind == "sum":
+            s.fadd(mine, r(mine), r(theirs))
+        else:
+            select_max(s, mine, theirs, 1)
+        s.sts(word, offset, mine, guard=p(0))
+        s.barrier()
+        step //= 2
+    s.lds(d, RZ, offset)
+    s.barrier()
+
+
+class Loop:
+    """A loop over the block's elements base, base + 256, ... < bound: uniform branches."""
+
+    def __init__(self, s: Asm, base: int, bound: int | CBuf):
+        self.s, self.base, self.bound = s, base, bound
+        self.top, self.end = s.fresh("loop"), s.fresh("done")
+
+    def __enter__(self) -> Loop:
+        s = self.s
+        s.mov(self.base, 0)
+        s.b.label(self.top)
+        s.isetp(6, "GE", r(self.base), self.bound)
+        s.b.bra(self.end, guard=p(6))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            s = self.s
+            s.add(self.base, r(self.base), LANES)
+            s.b.bra(self.top)
+            s.b.label(self.end)
+
+
+def row_address(s: Asm, d: int, pointer: str, row: int, columns: int, scratch: int) -> None:
+    """d:d+1 := pointer + 4 * row * columns (a 64-bit offset). Clobbers scratch..+1."""
+    s.pointer(d, pointer)
+    s.wide(scratch, r(row), r(columns), RZ)  # row * columns, 64 bits
+    s.wide(d, r(scratch), 4, d)
+    s.mad(d + 1, r(scratch + 1), 4, r(d + 1))
+
+
+# -- the kernels ---------------------------------------------------------------------------
+# Registers: R0 tid, R1 ctaid, R2 tid * 4, R3 the vocabulary; the rest per kernel.
+TID, CTAID, WORD, VOCAB = 0, 1, 2, 3
+
+
+def _start(s: Asm) -> None:
+    s.prologue(TID, CTAID, scratch=VOCAB)
+    s.shl(WORD, r(TID), 2)
+    s.op("LDC", r(VOCAB), CBuf(0, s.slots["vocab"], index=RZ))
+
+
+def row_gather(arch: str) -> Image:
+    """logits[j] = table[prompt[0] * V + j] as bits; a prompt >= V gives canonical NaNs."""
+    s = Asm(arch, sig.SIGNATURES[sig.GATHER])
+    _start(s)
+    row, base, j, value, source, out, address, scratch = 4, 5, 6, 7, 8, 10, 12, 14
+    s.pointer(address, "prompt")
+    s.ldg(row, address)
+    row_address(s, source, "table", row, VOCAB, scratch)
+    s.pointer(out, "logits")
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(1, "LT", r(j), r(VOCAB))
+        s.isetp(2, "LT", r(row), r(VOCAB), other=p(1))
+        s.mov(value, NAN_BITS)
+        s.wide(address, r(j), 4, source)
+        s.ldg(value, address, guard=p(2))
+        s.wide(address, r(j), 4, out)
+        s.stg(address, value, guard=p(1))
+    s.exit()
+    return s.image("bob_row_gather")
+
+
+def greedy_argmax(arch: str) -> Image:
+    """prediction[0] = the lowest j with row[j] maximal, NaN above every number: each
+    lane keeps its best (value, index) by `beats`, then the tree in shared memory."""
+    s = Asm(arch, sig.SIGNATURES[sig.ARGMAX])
+    _start(s)
+    base, j, value, best, best_index, source, address = 4, 5, 6, 7, 8, 10, 12
+    other, other_index = 14, 15
+    indices = 4 * LANES  # the indices' buffer, after the values'
+    s.pointer(source, "row")
+    s.mov(best, NEG_INF)
+    s.mov(best_index, 0xFFFFFFFF)  # loses to every element, even -inf
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(1, "LT", r(j), r(VOCAB))
+        s.mov(value, NEG_INF)
+        s.wide(address, r(j), 4, source)
+        s.ldg(value, address, guard=p(1))
+        s.sel(j, r(j), 0xFFFFFFFF, p(1))  # no element: never beats
+        _beats(s, value, j, best, best_index)
+    s.sts(WORD, 0, best)
+    s.sts(WORD, indices, best_index)
+    s.barrier()
+    step = LANES // 2
+    while step:
+        s.isetp(0, "LT", r(WORD), 4 * step)
+        s.mov(other, NEG_INF)
+        s.mov(other_index, 0xFFFFFFFF)
+        s.lds(other, WORD, 4 * step, guard=p(0))
+        s.lds(other_index, WORD, indices + 4 * step, guard=p(0))
+        s.lds(best, WORD, 0, guard=p(0))
+        s.lds(best_index, WORD, indices, guard=p(0))
+        _beats(s, other, other_index, best, best_index)
+        s.sts(WORD, 0, best, guard=p(0))
+        s.sts(WORD, indices, best_index, guard=p(0))
+        s.barrier()
+        step //= 2
+    s.isetp(0, "EQ", r(TID), 0)
+    s.isetp(0, "EQ", r(CTAID), 0, other=p(0))
+    s.pointer(address, "prediction")
+    s.stg(address, best_index, guard=p(0))
+    s.exit()
+    return s.image("bob_greedy_argmax", shared_bytes=8 * LANES)
+
+
+def _beats(s: Asm, value: int, index: int, best: int, best_index: int) -> None:
+    """(best, best_index) := (value, index) where it ranks above: NaN above every number,
+    equal values to the lower index. Clobbers P2..P5.
+
+    Two exclusive cases: with no NaN, value > best or (value == best and index lower)
+    (ordered comparisons are false with a NaN); with value a NaN, best a number or the
+    index lower."""
+    s.isetp(2, "LT", r(index), r(best_index))
+    s.fsetp(3, "NUM", r(best), r(best), combine="OR", other=p(2))
+    s.fsetp(3, "NAN", r(value), r(value), other=p(3))
+    s.fsetp(4, "EQ", r(value), r(best), other=p(2))
+    s.fsetp(4, "GT", r(value), r(best), combine="OR", other=p(4))
+    for case in (3, 4):
+        s.mov(best, r(value), guard=p(case))
+        s.mov(best_index, r(index), guard=p(case))
+
+
+def adamw(arch: str) -> Image:
+    """AdamW over rows x columns elements, grid-stride over a 64-bit index, in the specified
+    order: w *= decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+    w -= step (m / (sqrt v + eps)); each stored canonical."""
+    s = Asm(arch, sig.SIGNATURES[sig.ADAMW])
+    s.prologue(TID, CTAID, scratch=VOCAB)
+    count, stride, base, index = 4, 6, 8, 10  # 64-bit pairs
+    g, w, m, v, x, y = 12, 13, 14, 15, 16, 17
+    addresses = (18, 20, 22, 24)  # parameters, gradients, first and second moment
+    names = ("parameters", "gradients", "first_moment", "second_moment")
+    s.op("LDC", r(x), CBuf(0, s.slots["rows"], index=RZ))
+    s.op("LDC", r(y), CBuf(0, s.slots["columns"], index=RZ))
+    s.wide(count, r(x), r(y), RZ)
+    s.op("LDC", r(x), CBuf(0, 0xC, index=RZ))  # gridDim.x
+    s.wide(stride, r(x), LANES, RZ)
+    s.wide(base, r(CTAID), LANES, RZ)
+    top, end = s.fresh("loop"), s.fresh("done")
+    s.b.label(top)
+    s.isetp(6, "GE", r(base), r(count))
+    s.isetp_ex(6, "GE", r(base + 1), r(count + 1), p(6))
+    s.b.bra(end, guard=p(6))
+    s.wide(index, r(TID), 1, base)
+    s.isetp(5, "LT", r(index), r(count))
+    s.isetp_ex(5, "LT", r(index + 1), r(count + 1), p(5))
+    for address, name in zip(addresses, names, strict=True):
+        s.pointer(address, name)
+        s.wide(address, r(index), 4, address)
+        s.mad(address + 1, r(index + 1), 4, r(address + 1))
+    for value, address in zip((w, g, m, v), addresses, strict=True):
+        s.mov(value, 0)
+        s.ldg(value, address, guard=p(5))
+    s.fmul(w, r(w), s.param("decay"))
+    s.fmul(m, r(m), s.param("beta1"))
+    s.fmul(x, r(g), s.param("one_minus_beta1"))
+    s.fadd(m, r(m), r(x))
+    s.fmul(v, r(v), s.param("beta2"))
+    s.fmul(x, r(g), r(g))
+    s.fmul(x, r(x), s.param("one_minus_beta2"))
+    s.fadd(v, r(v), r(x))
+    square_root(s, x, v, Scratch(30, SQRT_SCRATCH))
+    s.fadd(x, r(x), s.param("eps_hat"))
+    s.fmul(y, r(m), s.param("step_size"))
+    divide(s, y, y, x, Scratch(30, DIVIDE_SCRATCH))
+    s.fadd(w, r(w), r(y, neg=True))
+    for value in (w, m, v):
+        s.canonical(value, 0)
+    s.isetp(5, "LT", r(index), r(count))  # again: the division took P5
+    s.isetp_ex(5, "LT", r(index + 1), r(count + 1), p(5))
+    for value, address in zip((w, m, v), (addresses[0], addresses[2], addresses[3]),
+                              strict=True):
+        s.stg(address, value, guard=p(5))
+    s.wide(base, r(stride), 1, base)
+    s.add(base + 1, r(base + 1), r(stride + 1))
+    s.b.bra(top)
+    s.b.label(end)
+    s.exit()
+    return s.image("bob_adamw")
+
+
+def _exponent(s: Asm, d: int, w: int, m: int) -> None:
+    """d := (w - m) * log2e: the softmax exponent in the log2 domain."""
+    s.fadd(d, r(w), r(m, neg=True))
+    s.fmul(d, r(d), s.param("log2e"))
+
+
+def _row_max(s: Asm, m: int, base: int, j: int, x: int, row: int, address: int,
+             scratch: Scratch) -> None:
+    """m := the row's max: lane l takes elements l, l + 256, ... from -inf, then the tree."""
+    held = scratch(0)
+    s.mov(held, NEG_INF)
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.mov(x, NEG_INF)
+        s.wide(address, r(j), 4, row)
+        s.ldg(x, address, guard=p(5))
+        select_max(s, held, x, 0)
+    tree(s, m, held, WORD, "max", Scratch(scratch.first + 1, 2))
+
+
+def _loss_start(s: Asm, rows: tuple[tuple[int, str], ...], scratch: int) -> None:
+    """Prologue, a block past the last row exits whole; each row address register pair."""
+    _start(s)
+    s.isetp(0, "GE", r(CTAID), r(VOCAB))
+    s.exit(guard=p(0))
+    for register, name in rows:
+        row_address(s, register, name, CTAID, VOCAB, scratch)
+
+
+def loss_gradient_hard(arch: str) -> Image:
+    """One block per row r: loss[r] = ln2 (log2(s) - z_t), gradients[r][j] = p_j / V and
+    (p_t - 1) / V at the target, p_j = e_j / s (reference.loss_gradient_hard_rows)."""
+    s = Asm(arch, sig.SIGNATURES[sig.LOSS_HARD])
+    w_row, g_row, address = 4, 6, 8
+    base, j, x, z, e, m, total, partial, target, value = 10, 11, 12, 13, 14, 15, 16, 17, 18, 19
+    _loss_start(s, ((w_row, "parameters"), (g_row, "gradients")), scratch=address)
+    s.pointer(address, "targets")
+    s.wide(address, r(CTAID), 4, address)
+    s.ldg(target, address)
+    _row_max(s, m, base, j, x, w_row, address, Scratch(24, 4))
+    s.mov(partial, 0)
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.mov(x, 0)
+        s.wide(address, r(j), 4, w_row)
+        s.ldg(x, address, guard=p(5))
+        _exponent(s, z, x, m)
+        exp2(s, e, z, Scratch(24, 5))
+        s.fadd(partial, r(partial), r(e), guard=p(5))
+    tree(s, total, partial, WORD, "sum", Scratch(24, 2))
+    # The loss, by lane 0: NaN for a target >= V (never admitted by the host).
+    log2(s, value, total, Scratch(30, 32))
+    s.isetp(5, "LT", r(target), r(VOCAB))
+    s.isetp(4, "EQ", r(TID), 0, other=p(5))
+    s.mov(x, 0)
+    s.wide(address, r(target), 4, w_row)
+    s.ldg(x, address, guard=p(4))
+    _exponent(s, z, x, m)
+    s.fadd(value, r(value), r(z, neg=True))
+    s.fmul(value, r(value), s.param("ln2"))
+    s.mov(value, NAN_BITS, guard=p(5, True))
+    s.canonical(value, 0)
+    s.isetp(4, "EQ", r(TID), 0)
+    s.pointer(address, "loss")
+    s.wide(address, r(CTAID), 4, address)
+    s.stg(address, value, guard=p(4))
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.mov(x, 0)
+        s.wide(address, r(j), 4, w_row)
+        s.ldg(x, address, guard=p(5))
+        _exponent(s, z, x, m)
+        exp2(s, e, z, Scratch(24, 5))
+        divide(s, e, e, total, Scratch(30, DIVIDE_SCRATCH))
+        s.isetp(4, "EQ", r(j), r(target))
+        s.fadd(e, r(e), ONE | SIGN, guard=p(4))
+        s.fmul(e, r(e), s.param("inverse_rows"))
+        s.canonical(e, 0)
+        s.wide(address, r(j), 4, g_row)
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.stg(address, e, guard=p(5))
+    s.exit()
+    return s.image("bob_loss_gradient_hard", shared_bytes=4 * LANES)
+
+
+def loss_gradient_corpus(arch: str) -> Image:
+    """One block per row r, weights T: loss[r] = ln2 sum_j T_j (L - z_j), L = log2(s), and
+    gradients[r][j] = rowsum(T) p_j - T_j (reference.loss_gradient_corpus_rows)."""
+    s = Asm(arch, sig.SIGNATURES[sig.LOSS_CORPUS])
+    w_row, g_row, t_row, address = 4, 6, 8, 10
+    base, j, x, z, e, m, total, partial, weight, weight_sum, big_l, partial_t = range(12, 24)
+    _loss_start(s, ((w_row, "parameters"), (g_row, "gradients"), (t_row, "weights")),
+                scratch=address)
+    _row_max(s, m, base, j, x, w_row, address, Scratch(24, 4))
+    s.mov(partial, 0)
+    s.mov(partial_t, 0)
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.mov(x, 0)
+        s.mov(weight, 0)
+        s.wide(address, r(j), 4, w_row)
+        s.ldg(x, address, guard=p(5))
+        s.wide(address, r(j), 4, t_row)
+        s.ldg(weight, address, guard=p(5))
+        _exponent(s, z, x, m)
+        exp2(s, e, z, Scratch(24, 5))
+        s.fadd(partial, r(partial), r(e), guard=p(5))
+        s.fadd(partial_t, r(partial_t), r(weight), guard=p(5))
+    tree(s, total, partial, WORD, "sum", Scratch(24, 2))
+    tree(s, weight_sum, partial_t, WORD, "sum", Scratch(24, 2))
+    log2(s, big_l, total, Scratch(30, 32))
+    s.mov(partial, 0)
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.mov(x, 0)
+        s.mov(weight, 0)
+        s.wide(address, r(j), 4, w_row)
+        s.ldg(x, address, guard=p(5))
+        s.wide(address, r(j), 4, t_row)
+        s.ldg(weight, address, guard=p(5))
+        _exponent(s, z, x, m)
+        exp2(s, e, z, Scratch(24, 5))
+        divide(s, e, e, total, Scratch(30, DIVIDE_SCRATCH))
+        s.fadd(z, r(big_l), r(z, neg=True))
+        s.fmul(z, r(z), r(weight))
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.fadd(partial, r(partial), r(z), guard=p(5))
+        s.fmul(e, r(weight_sum), r(e))
+        s.fadd(e, r(e), r(weight, neg=True))
+        s.canonical(e, 0)
+        s.wide(address, r(j), 4, g_row)
+        s.stg(address, e, guard=p(5))
+    tree(s, total, partial, WORD, "sum", Scratch(24, 2))
+    s.fmul(total, r(total), s.param("ln2"))
+    s.canonical(total, 0)
+    s.isetp(4, "EQ", r(TID), 0)
+    s.pointer(address, "loss")
+    s.wide(address, r(CTAID), 4, address)
+    s.stg(address, total, guard=p(4))
+    s.exit()
+    return s.image("bob_loss_gradient_corpus", shared_bytes=4 * LANES)
+
+
+BUILDERS = {
+    sig.GATHER: row_gather,
+    sig.LOSS_HARD: loss_gradient_hard,
+    sig.LOSS_CORPUS: loss_gradient_corpus,
+    sig.ADAMW: adamw,
+    sig.ARGMAX: greedy_argmax,
+}
+
+
+def image(region: str, arch: str) -> Image:
+    """Bob's own image of a seed region for `arch`."""
+    try:
+        build = BUILDERS[region]
+    except KeyError:
+        raise ValueError(f"Bob has no own machine code for {region!r}; it has "
+                         f"{', '.join(BUILDERS)}") from None
+    return build(arch)
