@@ -81,6 +81,7 @@ class Launch:
     shared_bytes: int = 0
     perturb: int = 0  # MUFU results are this many ulps (bits) off
     max_steps: int = 50_000_000
+    blocks: tuple[int, ...] | None = None  # run only these blocks (rows are independent)
     steps: int = field(default=0, init=False)
 
     def run(self) -> None:
@@ -88,7 +89,7 @@ class Launch:
         count = len(self.code) // INSTRUCTION_BYTES
         self.program = [decode(self.code[i * INSTRUCTION_BYTES:(i + 1) * INSTRUCTION_BYTES],
                                self.table) for i in range(count)]
-        for ctaid in range(self.grid):
+        for ctaid in range(self.grid) if self.blocks is None else self.blocks:
             self._run_block(ctaid)
 
     # -- a block ------------------------------------------------------------------------

@@ -57,7 +57,8 @@ def run_elementwise(image, a: np.ndarray, b: np.ndarray | None = None, perturb: 
     return Arena.read(memory, arena.base, out, np.uint32, count)
 
 
-def run_region(image, region: str, grid: int, arguments: dict, perturb: int = 0) -> dict:
+def run_region(image, region: str, grid: int, arguments: dict, perturb: int = 0,
+               blocks: tuple[int, ...] | None = None) -> dict:
     """Run `image` as `region` on the emulator: `arguments` by parameter name (arrays for
     pointers, numbers for scalars: np.float32 for f32). Returns every pointer's array
     after the launch, by name."""
@@ -82,6 +83,6 @@ def run_region(image, region: str, grid: int, arguments: dict, perturb: int = 0)
     bank = constants(facts.parameter_base, facts.descriptor_offset, LANES, grid, words)
     memory = arena.memory()
     Launch(image.code, image.arch, bank, memory, arena.base, grid=grid,
-           shared_bytes=image.shared_bytes, perturb=perturb).run()
+           shared_bytes=image.shared_bytes, perturb=perturb, blocks=blocks).run()
     return {name: Arena.read(memory, arena.base, address, dtype, size)
             for name, (address, dtype, size) in placed.items()}
