@@ -68,7 +68,10 @@ def test_the_longest_held_corpus_row_is_what_the_targets_shared_memory_holds_who
     (52225, "corpus", sig.FUSED_CORPUS),  # past it, V % 4 != 0: the narrow kernels' path
 ])
 def test_the_plan_gives_rows_past_8192_to_the_held_kernels_while_they_fit(vocab, mode, region):
-    assert bob_config(vocab=vocab, mode=mode, schedule="fused").fused_region(SM90) == region
+    """On a target without clusters (the nv backend's; where a cluster holds the row
+    instead: tests/test_cluster.py)."""
+    config = bob_config(vocab=vocab, mode=mode, schedule="fused")
+    assert config.fused_region(SM90.without_clusters()) == region
 
 
 @pytest.mark.parametrize("vocab, mode, region", [
@@ -97,7 +100,8 @@ def test_held_launches_take_one_block_per_sm_and_loop_over_rows(vocab, target, g
 def test_a_devices_own_sm_count_changes_the_held_grid_and_nothing_else():
     config = BobConfig(vocab=9216, prompts=1, updates=40, schedule="fused")
     device = SM90.for_device(multiprocessors=78)
-    assert device == replace(SM90, multiprocessors=78) and device.name == SM90.name
+    assert device == replace(SM90, multiprocessors=78, cluster_multiprocessors=78)
+    assert device.name == SM90.name
     assert SM90.for_device(multiprocessors=SM90.multiprocessors) == SM90
     ours, theirs = build_plan(config, SM90), build_plan(config, device)
     changed = [i for i, (a, b) in enumerate(zip(ours.launches, theirs.launches, strict=True))
@@ -142,9 +146,10 @@ def test_rows_past_8192_the_held_kernels_do_not_take_get_a_launch_per_update(voc
     V % 4 != 0, the narrow ones') keep no part of the row from one update to the next, so
     each update is a launch of its own."""
     config = bob_config(vocab=vocab, prompts=0, updates=3, mode=mode, schedule="fused")
-    assert config.fused_region(SM90) not in sig.SHARED_REST
-    assert config.updates_per_fused_launch(SM90) == 1
-    assert config.training_launches(SM90) == 3 + 1  # and the health check
+    target = SM90.without_clusters()  # on sm_90 a cluster holds them (tests/test_cluster.py)
+    assert config.fused_region(target) not in sig.SHARED_REST
+    assert config.updates_per_fused_launch(target) == 1
+    assert config.training_launches(target) == 3 + 1  # and the health check
 
 
 # -- the region: its dynamic shared memory -------------------------------------------------
@@ -168,8 +173,8 @@ def test_a_held_region_asks_for_the_shared_memory_its_target_leaves(arch, target
         else:  # sm_86 images leave the reserved KiB out: the program's figure is above theirs
             assert region.shared_bytes <= sig.HELD_STATIC_SHARED_BYTES
             assert region.dynamic_shared_bytes // 4 >= held_to_vocab("corpus", target)
-    assert all(regions[name].dynamic_shared_bytes == 0
-               for name in regions if name not in sig.SHARED_REST)
+    assert all(regions[name].dynamic_shared_bytes == 0 for name in regions
+               if name not in sig.SHARED_REST and name not in sig.CLUSTER_SLICES)
 
 
 def test_shared_rest_is_what_the_target_leaves_in_whole_kib():

@@ -7,6 +7,7 @@ compiles to the shipped image byte for byte (tests/test_cuda_compile.py holds it
 The shipped source (``src/bob/kernels/cuda``) has those choices written in. ``variants``
 compiles the knob source with a variant's ``#define`` lines in front; the benches
 (``bench_small``, ``bench_tall``, ``bench_stream``, ``bench_fused``) check each variant's
-state against the shipped kernels' and time it. ``bob_cluster.cuh`` and ``bench_cluster`` are
-a prototype beside them, not yet in the shipped source: rows held by a thread-block cluster.
+state against the shipped kernels' and time it. ``bob_cluster.cuh`` is the knob copy of the
+shipped cluster kernels (rows held by a thread-block cluster), ``bench_cluster`` their check and
+timing outside the plan.
 """

@@ -1,9 +1,11 @@
 """PYTHONPATH=src:. python3 -m dev.cuda.bench_cluster [-V 50257] [-N 32] [--mode hard]
 
-The cluster kernels (dev/cuda/bob_cluster.cuh: a row past one SM held in the distributed
-shared memory of a thread-block cluster for all of a launch's updates), outside the plan:
-compiled beside the shipped kernels, launched through cuLaunchKernelEx with the cluster
-dimension, on tables of V x V.
+The cluster kernels (dev/cuda/bob_cluster.cuh, the knob copy of the shipped
+src/bob/kernels/cuda/bob_cluster.cuh: a row past one SM held in the distributed shared
+memory of a thread-block cluster for all of a launch's updates), outside the plan: the
+knob source compiled with a variant's macros, launched through cuLaunchKernelEx with the
+cluster dimension, on tables of V x V. The cluster size is the program's
+(bob.program.bob.cluster_ctas) for the device's opt-in shared memory.
 
 First the check: from a seeded random table (row 0 all zeros, so the literal max runs
 too), N updates and the finish; sampled rows' parameters, moments, gradients and loss
@@ -19,38 +21,38 @@ import ctypes
 import functools
 import statistics
 import sys
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from bob.backends.cuda import driver
 from bob.config import Hyper
 from bob.kernels import reference as ref
-from bob.kernels.cuda.compile import KernelSource, compile_source, shipped_source
+from bob.kernels import signatures as sig
+from bob.kernels.cuda.compile import KernelSource, compile_source
+from bob.plan.placement import SM90
+from bob.program import bob as program
 from bob.program.bob import adam_scalar_table
+from dev.cuda.variants import knob_source
 
-HERE = Path(__file__).resolve().parent
-ARRAYS = {"hard": 4, "corpus": 5}  # slice arrays in shared memory: w, m, v, e (, t)
-STATIC_BYTES = 12288  # ClusterShared, generously
 CHUNK_ROWS = 256  # rows generated (and regenerated for the check) together
+REGIONS = {"hard": sig.FUSED_CLUSTER_HARD, "corpus": sig.FUSED_CLUSTER_CORPUS}
 
 
 def cluster_source(macros: str = "") -> KernelSource:
-    shipped = shipped_source()
-    header = (HERE / "bob_cluster.cuh").read_text()
-    return KernelSource("bob_cluster.cu", macros + shipped.text + '\n#include "bob_cluster.cuh"\n',
-                        (*shipped.headers, ("bob_cluster.cuh", header)))
+    """The knob source (its bob_cluster.cuh included) with these #defines in front."""
+    return knob_source(macros)
 
 
 def cluster_ctas(vocab: int, mode: str, limit: int) -> tuple[int, int]:
-    """The fewest CTAs (a power of two) whose slices fit `limit` bytes, and the bytes."""
-    chain = -(-vocab // 256)
-    for ctas in (2, 4, 8, 16):
-        need = ARRAYS[mode] * 4 * chain * (256 // ctas)
-        if need + STATIC_BYTES <= limit:
-            return ctas, need
-    raise SystemExit(f"V={vocab} {mode}: a slice of 16 CTAs needs more than {limit} bytes")
+    """The program's cluster for a row of `vocab` where a block may opt in to `limit`
+    bytes of shared memory (clusters up to 16 CTAs), and a CTA's slice bytes."""
+    target = replace(SM90, max_shared_bytes_per_block=limit, max_cluster_ctas=16)
+    ctas = program.cluster_ctas(mode, vocab, target)  # type: ignore[arg-type]
+    if ctas is None:
+        raise SystemExit(f"V={vocab} {mode}: a slice of 16 CTAs needs more than {limit} "
+                         "bytes")
+    return ctas, sig.CLUSTER_SLICES[REGIONS[mode]].slice_bytes(vocab, ctas)
 
 
 @functools.cache

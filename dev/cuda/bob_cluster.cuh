@@ -15,7 +15,11 @@
 // row per launch. A cluster exchange is one cluster barrier: each CTA writes its partials
 // (or its max key) into its own shared memory, by turn (exchanges alternate two buffers, so
 // a buffer is written again only after the exchange between has been passed by all).
-// The grid is clusters of C CTAs; cluster g takes rows g, g + G, ... (G clusters).
+// The grid is clusters of C CTAs; cluster g takes rows g, g + G, ... (G clusters): any G
+// gives the same bits. The plan sizes C (a power of two; the fewest whose slices fit the
+// target's shared memory) and G (the clusters the target's SMs hold at once); the kernel
+// traps where the launch's dynamic shared memory does not hold its slice. Clusters are
+// sm_90's: on older targets the entries only trap (the program never chooses them there).
 #ifndef CLUSTER_THREADS
 #define CLUSTER_THREADS 512u
 #endif
@@ -32,6 +36,7 @@
 #define CLUSTER_WARPS (CLUSTER_THREADS / WARP)
 #define CLUSTER_BOUNDS __launch_bounds__(CLUSTER_THREADS, 1)
 
+#if __CUDA_ARCH__ >= 900
 static __device__ __forceinline__ u32 cluster_rank() {
     u32 r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -241,6 +246,11 @@ static __device__ void fused_cluster(const FusedArgs& a) {
     const u32 lane_bits = 8u - (31u - __clz(ctas));  // L = 256 / C, C a power of two
     const u32 chain = (a.vocab + LANES - 1u) / LANES;
     const u32 quads = (chain << lane_bits) / 4u;
+    const u32 arrays = CORPUS ? 5u : 4u;  // w, m, v, e (, t)
+    if ((ctas & (ctas - 1u)) != 0u || ctas > LANES / 4u
+        || dynamic_shared_bytes() < arrays * quads * 16u) {
+        __trap();
+    }
     ClusterRow<CORPUS> row{a, shared, slices, slices + quads, slices + 2u * quads,
                            slices + 3u * quads, CORPUS ? slices + 4u * quads : nullptr,
                            cluster_rank(), lane_bits, chain, quads, 0u};
@@ -333,6 +343,7 @@ static __device__ void fused_cluster(const FusedArgs& a) {
     }
     cluster_barrier();  // no CTA leaves while another may read its shared memory
 }
+#endif  // __CUDA_ARCH__ >= 900
 
 extern "C" __global__ CLUSTER_BOUNDS void bob_fused_train_cluster_hard(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
@@ -341,8 +352,13 @@ extern "C" __global__ CLUSTER_BOUNDS void bob_fused_train_cluster_hard(
     wait_for_prerequisites();
     const FusedArgs a{parameters, first_moment, second_moment, gradients, targets, nullptr,
                       loss, adam_scalars, log2e, ln2, inverse_rows, vocab, updates, finish};
+#if __CUDA_ARCH__ >= 900
     if (blockDim.x != CLUSTER_THREADS) __trap();
     fused_cluster<false>(a);
+#else
+    (void)a;
+    __trap();
+#endif
 }
 
 extern "C" __global__ CLUSTER_BOUNDS void bob_fused_train_cluster_corpus(
@@ -352,6 +368,11 @@ extern "C" __global__ CLUSTER_BOUNDS void bob_fused_train_cluster_corpus(
     wait_for_prerequisites();
     const FusedArgs a{parameters, first_moment, second_moment, gradients, nullptr, weights,
                       loss, adam_scalars, log2e, ln2, 0.0f, vocab, updates, finish};
+#if __CUDA_ARCH__ >= 900
     if (blockDim.x != CLUSTER_THREADS) __trap();
     fused_cluster<true>(a);
+#else
+    (void)a;
+    __trap();
+#endif
 }

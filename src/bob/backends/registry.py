@@ -117,7 +117,8 @@ def _choose_cuda(arch: str, arena: str) -> BackendChoice:
     if target is None:
         raise BackendUnavailable(
             f"the GPU is {gpu_arch}; Bob's plans are built for {', '.join(sorted(TARGETS))}")
-    target = target.for_device(multiprocessors=info.multiprocessors)  # the held grid
+    # The held grid; no clusters yet: the graph's kernel nodes carry no cluster dimension.
+    target = target.for_device(multiprocessors=info.multiprocessors).without_clusters()
     try:
         regions = compiled_regions(gpu_arch)
     except BobError as error:
@@ -153,7 +154,9 @@ def _choose_nv(arch: str, arena: str) -> BackendChoice:
     except (ImportError, BobError) as error:
         raise BackendUnavailable(f"the nv backend needs Bob's kernels compiled for "
                                  f"{SUBMITTED_TARGET} (NVRTC): {error}") from None
-    return BackendChoice("nv", TARGETS[SUBMITTED_TARGET], regions,
+    # No clusters: the published Hopper QMD names the cluster fields (GPC_CGA_WIDTH, ...)
+    # but not how a launch sets up their distributed shared memory.
+    return BackendChoice("nv", TARGETS[SUBMITTED_TARGET].without_clusters(), regions,
                          lambda plan: NvBackend(plan, arena=arena), device)
 
 

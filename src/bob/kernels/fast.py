@@ -510,10 +510,10 @@ COMPILED: dict[str, tuple[Any, ...]] = {
     sig.ADAMW: (adamw_update,),
     **{name: (fused_hard_rows,) for name in (
         sig.FUSED_HARD, sig.FUSED_WIDE_HARD, sig.FUSED_TALL_HARD, sig.FUSED_STREAM_HARD,
-        sig.FUSED_HELD_HARD)},
+        sig.FUSED_HELD_HARD, sig.FUSED_CLUSTER_HARD)},
     **{name: (fused_corpus_rows,) for name in (
         sig.FUSED_CORPUS, sig.FUSED_WIDE_CORPUS, sig.FUSED_TALL_CORPUS,
-        sig.FUSED_STREAM_CORPUS, sig.FUSED_HELD_CORPUS)},
+        sig.FUSED_STREAM_CORPUS, sig.FUSED_HELD_CORPUS, sig.FUSED_CLUSTER_CORPUS)},
 }
 
 
@@ -551,6 +551,8 @@ KERNELS: dict[str, ref.Kernel] = {
     sig.FUSED_STREAM_CORPUS: fused_train_corpus,
     sig.FUSED_HELD_HARD: fused_train_hard,
     sig.FUSED_HELD_CORPUS: fused_train_corpus,
+    sig.FUSED_CLUSTER_HARD: fused_train_hard,
+    sig.FUSED_CLUSTER_CORPUS: fused_train_corpus,
     # NumPy's isfinite runs at memory speed already; a Numba loop is slower (and a
     # parallel one pays its threads' start-up at every size)
     sig.HEALTH: ref.health,

@@ -407,6 +407,8 @@ KERNELS: dict[str, Kernel] = {
     sig.FUSED_STREAM_CORPUS: fused_train_corpus,
     sig.FUSED_HELD_HARD: fused_train_hard,
     sig.FUSED_HELD_CORPUS: fused_train_corpus,
+    sig.FUSED_CLUSTER_HARD: fused_train_hard,
+    sig.FUSED_CLUSTER_CORPUS: fused_train_corpus,
     sig.HEALTH: health,
     sig.SCATTER: scatter,
     sig.LOSS_ONLY_CORPUS: loss_corpus,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from bob.plan.model import (
+    ClusterSlices,
     Footprint,
     Param,
     PointerParam,
@@ -44,6 +45,12 @@ FUSED_STREAM_CORPUS = "bob-fused-train-stream-corpus"
 # so each update reads w from memory once. Same bits.
 FUSED_HELD_HARD = "bob-fused-train-held"
 FUSED_HELD_CORPUS = "bob-fused-train-held-corpus"
+# And for rows past TALL's that no one SM holds for a launch: a thread-block cluster of C
+# CTAs (sm_90) holds the row's w, m, v and exponentials (and corpus weights) in its
+# distributed shared memory for all of a launch's updates, CTA c the columns of tree lanes
+# c 256/C .. (c + 1) 256/C - 1. Same bits.
+FUSED_CLUSTER_HARD = "bob-fused-train-cluster"
+FUSED_CLUSTER_CORPUS = "bob-fused-train-cluster-corpus"
 HEALTH = "bob-health"
 # Sparse corpus input: each (key, value) pair into its cell of a V x V table of weights, once
 # per load; and the corpus loss alone (validation: no gradient is written).
@@ -54,20 +61,32 @@ BLOCK = 256  # threads per block; reductions run over 256 lanes whatever the blo
 # Regions launched with other blocks (their kernels trap on any other width).
 # bob_kernels.cu: TALL_HARD_THREADS and TALL_CORPUS_THREADS's defaults (tests check they agree)
 TALL_BLOCKS = {FUSED_TALL_HARD: 1024, FUSED_TALL_CORPUS: 512}
-BLOCKS = {**TALL_BLOCKS, FUSED_HELD_HARD: 512, FUSED_HELD_CORPUS: 512}
+BLOCKS = {**TALL_BLOCKS, FUSED_HELD_HARD: 512, FUSED_HELD_CORPUS: 512,
+          FUSED_CLUSTER_HARD: 512, FUSED_CLUSTER_CORPUS: 512}
+# The cluster regions and how each CTA's slice of a row sits in its shared memory.
+CLUSTER_SLICES = {FUSED_CLUSTER_HARD: ClusterSlices(arrays=4),  # w, m, v, e
+                  FUSED_CLUSTER_CORPUS: ClusterSlices(arrays=5)}  # and the weights
 # Regions that ask, at launch, for all the shared memory their target leaves beyond the
 # image's own (dynamic shared memory): the kernel reads how much it got.
+# The cluster regions do too (CLUSTER_SLICES), and their kernels trap below their slice.
 SHARED_REST = frozenset({FUSED_HELD_HARD, FUSED_HELD_CORPUS})
+# The regions that run many updates a launch past ONE_LAUNCH_MAX_VOCAB (the program's
+# HELD_UPDATES_PER_LAUNCH): those whose rows, or their w, stay in shared memory.
+HELD_ROWS = frozenset({FUSED_HELD_HARD, FUSED_HELD_CORPUS, *CLUSTER_SLICES})
 # The held kernels' static shared memory, for plans made before any image is compiled:
 # bob_held.cuh's HeldShared at 512 threads (two rounds of staged quads, the staged scalars,
 # the lane partials, the warp keys, the result: 21584 bytes) and the 1 KiB per block the
 # system reserves, which sm_90 images count with it (cubin.py). sm_86 images leave that KiB
 # out, so there the figure errs 1 KiB high: on the safe side.
 HELD_STATIC_SHARED_BYTES = 21584 + 1024
+# The cluster kernels' static shared memory, likewise: bob_cluster.cuh's ClusterShared at
+# 512 threads (two turns of 256 lane partials, two max keys, the warp keys, the staged
+# scalars, the result: 6224 bytes) and the reserved KiB.
+CLUSTER_STATIC_SHARED_BYTES = 6224 + 1024
 # Regions whose compiled image names their block (its launch bounds): a kernel compiled with
 # other bounds (dev/cuda/bench_tall.py's TALL_*_THREADS variants) is planned with its own.
 BLOCK_FROM_IMAGE = frozenset({FUSED_TALL_HARD, FUSED_TALL_CORPUS, FUSED_HELD_HARD,
-                              FUSED_HELD_CORPUS})
+                              FUSED_HELD_CORPUS, *CLUSTER_SLICES})
 
 
 def block_of(region: str) -> int:
@@ -210,6 +229,9 @@ SIGNATURES[FUSED_WIDE_HARD] = SIGNATURES[FUSED_HARD]
 SIGNATURES[FUSED_WIDE_CORPUS] = SIGNATURES[FUSED_CORPUS]
 SIGNATURES[FUSED_TALL_HARD] = SIGNATURES[FUSED_HARD]
 SIGNATURES[FUSED_TALL_CORPUS] = SIGNATURES[FUSED_CORPUS]
+# Element by element from global memory (any V): 4-byte aligned tables will do.
+SIGNATURES[FUSED_CLUSTER_HARD] = SIGNATURES[FUSED_HARD]
+SIGNATURES[FUSED_CLUSTER_CORPUS] = SIGNATURES[FUSED_CORPUS]
 
 
 def _quad_aligned(params: tuple[Param, ...]) -> tuple[Param, ...]:
@@ -241,6 +263,8 @@ ENTRIES = {
     FUSED_STREAM_CORPUS: "bob_fused_train_stream_corpus",
     FUSED_HELD_HARD: "bob_fused_train_held_hard",
     FUSED_HELD_CORPUS: "bob_fused_train_held_corpus",
+    FUSED_CLUSTER_HARD: "bob_fused_train_cluster_hard",
+    FUSED_CLUSTER_CORPUS: "bob_fused_train_cluster_corpus",
     HEALTH: "bob_health",
     SCATTER: "bob_scatter",
     LOSS_ONLY_CORPUS: "bob_loss_corpus",
@@ -261,6 +285,7 @@ def declared_region(name: str, code: bytes = b"", registers: int = 32,
         params=SIGNATURES[name],
         entry=ENTRIES[name],
         dynamic_shared_bytes=dynamic_shared_bytes,
+        cluster_slices=CLUSTER_SLICES.get(name),
     )
 
 

@@ -19,9 +19,17 @@ The kinds, by name:
 - ``submission-order``: the submissions do not cover the launches in order.
 - ``semaphore-order``: semaphore values do not strictly increase.
 - ``geometry``: a launch's block differs from its region's block width, or a
-  dimension is zero.
+  dimension is zero; or its clusters do not fit its region (a cluster region
+  launched without clusters or in clusters that do not split its lanes into
+  whole quads, another region in clusters, a grid not whole clusters).
 - ``hardware-limit``: a launch's grid or block, or a region's shared memory or
-  registers, exceed what the target's hardware can launch.
+  registers, exceed what the target's hardware can launch; a cluster larger
+  than the target allows, or a cluster CTA's slice of a row larger than the
+  shared memory its region asks for.
+
+A cluster region's table pointers are checked slice by slice: CTA c of C reaches the
+columns of its lanes in every row (``ClusterSlices``), so a footprint past its tensor
+names the CTA whose slice of the last row runs out of it.
 
 Launches alike in everything their checks read (``_launch_key``: all but the index
 and label, which only name a launch in a hazard) pass or fail alike: a key that
@@ -36,6 +44,7 @@ from dataclasses import dataclass, field
 from bob.errors import BadInput
 from bob.plan.model import (
     Address,
+    ClusterSlices,
     Launch,
     Plan,
     PointerParam,
@@ -228,7 +237,7 @@ def _launch_key(launch: Launch) -> tuple:
         else arg
         for arg in launch.args
     )
-    return launch.region, launch.grid, launch.block, args
+    return launch.region, launch.grid, launch.block, launch.cluster, args
 
 
 def _check_launches(plan: Plan) -> list[Hazard]:
@@ -286,6 +295,7 @@ def _check_launch(plan: Plan, declared: dict[str, Region], retained: set[str], i
             f"{region.block_x}",
             launch=index,
         ))
+    hazards += _check_cluster_geometry(where, index, launch, region)
     end = argument_bytes_end(plan.target, region.params)
     if end > plan.target.parameter_block_bytes:
         hazards.append(Hazard(
@@ -330,13 +340,72 @@ def _check_launch(plan: Plan, declared: dict[str, Region], retained: set[str], i
                     launch=index, argument=param.name,
                 ))
                 continue
-            hazards += _check_pointer(plan, index, where, param, arg.address, values)
+            hazards += _check_pointer(plan, index, where, param, arg.address, values,
+                                      _sliced(region, launch, param, values))
+    hazards += _check_cluster_shared(plan, index, where, launch, region, values)
     return hazards
+
+
+def _check_cluster_geometry(where: str, index: int, launch: Launch, region: Region,
+                            ) -> list[Hazard]:
+    """A cluster region in clusters that split its lanes, other regions alone, whole
+    clusters in the grid."""
+    slices, ctas = region.cluster_slices, launch.cluster
+    problem = None
+    if ctas < 1:
+        problem = f"asks for clusters of {ctas} CTAs"
+    elif slices is None and ctas != 1:
+        problem = (f"runs region {region.name!r}, whose CTAs run alone, in clusters of "
+                   f"{ctas}")
+    elif slices is not None and not slices.allows(ctas):
+        problem = (f"runs cluster region {region.name!r} in clusters of {ctas} CTAs; its "
+                   f"{slices.lanes} lanes split over a power of two from 2 to "
+                   f"{slices.lanes // 4} CTAs")
+    elif launch.grid.x % ctas:
+        problem = f"has grid.x = {launch.grid.x}, not a whole number of clusters of {ctas}"
+    if problem is None:
+        return []
+    return [Hazard("geometry", f"{where} {problem}", launch=index)]
+
+
+def _sliced(region: Region, launch: Launch, param: PointerParam, values: dict[str, int],
+            ) -> tuple[ClusterSlices, int, int] | None:
+    """(slices, CTAs, row columns) where `param` is a table a cluster launch reaches slice by
+    slice (its footprint rows of the slices' columns), else None."""
+    slices = region.cluster_slices
+    if slices is None or not slices.allows(launch.cluster):
+        return None
+    factors = param.footprint.factors
+    if factors[:2] != (slices.columns, slices.columns) or slices.columns not in values:
+        return None
+    return slices, launch.cluster, values[slices.columns]
+
+
+def _check_cluster_shared(plan: Plan, index: int, where: str, launch: Launch, region: Region,
+                          values: dict[str, int]) -> list[Hazard]:
+    """A CTA's slice of a row within the shared memory its region asks for at launch (a
+    region without an image: what its target leaves it)."""
+    slices = region.cluster_slices
+    if slices is None or not slices.allows(launch.cluster) or slices.columns not in values:
+        return []
+    need = slices.slice_bytes(values[slices.columns], launch.cluster)
+    target = plan.target
+    room = region.dynamic_shared_bytes if region.code else \
+        target.max_shared_bytes_per_block - region.shared_bytes
+    if need <= room:
+        return []
+    return [Hazard(
+        "hardware-limit",
+        f"{where}: a CTA of a cluster of {launch.cluster} holds {need} bytes of a row of "
+        f"{values[slices.columns]} columns ({slices.arrays} arrays), region "
+        f"{region.name!r} has {room} bytes of dynamic shared memory on {target.name}",
+        launch=index,
+    )]
 
 
 def _check_pointer(
     plan: Plan, index: int, where: str, param: PointerParam, address: int,
-    values: dict[str, int],
+    values: dict[str, int], sliced: tuple[ClusterSlices, int, int] | None = None,
 ) -> list[Hazard]:
     hazards = []
     if param.align < 1 or address % param.align:
@@ -363,7 +432,10 @@ def _check_pointer(
             launch=index, argument=param.name,
         ))
         return hazards
-    if address + reach > tensor.end:
+    if sliced is not None:
+        hazards += _check_slices(index, where, param, address, reach, tensor.name,
+                                 tensor.end, sliced)
+    elif address + reach > tensor.end:
         hazards.append(Hazard(
             "footprint-overflow",
             f"{where}: pointer {param.name!r} reaches [0x{address:x}, 0x{address + reach:x}) "
@@ -372,6 +444,33 @@ def _check_pointer(
             launch=index, argument=param.name, tensor=tensor.name,
             addresses=(address, address + reach, tensor.end),
         ))
+    return hazards
+
+
+def _check_slices(index: int, where: str, param: PointerParam, address: int, reach: int,
+                  tensor: str, tensor_end: int, sliced: tuple[ClusterSlices, int, int],
+                  ) -> list[Hazard]:
+    """Each CTA's slice of the last row the footprint reaches: its last column's end within
+    the tensor (the slices' union is the footprint itself)."""
+    slices, ctas, columns = sliced
+    if reach == 0 or columns == 0:
+        return []
+    hazards = []
+    for rank in range(ctas):
+        last = slices.last_column(columns, ctas, rank)
+        if last is None:
+            continue
+        end = address + reach - 4 * (columns - 1 - last)
+        if end > tensor_end:
+            hazards.append(Hazard(
+                "footprint-overflow",
+                f"{where}: pointer {param.name!r}: the slice of CTA {rank} of {ctas} reaches "
+                f"column {last} of the last row at [0x{end - 4:x}, 0x{end:x}) "
+                f"({param.footprint.describe()} = {reach} bytes from 0x{address:x}), past "
+                f"the end of tensor {tensor!r} at 0x{tensor_end:x}",
+                launch=index, argument=param.name, tensor=tensor,
+                addresses=(address, end, tensor_end),
+            ))
     return hazards
 
 
@@ -431,7 +530,7 @@ def _check_hardware_limits(plan: Plan) -> list[Hazard]:
     # passed once passes again unchecked, and what fails is checked at each launch.
     passed: set[tuple] = set()
     for index, launch in enumerate(plan.launches):
-        key = (launch.region, launch.grid, launch.block)
+        key = (launch.region, launch.grid, launch.block, launch.cluster)
         if key in passed:
             continue
         found = _launch_limits(plan, index, launch, declared.get(launch.region))
@@ -473,6 +572,14 @@ def _launch_limits(plan: Plan, index: int, launch: Launch, region: Region | None
                     f"{where}: {kind}.{axis} = {value}, {target.name} allows {limit}",
                     launch=index,
                 ))
+    if launch.cluster > target.max_cluster_ctas:
+        allowed = (f"at most {target.max_cluster_ctas} CTAs a cluster"
+                   if target.max_cluster_ctas > 1 else "no clusters")
+        hazards.append(Hazard(
+            "hardware-limit",
+            f"{where}: clusters of {launch.cluster} CTAs, {target.name} allows {allowed}",
+            launch=index,
+        ))
     threads = launch.block.count
     if threads > target.max_threads_per_block:
         hazards.append(Hazard(

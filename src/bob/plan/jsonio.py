@@ -70,6 +70,17 @@ def _arg_json(arg: Address | Scalar) -> dict[str, Any]:
     return {"u32": arg.bits}
 
 
+def _launch_json(launch: Launch) -> dict[str, Any]:
+    """A launch; its cluster only where it has one (a plan without clusters reads as before)."""
+    out = {"region": launch.region, "label": launch.label,
+           "grid": [launch.grid.x, launch.grid.y, launch.grid.z],
+           "block": [launch.block.x, launch.block.y, launch.block.z],
+           "args": [_arg_json(a) for a in launch.args]}
+    if launch.cluster != 1:
+        out["cluster"] = launch.cluster
+    return out
+
+
 def plan_to_json(plan: Plan) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -107,13 +118,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
              "bytes": t.bytes, "align": t.align}
             for t in plan.tensors
         ],
-        "launches": [
-            {"region": launch.region, "label": launch.label,
-             "grid": [launch.grid.x, launch.grid.y, launch.grid.z],
-             "block": [launch.block.x, launch.block.y, launch.block.z],
-             "args": [_arg_json(a) for a in launch.args]}
-            for launch in plan.launches
-        ],
+        "launches": [_launch_json(launch) for launch in plan.launches],
         "submissions": [
             {"first_launch": s.first_launch, "count": s.count, "semaphore": s.semaphore}
             for s in plan.submissions
@@ -668,7 +673,7 @@ def _tensors(r: _Reader, value: Any) -> tuple[Tensor, ...]:
 
 
 def _launch(r: _Reader, value: Any, path: str, target: Target) -> Launch:
-    launch = r.fields(value, path, ("region", "grid", "block", "args"), ("label",))
+    launch = r.fields(value, path, ("region", "grid", "block", "args"), ("label", "cluster"))
     grid = _dim3(r, launch["grid"], f"{path}.grid", target.max_grid, target.name)
     block = _dim3(r, launch["block"], f"{path}.block", target.max_block, target.name)
     if block.count > target.max_threads_per_block:
@@ -677,7 +682,11 @@ def _launch(r: _Reader, value: Any, path: str, target: Target) -> Launch:
     args = tuple(_arg(r, item, f"{path}.args[{j}]")
                  for j, item in enumerate(r.array(launch["args"], f"{path}.args")))
     label = r.string(launch.get("label", ""), f"{path}.label")
-    return Launch(r.string(launch["region"], f"{path}.region"), grid, block, args, label)
+    # CTAs a cluster: whether its region runs in clusters of this size is the certificate's
+    cluster = r.integer(launch.get("cluster", 1), f"{path}.cluster", 1, grid.x,
+                        f"the launch's grid.x, {grid.x}")
+    return Launch(r.string(launch["region"], f"{path}.region"), grid, block, args, label,
+                  cluster)
 
 
 def _dim3(r: _Reader, value: Any, path: str, limits: tuple[int, int, int],

@@ -68,6 +68,42 @@ Param = PointerParam | ScalarParam
 
 
 @dataclass(frozen=True)
+class ClusterSlices:
+    """How a cluster region splits a row over the CTAs of a thread-block cluster.
+
+    A row of n columns (the u32 argument `columns`) has `lanes` tree lanes; CTA c of C
+    holds lanes c L .. c L + L - 1 (L = lanes / C), so its slice is the row's columns j
+    with j % lanes in that range: L of every `lanes`, ceil(n / lanes) L positions, each of
+    `arrays` float arrays (w, m, v, ...) in the CTA's dynamic shared memory. C is a power
+    of two of at most lanes / 4 (a slice moves whole quads).
+    """
+
+    arrays: int
+    columns: str = "vocab"
+    lanes: int = 256
+
+    def lanes_per_cta(self, ctas: int) -> int:
+        return self.lanes // ctas
+
+    def slice_bytes(self, columns: int, ctas: int) -> int:
+        """The dynamic shared memory one CTA of `ctas` needs for a row of `columns`."""
+        return self.arrays * 4 * -(-columns // self.lanes) * self.lanes_per_cta(ctas)
+
+    def allows(self, ctas: int) -> bool:
+        """Whether a cluster of `ctas` CTAs splits the lanes into whole quads."""
+        return 2 <= ctas <= self.lanes // 4 and ctas & (ctas - 1) == 0
+
+    def last_column(self, columns: int, ctas: int, rank: int) -> int | None:
+        """The last column of a row of `columns` in CTA `rank`'s slice (None: none)."""
+        width = self.lanes_per_cta(ctas)
+        first = rank * width
+        if first >= columns:
+            return None
+        last_chain = (columns - 1 - first) // self.lanes  # its last chain position inside
+        return min(columns - 1, last_chain * self.lanes + first + width - 1)
+
+
+@dataclass(frozen=True)
 class Region:
     """One kernel: its machine code and the resources and arguments it takes."""
 
@@ -79,6 +115,9 @@ class Region:
     params: tuple[Param, ...] = ()
     entry: str = ""  # the symbol in the compiled image, where there is one
     dynamic_shared_bytes: int = 0  # asked for at launch, beyond the image's
+    # A cluster region's slices (launched in clusters of Launch.cluster CTAs); None: a
+    # region whose CTAs are alone.
+    cluster_slices: ClusterSlices | None = None
 
     @property
     def shared_window_bytes(self) -> int:
@@ -179,6 +218,7 @@ class LaunchSpec:
     block: Dim3
     args: tuple[TensorRef | Scalar, ...]
     label: str = ""  # what this launch does in the program, for listings
+    cluster: int = 1  # CTAs per thread-block cluster, along x (1: no clusters)
 
 
 @dataclass(frozen=True)
@@ -190,6 +230,7 @@ class Launch:
     block: Dim3
     args: tuple[Address | Scalar, ...]
     label: str = ""
+    cluster: int = 1  # CTAs per thread-block cluster, along x (grid.x a multiple of it)
 
 
 @dataclass(frozen=True)
@@ -249,6 +290,11 @@ class Target:
     registers_per_block: int = 65536
     # Registers are allocated per warp, in units of 256 (8 per thread).
     register_unit_per_thread: int = 8
+    # Thread-block clusters (sm_90): the most CTAs a cluster may have (1: no clusters), and
+    # how many of the part's SMs hold clusters at once (fewer than all: a cluster's CTAs
+    # share one GPC, and GPCs have SMs left over); a cluster grid is that many CTAs.
+    max_cluster_ctas: int = 1
+    cluster_multiprocessors: int = 0
 
     def __post_init__(self) -> None:
         if self.qmd_stride_bytes == 0:
@@ -260,8 +306,19 @@ class Target:
 
     def for_device(self, *, multiprocessors: int) -> Target:
         """This target with one device's own SM count (the driver's
-        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT): the same layout and limits."""
-        return replace(self, multiprocessors=multiprocessors)
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT): the same layout and limits; of the SMs
+        that hold clusters, no more than the device has."""
+        return replace(self, multiprocessors=multiprocessors,
+                       cluster_multiprocessors=min(self.cluster_multiprocessors,
+                                                   multiprocessors))
+
+    def without_clusters(self) -> Target:
+        """This target for a backend that launches no clusters: the same in all else."""
+        return replace(self, max_cluster_ctas=1, cluster_multiprocessors=0)
+
+    def cluster_grid(self, ctas: int) -> int:
+        """The CTAs of a grid of as many clusters of `ctas` as the target holds at once."""
+        return max(1, self.cluster_multiprocessors // ctas) * ctas
 
 
 @dataclass(frozen=True)

@@ -53,8 +53,13 @@ SCALAR_BYTES = 4
 # the H200 is of sm_90's, and the most SMs any sm_86 part has.
 SM86 = Target("sm_86", parameter_base=0x160, parameter_block_bytes=512, qmd_record_bytes=256,
               max_shared_bytes_per_block=99 * 1024, multiprocessors=84)
+# Clusters: sm_90 launches up to 8 CTAs a cluster portably (the CUDA C++ Programming Guide,
+# "Thread Block Clusters"; 16 only as a non-portable size, never needed below V = 65536);
+# of the H200's 132 SMs, 120 hold clusters of 4 or 8 at once (cuOccupancyMaxActiveClusters,
+# docs/BENCHMARKS.md).
 SM90 = Target("sm_90", parameter_base=0x210, parameter_block_bytes=1024, qmd_record_bytes=384,
-              max_shared_bytes_per_block=227 * 1024, multiprocessors=132)
+              max_shared_bytes_per_block=227 * 1024, multiprocessors=132,
+              max_cluster_ctas=8, cluster_multiprocessors=120)
 TARGETS = {target.name: target for target in (SM86, SM90)}
 
 
@@ -260,7 +265,7 @@ def _place_launch(spec: LaunchSpec, tensors: dict[str, Tensor],
             args.append(address)
         else:
             args.append(arg)
-    return Launch(spec.region, spec.grid, spec.block, tuple(args), spec.label)
+    return Launch(spec.region, spec.grid, spec.block, tuple(args), spec.label, spec.cluster)
 
 
 def _place_pointer(spec: LaunchSpec, ref: TensorRef, tensors: dict[str, Tensor]) -> Address:

@@ -164,6 +164,14 @@ TALL_FROM_VOCAB = {"hard": 4608, "corpus": 5121}
 # shared memory takes and streaming the rest; a corpus row only while it fits whole
 # (held_to_vocab): held in part, it runs slower than streamed.
 HELD_FROM_VOCAB = TALL_VOCAB + 1
+# Past the tall kernels' rows a thread-block cluster may hold a row for all of a launch's
+# updates (sig.CLUSTER_SLICES: C CTAs, the fewest whose slices fit the target's shared
+# memory), on targets with clusters; the program takes them where they were measured
+# ahead of the held and stream kernels (docs/BENCHMARKS.md, "Rows resident in a
+# cluster"): corpus rows the held kernels cannot hold whole, and rows of V % 4 != 0 from
+# CLUSTER_ODD_FROM_VOCAB (at 32768 the held kernels are ahead; no smaller V was measured).
+CLUSTER_FROM_VOCAB = TALL_VOCAB + 1
+CLUSTER_ODD_FROM_VOCAB = 32769
 # The stream kernels move rows as float4 quads, so a row must start 16 bytes aligned:
 # V % 4 == 0 (bob_kernels.cu traps otherwise).
 STREAM_QUAD = 4
@@ -178,6 +186,22 @@ def held_to_vocab(mode: Mode, target: Target) -> int:
     # limit less the kernel's own static bytes, in whole KiB (sig.shared_rest). On sm_90
     # (232448 - 22608) // 1024 * 1024 = 208896 bytes, a row of 52224.
     return sig.shared_rest(target, sig.HELD_STATIC_SHARED_BYTES) // 4
+
+
+def cluster_ctas(mode: Mode, vocab: int, target: Target) -> int | None:
+    """The CTAs of the cluster that holds a row of `vocab` on `target`: the fewest (a power
+    of two up to the target's cluster limit) whose slices fit the dynamic shared memory a
+    cluster CTA asks for (sig.shared_rest of the kernel's static bytes); None where the
+    target has no clusters or no cluster holds the row."""
+    slices = sig.CLUSTER_SLICES[sig.FUSED_CLUSTER_HARD if mode == "hard"
+                                else sig.FUSED_CLUSTER_CORPUS]
+    room = sig.shared_rest(target, sig.CLUSTER_STATIC_SHARED_BYTES)
+    ctas = 2
+    while ctas <= target.max_cluster_ctas and slices.allows(ctas):
+        if slices.slice_bytes(vocab, ctas) <= room:
+            return ctas
+        ctas *= 2
+    return None
 
 
 def typical_pairs(vocab: int) -> int:
@@ -243,8 +267,11 @@ class BobConfig:
         much of the row's w in shared memory as fits, the rest streamed; corpus rows only
         while they fit whole on `target`; any V: a row of V % 4 != 0 moves element by
         element), or, for the other streamed rows with V % 4 == 0, the stream ones (float4
-        loads and stores)."""
+        loads and stores). Before all of those, on a target with clusters, the cluster ones
+        where takes_cluster says."""
         hard = self.mode == "hard"
+        if self.takes_cluster(target):
+            return sig.FUSED_CLUSTER_HARD if hard else sig.FUSED_CLUSTER_CORPUS
         if HELD_FROM_VOCAB <= self.vocab <= held_to_vocab(self.mode, target):
             return sig.FUSED_HELD_HARD if hard else sig.FUSED_HELD_CORPUS
         if RESIDENT_VOCAB < self.vocab <= WIDE_VOCAB:
@@ -254,6 +281,17 @@ class BobConfig:
         if self.vocab > RESIDENT_VOCAB and self.vocab % STREAM_QUAD == 0:
             return sig.FUSED_STREAM_HARD if hard else sig.FUSED_STREAM_CORPUS
         return sig.FUSED_HARD if self.mode == "hard" else sig.FUSED_CORPUS
+
+    def takes_cluster(self, target: Target) -> bool:
+        """Whether a thread-block cluster holds each row (CLUSTER_ODD_FROM_VOCAB's rule):
+        a corpus row the held kernels cannot hold whole, or a row of V % 4 != 0 from
+        CLUSTER_ODD_FROM_VOCAB, wherever the target has a cluster that holds it."""
+        if self.vocab < CLUSTER_FROM_VOCAB or cluster_ctas(self.mode, self.vocab,
+                                                             target) is None:
+            return False
+        if self.mode == "corpus" and self.vocab > held_to_vocab(self.mode, target):
+            return True
+        return self.vocab % STREAM_QUAD != 0 and self.vocab >= CLUSTER_ODD_FROM_VOCAB
 
     @property
     def input_targets_bytes(self) -> int:
@@ -289,10 +327,10 @@ class BobConfig:
     def updates_per_fused_launch(self, target: Target) -> int:
         """Updates each fused launch runs (the last may run fewer): all N while V is
         small, up to HELD_UPDATES_PER_LAUNCH where the held kernels keep the row's w in
-        shared memory, else one."""
+        shared memory (or a cluster the whole row), else one."""
         if self.vocab <= ONE_LAUNCH_MAX_VOCAB:
             return self.updates
-        if self.fused_region(target) in sig.SHARED_REST:
+        if self.fused_region(target) in sig.HELD_ROWS:
             return min(self.updates, HELD_UPDATES_PER_LAUNCH)
         return min(1, self.updates)
 
@@ -608,12 +646,18 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
         # The held kernels run a block per SM, each taking rows blockIdx.x, + gridDim.x, ...
         # and copying its next row's w in while it updates the last; any grid gives the
         # same bits. The others run a block per row.
-        rows = min(v, target.multiprocessors) if region in sig.SHARED_REST else v
+        # The cluster ones run as many clusters of C as the target holds at once, each taking
+        # rows g, g + G, ...; any grid gives the same bits. The others run a block per row.
+        ctas = cluster_ctas(config.mode, v, target) if region in sig.CLUSTER_SLICES else None
+        if ctas is not None:
+            rows = target.cluster_grid(ctas)
+        else:
+            rows = min(v, target.multiprocessors) if region in sig.SHARED_REST else v
         return LaunchSpec(region, Dim3(rows), Dim3(region_blocks[region]), (
             TensorRef("parameters"), TensorRef("first_moment"), TensorRef("second_moment"),
             TensorRef("gradients"), targets, TensorRef("training_loss"),
             scalars_row, *data, vocab, Scalar.u32(updates), finish,
-        ), label)
+        ), label, ctas or 1)
 
     def health() -> LaunchSpec:
         tables = tuple(TensorRef(name) for name in sig.HEALTH_COUNTS)

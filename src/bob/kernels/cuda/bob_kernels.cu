@@ -1566,5 +1566,8 @@ namespace tall_corpus {
 // -- held: a block per row past TALL_VOCAB, the row's w in shared memory: bob_held.cuh -----
 #include "bob_held.cuh"
 
+// -- cluster: a row past TALL_VOCAB held by a thread-block cluster for a launch: bob_cluster.cuh
+#include "bob_cluster.cuh"
+
 // -- the sparse corpus input: the scatter and the loss alone: bob_sparse.cuh -------------
 #include "bob_sparse.cuh"
