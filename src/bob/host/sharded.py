@@ -239,7 +239,7 @@ class DaskShards:
                      for i, each in enumerate(env)}
             self.cluster = distributed.SpecCluster(
                 workers=specs, scheduler={"cls": distributed.Scheduler,
-                                          "options": {"dashboard_address": None}},
+                                          "options": {"dashboard": False}},
                 silence_logs=50)
             address = self.cluster.scheduler_address
         try:
