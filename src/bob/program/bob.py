@@ -690,8 +690,9 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
                     "updates": config.updates, "mode": config.mode,
                     "schedule": config.schedule, "submission": config.submission,
                     "pairs": config.pairs, "validation_pairs": config.validation_pairs,
-                    "rows": None if config.rows is None else list(config.rows),
-                    "first_step": first_step},
+                    "first_step": first_step,
+                    # a shard's rows as "first:last" (plan attributes are numbers or text)
+                    **({} if config.rows is None else {"rows": ":".join(map(str, config.rows))})},
     )
 
 
