@@ -195,7 +195,7 @@ REFUSALS = {
                          "plan, 4 * rows * columns in Bob's signature"),
     "dropped factor": (_set("regions[1].params[0].footprint.factors", ["vocab"]),
                        "regions[1]: region 'bob-loss-gradient' differs from Bob's own: params[0] "
-                       "('parameters') footprint is 4 * vocab in the plan, 4 * vocab * vocab in "
+                       "('parameters') footprint is 4 * vocab in the plan, 4 * grid.x * vocab in "
                        "Bob's signature"),
     "read instead of write": (_set("regions[3].params[0].access", "read"),
                               "regions[3]: region 'bob-greedy-argmax' differs from Bob's own: "

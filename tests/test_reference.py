@@ -301,8 +301,8 @@ FUSED_UPDATES = 3
 def arena_for(region: str, vocab: int, count: int, rng: np.random.Generator, finish: int = 1):
     """Every pointer of `region` in its own tensor, separated by poisoned gaps."""
     params = sig.SIGNATURES[region]
-    values = {"vocab": vocab, "rows": 1, "columns": count, "updates": FUSED_UPDATES,
-              "finish": finish, "count": count}
+    values = {"vocab": vocab, "grid.x": vocab, "rows": 1, "columns": count,
+              "updates": FUSED_UPDATES, "finish": finish, "count": count}
     base, gap = 0x40000, 512
     spans, address = {}, base + gap
     for p in params:

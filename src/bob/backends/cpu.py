@@ -123,9 +123,14 @@ class CpuBackend(HostArenaBackend):
 
     def _decode(self, launch_index: int) -> dict[str, int | np.float32]:
         """What launch `launch_index`'s kernel reads from its parameter block."""
-        region = self.plan.region(self.plan.launches[launch_index].region)
+        launch = self.plan.launches[launch_index]
+        region = self.plan.region(launch.region)
         block = self.parameter_block(launch_index)
-        return kernel_arguments(decode_parameter_block(self.plan.target, region, block))
+        args = kernel_arguments(decode_parameter_block(self.plan.target, region, block))
+        # A block-per-row kernel handles the rows of its grid, as on the device (a row
+        # shard's loss runs R blocks over an R x V table).
+        args["grid.x"] = launch.grid.x
+        return args
 
     def _run(self, submissions: range) -> None:
         for index in submissions:

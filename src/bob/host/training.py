@@ -82,6 +82,7 @@ from bob.records.checkpoint import (
     ranges_mask,
     symbol_ranges,
 )
+from bob.records.shards import checkpoint_exists, is_sharded
 
 DEFAULT_CHECKPOINT = "bob.safetensors"
 DEFAULT_UPDATES_PER_INVOCATION = 100
@@ -166,6 +167,14 @@ class TrainRequest:
     # steps = 0: still write the starting point (a fresh run's zero table) as the checkpoint,
     # so that a model exists to load; `bob train --steps 0` writes nothing.
     save_start: bool = False
+    # Row shards (bob.host.sharded): K shards of the table's rows, trained shard by shard
+    # each invocation and saved as a sharded checkpoint; None: one piece (unless the
+    # options below ask for shards, or the checkpoint resumed is sharded: its own K).
+    shards: int | None = None
+    workers: int | None = None  # side by side on a LocalCluster of this many workers
+    gpus: tuple[int, ...] | None = None  # side by side, a Dask worker per GPU listed
+    device_memory: int | None = None  # bytes a shard's arena may take: K follows from it
+    dask_address: str | None = None  # side by side on the Dask scheduler at this address
 
     def __post_init__(self) -> None:
         if self.texts is not None:  # any sequence of names, kept as a tuple
@@ -211,6 +220,50 @@ class TrainRequest:
                 raise BadInput(f"{self.best_checkpoint}: the best checkpoint and the result "
                                "record would be one file")
         require_one_source(self.texts, self.input_record, self.data_spec)
+        self._check_shards()
+
+    @property
+    def asks_shards(self) -> bool:
+        """Whether an option asks for row shards."""
+        return any(value is not None for value in (self.shards, self.workers, self.gpus,
+                                                   self.device_memory, self.dask_address))
+
+    def _check_shards(self) -> None:
+        """The shard options' values, and the options a sharded run does not take."""
+        if self.gpus is not None:
+            object.__setattr__(self, "gpus", tuple(self.gpus))
+        for name in ("shards", "workers", "device_memory"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                flag = "--" + name.replace("_", "-")
+                raise BadInput(f"{flag} must be an integer of at least 1, not {value!r}")
+        if self.gpus is not None:
+            if not self.gpus or any(isinstance(g, bool) or not isinstance(g, int) or g < 0
+                                    for g in self.gpus) or len(set(self.gpus)) != len(self.gpus):
+                raise BadInput(f"--gpus must list distinct GPU numbers (0,1,...), not "
+                               f"{','.join(map(str, self.gpus)) or 'nothing'}")
+            if self.workers is not None:
+                raise BadInput("--gpus runs a worker per GPU listed; --workers is for the cpu "
+                               "backend: choose one")
+            if self.backend == "cpu":
+                raise BadInput("--gpus runs shards on GPUs; --backend cpu runs none")
+        if self.dask_address is not None and (self.workers is not None or self.gpus is not None):
+            raise BadInput("--dask runs on a scheduler's own workers; --workers and --gpus "
+                           "start a cluster here: choose one")
+        if not self.asks_shards:
+            return
+        refused = (("--schedule fused", self.schedule != "seed"),
+                   ("validation data", self.val_spec is not None),
+                   ("--keep-best", self.keep_best), ("--eval-every", self.eval_every is not None),
+                   ("--save-every-seconds", self.save_every_seconds is not None),
+                   ("--save-every-updates", self.save_every_updates is not None),
+                   ("--result", self.result_path is not None),
+                   ("--steps 0", self.steps == 0))
+        for option, given in refused:
+            if given:
+                raise BadInput(f"row shards (--shards, --workers, --gpus, --device-memory, "
+                               f"--dask) do not take {option}")
 
     @property
     def writes_checkpoint(self) -> bool:
@@ -307,6 +360,11 @@ def run_training(request: TrainRequest, progress: Progress | None = None) -> Tra
     """
     begun = time.perf_counter()
     _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
+    if request.asks_shards or (request.resume and is_sharded(request.checkpoint)):
+        from bob.host.sharded_run import run_sharded_training
+
+        report = run_sharded_training(request, progress)
+        return replace(report, wall_seconds=time.perf_counter() - begun)
     choice = choose_backend(request.backend, arch=request.arch, arena=request.arena)
     data = training_data(request.texts, request.input_record, request.data_spec,
                          admit=lambda vocab: refuse_slow_cpu(choice.name, vocab, request.steps))
@@ -337,7 +395,7 @@ def require_disk_room(path: str, size: int) -> None:
 def _require_checkpoint_as_asked(request: TrainRequest) -> None:
     """BadInput unless the checkpoint is there to resume (--resume), or is not there or may
     be started over (--overwrite)."""
-    exists = os.path.exists(request.checkpoint)
+    exists = checkpoint_exists(request.checkpoint)
     if request.resume and not exists:
         raise BadInput(f"{request.checkpoint}: no checkpoint to resume from")
     if not request.resume and exists and not request.overwrite:

@@ -442,27 +442,33 @@ def _table(memory: Memory, args: Args, name: str) -> np.ndarray:
     return memory.array(int(args[name]), "f32", vocab * vocab).reshape(vocab, vocab)
 
 
+def _grid_table(memory: Memory, args: Args, name: str) -> np.ndarray:
+    """The rows of a block-per-row kernel's grid (ref.grid_rows) of a table: f32[R][V]."""
+    rows, vocab = ref.grid_rows(args), int(args["vocab"])
+    return memory.array(int(args[name]), "f32", rows * vocab).reshape(rows, vocab)
+
+
 def loss_gradient_hard(memory: Memory, args: Args) -> None:
-    vocab = int(args["vocab"])
+    rows = ref.grid_rows(args)
     loss_gradient_hard_rows(
-        _table(memory, args, "parameters"), memory.array(int(args["targets"]), "u32", vocab),
+        _grid_table(memory, args, "parameters"),
+        memory.array(int(args["targets"]), "u32", rows),
         _F32(args["log2e"]), _F32(args["ln2"]), _F32(args["inverse_rows"]),
-        _table(memory, args, "gradients"), memory.array(int(args["loss"]), "f32", vocab))
+        _grid_table(memory, args, "gradients"), memory.array(int(args["loss"]), "f32", rows))
 
 
 def loss_gradient_corpus(memory: Memory, args: Args) -> None:
-    vocab = int(args["vocab"])
     loss_gradient_corpus_rows(
-        _table(memory, args, "parameters"), _table(memory, args, "weights"),
-        _F32(args["log2e"]), _F32(args["ln2"]), _table(memory, args, "gradients"),
-        memory.array(int(args["loss"]), "f32", vocab))
+        _grid_table(memory, args, "parameters"), _grid_table(memory, args, "weights"),
+        _F32(args["log2e"]), _F32(args["ln2"]), _grid_table(memory, args, "gradients"),
+        memory.array(int(args["loss"]), "f32", ref.grid_rows(args)))
 
 
 def loss_corpus(memory: Memory, args: Args) -> None:
-    vocab = int(args["vocab"])
-    loss_corpus_rows(_table(memory, args, "parameters"), _table(memory, args, "weights"),
+    loss_corpus_rows(_grid_table(memory, args, "parameters"),
+                     _grid_table(memory, args, "weights"),
                      _F32(args["log2e"]), _F32(args["ln2"]),
-                     memory.array(int(args["loss"]), "f32", vocab))
+                     memory.array(int(args["loss"]), "f32", ref.grid_rows(args)))
 
 
 def adamw(memory: Memory, args: Args) -> None:

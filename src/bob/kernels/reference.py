@@ -247,24 +247,36 @@ def row_gather(memory: Memory, args: Args) -> None:
         logits.view(np.uint32)[:] = CANONICAL_NAN_BITS
 
 
-def loss_gradient_hard(memory: Memory, args: Args) -> None:
+def grid_rows(args: Args) -> int:
+    """The rows a block-per-row kernel handles: its grid's, at most V (a block past the
+    table's last row returns at once); V where the caller gives no grid."""
     vocab = _u32(args, "vocab")
-    table = memory.array(int(args["parameters"]), "f32", vocab * vocab).reshape(vocab, vocab)
-    targets = memory.array(int(args["targets"]), "u32", vocab)
+    return min(vocab, int(args.get("grid.x", vocab)))
+
+
+def _rows_table(memory: Memory, args: Args, name: str) -> np.ndarray:
+    """The grid's rows of a table through pointer `name`: f32[R][V]."""
+    rows, vocab = grid_rows(args), _u32(args, "vocab")
+    return memory.array(int(args[name]), "f32", rows * vocab).reshape(rows, vocab)
+
+
+def loss_gradient_hard(memory: Memory, args: Args) -> None:
+    rows = grid_rows(args)
+    table = _rows_table(memory, args, "parameters")
+    targets = memory.array(int(args["targets"]), "u32", rows)
     scalars = LossScalars(args["log2e"], args["ln2"], args["inverse_rows"])
-    grad = memory.array(int(args["gradients"]), "f32", vocab * vocab).reshape(vocab, vocab)
+    grad = _rows_table(memory, args, "gradients")
     loss, _ = loss_gradient_hard_rows(table, targets, scalars, out=grad)
-    memory.array(int(args["loss"]), "f32", vocab)[:] = loss
+    memory.array(int(args["loss"]), "f32", rows)[:] = loss
 
 
 def loss_gradient_corpus(memory: Memory, args: Args) -> None:
-    vocab = _u32(args, "vocab")
-    table = memory.array(int(args["parameters"]), "f32", vocab * vocab).reshape(vocab, vocab)
-    weights = memory.array(int(args["weights"]), "f32", vocab * vocab).reshape(vocab, vocab)
+    table = _rows_table(memory, args, "parameters")
+    weights = _rows_table(memory, args, "weights")
     scalars = LossScalars(args["log2e"], args["ln2"])
-    grad = memory.array(int(args["gradients"]), "f32", vocab * vocab).reshape(vocab, vocab)
+    grad = _rows_table(memory, args, "gradients")
     loss, _ = loss_gradient_corpus_rows(table, weights, scalars, out=grad)
-    memory.array(int(args["loss"]), "f32", vocab)[:] = loss
+    memory.array(int(args["loss"]), "f32", grid_rows(args))[:] = loss
 
 
 # Rows of a V x V table the loss alone handles at a time: its scratch stays a few MiB.
@@ -273,15 +285,15 @@ _LOSS_BLOCK_ELEMENTS = 1 << 20
 
 def loss_corpus(memory: Memory, args: Args) -> None:
     """bob-loss-corpus: bob-loss-gradient-corpus's row losses, no gradient stored."""
-    vocab = _u32(args, "vocab")
-    table = memory.array(int(args["parameters"]), "f32", vocab * vocab).reshape(vocab, vocab)
-    weights = memory.array(int(args["weights"]), "f32", vocab * vocab).reshape(vocab, vocab)
-    loss = memory.array(int(args["loss"]), "f32", vocab)
+    vocab, count = _u32(args, "vocab"), grid_rows(args)
+    table = _rows_table(memory, args, "parameters")
+    weights = _rows_table(memory, args, "weights")
+    loss = memory.array(int(args["loss"]), "f32", count)
     scalars = LossScalars(args["log2e"], args["ln2"])
     rows = max(1, _LOSS_BLOCK_ELEMENTS // vocab)
-    scratch = np.empty((min(rows, vocab), vocab), np.float32)
-    for first in range(0, vocab, rows):
-        last = min(vocab, first + rows)
+    scratch = np.empty((min(rows, count), vocab), np.float32)
+    for first in range(0, count, rows):
+        last = min(count, first + rows)
         loss[first:last], _ = loss_gradient_corpus_rows(
             table[first:last], weights[first:last], scalars, out=scratch[:last - first])
 

@@ -95,6 +95,10 @@ def block_of(region: str) -> int:
 
 _ROW = Footprint(4, ("vocab",))
 _TABLE = Footprint(4, ("vocab", "vocab"))
+# The loss kernels run a block per row and reach the rows of their grid only: V in one
+# piece, R in a row shard's plan (the R x V tables of rows [first, last)).
+_GRID_ROWS = Footprint(4, ("grid.x", "vocab"))
+_GRID_ROW = Footprint(4, ("grid.x",))
 # AdamW's elements as rows x columns, both u32: V x V reaches 2**32 at V = 65536, past any
 # u32 count, and every scalar argument stays 4 bytes (the parameter block layout).
 _ELEMENTS = Footprint(4, ("rows", "columns"))
@@ -124,10 +128,10 @@ SIGNATURES: dict[str, tuple] = {
     ),
     # One block per row: row loss and gradient of the hard-target objective.
     LOSS_HARD: (
-        PointerParam("parameters", _TABLE, "read"),
-        PointerParam("gradients", _TABLE, "write"),
-        PointerParam("targets", _ROW, "read"),
-        PointerParam("loss", _ROW, "write"),
+        PointerParam("parameters", _GRID_ROWS, "read"),
+        PointerParam("gradients", _GRID_ROWS, "write"),
+        PointerParam("targets", _GRID_ROW, "read"),
+        PointerParam("loss", _GRID_ROW, "write"),
         ScalarParam("log2e", "f32"),
         ScalarParam("ln2", "f32"),
         ScalarParam("inverse_rows", "f32"),
@@ -135,10 +139,10 @@ SIGNATURES: dict[str, tuple] = {
     ),
     # One block per row: row loss and gradient against weighted targets.
     LOSS_CORPUS: (
-        PointerParam("parameters", _TABLE, "read"),
-        PointerParam("gradients", _TABLE, "write"),
-        PointerParam("weights", _TABLE, "read"),
-        PointerParam("loss", _ROW, "write"),
+        PointerParam("parameters", _GRID_ROWS, "read"),
+        PointerParam("gradients", _GRID_ROWS, "write"),
+        PointerParam("weights", _GRID_ROWS, "read"),
+        PointerParam("loss", _GRID_ROW, "write"),
         ScalarParam("log2e", "f32"),
         ScalarParam("ln2", "f32"),
         ScalarParam("vocab", "u32"),
@@ -217,9 +221,9 @@ SIGNATURES: dict[str, tuple] = {
     ),
     # One block per row: bob-loss-gradient-corpus's row loss, bit for bit, and no gradient.
     LOSS_ONLY_CORPUS: (
-        PointerParam("parameters", _TABLE, "read"),
-        PointerParam("weights", _TABLE, "read"),
-        PointerParam("loss", _ROW, "write"),
+        PointerParam("parameters", _GRID_ROWS, "read"),
+        PointerParam("weights", _GRID_ROWS, "read"),
+        PointerParam("loss", _GRID_ROW, "write"),
         ScalarParam("log2e", "f32"),
         ScalarParam("ln2", "f32"),
         ScalarParam("vocab", "u32"),

@@ -227,9 +227,17 @@ class BobConfig:
     pairs: int = 0
     # K_val, corpus mode only: the validation corpus's pairs; 0 runs no validation.
     validation_pairs: int = 0
+    # A row shard: the plan trains rows [first, last) of the V x V table only (its tables
+    # are (last - first) x V), seed schedule, no prompts, the corpus weights written dense
+    # by the host (pairs 0: no scatter) and no health check (the host checks the rows as
+    # they stream out to the checkpoint). None: the whole table in one piece.
+    rows: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
-        corpus = self.mode == "corpus"
+        if self.rows is not None:  # a plan's attributes carry it as a JSON list
+            object.__setattr__(self, "rows", tuple(self.rows))
+        # A shard's corpus weights are written dense: it has no pairs to scatter.
+        corpus = self.mode == "corpus" and self.rows is None
         # (name, value, low, high, whether the range depends on the mode)
         checks = (
             ("vocab", self.vocab, MIN_VOCAB, MAX_VOCAB, False),
@@ -255,6 +263,29 @@ class BobConfig:
         if self.submission not in SUBMISSION_POLICIES:
             raise BadInput(f"submission must be one of {', '.join(SUBMISSION_POLICIES)}, not "
                            f"{self.submission!r}")
+        if self.rows is not None:
+            self._check_shard()
+
+    def _check_shard(self) -> None:
+        """A row shard: rows [first, last) inside the table, and only what a shard runs."""
+        rows = self.rows
+        assert rows is not None
+        if not (len(rows) == 2 and all(isinstance(r, int) and not isinstance(r, bool)
+                                       for r in rows) and 0 <= rows[0] < rows[1] <= self.vocab):
+            raise BadInput(f"rows must be [first, last) with 0 <= first < last <= V="
+                           f"{self.vocab}, not {list(rows)!r}")
+        if self.schedule != "seed":
+            raise BadInput("a row shard runs the seed schedule only, not "
+                           f"{self.schedule!r}")
+        if self.prompts:
+            raise BadInput(f"a row shard predicts no prompts, not {self.prompts}")
+        if self.validation_pairs:
+            raise BadInput("a row shard computes no validation loss")
+
+    @property
+    def shard_rows(self) -> int:
+        """R: the rows the plan's tables hold (V for the whole table)."""
+        return self.vocab if self.rows is None else self.rows[1] - self.rows[0]
 
     @property
     def loss_region(self) -> str:
@@ -295,9 +326,9 @@ class BobConfig:
 
     @property
     def input_targets_bytes(self) -> int:
-        """Bytes of the targets (hard: u32[V]) or the sparse weights (corpus: keys u64[K],
-        then values f32[K]) at the start of the input."""
-        return 4 * self.vocab if self.mode == "hard" else PAIR_BYTES * self.pairs
+        """Bytes of the targets (hard: u32[V], a shard's u32[R]) or the sparse weights
+        (corpus: keys u64[K], then values f32[K]) at the start of the input."""
+        return 4 * self.shard_rows if self.mode == "hard" else PAIR_BYTES * self.pairs
 
     @property
     def input_bytes(self) -> int:
@@ -312,8 +343,8 @@ class BobConfig:
     # Those that depend on the fused region take the target: its shared memory decides it.
     @property
     def load_launches(self) -> int:
-        """The scatters of the sparse inputs into their tables (corpus mode)."""
-        return 0 if self.mode == "hard" else 1 + int(self.validates)
+        """The scatters of the sparse inputs into their tables (corpus mode, one piece)."""
+        return 0 if self.mode == "hard" or self.rows is not None else 1 + int(self.validates)
 
     @property
     def first_prediction(self) -> int:
@@ -336,8 +367,9 @@ class BobConfig:
 
     @property
     def health_launches(self) -> int:
-        """The health check ends every invocation that trains."""
-        return int(self.updates > 0)
+        """The health check ends every invocation that trains (a shard's rows are checked
+        on the host as they stream out: the kernel counts V x V elements)."""
+        return int(self.updates > 0 and self.rows is None)
 
     @property
     def closing_launches(self) -> int:
@@ -516,22 +548,22 @@ def inverse_rows_bits(vocab: int) -> int:
 
 
 def tensor_specs(config: BobConfig) -> tuple[TensorSpec, ...]:
-    v, p = config.vocab, config.prompts
+    v, p, r = config.vocab, config.prompts, config.shard_rows
     seed = (
-        TensorSpec("parameters", "f32", (v, v)),
-        TensorSpec("first_moment", "f32", (v, v)),
-        TensorSpec("second_moment", "f32", (v, v)),
-        TensorSpec("gradients", "f32", (v, v)),
+        TensorSpec("parameters", "f32", (r, v)),
+        TensorSpec("first_moment", "f32", (r, v)),
+        TensorSpec("second_moment", "f32", (r, v)),
+        TensorSpec("gradients", "f32", (r, v)),
         TensorSpec("input", "u8", (config.input_bytes,)),
-        TensorSpec("initial_loss", "f32", (v,)),
-        TensorSpec("training_loss", "f32", (v,)),
+        TensorSpec("initial_loss", "f32", (r,)),
+        TensorSpec("training_loss", "f32", (r,)),
         TensorSpec("logit_rows", "f32", (p, v)),
         TensorSpec("predictions", "u32", (p,)),
     )
     health = TensorSpec(HEALTH_TENSOR, "u32", (len(sig.HEALTH_COUNTS), 2))
     scalars = () if config.schedule == "seed" else (
         TensorSpec(ADAM_SCALARS_TENSOR, "f32", (config.updates, ADAM_SCALAR_STRIDE)),)
-    weights = () if config.mode == "hard" else (TensorSpec(WEIGHTS_TENSOR, "f32", (v, v)),)
+    weights = () if config.mode == "hard" else (TensorSpec(WEIGHTS_TENSOR, "f32", (r, v)),)
     validation = () if not config.validates else (
         TensorSpec(VALIDATION_INPUT, "u8", (PAIR_BYTES * config.validation_pairs,)),
         TensorSpec(VALIDATION_WEIGHTS, "f32", (v, v)),
@@ -547,7 +579,7 @@ def declared_regions(config: BobConfig, target: Target,
     check, then in corpus mode the scatter and, with validation, the loss alone."""
     training = sig.ADAMW if config.schedule == "seed" else config.fused_region(target)
     names = (sig.GATHER, config.loss_region, training, sig.ARGMAX, sig.HEALTH)
-    if config.mode == "corpus":
+    if config.load_launches:
         names += (sig.SCATTER,)
     if config.validates:
         names += (sig.LOSS_ONLY_CORPUS,)
@@ -582,6 +614,7 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
     (its shared memory) and the held kernels' grid (its SMs).
     """
     v, block = config.vocab, Dim3(sig.BLOCK)
+    rows = config.shard_rows  # R: a block per row for the loss, R x V elements for AdamW
     regions = declared_regions(config, target, compiled)
     # Each launch's block is its region's: a compiled tall kernel names its own.
     region_blocks = {r.name: r.block_x for r in regions}
@@ -599,7 +632,7 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
         else:
             args = (TensorRef("parameters"), TensorRef("gradients"), targets,
                     TensorRef(into), log2e, ln2, vocab)
-        return LaunchSpec(config.loss_region, Dim3(v), block, args, f"loss->{into}")
+        return LaunchSpec(config.loss_region, Dim3(rows), block, args, f"loss->{into}")
 
     def scatter(table: str, pairs: str, count: int) -> LaunchSpec:
         # keys u64[K] at the input's start, then values f32[K]
@@ -626,12 +659,13 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
 
     adamw_pointers = (TensorRef("parameters"), TensorRef("gradients"),
                       TensorRef("first_moment"), TensorRef("second_moment"))
-    adamw_grid_dim = Dim3(adamw_grid(v * v))
+    adamw_grid_dim = Dim3(adamw_grid(rows * v))
+    row_count = Scalar.u32(rows)
 
     def adamw(k: int, scalars: tuple[Scalar, ...]) -> LaunchSpec:
         return LaunchSpec(sig.ADAMW, adamw_grid_dim, block, (
             *adamw_pointers, *scalars,
-            vocab, vocab,  # rows, columns: V * V needs 33 bits at V = 65536
+            row_count, vocab,  # rows, columns: V * V needs 33 bits at V = 65536
         ), f"adamw[{k}]")
 
     def fused(first: int, updates: int) -> LaunchSpec:
@@ -665,7 +699,7 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
                           (*tables, TensorRef(HEALTH_TENSOR), vocab), "health")
 
     launches: list[LaunchSpec] = []
-    if config.mode == "corpus":
+    if config.load_launches:  # a shard's weights are written dense by the host
         launches.append(scatter(WEIGHTS_TENSOR, "input", config.pairs))
     if config.validates:
         launches.append(scatter(VALIDATION_WEIGHTS, VALIDATION_INPUT, config.validation_pairs))
@@ -700,7 +734,9 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
                     "updates": config.updates, "mode": config.mode,
                     "schedule": config.schedule, "submission": config.submission,
                     "pairs": config.pairs, "validation_pairs": config.validation_pairs,
-                    "first_step": first_step},
+                    "first_step": first_step,
+                    # a shard's rows as "first:last" (plan attributes are numbers or text)
+                    **({} if config.rows is None else {"rows": ":".join(map(str, config.rows))})},
     )
 
 
@@ -734,6 +770,15 @@ def submission_schedule(config: BobConfig, target: Target) -> tuple[Submission, 
             groups.append((predictions, 2 * config.prompts))
     return tuple(Submission(first, count, value)
                  for value, (first, count) in enumerate(groups, start=1))
+
+
+def shard_boundaries(vocab: int, shards: int) -> tuple[tuple[int, int], ...]:
+    """Rows [first, last) of each of `shards` row shards of a V x V table: as even as
+    whole rows go, shard i from i * V // K."""
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= vocab:
+        raise BadInput(f"--shards must be an integer in [1, V={vocab}], not {shards!r}")
+    edges = [i * vocab // shards for i in range(shards + 1)]
+    return tuple(zip(edges[:-1], edges[1:], strict=True))
 
 
 def build_plan(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper(),

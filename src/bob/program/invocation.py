@@ -128,5 +128,9 @@ def plan_config(plan: Plan) -> BobConfig:
     """The configuration a plan of Bob's program was built for (from its attributes)."""
     if plan.attributes.get("program") != "bob":
         raise ValueError("not a plan of Bob's program: its attributes name no configuration")
-    return BobConfig(**{field.name: plan.attributes[field.name]  # type: ignore[arg-type]
-                        for field in fields(BobConfig)})
+    values = {field.name: plan.attributes[field.name] for field in fields(BobConfig)
+              if field.name != "rows"}
+    rows = plan.attributes.get("rows")  # "first:last" in a shard's plan, else absent
+    if isinstance(rows, str):
+        values["rows"] = tuple(int(part) for part in rows.split(":"))
+    return BobConfig(**values)  # type: ignore[arg-type]

@@ -433,7 +433,13 @@ class CheckpointFile:
 
     @classmethod
     def open(cls, path: StrPath) -> CheckpointFile:
-        """Read and check the header; BadInput "<file>: <problem>" when it is not sound."""
+        """Read and check the header; BadInput "<file>: <problem>" when it is not sound.
+        A sharded checkpoint (its index, or a name with only an index beside it) opens as
+        a `bob.records.shards.ShardedCheckpoint`, which reads the same way."""
+        from bob.records.shards import ShardedCheckpoint, is_sharded
+
+        if is_sharded(path):
+            return ShardedCheckpoint.open(path)  # type: ignore[return-value]
         source = str(path)
         _check_opening_bytes(path)
         try:
@@ -489,6 +495,20 @@ class CheckpointFile:
                 problem = _chunk_problem(name, 4 * v * row, view, v)
                 if problem:
                     raise BadInput(f"{self.path}: {problem}")
+        return out
+
+    def row_block(self, name: str, first: int, last: int) -> np.ndarray:
+        """Rows [first, last) of one table (f32[last - first][V]) in one read, checked."""
+        v = self.state.vocab
+        if not 0 <= first <= last <= v:
+            raise ValueError(f"rows [{first}, {last}) are outside the V={v} table")
+        out = np.empty((last - first, v), F32)
+        view = memoryview(out.reshape(-1)).cast("B")
+        with reading(self.path, "checkpoint") as file:
+            self._read(file, self._offset(name) + 4 * v * first, view)
+        problem = _chunk_problem(name, 4 * v * first, view, v)
+        if problem:
+            raise BadInput(f"{self.path}: {problem}")
         return out
 
     def mapped(self, name: str) -> np.ndarray:

@@ -296,6 +296,7 @@ class NvSimBackend(HostArenaBackend):
         self._check_shared_memory(qmd_address, region_name, dispatch.shared_memory,
                                   region.shared_window_bytes)
         arguments = kernel_arguments(decode_parameter_block(self.plan.target, region, block))
+        arguments["grid.x"] = dispatch.grid[0]  # as the QMD says: a block-per-row kernel's rows
         if region_name not in self.kernels:
             raise NvSimError(f"no kernel for region {region_name!r}")
         self.kernels[region_name](self.memory, arguments)
