@@ -258,8 +258,7 @@ def cases() -> list[Case]:
     add(Case("huge values", "plan of 300 MB", after(sparse_file("big.json", 300 << 20),
                                                     "certify", "--plan", "big.json")))
     add(Case("huge values", "plan integer of 5000 digits",
-             plan_file(lambda data: json.dumps(data).replace('"format_version": 1',
-                                                             '"format_version": ' + "9" * 5000))))
+             plan_file(lambda data: {**data, "format_version": 10**4999})))
     add(Case("huge values", "steps 2**53 + 1",
              argv_only("train", "--backend", "cpu", "--steps", str(2**53 + 1), "-c", "n.st")))
     add(Case("huge values", "steps 2**53 on cpu",
@@ -391,7 +390,7 @@ def judge(case: Case, base: Path, work: Path) -> Outcome:
         argv = case.setup(directory)
         before = snapshot(directory)
         try:
-            done = run_bob(directory, argv)
+            done = run_bob(directory, argv, stdin=TEXT)  # for a case that reads "-"
         except subprocess.TimeoutExpired:
             return Outcome(case.name, "else", f"still running after {TIMEOUT_SECONDS} s")
         err = done.stderr.decode(errors="replace")
