@@ -107,6 +107,35 @@ def test_resuming_past_the_largest_step_is_refused(tmp_path, capsys, base_checkp
     assert main(["predict", "-c", str(path), "a"]) == 0  # the bound itself is readable
 
 
+def no_data_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counting the training data from now on fails the test: a refusal came first."""
+    from bob.host import training
+
+    def counted(*args, **kwargs):
+        raise AssertionError("the data was counted before the refusal")
+    monkeypatch.setattr(training, "training_data", counted)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])  # cuda: no time estimate refuses it
+def test_fresh_steps_above_the_largest_step_are_refused_before_work(tmp_path, capsys,
+                                                                    monkeypatch, backend):
+    no_data_counted(monkeypatch)
+    err = refused(capsys, tmp_path, ["train", "--backend", backend, "--steps",
+                                     str(2**53 + 1), "-c", str(tmp_path / "m.st")])
+    assert err == (f"bob: --steps {2**53 + 1} is above 2**53 = {2**53}, the largest step "
+                   "a checkpoint holds")
+
+
+def test_resume_past_the_largest_step_is_refused_before_the_data_is_counted(
+        tmp_path, capsys, monkeypatch, base_checkpoint):
+    path = with_metadata(base_checkpoint, tmp_path / "edge.safetensors", step=str(2**53 - 3))
+    no_data_counted(monkeypatch)
+    err = refused(capsys, tmp_path, ["train", "--backend", "cpu", "--resume", "--steps", "5",
+                                     "-c", str(path)])
+    assert err == (f"bob: {path}: step {2**53 - 3} + 5 updates is above 2**53 = {2**53}, "
+                   "the largest step a checkpoint holds")
+
+
 # -- plan reader: counts bounded, duplicates found in linear time ---------------
 def plan_with_tensors(directory: Path, count: int, duplicate: bool = False) -> Path:
     data = json.loads(dumps(build_plan(BobConfig(prompts=1, updates=1))))
@@ -226,6 +255,27 @@ def test_plot_refuses_counts_of_another_vocabulary_as_eval_does(tmp_path, capsys
                                      "--counts", str(counts)])
     assert err == f"bob: {counts.parent / 'a.txt'}: V=256, the checkpoint V=512"  # its source
     assert not (tmp_path / "plots").exists()
+
+
+def test_plot_refuses_counts_of_other_data_of_the_same_vocabulary(tmp_path, capsys, counted):
+    counts, checkpoint = counted
+    other = tmp_path / "b.txt"
+    other.write_bytes(b"zyxwvu tsrq " * 300)
+    other_counts = tmp_path / "b.counts"
+    assert main(["count", str(other), "-o", str(other_counts)]) == 0
+    capsys.readouterr()
+    theirs = CountsFile.load(other_counts).digest.rsplit(":", 1)[-1][:12]
+    ours = CountsFile.load(counts).digest.rsplit(":", 1)[-1][:12]
+    err = refused(capsys, tmp_path, ["plot", "-c", str(checkpoint), "--counts",
+                                     str(other_counts), "--out", str(tmp_path / "plots")])
+    assert err == (f"bob: {other_counts}: counts of data {theirs}, the checkpoint trained on "
+                   f"data {ours}; give the counts of its training data")
+    assert not (tmp_path / "plots").exists()
+    pytest.importorskip("matplotlib")
+    assert main(["plot", "-c", str(checkpoint), "--counts", str(counts), "--out",
+                 str(tmp_path / "plots")]) == 0  # its own counts are drawn
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "loss.png", "transitions.png"]
 
 
 # -- Dask: a lost scheduler named ----------------------------------------------

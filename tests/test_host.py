@@ -47,9 +47,11 @@ def test_invocation_splits_give_identical_bytes(mode):
 
 
 def test_split_updates():
-    assert split_updates(1000, 100) == [100] * 10
-    assert split_updates(250, 100) == [100, 100, 50]
-    assert split_updates(0, 100) == []
+    assert list(split_updates(1000, 100)) == [100] * 10
+    assert list(split_updates(250, 100)) == [100, 100, 50]
+    assert list(split_updates(0, 100)) == []
+    most = split_updates(2**53, 100)  # computed per index: nothing of its length is listed
+    assert len(most) == 2**53 // 100 + 1 and most[-1] == 2**53 % 100 and most[-2] == 100
 
 
 @pytest.mark.torch

@@ -479,9 +479,8 @@ def plot(checkpoint, out_dir, counts_file, as_json) -> None:
     stored = CheckpointFile.open(checkpoint)  # the header: rows are read as the map needs
     state = stored.state
     counted = None if counts_file is None else CountsFile.load(counts_file)
-    if counted is not None and counted.vocab != state.vocab:
-        raise BadInput(f"{counts_file}: counts of V={counted.vocab}, the checkpoint has "
-                       f"V={state.vocab}")
+    if counted is not None:
+        _require_training_counts(state, counted, counts_file)
     optimum = state.optimum if counted is None else counted.optimum
     targets = {name: os.path.join(out_dir, name) for name in ("loss.png", "transitions.png")}
     _check_plot_directory(out_dir, targets.values())
@@ -503,6 +502,29 @@ def plot(checkpoint, out_dir, counts_file, as_json) -> None:
             click.echo(path)
     if not state.history:
         click.echo("(no loss history in this checkpoint: no loss curve)", err=True)
+
+
+def _require_training_counts(state, counted, counts_file: str) -> None:
+    """BadInput unless the counts are of data the checkpoint trained on: their V, and
+    their digest one the checkpoint records (its data's or a segment's), so the optimum
+    drawn is its data's. A checkpoint that records no digest cannot tell: any counts of
+    its V are drawn."""
+    from bob.records.digest import digest_matches
+
+    if counted.vocab != state.vocab:
+        raise BadInput(f"{counts_file}: counts of V={counted.vocab}, the checkpoint has "
+                       f"V={state.vocab}")
+    trained_on = list(dict.fromkeys(digest for digest in (
+        state.data_digest, *(segment.data_digest for segment in state.segments)) if digest))
+    if trained_on and not any(digest_matches(digest, counted.counts) for digest in trained_on):
+        raise BadInput(f"{counts_file}: counts of data {_short_digest(counted.digest)}, the "
+                       f"checkpoint trained on data {_short_digest(trained_on[0])}; give "
+                       "the counts of its training data")
+
+
+def _short_digest(digest: str) -> str:
+    """A digest as messages name it: its first hex digits (past a version prefix)."""
+    return digest.rsplit(":", 1)[-1][:12]
 
 
 def validation_curve(state) -> list[tuple[int, float]]:

@@ -35,7 +35,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -522,12 +522,34 @@ def require_finite_counts(health: bytes | np.ndarray, step: int) -> None:
             "is kept (try a smaller --lr)")
 
 
-def split_updates(steps: int, per_invocation: int) -> list[int]:
+@dataclass(frozen=True)
+class InvocationSizes(Sequence[int]):
+    """Updates of each invocation of a run: full ones, then the remainder. Computed per
+    index, not listed: a run of 2**53 updates holds two integers, not 10**13."""
+
+    steps: int
+    per_invocation: int
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.per_invocation < 1:
+            raise ValueError("steps must be >= 0 and updates per invocation >= 1")
+
+    def __len__(self) -> int:
+        return -(-self.steps // self.per_invocation)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return min(self.per_invocation, self.steps - index * self.per_invocation)
+
+
+def split_updates(steps: int, per_invocation: int) -> InvocationSizes:
     """Updates of each invocation: full ones, then the remainder."""
-    if steps < 0 or per_invocation < 1:
-        raise ValueError("steps must be >= 0 and updates per invocation >= 1")
-    full, rest = divmod(steps, per_invocation)
-    return [per_invocation] * full + ([rest] if rest else [])
+    return InvocationSizes(steps, per_invocation)
 
 
 ProgressCallback = Callable[[Invocation, int], None]

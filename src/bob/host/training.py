@@ -36,7 +36,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from bob.backends import BackendChoice, choose_backend, resolve_submission
@@ -183,6 +183,9 @@ class TrainRequest:
             object.__setattr__(self, "hyper_changes", dict(self.hyper_changes))
         if self.steps < 0:
             raise BadInput(f"steps must be >= 0, not {self.steps}")
+        if self.steps > MAX_STEP:  # before any work: no run could record its step
+            raise BadInput(f"--steps {self.steps} is above 2**53 = {MAX_STEP}, the largest "
+                           "step a checkpoint holds")
         if self.updates_per_invocation < 1:
             raise BadInput("updates_per_invocation must be at least 1, not "
                            f"{self.updates_per_invocation}")
@@ -401,6 +404,15 @@ def _require_checkpoint_as_asked(request: TrainRequest) -> None:
     if not request.resume and exists and not request.overwrite:
         raise BadInput(f"{request.checkpoint}: exists; pass --resume to continue it or "
                        "--overwrite to start again")
+    if request.resume:
+        _require_room_for_steps(request, CheckpointFile.open(request.checkpoint).state.step)
+
+
+def _require_room_for_steps(request: TrainRequest, step: int) -> None:
+    """BadInput when resuming at `step` would pass the largest step a checkpoint holds."""
+    if step + request.steps > MAX_STEP:
+        raise BadInput(f"{request.checkpoint}: step {step} + {request.steps} updates is "
+                       f"above 2**53 = {MAX_STEP}, the largest step a checkpoint holds")
 
 
 def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
@@ -418,9 +430,7 @@ def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
                                            successors=successor_ranges(record)))
     stored = CheckpointFile.open(checkpoint)
     start = stored.state
-    if start.step + request.steps > MAX_STEP:
-        raise BadInput(f"{checkpoint}: step {start.step} + {request.steps} updates is above "
-                       f"2**53 = {MAX_STEP}, the largest step a checkpoint holds")
+    _require_room_for_steps(request, start.step)  # the file under the lock
     if start.vocab != record.vocab:
         raise BadInput(f"{checkpoint}: the checkpoint has V={start.vocab}, the data "
                        f"V={record.vocab}")
@@ -703,7 +713,7 @@ def zero_tables(table_bytes: int) -> TableDelivery:
     return deliver
 
 
-def split_sizes(steps: int, per_invocation: int) -> list[int]:
+def split_sizes(steps: int, per_invocation: int) -> Sequence[int]:
     """Each invocation's updates (as `bob.host.session.train` splits a run)."""
     from bob.host.session import split_updates
 

@@ -16,7 +16,9 @@ Dask is the optional extra ``bob[dask]``; it is imported only here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
 
 from bob.errors import BadInput, BobError, RunFailure
 from bob.records.counting import (
@@ -34,6 +36,10 @@ from bob.records.counting import (
 from bob.records.sources import Piece, Source
 
 RETRIES = 2  # a task is tried 1 + RETRIES times before the count gives up
+# The loggers whose records a count keeps off stderr: Dask's (a lost scheduler is logged
+# with its reconnection's CancelledError traceback, a dead worker in a few lines) and the
+# event loops' it runs on. The count's own line says what was lost.
+QUIET_LOGGERS = ("distributed", "tornado", "asyncio")
 
 
 def _distributed():
@@ -85,23 +91,23 @@ def count_on_dask(sources: Sequence[Source], vocab: int, address: str | None = N
     refuse_empty(sources)
     distributed = _distributed()
     tasks = plan_pieces(sources, piece_bytes)
-    if address is None:
-        cluster = distributed.LocalCluster(n_workers=workers, threads_per_worker=1,
-                                           processes=processes, dashboard_address=None)
-    else:
-        cluster = None
-    try:
+    with _quiet_dask_logs():
+        cluster = (distributed.LocalCluster(n_workers=workers, threads_per_worker=1,
+                                            processes=processes, dashboard_address=None)
+                   if address is None else None)
         try:
-            client = distributed.Client(cluster if cluster is not None else address,
-                                        timeout="20s")
-        except (OSError, TimeoutError) as error:
-            raise RunFailure(f"{address}: cannot reach the Dask scheduler ({error})") from None
-        with client:
-            return _gather(client, distributed, tasks, vocab, engine, block_bytes, progress,
-                           sources)
-    finally:
-        if cluster is not None:
-            cluster.close()
+            try:
+                client = distributed.Client(cluster if cluster is not None else address,
+                                            timeout="20s")
+            except (OSError, TimeoutError) as error:
+                raise RunFailure(f"{address}: cannot reach the Dask scheduler "
+                                 f"({error})") from None
+            with client:
+                return _gather(client, distributed, tasks, vocab, engine, block_bytes,
+                               progress, sources)
+        finally:
+            if cluster is not None:
+                cluster.close()
 
 
 def _gather(client, distributed, tasks: list[list[Piece]], vocab: int, engine: str | None,
@@ -151,6 +157,29 @@ def _failure(future, task: Sequence[Piece], client, distributed) -> BobError:
     if kind is RunFailure:
         message += f" (failed {RETRIES + 1} times)"
     return kind(message)
+
+
+class _DropDaskRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.partition(".")[0] not in QUIET_LOGGERS
+
+
+@contextlib.contextmanager
+def _quiet_dask_logs() -> Iterator[None]:
+    """Inside, no record of QUIET_LOGGERS reaches a handler (Dask gives each of its
+    loggers a stderr handler of its own, so every handler is filtered, the root's too)."""
+    drop = _DropDaskRecords()
+    names = [name for name in logging.root.manager.loggerDict
+             if name.partition(".")[0] in QUIET_LOGGERS]
+    handlers = {handler for logger in (logging.root, *map(logging.getLogger, names))
+                for handler in logger.handlers}
+    for handler in handlers:
+        handler.addFilter(drop)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(drop)
 
 
 def _lost_what(client) -> str:

@@ -1,0 +1,589 @@
+"""An adversarial audit of the `bob` command line on the cpu backend, re-runnable:
+
+    PYTHONPATH=src python3 -m dev.audit.run            # everything (a few minutes)
+    PYTHONPATH=src python3 -m dev.audit.run --quick    # a few cases of each class
+
+It tries the hostile inputs and paths of each fault class (special files, hostile
+metadata, huge, nested and unbounded values, a full disk, outputs that cannot be
+written, symlinks, usage errors, stop signals at many moments, fuzzed plans), each
+`bob` a process of its own in a directory of its own, and sorts what happened:
+
+- refused cleanly: exit 1 or 2 (or 130/143 after a signal) with one line on stderr
+  starting "bob" (the signal's report last, after progress lines), nothing on stdout but
+  what the command prints, no traceback, and the directory as it was (after a signal: at
+  most the checkpoint the report names, loadable);
+- read as a stream: a pipe or FIFO read as a text input, exit 0 (the documented rule);
+- anything else: listed, with what was wrong.
+
+A fuzzed plan is clean when `bob certify --plan` certifies it (exit 0), lists its
+hazards (exit 1) or refuses it in one line (exit 2). The counts are printed last; exit 1
+when anything else happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import io
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_SECONDS = 60  # a case still running then has hung: anything else
+TEXT = b"the cat sat on the mat; the rat ate the hat. " * 40
+REPORT = re.compile(r"bob: interrupted"
+                    r"|bob: interrupted at update (\d+); no checkpoint written by this run"
+                    r"|bob: interrupted at update (\d+); checkpoint at update (\d+) kept")
+PROGRESS = re.compile(r"step \d+: train \d|compiling the CPU kernels|$")
+
+Setup = Callable[[Path], list[str]]  # makes the case's files in its directory; its argv
+
+
+@dataclass(frozen=True)
+class Case:
+    fault: str  # the class of fault (as the README's reliability section names them)
+    name: str
+    setup: Setup
+    expect: str = "refused"  # or "stream": read as a stream, exit 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    case: str
+    verdict: str  # "refused", "stream", "else"
+    why: str = ""
+
+
+# -- the shared files: made once, copied into each case's directory -------------------
+def make_base(base: Path) -> None:
+    (base / "a.txt").write_bytes(TEXT)
+    run_bob(base, ["train", "--backend", "cpu", "-N", "2", "--steps", "4", "--text", "a.txt",
+                   "-c", "m.safetensors"], check=True)
+    run_bob(base, ["count", "a.txt", "-o", "a.counts"], check=True)
+    from bob.plan.jsonio import dumps
+    from bob.program.bob import BobConfig, build_plan
+    (base / "plan.json").write_text(dumps(build_plan(BobConfig(prompts=1, updates=1))))
+
+
+def bob_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "BOB_REPORT_DIR":
+            os.environ.get("BOB_REPORT_DIR", str(Path(tempfile.gettempdir()) / "bob-audit"))}
+
+
+def run_bob(cwd: Path, argv: list[str], check: bool = False,
+            stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "bob", *argv], cwd=cwd, env=bob_env(),
+                          capture_output=True, timeout=TIMEOUT_SECONDS, check=False,
+                          input=stdin if stdin is not None else b"")
+    if check and done.returncode != 0:
+        raise SystemExit(f"audit set-up failed: bob {' '.join(argv)}: {done.stderr!r}")
+    return done
+
+
+def snapshot(directory: Path) -> dict[str, object]:
+    """Every entry under the directory: a regular file's bytes, else what it is (special
+    files are never opened: a FIFO would block)."""
+    seen: dict[str, object] = {}
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            path = Path(root) / name
+            rel = str(path.relative_to(directory))
+            if path.is_symlink():
+                seen[rel] = ("link", os.readlink(path))
+            elif path.is_file():
+                seen[rel] = path.read_bytes()
+            else:
+                seen[rel] = "dir" if path.is_dir() else "special"
+    return seen
+
+
+# -- the cases ---------------------------------------------------------------------
+def with_metadata(source: Path, target: Path, **changes: str) -> None:
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+    with safe_open(str(source), framework="numpy") as file:
+        metadata = dict(file.metadata())
+    save_file(load_file(str(source)), str(target), metadata={**metadata, **changes})
+
+
+def fifo(d: Path, name: str = "f") -> str:
+    if not os.path.lexists(d / name):
+        os.mkfifo(d / name)
+    return name
+
+
+def hostile_checkpoint(**changes: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        with_metadata(d / "m.safetensors", d / "h.safetensors", **changes)
+        return ["predict", "-c", "h.safetensors", "a"]
+    return setup
+
+
+def hostile_resume(**changes: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        with_metadata(d / "m.safetensors", d / "h.safetensors", **changes)
+        return ["train", "--backend", "cpu", "--resume", "--text", "a.txt", "--steps", "2",
+                "-c", "h.safetensors"]
+    return setup
+
+
+def hostile_counts(command: str, **changes: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        with_metadata(d / "a.counts", d / "h.counts", **changes)
+        if command == "eval":
+            return ["eval", "--backend", "cpu", "-c", "m.safetensors", "--counts", "h.counts"]
+        return ["train", "--backend", "cpu", "--steps", "1", "--counts", "h.counts", "-c",
+                "new.safetensors"]
+    return setup
+
+
+def plan_file(change: Callable[[dict], object]) -> Setup:
+    def setup(d: Path) -> list[str]:
+        data = json.loads((d / "plan.json").read_text())
+        data = change(data) or data
+        (d / "h.json").write_text(data if isinstance(data, str) else json.dumps(data))
+        return ["certify", "--plan", "h.json"]
+    return setup
+
+
+def argv_only(*argv: str) -> Setup:
+    return lambda d: list(argv)
+
+
+def after(prepare: Callable[[Path], object], *argv: str) -> Setup:
+    def setup(d: Path) -> list[str]:
+        prepare(d)
+        return list(argv)
+    return setup
+
+
+def many_tensors(count: int) -> Callable[[dict], dict]:
+    def change(data: dict) -> dict:
+        data["tensors"] = [{**data["tensors"][0], "name": f"t{i}"} for i in range(count)]
+        return data
+    return change
+
+
+def sparse_file(name: str, size: int) -> Callable[[Path], None]:
+    def make(d: Path) -> None:
+        with open(d / name, "wb") as file:
+            file.truncate(size)
+    return make
+
+
+def directory_with(kind: str) -> Callable[[Path], None]:
+    def make(d: Path) -> None:
+        (d / "corpus").mkdir()
+        (d / "corpus" / "a.txt").write_bytes(TEXT)
+        if kind == "broken link":
+            os.symlink(d / "nowhere", d / "corpus" / "b.txt")
+        elif kind == "fifo":
+            os.mkfifo(d / "corpus" / "b.txt")
+        elif kind == "loop":
+            os.symlink(d / "corpus" / "c.txt", d / "corpus" / "b.txt")
+            os.symlink(d / "corpus" / "b.txt", d / "corpus" / "c.txt")
+    return make
+
+
+def cases() -> list[Case]:
+    c: list[Case] = []
+    add = c.append
+    # Special files: FIFOs, devices and directories where a regular file is needed.
+    for argv in (["predict", "-c", "{f}", "a"], ["certify", "--plan", "{f}"],
+                 ["eval", "--backend", "cpu", "-c", "{f}", "--text", "a.txt"],
+                 ["generate", "-c", "{f}", "-p", "a"], ["export", "-c", "{f}", "-o", "e.st"],
+                 ["plot", "-c", "{f}", "--out", "p"],
+                 ["train", "--backend", "cpu", "--counts", "{f}", "-c", "n.st"],
+                 ["eval", "--backend", "cpu", "-c", "m.safetensors", "--counts", "{f}"],
+                 ["train", "--backend", "cpu", "--resume", "--text", "a.txt", "-c", "{f}"],
+                 ["predict", "-c", "m.safetensors", "--tokenizer", "{f}", "--ids", "1"]):
+        add(Case("special files", "FIFO: " + " ".join(argv),
+                 lambda d, argv=argv: [w.replace("{f}", fifo(d)) for w in argv]))
+        add(Case("special files", "/dev/zero: " + " ".join(argv),
+                 lambda d, argv=argv: [w.replace("{f}", "/dev/zero") for w in argv]))
+    add(Case("special files", "input record /dev/zero",
+             argv_only("train", "--backend", "cpu", "--input", "/dev/zero", "-c", "n.st")))
+    add(Case("special files", "text /dev/null",
+             argv_only("train", "--backend", "cpu", "--text", "/dev/null", "-c", "n.st")))
+    add(Case("special files", "count /dev/null", argv_only("count", "/dev/null", "-o", "c")))
+    add(Case("special files", "text FIFO read as a stream", lambda d: feed_fifo(d), "stream"))
+    add(Case("special files", "text from a pipe (stdin) read as a stream",
+             argv_only("eval", "--backend", "cpu", "-c", "m.safetensors", "--text", "-"),
+             "stream"))
+    for kind in ("broken link", "fifo", "loop"):
+        add(Case("special files", f"count DIR with a {kind}",
+                 after(directory_with(kind), "count", "corpus", "-o", "c.counts")))
+    # Hostile checkpoint metadata.
+    for field, value in [("step", "9223372036854775803"), ("step", str(10**20)),
+                         ("step", "9" * 400), ("step", "-1"), ("step", "1e3"),
+                         ("format_version", "9" * 5000), ("vocab", "70000"),
+                         ("vocab", "0"), ("lr", "nan"), ("lr", "-1"), ("beta1", "1"),
+                         ("history", "[" * 50000 + "]" * 50000), ("history", '[[1, "x"]]'),
+                         ("segments", "[" * 50000), ("successors", "[[5, 2]]"),
+                         ("format", "other"), ("data_digest", "xyz"),
+                         ("optimum", "inf"), ("val_history", "{}")]:
+        add(Case("hostile metadata", f"checkpoint {field}={value[:20]}",
+                 hostile_checkpoint(**{field: value})))
+    for value in ("9223372036854775803", str(2**53 - 1), "9" * 400):
+        add(Case("hostile metadata", f"resume at step {value[:20]}",
+                 hostile_resume(step=value)))
+    for command in ("train", "eval"):
+        for field, value in [("sources", "[" * 50000 + "]" * 50000), ("sources", '["ab"]'),
+                             ("optimum", "1.0"), ("digest", "v2:" + "0" * 64),
+                             ("digest", "0" * 64), ("vocab", "9" * 300),
+                             ("transitions", "-5"), ("layout", "sparse")]:
+            add(Case("hostile metadata", f"counts {field}={value[:20]} ({command})",
+                     hostile_counts(command, **{field: value})))
+    add(Case("hostile metadata", "plot counts of other data",
+             after(lambda d: (d / "b.txt").write_bytes(b"zyx wvu " * 200)
+                   or run_bob(d, ["count", "b.txt", "-o", "b.counts"], check=True),
+                   "plot", "-c", "m.safetensors", "--counts", "b.counts", "--out", "p")))
+    # Huge, nested and unbounded values.
+    add(Case("huge values", "plan of 100000 tensors", plan_file(many_tensors(100_000))))
+    add(Case("huge values", "plan nested 100000 deep",
+             plan_file(lambda data: "[" * 100_000 + "]" * 100_000)))
+    add(Case("huge values", "plan of 300 MB", after(sparse_file("big.json", 300 << 20),
+                                                    "certify", "--plan", "big.json")))
+    add(Case("huge values", "plan integer of 5000 digits",
+             plan_file(lambda data: {**data, "format_version": 10**4999})))
+    add(Case("huge values", "steps 2**53 + 1",
+             argv_only("train", "--backend", "cpu", "--steps", str(2**53 + 1), "-c", "n.st")))
+    add(Case("huge values", "steps 2**53 on cpu",
+             argv_only("train", "--backend", "cpu", "--steps", str(2**53), "-c", "n.st")))
+    add(Case("huge values", "vocab 65537",
+             argv_only("count", "--tokens", "a.txt", "--vocab", "65537", "-o", "c")))
+    add(Case("huge values", "token above V",
+             argv_only("count", "--tokens", "a.txt", "--vocab", "300", "-o", "c")))
+    add(Case("huge values", "input record of a huge V",
+             after(lambda d: (d / "r.bin").write_bytes(
+                 b"BOBINPUT" + (2).to_bytes(4, "little") * 2 + (2**31).to_bytes(4, "little")
+                 + (1).to_bytes(4, "little") + (2**60).to_bytes(8, "little")),
+                 "train", "--backend", "cpu", "--input", "r.bin", "-c", "n.st")))
+    # Outputs that cannot be written; contradictory flags.
+    add(Case("outputs", "count -o under a file",
+             argv_only("count", "a.txt", "-o", "a.txt/c.counts")))
+    add(Case("outputs", "count -o in /proc", argv_only("count", "a.txt", "-o", "/proc/c")))
+    add(Case("outputs", "train -c under a file",
+             argv_only("train", "--backend", "cpu", "--text", "a.txt", "-c", "a.txt/m.st")))
+    add(Case("outputs", "immutable checkpoint", immutable_resume))
+    add(Case("outputs", "plot --out a file",
+             argv_only("plot", "-c", "m.safetensors", "--out", "a.txt")))
+    add(Case("outputs", "export -o existing",
+             argv_only("export", "-c", "m.safetensors", "-o", "a.txt")))
+    add(Case("outputs", "plan --emit a file", argv_only("plan", "--emit", "a.txt")))
+    add(Case("outputs", "--resume --overwrite",
+             argv_only("train", "--backend", "cpu", "--resume", "--overwrite", "--text",
+                       "a.txt", "-c", "m.safetensors")))
+    add(Case("outputs", "--new-data without --resume",
+             argv_only("train", "--backend", "cpu", "--new-data", "--text", "a.txt",
+                       "-c", "n.st")))
+    add(Case("outputs", "existing checkpoint without --resume",
+             argv_only("train", "--backend", "cpu", "--text", "a.txt", "-c", "m.safetensors")))
+    add(Case("outputs", "--result same as checkpoint",
+             argv_only("train", "--backend", "cpu", "--text", "a.txt", "-c", "n.st",
+                       "--result", "n.st")))
+    # Symlinks.
+    add(Case("symlinks", "dangling --text",
+             after(lambda d: os.symlink(d / "none", d / "l.txt"), "train", "--backend", "cpu",
+                   "--text", "l.txt", "-c", "n.st")))
+    add(Case("symlinks", "looping -c",
+             after(lambda d: (os.symlink(d / "y", d / "x"), os.symlink(d / "x", d / "y")),
+                   "predict", "-c", "x", "a")))
+    add(Case("symlinks", "-c a link to a directory",
+             after(lambda d: (d / "dd").mkdir() or os.symlink(d / "dd", d / "l.st"),
+                   "predict", "-c", "l.st", "a")))
+    # A full disk: a tmpfs of a few kilobytes, where it can be mounted.
+    for argv in (["train", "--backend", "cpu", "--text", "a.txt", "--steps", "2", "-c",
+                  "{t}/m.st"], ["count", "a.txt", "-o", "{t}/c.counts"],
+                 ["plan", "--emit", "{t}/emit"], ["export", "-c", "m.safetensors", "-o",
+                                                  "{t}/e.st"]):
+        add(Case("full disk", "full disk: " + " ".join(argv),
+                 lambda d, argv=argv: [w.replace("{t}", full_disk(d)) for w in argv]))
+    # Usage errors, on every command.
+    usage = [["train", "--text", "."], ["train", "--lr", "-1"], ["train", "--steps", "x"],
+             ["train", "--no-such"], ["train", "--backend", "tpu"], ["train", "--text"],
+             ["train", "--schedule", "slow"], ["predict"], ["predict", "-c", "."],
+             ["predict", "-c", "none.st", "a"], ["generate", "-c", "m.safetensors"],
+             ["generate", "-c", "m.safetensors", "-p", "a", "-t", "-1"],
+             ["eval", "-c", "m.safetensors"], ["eval", "--no-such"], ["export", "-c",
+                                                                      "m.safetensors"],
+             ["plot", "--counts", "."], ["plan", "-V", "1"], ["plan", "--mode", "soft"],
+             ["plan", "--arch", "sm_1"], ["certify", "--plan", "none.json"],
+             ["check", "--backends", "cpu"], ["doctor", "--no-such"], ["count"],
+             ["count", "--tokens", "a.txt"], ["count", "none.txt"], ["profile", "-V", "x"],
+             ["bench", "-N", "-3"], ["no-such-command"], ["--no-such"],
+             ["train", "--unreadable"]]
+    for argv in usage:
+        add(Case("usage errors", "bob " + " ".join(argv), argv_only(*argv)))
+    add(Case("usage errors", "unreadable -c", unreadable_checkpoint))
+    return c
+
+
+def feed_fifo(d: Path) -> list[str]:
+    os.mkfifo(d / "t.fifo")
+
+    def feed() -> None:
+        with open(d / "t.fifo", "wb") as writer:  # blocks until bob opens it
+            writer.write(TEXT)
+    threading.Thread(target=feed, daemon=True).start()
+    return ["eval", "--backend", "cpu", "-c", "m.safetensors", "--text", "t.fifo"]
+
+
+def immutable_resume(d: Path) -> list[str]:
+    subprocess.run(["chattr", "+i", str(d / "m.safetensors")], capture_output=True,
+                   check=False)
+    return ["train", "--backend", "cpu", "--resume", "--text", "a.txt", "--steps", "2",
+            "-c", "m.safetensors"]
+
+
+def unreadable_checkpoint(d: Path) -> list[str]:
+    # Root reads a file of mode 000: a directory entry that cannot be read is a
+    # checkpoint made of a link into /proc's unreadable files instead.
+    (d / "u.st").write_bytes(b"x")
+    os.chmod(d / "u.st", 0)
+    return ["predict", "-c", "u.st" if os.geteuid() else "/proc/1/mem", "a"]
+
+
+_mounts: list[Path] = []
+
+
+def full_disk(d: Path) -> str:
+    """A directory on a full file system: a 64 KiB tmpfs (filled) where mounting works,
+    else a directory beside the case (the case then tests nothing of a full disk)."""
+    target = d / "full"
+    if target.exists():
+        return "full"
+    target.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(target)],
+                             capture_output=True, check=False).returncode == 0
+    if mounted:
+        _mounts.append(target)
+        with contextlib.suppress(OSError), open(target / "filler", "wb") as filler:
+            filler.write(bytes(1 << 20))
+    return "full"
+
+
+def unmount_all() -> None:
+    while _mounts:
+        subprocess.run(["umount", str(_mounts.pop())], capture_output=True, check=False)
+
+
+# -- running one case ----------------------------------------------------------------
+def judge(case: Case, base: Path, work: Path) -> Outcome:
+    directory = work / "case"
+    shutil.rmtree(directory, ignore_errors=True)
+    shutil.copytree(base, directory, symlinks=True)
+    try:
+        argv = case.setup(directory)
+        before = snapshot(directory)
+        try:
+            done = run_bob(directory, argv, stdin=TEXT)  # for a case that reads "-"
+        except subprocess.TimeoutExpired:
+            return Outcome(case.name, "else", f"still running after {TIMEOUT_SECONDS} s")
+        err = done.stderr.decode(errors="replace")
+        lines = err.strip().splitlines()
+        if "Traceback" in err or "internal error" in err:
+            return Outcome(case.name, "else", f"exit {done.returncode}: {err[-300:]!r}")
+        if case.expect == "stream":
+            if done.returncode == 0:
+                return Outcome(case.name, "stream")
+            return Outcome(case.name, "else", f"exit {done.returncode}: {err[-300:]!r}")
+        if done.returncode not in (1, 2):
+            return Outcome(case.name, "else", f"exit {done.returncode}: {err[-300:]!r}")
+        if len(lines) != 1 or not lines[0].startswith("bob"):
+            return Outcome(case.name, "else", f"{len(lines)} lines: {err[-300:]!r}")
+        if snapshot(directory) != before:
+            return Outcome(case.name, "else", "the directory changed")
+        return Outcome(case.name, "refused")
+    finally:
+        unmount_all()
+        subprocess.run(["chattr", "-R", "-i", str(directory)], capture_output=True,
+                       check=False)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- stop signals at moments ---------------------------------------------------------
+def catches(pid: int, signum: int) -> bool:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def signal_moment(base: Path, work: Path, index: int) -> Outcome:
+    """Signal `index`: SIGINT or SIGTERM (alternately), once or twice, at a time after the
+    handler is set (start-up, imports) or after the first checkpoint (training, saves)."""
+    signum = (signal.SIGINT, signal.SIGTERM)[index % 2]
+    late = index % 4 >= 2
+    offset = (index // 4) * 0.07
+    twice = index % 5 == 4
+    name = (f"{signal.Signals(signum).name}{' twice' if twice else ''} "
+            f"{'after the first checkpoint' if late else 'after the handler'} +{offset:.2f}s")
+    directory = work / "signal"
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir()
+    shutil.copy(base / "a.txt", work / "a.txt")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bob", "train", "--backend", "cpu", "--text",
+         str(work / "a.txt"), "-N", "1", "--steps", "100000", "-c", "m.st"], cwd=directory,
+        env=bob_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + TIMEOUT_SECONDS
+        while not (os.path.exists(directory / "m.st") if late
+                   else catches(process.pid, signal.SIGTERM)):
+            if process.poll() is not None or time.monotonic() > deadline:
+                return Outcome(name, "else", "the moment never came")
+            time.sleep(0.001)
+        time.sleep(offset)
+        process.send_signal(signum)
+        if twice:
+            time.sleep(0.05)
+            process.send_signal(signum)
+        _, err_bytes = process.communicate(timeout=TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        return Outcome(name, "else", "still running after the signal")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    err = err_bytes.decode(errors="replace")
+    lines = err.strip().splitlines()
+    found = REPORT.fullmatch(lines[-1]) if lines else None
+    if process.returncode != 128 + signum or found is None or "Traceback" in err \
+            or not all(PROGRESS.match(line) for line in lines[:-1]):
+        return Outcome(name, "else", f"exit {process.returncode}: {err[-300:]!r}")
+    left = sorted(os.listdir(directory))
+    kept = found.group(3)
+    if left != ([] if kept is None else ["m.st"]):
+        return Outcome(name, "else", f"left {left} after {lines[-1]!r}")
+    if kept is not None:
+        from bob.records.checkpoint import Checkpoint
+        if Checkpoint.load(directory / "m.st").step != int(kept):
+            return Outcome(name, "else", f"the file is not update {kept}")
+    return Outcome(name, "refused")
+
+
+# -- fuzzed plans --------------------------------------------------------------------
+HOSTILE_VALUES = [None, -1, 0, 2**64, 2**63 - 1, -(2**63), 1.5, float("nan"), "", "x" * 300,
+                  [], {}, [[[]]], True, "0x10", 10**400]
+
+
+def mutated(plan: dict, rng: random.Random) -> dict:
+    """The plan with one to three values somewhere inside it replaced by hostile ones."""
+    doc = copy.deepcopy(plan)
+    for _ in range(rng.randint(1, 3)):
+        node, key = doc, None
+        path: list[tuple[object, object]] = []
+        while isinstance(node, dict | list) and node and (not path or rng.random() < 0.8):
+            key = rng.choice(list(node)) if isinstance(node, dict) else rng.randrange(len(node))
+            path.append((node, key))
+            node = node[key]
+        if not path:
+            continue
+        parent, key = path[-1]
+        choice = rng.random()
+        if choice < 0.6:
+            parent[key] = rng.choice(HOSTILE_VALUES)
+        elif choice < 0.8 and isinstance(node, int) and not isinstance(node, bool):
+            parent[key] = node + rng.choice([-1, 1, 4096, -4096, 2**32])
+        elif isinstance(parent, list):
+            parent.append(copy.deepcopy(parent[key]))  # a duplicate entry
+        else:
+            del parent[key]
+    return doc
+
+
+def fuzz_plans(base: Path, work: Path, count: int, seed: int) -> list[Outcome]:
+    from bob.cli.main import main
+
+    plan = json.loads((base / "plan.json").read_text())
+    rng = random.Random(seed)
+    path = work / "fuzzed.json"
+    outcomes = []
+    for number in range(count):
+        path.write_text(json.dumps(mutated(plan, rng)))
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(["certify", "--plan", str(path)])
+        text = err.getvalue() + out.getvalue()
+        clean = (status == 0 or status == 1 and "hazard" in text
+                 or status == 2 and len(err.getvalue().strip().splitlines()) == 1)
+        if clean and "Traceback" not in text and "internal error" not in text:
+            outcomes.append(Outcome(f"plan {number}", "refused"))
+        else:
+            outcomes.append(Outcome(f"fuzzed plan {number} (seed {seed})", "else",
+                                    f"exit {status}: {text[-300:]!r}"))
+    return outcomes
+
+
+# -- the audit -----------------------------------------------------------------------
+def audit(quick: bool, signals: int, plans: int, seed: int) -> dict[str, list[Outcome]]:
+    chosen = cases()
+    if quick:  # the first two cases of each class
+        faults = [case.fault for case in chosen]
+        chosen = [case for number, case in enumerate(chosen)
+                  if faults[:number].count(case.fault) < 2]
+    found: dict[str, list[Outcome]] = {}
+    with tempfile.TemporaryDirectory(prefix="bob-audit-") as scratch:
+        base, work = Path(scratch) / "base", Path(scratch) / "work"
+        base.mkdir()
+        work.mkdir()
+        make_base(base)
+        for case in chosen:
+            found.setdefault(case.fault, []).append(judge(case, base, work))
+        found["signals"] = [signal_moment(base, work, i) for i in range(signals)]
+        found["fuzzed plans"] = fuzz_plans(base, work, plans, seed)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two cases of each class")
+    parser.add_argument("--signals", type=int, default=None, help="signal moments (40)")
+    parser.add_argument("--plans", type=int, default=None, help="fuzzed plans (2000)")
+    parser.add_argument("--seed", type=int, default=0, help="the plan fuzz's seed")
+    parser.add_argument("--json", action="store_true", help="the counts as JSON")
+    args = parser.parse_args(argv)
+    signals = args.signals if args.signals is not None else (4 if args.quick else 40)
+    plans = args.plans if args.plans is not None else (50 if args.quick else 2000)
+    found = audit(args.quick, signals, plans, args.seed)
+    totals = {"tried": 0, "refused cleanly": 0, "read as a stream": 0, "anything else": 0}
+    rows = []
+    for fault, outcomes in found.items():
+        counts = [sum(o.verdict == v for o in outcomes) for v in ("refused", "stream", "else")]
+        rows.append((fault, len(outcomes), *counts))
+        for key, value in zip(totals, (len(outcomes), *counts), strict=True):
+            totals[key] += value
+    failures = [o for outcomes in found.values() for o in outcomes if o.verdict == "else"]
+    if args.json:
+        print(json.dumps({"totals": totals, "classes": {r[0]: dict(zip(totals, r[1:],
+                                                                     strict=True))
+                                                       for r in rows},
+                          "anything_else": [[o.case, o.why] for o in failures]}))
+    else:
+        print(f"{'class':<18} {'tried':>6} {'refused':>8} {'stream':>7} {'else':>5}")
+        for row in rows:
+            print(f"{row[0]:<18} {row[1]:>6} {row[2]:>8} {row[3]:>7} {row[4]:>5}")
+        print(f"{'total':<18} {totals['tried']:>6} {totals['refused cleanly']:>8} "
+              f"{totals['read as a stream']:>7} {totals['anything else']:>5}")
+        for outcome in failures:
+            print(f"anything else: {outcome.case}: {outcome.why}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
