@@ -1,11 +1,11 @@
-"""A few cases of every class of dev/audit/run.py (so the audit cannot rot): each is
+"""A few cases of every class of tools/audit/run.py (so the audit cannot rot): each is
 refused cleanly, and the audit says so in its counts."""
 
 from __future__ import annotations
 
 import json
 
-from dev.audit import run
+from tools.audit import run
 
 
 def test_a_quick_audit_finds_nothing_but_clean_refusals(capsys):

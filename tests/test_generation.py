@@ -16,7 +16,8 @@ from safetensors.numpy import save_file
 from bob.cli.main import main
 from bob.errors import BadInput
 from bob.host import inference, sampling
-from bob.records.checkpoint import Checkpoint, CheckpointFile, ranges_mask, symbol_ranges
+from bob.records.checkpoint import Checkpoint, ranges_mask, symbol_ranges
+from bob.records.shards import open_checkpoint
 
 # ASCII prose, long enough that a byte model learns it, short enough to train in seconds.
 ASCII_TEXT = (b"It is a truth universally acknowledged, that a single man in possession of a "
@@ -64,7 +65,7 @@ def expected_sample(rows: np.ndarray, last: int, length: int, temperature: float
 
 # -- what a checkpoint records ---------------------------------------------------------
 def test_a_text_run_records_the_bytes_its_text_has_as_a_next_byte(ascii_model):
-    state = CheckpointFile.open(ascii_model).state
+    state = open_checkpoint(ascii_model).state
     assert state.successors == symbol_ranges(successors_of(ASCII_TEXT))
     assert (state.seen() == successors_of(ASCII_TEXT)).all()
     assert not state.seen()[128:].any()  # ASCII: no byte above 127 ever follows
@@ -95,7 +96,7 @@ def test_a_bad_successors_field_is_refused_on_load(tmp_path, ascii_model, capsys
                "second_moment": stored.second_moment},
               str(path), metadata={**stored.metadata(), "successors": successors})
     with pytest.raises(BadInput, match=re.escape("metadata " + message)):
-        CheckpointFile.open(path)
+        open_checkpoint(path)
     before = sorted(p.name for p in tmp_path.iterdir())
     status, out, err = generate(capsys, path, "-p", "a")
     assert status == 2 and out == "" and message in err
@@ -111,16 +112,16 @@ def test_resuming_on_other_data_records_both_datas_successors(tmp_path, capsys):
     assert main(["train", "--text", str(first), *common]) == 0
     assert main(["train", "--text", str(second), "--resume", "--new-data", *common]) == 0
     both = successors_of(b"abcabcabc") | successors_of(b"xyzxyz")
-    assert (CheckpointFile.open(path).state.seen() == both).all()
+    assert (open_checkpoint(path).state.seen() == both).all()
     # From a checkpoint that cannot tell, other data leaves it unable to tell; the same
     # data alone tells again.
     stored = Checkpoint.load(path)
     old = tmp_path / "old.safetensors"
     replace(stored, successors=None).save(old)
-    assert CheckpointFile.open(old).state.successors is None
+    assert open_checkpoint(old).state.successors is None
     resume = ["--backend", "cpu", "-c", str(old), "--steps", "5", "--resume"]
     assert main(["train", "--text", str(first), "--new-data", *resume]) == 0
-    assert CheckpointFile.open(old).state.successors is None
+    assert open_checkpoint(old).state.successors is None
     capsys.readouterr()
     single = tmp_path / "single.safetensors"
     assert main(["train", "--text", str(first), "--backend", "cpu", "-c", str(single),
@@ -128,7 +129,7 @@ def test_resuming_on_other_data_records_both_datas_successors(tmp_path, capsys):
     replace(Checkpoint.load(single), successors=None).save(single)
     assert main(["train", "--text", str(first), "--backend", "cpu", "-c", str(single),
                  "--steps", "5", "--resume"]) == 0
-    assert (CheckpointFile.open(single).state.seen() == successors_of(b"abcabcabc")).all()
+    assert (open_checkpoint(single).state.seen() == successors_of(b"abcabcabc")).all()
 
 
 # -- the defaults: nanoGPT's sample.py -------------------------------------------------

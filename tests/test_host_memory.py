@@ -26,8 +26,8 @@ from bob.cli.main import main
 from bob.host import data, training
 from bob.host.data import CorpusSpec
 from bob.plan.model import Scalar
-from bob.records.checkpoint import CheckpointFile
 from bob.records.countsfile import CountsFile
+from bob.records.shards import open_checkpoint
 
 VOCAB = 2048
 TABLE_BYTES = 4 * VOCAB * VOCAB  # 16 MiB
@@ -107,11 +107,11 @@ def test_no_host_allocation_reaches_a_table(tmp_path: Path, recording: None, cap
               str(checkpoint)]
     assert main([*common, "--steps", "2"]) == 0  # counts the corpora; imports, caches
     fresh = peak_of([*common, "--steps", "6", "--overwrite"])
-    state = CheckpointFile.open(checkpoint).state
+    state = open_checkpoint(checkpoint).state
     assert state.step == 6 and state.file_bytes > 3 * TABLE_BYTES
     assert [step for step, _ in state.val_history] == [0, 2, 4, 6]
     resumed = peak_of([*common, "--resume", "--steps", "3"])  # 2 + 1: a second plan
-    assert CheckpointFile.open(checkpoint).state.step == 9
+    assert open_checkpoint(checkpoint).state.step == 9
     capsys.readouterr()
     print(f"peak host memory: fresh {fresh / 2**20:.1f} MiB, resumed {resumed / 2**20:.1f} "
           f"MiB; largest write {RecordingBackend.largest_write / 2**20:.1f} MiB, read "

@@ -37,7 +37,8 @@ from bob.program.bob import (
     build_plan,
     typical_pairs,
 )
-from bob.records.checkpoint import Checkpoint, CheckpointFile, StartingPoint
+from bob.records.checkpoint import Checkpoint, StartingPoint
+from bob.records.shards import open_checkpoint
 from conftest import assert_same_tensors
 
 gpu = pytest.mark.gpu
@@ -357,7 +358,7 @@ def test_a_checkpoint_streamed_from_the_cuda_arena_is_the_cpus(cuda_arena, arena
                          checked=True, chunk_bytes=1 << 20)
         assert streamed.read_bytes() == whole.read_bytes()
     with Session(cuda_arena(arena)) as cuda:
-        resumed = StartingPoint(first.state, CheckpointFile.open(streamed))
+        resumed = StartingPoint(first.state, open_checkpoint(streamed))
         (second,) = train(cuda, config, resumed, record, 3)
     assert_same_invocations([second], want[1:])
 

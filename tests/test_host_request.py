@@ -11,7 +11,7 @@ import pytest
 from bob.cli.main import main
 from bob.config import ARENA_KINDS, AUTO_SUBMISSION, DEFAULT_TARGET, Hyper
 from bob.errors import BadInput
-from bob.host import api, training
+from bob.host import api
 from bob.host.data import CorpusSpec
 from bob.host.training import TrainRequest
 
@@ -29,6 +29,10 @@ TRAIN_KEYWORDS = (
     ("eval_every", None), ("keep_best", False),
     # steps = 0 still writes the starting point (bob.train's model must exist to load).
     ("save_start", False),
+    # Row shards (None: one piece): their count, CPU workers, GPUs, a device-memory budget,
+    # a Dask scheduler to run them on.
+    ("shards", None), ("workers", None), ("gpus", None), ("device_memory", None),
+    ("dask_address", None),
 )
 
 
@@ -148,7 +152,7 @@ def test_the_cli_passes_one_request_whole_to_the_driver(tmp_path: Path,
 def test_the_driver_runs_a_request(tmp_path: Path):
     request = TrainRequest(steps=6, updates_per_invocation=4, backend="cpu",
                            checkpoint=str(tmp_path / "m.safetensors"))
-    report = training.run_training(request)
+    report = api.run_training(request)
     assert (report.steps, report.global_step, report.written) == (6, 6, (request.checkpoint,))
-    again = training.run_training(dataclasses.replace(request, resume=True, steps=2))
+    again = api.run_training(dataclasses.replace(request, resume=True, steps=2))
     assert again.global_step == 8 and again.history[-1][0] == 8

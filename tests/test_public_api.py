@@ -18,7 +18,8 @@ import bob
 from bob.cli.main import main
 from bob.errors import BadInput
 from bob.host import sampling
-from bob.records.checkpoint import Checkpoint, CheckpointFile
+from bob.records.checkpoint import Checkpoint
+from bob.records.shards import open_checkpoint
 from conftest import listing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,7 +122,7 @@ def test_generate_is_bob_generate(trained, capsys):
     printed = cli_out(capsys, *common, "--seed", "2", "--num-samples", "3")
     assert printed == "\n---------------\n".join("the " + s for s in three) + "\n"
     hot = model.generate(b"t", 400, temperature=5, top_k=None, seed=1)
-    seen = CheckpointFile.open(cli).state.seen()
+    seen = open_checkpoint(cli).state.seen()
     assert set(hot) <= set(np.flatnonzero(seen))  # a byte model of text: seen bytes only
     wild = model.generate(b"t", 400, temperature=5, top_k=None, seed=1, seen_only=False)
     assert set(wild) - set(np.flatnonzero(seen))

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from bob.errors import BadInput
-from bob.host.training import TrainRequest, run_training
+from bob.host.api import run_training
+from bob.host.training import TrainRequest
 from bob.program.bob import BobConfig, shard_boundaries
-from bob.records.checkpoint import CheckpointFile
+from bob.records.shards import open_checkpoint
 
 
 def _request(text: Path, checkpoint: Path, **fields) -> TrainRequest:
@@ -24,8 +25,8 @@ def test_four_shards_in_turn_give_the_one_piece_bytes_and_losses(tmp_path, text)
     one = run_training(_request(text, tmp_path / "one.safetensors", steps=10))
     sharded = run_training(_request(text, tmp_path / "sh.safetensors", steps=10, shards=4))
     assert sharded.history == one.history
-    assert (CheckpointFile.open(tmp_path / "sh.safetensors").load()
-            == CheckpointFile.open(tmp_path / "one.safetensors").load())
+    assert (open_checkpoint(tmp_path / "sh.safetensors").load()
+            == open_checkpoint(tmp_path / "one.safetensors").load())
     # only the last generation's shards are left beside the index
     names = sorted(p.name for p in tmp_path.glob("sh*"))
     assert names == ["sh.safetensors.index.json",
@@ -38,8 +39,8 @@ def test_resume_from_four_shards_onto_fewer_equals_the_straight_run(tmp_path, te
     run_training(_request(text, tmp_path / "sh.safetensors", steps=10, shards=4))
     run_training(_request(text, tmp_path / "sh.safetensors", steps=5, shards=onto,
                           resume=True))
-    assert (CheckpointFile.open(tmp_path / "sh.safetensors").load()
-            == CheckpointFile.open(tmp_path / "one.safetensors").load())
+    assert (open_checkpoint(tmp_path / "sh.safetensors").load()
+            == open_checkpoint(tmp_path / "one.safetensors").load())
 
 
 def test_the_index_is_checked_on_read(tmp_path, text):
@@ -50,18 +51,18 @@ def test_the_index_is_checked_on_read(tmp_path, text):
     first = tmp_path / data["metadata"]["shards"][0]["file"]
     first.rename(tmp_path / "away")
     with pytest.raises(BadInput, match="shard file .* is missing"):
-        CheckpointFile.open(index)
+        open_checkpoint(index)
     (tmp_path / "away").rename(first)
     data["metadata"]["shards"][1]["rows"][0] -= 1
     index.write_text(json.dumps(data))
     with pytest.raises(BadInput, match="overlap"):
-        CheckpointFile.open(index)
+        open_checkpoint(index)
     index.write_text(good)
     with first.open("r+b") as file:
         file.seek(-4, os.SEEK_END)
         file.write(b"\0\0\0\1")
     with pytest.raises(BadInput, match="sha256"):
-        CheckpointFile.open(index)
+        open_checkpoint(index)
 
 
 @pytest.mark.parametrize("fields, message", [

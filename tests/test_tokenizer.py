@@ -21,7 +21,8 @@ from bob.cli.main import main
 from bob.errors import BadInput
 from bob.host import inference
 from bob.records import tokenizer as tokenizer_module
-from bob.records.checkpoint import Checkpoint, CheckpointFile
+from bob.records.checkpoint import Checkpoint
+from bob.records.shards import open_checkpoint
 from bob.records.tokenizer import load_tokenizer
 from conftest import listing
 
@@ -77,7 +78,7 @@ def test_meta_pkl_round_trips_text(tmp_path):
 
 def test_train_reads_v_from_meta_pkl(chars):
     model, _, _, vocab = chars
-    assert CheckpointFile.open(model).state.vocab == vocab
+    assert open_checkpoint(model).state.vocab == vocab
 
 
 def test_generate_encodes_the_prompt_and_decodes_the_ids(chars, capsys):
@@ -313,7 +314,7 @@ def test_a_tokenizers_json_file_encodes_decodes_and_gives_v(tmp_path, capsys):
                          "--tokenizer", str(path), "--steps", "100", "-c", str(model),
                          "--backend", "cpu")
     assert status == 0, err
-    assert CheckpointFile.open(model).state.vocab == len(words)
+    assert open_checkpoint(model).state.vocab == len(words)
     status, out, _ = run(capsys, "generate", "-c", str(model), "--tokenizer", str(path), "-p",
                          "the cat", "-n", "12", "--backend", "cpu")
     assert status == 0 and out.startswith("the cat ")
@@ -384,7 +385,7 @@ def test_a_tiktoken_encoding_where_tiktoken_has_it(tmp_path, capsys, monkeypatch
     status, _, err = run(capsys, "train", "--tokens", "train.bin", "--tokenizer", "letters",
                          "--steps", "50", "-c", "m.st", "--backend", "cpu")
     assert status == 0, err
-    assert CheckpointFile.open("m.st").state.vocab == 27
+    assert open_checkpoint("m.st").state.vocab == 27
     status, out, _ = run(capsys, "generate", "-c", "m.st", "--tokenizer", "letters", "-p",
                          "the ", "-n", "30", "--backend", "cpu")
     assert status == 0 and out.startswith("the ") and set(out[:-1]) <= set(

@@ -473,10 +473,10 @@ def plot(checkpoint, out_dir, counts_file, as_json) -> None:
     map over the symbols the data uses, above V=512 the 64 most frequent (by --counts, else
     by the model's estimate)."""
     from bob.host import plot as pictures
-    from bob.records.checkpoint import CheckpointFile
     from bob.records.countsfile import CountsFile
+    from bob.records.shards import open_checkpoint
 
-    stored = CheckpointFile.open(checkpoint)  # the header: rows are read as the map needs
+    stored = open_checkpoint(checkpoint)  # the header: rows are read as the map needs
     state = stored.state
     counted = None if counts_file is None else CountsFile.load(counts_file)
     if counted is not None:

@@ -33,13 +33,13 @@ from bob.host.inference import (
     predict_ids,
     require_tokenizer,
 )
+from bob.host.sharded_run import run_training
 from bob.host.training import (
     DEFAULT_CHECKPOINT,
     DEFAULT_UPDATES_PER_INVOCATION,
     Progress,
     TrainReport,
     TrainRequest,
-    run_training,
 )
 from bob.records.tokenizer import Tokenizer, load_tokenizer, resolve_vocab
 

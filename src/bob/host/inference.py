@@ -43,6 +43,7 @@ from bob.records.binary import InputRecord, ResultRecord
 from bob.records.checkpoint import Checkpoint, CheckpointFile, StartingPoint
 from bob.records.corpus import BYTE_VOCAB
 from bob.records.countsfile import CountsFile
+from bob.records.shards import open_checkpoint
 from bob.records.sources import STDIN
 from bob.records.tokenizer import Tokenizer
 
@@ -98,7 +99,7 @@ def predict(checkpoint: str, prompts: Sequence[bytes], backend: str = "auto",
         raise BadInput("give at least one prompt")
     if any(len(p) == 0 for p in prompts):
         raise BadInput("a prompt must have at least one byte")
-    stored = CheckpointFile.open(checkpoint)
+    stored = open_checkpoint(checkpoint)
     _require_bytes(stored, checkpoint)
     result = forward(stored, [p[-1] for p in prompts], backend)
     return [(p, int(result.predictions[i]), result.logit_rows[i])
@@ -174,7 +175,7 @@ def generate_samples(checkpoint: str, prompt: bytes | Sequence[int], length: int
     """
     _check_sampling(length, temperature, top_k, samples)
     choose_backend(backend)  # a name it does not know is refused as everywhere
-    stored = CheckpointFile.open(checkpoint)
+    stored = open_checkpoint(checkpoint)
     if isinstance(prompt, bytes | bytearray):
         if not prompt:
             raise BadInput("the prompt must have at least one byte")
@@ -231,7 +232,7 @@ def evaluate(checkpoint: str, texts: Sequence[str], backend: str = "auto",
     """The model's loss on text files (or tokens, or a counts file), beside the optimum: one
     forward invocation with the data as its corpus input, the table streamed in. With a
     `tokenizer`, a token model reads text files as the tokens it encodes them to."""
-    stored = CheckpointFile.open(checkpoint)
+    stored = open_checkpoint(checkpoint)
     vocab = stored.state.vocab
     if tokenizer is not None:
         tokenizer.require_vocab(vocab, checkpoint)
@@ -253,7 +254,7 @@ def evaluate(checkpoint: str, texts: Sequence[str], backend: str = "auto",
 def evaluate_symbols(checkpoint: Table, symbols: Sequence[int] | np.ndarray | bytes,
                      name: str, backend: str = "auto") -> EvalReport:
     """The model's loss on one sequence of symbols in memory (bytes, or token ids)."""
-    stored = CheckpointFile.open(checkpoint) if isinstance(checkpoint, str) else checkpoint
+    stored = open_checkpoint(checkpoint) if isinstance(checkpoint, str) else checkpoint
     array = (np.frombuffer(symbols, np.uint8) if isinstance(symbols, bytes | bytearray)
              else np.asarray(symbols))
     return _evaluate_counts(stored, count_sequences([(name, array)], stored.state.vocab),
@@ -290,7 +291,7 @@ def _text_of(name: str) -> str:
 
 def require_tokenizer(checkpoint: str, tokenizer: Tokenizer) -> None:
     """BadInput unless the checkpoint's V is the tokenizer's."""
-    tokenizer.require_vocab(CheckpointFile.open(checkpoint).state.vocab, checkpoint)
+    tokenizer.require_vocab(open_checkpoint(checkpoint).state.vocab, checkpoint)
 
 
 def _require_tokens(stored: CheckpointFile, path: str, ids: Sequence[int]) -> list[int]:
@@ -309,7 +310,7 @@ def predict_ids(checkpoint: str, prompts: Sequence[Sequence[int]], backend: str 
     """Token checkpoints: for each prompt of ids, the predicted next id and its logit."""
     if not prompts:
         raise BadInput("give at least one prompt")
-    stored = CheckpointFile.open(checkpoint)
+    stored = open_checkpoint(checkpoint)
     prompts = [_require_tokens(stored, checkpoint, p) for p in prompts]
     result = forward(stored, [p[-1] for p in prompts], backend)
     return [(p, int(result.predictions[i]), float(result.logit_rows[i][result.predictions[i]]))
@@ -335,5 +336,5 @@ def export(checkpoint: str, out: str, overwrite: bool = False) -> int:
     check_output_file(out, "parameters file")
     if os.path.exists(out) and not overwrite:
         raise BadInput(f"{out}: exists; pass --overwrite to replace it")
-    stored = CheckpointFile.open(checkpoint)
+    stored = open_checkpoint(checkpoint)
     return export_parameters(stored, out)

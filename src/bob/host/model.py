@@ -32,9 +32,11 @@ from bob.files import atomic_write, check_output_file, reading
 from bob.host import inference, sampling
 from bob.host.data import CorpusSpec
 from bob.host.inference import EvalReport
-from bob.host.training import TrainRequest, run_training
+from bob.host.sharded_run import run_training
+from bob.host.training import TrainRequest
 from bob.records.checkpoint import CheckpointFile, TrainingState
 from bob.records.corpus import BYTE_VOCAB
+from bob.records.shards import open_checkpoint
 from bob.records.tokenizer import Tokenizer, load_tokenizer, resolve_vocab
 
 __all__ = ["Model", "TrainConfig", "load", "train"]
@@ -125,7 +127,7 @@ def train(config: TrainConfig | None = None, progress: Progress | None = None) -
         request = config.request(out, tokenizer)
         run_training(request, None if progress is None
                      else lambda invocation, done: progress(done, invocation.loss))
-        return Model(CheckpointFile.open(out), tokenizer, config.backend, temporary)
+        return Model(open_checkpoint(out), tokenizer, config.backend, temporary)
     except BaseException:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -137,7 +139,7 @@ def load(path: str | os.PathLike[str], tokenizer: str | Tokenizer | None = None,
     """The model in a checkpoint (its header read and checked; no table loaded). A
     `tokenizer` (a file, a tiktoken name or a loaded one) lets a token model read and write
     text; `backend` is where `eval` runs."""
-    stored = CheckpointFile.open(path)
+    stored = open_checkpoint(path)
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = load_tokenizer(tokenizer)
     return Model(stored, tokenizer, backend)

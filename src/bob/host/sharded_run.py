@@ -10,6 +10,9 @@ checkpoint) the checkpoint's own.
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 from bob.backends import choose_backend
 from bob.errors import BadInput
 from bob.host.data import training_data
@@ -25,13 +28,15 @@ from bob.host.training import (
     Progress,
     TrainReport,
     TrainRequest,
+    _require_checkpoint_as_asked,
     _starting_point,
     refuse_slow_cpu,
     require_disk_room,
+    run_one_piece,
 )
 from bob.program.bob import shard_boundaries
 from bob.records.checkpoint import checkpoint_lock
-from bob.records.shards import ShardedCheckpoint, index_path
+from bob.records.shards import ShardedCheckpoint, index_path, is_sharded
 
 
 def shard_count(request: TrainRequest, vocab: int, mode: str, updates: int, target,
@@ -47,6 +52,17 @@ def shard_count(request: TrainRequest, vocab: int, mode: str, updates: int, targ
     if request.device_memory is not None:
         require_shard_fits(vocab, mode, updates, count, request.device_memory, target)  # type: ignore[arg-type]
     return count
+
+
+def run_training(request: TrainRequest, progress: Progress | None = None) -> TrainReport:
+    """Train as `request` asks: in row shards where it asks for them or resumes a sharded
+    checkpoint, else in one piece (`bob.host.training.run_one_piece`)."""
+    if not (request.asks_shards or (request.resume and is_sharded(request.checkpoint))):
+        return run_one_piece(request, progress)
+    begun = time.perf_counter()
+    _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
+    report = run_sharded_training(request, progress)
+    return replace(report, wall_seconds=time.perf_counter() - begun)
 
 
 def run_sharded_training(request: TrainRequest, progress: Progress | None = None,

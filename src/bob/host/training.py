@@ -1,6 +1,6 @@
 """The training driver: one `TrainRequest` run to its checkpoint and report.
 
-    >>> from bob.host.training import TrainRequest, run_training
+    >>> from bob.host.api import TrainRequest, run_training
     >>> run_training(TrainRequest(steps=200, backend="cpu"))  # bob train --steps 200 --backend cpu
     >>> run_training(TrainRequest(steps=200, resume=True))  # bob train --steps 200 --resume
 
@@ -70,7 +70,6 @@ from bob.records.checkpoint import (
     HYPER_FIELDS,
     MAX_STEP,
     Checkpoint,
-    CheckpointFile,
     History,
     Ranges,
     Segment,
@@ -82,7 +81,7 @@ from bob.records.checkpoint import (
     ranges_mask,
     symbol_ranges,
 )
-from bob.records.shards import checkpoint_exists, is_sharded
+from bob.records.shards import checkpoint_exists, open_checkpoint
 
 DEFAULT_CHECKPOINT = "bob.safetensors"
 DEFAULT_UPDATES_PER_INVOCATION = 100
@@ -355,19 +354,16 @@ class TrainReport:
         }
 
 
-def run_training(request: TrainRequest, progress: Progress | None = None) -> TrainReport:
-    """Train for `request.steps` updates, saving the checkpoint as `SavePolicy` says.
+def run_one_piece(request: TrainRequest, progress: Progress | None = None) -> TrainReport:
+    """Train the whole table in one piece for `request.steps` updates, saving the
+    checkpoint as `SavePolicy` says (`bob.host.sharded_run.run_training` sends a sharded
+    request to the shards instead).
 
     `progress(invocation, done)` runs after each invocation (the CLI advances its bar
     there). One run holds CKPT.lock while it works; a second is refused.
     """
     begun = time.perf_counter()
     _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
-    if request.asks_shards or (request.resume and is_sharded(request.checkpoint)):
-        from bob.host.sharded_run import run_sharded_training
-
-        report = run_sharded_training(request, progress)
-        return replace(report, wall_seconds=time.perf_counter() - begun)
     choice = choose_backend(request.backend, arch=request.arch, arena=request.arena)
     data = training_data(request.texts, request.input_record, request.data_spec,
                          admit=lambda vocab: refuse_slow_cpu(choice.name, vocab, request.steps))
@@ -405,7 +401,7 @@ def _require_checkpoint_as_asked(request: TrainRequest) -> None:
         raise BadInput(f"{request.checkpoint}: exists; pass --resume to continue it or "
                        "--overwrite to start again")
     if request.resume:
-        _require_room_for_steps(request, CheckpointFile.open(request.checkpoint).state.step)
+        _require_room_for_steps(request, open_checkpoint(request.checkpoint).state.step)
 
 
 def _require_room_for_steps(request: TrainRequest, step: int) -> None:
@@ -428,7 +424,7 @@ def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
         return StartingPoint(TrainingState(record.vocab, 0, chosen, record.mode, digest,
                                            segments=(Segment(0, digest, chosen),),
                                            successors=successor_ranges(record)))
-    stored = CheckpointFile.open(checkpoint)
+    stored = open_checkpoint(checkpoint)
     start = stored.state
     _require_room_for_steps(request, start.step)  # the file under the lock
     if start.vocab != record.vocab:
@@ -454,7 +450,7 @@ def _earlier_best(request: TrainRequest) -> BestCheckpoint | None:
             raise BadInput(f"{path}: exists; pass --resume to keep it until a lower "
                            "validation loss beats it, or --overwrite to start again")
         return None
-    state = CheckpointFile.open(path).state
+    state = open_checkpoint(path).state
     if not state.val_history or state.val_history[-1][0] != state.step:
         return None  # no validation loss of its own: any eval point beats it
     return BestCheckpoint(path, state.step, state.val_history[-1][1])
@@ -637,7 +633,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         """The shorter last invocation's start: the file just saved (the arena freed)."""
         writer.drain()
         session.release()
-        return StartingPoint(finals[0], CheckpointFile.open(checkpoint))
+        return StartingPoint(finals[0], open_checkpoint(checkpoint))
 
     finals_done: list[int] = []  # updates done after each invocation settled so far
     stopped: int | None = None  # the signal that stopped the run at a boundary

@@ -434,12 +434,7 @@ class CheckpointFile:
     @classmethod
     def open(cls, path: StrPath) -> CheckpointFile:
         """Read and check the header; BadInput "<file>: <problem>" when it is not sound.
-        A sharded checkpoint (its index, or a name with only an index beside it) opens as
-        a `bob.records.shards.ShardedCheckpoint`, which reads the same way."""
-        from bob.records.shards import ShardedCheckpoint, is_sharded
-
-        if is_sharded(path):
-            return ShardedCheckpoint.open(path)  # type: ignore[return-value]
+        A one-piece file only: `bob.records.shards.open_checkpoint` opens either form."""
         source = str(path)
         _check_opening_bytes(path)
         try:

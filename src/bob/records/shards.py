@@ -46,6 +46,7 @@ from bob.files import StrPath, atomic_write, reading
 from bob.records.binary import F32
 from bob.records.checkpoint import (
     Checkpoint,
+    CheckpointFile,
     TableSink,
     TrainingState,
     _chunk_problem,
@@ -412,3 +413,10 @@ def _check_shard_file(path: Path, shard: ShardEntry, state: TrainingState,
         header = json.loads(file.read(length))
     return {table: 8 + length + header[tensor_name(table, shard.rows)]["data_offsets"][0]
             for table in CHECKPOINT_TENSORS}
+
+
+def open_checkpoint(path: StrPath) -> CheckpointFile | ShardedCheckpoint:
+    """A checkpoint in either form, its header checked: a sharded one (its index, or a
+    name with only an index beside it) as a `ShardedCheckpoint`, which reads as a
+    `CheckpointFile` does; else the one-piece file."""
+    return ShardedCheckpoint.open(path) if is_sharded(path) else CheckpointFile.open(path)

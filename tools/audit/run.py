@@ -1,7 +1,7 @@
 """An adversarial audit of the `bob` command line on the cpu backend, re-runnable:
 
-    PYTHONPATH=src python3 -m dev.audit.run            # everything (a few minutes)
-    PYTHONPATH=src python3 -m dev.audit.run --quick    # a few cases of each class
+    PYTHONPATH=src python3 -m tools.audit.run            # everything (a few minutes)
+    PYTHONPATH=src python3 -m tools.audit.run --quick    # a few cases of each class
 
 It tries the hostile inputs and paths of each fault class (special files, hostile
 metadata, huge, nested and unbounded values, a full disk, outputs that cannot be

@@ -1,1 +1,0 @@
-"""An adversarial audit of the command line on the cpu backend (`python3 -m dev.audit.run`)."""
