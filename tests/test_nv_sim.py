@@ -147,7 +147,8 @@ def test_arguments_come_from_constant_buffer_zero(target):
     backend.run(range(plan.submission_count))
     third = backend.launched[2]
     assert third.arguments == {"y": plan.tensor("y").address, "x": plan.tensor("x").address,
-                               "a": np.float32(3.0), "count": N}
+                               "a": np.float32(3.0), "count": N,
+                               "grid.x": 2}  # the QMD's grid: a block-per-row kernel's rows
     assert isinstance(third.arguments["a"], np.float32)
     assert third.grid == (2, 1, 1) and third.block == (BLOCK, 1, 1)
     assert third.qmd_address == backend.encoded.qmd_address(2)

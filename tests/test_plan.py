@@ -390,7 +390,7 @@ def test_adam_scalars_are_the_float64_values_rounded_exactly():
 # Which of Bob's packages each layer may import (docs/ARCHITECTURE.md): downwards only.
 ALLOWED_IMPORTS = {
     "plan": {"plan", "errors", "config"},
-    "kernels": {"kernels", "plan", "errors", "config", "files"},
+    "kernels": {"kernels", "isa", "plan", "errors", "config", "files"},
     "backends": {"backends", "kernels", "plan", "errors", "config", "files"},
 }
 

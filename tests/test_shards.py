@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,14 @@ def test_shard_boundaries_cover_the_rows_once():
     assert shard_boundaries(10, 3) == ((0, 3), (3, 6), (6, 10))
     with pytest.raises(BadInput):
         BobConfig(vocab=16, prompts=0, rows=(8, 17))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "nv"])
+def test_four_shards_in_turn_on_a_gpu_give_the_cpu_one_piece_bytes(tmp_path, text, backend):
+    one = run_training(_request(text, tmp_path / "one.safetensors", steps=10))
+    sharded = run_training(replace(_request(text, tmp_path / "sh.safetensors", steps=10,
+                                            shards=4), backend=backend))
+    assert sharded.history == one.history
+    assert (open_checkpoint(tmp_path / "sh.safetensors").load()
+            == open_checkpoint(tmp_path / "one.safetensors").load())

@@ -189,6 +189,8 @@ def test_a_streamed_checkpoint_keeps_the_same_best(tmp_path, texts, capsys, monk
     (["--keep-best", "--val-text", "{val}", "--result", "{d}/bob.best.safetensors"],
      "bob: {d}/bob.best.safetensors: the best checkpoint and the result record would be one "
      "file"),
+    (["--result", "{d}/same.st", "-c", "{d}/same.st"],
+     "bob: {d}/same.st: the checkpoint and the result record would be one file"),
     (["--keep-best", "--val-text", "{val}", "-c", "{d}/nowhere/x.st"],
      "bob: {d}/nowhere/x.st: directory {d}/nowhere does not exist"),
 ])

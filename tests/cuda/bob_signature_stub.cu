@@ -167,6 +167,29 @@ extern "C" __global__ void bob_fused_train_held_corpus(float* parameters, float*
     if (finish) loss[blockIdx.x] = gradients[blockIdx.x] = parameters[0] * ln2 * log2e;
 }
 
+extern "C" __global__ void bob_fused_train_cluster_hard(float* parameters, float* first_moment,
+                                                     float* second_moment, float* gradients,
+                                                     const unsigned int* targets, float* loss,
+                                                     const float* adam_scalars, float log2e,
+                                                     float ln2, float inverse_rows,
+                                                     unsigned int vocab, unsigned int updates,
+                                                     unsigned int finish)
+{
+    first_moment[blockIdx.x] = second_moment[targets[0]] = adam_scalars[updates] * log2e;
+    if (finish) loss[blockIdx.x] = gradients[vocab] = parameters[0] * ln2 * inverse_rows;
+}
+
+extern "C" __global__ void bob_fused_train_cluster_corpus(float* parameters, float* first_moment,
+                                                       float* second_moment, float* gradients,
+                                                       const float* weights, float* loss,
+                                                       const float* adam_scalars, float log2e,
+                                                       float ln2, unsigned int vocab,
+                                                       unsigned int updates, unsigned int finish)
+{
+    first_moment[blockIdx.x] = second_moment[blockIdx.x] = weights[vocab] * adam_scalars[updates];
+    if (finish) loss[blockIdx.x] = gradients[blockIdx.x] = parameters[0] * ln2 * log2e;
+}
+
 extern "C" __global__ void bob_health(const float* parameters, const float* first_moment,
                                       const float* second_moment,
                                       unsigned long long* health, unsigned int vocab)

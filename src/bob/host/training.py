@@ -216,6 +216,9 @@ class TrainRequest:
             check_output_file(self.checkpoint, "checkpoint")
         if self.result_path is not None:
             check_output_file(self.result_path, "result record")
+            if os.path.realpath(self.result_path) == os.path.realpath(self.checkpoint):
+                raise BadInput(f"{self.result_path}: the checkpoint and the result record "
+                               "would be one file")
         if self.keep_best and self.steps > 0:
             check_output_file(self.best_checkpoint, "best checkpoint")
             if os.path.abspath(self.best_checkpoint) == os.path.abspath(self.result_path or ""):

@@ -37,6 +37,7 @@ SPECIAL_REGISTERS = {
     0x00: "SR_LANEID",
     0x21: "SR_TID.X", 0x22: "SR_TID.Y", 0x23: "SR_TID.Z",
     0x25: "SR_CTAID.X", 0x26: "SR_CTAID.Y", 0x27: "SR_CTAID.Z",
+    0x2f: "SR_SWINHI",  # the shared window's high address bits (cluster shared memory)
     0x88: "SR_CgaCtaId",
 }
 
