@@ -33,6 +33,8 @@ TRAIN_KEYWORDS = (
     # a Dask scheduler to run them on.
     ("shards", None), ("workers", None), ("gpus", None), ("device_memory", None),
     ("dask_address", None),
+    # Whose machine code the seed's regions run (bob.kernels.own: "own").
+    ("kernels", "nvrtc"),
 )
 
 
@@ -80,6 +82,20 @@ REFUSALS = [
      "give either --text files or an --input record, not both"),
     ({"data_spec": CorpusSpec(counts="c.counts"), "texts": ["a.txt"]},
      "give either --text files or an --input record, not both"),
+    ({"kernels": "ptxas"}, "kernels must be one of nvrtc, own, not 'ptxas'"),
+    ({"kernels": "own"}, "--kernels own runs on nv-sim and nv; the cpu backend runs the "
+                         "NumPy reference, no machine code"),
+    ({"kernels": "own", "backend": "cuda"},
+     "--kernels own runs on nv-sim and nv (Bob's command stream); the cuda backend loads "
+     "NVRTC's cubin and stays on NVRTC's kernels"),
+    ({"kernels": "own", "backend": "auto"},
+     "--kernels own runs on nv-sim and nv: name one with --backend (auto picks cuda or cpu)"),
+    ({"kernels": "own", "backend": "nv-sim", "schedule": "fused"},
+     "--kernels own has the seed schedule's kernels only; the fused schedule's kernels are "
+     "NVRTC's: use --schedule seed"),
+    ({"kernels": "own", "backend": "nv-sim", "shards": 2},
+     "row shards (--shards, --workers, --gpus, --device-memory, --dask) do not take "
+     "--kernels own"),
 ]
 
 

@@ -29,8 +29,8 @@ class TimedCpu(CpuBackend):
 def _fake_backend(monkeypatch, backend_class=TimedCpu):
     chosen = []
 
-    def choose(name: str):
-        chosen.append(name)
+    def choose(name: str, kernels: str = "nvrtc"):
+        chosen.append(name if kernels == "nvrtc" else f"{name} ({kernels})")
         return BackendChoice(name, SM86, None, backend_class, "a fake timed backend")
 
     monkeypatch.setattr(profile_cmd, "choose_backend", choose)
@@ -98,6 +98,11 @@ def test_region_times_refuse_what_the_plan_does_not_have():
     (["-N", "0"], "bob profile: Invalid value for '--updates' / '-N': 0 is not in the range"),
     (["--backend", "cpu"], "bob profile: Invalid value for '--backend': 'cpu' is not one of"),
     (["-V", "1"], "bob: --vocab 1 is outside [2, 65536]"),
+    (["--kernels", "own"], "bob: --kernels own runs on nv-sim and nv (Bob's command stream); "
+                           "the cuda backend loads NVRTC's cubin and stays on NVRTC's kernels"),
+    (["--backend", "nv", "--kernels", "own", "--schedule", "fused"],
+     "bob: --kernels own has the seed schedule's kernels only; the fused schedule's kernels "
+     "are NVRTC's: use --schedule seed"),
     (["-V", "65537"], "bob: --vocab 65537 is outside [2, 65536]: V=65536 is the largest "
                       "table Bob trains"),
 ])
@@ -112,8 +117,15 @@ def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path, argv, m
     assert list(tmp_path.iterdir()) == []  # nothing was written
 
 
+def test_own_kernels_are_asked_of_the_nv_backend(monkeypatch, capsys):
+    chosen = _fake_backend(monkeypatch)
+    assert main(["profile", "--backend", "nv", "-N", "1", "--kernels", "own", "--json"]) == 0
+    assert chosen == ["nv (own)"]
+    assert json.loads(capsys.readouterr().out)["kernels"] == "own"
+
+
 def test_an_unavailable_backend_is_one_line_and_exit_1(monkeypatch, capsys):
-    def unavailable(name: str):
+    def unavailable(name: str, kernels: str = "nvrtc"):
         raise BackendUnavailable(f"the {name} backend cannot run here: no GPU")
 
     monkeypatch.setattr(profile_cmd, "choose_backend", unavailable)

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING
 
 from bob.config import (
     ARENA_KINDS,
+    DEFAULT_KERNELS,
     DEFAULT_SUBMISSION_POLICY,
     DEFAULT_TARGET,
+    KERNELS,
     SUBMISSION_CHOICES,
     SUBMISSION_POLICIES,
     SubmissionPolicy,
@@ -186,6 +188,9 @@ AUTO_ORDER: tuple[str, ...] = tuple(
 PROFILED_BACKENDS: tuple[str, ...] = tuple(each.name for each in SPECS if each.can_profile)
 STREAM_BACKENDS: tuple[str, ...] = tuple(each.name for each in SPECS
                                          if each.runs_command_stream)
+# The backends that can run Bob's own machine code (--kernels own): those whose plans carry
+# the regions' code into their command stream. cuda loads NVRTC's cubin and stays on it.
+OWN_KERNEL_BACKENDS: tuple[str, ...] = STREAM_BACKENDS
 # The names that may open the CUDA driver: auto among them when a backend it tries does.
 CUDA_DRIVER_NAMES: frozenset[str] = frozenset(
     [each.name for each in SPECS if each.uses_cuda_driver]
@@ -215,9 +220,35 @@ def _choose_auto(arch: str, arena: str) -> BackendChoice:
     raise BackendUnavailable("no backend can run here: " + "; ".join(passed))
 
 
+def require_kernels(kernels: str, schedule: str, backends: tuple[str, ...]) -> None:
+    """BadInput, one line, unless `kernels` can run on `backends` with `schedule`.
+
+    Bob's own kernels (``own``) are the seed schedule's, and they run where the plan's
+    code goes into Bob's command stream (OWN_KERNEL_BACKENDS); beside one of those, cpu
+    (which runs the NumPy reference, no machine code) may be the oracle of a check.
+    """
+    require_choice("kernels", kernels, KERNELS)
+    if kernels == DEFAULT_KERNELS:
+        return
+    where = " and ".join(OWN_KERNEL_BACKENDS)
+    if schedule != "seed":
+        raise BadInput(f"--kernels own has the seed schedule's kernels only; the {schedule} "
+                       "schedule's kernels are NVRTC's: use --schedule seed")
+    if "cuda" in backends:
+        raise BadInput(f"--kernels own runs on {where} (Bob's command stream); the cuda "
+                       "backend loads NVRTC's cubin and stays on NVRTC's kernels")
+    if AUTO in backends:
+        raise BadInput(f"--kernels own runs on {where}: name one with --backend (auto picks "
+                       "cuda or cpu)")
+    if not any(name in OWN_KERNEL_BACKENDS for name in backends):
+        raise BadInput(f"--kernels own runs on {where}; the cpu backend runs the NumPy "
+                       "reference, no machine code")
+
+
 def choose_backend(name: str, arch: str = DEFAULT_TARGET, arena: str = ARENA_KINDS[0],
-                   ) -> BackendChoice:
-    """Resolve a backend name (``auto`` included) for this machine."""
+                   kernels: str = DEFAULT_KERNELS) -> BackendChoice:
+    """Resolve a backend name (``auto`` included) for this machine; with ``kernels="own"``
+    (nv and nv-sim) the seed's regions carry Bob's own machine code."""
     from bob.plan.placement import TARGETS
 
     from .base import require_arena_kind
@@ -227,9 +258,17 @@ def choose_backend(name: str, arch: str = DEFAULT_TARGET, arena: str = ARENA_KIN
     if arch not in TARGETS:
         raise BadInput(f"unknown architecture {arch!r}; choose one of {', '.join(TARGETS)}")
     require_arena_kind(arena)
+    require_kernels(kernels, "seed", (name,))
     if name == AUTO:
         return _choose_auto(arch, arena)
-    return _BY_NAME[name].choose(arch, arena)
+    choice = _BY_NAME[name].choose(arch, arena)
+    if kernels == DEFAULT_KERNELS:
+        return choice
+    from bob.kernels.own_regions import OWN_REGIONS, with_own_kernels
+
+    return replace(choice, regions=with_own_kernels(choice.regions, choice.target),
+                   reason=f"{choice.reason}; Bob's own machine code for "
+                          f"{', '.join(OWN_REGIONS)}")
 
 
 def availability(name: str) -> Availability:
@@ -264,5 +303,6 @@ def resolve_submission(requested: str, *backends: str) -> SubmissionPolicy:
 
 
 __all__ = ["AUTO", "AUTO_ORDER", "BACKENDS", "BACKEND_NAMES", "CUDA_DRIVER_NAMES",
-           "PROFILED_BACKENDS", "SPECS", "STREAM_BACKENDS", "Availability", "BackendChoice",
-           "BackendSpec", "availability", "choose_backend", "resolve_submission", "spec"]
+           "OWN_KERNEL_BACKENDS", "PROFILED_BACKENDS", "SPECS", "STREAM_BACKENDS",
+           "Availability", "BackendChoice", "BackendSpec", "availability", "choose_backend",
+           "require_kernels", "resolve_submission", "spec"]

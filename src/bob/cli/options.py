@@ -36,6 +36,12 @@ SCHEDULE_OPTION = click.option(
 
 
 _STREAM_BACKENDS = " and ".join(sorted(registry.STREAM_BACKENDS))
+KERNELS_OPTION = click.option(
+    "--kernels", type=click.Choice(config.KERNELS), default=config.DEFAULT_KERNELS,
+    show_default=True,
+    help="Whose machine code the seed's regions run: NVRTC's, or Bob's own (encoded by "
+         f"Bob; {' and '.join(registry.OWN_KERNEL_BACKENDS)}, seed schedule; cuda stays on "
+         "NVRTC).")
 
 
 def submission_option(auto: str = f"chained on {_STREAM_BACKENDS} (the backends that run "

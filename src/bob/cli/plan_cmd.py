@@ -8,8 +8,8 @@ import sys
 import click
 from rich.console import Console
 
-from bob.backends.registry import SPECS, resolve_submission
-from bob.config import AUTO_SUBMISSION, TARGET_NAMES
+from bob.backends.registry import SPECS, require_kernels, resolve_submission
+from bob.config import AUTO_SUBMISSION, DEFAULT_KERNELS, DEFAULT_TARGET, TARGET_NAMES
 from bob.errors import BackendUnavailable
 from bob.files import check_output_directory, require_regular_file, write_directory
 from bob.kernels.cuda.regions import catalogue
@@ -19,7 +19,7 @@ from bob.plan.jsonio import dumps, read_plan
 from bob.plan.model import Plan
 from bob.program.bob import build_plan
 
-from .options import config_from, plan_options, submission_option
+from .options import KERNELS_OPTION, config_from, plan_options, submission_option
 from .render import print_hazards, print_plan
 
 # A plan's submissions are its command stream's grouping, and only the backends that run
@@ -28,18 +28,27 @@ STREAM_BACKEND = next(spec.name for spec in SPECS if spec.runs_command_stream an
 
 
 def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
-              arch: str | None, submission: str = "per-launch") -> Plan:
+              arch: str | None, submission: str = "per-launch",
+              kernels: str = DEFAULT_KERNELS) -> Plan:
     config = config_from(vocab, prompts, updates, mode, schedule, submission)
-    if arch is None:
+    if arch is None and kernels == DEFAULT_KERNELS:
         return build_plan(config)
-    from bob.kernels.cuda.regions import compiled_regions  # NVRTC: only when asked
+    regions = None
+    if arch is not None:
+        from bob.kernels.cuda.regions import compiled_regions  # NVRTC: only when asked
 
-    try:
-        regions = compiled_regions(arch)
-    except ImportError as error:
-        raise BackendUnavailable(
-            f"--arch needs NVRTC (pip install 'bob[cuda]'): {error}") from None
-    return build_plan(config, TARGETS[arch], compiled=regions)
+        try:
+            regions = compiled_regions(arch)
+        except ImportError as error:
+            raise BackendUnavailable(
+                f"--arch needs NVRTC (pip install 'bob[cuda]'): {error}") from None
+    # Bob's own kernels are placed for the nv backend's target unless --arch names another.
+    target = TARGETS[arch or DEFAULT_TARGET]
+    if kernels != DEFAULT_KERNELS:
+        from bob.kernels.own_regions import with_own_kernels
+
+        regions = with_own_kernels(regions, target)
+    return build_plan(config, target, compiled=regions)
 
 
 @click.command()
@@ -48,18 +57,22 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
                    "output says what it resolved to")
 @click.option("--arch", type=click.Choice(TARGET_NAMES), default=None,
               help="Compile the kernels for this architecture and show its regions.")
+@KERNELS_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Write the whole plan as JSON.")
 @click.option("--disasm", is_flag=True,
-              help="List the encoded command stream: GPFIFO entries, methods, QMD fields.")
+              help="List the encoded command stream: GPFIFO entries, methods, QMD fields "
+                   "(--kernels own: then Bob's own instructions, region by region).")
 @click.option("--emit", "emit_dir", type=click.Path(file_okay=False),
               help="Write each encoded component (program, QMD table, ...) to DIR.")
 def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submission: str,
-         arch: str | None, as_json: bool, disasm: bool, emit_dir: str | None) -> None:
+         arch: str | None, kernels: str, as_json: bool, disasm: bool,
+         emit_dir: str | None) -> None:
     """Show Bob's device program: arena, regions, launches, submissions, sizes."""
+    require_kernels(kernels, schedule, (STREAM_BACKEND,))  # the plan the nv backend runs
     if emit_dir:
         check_output_directory(emit_dir, "components")  # before the plan is built
     policy = resolve_submission(submission, STREAM_BACKEND)
-    the_plan = _bob_plan(vocab, prompts, updates, mode, schedule, arch, policy)
+    the_plan = _bob_plan(vocab, prompts, updates, mode, schedule, arch, policy, kernels)
     certificate = certify_plan(the_plan)
     if as_json:
         click.echo(dumps(the_plan))  # its submission_policy says what auto resolved to
@@ -74,11 +87,21 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submi
                 click.echo(path)
         if disasm:
             click.echo(disassemble(encoded, the_plan))
+            if kernels != DEFAULT_KERNELS:
+                click.echo(_own_listing(the_plan))
     else:
         print_plan(Console(width=None if sys.stdout.isatty() else 160), the_plan, certificate)
     if submission == AUTO_SUBMISSION:  # on stderr, after the output: --emit lists paths
         click.echo(f"submission: auto is {policy} (the {STREAM_BACKEND} backend's default)",
                    err=True)
+
+
+def _own_listing(the_plan: Plan) -> str:
+    """Bob's own instructions of the plan's regions that carry them, as nvdisasm prints."""
+    from bob.kernels.own_regions import OWN_REGIONS, own_listing
+
+    placed = {region.name for region in the_plan.placed_regions}
+    return own_listing(the_plan.target, tuple(name for name in OWN_REGIONS if name in placed))
 
 
 @click.command()

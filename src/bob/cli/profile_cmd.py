@@ -31,14 +31,14 @@ from rich.table import Table
 
 from bob import config
 from bob.backends import Backend, choose_backend, spec
-from bob.backends.registry import PROFILED_BACKENDS
+from bob.backends.registry import PROFILED_BACKENDS, require_kernels
 from bob.config import Hyper
 from bob.errors import BadInput, RunFailure
 from bob.plan.model import Plan
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
 
-from .options import MODE_OPTION, SCHEDULE_OPTION, config_from, vocab_option
+from .options import KERNELS_OPTION, MODE_OPTION, SCHEDULE_OPTION, config_from, vocab_option
 
 TARGET_SEED = 0  # the profiled targets: `bob bench`'s (dev/bench/peers.bench_targets)
 
@@ -102,13 +102,15 @@ def report(backend_name: str, plan: Plan, launch_times: Sequence[tuple[int, int]
     }
 
 
-def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper()
+def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper(),
+                        kernels: str = config.DEFAULT_KERNELS,
                         ) -> tuple[Plan, list[tuple[int, int]]]:
     """One training invocation, then its submissions again, every launch timed: the plan
     and (launch index, device ns) per launch run."""
     from bob.host.session import Session
 
-    choice = choose_backend(backend_name)
+    require_kernels(kernels, bob_config.schedule, (backend_name,))
+    choice = choose_backend(backend_name, kernels=kernels)
     opener = choice.opener
     assert opener is not None
 
@@ -148,25 +150,29 @@ def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper()
 @click.option("--submission", type=click.Choice(config.SUBMISSION_POLICIES),
               default="per-launch", show_default=True,
               help="The plan's submission policy; nv times launches one per submission only.")
+@KERNELS_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
-def profile(backend_name, vocab, updates, mode, schedule, submission, as_json) -> None:
+def profile(backend_name, vocab, updates, mode, schedule, submission, kernels, as_json) -> None:
     """Run one training invocation, then its launches again timed: each region's device time.
 
     \b
     bob profile --backend nv -V 256 -N 100
     bob profile --backend cuda --schedule fused --json
+    bob profile --backend nv --kernels own
     """
+    require_kernels(kernels, schedule, (backend_name,))  # before any work
     if backend_name == "nv" and submission != "per-launch":
         raise BadInput("profiling on nv times one launch per submission: use --submission "
                        "per-launch (chained submissions cannot be bracketed launch by launch)")
     bob_config = config_from(vocab, 0, updates, mode, schedule, submission)
-    plan, times = profiled_invocation(backend_name, bob_config)
-    result = report(backend_name, plan, times)
+    plan, times = profiled_invocation(backend_name, bob_config, kernels=kernels)
+    result = {**report(backend_name, plan, times), "kernels": kernels}
     if as_json:
         click.echo(json.dumps(result))
         return
     title = (f"bob profile: {backend_name}, V={vocab}, {updates} updates, {mode}, {schedule} "
-             f"schedule, {result['timed_launches']} of the plan's {plan.launch_count} launches")
+             f"schedule, {kernels} kernels, {result['timed_launches']} of the plan's "
+             f"{plan.launch_count} launches")
     Console().print(render(region_times(plan, times), title, f"device time: {result['method']}"))
 
 

@@ -22,6 +22,7 @@ from .options import (
     ARENA_OPTION,
     BACKEND_OPTION,
     FILE_OPTIONS,
+    KERNELS_OPTION,
     REPEAT_TEXT,
     REPEAT_TOKENS,
     SCHEDULE_OPTION,
@@ -120,6 +121,7 @@ def _byte_text(value: int) -> str:
               help="Write the last invocation's result record here.")
 @SCHEDULE_OPTION
 @SUBMISSION_OPTION
+@KERNELS_OPTION
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON summary on stdout (the table goes to stderr).")
 @_data_options
@@ -141,7 +143,7 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
           arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path,
           schedule, as_json, tokens, vocab, token_dtype, counts_file, tokenizer_path, val_texts,
           val_tokens, val_counts, submission, save_every_seconds, save_every_updates,
-          eval_every, keep_best) -> None:
+          eval_every, keep_best, kernels) -> None:
     """Train the bigram table with AdamW: invocations of -N updates, a line every
     --eval-every updates, the checkpoint saved as --save-every/--save-every-updates say and
     at the end; the first Ctrl-C (or SIGTERM) finishes the invocation in flight and saves
@@ -165,7 +167,8 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
         schedule=schedule, data_spec=_spec(tokens, vocab, token_dtype, counts_file),
         val_spec=_spec(val_tokens, None, token_dtype, val_counts, val_texts),
         submission=submission, save_every_seconds=save_every_seconds,
-        save_every_updates=save_every_updates, eval_every=eval_every, keep_best=keep_best)
+        save_every_updates=save_every_updates, eval_every=eval_every, keep_best=keep_best,
+        kernels=kernels)
     errors = _err_console()
     progress = Progress(TextColumn("[bold]training"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} updates"),

@@ -10,11 +10,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bob.backends.registry import BACKENDS, STREAM_BACKENDS, resolve_submission
+from bob.backends.registry import BACKENDS, STREAM_BACKENDS, require_kernels, resolve_submission
 from bob.cli.options import config_from
 from bob.config import MAX_UPDATES
 
 from .options import (
+    KERNELS_OPTION,
     MODE_OPTION,
     SCHEDULE_OPTION,
     arch_option,
@@ -50,19 +51,22 @@ def _backend_pair(text: str) -> tuple[str, str]:
 @submission_option(f"chained when either backend is {' or '.join(sorted(STREAM_BACKENDS))} (one "
                    f"plan serves both; {_IN_ORDER} run any policy's launches in order), else "
                    "per-launch")
+@KERNELS_OPTION
 @click.option("--json", "as_json", is_flag=True)
 def check(backends, vocab, prompts, updates_per_invocation, steps, mode, arch, seed, schedule,
-          submission, as_json) -> None:
-    """Run the same invocations on two backends; report the first byte that differs."""
+          submission, kernels, as_json) -> None:
+    """Run the same invocations on two backends; report the first byte that differs
+    (--kernels own: the nv or nv-sim of the pair runs Bob's own kernels)."""
     from bob.host.check import differential_check
 
     pair = _backend_pair(backends)
+    require_kernels(kernels, schedule, pair)  # before any work
     config = config_from(vocab, prompts, updates_per_invocation, mode, schedule,
                          resolve_submission(submission, *pair))
-    report = differential_check(pair, config, steps, seed=seed, arch=arch)
+    report = differential_check(pair, config, steps, seed=seed, arch=arch, kernels=kernels)
     if as_json:
         click.echo(json.dumps({
-            "backends": list(pair), "submission": config.submission,
+            "backends": list(pair), "submission": config.submission, "kernels": kernels,
             "identical": report.identical,
             "invocations": report.invocations, "bytes_compared": report.bytes_compared,
             "difference": None if report.identical else str(report.difference)}))

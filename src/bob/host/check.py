@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from bob.backends import Backend, choose_backend
-from bob.config import DEFAULT_TARGET
+from bob.backends.registry import OWN_KERNEL_BACKENDS, require_kernels
+from bob.config import DEFAULT_KERNELS, DEFAULT_TARGET
 from bob.host.session import Session, split_updates
 from bob.plan.model import Plan
 from bob.program.bob import CORPUS_TENSORS, HEALTH_TENSOR, TENSOR_NAMES, BobConfig, Hyper
@@ -102,10 +103,16 @@ def random_record(config: BobConfig, seed: int) -> InputRecord:
 
 def differential_check(backend_names: tuple[str, str], config: BobConfig, steps: int,
                        seed: int = 0, hyper: Hyper = Hyper(), arch: str = DEFAULT_TARGET,
-                       arenas: tuple[str, str] = ("device", "device")) -> CheckReport:
-    """Train `steps` updates in invocations of `config.updates` on both backends."""
+                       arenas: tuple[str, str] = ("device", "device"),
+                       kernels: str = DEFAULT_KERNELS) -> CheckReport:
+    """Train `steps` updates in invocations of `config.updates` on both backends; with
+    ``kernels="own"`` the nv or nv-sim among them runs Bob's own kernels (the other may be
+    cpu, the oracle)."""
+    require_kernels(kernels, config.schedule, backend_names)
     record = random_record(config, seed)
-    sessions = [Session(choose_backend(name, arch=arch, arena=arena), hyper)
+    sessions = [Session(choose_backend(name, arch=arch, arena=arena,
+                                       kernels=kernels if name in OWN_KERNEL_BACKENDS
+                                       else DEFAULT_KERNELS), hyper)
                 for name, arena in zip(backend_names, arenas, strict=True)]
     states = [Checkpoint.zeros(config.vocab, hyper, config.mode)] * 2
     compared = bytes_compared = 0

@@ -59,6 +59,8 @@ def run_training(request: TrainRequest, progress: Progress | None = None) -> Tra
     checkpoint, else in one piece (`bob.host.training.run_one_piece`)."""
     if not (request.asks_shards or (request.resume and is_sharded(request.checkpoint))):
         return run_one_piece(request, progress)
+    if request.kernels == "own":  # a sharded checkpoint resumed: its shards run NVRTC's
+        raise BadInput(f"{request.checkpoint} is sharded; row shards do not take --kernels own")
     begun = time.perf_counter()
     _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
     report = run_sharded_training(request, progress)

@@ -40,10 +40,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from bob.backends import BackendChoice, choose_backend, resolve_submission
+from bob.backends.registry import require_kernels
 from bob.config import (
     ARENA_KINDS,
     AUTO_SUBMISSION,
     CHECKPOINT_TENSORS,
+    DEFAULT_KERNELS,
     DEFAULT_TARGET,
     SCHEDULES,
     SUBMISSION_CHOICES,
@@ -174,6 +176,9 @@ class TrainRequest:
     gpus: tuple[int, ...] | None = None  # side by side, a Dask worker per GPU listed
     device_memory: int | None = None  # bytes a shard's arena may take: K follows from it
     dask_address: str | None = None  # side by side on the Dask scheduler at this address
+    # Whose machine code the seed's regions run: "nvrtc", or "own" (Bob's, bob.kernels.own:
+    # nv and nv-sim, seed schedule, the table in one piece).
+    kernels: str = DEFAULT_KERNELS
 
     def __post_init__(self) -> None:
         if self.texts is not None:  # any sequence of names, kept as a tuple
@@ -190,6 +195,7 @@ class TrainRequest:
                            f"{self.updates_per_invocation}")
         require_choice("schedule", self.schedule, SCHEDULES)
         require_choice("submission", self.submission, SUBMISSION_CHOICES)
+        require_kernels(self.kernels, self.schedule, (self.backend,))
         if self.save_every_seconds is not None and not (
                 math.isfinite(self.save_every_seconds) and self.save_every_seconds > 0):
             raise BadInput(f"save_every_seconds must be a positive number, not "
@@ -264,7 +270,7 @@ class TrainRequest:
                    ("--save-every-seconds", self.save_every_seconds is not None),
                    ("--save-every-updates", self.save_every_updates is not None),
                    ("--result", self.result_path is not None),
-                   ("--steps 0", self.steps == 0))
+                   ("--steps 0", self.steps == 0), ("--kernels own", self.kernels == "own"))
         for option, given in refused:
             if given:
                 raise BadInput(f"row shards (--shards, --workers, --gpus, --device-memory, "
@@ -367,7 +373,8 @@ def run_one_piece(request: TrainRequest, progress: Progress | None = None) -> Tr
     """
     begun = time.perf_counter()
     _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
-    choice = choose_backend(request.backend, arch=request.arch, arena=request.arena)
+    choice = choose_backend(request.backend, arch=request.arch, arena=request.arena,
+                            kernels=request.kernels)
     data = training_data(request.texts, request.input_record, request.data_spec,
                          admit=lambda vocab: refuse_slow_cpu(choice.name, vocab, request.steps))
     validation = validation_record(request.val_spec, data.record.vocab)
