@@ -12,7 +12,7 @@ import pytest
 
 from bob.backends import BackendChoice
 from bob.config import Hyper
-from bob.errors import BackendUnavailable
+from bob.errors import BackendUnavailable, BadInput
 from bob.plan.placement import SM90
 from dev.bench import suite
 from dev.bench.tables import Row
@@ -120,3 +120,29 @@ def test_cpu_tables_have_no_nv_rows(asked):
                        lambda text: None)
     assert [call[:4] for call in asked] == [("cpu", "", "seed", "per-launch"),
                                             ("cpu", " fused", "fused", "per-launch")]
+
+
+def test_own_kernels_add_the_seed_rows_on_bob_s_machine_code(monkeypatch, asked):
+    kernels_asked = []
+    own = BackendChoice("nv", SM90, reason="a fake nv with Bob's own kernels")
+
+    def choose(name, **keywords):
+        kernels_asked.append((name, keywords.get("kernels", "nvrtc")))
+        return own if keywords.get("kernels") == "own" else NV if name == "nv" else CUDA
+
+    monkeypatch.setattr(suite, "choose_backend", choose)
+    table = suite.bench_device("cuda", 256, 100, 1, Hyper(), CUDA, "a fake GPU",
+                               lambda text: None, None, "auto", kernels="own")
+    assert ("nv", "own") in kernels_asked
+    assert [call[1:4] for call in asked if call[0] == "nv"] == [
+        ("", "seed", "chained"), (" fused", "fused", "chained"),
+        (" per-launch", "seed", "per-launch"),
+        (" own", "seed", "chained"), (" own per-launch", "seed", "per-launch")]
+    assert "bob nv own invocation" in [row.contender for row in table.rows]
+
+
+def test_own_kernels_are_benched_beside_cuda_only():
+    with pytest.raises(BadInput, match="give --backend cuda"):
+        suite.run_bench(("cpu",), kernels="own")
+    with pytest.raises(BadInput, match="kernels must be one of nvrtc, own, not 'ptx'"):
+        suite.run_bench(("cuda",), kernels="ptx")

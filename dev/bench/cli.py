@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from bob.config import DEFAULT_KERNELS
 from bob.files import atomic_write
 from dev.bench.suite import run_bench
 from dev.bench.tables import BYTES_PER_PARAMETER, BenchTable
@@ -80,7 +81,8 @@ def render_table(table: BenchTable) -> Table:
 
 def bench(vocabs: Sequence[int], updates: int | None, repeats: int, backends: Sequence[str],
           as_json: bool, save: Path | None, submission: str, mode: str = "hard",
-          tokens: str | None = None, val_tokens: str | None = None) -> int:
+          tokens: str | None = None, val_tokens: str | None = None,
+          kernels: str = DEFAULT_KERNELS) -> int:
     """Run the suite as the command's options ask; the exit status (1: a Bob row failed)."""
     errors = Console(stderr=True)
 
@@ -95,10 +97,12 @@ def bench(vocabs: Sequence[int], updates: int | None, repeats: int, backends: Se
     words += ["--repeats", str(repeats), "--submission", submission, "--mode", mode]
     words += [word for flag, path in (("--tokens", tokens), ("--val-tokens", val_tokens))
               if path is not None for word in (flag, path)]
+    if kernels != DEFAULT_KERNELS:
+        words += ["--kernels", kernels]
     command = shlex.join(words)
     report = run_bench(backends, vocabs, updates, repeats, progress=progress, command=command,
                        submission=submission, mode=mode,  # type: ignore[arg-type]
-                       tokens=tokens, val_tokens=val_tokens)
+                       tokens=tokens, val_tokens=val_tokens, kernels=kernels)
     document = json.dumps(report.to_json(), indent=1)
     if save is not None:
         atomic_write(save, (document + "\n").encode("utf-8"))

@@ -16,7 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from bob.backends import BackendChoice, choose_backend, resolve_submission
-from bob.config import AUTO_SUBMISSION, DEFAULT_SUBMISSION_POLICY, MODES, Hyper, Mode
+from bob.config import (
+    AUTO_SUBMISSION,
+    DEFAULT_KERNELS,
+    DEFAULT_SUBMISSION_POLICY,
+    KERNELS,
+    MODES,
+    Hyper,
+    Mode,
+    require_choice,
+)
 from bob.errors import BadInput
 from bob.host.training import CPU_MAX_VOCAB
 from dev.bench.measurement import (
@@ -103,7 +112,7 @@ PER_LAUNCH_ROW_MAX_VOCAB = 1024
 
 def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
             progress: Progress, submission: str = AUTO_SUBMISSION,
-            workload: Workload | None = None) -> list[Row]:
+            workload: Workload | None = None, kernels: str = DEFAULT_KERNELS) -> list[Row]:
     """The cuda rows' configurations on the `nv` backend (no CUDA runtime), with nv's
     policy (auto: chained), and the seed schedule per-launch beside them for comparison
     (up to PER_LAUNCH_ROW_MAX_VOCAB).
@@ -124,12 +133,21 @@ def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
         seed = configs[0][1]
         configs.append((f" {DEFAULT_SUBMISSION_POLICY}",
                         replace(seed, submission=DEFAULT_SUBMISSION_POLICY)))
+    runs = [(choice, label, config) for label, config in configs]
+    if kernels != DEFAULT_KERNELS:  # Bob's own kernels beside NVRTC's: the seed's configs
+        try:
+            own = choose_backend("nv", kernels=kernels)
+        except Exception as error:  # noqa: BLE001 - say why, and bench NVRTC's rows
+            return [*nv_rows(vocab, updates, repeats, hyper, progress, submission, workload),
+                    failed(f"bob nv {kernels} invocation", "bob", updates, error)]
+        runs += [(own, f" {kernels}{label}", config)
+                 for label, config in configs if config.schedule == "seed"]
     rows: list[Row] = []
-    for label, config in configs:
+    for bob_choice, label, config in runs:
         progress(f"cuda V={vocab}: bob nv{label} ({updates} updates per invocation, "
                  f"{config.submission} submissions)")
         try:
-            rows.extend(measure_bob(choice, config, hyper, repeats, label, record=record))
+            rows.extend(measure_bob(bob_choice, config, hyper, repeats, label, record=record))
         except Exception as error:  # noqa: BLE001 - a failing variant must not end the bench
             rows.append(failed(f"bob nv{label} invocation", "bob", updates, error))
     return rows
@@ -139,7 +157,8 @@ def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: 
                  choice: BackendChoice, device_name: str, progress: Progress,
                  copy: float | None = None,
                  submission: str = AUTO_SUBMISSION,
-                 workload: Workload | None = None) -> BenchTable:
+                 workload: Workload | None = None,
+                 kernels: str = DEFAULT_KERNELS) -> BenchTable:
     """One table: Bob's rows on `choice` (and nv beside cuda), in corpus mode the whole
     commands, then the peers and the memory floor, all on `workload` (default: the hard
     bench targets).
@@ -159,7 +178,8 @@ def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: 
             rows.append(failed(f"bob {device}{label} invocation", "bob", updates, error))
 
     if device == "cuda":
-        rows.extend(nv_rows(vocab, updates, repeats, hyper, progress, submission, workload))
+        rows.extend(nv_rows(vocab, updates, repeats, hyper, progress, submission, workload,
+                            kernels))
 
     if record.mode == "corpus":
         rows.extend(command_rows(device, vocab, updates, repeats, hyper, choice, policy,
@@ -198,6 +218,15 @@ def command_rows(device: Device, vocab: int, updates: int, repeats: int, hyper: 
             lambda text: progress(f"{device} V={vocab}: {text}"))
 
 
+def require_bench_kernels(kernels: str, backends: Sequence[str]) -> None:
+    """BadInput unless the bench can run `kernels`: Bob's own kernels run in the nv rows,
+    which the bench adds beside cuda's table only."""
+    require_choice("kernels", kernels, KERNELS)
+    if kernels != DEFAULT_KERNELS and tuple(backends) != ("cuda",):
+        raise BadInput(f"--kernels {kernels} adds rows of Bob's own kernels beside the nv "
+                       "rows, which run beside cuda's table only: give --backend cuda")
+
+
 def resolve_devices(backends: Sequence[str],
                     ) -> tuple[list[Device], dict[Device, BackendChoice]]:
     """The devices to bench and Bob's backend choice for each; `auto` as choose_backend."""
@@ -227,7 +256,8 @@ def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
               updates: int | None = None, repeats: int = 5, hyper: Hyper = Hyper(),
               progress: Progress | None = None, command: str = "",
               submission: str = AUTO_SUBMISSION, mode: Mode = "hard",
-              tokens: str | None = None, val_tokens: str | None = None) -> BenchReport:
+              tokens: str | None = None, val_tokens: str | None = None,
+              kernels: str = DEFAULT_KERNELS) -> BenchReport:
     """Every table: for each device, for each V, Bob and its peers side by side, training
     `mode`'s objective (corpus: on the pairs of `tokens`, counted, where given; the whole
     commands validate on `val_tokens`, or on `tokens` itself)."""
@@ -240,6 +270,7 @@ def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
     if val_tokens and not tokens:
         raise BadInput("--val-tokens validates the --tokens corpus: give --tokens too")
     resolve_submission(submission)  # an unknown policy is refused before any work
+    require_bench_kernels(kernels, backends)
     say = progress or (lambda text: None)
     devices, choices = resolve_devices(backends)
     too_large = [v for v in vocabs if v > CPU_MAX_VOCAB]
@@ -255,6 +286,6 @@ def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
             say(f"{device} V={vocab}: the {mode} workload")
             workload = bench_workload(mode, vocab, tokens, val_tokens)
             tables.append(bench_device(device, vocab, n, repeats, hyper, choices[device],
-                                       name, say, copy, submission, workload))
+                                       name, say, copy, submission, workload, kernels))
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return BenchReport(tuple(tables), hyper, date, command, environment())

@@ -18,7 +18,7 @@ from bob.config import MAX_UPDATES, MODES
 from bob.errors import BadInput
 from bob.files import check_output_file
 
-from .options import check_vocab, submission_option
+from .options import KERNELS_OPTION, check_vocab, submission_option
 
 BENCH_BACKENDS = ("auto", "cpu", "cuda")  # auto: cuda where usable, else cpu
 NO_CHECKOUT = ("the bench suite lives in Bob's source repository, not in this installation: "
@@ -61,15 +61,17 @@ def checkout_root() -> Path | None:
                    "the whole commands a token corpus made for V.")
 @click.option("--val-tokens", type=click.Path(dir_okay=False, exists=True),
               help="The whole commands' validation tokens (default: the --tokens file).")
+@KERNELS_OPTION
 def bench(vocabs, updates, repeats, backends, as_json, save, submission, mode, tokens,
-          val_tokens) -> None:
+          val_tokens, kernels) -> None:
     """Microseconds per AdamW update: Bob beside its peers, side by side.
 
     Every contender trains the same objective from a zero table with lr 0.1,
     betas 0.9/0.999, eps 1e-8, weight decay 0.01: the hard targets' (random
     targets), or with --mode corpus the corpus loss on the same weights. No
     timing is asserted anywhere: the numbers are for reading. Runs from a source
-    checkout (`make bench`).
+    checkout (`make bench`). With --kernels own (and --backend cuda) the nv rows
+    gain the seed schedule's rows on Bob's own machine code.
     """
     root = checkout_root()
     if root is None:
@@ -79,9 +81,11 @@ def bench(vocabs, updates, repeats, backends, as_json, save, submission, mode, t
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))  # the checkout's dev/ imports as the package `dev`
     from dev.bench import cli as suite
+    from dev.bench.suite import require_bench_kernels
 
+    require_bench_kernels(kernels, backends)  # --kernels own: rows beside nv's, on cuda
     status = suite.bench(vocabs, updates, repeats, backends, as_json, save, submission, mode,
-                         tokens, val_tokens)
+                         tokens, val_tokens, kernels)
     if status:
         click.get_current_context().exit(status)
 
