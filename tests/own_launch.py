@@ -1,0 +1,124 @@
+"""One launch of one seed region, on inputs with edges planted: the plan and its arguments.
+
+A region's own image, NVRTC's and the reference (nv-sim runs it from the stream's bytes)
+each run the same one-launch plan; their output tensors must agree byte for byte. On a
+GPU this names the region that differs, and the first element, at a launch's cost.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bob.config import Hyper
+from bob.kernels import signatures as sig
+from bob.plan.model import (
+    Dim3,
+    LaunchSpec,
+    Plan,
+    PointerParam,
+    ProgramSpec,
+    Region,
+    Scalar,
+    Submission,
+    TensorRef,
+    TensorSpec,
+)
+from bob.plan.placement import SM90, place
+from bob.program.bob import LN2_BITS, LOG2E_BITS, adam_scalars, adamw_grid, inverse_rows_bits
+
+# Pointers whose elements are indices (u32); every other one holds binary32.
+INDEX_POINTERS = {"prompt", "targets", "prediction"}
+SUBNORMALS = np.array([0x00000001, 0x00000003, 0x007FFFFF, 0x80000002, 0x80400000],
+                      np.uint32).view(np.float32)
+EDGES = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0e38, -3.0e38, 1.0e-38],
+                 np.float32)
+
+
+def grid_of(region: str, vocab: int) -> int:
+    if region in (sig.LOSS_HARD, sig.LOSS_CORPUS):
+        return vocab  # a block per row
+    if region == sig.ADAMW:
+        return adamw_grid(vocab * vocab)
+    return 1
+
+
+def scalars(region: str, vocab: int) -> dict[str, Scalar]:
+    values = {"vocab": Scalar.u32(vocab), "rows": Scalar.u32(vocab),
+              "columns": Scalar.u32(vocab), "log2e": Scalar.f32_bits(LOG2E_BITS),
+              "ln2": Scalar.f32_bits(LN2_BITS),
+              "inverse_rows": Scalar.f32_bits(inverse_rows_bits(vocab))}
+    values.update(adam_scalars(Hyper(), 3))
+    return values
+
+
+def tensor_elements(param: PointerParam, region: str, vocab: int) -> int:
+    factors = {"vocab": vocab, "rows": vocab, "columns": vocab, "grid.x": grid_of(region, vocab)}
+    return param.footprint.evaluate(factors) // 4
+
+
+def one_launch_plan(region: Region, vocab: int) -> Plan:
+    """`region` launched once over a tensor per pointer, named as its parameter."""
+    params = sig.SIGNATURES[region.name]
+    given = scalars(region.name, vocab)
+    tensors = tuple(TensorSpec(p.name, "u32" if p.name in INDEX_POINTERS else "f32",
+                               (tensor_elements(p, region.name, vocab),))
+                    for p in params if isinstance(p, PointerParam))
+    args = tuple(TensorRef(p.name) if isinstance(p, PointerParam) else given[p.name]
+                 for p in params)
+    program = ProgramSpec(
+        regions=(region,), tensors=tensors,
+        launches=(LaunchSpec(region.name, Dim3(grid_of(region.name, vocab)), Dim3(sig.BLOCK),
+                             args, f"{region.name}-alone"),),
+        submissions=(Submission(0, 1, 1),))
+    return place(program, SM90)
+
+
+def inputs(region: str, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Every pointer's starting contents: numbers with edges planted, indices < V (the
+    prompt's row has ties and a NaN)."""
+    rng = np.random.default_rng(seed)
+    arrays: dict[str, np.ndarray] = {}
+    for param in sig.SIGNATURES[region]:
+        if not isinstance(param, PointerParam):
+            continue
+        count = tensor_elements(param, region, vocab)
+        if param.name in INDEX_POINTERS:
+            arrays[param.name] = rng.integers(0, vocab, count, dtype=np.uint32)
+            continue
+        values = rng.standard_normal(count, dtype=np.float32) * 4
+        if param.name == "weights":
+            values = np.abs(values) / vocab
+        if param.name == "second_moment":
+            values = np.abs(values) * 1e-3
+        planted = np.concatenate([EDGES, SUBNORMALS, -SUBNORMALS])
+        if param.name in ("second_moment",):
+            planted = np.concatenate([planted, np.float32([-1.0, 1e-45])])
+        where = rng.choice(count, min(count // 8, 4 * len(planted)), replace=False)
+        values[where] = np.resize(planted, len(where))
+        if param.name in ("parameters", "table", "row") and count >= 2 * vocab:
+            row = 1 % (count // vocab)
+            values[row * vocab:(row + 1) * vocab] = 0.25  # a row of ties
+        arrays[param.name] = values.astype(np.float32)
+    if "prompt" in arrays:
+        arrays["prompt"][:] = 1  # the row of ties
+    if region == sig.ARGMAX:
+        arrays["row"][:] = 0.5
+        arrays["row"][[vocab // 3, vocab // 2]] = 7.0  # two equal maxima: the lower wins
+    return arrays
+
+
+def run_alone(backend, arrays: dict[str, np.ndarray]) -> dict[str, bytes]:
+    """Write `arrays`, run the one launch, read every tensor back."""
+    for name, array in arrays.items():
+        backend.write_tensor(name, array.tobytes())
+    backend.run(range(1))
+    return {name: backend.read_tensor(name) for name in arrays}
+
+
+def first_difference(name: str, a: bytes, b: bytes) -> str | None:
+    if a == b:
+        return None
+    x, y = np.frombuffer(a, np.uint32), np.frombuffer(b, np.uint32)
+    index = int(np.argmax(x != y))
+    return (f"{name}[{index}]: {x[index]:#010x} vs {y[index]:#010x} "
+            f"({int((x != y).sum())} of {x.size} differ)")
