@@ -11,7 +11,7 @@ import pytest
 from bob.backends.nv import decoder
 from bob.backends.nv.encoder import SHARED_MEMORY_ALIGNMENT, SYSTEM_SHARED_BYTES, encode
 from bob.errors import RunFailure
-from bob.isa.model import CBuf, Imm, Instruction, Reg
+from bob.isa.model import CBuf, Imm, Instruction, Reg, Target
 from bob.kernels import own
 from bob.kernels import signatures as sig
 from bob.kernels.own_regions import (
@@ -152,7 +152,7 @@ def test_the_listing_is_the_isa_printer_s_text():
                         "0 bytes of shared memory")
     assert len(lines) == 1 + len(image.code) // 16
     assert "ULDC.64 UR4, c[0x0][0x208] ;" in lines[1]
-    assert lines[-1].endswith("EXIT ;")
+    assert lines[-1].endswith("NOP ;") and any(line.endswith("EXIT ;") for line in lines)
     assert all(name in own_listing(TARGETS["sm_90"]) for name in OWN_REGIONS)
 
 
@@ -162,3 +162,49 @@ def test_immediates_and_the_driver_area_are_no_parameter_reads():
                     Instruction("MOV.I", (Reg(3), Imm(SM90.parameter_base)))]
     with pytest.raises(RunFailure, match="never reads"):
         check_parameter_reads(sig.GATHER, instructions, sig.declared_region(sig.GATHER), SM90)
+
+
+def _mnemonic(instruction) -> str:
+    from bob.isa import table
+
+    if not isinstance(instruction, Instruction):
+        return "?"  # outside the subset (none in the seed's regions' own code)
+    return table("sm_90").form(instruction.form).mnemonic
+
+
+def _branch_stalls_and_tail(code: bytes) -> tuple[set[int], list[str]]:
+    """The stalls of every BRA and EXIT before the image's tail, and the tail's mnemonics
+    (from the branch to itself on)."""
+    from bob.isa import table
+    from bob.isa.codec import decode_program
+
+    instructions = decode_program(code, table("sm_90"))
+    start = next(i for i, ins in enumerate(instructions)
+                 if _mnemonic(ins) == "BRA" and ins.operands[-1:] == (Target(-16),))
+    stalls = {ins.control.stall for ins in instructions[:start]
+              if _mnemonic(ins) in ("BRA", "EXIT")}
+    return stalls, [_mnemonic(ins) for ins in instructions[start:]]
+
+
+@pytest.mark.parametrize("target", [SM90, SM86], ids=lambda t: t.name)
+def test_images_branch_and_end_as_ptxas_s_do(target):
+    """Every BRA and EXIT stalls 5 cycles or more, and the image ends with a branch to
+    itself and NOPs to a whole 128 bytes: what ptxas writes (below), and what Bob's own
+    images lacked when they faulted on the H200."""
+    for name, region in own_regions(target).items():
+        assert len(region.code) % 128 == 0, name
+        if target is SM90:
+            stalls, tail = _branch_stalls_and_tail(region.code)
+            assert min(stalls) >= 5, name
+            assert tail[0] == "BRA" and set(tail[1:]) <= {"NOP"}, name
+
+
+@needs_nvrtc
+def test_ptxas_branches_and_ends_so():
+    from bob.kernels.cuda.regions import compiled_regions
+
+    compiled = compiled_regions("sm_90")
+    for name in OWN_REGIONS:
+        stalls, tail = _branch_stalls_and_tail(compiled[name].code)
+        assert min(stalls) >= 5 and len(compiled[name].code) % 128 == 0, name
+        assert tail[0] == "BRA" and set(tail[1:]) <= {"NOP"}, name

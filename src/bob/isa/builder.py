@@ -41,6 +41,14 @@ ALWAYS = Pred(PT)
 EXTRA_REGISTERS = 3
 REGISTER_GRANULE = 8
 MIN_REGISTERS = 16
+# ptxas's practice in every kernel it compiled for Bob (the corpus of tests/test_isa_corpus):
+# each BRA and EXIT that runs stalls at least 5 cycles, and an image ends with a branch to
+# itself and NOPs up to a whole fetch block, so that nothing issued past the last EXIT
+# before it takes effect is the bytes after the image. Bob's own images did neither, and
+# every one of them faulted on the H200 (channel error 13: docs/ISA.md).
+BRANCH_STALL = 5
+FETCH_BLOCK = 128  # bytes: ptxas pads every image to a multiple of this
+TAIL_CONTROL = Control(stall=0, yield_bit=False)  # the padding's controls, as ptxas's
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,7 @@ class Builder:
                     item = Instruction("BRA.PL", (item.predicate, Target(offset)), (),
                                        item.guard)
             resolved.append(item)
-        return schedule(resolved, self.table, starts)
+        return schedule(resolved, self.table, starts) + tail(len(resolved))
 
     def image(self, name: str, *, shared_bytes: int = 0) -> Image:
         instructions = self.instructions()
@@ -146,6 +154,15 @@ class Builder:
         shared = shared_bytes + (self.facts.reserved_shared if shared_bytes else 0)
         return Image(name, self.arch, code, registers, shared, int(uses_barrier),
                      tuple(instructions))
+
+
+def tail(count: int) -> list[Instruction]:
+    """What follows `count` instructions: a branch to itself, then NOPs to a whole fetch
+    block (never reached: the code before it ends in an unconditional EXIT)."""
+    per_block = FETCH_BLOCK // INSTRUCTION_BYTES
+    nops = -(count + 1) % per_block
+    return [Instruction("BRA.L", (Target(-INSTRUCTION_BYTES),), (), ALWAYS, TAIL_CONTROL),
+            *(Instruction("NOP", (), (), ALWAYS, TAIL_CONTROL) for _ in range(nops))]
 
 
 def _registers(instruction: Instruction, table: Table) -> list[int]:
@@ -238,6 +255,8 @@ def schedule(instructions: list[Instruction], table: Table,
         if drain:
             left = max((cycle - now for cycle in ready.values()), default=0)
             stall = max(controls[index].stall, left, 1)
+            if table.form(instruction.form).mnemonic in ("BRA", "EXIT"):
+                stall = max(stall, BRANCH_STALL)
             if write is not None or read is not None:
                 stall = max(stall, SCOREBOARD_SETUP)
             controls[index] = replace(controls[index], stall=min(stall, MAX_STALL))
