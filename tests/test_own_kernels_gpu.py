@@ -133,10 +133,12 @@ def test_check_nv_cpu_with_own_kernels_agrees(mode: str, vocab: int, capsys) -> 
     opened("nv", "own")
     status = main(["check", "--backends", "nv,cpu", "--kernels", "own", "-V", str(vocab),
                    "--mode", mode, "--steps", "5", "-N", "2", "--json"])
-    report = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
     with capsys.disabled():
-        print(f"check nv,cpu --kernels own {mode} V={vocab}: {report}")
-    assert status == 0 and report["identical"] is True
+        print(f"check nv,cpu --kernels own {mode} V={vocab}: exit {status}: "
+              f"{captured.out.strip() or captured.err.strip()}")
+    assert status == 0, captured.err
+    assert json.loads(captured.out)["identical"] is True
 
 
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
