@@ -50,6 +50,7 @@ from bob.program.bob import (
 )
 from bob.records.binary import F32, U32, InputRecord, ResultRecord
 from bob.records.checkpoint import CheckpointFile, History, TrainingState
+from bob.records.dask_count import quiet_dask_logs
 from bob.records.shards import (
     Rows,
     ShardedCheckpoint,
@@ -230,6 +231,8 @@ class DaskShards:
 
         self._distributed = distributed
         self.cluster = None
+        self._quiet = contextlib.ExitStack()  # Dask's INFO lines kept off Bob's stderr
+        self._quiet.enter_context(quiet_dask_logs())
         if address is None:
             # No retry: a lost worker ends the run (one line), the checkpoint kept.
             dask.config.set({"distributed.scheduler.allowed-failures": 0})
@@ -237,14 +240,19 @@ class DaskShards:
             specs = {i: {"cls": distributed.Nanny,
                          "options": {"nthreads": 1, "env": each, "memory_limit": 0}}
                      for i, each in enumerate(env)}
-            self.cluster = distributed.SpecCluster(
-                workers=specs, scheduler={"cls": distributed.Scheduler,
-                                          "options": {"dashboard": False}},
-                silence_logs=50)
+            # The worker processes log only errors: set in their environment before they
+            # start, as their logging is set up on import.
+            spawn = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}),
+                     "DASK_LOGGING__DISTRIBUTED": "error"}
+            with dask.config.set({"distributed.nanny.pre-spawn-environ": spawn}):
+                self.cluster = distributed.SpecCluster(
+                    workers=specs, scheduler={"cls": distributed.Scheduler,
+                                              "options": {"dashboard": False}},
+                    silence_logs=50)
             address = self.cluster.scheduler_address
         try:
-            self.client = distributed.Client(address, set_as_default=False)
-        except OSError as error:
+            self.client = distributed.Client(address, set_as_default=False, timeout="10s")
+        except (OSError, TimeoutError) as error:
             self.close()
             raise BadInput(f"--dask {address}: cannot reach the scheduler ({error})") from None
         if self.cluster is not None:
@@ -260,12 +268,21 @@ class DaskShards:
             worker = getattr(error, "last_worker", None)
             worker = getattr(worker, "address", worker) or "a worker"
             task = tasks[_task_index(error, tasks)]
-            raise RunFailure(f"Dask worker {worker} was lost running shard {task.index + 1} "
-                             f"of {task.count} (rows [{task.config.rows[0]}, "
-                             f"{task.config.rows[1]})) of the updates after step "
-                             f"{task.first_step}") from None
-        finally:
+            failure: Exception = RunFailure(
+                f"Dask worker {worker} was lost with shard {task.index + 1} of {task.count} "
+                f"(rows [{task.config.rows[0]}, {task.config.rows[1]})) of the updates after "
+                f"step {task.first_step} on it; the checkpoint at step {task.first_step} is "
+                "kept")
+        except Exception as error:  # a task's own error, raised as it is
+            failure = error
+        except BaseException:  # a stop: our own workers are stopped, nothing waited for
             self.client.cancel([f for f in futures if not f.done()])
+            self.close()
+            raise
+        # A task running on another worker cannot be stopped: wait for it to end, so that
+        # no shard file appears after the caller has removed those no index names.
+        self.client.gather([f for f in futures if not f.done()], errors="skip")
+        raise failure from None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -273,6 +290,7 @@ class DaskShards:
         if self.cluster is not None:
             with contextlib.suppress(Exception):
                 self.cluster.close()
+        self._quiet.close()
 
 
 def _task_index(error: Exception, tasks: Sequence[ShardTask]) -> int:
@@ -294,6 +312,8 @@ class ShardedInvocation:
     state: TrainingState
     seconds: float
     shard_seconds: tuple[float, ...]
+    began: float  # perf_counter at its start and after its index was written
+    finished: float
     checkpoint: None = None
     validation: None = None
 
@@ -351,9 +371,9 @@ def train_in_shards(*, checkpoint: str, start: TrainingState, source: RowSource,
                               initial_loss=initial_rows, training_loss=trained_rows,
                               logit_rows=np.zeros((0, record.vocab), F32),
                               predictions=np.zeros(0, U32))
-        invocation = ShardedInvocation(result, initial, final, state,
-                                       time.perf_counter() - begun,
-                                       tuple(o.seconds for o in outcomes))
+        finished = time.perf_counter()
+        invocation = ShardedInvocation(result, initial, final, state, finished - begun,
+                                       tuple(o.seconds for o in outcomes), begun, finished)
         invocations.append(invocation)
         if progress is not None:
             progress(invocation, done)
