@@ -102,6 +102,9 @@ class ShardOutcome:
     training_loss: np.ndarray  # f32[R]
     entry: ShardEntry
     seconds: float  # the task's own time: load, updates, save
+    load_seconds: float = 0.0  # plan and backend opened, rows and data written in
+    run_seconds: float = 0.0  # the updates, losses read back
+    save_seconds: float = 0.0  # the tables streamed out to the shard file
 
 
 @dataclass(frozen=True)
@@ -157,15 +160,19 @@ def run_shard(task: ShardTask) -> ShardOutcome:
         backend.set_scalars_many([config.adamw_launch(k) for k in range(updates)],
                                  ADAM_SCALAR_NAMES,
                                  scalars.view(np.uint32)[:, :len(ADAM_SCALAR_NAMES)])
+        loaded = time.perf_counter()
         backend.run(range(plan.submission_count))
         initial = np.frombuffer(backend.read_tensor("initial_loss"), F32).copy()
         trained = np.frombuffer(backend.read_tensor("training_loss"), F32).copy()
+        ran = time.perf_counter()
         entry = write_shard(task.out, config.vocab, task.first_step + updates, (first, last),
                             lambda sink, chunk: backend.stream_read(CHECKPOINT_TENSORS, sink,
                                                                     chunk))
     finally:
         backend.close()
-    return ShardOutcome(task.index, initial, trained, entry, time.perf_counter() - begun)
+    ended = time.perf_counter()
+    return ShardOutcome(task.index, initial, trained, entry, ended - begun,
+                        loaded - begun, ran - loaded, ended - ran)
 
 
 def shard_arena_bytes(vocab: int, mode: Mode, updates: int, rows: Rows, target) -> int:
@@ -312,6 +319,7 @@ class ShardedInvocation:
     state: TrainingState
     seconds: float
     shard_seconds: tuple[float, ...]
+    shards: tuple[ShardOutcome, ...]  # each shard's outcome, its times among them
     began: float  # perf_counter at its start and after its index was written
     finished: float
     checkpoint: None = None
@@ -373,7 +381,8 @@ def train_in_shards(*, checkpoint: str, start: TrainingState, source: RowSource,
                               predictions=np.zeros(0, U32))
         finished = time.perf_counter()
         invocation = ShardedInvocation(result, initial, final, state, finished - begun,
-                                       tuple(o.seconds for o in outcomes), begun, finished)
+                                       tuple(o.seconds for o in outcomes), tuple(outcomes),
+                                       begun, finished)
         invocations.append(invocation)
         if progress is not None:
             progress(invocation, done)
