@@ -74,3 +74,19 @@ class _FileRows:
         table = self.tables[f"{name}[{self.rows[0]}:{self.rows[1]}]"]
         first, last = first - self.rows[0], last - self.rows[0]
         return np.ascontiguousarray(table[first:last])
+
+
+def test_shards_on_a_dask_worker_per_gpu_equal_one_piece(tmp_path) -> None:
+    """--gpus: a Dask worker per GPU listed, each seeing its GPU alone (on one GPU here,
+    the path a host of several takes)."""
+    pytest.importorskip("distributed")
+    vocab = 4096
+    input_record(vocab, "corpus").write(tmp_path / "input.bin")
+    reports = {name: run_training(TrainRequest(
+        input_record=str(tmp_path / "input.bin"), steps=4, updates_per_invocation=2,
+        backend="cuda", checkpoint=str(tmp_path / f"{name}.safetensors"), **fields))
+        for name, fields in (("one", {}), ("gpus", {"gpus": (0,), "shards": 3}))}
+    assert reports["gpus"].shards_ran.startswith("side by side on GPUs 0")
+    assert reports["gpus"].history == reports["one"].history
+    assert first_difference(reports["one"].checkpoint, reports["gpus"].checkpoint,
+                            vocab) is None
