@@ -49,7 +49,7 @@ from bob.program.bob import (
     shard_boundaries,
 )
 from bob.records.binary import F32, U32, InputRecord, ResultRecord
-from bob.records.checkpoint import CheckpointFile, History, TrainingState
+from bob.records.checkpoint import CHUNK_BYTES, CheckpointFile, History, TrainingState
 from bob.records.dask_count import quiet_dask_logs
 from bob.records.shards import (
     Rows,
@@ -137,23 +137,30 @@ def run_shard(task: ShardTask) -> ShardOutcome:
     plan = build_plan(config, choice.target, task.hyper, compiled=choice.regions)
     backend = choice.open(require_certified(plan))
     try:
-        for name in CHECKPOINT_TENSORS:  # one of the shard's tables on the host at a time
+        v = config.vocab
+        piece_rows = max(1, CHUNK_BYTES // (4 * v))  # the host holds one piece of rows
+        pieces = [(a, min(last, a + piece_rows)) for a in range(first, last, piece_rows)]
+        for name in CHECKPOINT_TENSORS:
             if task.source is None:
                 backend.clear_tensors([name])
-            else:
-                block = task.source.row_block(name, first, last)
-                backend.write_tensor(name, memoryview(block.reshape(-1)).cast("B"))
-                del block
+                continue
+            for a, b in pieces:
+                block = task.source.row_block(name, a, b)
+                backend.write_tensor(name, memoryview(block.reshape(-1)).cast("B"),
+                                     4 * v * (a - first))
         if config.mode == "hard":
             assert task.inputs.targets is not None
             backend.write_tensor("input", task.inputs.targets.astype(U32).tobytes())
         else:
-            assert task.inputs.keys is not None and task.inputs.values is not None
-            weights = np.zeros((last - first) * config.vocab, F32)
-            weights.view(U32)[task.inputs.keys.astype(np.int64)] = \
-                task.inputs.values.view(U32)  # the scatter's cells, bit for bit
-            backend.write_tensor(WEIGHTS_TENSOR, memoryview(weights).cast("B"))
-            del weights
+            keys, values = task.inputs.keys, task.inputs.values
+            assert keys is not None and values is not None
+            for a, b in pieces:  # the scatter's cells, bit for bit, a piece of rows at a time
+                low, high = np.searchsorted(keys, [(a - first) * v, (b - first) * v])
+                weights = np.zeros((b - a) * v, F32)
+                weights.view(U32)[(keys[low:high] - np.uint64((a - first) * v))
+                                  .astype(np.int64)] = values[low:high].view(U32)
+                backend.write_tensor(WEIGHTS_TENSOR, memoryview(weights).cast("B"),
+                                     4 * v * (a - first))
         backend.clear_tensors(["gradients", "training_loss"])
         updates = config.updates
         scalars = adam_scalar_table(task.hyper, task.first_step + 1, updates)
