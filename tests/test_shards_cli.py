@@ -212,3 +212,65 @@ def test_doctor_says_why_no_gpu_is_listed(monkeypatch, capsys):
     monkeypatch.setattr(doctor, "list_gpus", lambda: (gpus, note))
     assert main(["doctor"]) == 0
     assert "no GPU listed: no NVIDIA driver library (libcuda.so)" in capsys.readouterr().out
+
+
+# -- stops -----------------------------------------------------------------------------
+def test_a_first_stop_commits_the_invocation_in_flight_then_ends_in_one_line(tmp_path, text,
+                                                                            monkeypatch):
+    import signal
+
+    from bob.errors import Interrupted
+    from bob.host import stops
+
+    asked: list[int] = []
+    real_run_shard = sharded.run_shard
+
+    def signalled(task):  # SIGTERM arrives while the first invocation's third shard runs
+        if task.first_step == 0 and task.index == 2:
+            asked.append(signal.SIGTERM)
+        return real_run_shard(task)
+
+    monkeypatch.setattr(sharded, "run_shard", signalled)
+    monkeypatch.setattr(stops, "stop_requested", lambda: asked[0] if asked else None)
+    checkpoint = tmp_path / "sh.st"
+    with pytest.raises(Interrupted) as stopped:
+        run_training(TrainRequest(texts=(str(text),), updates_per_invocation=5,
+                                  backend="cpu", checkpoint=str(checkpoint), steps=15,
+                                  shards=4))
+    assert stopped.value.exit_status == 143
+    assert str(stopped.value) == "interrupted at update 5; checkpoint at update 5 kept"
+    assert _index(checkpoint)["metadata"]["step"] == "5"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("sh.st.step")) \
+        == [f"sh.st.step5-0000{i}-of-00004.safetensors" for i in range(1, 5)]
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_stop_at_once_removes_the_invocations_files_and_names_what_is_kept(
+        tmp_path, text, monkeypatch, resumed):
+    import signal
+
+    from bob.errors import Interrupted
+
+    checkpoint = tmp_path / "sh.st"
+    fields = dict(texts=(str(text),), updates_per_invocation=5, backend="cpu",
+                  checkpoint=str(checkpoint), shards=4)
+    if resumed:
+        run_training(TrainRequest(steps=5, **fields))
+    before = contents(tmp_path)
+    real_run_shard = sharded.run_shard
+
+    def stopped_at_once(task):  # a second signal: raised in the middle of shard 3
+        if task.index == 2:
+            raise Interrupted(signal.SIGINT)
+        return real_run_shard(task)
+
+    monkeypatch.setattr(sharded, "run_shard", stopped_at_once)
+    with pytest.raises(Interrupted) as stopped:
+        run_training(TrainRequest(steps=10, resume=resumed, **fields))
+    assert stopped.value.exit_status == 130
+    if resumed:
+        assert str(stopped.value) == "interrupted at update 10; checkpoint at update 5 kept"
+    else:
+        assert str(stopped.value) == ("interrupted at update 5; no checkpoint written by "
+                                      "this run")
+    assert contents(tmp_path) == before  # the shards of the invocation stopped are gone

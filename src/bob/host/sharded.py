@@ -30,6 +30,7 @@ import contextlib
 import functools
 import math
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -38,7 +39,7 @@ import numpy as np
 
 from bob.backends import choose_backend
 from bob.config import CHECKPOINT_TENSORS, Hyper, Mode
-from bob.errors import BadInput, RunFailure
+from bob.errors import BadInput, Interrupted, RunFailure
 from bob.plan.certificate import require_certified
 from bob.program.bob import (
     ADAM_SCALAR_NAMES,
@@ -341,8 +342,48 @@ def train_in_shards(*, checkpoint: str, start: TrainingState, source: RowSource,
                     ) -> tuple[list[ShardedInvocation], TrainingState]:
     """`steps` updates in invocations of `updates_per_invocation`, each run shard by shard
     through `runner`; after each, the index (the commit). The invocations and the state
-    the last index holds."""
+    the last index holds.
+
+    As one-piece training does: the first SIGINT/SIGTERM lets the invocation in flight
+    finish and be committed, then stops; a second (or one outside the run) stops at once,
+    its shard files removed; either way Interrupted says which update was reached and
+    which checkpoint is kept."""
+    from bob.host import stops
     from bob.host.session import split_updates
+
+    committed = [start.step if source is not None else None]
+    try:
+        with stops.finishing():
+            done = _train_in_shards(checkpoint, start, source, record, steps,
+                                    updates_per_invocation, boundaries, runner, backend,
+                                    arch, arena, optimum, progress, split_updates,
+                                    committed, stop=stops.stop_requested)
+            stopped = stops.stop_requested()
+    except KeyboardInterrupt as stop:
+        signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
+        reached = (committed[0] if committed[0] is not None else start.step) + min(
+            updates_per_invocation, steps)
+        raise _interrupted(signum, min(reached, start.step + steps), committed[0]) from None
+    invocations, state = done
+    if stopped is not None and state.step < start.step + steps:
+        raise _interrupted(stopped, state.step, state.step)
+    return invocations, state
+
+
+def _interrupted(signum: int, reached: int, kept: int | None) -> Interrupted:
+    if kept is None:
+        return Interrupted(signum, f"interrupted at update {reached}; no checkpoint written "
+                                   "by this run")
+    return Interrupted(signum, f"interrupted at update {reached}; checkpoint at update {kept} "
+                               "kept")
+
+
+def _train_in_shards(checkpoint, start, source, record, steps, updates_per_invocation,
+                     boundaries, runner, backend, arch, arena, optimum, progress,
+                     split_updates, committed: list[int | None],
+                     stop: Callable[[], int | None],
+                     ) -> tuple[list[ShardedInvocation], TrainingState]:
+    from bob.host import stops
 
     state = start
     history = History.of(start.history)
@@ -376,7 +417,9 @@ def train_in_shards(*, checkpoint: str, start: TrainingState, source: RowSource,
         history = history.extended([*first, (step, final)])
         state = replace(state, step=step, history=history, optimum=optimum)
         entries = [o.entry for o in outcomes]
-        where = write_index(checkpoint, state, entries)
+        with stops.held():  # a stop waits: the index names whole files, and is named kept
+            where = write_index(checkpoint, state, entries)
+            committed[0] = step
         source = ShardedCheckpoint.written(where, state, tuple(entries))
         if one_piece is not None:  # the one-piece checkpoint it resumed is superseded
             with contextlib.suppress(OSError):
@@ -393,6 +436,8 @@ def train_in_shards(*, checkpoint: str, start: TrainingState, source: RowSource,
         invocations.append(invocation)
         if progress is not None:
             progress(invocation, done)
+        if stop() is not None:  # the invocation in flight is committed: stop here
+            break
     return invocations, state
 
 
