@@ -117,8 +117,8 @@ def _choose_cuda(arch: str, arena: str) -> BackendChoice:
     if target is None:
         raise BackendUnavailable(
             f"the GPU is {gpu_arch}; Bob's plans are built for {', '.join(sorted(TARGETS))}")
-    # The held grid; no clusters yet: the graph's kernel nodes carry no cluster dimension.
-    target = target.for_device(multiprocessors=info.multiprocessors).without_clusters()
+    # The held grid, and the clusters (their kernel nodes carry the cluster dimension).
+    target = target.for_device(multiprocessors=info.multiprocessors)
     try:
         regions = compiled_regions(gpu_arch)
     except BobError as error:
