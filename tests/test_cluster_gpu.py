@@ -7,10 +7,11 @@ CPU: cuda's graph nodes with their cluster dimension, and nv's QMDs of GPC clust
   (2 updates, then 1) against the seed schedule on the CPU, for the kernels the program
   chooses (on cuda and nv) and for the cluster kernels at that V (the program made to take
   them wherever a cluster holds the row: dev/cuda/clusters.py), on cuda and on nv.
-- V = 21553 and 50257, hard and corpus: one invocation of 2 updates on the whole table,
-  sampled rows (the first, the last, the first rows of the second round of clusters)
-  against the NumPy reference run on those rows alone; at 50257 the program's own choice
-  is the cluster kernels, at 21553 the held ones and, made to, the cluster ones.
+- V = 21553, 50257 and 65536, hard and corpus: one invocation of 2 updates on the whole
+  table, sampled rows (the first, the last, the first rows of the second round of
+  clusters) against the NumPy reference run on those rows alone; the program's own choice
+  is the cluster kernels at 50257 and at 65536 corpus, at 21553 the held ones and, made
+  to, the cluster ones.
 """
 
 from __future__ import annotations
@@ -225,13 +226,14 @@ def sampled_rows_equal_the_reference(choice: BackendChoice, vocab: int, mode: st
 
 
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
-@pytest.mark.parametrize(("vocab", "clusters"), [(21553, False), (21553, True), (50257, False)])
+@pytest.mark.parametrize(("vocab", "clusters"), [(21553, False), (21553, True), (50257, False),
+                                                  (65536, False)])
 def test_large_rows_on_cuda_equal_the_reference_rows(vocab: int, clusters: bool,
                                                      mode: str) -> None:
     cuda = gpu_choice("cuda")
     with clusters_wherever_they_fit() if clusters else contextlib.nullcontext():
         ran = sampled_rows_equal_the_reference(cuda, vocab, mode)
-    if vocab == 50257:  # the program's own choice there: the cluster kernels
+    if vocab == 50257 or (vocab == 65536 and mode == "corpus"):  # the program's choice
         assert "cluster" in ran
     print(f"V={vocab} {mode}: cuda {ran}: identical to the reference")
 
