@@ -151,6 +151,37 @@ def test_nv_s_cluster_launches_give_the_cpu_s_bytes(vocab: int, mode: str) -> No
     print(f"V={vocab} {mode}: nv {ran}: identical to the cpu")
 
 
+@pytest.mark.parametrize("name", ["cuda", "nv clusters"])
+def test_a_profiled_cluster_launch_gives_the_bytes_of_a_run(name: str) -> None:
+    """`profile` launches each kernel alone (cuda: cuLaunchKernelEx with the cluster
+    dimension; nv: one QMD a submission): the bytes of `run`, and a time for each launch."""
+    if name == "nv clusters" and NV_CLUSTERS_FAILED:
+        pytest.skip(f"an nv cluster launch failed before: {NV_CLUSTERS_FAILED[0]}")
+    choice = gpu_choice(name)
+    config = BobConfig(vocab=1000, prompts=1, updates=2, mode="hard", schedule="fused")
+    with clusters_wherever_they_fit():
+        plan = build_plan(config, choice.target, Hyper(), compiled=choice.regions)
+    record, table = random_record(config, 1), start_table(1000, 1)
+    results, times = [], []
+    for timed in (False, True):
+        with choice.open(require_certified(plan)) as backend:
+            backend.write_tensor("input", record.payload())
+            backend.write_tensor("parameters", table.tobytes())
+            backend.write_tensor("adam_scalars", adam_scalar_table(Hyper(), 1, 2).tobytes())
+            if timed:
+                times = backend.profile(range(plan.submission_count))
+            else:
+                backend.run(range(plan.submission_count))
+            results.append({tensor.name: backend.read_tensor(tensor.name)
+                            for tensor in plan.tensors})
+    assert results[0] == results[1]
+    clustered = {index for index, launch in enumerate(plan.launches) if launch.cluster > 1}
+    timed_clusters = [nanoseconds for index, nanoseconds in times if index in clustered]
+    assert clustered and len(timed_clusters) == len(clustered) and min(timed_clusters) > 0
+    print(f"{name}: profiled {len(times)} launches, the cluster ones "
+          f"{[round(ns / 1e3, 1) for ns in timed_clusters]} us: the bytes of a run")
+
+
 # -- V = 21553 and 50257: sampled rows ------------------------------------------------------
 
 PATTERN_ROWS = 512  # the start table repeats a random block of this many rows
