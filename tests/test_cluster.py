@@ -134,6 +134,7 @@ def test_a_cluster_launch_s_qmd_is_a_grid_of_gpc_clusters_and_its_driver_area_sa
     qmd = decoder.decode_qmd(encoder.encode_qmd(plan, index).to_bytes(), 0xCBC0)
     assert qmd.qmd_type() == "GRID_GPC_CGA"
     assert qmd.dispatch().cluster == (8, 1, 1) and qmd.dispatch().grid == (120, 1, 1)
+    assert qmd.get("GRID_WIDTH") == 15  # a grid of clusters counts clusters
     area = decoder.decode_driver_area(encoder.parameter_block(plan, index))
     assert (area.explicit_cluster, area.cluster, area.clusters, area.cluster_ctas) == (
         1, (8, 1, 1), (15, 1, 1), 8)

@@ -469,7 +469,7 @@ class Dispatch:
 
     major_version: int
     program_address: int
-    grid: tuple[int, int, int]
+    grid: tuple[int, int, int]  # in CTAs (a grid of clusters: its GRID_* times the cluster)
     block: tuple[int, int, int]
     registers: int
     barriers: int
@@ -665,14 +665,18 @@ class DecodedQmd:
                 wait = self.get("WAIT_ON_LATCH_ID")
         pre_exit = ("ENABLE_PROGRAM_PRE_EXIT" in self.layout.fields
                     and bool(self.get("ENABLE_PROGRAM_PRE_EXIT")))
+        cluster = self._cluster()
+        grid = (self.get(s.grid[0]), self.get(s.grid[1]), self.get(s.grid[2]))
+        if cluster is not None:  # a grid of clusters counts clusters: the CTAs are C times
+            grid = (grid[0] * cluster[0], grid[1] * cluster[1], grid[2] * cluster[2])
         return Dispatch(
-            cluster=self._cluster(),
+            cluster=cluster,
             arrive_latch=arrive,
             wait_latch=wait,
             program_pre_exit=pre_exit,
             major_version=self.get("QMD_MAJOR_VERSION"),
             program_address=self._join(*s.program),
-            grid=(self.get(s.grid[0]), self.get(s.grid[1]), self.get(s.grid[2])),
+            grid=grid,
             block=(self.get(s.block[0]), self.get(s.block[1]), self.get(s.block[2])),
             registers=self.get(s.registers),
             barriers=self.get("BARRIER_COUNT"),

@@ -371,7 +371,7 @@ class Dispatch:
     """One grid, as a QMD describes it: what a plan's launch (or the probe) fills in."""
 
     program_address: int
-    grid: tuple[int, int, int]
+    grid: tuple[int, int, int]  # in CTAs, a grid of clusters too
     block: tuple[int, int, int]
     registers: int
     shared_bytes: int  # the block's shared memory: the image's static and the dynamic bytes
@@ -388,10 +388,16 @@ def build_qmd(arch: Architecture, dispatch: Dispatch) -> Qmd:
     shared = align_up(SYSTEM_SHARED_BYTES + dispatch.shared_bytes, SHARED_MEMORY_ALIGNMENT)
     qmd = arch.qmd()
     qmd.set_program_address(dispatch.program_address)
-    qmd.set_grid(*dispatch.grid)
-    qmd.set_block(*dispatch.block)
-    if dispatch.cluster is not None:
+    if dispatch.cluster is None:
+        qmd.set_grid(*dispatch.grid)
+    else:  # a grid of clusters counts clusters, not CTAs (Qmd.set_cluster)
+        if any(size % ctas for size, ctas in zip(dispatch.grid, dispatch.cluster, strict=True)):
+            raise EncodeError(f"grid {dispatch.grid} is not a whole number of clusters of "
+                              f"{dispatch.cluster}")
+        qmd.set_grid(*(size // ctas for size, ctas in zip(dispatch.grid, dispatch.cluster,
+                                                           strict=True)))
         qmd.set_cluster(*dispatch.cluster)
+    qmd.set_block(*dispatch.block)
     qmd.set_registers(dispatch.registers)
     qmd.set_barriers(BARRIERS)
     threads = dispatch.block[0] * dispatch.block[1] * dispatch.block[2]

@@ -25,7 +25,9 @@ What a minimal dispatch sets, and why (Mesa NVK ``nak/qmd.rs``, tinygrad's
   address >> 8, as tinygrad's ``ops_nv.py`` links the QMDs of one queue;
 - on V04, a grid of thread-block clusters (``set_cluster``): QMD_TYPE GRID_GPC_CGA and
   the cluster's CTAs along each axis in GPC_CGA_WIDTH/HEIGHT/DEPTH (a cluster's CTAs
-  share one GPC); the grid stays counted in CTAs. The CUDA driver also fills the
+  share one GPC); GRID_WIDTH/HEIGHT/DEPTH then count clusters, not CTAs (on the H200, a
+  grid of clusters given its CTAs there ran that many clusters: C times the grid, each
+  row of a cluster kernel updated by two clusters). The CUDA driver also fills the
   cluster's words of the driver area (encoder.cluster_area);
 - on V04, the latched chain (``set_latched_chain``): the grid lets its CTAs
   schedule the dependent as they exit (ENABLE_PROGRAM_PRE_EXIT) and arrives at
@@ -278,7 +280,8 @@ class Qmd:
                 self.write_value(field, f"{field}_TRUE")
 
     def set_cluster(self, x: int, y: int, z: int) -> None:
-        """Launch the grid as thread-block clusters of x * y * z CTAs, each on one GPC."""
+        """Launch the grid as thread-block clusters of x * y * z CTAs, each on one GPC; the
+        grid (set_grid) is then counted in clusters."""
         if self.CLUSTER_FIELDS is None:
             raise QmdFieldError(f"QMD {self.version} has no thread-block clusters")
         self._positive("cluster", (x, y, z))
