@@ -164,9 +164,9 @@ def _choose_nv(arch: str, arena: str) -> BackendChoice:
                          device)
 
 
-NV_CLUSTERS_WITHHELD = ("a cluster launch (QMD_TYPE GRID_GPC_CGA, GPC_CGA_WIDTH, the driver "
-                        "area's cluster words) is encoded but has not run on an H200; nv runs "
-                        "the held and stream kernels")
+NV_CLUSTERS_WITHHELD = ("on the H200 a QMD of QMD_TYPE GRID_GPC_CGA with the grid in CTAs gave "
+                        "wrong bytes (rows updated by two clusters); the grid in clusters is "
+                        "encoded, not yet run there; nv runs the held and stream kernels")
 
 
 SPECS: tuple[BackendSpec, ...] = (
