@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from bob.backends.registry import SPECS, resolve_submission
+from bob.backends.registry import SPECS, resolve_submission, spec
 from bob.config import AUTO_SUBMISSION, TARGET_NAMES
 from bob.errors import BackendUnavailable, BadInput
 from bob.files import check_output_directory, require_regular_file, write_directory
@@ -26,6 +26,15 @@ from .render import print_hazards, print_plan
 # A plan's submissions are its command stream's grouping, and only the backends that run
 # the stream care how launches are grouped: `bob plan` shows the plan the GPU's runs.
 STREAM_BACKEND = next(spec.name for spec in SPECS if spec.runs_command_stream and spec.on_gpu)
+
+
+def cluster_note(plan: Plan) -> str | None:
+    """One line where the plan launches clusters the stream backend does not: why not."""
+    withheld = spec(STREAM_BACKEND).clusters_withheld
+    if not withheld or all(launch.cluster == 1 for launch in plan.launches):
+        return None
+    return (f"clusters: the {STREAM_BACKEND} backend launches none ({withheld}); the cuda "
+            "backend launches these")
 
 
 def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
@@ -89,6 +98,9 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submi
             click.echo(disassemble(encoded, the_plan))
     else:
         print_plan(Console(width=None if sys.stdout.isatty() else 160), the_plan, certificate)
+    note = cluster_note(the_plan)
+    if note:
+        click.echo(note, err=True)
     if submission == AUTO_SUBMISSION:  # on stderr, after the output: --emit lists paths
         click.echo(f"submission: auto is {policy} (the {STREAM_BACKEND} backend's default)",
                    err=True)

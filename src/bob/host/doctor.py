@@ -21,7 +21,11 @@ def diagnose() -> list[dict]:
     rows = [availability(name).to_json() for name in BACKEND_NAMES]
     module = _kernel_module()
     on_gpu = {each.name for each in SPECS if each.on_gpu}
+    withheld = {each.name: each.clusters_withheld for each in SPECS if each.clusters_withheld}
     for row in rows:
+        if row["backend"] in withheld:
+            row["details"] = f"{row['details']}; no thread-block clusters: " \
+                             f"{withheld[row['backend']]}"
         if row["backend"] in on_gpu:
             row["details"] = f"{row['details']}; {module}"
     return rows
