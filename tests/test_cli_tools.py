@@ -72,7 +72,9 @@ def test_check_refuses_a_bad_pair(capsys):
 
 def test_doctor_says_what_can_run(capsys):
     assert main(["doctor", "--json"]) == 0
-    rows = {row["backend"]: row for row in json.loads(capsys.readouterr().out)}
+    listed = json.loads(capsys.readouterr().out)
+    rows = {row["backend"]: row for row in listed["backends"]}
+    assert isinstance(listed["gpus"], list) and listed["gpus_note"]
     assert rows["cpu"]["usable"] is True and rows["nv-sim"]["usable"] is True
     assert set(rows) == {"cpu", "cuda", "nv-sim", "nv", "auto"}
     for name in ("cuda", "nv"):

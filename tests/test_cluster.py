@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from bob.kernels import signatures as sig
@@ -120,3 +121,96 @@ def test_the_plan_json_round_trips_a_cluster_launch():
     assert again.launches == plan.launches
     assert {launch.cluster for launch in again.launches} == {1, 8}
     assert again.region(CORPUS).cluster_slices == sig.CLUSTER_SLICES[CORPUS]
+
+
+# -- the nv encoding of a cluster launch ---------------------------------------------------
+
+
+def test_a_cluster_launch_s_qmd_is_a_grid_of_gpc_clusters_and_its_driver_area_says_so():
+    from bob.backends.nv import decoder, encoder
+
+    plan = build_plan(config_of(50257, "corpus"), SM90)
+    index = next(i for i, launch in enumerate(plan.launches) if launch.region == CORPUS)
+    qmd = decoder.decode_qmd(encoder.encode_qmd(plan, index).to_bytes(), 0xCBC0)
+    assert qmd.qmd_type() == "GRID_GPC_CGA"
+    assert qmd.dispatch().cluster == (8, 1, 1) and qmd.dispatch().grid == (120, 1, 1)
+    assert qmd.get("GRID_WIDTH") == 15  # a grid of clusters counts clusters
+    area = decoder.decode_driver_area(encoder.parameter_block(plan, index))
+    assert (area.explicit_cluster, area.cluster, area.clusters, area.cluster_ctas) == (
+        1, (8, 1, 1), (15, 1, 1), 8)
+    assert area.cluster_reciprocals == (0.125, 1.0, 1.0)
+    other = next(i for i, launch in enumerate(plan.launches) if launch.cluster == 1)
+    plain = decoder.decode_qmd(encoder.encode_qmd(plan, other).to_bytes(), 0xCBC0)
+    assert plain.qmd_type() == "GRID_CTA" and plain.dispatch().cluster is None
+    assert decoder.decode_driver_area(encoder.parameter_block(plan, other)).explicit_cluster == 0
+
+
+def test_a_qmd_without_clusters_or_a_gpu_wide_cluster_is_refused_in_one_line():
+    from bob.backends.nv import decoder, qmd
+
+    with pytest.raises(qmd.QmdFieldError, match="^QMD V03_00 has no thread-block clusters$"):
+        qmd.QmdV03().set_cluster(2, 1, 1)
+    with pytest.raises(qmd.QmdFieldError, match="cluster \\(0, 1, 1\\) has a zero dimension"):
+        qmd.QmdV04().set_cluster(0, 1, 1)
+    record = qmd.QmdV04()
+    record.write_value("QMD_TYPE", "QMD_TYPE_GRID_GPU_CGA")
+    with pytest.raises(decoder.DecodeError, match="^QMD type GRID_GPU_CGA: Bob's clusters"):
+        decoder.decode_qmd(record.to_bytes(), 0xCBC0).dispatch()
+
+
+def small_cluster_config(monkeypatch: pytest.MonkeyPatch, vocab: int, mode: str) -> BobConfig:
+    """A V the program would give the tall or small kernels, in clusters instead."""
+    import bob.program.bob as program
+
+    monkeypatch.setattr(program, "CLUSTER_FROM_VOCAB", 2)
+    monkeypatch.setattr(program, "CLUSTER_ODD_FROM_VOCAB", 2)
+    config = BobConfig(vocab=vocab, prompts=2, updates=3, mode=mode,  # type: ignore[arg-type]
+                       schedule="fused", pairs=vocab * vocab if mode == "corpus" else 0)
+    assert config.fused_region(SM90) in sig.CLUSTER_SLICES
+    return config
+
+
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_the_simulated_command_stream_runs_a_cluster_plan_as_the_cpu_does(monkeypatch, mode):
+    from bob.backends.cpu import CpuBackend
+    from bob.backends.nv.sim import NvSimBackend
+    from bob.config import Hyper
+    from bob.host.check import random_record
+    from bob.program.bob import adam_scalar_table
+    from conftest import stand_in_regions
+
+    config = small_cluster_config(monkeypatch, 37, mode)
+    plan = build_plan(config, SM90, compiled=stand_in_regions(config, SM90,
+                                                            dynamic_shared_bytes=8192))
+    assert {launch.cluster for launch in plan.launches} == {1, 2}
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((37, 37), dtype=np.float32)
+    record = random_record(config, 5)
+    backends = [CpuBackend(plan), NvSimBackend(plan)]
+    for backend in backends:
+        backend.write_tensor("input", record.payload())
+        backend.write_tensor("parameters", table.tobytes())
+        backend.write_tensor("adam_scalars", adam_scalar_table(Hyper(), 1, 3).tobytes())
+        backend.run(range(plan.submission_count))
+    for tensor in plan.tensors:
+        assert backends[0].read_tensor(tensor.name) == backends[1].read_tensor(tensor.name), (
+            tensor.name)
+    assert any(backends[1].read_tensor("training_loss"))
+
+
+def test_plan_and_doctor_say_in_one_line_why_nv_launches_no_clusters(monkeypatch):
+    from bob.backends import registry
+    from bob.cli.plan_cmd import cluster_note
+    from bob.host import doctor
+
+    if not registry.spec("nv").clusters_withheld:
+        pytest.skip("the nv backend launches clusters")
+    why = registry.spec("nv").clusters_withheld
+    note = cluster_note(build_plan(config_of(50257, "corpus"), SM90))
+    assert note == (f"clusters: the nv backend launches none ({why}); the cuda backend "
+                    "launches these")
+    assert "\n" not in note
+    assert cluster_note(build_plan(config_of(50257, "corpus"), SM86)) is None
+    monkeypatch.setattr(doctor, "_kernel_module", lambda: "no module")
+    row = next(row for row in doctor.diagnose() if row["backend"] == "nv")
+    assert row["details"].endswith(f"; no thread-block clusters: {why}; no module")

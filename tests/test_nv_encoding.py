@@ -303,7 +303,12 @@ def test_driver_area_layout():
     assert [(name, offset) for name, offset, _ in decoder.DRIVER_AREA_WORDS] == [
         ("blockDim.x", 0x0), ("blockDim.y", 0x4), ("blockDim.z", 0x8), ("gridDim.x", 0xC),
         ("gridDim.y", 0x10), ("gridDim.z", 0x14), ("shared_window", 0x18),
-        ("local_window", 0x20), ("stack_top", 0x28), ("dynamic_shared", 0x2C)]
+        ("local_window", 0x20), ("stack_top", 0x28), ("dynamic_shared", 0x2C),
+        ("explicit_cluster", 0x140), ("cluster_nctaid.x", 0x144), ("cluster_nctaid.y", 0x148),
+        ("cluster_nctaid.z", 0x14C), ("cluster_reciprocal.x", 0x150),
+        ("cluster_reciprocal.y", 0x154), ("cluster_reciprocal.z", 0x158),
+        ("nclusterid.x", 0x15C), ("nclusterid.y", 0x160), ("nclusterid.z", 0x164),
+        ("cluster_nctarank", 0x188)]
 
 
 def test_patched_parameter_block_keeps_the_driver_area(plan):

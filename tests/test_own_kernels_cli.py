@@ -120,3 +120,12 @@ def test_a_refusal_is_one_line_before_any_work(argv, message, tmp_path: Path, mo
     assert captured.err.strip().splitlines()[-1] == message
     assert "Traceback" not in captured.err and captured.out == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]  # nothing written
+
+
+def test_plan_shards_refuse_own_kernels(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--kernels", "own", "--shards", "2", "-V", "64"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == ("bob: row shards (--shards, --device-memory) do not take "
+                                    "--kernels own")
+    assert captured.out == "" and list(tmp_path.iterdir()) == []

@@ -141,8 +141,8 @@ def test_a_large_fused_invocation_matches_the_reference_rows(cuda_choice: Backen
     plan = build_plan(config, cuda_choice.target, Hyper(), compiled=cuda_choice.regions)
     region = config.fused_region(cuda_choice.target)
     fused = [launch for launch in plan.launches if launch.region == region]
-    # the held kernels run both updates in one launch; streamed rows take one each
-    assert len(fused) == (1 if region in sig.SHARED_REST else updates)
+    # the held and cluster kernels run both updates in one launch; streamed rows take one
+    assert len(fused) == (1 if region in sig.HELD_ROWS else updates)
     checked = np.array([0, 1, vocab // 2 + 3, vocab - 1])
     parameters = {}  # the checked rows' initial parameters
 

@@ -124,6 +124,11 @@ QMD_WANTED = (
         "WAIT_ON_LATCH_ID",
         "LATCH_ACQUIRE_INVALIDATE_SHADER_DATA_CACHE",
         "LATCH_ACQUIRE_INVALIDATE_TEXTURE_DATA_CACHE",
+        # A grid of thread-block clusters (QMD_TYPE GRID_GPC_CGA): the CTAs of a cluster,
+        # all on one GPC.
+        "GPC_CGA_WIDTH",
+        "GPC_CGA_HEIGHT",
+        "GPC_CGA_DEPTH",
     )),
 )
 

@@ -201,9 +201,11 @@ class Backend(ABC):
         if spans:
             self._clear_arena(spans)
 
-    def read_tensor(self, name: str) -> bytes:
-        size = self.plan.tensor(name).bytes
-        return self._read_arena(self._arena_offset(name, 0, size), size)
+    def read_tensor(self, name: str, offset: int = 0, size: int | None = None) -> bytes:
+        """The tensor's bytes, or `size` of them from byte `offset` (a few rows of a table
+        too large to read whole)."""
+        size = self.plan.tensor(name).bytes - offset if size is None else size
+        return self._read_arena(self._arena_offset(name, offset, size), size)
 
     def run(self, submissions: range) -> None:
         """Execute these submissions in order and wait until the last completes."""
@@ -555,7 +557,7 @@ class Backend(ABC):
     def _arena_offset(self, name: str, offset: int, size: int) -> int:
         """Where bytes [offset, offset + size) of tensor `name` start in the arena."""
         tensor = self.plan.tensor(name)
-        if offset < 0 or offset + size > tensor.bytes:
+        if offset < 0 or size < 0 or offset + size > tensor.bytes:
             raise RunFailure(f"{size} bytes at offset {offset} do not fit tensor {name!r} "
                              f"({tensor.bytes} bytes)")
         return tensor.address - self.plan.address_map.arena.base + offset

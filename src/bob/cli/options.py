@@ -3,6 +3,8 @@ from the backend registry."""
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from bob import config
@@ -155,3 +157,41 @@ def config_from(vocab: int, prompts: int, updates: int, mode: str, schedule: str
                      mode=mode, schedule=schedule,  # type: ignore[arg-type]
                      submission=submission,  # type: ignore[arg-type]
                      pairs=typical_pairs(vocab) if mode == "corpus" else 0)
+
+
+_SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+class ByteSize(click.ParamType):
+    """A number of bytes: 1073741824, 512M, 8G, 1.5GiB (K, M, G, T: powers of 1024)."""
+
+    name = "SIZE"
+
+    def convert(self, value, parameter, context) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().removesuffix("b").removesuffix("i")
+        number, unit = (text[:-1], text[-1]) if text[-1:] in _SIZE_UNITS else (text, "")
+        try:
+            size = float(number) * _SIZE_UNITS[unit]
+        except ValueError:
+            size = math.nan
+        if not (math.isfinite(size) and size >= 1 and size == int(size)):
+            self.fail(f"{value!r} is not a size in bytes (a whole number, or one with K, M, "
+                      "G or T: 512M, 8G)", parameter, context)
+        return int(size)
+
+
+class GpuList(click.ParamType):
+    """GPU numbers separated by commas: 0,1,2,3."""
+
+    name = "0,1,..."
+
+    def convert(self, value, parameter, context) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        words = [word.strip() for word in str(value).split(",")]
+        if not all(word.isdigit() for word in words):
+            self.fail(f"{value!r} is not GPU numbers separated by commas (0,1,2,3)",
+                      parameter, context)
+        return tuple(int(word) for word in words)

@@ -27,6 +27,8 @@ from .options import (
     REPEAT_TOKENS,
     SCHEDULE_OPTION,
     SUBMISSION_OPTION,
+    ByteSize,
+    GpuList,
     arch_option,
     hyper_options,
     refuse_extra_arguments,
@@ -58,6 +60,30 @@ def _data_options(function):
                      help="A counts file from `bob count`: no recount."),
         tokenizer_option("The tokenizer of the --tokens files: their V (a --vocab that "
                          "differs is refused)."),
+    )):
+        function = option(function)
+    return function
+
+
+def _shard_options(function):
+    """--shards, --workers, --gpus, --device-memory, --dask: the table as row shards
+    (`bob.host.sharded`), in turn on one device or side by side on Dask workers."""
+    for option in reversed((
+        click.option("--shards", type=int, default=None, metavar="K",
+                     help="Train the table as K row shards, each a plan of its own; in turn "
+                          "on one device unless --workers, --gpus or --dask run them side by "
+                          "side. The checkpoint is then sharded (an index and K files)."),
+        click.option("--device-memory", type=ByteSize(), default=None, metavar="SIZE",
+                     help="The most device memory a shard's arena may take (512M, 8G): the "
+                          "fewest shards that fit, in turn."),
+        click.option("--workers", type=int, default=None, metavar="N",
+                     help="Shards side by side on a Dask cluster of N worker processes here "
+                          "(one shard each unless --shards)."),
+        click.option("--gpus", type=GpuList(), default=None,
+                     help="Shards side by side, a Dask worker per GPU listed (0,1,2,3), "
+                          "each seeing its GPU alone."),
+        click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
+                     help="Shards on the workers of the Dask scheduler at ADDRESS."),
     )):
         function = option(function)
     return function
@@ -139,11 +165,13 @@ def _byte_text(value: int) -> str:
 @click.option("--save-every-updates", type=click.IntRange(1), default=None, metavar="K",
               help="Save the checkpoint at the first invocation's end K updates after the "
                    "last save.")
+@_shard_options
 def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, backend, arch,
           arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path,
           schedule, as_json, tokens, vocab, token_dtype, counts_file, tokenizer_path, val_texts,
           val_tokens, val_counts, submission, save_every_seconds, save_every_updates,
-          eval_every, keep_best, kernels) -> None:
+          eval_every, keep_best, shards, device_memory, workers, gpus, dask_address,
+          kernels) -> None:
     """Train the bigram table with AdamW: invocations of -N updates, a line every
     --eval-every updates, the checkpoint saved as --save-every/--save-every-updates say and
     at the end; the first Ctrl-C (or SIGTERM) finishes the invocation in flight and saves
@@ -168,7 +196,8 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
         val_spec=_spec(val_tokens, None, token_dtype, val_counts, val_texts),
         submission=submission, save_every_seconds=save_every_seconds,
         save_every_updates=save_every_updates, eval_every=eval_every, keep_best=keep_best,
-        kernels=kernels)
+        shards=shards, device_memory=device_memory, workers=workers, gpus=gpus,
+        dask_address=dask_address, kernels=kernels)
     errors = _err_console()
     progress = Progress(TextColumn("[bold]training"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} updates"),
@@ -258,6 +287,8 @@ def _train_table(report: api.TrainReport) -> Table:
     table.add_row("updates (this run / total)", f"{report.steps} / {report.global_step}")
     table.add_row("initial loss (nats)", f"{report.initial_loss:.6f}")
     table.add_row("loss (nats)", f"{report.loss:.6f}")
+    if report.shard_rows:
+        table.add_row("row shards", f"{len(report.shard_rows)}, {report.shards_ran}")
     if report.segments:
         table.add_row("hyperparameters", _hyper_text(report.segments[-1].hyper))
     if report.optimum is not None:

@@ -81,22 +81,38 @@ def check(backends, vocab, prompts, updates_per_invocation, steps, mode, arch, s
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"backends": [...], "gpus": [...], "gpus_note": ...} as JSON.')
 def doctor(as_json) -> None:
-    """Which backends can run here, and why not."""
-    from bob.host.doctor import diagnose
+    """Which backends can run here, and why not; the GPUs the CUDA driver sees."""
+    from bob.host.doctor import diagnose, list_gpus
 
     rows = diagnose()
+    gpus, note = list_gpus()
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        click.echo(json.dumps({"backends": rows, "gpus": gpus, "gpus_note": note}, indent=1))
         return
+    console = Console(width=None if sys.stdout.isatty() else 140)
     table = Table(title="bob doctor")
     for column in ("backend", "usable", "details"):
         table.add_column(column)
     for row in rows:
         # escape: details such as "pip install 'bob[cuda]'" are text, not rich markup
         table.add_row(row["backend"], "yes" if row["usable"] else "no", escape(row["details"]))
-    Console(width=None if sys.stdout.isatty() else 140).print(table)
+    console.print(table)
+    if not gpus:
+        console.print(escape(note), markup=False, highlight=False)
+        return
+    console.print(f"{note} (bob train --gpus numbers them so):", markup=False,
+                  highlight=False)
+    listed = Table()
+    for column in ("gpu", "name", "arch", "memory", "SMs"):
+        listed.add_column(column, justify="right" if column in ("gpu", "memory", "SMs")
+                          else "left")
+    for gpu in gpus:
+        listed.add_row(str(gpu["gpu"]), escape(gpu["name"]), gpu["arch"],
+                       f"{gpu['memory_bytes'] / 2**30:.1f} GiB", str(gpu["multiprocessors"]))
+    console.print(listed)
 
 
 COMMANDS = (check, doctor)

@@ -30,6 +30,7 @@ import contextlib
 import functools
 import math
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -38,7 +39,7 @@ import numpy as np
 
 from bob.backends import choose_backend
 from bob.config import CHECKPOINT_TENSORS, Hyper, Mode
-from bob.errors import BadInput, RunFailure
+from bob.errors import BadInput, Interrupted, RunFailure
 from bob.plan.certificate import require_certified
 from bob.program.bob import (
     ADAM_SCALAR_NAMES,
@@ -49,7 +50,8 @@ from bob.program.bob import (
     shard_boundaries,
 )
 from bob.records.binary import F32, U32, InputRecord, ResultRecord
-from bob.records.checkpoint import CheckpointFile, History, TrainingState
+from bob.records.checkpoint import CHUNK_BYTES, CheckpointFile, History, TrainingState
+from bob.records.dask_count import quiet_dask_logs
 from bob.records.shards import (
     Rows,
     ShardedCheckpoint,
@@ -101,6 +103,9 @@ class ShardOutcome:
     training_loss: np.ndarray  # f32[R]
     entry: ShardEntry
     seconds: float  # the task's own time: load, updates, save
+    load_seconds: float = 0.0  # plan and backend opened, rows and data written in
+    run_seconds: float = 0.0  # the updates, losses read back
+    save_seconds: float = 0.0  # the tables streamed out to the shard file
 
 
 @dataclass(frozen=True)
@@ -133,38 +138,49 @@ def run_shard(task: ShardTask) -> ShardOutcome:
     plan = build_plan(config, choice.target, task.hyper, compiled=choice.regions)
     backend = choice.open(require_certified(plan))
     try:
-        for name in CHECKPOINT_TENSORS:  # one of the shard's tables on the host at a time
+        v = config.vocab
+        piece_rows = max(1, CHUNK_BYTES // (4 * v))  # the host holds one piece of rows
+        pieces = [(a, min(last, a + piece_rows)) for a in range(first, last, piece_rows)]
+        for name in CHECKPOINT_TENSORS:
             if task.source is None:
                 backend.clear_tensors([name])
-            else:
-                block = task.source.row_block(name, first, last)
-                backend.write_tensor(name, memoryview(block.reshape(-1)).cast("B"))
-                del block
+                continue
+            for a, b in pieces:
+                block = task.source.row_block(name, a, b)
+                backend.write_tensor(name, memoryview(block.reshape(-1)).cast("B"),
+                                     4 * v * (a - first))
         if config.mode == "hard":
             assert task.inputs.targets is not None
             backend.write_tensor("input", task.inputs.targets.astype(U32).tobytes())
         else:
-            assert task.inputs.keys is not None and task.inputs.values is not None
-            weights = np.zeros((last - first) * config.vocab, F32)
-            weights.view(U32)[task.inputs.keys.astype(np.int64)] = \
-                task.inputs.values.view(U32)  # the scatter's cells, bit for bit
-            backend.write_tensor(WEIGHTS_TENSOR, memoryview(weights).cast("B"))
-            del weights
+            keys, values = task.inputs.keys, task.inputs.values
+            assert keys is not None and values is not None
+            for a, b in pieces:  # the scatter's cells, bit for bit, a piece of rows at a time
+                low, high = np.searchsorted(keys, [(a - first) * v, (b - first) * v])
+                weights = np.zeros((b - a) * v, F32)
+                weights.view(U32)[(keys[low:high] - np.uint64((a - first) * v))
+                                  .astype(np.int64)] = values[low:high].view(U32)
+                backend.write_tensor(WEIGHTS_TENSOR, memoryview(weights).cast("B"),
+                                     4 * v * (a - first))
         backend.clear_tensors(["gradients", "training_loss"])
         updates = config.updates
         scalars = adam_scalar_table(task.hyper, task.first_step + 1, updates)
         backend.set_scalars_many([config.adamw_launch(k) for k in range(updates)],
                                  ADAM_SCALAR_NAMES,
                                  scalars.view(np.uint32)[:, :len(ADAM_SCALAR_NAMES)])
+        loaded = time.perf_counter()
         backend.run(range(plan.submission_count))
         initial = np.frombuffer(backend.read_tensor("initial_loss"), F32).copy()
         trained = np.frombuffer(backend.read_tensor("training_loss"), F32).copy()
+        ran = time.perf_counter()
         entry = write_shard(task.out, config.vocab, task.first_step + updates, (first, last),
                             lambda sink, chunk: backend.stream_read(CHECKPOINT_TENSORS, sink,
                                                                     chunk))
     finally:
         backend.close()
-    return ShardOutcome(task.index, initial, trained, entry, time.perf_counter() - begun)
+    ended = time.perf_counter()
+    return ShardOutcome(task.index, initial, trained, entry, ended - begun,
+                        loaded - begun, ran - loaded, ended - ran)
 
 
 def shard_arena_bytes(vocab: int, mode: Mode, updates: int, rows: Rows, target) -> int:
@@ -230,6 +246,8 @@ class DaskShards:
 
         self._distributed = distributed
         self.cluster = None
+        self._quiet = contextlib.ExitStack()  # Dask's INFO lines kept off Bob's stderr
+        self._quiet.enter_context(quiet_dask_logs())
         if address is None:
             # No retry: a lost worker ends the run (one line), the checkpoint kept.
             dask.config.set({"distributed.scheduler.allowed-failures": 0})
@@ -237,14 +255,19 @@ class DaskShards:
             specs = {i: {"cls": distributed.Nanny,
                          "options": {"nthreads": 1, "env": each, "memory_limit": 0}}
                      for i, each in enumerate(env)}
-            self.cluster = distributed.SpecCluster(
-                workers=specs, scheduler={"cls": distributed.Scheduler,
-                                          "options": {"dashboard": False}},
-                silence_logs=50)
+            # The worker processes log only errors: set in their environment before they
+            # start, as their logging is set up on import.
+            spawn = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}),
+                     "DASK_LOGGING__DISTRIBUTED": "error"}
+            with dask.config.set({"distributed.nanny.pre-spawn-environ": spawn}):
+                self.cluster = distributed.SpecCluster(
+                    workers=specs, scheduler={"cls": distributed.Scheduler,
+                                              "options": {"dashboard": False}},
+                    silence_logs=50)
             address = self.cluster.scheduler_address
         try:
-            self.client = distributed.Client(address, set_as_default=False)
-        except OSError as error:
+            self.client = distributed.Client(address, set_as_default=False, timeout="10s")
+        except (OSError, TimeoutError) as error:
             self.close()
             raise BadInput(f"--dask {address}: cannot reach the scheduler ({error})") from None
         if self.cluster is not None:
@@ -260,12 +283,21 @@ class DaskShards:
             worker = getattr(error, "last_worker", None)
             worker = getattr(worker, "address", worker) or "a worker"
             task = tasks[_task_index(error, tasks)]
-            raise RunFailure(f"Dask worker {worker} was lost running shard {task.index + 1} "
-                             f"of {task.count} (rows [{task.config.rows[0]}, "
-                             f"{task.config.rows[1]})) of the updates after step "
-                             f"{task.first_step}") from None
-        finally:
+            failure: Exception = RunFailure(
+                f"Dask worker {worker} was lost with shard {task.index + 1} of {task.count} "
+                f"(rows [{task.config.rows[0]}, {task.config.rows[1]})) of the updates after "
+                f"step {task.first_step} on it; the checkpoint at step {task.first_step} is "
+                "kept")
+        except Exception as error:  # a task's own error, raised as it is
+            failure = error
+        except BaseException:  # a stop: our own workers are stopped, nothing waited for
             self.client.cancel([f for f in futures if not f.done()])
+            self.close()
+            raise
+        # A task running on another worker cannot be stopped: wait for it to end, so that
+        # no shard file appears after the caller has removed those no index names.
+        self.client.gather([f for f in futures if not f.done()], errors="skip")
+        raise failure from None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -273,6 +305,7 @@ class DaskShards:
         if self.cluster is not None:
             with contextlib.suppress(Exception):
                 self.cluster.close()
+        self._quiet.close()
 
 
 def _task_index(error: Exception, tasks: Sequence[ShardTask]) -> int:
@@ -294,6 +327,9 @@ class ShardedInvocation:
     state: TrainingState
     seconds: float
     shard_seconds: tuple[float, ...]
+    shards: tuple[ShardOutcome, ...]  # each shard's outcome, its times among them
+    began: float  # perf_counter at its start and after its index was written
+    finished: float
     checkpoint: None = None
     validation: None = None
 
@@ -306,8 +342,48 @@ def train_in_shards(*, checkpoint: str, start: TrainingState, source: RowSource,
                     ) -> tuple[list[ShardedInvocation], TrainingState]:
     """`steps` updates in invocations of `updates_per_invocation`, each run shard by shard
     through `runner`; after each, the index (the commit). The invocations and the state
-    the last index holds."""
+    the last index holds.
+
+    As one-piece training does: the first SIGINT/SIGTERM lets the invocation in flight
+    finish and be committed, then stops; a second (or one outside the run) stops at once,
+    its shard files removed; either way Interrupted says which update was reached and
+    which checkpoint is kept."""
+    from bob.host import stops
     from bob.host.session import split_updates
+
+    committed = [start.step if source is not None else None]
+    try:
+        with stops.finishing():
+            done = _train_in_shards(checkpoint, start, source, record, steps,
+                                    updates_per_invocation, boundaries, runner, backend,
+                                    arch, arena, optimum, progress, split_updates,
+                                    committed, stop=stops.stop_requested)
+            stopped = stops.stop_requested()
+    except KeyboardInterrupt as stop:
+        signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
+        reached = (committed[0] if committed[0] is not None else start.step) + min(
+            updates_per_invocation, steps)
+        raise _interrupted(signum, min(reached, start.step + steps), committed[0]) from None
+    invocations, state = done
+    if stopped is not None and state.step < start.step + steps:
+        raise _interrupted(stopped, state.step, state.step)
+    return invocations, state
+
+
+def _interrupted(signum: int, reached: int, kept: int | None) -> Interrupted:
+    if kept is None:
+        return Interrupted(signum, f"interrupted at update {reached}; no checkpoint written "
+                                   "by this run")
+    return Interrupted(signum, f"interrupted at update {reached}; checkpoint at update {kept} "
+                               "kept")
+
+
+def _train_in_shards(checkpoint, start, source, record, steps, updates_per_invocation,
+                     boundaries, runner, backend, arch, arena, optimum, progress,
+                     split_updates, committed: list[int | None],
+                     stop: Callable[[], int | None],
+                     ) -> tuple[list[ShardedInvocation], TrainingState]:
+    from bob.host import stops
 
     state = start
     history = History.of(start.history)
@@ -341,7 +417,9 @@ def train_in_shards(*, checkpoint: str, start: TrainingState, source: RowSource,
         history = history.extended([*first, (step, final)])
         state = replace(state, step=step, history=history, optimum=optimum)
         entries = [o.entry for o in outcomes]
-        where = write_index(checkpoint, state, entries)
+        with stops.held():  # a stop waits: the index names whole files, and is named kept
+            where = write_index(checkpoint, state, entries)
+            committed[0] = step
         source = ShardedCheckpoint.written(where, state, tuple(entries))
         if one_piece is not None:  # the one-piece checkpoint it resumed is superseded
             with contextlib.suppress(OSError):
@@ -351,12 +429,15 @@ def train_in_shards(*, checkpoint: str, start: TrainingState, source: RowSource,
                               initial_loss=initial_rows, training_loss=trained_rows,
                               logit_rows=np.zeros((0, record.vocab), F32),
                               predictions=np.zeros(0, U32))
-        invocation = ShardedInvocation(result, initial, final, state,
-                                       time.perf_counter() - begun,
-                                       tuple(o.seconds for o in outcomes))
+        finished = time.perf_counter()
+        invocation = ShardedInvocation(result, initial, final, state, finished - begun,
+                                       tuple(o.seconds for o in outcomes), tuple(outcomes),
+                                       begun, finished)
         invocations.append(invocation)
         if progress is not None:
             progress(invocation, done)
+        if stop() is not None:  # the invocation in flight is committed: stop here
+            break
     return invocations, state
 
 

@@ -107,4 +107,15 @@ def run_sharded_training(request: TrainRequest, progress: Progress | None = None
         steps=request.steps, global_step=state.step,
         initial_loss=invocations[0].initial_loss, loss=invocations[-1].loss,
         optimum=data.optimum, history=state.history, last_result=invocations[-1].result,
-        written=(where,), segments=state.segments)
+        written=(where,), segments=state.segments, shard_rows=tuple(boundaries),
+        shards_ran=_where_shards_ran(request, runner))
+
+
+def _where_shards_ran(request: TrainRequest, runner: DaskShards | None) -> str:
+    if runner is None:
+        return "in turn, in this process"
+    if request.dask_address is not None:
+        return f"on the Dask scheduler {request.dask_address}'s workers"
+    if request.gpus is not None:
+        return f"side by side on GPUs {','.join(map(str, request.gpus))} (a Dask worker each)"
+    return f"side by side on {request.workers} Dask worker processes"

@@ -336,6 +336,10 @@ class TrainReport:
     val_history: tuple[tuple[int, float], ...] = ()
     wall_seconds: float = 0.0  # run_training from call to return: data, backend, updates, saves
     best: BestCheckpoint | None = None  # --keep-best's checkpoint
+    # A sharded run's row ranges, in order, and where they ran ("in turn", "on 4 Dask
+    # workers"); () for a one-piece run.
+    shard_rows: tuple[tuple[int, int], ...] = ()
+    shards_ran: str = ""
 
     @property
     def updates_per_second(self) -> float:
@@ -359,6 +363,8 @@ class TrainReport:
             **({"val_loss": self.val_loss} if self.val_loss is not None else {}),
             **({"best_checkpoint": self.best.path, "best_step": self.best.step,
                 "best_val_loss": self.best.val_loss} if self.best is not None else {}),
+            **({"shards": [list(rows) for rows in self.shard_rows],
+                "shards_ran": self.shards_ran} if self.shard_rows else {}),
             "wall_seconds": self.wall_seconds, "updates_per_second": self.updates_per_second,
         }
 

@@ -91,7 +91,7 @@ def count_on_dask(sources: Sequence[Source], vocab: int, address: str | None = N
     refuse_empty(sources)
     distributed = _distributed()
     tasks = plan_pieces(sources, piece_bytes)
-    with _quiet_dask_logs():
+    with quiet_dask_logs():
         cluster = (distributed.LocalCluster(n_workers=workers, threads_per_worker=1,
                                             processes=processes, dashboard_address=None)
                    if address is None else None)
@@ -165,7 +165,7 @@ class _DropDaskRecords(logging.Filter):
 
 
 @contextlib.contextmanager
-def _quiet_dask_logs() -> Iterator[None]:
+def quiet_dask_logs() -> Iterator[None]:
     """Inside, no record of QUIET_LOGGERS reaches a handler (Dask gives each of its
     loggers a stderr handler of its own, so every handler is filtered, the root's too)."""
     drop = _DropDaskRecords()

@@ -33,6 +33,7 @@ import json
 import os
 import struct
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -58,6 +59,7 @@ SHARD_FORMAT = "bob-checkpoint-shard"
 SHARD_FORMAT_VERSION = 1
 INDEX_SUFFIX = ".index.json"
 HASH_PIECE_BYTES = 16 << 20  # a digest reads a file in pieces of this size
+PARALLEL_PIECE_BYTES = 1 << 20  # a saved piece this large is written, hashed, checked at once
 
 # Rows [first, last) of the V x V table.
 Rows = tuple[int, int]
@@ -133,14 +135,28 @@ class ShardEntry:
 
 
 class _HashingFile:
-    """Writes through to a file and hashes what passes."""
+    """Writes through to a file and hashes what passes: a large piece is written, hashed
+    and checked at once on three threads (each releases the GIL), so a shard streams out
+    at the pace of the slowest of them rather than of their sum."""
 
-    def __init__(self, file: BinaryIO):
-        self.file, self.digest, self.size = file, hashlib.sha256(), 0
+    def __init__(self, file: BinaryIO, pool: ThreadPoolExecutor):
+        self.file, self.digest, self.size, self.pool = file, hashlib.sha256(), 0, pool
 
-    def write(self, data: bytes | memoryview) -> None:
-        self.file.write(data)
-        self.digest.update(data)
+    def write(self, data: bytes | memoryview, check: Callable[[], None] | None = None) -> None:
+        if len(data) < PARALLEL_PIECE_BYTES:
+            if check is not None:
+                check()
+            self.file.write(data)
+            self.digest.update(data)
+        else:
+            hashed = self.pool.submit(self.digest.update, data)
+            checked = self.pool.submit(check) if check is not None else None
+            try:
+                self.file.write(data)
+            finally:  # the piece's buffer is the caller's again only once both are done
+                hashed.result()
+                if checked is not None:
+                    checked.result()
         self.size += len(data)
 
 
@@ -155,24 +171,29 @@ def write_shard(path: StrPath, vocab: int, step: int, rows: Rows,
     written: list[_HashingFile] = []
 
     def write(file: BinaryIO) -> None:
-        out = _HashingFile(file)
-        written.append(out)
-        out.write(_shard_header(vocab, step, rows))
-        expected = [0, 0, 0]
+        with ThreadPoolExecutor(2, thread_name_prefix="bob-shard-save") as pool:
+            out = _HashingFile(file, pool)
+            written.append(out)
+            out.write(_shard_header(vocab, step, rows))
+            expected = [0, 0, 0]
 
-        def sink(table: str, offset: int, data: memoryview) -> None:
-            at = CHECKPOINT_TENSORS.index(table)
-            if any(done != table_bytes for done in expected[:at]) or offset != expected[at]:
-                raise RunFailure(f"{path}: shard not written: its tables came out of order "
-                                 f"({table} at byte {offset}); the previous checkpoint is kept")
-            problem = _chunk_problem(table, offset + 4 * first * vocab, data, vocab)
-            if problem:
-                raise RunFailure(f"{path}: shard not written: {problem}; the previous "
-                                 "checkpoint is kept")
-            out.write(data)
-            expected[at] += len(data)
+            def sink(table: str, offset: int, data: memoryview) -> None:
+                at = CHECKPOINT_TENSORS.index(table)
+                if any(done != table_bytes for done in expected[:at]) or offset != expected[at]:
+                    raise RunFailure(f"{path}: shard not written: its tables came out of "
+                                     f"order ({table} at byte {offset}); the previous "
+                                     "checkpoint is kept")
 
-        deliver(sink, piece_bytes(table_bytes))
+                def check() -> None:  # a problem leaves nothing: the write is atomic
+                    problem = _chunk_problem(table, offset + 4 * first * vocab, data, vocab)
+                    if problem:
+                        raise RunFailure(f"{path}: shard not written: {problem}; the "
+                                         "previous checkpoint is kept")
+
+                out.write(data, check)
+                expected[at] += len(data)
+
+            deliver(sink, piece_bytes(table_bytes))
         if expected != [table_bytes] * 3:
             raise RunFailure(f"{path}: shard not written: its tables ended early; the "
                              "previous checkpoint is kept")

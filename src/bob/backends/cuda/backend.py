@@ -32,6 +32,9 @@ How the plan maps onto CUDA:
   queued on a second stream, from the device snapshot the graph's stream fills
   in its order (``cuMemcpyDtoDAsync``), or from the arena where there is no room
   for one (the graph's stream then waits for the copy).
+- Clusters: a launch in clusters (``Launch.cluster`` CTAs along x, a cluster region's)
+  is a kernel node with the cluster dimension as its attribute, and alone (``profile``)
+  a ``cuLaunchKernelEx`` with it; a device below sm_90 refuses such a plan.
 - A timed run (``profile``) launches each kernel alone on the stream between two
   events, not the graph, whose launches cannot be bracketed.
 
@@ -82,6 +85,17 @@ from .transfer import (
 )
 
 _POISONED: set[int] = set()  # device ordinals whose primary context a fault poisoned
+
+
+def _require_clusters_on(plan: Plan, capability: tuple[int, int]) -> None:
+    """Refuse a plan that launches clusters on a device without them (before sm_90)."""
+    clustered = next((index for index, launch in enumerate(plan.launches)
+                      if launch.cluster > 1), None)
+    if clustered is not None and capability < (9, 0):
+        launch = plan.launches[clustered]
+        raise RunFailure(f"launch {clustered} ({launch.region}) runs in clusters of "
+                         f"{launch.cluster} CTAs; sm_{capability[0]}{capability[1]} has no "
+                         "thread-block clusters: build the plan for this device's target")
 
 
 def _require_regions_of(plan: Plan, compiled: CompiledRegions) -> None:
@@ -163,6 +177,7 @@ class CudaBackend(Backend):
         self._device = driver.call("cuDeviceGet", device)
         self.capability = driver.compute_capability(self._device)
         self.arch = "sm_{}{}".format(*self.capability)
+        _require_clusters_on(self.plan, self.capability)
         try:
             self._open()
         except BaseException:
@@ -256,17 +271,23 @@ class CudaBackend(Backend):
         return built
 
     def _add_node(self, graph: Any, index: int) -> Any:
-        """Launch `index`'s kernel node, with no dependencies yet (`_add_chain` adds them)."""
+        """Launch `index`'s kernel node, with no dependencies yet (`_add_chain` adds them),
+        in clusters where the launch asks for them."""
         add = driver.native_add_node()
         if add is None:
-            return driver.call("cuGraphAddKernelNode", graph, None, 0, self._node_params(index))
-        assert self._launch_tables is not None
-        node = ctypes.c_void_p()
-        status = add(ctypes.byref(node), int(graph), None, 0,
-                     self._launch_tables.native_address(index))
-        if status:
-            raise driver.failed("cuGraphAddKernelNode", status)
-        return driver.bindings().CUgraphNode(node.value)
+            node = driver.call("cuGraphAddKernelNode", graph, None, 0, self._node_params(index))
+        else:
+            assert self._launch_tables is not None
+            handle = ctypes.c_void_p()
+            status = add(ctypes.byref(handle), int(graph), None, 0,
+                         self._launch_tables.native_address(index))
+            if status:
+                raise driver.failed("cuGraphAddKernelNode", status)
+            node = driver.bindings().CUgraphNode(handle.value)
+        ctas = self.plan.launches[index].cluster
+        if ctas > 1:
+            driver.set_node_cluster(node, ctas)
+        return node
 
     def _add_chain(self, graph: Any, order: list[Any]) -> None:
         """Each node runs after the one before it, all edges added in one driver call: on
@@ -337,13 +358,20 @@ class CudaBackend(Backend):
             for position, index in enumerate(order):
                 spec = self.plan.launches[index]
                 driver.call("cuEventRecord", events[2 * position], self._stream)
-                status = launch(int(self._functions[spec.region]), spec.grid.x, spec.grid.y,
-                                spec.grid.z, spec.block.x, spec.block.y, spec.block.z,
-                                self.plan.region(spec.region).dynamic_shared_bytes, stream,
-                                self._launch_tables.pointers_address(index), None)
-                if status:
-                    raise driver.failed(f"cuLaunchKernel(launch {index}, {spec.region})",
-                                        status)
+                dynamic = self.plan.region(spec.region).dynamic_shared_bytes
+                parameters = self._launch_tables.pointers_address(index)
+                if spec.cluster > 1:
+                    driver.launch_cluster(self._functions[spec.region],
+                                          (spec.grid.x, spec.grid.y, spec.grid.z),
+                                          (spec.block.x, spec.block.y, spec.block.z),
+                                          dynamic, self._stream, spec.cluster, parameters)
+                else:
+                    status = launch(int(self._functions[spec.region]), spec.grid.x,
+                                    spec.grid.y, spec.grid.z, spec.block.x, spec.block.y,
+                                    spec.block.z, dynamic, stream, parameters, None)
+                    if status:
+                        raise driver.failed(f"cuLaunchKernel(launch {index}, {spec.region})",
+                                            status)
                 driver.call("cuEventRecord", events[2 * position + 1], self._stream)
             driver.call("cuStreamSynchronize", self._stream)
             times = []

@@ -1,11 +1,14 @@
-"""The CUDA driver as the cuda backend reaches it: one checker, device facts, fast paths.
+"""The CUDA driver as the cuda backend reaches it: one checker, device facts, fast paths,
+thread-block clusters.
 
 Every driver result passes `check` (`call` looks a function up and checks it): a
 `CudaError` names the call, the status name and the driver's description of it. The
 driver module (cuda-bindings) is imported once, when first needed, so importing this
 module needs no CUDA. Beside the bindings, libcuda's own entry points for the hot paths
 (a graph node added or updated, a kernel launched alone) are found through ctypes, where
-they take plain ints; where they cannot be found the bindings serve.
+they take plain ints; where they cannot be found the bindings serve. A launch in clusters
+(`Launch.cluster` CTAs along x) carries the cluster dimension: a graph node as its
+attribute (`set_node_cluster`), a launch alone through cuLaunchKernelEx (`launch_cluster`).
 """
 
 from __future__ import annotations
@@ -224,3 +227,47 @@ def native_launch() -> Any:
     """cuLaunchKernel, or None (a timed run launches one kernel at a time)."""
     return _entry_point("cuLaunchKernel", (ctypes.c_void_p, *(ctypes.c_uint,) * 7,
                                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p))
+
+
+# -- thread-block clusters --------------------------------------------------------
+
+
+def _cluster_attribute(kind: Any) -> Any:
+    """The cluster-dimension member of a launch attribute enum: cuda-bindings 13 names the
+    kernel node's attributes as the launch's (CU_LAUNCH_ATTRIBUTE_*), 12.x as its own."""
+    for name in ("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION",
+                 "CU_KERNEL_NODE_ATTRIBUTE_CLUSTER_DIMENSION"):
+        member = getattr(kind, name, None)
+        if member is not None:
+            return member
+    raise BackendUnavailable(f"cuda-bindings names no cluster dimension in {kind.__name__}: "
+                             "a cluster launch needs cuda-bindings 12 or later")
+
+
+def set_node_cluster(node: Any, ctas: int) -> None:
+    """Graph kernel node `node` launches in clusters of `ctas` CTAs along x (before the
+    graph is instantiated: the executable graph keeps it)."""
+    api = bindings()
+    value = api.CUkernelNodeAttrValue()
+    value.clusterDim.x, value.clusterDim.y, value.clusterDim.z = ctas, 1, 1
+    call("cuGraphKernelNodeSetAttribute", node, _cluster_attribute(api.CUkernelNodeAttrID),
+         value)
+
+
+def launch_cluster(function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
+                   shared_bytes: int, stream: Any, ctas: int, kernel_params: int) -> None:
+    """One kernel launched alone in clusters of `ctas` CTAs along x (cuLaunchKernelEx);
+    `kernel_params` is the address of its kernelParams array."""
+    api = bindings()
+    config = api.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes = shared_bytes
+    config.hStream = stream
+    attribute = api.CUlaunchAttribute()
+    attribute.id = _cluster_attribute(api.CUlaunchAttributeID)
+    attribute.value.clusterDim.x, attribute.value.clusterDim.y = ctas, 1
+    attribute.value.clusterDim.z = 1
+    config.attrs = [attribute]
+    config.numAttrs = 1
+    call("cuLaunchKernelEx", config, function, kernel_params, 0)

@@ -469,7 +469,7 @@ class Dispatch:
 
     major_version: int
     program_address: int
-    grid: tuple[int, int, int]
+    grid: tuple[int, int, int]  # in CTAs (a grid of clusters: its GRID_* times the cluster)
     block: tuple[int, int, int]
     registers: int
     barriers: int
@@ -480,6 +480,7 @@ class Dispatch:
     arrive_latch: int | None = None  # the latch the grid arrives at when it completes
     wait_latch: int | None = None  # the latch the grid waits on before it runs
     program_pre_exit: bool = False  # CTAs may schedule the dependent as they exit
+    cluster: tuple[int, int, int] | None = None  # a grid of clusters (GRID_GPC_CGA): their CTAs
 
 
 @dataclass(frozen=True)
@@ -604,6 +605,24 @@ class DecodedQmd:
         low = self.layout.field(lower)
         return (self.get(lower) | self.get(upper) << low.width) << low.shift
 
+    def qmd_type(self) -> str | None:
+        """The header's name for the QMD's type (V04 on); None where the version has none."""
+        if "QMD_TYPE" not in self.layout.fields:
+            return None
+        value = self.get("QMD_TYPE")
+        return self.value_name("QMD_TYPE", value) or str(value)
+
+    def _cluster(self) -> tuple[int, int, int] | None:
+        """The CTAs of a cluster of a grid of GPC clusters; None for any other type. Refuses
+        the clusters Bob never writes (GPU-wide ones)."""
+        kind = self.qmd_type()
+        if kind is None or "CGA" not in kind:
+            return None
+        if kind != "GRID_GPC_CGA":
+            raise DecodeError(f"QMD type {kind}: Bob's clusters are GRID_GPC_CGA only")
+        return (self.get("GPC_CGA_WIDTH"), self.get("GPC_CGA_HEIGHT"),
+                self.get("GPC_CGA_DEPTH"))
+
     def dispatch(self) -> Dispatch:
         s = _SCHEMAS[self.version]
         banks: dict[int, tuple[int, int]] = {}
@@ -646,13 +665,18 @@ class DecodedQmd:
                 wait = self.get("WAIT_ON_LATCH_ID")
         pre_exit = ("ENABLE_PROGRAM_PRE_EXIT" in self.layout.fields
                     and bool(self.get("ENABLE_PROGRAM_PRE_EXIT")))
+        cluster = self._cluster()
+        grid = (self.get(s.grid[0]), self.get(s.grid[1]), self.get(s.grid[2]))
+        if cluster is not None:  # a grid of clusters counts clusters: the CTAs are C times
+            grid = (grid[0] * cluster[0], grid[1] * cluster[1], grid[2] * cluster[2])
         return Dispatch(
+            cluster=cluster,
             arrive_latch=arrive,
             wait_latch=wait,
             program_pre_exit=pre_exit,
             major_version=self.get("QMD_MAJOR_VERSION"),
             program_address=self._join(*s.program),
-            grid=(self.get(s.grid[0]), self.get(s.grid[1]), self.get(s.grid[2])),
+            grid=grid,
             block=(self.get(s.block[0]), self.get(s.block[1]), self.get(s.block[2])),
             registers=self.get(s.registers),
             barriers=self.get("BARRIER_COUNT"),
@@ -752,6 +776,16 @@ DRIVER_AREA_WORDS = (
     ("gridDim.x", 0x0C, 4), ("gridDim.y", 0x10, 4), ("gridDim.z", 0x14, 4),
     ("shared_window", 0x18, 8), ("local_window", 0x20, 8), ("stack_top", 0x28, 4),
     ("dynamic_shared", 0x2C, 4),
+    # A cluster launch's (the code NVRTC compiles for each of PTX's cluster registers):
+    # %is_explicit_cluster, %cluster_nctaid, the bits of the f32 reciprocals of its
+    # y and z (and x), %nclusterid, %cluster_nctarank.
+    ("explicit_cluster", 0x140, 4),
+    ("cluster_nctaid.x", 0x144, 4), ("cluster_nctaid.y", 0x148, 4),
+    ("cluster_nctaid.z", 0x14C, 4),
+    ("cluster_reciprocal.x", 0x150, 4), ("cluster_reciprocal.y", 0x154, 4),
+    ("cluster_reciprocal.z", 0x158, 4),
+    ("nclusterid.x", 0x15C, 4), ("nclusterid.y", 0x160, 4), ("nclusterid.z", 0x164, 4),
+    ("cluster_nctarank", 0x188, 4),
 )
 _SIZE_FORMATS = {4: "<I", 8: "<Q"}
 
@@ -764,6 +798,13 @@ class DriverArea:
     local_window: int
     stack_top: int
     dynamic_shared: int  # bytes of dynamic shared memory (%dynamic_smem_size)
+    # A cluster launch's words (all zero for a grid of CTAs): whether it is one, its CTAs
+    # per cluster, the f32 reciprocals of those, its clusters, and the CTAs of one.
+    explicit_cluster: int = 0
+    cluster: tuple[int, int, int] = (0, 0, 0)
+    cluster_reciprocals: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    clusters: tuple[int, int, int] = (0, 0, 0)
+    cluster_ctas: int = 0
 
 
 def _driver_words(block: bytes) -> dict[str, int]:
@@ -785,6 +826,14 @@ def decode_driver_area(block: bytes) -> DriverArea:
         local_window=words["local_window"],
         stack_top=words["stack_top"],
         dynamic_shared=words["dynamic_shared"],
+        explicit_cluster=words["explicit_cluster"],
+        cluster=(words["cluster_nctaid.x"], words["cluster_nctaid.y"],
+                 words["cluster_nctaid.z"]),
+        cluster_reciprocals=tuple(  # type: ignore[arg-type]
+            struct.unpack("<f", struct.pack("<I", words[f"cluster_reciprocal.{axis}"]))[0]
+            for axis in "xyz"),
+        clusters=(words["nclusterid.x"], words["nclusterid.y"], words["nclusterid.z"]),
+        cluster_ctas=words["cluster_nctarank"],
     )
 
 

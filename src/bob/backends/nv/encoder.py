@@ -12,8 +12,9 @@ addresses of ``plan.address_map``:
   parameter block per launch at ``plan.parameter_block_address(i)`` (the
   launch's constant buffer 0), exactly ``plan.program_bytes`` long. A block
   starts with the driver area compiled code reads (``driver_area``: blockDim,
-  gridDim, the shared and local memory windows, the stack top), then the
-  arguments from the target's parameter base.
+  gridDim, the shared and local memory windows, the stack top; a cluster launch's
+  cluster words too, ``cluster_area``), then the arguments from the target's
+  parameter base.
 - QMD table: one QMD per launch (V03_00 on sm_86, V04_00 on sm_90). QMD i is
   at ``qmd_table.base + i * qmd_stride``; the stride is the record size rounded
   up to 256 bytes because SEND_PCAS_A takes the address >> 8: 256 on sm_86,
@@ -115,6 +116,16 @@ WINDOW_BYTES = 4 << 30
 DRIVER_AREA = struct.Struct("<3I3IQQII")  # blockDim, gridDim, shared window, local window,
 # stack top, dynamic shared bytes
 DRIVER_AREA_BYTES = DRIVER_AREA.size  # 0x30
+# A cluster launch's words of the driver area, as compiled code reads them (NVRTC's sm_90
+# code for each of PTX's cluster registers): %is_explicit_cluster at 0x140, %cluster_nctaid
+# at 0x144, the reciprocals of its y and z (f32: clusterid.y and .z are products) at 0x150,
+# %nclusterid at 0x15c; %cluster_nctarank at 0x188. %clusterid.x is ctaid.x / 0x144's
+# word and %cluster_ctarank a special register. A launch without clusters leaves them zero
+# (Bob's other regions read none of them).
+CLUSTER_AREA = struct.Struct("<I3I3f3I")  # explicit, CTAs a cluster, reciprocals, clusters
+CLUSTER_AREA_OFFSET = 0x140
+CLUSTER_CTAS = struct.Struct("<I")  # CTAs of one cluster in all
+CLUSTER_CTAS_OFFSET = 0x188
 STACK_TOP = 0xFFFDC0
 SEMAPHORE_SLOT_BYTES = SEMAPHORE_STRIDE  # the plan reserves one slot per submission
 LAUNCH_PROGRESS_OFFSET = 8  # the spare half of slot 0
@@ -255,6 +266,16 @@ def driver_area(block: tuple[int, int, int], grid: tuple[int, int, int],
                             dynamic_shared_bytes)
 
 
+def cluster_area(grid: tuple[int, int, int], cluster: tuple[int, int, int]) -> dict[int, bytes]:
+    """The cluster words of constant bank 0 of a grid of clusters: offset -> bytes."""
+    if any(size % ctas for size, ctas in zip(grid, cluster, strict=True)):
+        raise EncodeError(f"grid {grid} is not a whole number of clusters of {cluster}")
+    clusters = tuple(size // ctas for size, ctas in zip(grid, cluster, strict=True))
+    reciprocals = tuple(1.0 / ctas for ctas in cluster)
+    return {CLUSTER_AREA_OFFSET: CLUSTER_AREA.pack(1, *cluster, *reciprocals, *clusters),
+            CLUSTER_CTAS_OFFSET: CLUSTER_CTAS.pack(cluster[0] * cluster[1] * cluster[2])}
+
+
 def _dims(dim) -> tuple[int, int, int]:
     return (dim.x, dim.y, dim.z)
 
@@ -284,6 +305,13 @@ def parameter_block(plan: Plan, index: int, launch: Launch | None = None) -> byt
                           "driver area goes")
     block[:DRIVER_AREA_BYTES] = driver_area(_dims(launch.block), _dims(launch.grid),
                                             region.dynamic_shared_bytes)
+    if planned.cluster > 1:
+        for offset, words in cluster_area(_dims(launch.grid), (planned.cluster, 1, 1)).items():
+            if offset + len(words) > plan.target.parameter_base or any(
+                    block[offset:offset + len(words)]):
+                raise EncodeError(f"launch {index}: the cluster's driver words at "
+                                  f"{offset:#x} do not fit below the arguments")
+            block[offset:offset + len(words)] = words
     return bytes(block)
 
 
@@ -343,7 +371,7 @@ class Dispatch:
     """One grid, as a QMD describes it: what a plan's launch (or the probe) fills in."""
 
     program_address: int
-    grid: tuple[int, int, int]
+    grid: tuple[int, int, int]  # in CTAs, a grid of clusters too
     block: tuple[int, int, int]
     registers: int
     shared_bytes: int  # the block's shared memory: the image's static and the dynamic bytes
@@ -352,6 +380,7 @@ class Dispatch:
     dependent: int | None = None  # the QMD this one schedules when it completes (chained)
     arrive_latch: int | None = None  # the latch this grid arrives at (it has a dependent)
     wait_latch: int | None = None  # the latch this grid waits on (it is a dependent)
+    cluster: tuple[int, int, int] | None = None  # CTAs of a thread-block cluster; None: none
 
 
 def build_qmd(arch: Architecture, dispatch: Dispatch) -> Qmd:
@@ -359,7 +388,15 @@ def build_qmd(arch: Architecture, dispatch: Dispatch) -> Qmd:
     shared = align_up(SYSTEM_SHARED_BYTES + dispatch.shared_bytes, SHARED_MEMORY_ALIGNMENT)
     qmd = arch.qmd()
     qmd.set_program_address(dispatch.program_address)
-    qmd.set_grid(*dispatch.grid)
+    if dispatch.cluster is None:
+        qmd.set_grid(*dispatch.grid)
+    else:  # a grid of clusters counts clusters, not CTAs (Qmd.set_cluster)
+        if any(size % ctas for size, ctas in zip(dispatch.grid, dispatch.cluster, strict=True)):
+            raise EncodeError(f"grid {dispatch.grid} is not a whole number of clusters of "
+                              f"{dispatch.cluster}")
+        qmd.set_grid(*(size // ctas for size, ctas in zip(dispatch.grid, dispatch.cluster,
+                                                           strict=True)))
+        qmd.set_cluster(*dispatch.cluster)
     qmd.set_block(*dispatch.block)
     qmd.set_registers(dispatch.registers)
     qmd.set_barriers(BARRIERS)
@@ -429,6 +466,7 @@ def encode_qmd(plan: Plan, index: int, links: dict[int, int] | None = None) -> Q
                    if index in links else None),
         arrive_latch=index + 1 if latched and index in links else None,
         wait_latch=index if latched and follows else None,
+        cluster=(launch.cluster, 1, 1) if launch.cluster > 1 else None,
     )
     try:
         return build_qmd(arch, dispatch)

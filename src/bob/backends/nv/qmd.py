@@ -23,6 +23,12 @@ What a minimal dispatch sets, and why (Mesa NVK ``nak/qmd.rs``, tinygrad's
 - dependent QMD 0 when the launch is chained: enable, action QMD_SCHEDULE
   (run the next QMD when this grid completes), prefetch, and the next QMD's
   address >> 8, as tinygrad's ``ops_nv.py`` links the QMDs of one queue;
+- on V04, a grid of thread-block clusters (``set_cluster``): QMD_TYPE GRID_GPC_CGA and
+  the cluster's CTAs along each axis in GPC_CGA_WIDTH/HEIGHT/DEPTH (a cluster's CTAs
+  share one GPC); GRID_WIDTH/HEIGHT/DEPTH then count clusters, not CTAs (on the H200, a
+  grid of clusters given its CTAs there ran that many clusters: C times the grid, each
+  row of a cluster kernel updated by two clusters). The CUDA driver also fills the
+  cluster's words of the driver area (encoder.cluster_area);
 - on V04, the latched chain (``set_latched_chain``): the grid lets its CTAs
   schedule the dependent as they exit (ENABLE_PROGRAM_PRE_EXIT) and arrives at
   a latch when it completes; the dependent waits on that latch, invalidating
@@ -112,6 +118,7 @@ class Qmd:
     DEPENDENT_POINTER_FIELD: ClassVar[str]
     DEPENDENT_VALUES: ClassVar[tuple[tuple[str, str], ...]]  # enable, action, prefetch
     LATCHES: ClassVar[bool] = False  # arrive/wait latches and program pre-exit (V04 on)
+    CLUSTER_FIELDS: ClassVar[tuple[str, str, str] | None] = None  # a cluster's CTAs (V04 on)
 
     def __init__(self) -> None:
         self._record = 0
@@ -272,6 +279,16 @@ class Qmd:
                 field = f"LATCH_ACQUIRE_INVALIDATE_{cache}_CACHE"
                 self.write_value(field, f"{field}_TRUE")
 
+    def set_cluster(self, x: int, y: int, z: int) -> None:
+        """Launch the grid as thread-block clusters of x * y * z CTAs, each on one GPC; the
+        grid (set_grid) is then counted in clusters."""
+        if self.CLUSTER_FIELDS is None:
+            raise QmdFieldError(f"QMD {self.version} has no thread-block clusters")
+        self._positive("cluster", (x, y, z))
+        self.write_value("QMD_TYPE", "QMD_TYPE_GRID_GPC_CGA")
+        for name, value in zip(self.CLUSTER_FIELDS, (x, y, z), strict=True):
+            self.write(name, value)
+
     def _latch_id(self, prefix: str, latch: int) -> None:
         if isinstance(latch, bool) or not isinstance(latch, int) or not 0 < latch < 1 << 32:
             raise QmdFieldError(f"QMD {self.version}: latch {latch!r} is not a 32-bit id above 0")
@@ -379,13 +396,15 @@ class QmdV04(Qmd):
     shifted by 6 (64-byte aligned); SM_GLOBAL_CACHING_ENABLE is gone.
     QMD_TYPE is new: Bob writes GRID_CTA, a plain grid of CTAs, because its
     zero value names a queue; NVK writes GRID_CTA from V05 on and leaves V04's
-    at zero. Bob's choice runs on an H200 (the nv backend: docs/RAW-HOPPER.md).
+    at zero. Bob's choice runs on an H200 (the nv backend: docs/RAW-HOPPER.md). A
+    cluster launch writes GRID_GPC_CGA instead (``set_cluster``).
     """
 
     version = "V04_00"
     major_version = 4
     record_bytes = 384
     LATCHES = True
+    CLUSTER_FIELDS = ("GPC_CGA_WIDTH", "GPC_CGA_HEIGHT", "GPC_CGA_DEPTH")
     FIELDS = g.QMDV04_00_FIELDS
     VALUES = g.QMDV04_00_VALUES
 

@@ -58,7 +58,7 @@ from bob.backends.nv.decoder import (
 from bob.backends.nv.encoder import SETUP_ENTRIES, EncodedProgram, encode
 from bob.errors import BackendUnavailable, RunFailure
 from bob.plan.certificate import CertifiedPlan
-from bob.plan.model import Plan, Scalar
+from bob.plan.model import Plan, Region, Scalar
 from bob.plan.placement import argument_bytes_end, decode_parameter_block
 
 WORD_BYTES = 4
@@ -293,6 +293,7 @@ class NvSimBackend(HostArenaBackend):
         block = self._read(address, size)
         self._check_driver_area(qmd_address, block, dispatch.grid, dispatch.block,
                                 region.dynamic_shared_bytes)
+        self._check_cluster(qmd_address, block, region, dispatch.grid, dispatch.cluster)
         self._check_shared_memory(qmd_address, region_name, dispatch.shared_memory,
                                   region.shared_window_bytes)
         arguments = kernel_arguments(decode_parameter_block(self.plan.target, region, block))
@@ -308,6 +309,36 @@ class NvSimBackend(HostArenaBackend):
                                  "releases are simulated")
             self._write(release.address, struct.pack("<I", release.payload))
             self.releases.append(Release("qmd", release.address, release.payload))
+
+    @staticmethod
+    def _check_cluster(qmd_address: int, block: bytes, region: Region,
+                       grid: tuple[int, int, int], cluster: tuple[int, int, int] | None) -> None:
+        """A cluster region runs as a grid of clusters (the QMD's GPC clusters, whole ones),
+        and its driver area says so, as compiled code reads it; other regions run alone."""
+        where = f"QMD at {qmd_address:#x}"
+        if cluster is None:
+            if region.cluster_slices is not None:
+                raise NvSimError(f"{where}: cluster region {region.name} launched as a grid "
+                                 "of CTAs")
+            return
+        if region.cluster_slices is None:
+            raise NvSimError(f"{where}: {region.name} launched in clusters of {cluster}")
+        if any(size % ctas for size, ctas in zip(grid, cluster, strict=True)):
+            raise NvSimError(f"{where}: grid {grid} is not whole clusters of {cluster}")
+        area = decode_driver_area(block)
+        clusters = tuple(size // ctas for size, ctas in zip(grid, cluster, strict=True))
+        expected = {
+            "the explicit-cluster flag": (area.explicit_cluster, 1),
+            "CTAs per cluster": (area.cluster, cluster),
+            "their reciprocals": (area.cluster_reciprocals,
+                                  tuple(float(np.float32(1.0 / ctas)) for ctas in cluster)),
+            "clusters": (area.clusters, clusters),
+            "CTAs of a cluster": (area.cluster_ctas, cluster[0] * cluster[1] * cluster[2]),
+        }
+        for what, (found, wanted) in expected.items():
+            if found != wanted:
+                raise NvSimError(f"{where}: constant buffer 0's driver area holds {what} "
+                                 f"{found}, the cluster launch has {wanted}")
 
     @staticmethod
     def _check_shared_memory(qmd_address: int, region_name: str, granted: int,
