@@ -198,14 +198,29 @@ def test_the_simulated_command_stream_runs_a_cluster_plan_as_the_cpu_does(monkey
     assert any(backends[1].read_tensor("training_loss"))
 
 
-def test_plan_and_doctor_say_in_one_line_why_nv_launches_no_clusters(monkeypatch):
+def test_nv_launches_clusters_and_plan_and_doctor_say_none_is_withheld(monkeypatch):
     from bob.backends import registry
     from bob.cli.plan_cmd import cluster_note
     from bob.host import doctor
 
-    if not registry.spec("nv").clusters_withheld:
-        pytest.skip("the nv backend launches clusters")
-    why = registry.spec("nv").clusters_withheld
+    assert registry.spec("nv").clusters_withheld == ""
+    assert cluster_note(build_plan(config_of(50257, "corpus"), SM90)) is None
+    assert "clusters" not in next(row for row in doctor.diagnose()
+                                  if row["backend"] == "nv")["details"]
+
+
+def test_plan_and_doctor_say_in_one_line_why_a_backend_launches_no_clusters(monkeypatch):
+    from dataclasses import replace
+
+    from bob.backends import registry
+    from bob.cli.plan_cmd import cluster_note
+    from bob.host import doctor
+
+    why = "its QMD encodes no clusters"
+    withheld = replace(registry.spec("nv"), clusters_withheld=why)
+    monkeypatch.setitem(registry._BY_NAME, "nv", withheld)
+    monkeypatch.setattr(doctor, "SPECS", tuple(withheld if each.name == "nv" else each
+                                               for each in registry.SPECS))
     note = cluster_note(build_plan(config_of(50257, "corpus"), SM90))
     assert note == (f"clusters: the nv backend launches none ({why}); the cuda backend "
                     "launches these")

@@ -166,11 +166,6 @@ def _choose_nv(arch: str, arena: str) -> BackendChoice:
                          device)
 
 
-NV_CLUSTERS_WITHHELD = ("on the H200 a QMD of QMD_TYPE GRID_GPC_CGA with the grid in CTAs gave "
-                        "wrong bytes (rows updated by two clusters); the grid in clusters is "
-                        "encoded, not yet run there; nv runs the held and stream kernels")
-
-
 SPECS: tuple[BackendSpec, ...] = (
     BackendSpec("cpu", _choose_cpu, "the oracle: the reference kernels over one byte buffer",
                 auto_rank=1),
@@ -185,8 +180,7 @@ SPECS: tuple[BackendSpec, ...] = (
                 "Bob's command stream on a Hopper GPU through the kernel driver",
                 on_gpu=True, runs_command_stream=True,
                 profile_method="timestamped semaphore releases (wait for idle) before and "
-                               "after every launch, one launch per submission",
-                clusters_withheld=NV_CLUSTERS_WITHHELD),
+                               "after every launch, one launch per submission"),
 )
 AUTO = "auto"  # the first ranked backend usable here
 _BY_NAME: dict[str, BackendSpec] = {each.name: each for each in SPECS}
