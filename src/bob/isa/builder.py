@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from bob.isa import latency
 from bob.isa import table as arch_table
 from bob.isa.check import SCOREBOARD_SETUP, effects
 from bob.isa.codec import encode
@@ -183,7 +184,10 @@ def schedule(instructions: list[Instruction], table: Table,
     """
     controls = [Control(stall=1, yield_bit=True) for _ in instructions]
     now = 0  # issue cycle of the current instruction
-    ready: dict[tuple[str, int], int] = {}  # fixed-latency result -> cycle readable
+    # fixed-latency result -> the cycle each reader class may read it (latency.READERS)
+    ready: dict[tuple[str, int], tuple[int, ...]] = {}
+    # ("read" | "write", register) -> the first cycle a variable-latency write may follow
+    recent: dict[tuple[str, tuple[str, int]], int] = {}
     writing: dict[tuple[str, int], set[int]] = {}  # pending variable write -> boards
     reading: dict[tuple[str, int], set[int]] = {}  # pending variable read -> boards
     issued: list[int] = []
@@ -204,6 +208,7 @@ def schedule(instructions: list[Instruction], table: Table,
             writing.clear()
             reading.clear()
             ready.clear()
+            recent.clear()
         for register in fx.reads | fx.writes:
             for board in writing.get(register, ()):
                 wait |= 1 << board
@@ -215,7 +220,12 @@ def schedule(instructions: list[Instruction], table: Table,
             for boards in (*writing.values(), *reading.values()):
                 for board in boards:
                     wait |= 1 << board
-        earliest = max((ready.get(r, 0) for r in fx.reads | fx.writes), default=0)
+        earliest = max((ready[r][latency.READERS.index(reader)] for r, reader in fx.sources
+                        if r in ready), default=0)
+        if fx.variable:
+            for register in fx.writes:
+                earliest = max(earliest, recent.get(("read", register), 0),
+                               recent.get(("write", register), 0) if fx.guarded else 0)
         if index > 0:
             previous = controls[index - 1]
             gap = max(earliest - issued[-1], 1)
@@ -249,16 +259,23 @@ def schedule(instructions: list[Instruction], table: Table,
             if fx.variable:
                 writing[register] = {write}
             else:
-                ready[register] = now + fx.latency
+                ready[register] = tuple(now + c for c in fx.readiness(register))
+                recent[("write", register)] = now + latency.GUARDED_VARIABLE_WRITE_AFTER_WRITE
+        if not fx.variable:
+            for register in fx.reads:
+                recent[("read", register)] = max(recent.get(("read", register), 0),
+                                                 now + latency.VARIABLE_WRITE_AFTER_READ)
         controls[index] = replace(controls[index], write=write, read=read, wait=wait)
         drain = _is_branch(instruction, table) or index + 1 in block_starts
         if drain:
-            left = max((cycle - now for cycle in ready.values()), default=0)
+            left = max([max(cycles) - now for cycles in ready.values()]
+                       + [cycle - now for cycle in recent.values()], default=0)
             stall = max(controls[index].stall, left, 1)
             if table.form(instruction.form).mnemonic in ("BRA", "EXIT"):
                 stall = max(stall, BRANCH_STALL)
             if write is not None or read is not None:
                 stall = max(stall, SCOREBOARD_SETUP)
             controls[index] = replace(controls[index], stall=min(stall, MAX_STALL))
-    return [replace(instruction, control=control)
+    return [replace(instruction, control=control if control.defined
+                    else replace(control, yield_bit=False))  # as ptxas's long stalls
             for instruction, control in zip(instructions, controls, strict=True)]

@@ -20,8 +20,14 @@ followed, states merged where paths meet) and reports:
 - ``early-wait``: a wait on a scoreboard by the instruction right after the one
   that sets it, whose stall is too short for the scoreboard to be set yet.
 
-The model is conservative (the latencies in `FIXED_LATENCY` are upper bounds
-of what the hardware needs, checked to be no more than ptxas allows itself),
+- ``early-overwrite``: a variable-latency write of a register fewer cycles
+  after a fixed-latency instruction read it, or (the write guarded) wrote it,
+  than the hardware needs;
+- ``illegal-encoding``: bits nvdisasm may print but the hardware refuses (a
+  guarded BPT.TRAP; a stall over 11 with the yield bit set).
+
+The latencies depend on the writer's pipe and the reader's (``bob.isa.latency``);
+every schedule ptxas made for Bob's kernels passes (tests/test_isa_check.py),
 so a schedule it accepts is safe by it; instructions outside Bob's subset are
 opaque: their waits and scoreboards count, their registers are not known.
 """
@@ -31,25 +37,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from bob.isa import latency
 from bob.isa.codec import NotInSubset, decode
 from bob.isa.control import SCOREBOARDS, Control, read_control
 from bob.isa.fields import INSTRUCTION_BYTES, Kind, Table
-from bob.isa.model import PT, RZ, URZ, CBuf, GMem, Instruction, SMem, Target
+from bob.isa.model import PT, RZ, URZ, CBuf, GMem, Instruction, Pred, SMem, Target
 
-# Cycles from issue until a fixed-latency result can be read. The ALU pipes
-# (integer, binary32, logic, compares) take 4 cycles on Volta through Hopper
-# (Jia et al., "Dissecting the NVIDIA Volta GPU Architecture via
-# Microbenchmarking"). Shorter figures are what ptxas itself relies on in the
-# corpus of Bob's kernels (the black-box evidence: its code is correct): the
-# uniform datapath's results are read 2 cycles on, IMAD.WIDE's 3.
-DEFAULT_LATENCY = 4
-UNIFORM_LATENCY = 2
-FIXED_LATENCY = {
-    "IMAD.WIDE": 3,
-}
-# Sources read some cycles after issue: IMAD.WIDE's addend (port 2), 2 cycles
-# later, so its producer may issue that much closer (ptxas does).
-LATE_PORT2 = {"IMAD.WIDE": 2}
 # A scoreboard is set a cycle after its instruction issues: an instruction that
 # waits on it must issue at least this many cycles later.
 SCOREBOARD_SETUP = 2
@@ -74,18 +67,29 @@ class Effects:
 
     reads: frozenset[Register]
     writes: frozenset[Register]
-    late: tuple[tuple[Register, int], ...]  # sources read this many cycles after issue
+    sources: tuple[tuple[Register, str], ...]  # each read and its reader class
+    results: tuple[tuple[Register, str], ...]  # each write and its writer class
     variable: bool
-    latency: int
     known: bool  # False for an instruction outside the subset (opaque)
     queue: str = ""  # the in-order queue of a variable-latency instruction (its opcode)
+    guarded: bool = False
+
+    def readiness(self, register: Register) -> tuple[int, ...]:
+        """Cycles until each reader class (latency.READERS) may read `register`, written
+        here by a fixed-latency pipe."""
+        writer = dict(self.results)[register]
+        return latency.readiness(register[0], writer)
 
 
 @dataclass
 class State:
     """The machine between two instructions on one path."""
 
-    ready: dict[Register, int] = field(default_factory=dict)  # cycles until readable
+    # Fixed-latency results: cycles until readable, per reader class (latency.READERS).
+    ready: dict[Register, tuple[int, ...]] = field(default_factory=dict)
+    # Cycles until a variable-latency write may follow a fixed-latency read ("read", r)
+    # or, guarded, a fixed-latency write ("write", r) of the register.
+    recent: dict[tuple[str, Register], int] = field(default_factory=dict)
     pending_write: dict[Register, frozenset[int]] = field(default_factory=dict)
     pending_read: dict[Register, frozenset[int]] = field(default_factory=dict)
     # Results written with no scoreboard, by queue, until a later instruction of
@@ -93,8 +97,8 @@ class State:
     orphans: dict[str, frozenset[Register]] = field(default_factory=dict)
 
     def copy(self) -> State:
-        return State(dict(self.ready), dict(self.pending_write), dict(self.pending_read),
-                     dict(self.orphans))
+        return State(dict(self.ready), dict(self.recent), dict(self.pending_write),
+                     dict(self.pending_read), dict(self.orphans))
 
     def merge(self, other: State) -> bool:
         """Take the worse of both; True if anything changed."""
@@ -112,13 +116,21 @@ class State:
                 self.orphans[queue] = union
                 changed = True
         for register, cycles in other.ready.items():
-            if cycles > self.ready.get(register, 0):
-                self.ready[register] = cycles
+            mine = self.ready.get(register, (0,) * len(cycles))
+            worse = tuple(max(a, b) for a, b in zip(mine, cycles, strict=True))
+            if worse != mine:
+                self.ready[register] = worse
+                changed = True
+        for key, cycles in other.recent.items():
+            if cycles > self.recent.get(key, 0):
+                self.recent[key] = cycles
                 changed = True
         return changed
 
     def advance(self, cycles: int) -> None:
-        self.ready = {r: c - cycles for r, c in self.ready.items() if c > cycles}
+        self.ready = {r: tuple(max(c - cycles, 0) for c in left)
+                      for r, left in self.ready.items() if max(left) > cycles}
+        self.recent = {k: c - cycles for k, c in self.recent.items() if c > cycles}
 
     def wait(self, mask: int) -> None:
         for name in ("pending_write", "pending_read"):
@@ -146,34 +158,43 @@ def _names(kind: Kind, index: int, count: int) -> list[Register]:
 def effects(instruction: Instruction, table: Table) -> Effects:
     form = table.form(instruction.form)
     size = next((WIDE_SIZES[m] for m in instruction.modifiers if m in WIDE_SIZES), 1)
-    reads: set[Register] = set()
-    writes: set[Register] = set()
-    late: list[tuple[Register, int]] = []
-    if instruction.guard.index != PT:
-        reads.add(("UP" if form.uniform_guard else "P", instruction.guard.index))
+    uniform = form.mnemonic.startswith("U")
+    reader = latency.reader_class(form.mnemonic, form.variable_latency, uniform)
+    writer = latency.writer_class(form.mnemonic, uniform)
+    wide = form.mnemonic == "IMAD.WIDE"
+    sources: list[tuple[Register, str]] = []
+    results: list[tuple[Register, str]] = []
+    guarded = instruction.guard.index != PT
+    if guarded:
+        sources.append((("UP" if form.uniform_guard else "P", instruction.guard.index),
+                        latency.GUARD))
     for slot, operand in zip(form.operands, instruction.operands, strict=True):
         index = getattr(operand, "index", getattr(operand, "base", None))
         if isinstance(operand, CBuf):
             if operand.index is not None:
-                reads.update(_names(Kind.REG, operand.index, 1))
+                sources.extend((name, reader) for name in _names(Kind.REG, operand.index, 1))
             continue
         if index is None:
             continue
         data = slot.kind in (Kind.REG, Kind.UREG) and form.mnemonic in _SIZED
         count = slot.count * (size if data else 1)
         names = _names(slot.kind, index, count)
-        (writes if slot.written else reads).update(names)
-        if not slot.written and slot.reuse == 2 and form.mnemonic in LATE_PORT2:
-            late.extend((name, LATE_PORT2[form.mnemonic]) for name in names)
+        if slot.written:
+            halves = (latency.WIDE_LOW, latency.WIDE_HIGH) if wide and slot.kind is Kind.REG \
+                else (writer,) * len(names)
+            results.extend(zip(names, halves, strict=False))
+        elif wide and slot.reuse == 2:  # the addend: its halves are read at different times
+            sources.extend(zip(names, (latency.FMA, latency.WIDE_C_HIGH), strict=False))
+        else:
+            sources.extend((name, latency.WIDE_AB if wide else reader) for name in names)
         if isinstance(operand, SMem) and operand.ubase is not None:
-            reads.update(_names(Kind.UREG, operand.ubase, 1))
+            sources.extend((name, reader) for name in _names(Kind.UREG, operand.ubase, 1))
         if isinstance(operand, GMem):
-            reads.update(_names(Kind.UREG, operand.desc, 2))
-    uniform = form.mnemonic.startswith("U")
-    latency = FIXED_LATENCY.get(form.mnemonic, UNIFORM_LATENCY if uniform else DEFAULT_LATENCY)
+            sources.extend((name, reader) for name in _names(Kind.UREG, operand.desc, 2))
     opcode = form.mnemonic.split(".")[0]
-    return Effects(frozenset(reads), frozenset(writes), tuple(late), form.variable_latency,
-                   latency, True, QUEUES.get(opcode, opcode))
+    return Effects(frozenset(r for r, _ in sources), frozenset(r for r, _ in results),
+                   tuple(sources), tuple(results), form.variable_latency, True,
+                   QUEUES.get(opcode, opcode), guarded)
 
 
 # Variable-latency opcodes that complete in one order: the conversions and the
@@ -184,7 +205,7 @@ QUEUES = {"F2I": "conversion", "FRND": "conversion", "MUFU": "conversion",
 
 # Forms whose register data operand widens with a .64 / .128 size modifier.
 _SIZED = {"LDG.E", "STG.E", "LDS", "STS", "LDC", "ULDC"}
-OPAQUE = Effects(frozenset(), frozenset(), (), False, 0, False)
+OPAQUE = Effects(frozenset(), frozenset(), (), (), False, False)
 # A variable-latency result written with no scoreboard: no wait can make it safe.
 NEVER = SCOREBOARDS
 
@@ -251,6 +272,10 @@ def check(code: bytes, table: Table) -> list[Hazard]:
     states: dict[int, State] = {0: State()}
     work = [0]
     hazards: dict[tuple[int, str, str], Hazard] = {}
+    for step in steps:
+        for message in _illegal(step, table):
+            hazards[(step.pc, "illegal-encoding", message)] = Hazard(
+                step.pc, "illegal-encoding", message)
     while work:
         index = work.pop()
         step = steps[index]
@@ -262,6 +287,19 @@ def check(code: bytes, table: Table) -> list[Hazard]:
             elif states[successor].merge(after):
                 work.append(successor)
     return sorted(hazards.values(), key=lambda h: (h.pc, h.rule))
+
+
+def _illegal(step: Step, table: Table) -> list[str]:
+    """What makes `step` no instruction the hardware runs, though nvdisasm may print it."""
+    found = []
+    if step.instruction is not None:
+        form = table.form(step.instruction.form)
+        if form.unguarded and step.instruction.guard != Pred(PT):
+            found.append(f"a guarded {form.mnemonic}: the hardware takes it as an illegal "
+                         "instruction (branch around it)")
+    if not step.control.defined:
+        found.append(f"stall {step.control.stall} with the yield bit set is no encoding")
+    return found
 
 
 def _step(step: Step, state: State, steps: list[Step], index: int,
@@ -280,9 +318,13 @@ def _step(step: Step, state: State, steps: list[Step], index: int,
                                  f"{SCOREBOARD_SETUP}")
     state.wait(control.wait)
     fx = step.effects
-    allowance = dict(fx.late)
+    late: dict[Register, int] = {}
+    for register, reader in fx.sources:
+        left = state.ready.get(register)
+        if left is not None:
+            late[register] = max(late.get(register, 0), left[latency.READERS.index(reader)])
     for register in sorted(fx.reads):
-        cycles = state.ready.get(register, 0) - allowance.get(register, 0)
+        cycles = late.get(register, 0)
         if cycles > 0:
             report("fixed-latency", f"reads {_name(register)} {cycles} cycle(s) too early")
         boards = state.pending_write.get(register)
@@ -292,6 +334,15 @@ def _step(step: Step, state: State, steps: list[Step], index: int,
         elif boards:
             report("unwaited-read", f"reads {_name(register)} before its variable-latency "
                                     f"write (scoreboard {_boards(boards)}) is waited for")
+    if fx.variable:
+        for register in sorted(fx.writes):
+            after_read = state.recent.get(("read", register), 0)
+            after_write = state.recent.get(("write", register), 0) if fx.guarded else 0
+            if max(after_read, after_write) > 0:
+                what = "read" if after_read >= after_write else "wrote"
+                report("early-overwrite", f"writes {_name(register)} "
+                                          f"{max(after_read, after_write)} cycle(s) after a "
+                                          f"fixed-latency instruction {what} it, too soon")
     for register in sorted(fx.writes):
         boards = state.pending_write.get(register, frozenset()) | \
             state.pending_read.get(register, frozenset())
@@ -312,7 +363,12 @@ def _step(step: Step, state: State, steps: list[Step], index: int,
             board = NEVER if control.write is None else control.write
             state.pending_write[register] = frozenset({board})
         else:
-            state.ready[register] = fx.latency
+            state.ready[register] = fx.readiness(register)
+            state.recent[("write", register)] = latency.GUARDED_VARIABLE_WRITE_AFTER_WRITE
+    if fx.known and not fx.variable:
+        for register in fx.reads:
+            state.recent[("read", register)] = max(state.recent.get(("read", register), 0),
+                                                   latency.VARIABLE_WRITE_AFTER_READ)
     if control.read is not None:
         # Predicates (the guard among them) are read at issue; registers may be read late.
         for register in fx.reads - {r for r in fx.reads if r[0] in ("P", "UP")}:

@@ -8,7 +8,7 @@ else raises `NotInSubset` with the reason, and the caller lists it.
 
 from __future__ import annotations
 
-from bob.isa.control import read_control, write_control
+from bob.isa.control import LONGEST_YIELDING_STALL, read_control, write_control
 from bob.isa.fields import (
     CONTROL_LOW,
     GUARD,
@@ -22,6 +22,7 @@ from bob.isa.fields import (
     Table,
 )
 from bob.isa.model import (
+    PT,
     Barrier,
     CBuf,
     GMem,
@@ -140,6 +141,12 @@ def encode(instruction: Instruction, table: Table) -> bytes:
     if len(instruction.operands) != len(form.operands):
         raise EncodeError(f"{form.name} takes {len(form.operands)} operands, "
                           f"not {len(instruction.operands)}")
+    if form.unguarded and instruction.guard != Pred(PT):
+        raise EncodeError(f"{form.name} takes no guard: a guarded one is an illegal "
+                          "instruction (branch around it)")
+    if not instruction.control.defined:
+        raise EncodeError(f"{form.name}: a stall of {instruction.control.stall} with the yield "
+                          f"bit set is no encoding (1 to {LONGEST_YIELDING_STALL} with it)")
     word = OPCODE.write(0, form.opcode)
     try:
         word = GUARD.write(word, instruction.guard.index)

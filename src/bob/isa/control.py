@@ -27,6 +27,10 @@ from bob.isa.fields import Field, FieldError, bits
 NO_SCOREBOARD = 7
 SCOREBOARDS = 6
 MAX_STALL = 15
+# Stall and yield together are one 5-bit field to nvdisasm, and with the yield bit set
+# only stalls of 1 to 11 are values of it ("undefined value" for every opcode otherwise);
+# ptxas leaves the yield bit off on its long stalls and its tail's NOPs.
+LONGEST_YIELDING_STALL = 11
 
 STALL = Field("stall", bits(105, 4), "cycles before the next instruction issues")
 YIELD = Field("yield", bits(109, 1), "the yield bit, raw")
@@ -54,6 +58,11 @@ class Control:
             value = getattr(self, name)
             if value is not None and not 0 <= value < SCOREBOARDS:
                 raise FieldError(f"{name} scoreboard {value!r} is not in 0..{SCOREBOARDS - 1}")
+
+    @property
+    def defined(self) -> bool:
+        """Whether the stall and yield bit form a value the hardware defines."""
+        return not self.yield_bit or 1 <= self.stall <= LONGEST_YIELDING_STALL
 
     def waits_on(self, scoreboard: int) -> bool:
         return bool(self.wait >> scoreboard & 1)

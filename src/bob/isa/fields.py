@@ -170,6 +170,9 @@ class Form:
     fixed: tuple[tuple[Field, int], ...] = ()  # fields that must hold one value
     variable_latency: bool = False  # results arrive through a scoreboard
     uniform_guard: bool = False  # the guard is a uniform predicate (@UP0)
+    # The hardware takes no guard: a guarded one is an illegal instruction encoding at
+    # issue, even where the guard is false (BPT.TRAP on the H200; ptxas branches around it).
+    unguarded: bool = False
     fields: tuple[Field, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:

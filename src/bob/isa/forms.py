@@ -184,6 +184,6 @@ def three_source(shape: str, flags: Source, *, style: str = "u",
 
 def form(name: str, mnemonic: str, opcode: int, operands: list[Slot] | tuple[Slot, ...],
          modifiers: tuple[Modifier, ...] = (), fixed: tuple = (), *,
-         variable: bool = False, uniform: bool = False) -> Form:
+         variable: bool = False, uniform: bool = False, unguarded: bool = False) -> Form:
     return Form(name, mnemonic, opcode, tuple(operands), tuple(modifiers), tuple(fixed),
-                variable_latency=variable, uniform_guard=uniform)
+                variable_latency=variable, uniform_guard=uniform, unguarded=unguarded)

@@ -638,7 +638,8 @@ TRAP_MODE = Field("trap", bits(84, 2), "TRAP (3): stop the grid with an error")
 
 
 def bpt() -> list[Form]:
-    return [form("BPT.TRAP", "BPT.TRAP", 0x95C, [imm(TRAP_CODE)], (), ((TRAP_MODE, 3),))]
+    return [form("BPT.TRAP", "BPT.TRAP", 0x95C, [imm(TRAP_CODE)], (), ((TRAP_MODE, 3),),
+                 unguarded=True)]
 
 
 def bra(offset: Field) -> list[Form]:

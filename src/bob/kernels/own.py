@@ -222,8 +222,11 @@ class Asm:
         if ctaid is not None:
             self.op("S2R", r(ctaid), SReg(CTAID_X))
         self.op("LDC", r(scratch), CBuf(0, 0, index=RZ))  # blockDim.x
-        self.isetp(0, "NE", r(scratch), LANES)
-        self.op("BPT.TRAP", Imm(1), guard=p(0))
+        self.isetp(0, "EQ", r(scratch), LANES)
+        checked = self.fresh("block_checked")
+        self.b.bra(checked, guard=p(0))  # a guarded trap is an illegal instruction
+        self.op("BPT.TRAP", Imm(1))
+        self.b.label(checked)
 
     def exit(self, guard: Pred = PTP) -> None:
         self.op("EXIT", guard=guard)
