@@ -144,10 +144,10 @@ class State:
 
 
 def _names(kind: Kind, index: int, count: int) -> list[Register]:
-    if kind in (Kind.REG, Kind.GMEM, Kind.SMEM):
-        return [("R", index + i) for i in range(count) if index + i != RZ]
+    if kind in (Kind.REG, Kind.GMEM, Kind.SMEM):  # a pair or quad at RZ is all RZ
+        return [] if index == RZ else [("R", index + i) for i in range(count)]
     if kind is Kind.UREG:
-        return [("UR", index + i) for i in range(count) if index + i != URZ]
+        return [] if index == URZ else [("UR", index + i) for i in range(count)]
     if kind is Kind.PRED:
         return [] if index == PT else [("P", index)]
     if kind is Kind.UPRED:
