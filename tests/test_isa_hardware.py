@@ -14,7 +14,7 @@ from bob.isa import check, codec, table
 from bob.isa.builder import Builder
 from bob.isa.control import Control
 from bob.isa.fields import GUARD
-from bob.isa.model import PT, RZ, GMem, Imm, Instruction, Pred, Reg, SReg, UReg
+from bob.isa.model import PT, RZ, CBuf, GMem, Imm, Instruction, Pred, Reg, SMem, SReg, UReg
 from bob.kernels import own
 from bob.kernels.own_regions import OWN_REGIONS
 
@@ -116,7 +116,7 @@ def test_a_load_waits_5_cycles_for_its_address_from_imad_wide():
 
 def test_the_scheduler_waits_for_a_guard_and_an_address_as_the_checker_wants():
     b = Builder("sm_90")
-    b.op("ULDC", UReg(4), own.CBuf(0, 0x208), mods="64")
+    b.op("ULDC", UReg(4), CBuf(0, 0x208), mods="64")
     b.op("S2R", Reg(0), SReg(own.TID_X))
     b.op("ISETP.PPRIP", Pred(0), Pred(PT), Reg(0), Imm(256), Pred(PT), mods=("LT", "U32", "AND"))
     b.op("IMAD.WIDE.RRIR", Reg(12), Reg(0), Imm(4), Reg(RZ), mods="U32")
@@ -138,3 +138,33 @@ def test_own_images_trap_unguarded_and_pass_the_checker(name):
     assert traps and all(each.guard == Pred(PT) for each in traps)
     assert all(each.control.defined for each in image.instructions)
     assert not check.check(image.code, SM90)
+
+
+def _barrier_then_load(stall: int) -> bytes:
+    barrier = Instruction("BAR.SYNC.I", (Imm(0),), control=Control(stall=stall,
+                                                                 yield_bit=True))
+    load = Instruction("LDS", (Reg(5), SMem(RZ, 0x400)),
+                       control=Control(stall=2, yield_bit=True, write=0))
+    use = Instruction("MOV.R", (Reg(6), Reg(5)), control=Control(stall=1, wait=1))
+    return _encoded([barrier, load, use, Instruction("EXIT", control=Control(stall=5))])
+
+
+def test_a_shared_load_waits_6_cycles_after_a_barrier():
+    """An LDS one cycle after BAR.SYNC read a reduction's slot before the other warps'
+    last store had landed (the own loss kernels' wrong rows on the H200)."""
+    assert _rules(_barrier_then_load(1)) == {0x10: {"barrier-latency"}}
+    assert _rules(_barrier_then_load(5)) == {0x10: {"barrier-latency"}}
+    assert _rules(_barrier_then_load(6)) == {}
+
+
+def test_the_scheduler_keeps_memory_6_cycles_after_a_barrier():
+    b = Builder("sm_90")
+    b.op("S2R", Reg(0), SReg(own.TID_X))
+    b.op("STS", SMem(0, 0x400), Reg(0))
+    b.op("BAR.SYNC.I", Imm(0))
+    b.op("LDS", Reg(5), SMem(RZ, 0x400))
+    b.op("EXIT")
+    image = b.image("probe", shared_bytes=1024)
+    assert not check.check(image.code, SM90)
+    barrier = next(each for each in image.instructions if each.form == "BAR.SYNC.I")
+    assert barrier.control.stall >= 6

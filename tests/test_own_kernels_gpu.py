@@ -29,13 +29,6 @@ from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
 from conftest import bob_config
 
-# Known to fail: on the H200 the own row gather, AdamW and argmax images leave the
-# reference's bytes, the two loss-gradient images give wrong rows at V = 256 with several
-# blocks (docs/ISA.md, "What the H200 refused"), and every test below but the timing one
-# needs them. Strict: the day they pass, these tests say so and the mark must go.
-OWN_LOSS_KERNELS_WRONG = pytest.mark.xfail(
-    strict=True, reason="Bob's own loss-gradient images give wrong rows on the H200 at "
-                        "V = 256 with several blocks; docs/ISA.md")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not os.path.exists(s.CONTROL_DEVICE),
                                  reason="no NVIDIA kernel driver here")]
@@ -99,7 +92,6 @@ def assert_same(left, right, what: str) -> None:
         assert data == arena_b[name], f"{what}: tensor {name} differs after predicting"
 
 
-@OWN_LOSS_KERNELS_WRONG
 @pytest.mark.parametrize("vocab", [256, 300, 2053])
 def test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes(vocab: int) -> None:
     """Each region launched once (tests/own_launch.py: edges planted), its own image and
@@ -133,9 +125,9 @@ def test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes(vocab: i
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize(("mode", "vocab"), [
     ("hard", 256), ("corpus", 300)])
-@OWN_LOSS_KERNELS_WRONG
 def test_check_nv_cpu_with_own_kernels_agrees(mode: str, vocab: int, capsys) -> None:
     from bob.cli.main import main
 
@@ -150,7 +142,6 @@ def test_check_nv_cpu_with_own_kernels_agrees(mode: str, vocab: int, capsys) -> 
     assert json.loads(captured.out)["identical"] is True
 
 
-@OWN_LOSS_KERNELS_WRONG
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 @pytest.mark.parametrize("vocab", [256, 1024, 8192])
 def test_own_kernels_leave_nvrtc_s_bytes(vocab: int, mode: str) -> None:
@@ -177,7 +168,6 @@ def edge_run(choice, config, start, record, operation: str) -> tuple[str, dict[s
         return outcome, {t.name: backend.read_tensor(t.name) for t in backend.plan.tensors}
 
 
-@OWN_LOSS_KERNELS_WRONG
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_edge_inputs_give_the_cpu_s_and_nvrtc_s_bytes(mode: str) -> None:
     vocab = 256
@@ -208,7 +198,6 @@ def test_edge_inputs_give_the_cpu_s_and_nvrtc_s_bytes(mode: str) -> None:
             assert predictions[:4] == [0, 0, 5, 3]  # NaN first, ties to the lowest index
 
 
-@OWN_LOSS_KERNELS_WRONG
 def test_an_own_session_compares_with_nvrtc_s_arena_each_invocation() -> None:
     config = bob_config(vocab=512, prompts=2, updates=PER_INVOCATION)
     record = random_record(config, seed=9)

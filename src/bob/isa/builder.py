@@ -12,7 +12,8 @@ instruction is written with default controls: ``schedule`` sets them all.
 
 The scheduler is correct first, not fast. Within a straight run of code it
 tracks, per register and predicate, when a fixed-latency result becomes
-readable (``bob.isa.check``'s latencies, in full) and which scoreboard a
+readable for each kind of reader (``bob.isa.latency``: a guard waits 13 cycles
+for an ISETP), keeps memory accesses 6 cycles after a barrier, and which scoreboard a
 variable-latency result or a pending source read sits on; each instruction
 waits for exactly the scoreboards of what it reads or overwrites, and the
 instruction before it stalls until its fixed-latency sources are ready. At
@@ -222,6 +223,8 @@ def schedule(instructions: list[Instruction], table: Table,
                     wait |= 1 << board
         earliest = max((ready[r][latency.READERS.index(reader)] for r, reader in fx.sources
                         if r in ready), default=0)
+        if form.mnemonic in latency.MEMORY_MNEMONICS:
+            earliest = max(earliest, recent.get(latency.BARRIER, 0))
         if fx.variable:
             for register in fx.writes:
                 earliest = max(earliest, recent.get(("read", register), 0),
@@ -261,6 +264,8 @@ def schedule(instructions: list[Instruction], table: Table,
             else:
                 ready[register] = tuple(now + c for c in fx.readiness(register))
                 recent[("write", register)] = now + latency.GUARDED_VARIABLE_WRITE_AFTER_WRITE
+        if form.mnemonic in latency.BARRIERS:
+            recent[latency.BARRIER] = now + latency.BARRIER_LATENCY
         if not fx.variable:
             for register in fx.reads:
                 recent[("read", register)] = max(recent.get(("read", register), 0),

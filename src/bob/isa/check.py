@@ -23,6 +23,8 @@ followed, states merged where paths meet) and reports:
 - ``early-overwrite``: a variable-latency write of a register fewer cycles
   after a fixed-latency instruction read it, or (the write guarded) wrote it,
   than the hardware needs;
+- ``barrier-latency``: a memory access fewer cycles after a BAR.SYNC than the
+  barrier takes to take effect;
 - ``illegal-encoding``: bits nvdisasm may print but the hardware refuses (a
   guarded BPT.TRAP; a stall over 11 with the yield bit set).
 
@@ -217,6 +219,7 @@ class Step:
     instruction: Instruction | None
     effects: Effects
     successors: tuple[int, ...]  # indices of the instructions that may follow
+    mnemonic: str = ""  # "" outside the subset
 
 
 def _steps(code: bytes, table: Table) -> list[Step]:
@@ -240,7 +243,8 @@ def _steps(code: bytes, table: Table) -> list[Step]:
             steps.append(Step(pc, control, None, OPAQUE, successors))
             continue
         steps.append(Step(pc, control, instruction, effects(instruction, table),
-                          _successors(index, instruction, table, count, returns)))
+                          _successors(index, instruction, table, count, returns),
+                          table.form(instruction.form).mnemonic))
     return steps
 
 
@@ -318,6 +322,10 @@ def _step(step: Step, state: State, steps: list[Step], index: int,
                                  f"{SCOREBOARD_SETUP}")
     state.wait(control.wait)
     fx = step.effects
+    mnemonic = step.mnemonic
+    if mnemonic in latency.MEMORY_MNEMONICS and state.recent.get(latency.BARRIER, 0) > 0:
+        report("barrier-latency", f"a memory access {state.recent[latency.BARRIER]} cycle(s) "
+                                  "too soon after BAR.SYNC (the barrier has not taken effect)")
     late: dict[Register, int] = {}
     for register, reader in fx.sources:
         left = state.ready.get(register)
@@ -365,6 +373,8 @@ def _step(step: Step, state: State, steps: list[Step], index: int,
         else:
             state.ready[register] = fx.readiness(register)
             state.recent[("write", register)] = latency.GUARDED_VARIABLE_WRITE_AFTER_WRITE
+    if mnemonic in latency.BARRIERS:
+        state.recent[latency.BARRIER] = latency.BARRIER_LATENCY
     if fx.known and not fx.variable:
         for register in fx.reads:
             state.recent[("read", register)] = max(state.recent.get(("read", register), 0),

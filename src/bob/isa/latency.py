@@ -48,6 +48,7 @@ WRITERS_BY_MNEMONIC = MappingProxyType({
 })
 MEMORY_MNEMONICS = frozenset(("LDG.E", "STG.E", "LDS", "STS", "SHFL",
                               "BAR.SYNC.DEFER_BLOCKING"))
+BARRIERS = frozenset(("BAR.SYNC.DEFER_BLOCKING",))
 
 # Registers: writer -> {reader: cycles}.
 _REGISTER = {
@@ -70,6 +71,13 @@ _UNIFORM = {
     UNIFORM: {"vector": 6, DECOUPLED: 9, UNIFORM: 4},
 }
 UNIFORM_PREDICATE = 2  # the uniform predicates ptxas's code uses (Bob's own use none)
+
+# From a BAR.SYNC to the next memory access: NAK's execution latency of barriers from
+# sm_80 on; ptxas's sm_90 code never issues one sooner (276 barriers in Bob's kernels). An
+# LDS one cycle after the barrier read a reduction's slot before the other warps' last
+# store: whole rows of the own loss kernels wrong on the H200.
+BARRIER_LATENCY = 6
+BARRIER = ("barrier", ("", 0))  # the key of the barrier's countdown
 
 # A variable-latency write after a fixed-latency read of the same register (WAR), and
 # after a fixed-latency write of it when the variable-latency one is guarded (WAW).
