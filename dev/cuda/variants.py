@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from bob.backends import Backend, BackendChoice, choose_backend
-from bob.config import Mode
+from bob.config import MAX_PAIRS, Mode
 from bob.kernels.cuda.compile import SOURCE_NAME, KernelSource
-from bob.program.bob import BobConfig
+from bob.program.bob import BobConfig, typical_pairs
 from bob.program.invocation import invocation_layout
 from bob.records.binary import InputRecord
 from dev.bench.peers import bench_targets
@@ -85,7 +85,13 @@ def bench_record(mode: Mode, vocab: int) -> InputRecord:
     weights summing to 1 in (nearly) every cell, as sparse pairs. No prompts."""
     if mode == "hard":
         return InputRecord.hard(bench_targets(vocab).astype(np.uint32))
-    weights = np.random.default_rng(0).random((vocab, vocab), np.float32)
+    rng = np.random.default_rng(0)
+    if vocab * vocab > MAX_PAIRS:  # every cell is more pairs than a plan takes
+        keys = np.unique(rng.integers(0, vocab * vocab, typical_pairs(vocab), np.uint64))
+        values = rng.random(keys.size, np.float32)
+        return InputRecord.sparse(vocab, keys, (values / values.sum(dtype=np.float64))
+                                  .astype(np.float32))
+    weights = rng.random((vocab, vocab), np.float32)
     return InputRecord.corpus((weights / weights.sum(dtype=np.float64)).astype(np.float32))
 
 
