@@ -51,23 +51,27 @@ def scalars(region: str, vocab: int) -> dict[str, Scalar]:
     return values
 
 
-def tensor_elements(param: PointerParam, region: str, vocab: int) -> int:
-    factors = {"vocab": vocab, "rows": vocab, "columns": vocab, "grid.x": grid_of(region, vocab)}
+def tensor_elements(param: PointerParam, region: str, vocab: int, grid: int | None = None,
+                    ) -> int:
+    factors = {"vocab": vocab, "rows": vocab, "columns": vocab,
+               "grid.x": grid_of(region, vocab) if grid is None else grid}
     return param.footprint.evaluate(factors) // 4
 
 
-def one_launch_plan(region: Region, vocab: int) -> Plan:
-    """`region` launched once over a tensor per pointer, named as its parameter."""
+def one_launch_plan(region: Region, vocab: int, grid: int | None = None) -> Plan:
+    """`region` launched once over a tensor per pointer, named as its parameter; `grid`
+    blocks where given (a loss region's first rows), else grid_of's."""
     params = sig.SIGNATURES[region.name]
     given = scalars(region.name, vocab)
+    blocks = grid_of(region.name, vocab) if grid is None else grid
     tensors = tuple(TensorSpec(p.name, "u32" if p.name in INDEX_POINTERS else "f32",
-                               (tensor_elements(p, region.name, vocab),))
+                               (tensor_elements(p, region.name, vocab, blocks),))
                     for p in params if isinstance(p, PointerParam))
     args = tuple(TensorRef(p.name) if isinstance(p, PointerParam) else given[p.name]
                  for p in params)
     program = ProgramSpec(
         regions=(region,), tensors=tensors,
-        launches=(LaunchSpec(region.name, Dim3(grid_of(region.name, vocab)), Dim3(sig.BLOCK),
+        launches=(LaunchSpec(region.name, Dim3(blocks), Dim3(sig.BLOCK),
                              args, f"{region.name}-alone"),),
         submissions=(Submission(0, 1, 1),))
     return place(program, SM90)

@@ -16,9 +16,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from dev.bringup.own_ladder import BRANCHES, LONGEST_YIELDING_STALL, body_of, encoded
-
-ALL_BOARDS = 0b111111
+from bob.isa.builder import ALL_BOARDS
+from bob.isa.control import LONGEST_YIELDING_STALL
+from dev.bringup.own_ladder import BRANCHES, body_of, encoded
 
 
 def waits(body):

@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from bob.isa import table as arch_table
-from bob.isa.builder import tail
+from bob.isa.builder import ALL_BOARDS, tail
 from bob.isa.codec import encode
+from bob.isa.control import LONGEST_YIELDING_STALL
 from bob.isa.model import Instruction
 from bob.plan.model import Region
 from bob.plan.placement import SM90
 
-ALL_BOARDS = 0b111111
 Transform = Callable[[list[Instruction]], list[Instruction]]
 
 
@@ -47,7 +47,6 @@ def without_trap(body: list[Instruction]) -> list[Instruction]:
 
 
 BRANCHES = ("BRA", "EXIT", "BPT")
-LONGEST_YIELDING_STALL = 11  # nvdisasm refuses stalls of 12 to 15 with the yield bit set
 
 
 def slowest(body: list[Instruction]) -> list[Instruction]:

@@ -20,7 +20,6 @@ def main() -> None:
                         help="also launch only this many blocks (rows 0..grid-1 compared)")
     args = parser.parse_args()
 
-    import own_launch
     from bob.backends.nv.rm.backend import NvBackend
     from bob.backends.nv.sim import NvSimBackend
     from bob.kernels.own_regions import own_regions
@@ -34,17 +33,9 @@ def main() -> None:
             arrays = inputs(name, vocab)
             full = one_launch_plan(owned[name], vocab)
             reference = run_alone(NvSimBackend(full), arrays)
-            if grid is None:
-                plan = full
-            else:
-                whole = own_launch.grid_of
-                own_launch.grid_of = lambda region, v, g=grid: g  # noqa: B023
-                try:
-                    plan = one_launch_plan(owned[name], vocab)
-                finally:
-                    own_launch.grid_of = whole
-                sizes = {each.name: each.spec.bytes // 4 if hasattr(each, "spec") else
-                         each.bytes // 4 for each in plan.tensors}
+            plan = one_launch_plan(owned[name], vocab, grid)
+            if grid is not None:  # the first rows' inputs
+                sizes = {each.name: each.bytes // 4 for each in plan.tensors}
                 arrays = {k: v[:sizes[k]] for k, v in arrays.items()}
             runs = []
             for _ in range(args.runs):

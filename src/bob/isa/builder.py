@@ -221,7 +221,7 @@ def schedule(instructions: list[Instruction], table: Table,
             for boards in (*writing.values(), *reading.values()):
                 for board in boards:
                     wait |= 1 << board
-        earliest = max((ready[r][latency.READERS.index(reader)] for r, reader in fx.sources
+        earliest = max((ready[r][latency.READER_INDEX[reader]] for r, reader in fx.sources
                         if r in ready), default=0)
         if form.mnemonic in latency.MEMORY_MNEMONICS:
             earliest = max(earliest, recent.get(latency.BARRIER, 0))

@@ -26,7 +26,7 @@ followed, states merged where paths meet) and reports:
 - ``barrier-latency``: a memory access fewer cycles after a BAR.SYNC than the
   barrier takes to take effect;
 - ``illegal-encoding``: bits nvdisasm may print but the hardware refuses (a
-  guarded BPT.TRAP; a stall over 11 with the yield bit set).
+  guarded BPT.TRAP; a stall outside 1..11 with the yield bit set).
 
 The latencies depend on the writer's pipe and the reader's (``bob.isa.latency``);
 every schedule ptxas made for Bob's kernels passes (tests/test_isa_check.py),
@@ -330,7 +330,7 @@ def _step(step: Step, state: State, steps: list[Step], index: int,
     for register, reader in fx.sources:
         left = state.ready.get(register)
         if left is not None:
-            late[register] = max(late.get(register, 0), left[latency.READERS.index(reader)])
+            late[register] = max(late.get(register, 0), left[latency.READER_INDEX[reader]])
     for register in sorted(fx.reads):
         cycles = late.get(register, 0)
         if cycles > 0:

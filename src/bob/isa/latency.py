@@ -19,6 +19,7 @@ Classes are named by what an instruction is, per operand where one instruction i
 
 from __future__ import annotations
 
+from functools import cache
 from types import MappingProxyType
 
 # -- who writes ----------------------------------------------------------------------------
@@ -62,9 +63,10 @@ _REGISTER = {
 }
 _REGISTER[EITHER] = {reader: max(_REGISTER[ALU][reader], _REGISTER[FMA][reader])
                      for reader in _REGISTER[ALU]}
-# Predicates: an ALU-pipe compare, or an FMA-pipe carry (IMAD), read by ...
-_PREDICATE_BY_FMA_READER = {ALU: 5, FMA: 4}
-_PREDICATE_DISPATCH = 13  # ... a guard, a branch or a variable-latency instruction
+# Predicates: an ALU-pipe compare or an FMA-pipe carry (IMAD), read as an operand by
+# either pipe (any other writer: 5) ...
+_PREDICATE = {ALU: {ALU: 4, FMA: 5}, FMA: {ALU: 5, FMA: 4}}
+_PREDICATE_DISPATCH = 13  # ... and by a guard, a branch or a variable-latency instruction
 # Uniform registers: a uniform load, or the uniform datapath, read by ...
 _UNIFORM = {
     UNIFORM_LOAD: {"vector": 2, DECOUPLED: 2, UNIFORM: 2},
@@ -86,8 +88,8 @@ GUARDED_VARIABLE_WRITE_AFTER_WRITE = 5
 
 # Every reader a result is counted down for (``readiness``), in this order.
 READERS = (ALU, FMA, EITHER, WIDE_AB, WIDE_C_HIGH, MMA, DECOUPLED, MEMORY, GUARD, UNIFORM)
+READER_INDEX = MappingProxyType({reader: i for i, reader in enumerate(READERS)})
 _DISPATCHED = (DECOUPLED, MEMORY, GUARD)
-_VECTOR = (ALU, FMA, EITHER, WIDE_AB, WIDE_C_HIGH, MMA)
 
 
 def _register(writer: str, reader: str) -> int:
@@ -102,11 +104,7 @@ def _predicate(writer: str, reader: str) -> int:
     if reader == EITHER:
         return max(_predicate(writer, ALU), _predicate(writer, FMA))
     pipe = ALU if reader == ALU else FMA
-    if writer == ALU:
-        return 4 if pipe == ALU else 5
-    if writer == FMA:
-        return _PREDICATE_BY_FMA_READER[pipe]
-    return 5
+    return _PREDICATE[writer][pipe] if writer in _PREDICATE else 5
 
 
 def _uniform(writer: str, reader: str) -> int:
@@ -128,6 +126,7 @@ def latency(kind: str, writer: str, reader: str) -> int:
     return _register(writer, reader)
 
 
+@cache
 def readiness(kind: str, writer: str) -> tuple[int, ...]:
     """The cycles each reader of READERS waits for the result, in that order."""
     return tuple(latency(kind, writer, reader) for reader in READERS)
