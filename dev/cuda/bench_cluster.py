@@ -93,7 +93,8 @@ class Device:
     clusters: int
 
     @staticmethod
-    def open(vocab: int, mode: str, threads: int, macros: str = "") -> Device:
+    def open(vocab: int, mode: str, threads: int, macros: str = "",
+             stream_weights: bool = False) -> Device:
         api = driver.bindings()
         driver.initialize()
         device = driver.call("cuDeviceGet", 0)
@@ -104,6 +105,9 @@ class Device:
                             attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                             device)
         ctas, dynamic = cluster_ctas(vocab, mode, limit)
+        if not stream_weights:  # all the plan asks for: a corpus slice holds its weights too
+            target = replace(SM90, max_shared_bytes_per_block=limit)
+            dynamic = sig.shared_rest(target, sig.CLUSTER_STATIC_SHARED_BYTES)
         image = compile_source(cluster_source(f"#define CLUSTER_THREADS {threads}u\n{macros}"),
                                "sm_90").image
         module = driver.call("cuModuleLoadData", np.frombuffer(image, np.uint8).ctypes.data)
@@ -293,15 +297,18 @@ def main() -> int:
     parser.add_argument("-D", "--define", action="append", default=[],
                         help="NAME=VALUE put in front of the source as a #define")
     parser.add_argument("--no-time", action="store_true")
+    parser.add_argument("--stream-weights", action="store_true",
+                        help="ask for the four arrays' shared memory only, so that a corpus "
+                             "row's weights are read from global memory every update")
     args = parser.parse_args()
     driver.initialize()
     same = True
     for vocab in args.vocab or [50257]:
         for mode in args.mode or ["hard", "corpus"]:
             macros = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in args.define)
-            device = Device.open(vocab, mode, args.threads, macros)
+            device = Device.open(vocab, mode, args.threads, macros, args.stream_weights)
             print(f"V={vocab} {mode} {' '.join(args.define)}: clusters of {device.ctas} CTAs "
-                  f"x {device.threads} threads, {device.dynamic} B of slices, "
+                  f"x {device.threads} threads, {device.dynamic} B of shared memory, "
                   f"{device.clusters} clusters",
                   flush=True)
             tables = Tables(vocab, mode)

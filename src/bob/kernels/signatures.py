@@ -64,8 +64,10 @@ TALL_BLOCKS = {FUSED_TALL_HARD: 1024, FUSED_TALL_CORPUS: 512}
 BLOCKS = {**TALL_BLOCKS, FUSED_HELD_HARD: 512, FUSED_HELD_CORPUS: 512,
           FUSED_CLUSTER_HARD: 512, FUSED_CLUSTER_CORPUS: 512}
 # The cluster regions and how each CTA's slice of a row sits in its shared memory.
+# A corpus slice needs the same four: its kernel holds the row's weights as a fifth array
+# where the dynamic shared memory has room, and reads them from global memory where not.
 CLUSTER_SLICES = {FUSED_CLUSTER_HARD: ClusterSlices(arrays=4),  # w, m, v, e
-                  FUSED_CLUSTER_CORPUS: ClusterSlices(arrays=5)}  # and the weights
+                  FUSED_CLUSTER_CORPUS: ClusterSlices(arrays=4)}
 # Regions that ask, at launch, for all the shared memory their target leaves beyond the
 # image's own (dynamic shared memory): the kernel reads how much it got.
 # The cluster regions do too (CLUSTER_SLICES), and their kernels trap below their slice.

@@ -10,9 +10,14 @@
 // the cluster (ld.shared::cluster), so every CTA gets the same bits, the lane order's. The
 // max is the integer max of order keys over the cluster, the literal tree for a zero.
 //
-// w, m, v (and the corpus weights) stay in shared memory for all of the launch's updates of
-// the row, with the exponentials of the current update: DRAM is read and written once per
-// row per launch. A cluster exchange is one cluster barrier: each CTA writes its partials
+// w, m and v stay in shared memory for all of the launch's updates of the row, with the
+// exponentials of the current update: DRAM is read and written once per row per launch. A
+// corpus row's weights are only read: where the launch's dynamic shared memory has room for
+// a fifth array they are held too, and where it does not each update reads them again from
+// global memory, where after the first update the cluster's rows in flight find them in L2
+// (each thread asks for its next quad's weights a quad ahead). So a corpus slice needs
+// hard's four arrays, and at V = 50257 a row fits a cluster of half the CTAs it would need
+// with the weights held. A cluster exchange is one cluster barrier: each CTA writes its partials
 // (or its max key) into its own shared memory, by turn (exchanges alternate two buffers, so
 // a buffer is written again only after the exchange between has been passed by all).
 // The grid is clusters of C CTAs; cluster g takes rows g, g + G, ... (G clusters): any G
@@ -74,9 +79,10 @@ template <bool CORPUS>
 struct ClusterRow {
     const FusedArgs& a;
     ClusterShared& shared;
-    float4 *w, *m, *v, *e, *t;  // the slice's quads: `quads` each, in dynamic shared memory
+    float4 *w, *m, *v, *e;  // the slice's quads: `quads` each, in dynamic shared memory
     u32 rank, lane_bits, chain, quads;  // L = 1 << lane_bits; chain = ceil(V / 256)
     u32 turn;
+    float4* t;  // the corpus weights' quads where they are held, else nullptr
 
     __device__ u32 lanes() const { return 1u << lane_bits; }
     // Column of local position k.
@@ -180,15 +186,33 @@ static __device__ __forceinline__ float4 quad(const float (&x)[4]) {
     return make_float4(x[0], x[1], x[2], x[3]);
 }
 
+// The corpus weights of the quad at column j0 of the row at `base`, from global memory
+// (element by element: a row of V % 4 != 0 starts anywhere).
+static __device__ __forceinline__ float4 weights_quad(const FusedArgs& a, u64 base, u32 j0) {
+    float t[4];
+#pragma unroll
+    for (u32 c = 0; c < 4u; ++c) t[c] = j0 + c < a.vocab ? __ldg(a.weights + base + j0 + c) : 0.0f;
+    return quad(t);
+}
+
 // The finish of row r from its final w (e and s of it): the gradients stored, and the loss.
-template <bool CORPUS>
+// The corpus weights of quad q (at column j0): held, or read from global memory.
+template <bool CORPUS, bool HELD>
+static __device__ __forceinline__ float4 row_weights(const FusedArgs& a,
+                                                     const ClusterRow<CORPUS>& row, u64 base,
+                                                     u32 q, u32 j0) {
+    if (!CORPUS) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return HELD ? row.t[q] : weights_quad(a, base, j0);
+}
+
+template <bool CORPUS, bool HELD>
 static __device__ void finish_row(const FusedArgs& a, ClusterRow<CORPUS>& row, u64 base, u32 r,
                                   u32 target, float weight_sum, float s, float row_max) {
     const float big_l = bob_log2(s);
     for (u32 q = threadIdx.x; q < row.quads; q += CLUSTER_THREADS) {
         const u32 j0 = row.column(4u * q);
         const float4 wq = row.w[q], eq = row.e[q];
-        const float4 tq = CORPUS ? row.t[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 tq = row_weights<CORPUS, HELD>(a, row, base, q, j0);
         float terms[4];
 #pragma unroll
         for (u32 c = 0; c < 4u; ++c) {
@@ -216,24 +240,11 @@ static __device__ void finish_row(const FusedArgs& a, ClusterRow<CORPUS>& row, u
     }
 }
 
-template <bool CORPUS>
-static __device__ void fused_cluster(const FusedArgs& a) {
-    __shared__ ClusterShared shared;
-    extern __shared__ float4 slices[];
-    const u32 ctas = cluster_ctas();
-    const u32 lane_bits = 8u - (31u - __clz(ctas));  // L = 256 / C, C a power of two
-    const u32 chain = (a.vocab + LANES - 1u) / LANES;
-    const u32 quads = (chain << lane_bits) / 4u;
-    const u32 arrays = CORPUS ? 5u : 4u;  // w, m, v, e (, t)
-    if ((ctas & (ctas - 1u)) != 0u || ctas > LANES / 4u
-        || dynamic_shared_bytes() < arrays * quads * 16u) {
-        __trap();
-    }
-    ClusterRow<CORPUS> row{a, shared, slices, slices + quads, slices + 2u * quads,
-                           slices + 3u * quads, CORPUS ? slices + 4u * quads : nullptr,
-                           cluster_rank(), lane_bits, chain, quads, 0u};
-    StagedScalars scalars{shared.scalars, CLUSTER_THREADS};
-
+// The cluster's rows, each for all of the launch's updates; HELD: the weights held in t.
+template <bool CORPUS, bool HELD>
+static __device__ void cluster_rows(const FusedArgs& a, ClusterRow<CORPUS>& row,
+                                    StagedScalars& scalars) {
+    const u32 quads = row.quads;
     for (u32 r = cluster_index(); r < a.vocab; r += cluster_count()) {
         const u64 base = (u64)r * a.vocab;
         const u32 target = CORPUS ? 0u : a.targets[r];
@@ -253,15 +264,20 @@ static __device__ void fused_cluster(const FusedArgs& a) {
             row.w[q] = quad(w);
             row.m[q] = quad(m);
             row.v[q] = quad(v);
-            if (CORPUS) row.t[q] = quad(t);
+            if (CORPUS) (HELD ? row.t : row.e)[q] = quad(t);  // e is free until the first sum
         }
-        const float weight_sum = CORPUS ? row.sum(row.t) : 0.0f;
+        const float weight_sum = CORPUS ? row.sum(HELD ? row.t : row.e) : 0.0f;
         float row_max = row.max(held);
 
         for (u32 k = 0; k <= a.updates; ++k) {
             const bool finishing = k == a.updates;
             if (finishing && !a.finish) break;
             if (!finishing) scalars.stage(a, k);
+            // Streamed weights: a thread's first quad asked for now, under the sum's folds.
+            float4 t_ahead = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (CORPUS && !HELD && !finishing && threadIdx.x < quads) {
+                t_ahead = weights_quad(a, base, row.column(4u * threadIdx.x));
+            }
             for (u32 q = threadIdx.x; q < quads; q += CLUSTER_THREADS) {
                 const float4 wq = row.w[q];
                 float e[4];
@@ -271,7 +287,7 @@ static __device__ void fused_cluster(const FusedArgs& a) {
             }
             const float s = row.sum(row.e);
             if (finishing) {
-                finish_row(a, row, base, r, target, weight_sum, s, row_max);
+                finish_row<CORPUS, HELD>(a, row, base, r, target, weight_sum, s, row_max);
                 break;
             }
             const AdamStep step = scalars.step(a, k);  // after the sum's barriers
@@ -279,7 +295,10 @@ static __device__ void fused_cluster(const FusedArgs& a) {
             for (u32 q = threadIdx.x; q < quads; q += CLUSTER_THREADS) {
                 const u32 j0 = row.column(4u * q);
                 const float4 wq = row.w[q], mq = row.m[q], vq = row.v[q], eq = row.e[q];
-                const float4 tq = CORPUS ? row.t[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                const float4 tq = HELD ? row_weights<CORPUS, HELD>(a, row, base, q, j0) : t_ahead;
+                if (CORPUS && !HELD && q + CLUSTER_THREADS < quads) {
+                    t_ahead = weights_quad(a, base, row.column(4u * (q + CLUSTER_THREADS)));
+                }
                 float w[4], m[4], v[4], e[4], t[4];
                 u32 j[4];
                 bool inside[4];
@@ -318,6 +337,33 @@ static __device__ void fused_cluster(const FusedArgs& a) {
                 }
             }
         }
+    }
+}
+
+template <bool CORPUS>
+static __device__ void fused_cluster(const FusedArgs& a) {
+    __shared__ ClusterShared shared;
+    extern __shared__ float4 slices[];
+    const u32 ctas = cluster_ctas();
+    const u32 lane_bits = 8u - (31u - __clz(ctas));  // L = 256 / C, C a power of two
+    const u32 chain = (a.vocab + LANES - 1u) / LANES;
+    const u32 quads = (chain << lane_bits) / 4u;
+    const u32 arrays = 4u;  // w, m, v, e
+    if ((ctas & (ctas - 1u)) != 0u || ctas > LANES / 4u
+        || dynamic_shared_bytes() < arrays * quads * 16u) {
+        __trap();
+    }
+    // The same bytes either way (the same weights, the same order); held is faster where
+    // they fit beside the four, streamed only lets a row fit fewer CTAs.
+    const bool held = CORPUS && dynamic_shared_bytes() >= (arrays + 1u) * quads * 16u;
+    ClusterRow<CORPUS> row{a, shared, slices, slices + quads, slices + 2u * quads,
+                           slices + 3u * quads, cluster_rank(), lane_bits, chain, quads, 0u,
+                           held ? slices + 4u * quads : nullptr};
+    StagedScalars scalars{shared.scalars, CLUSTER_THREADS};
+    if (held) {
+        cluster_rows<CORPUS, true>(a, row, scalars);
+    } else {
+        cluster_rows<CORPUS, false>(a, row, scalars);
     }
     cluster_barrier();  // no CTA leaves while another may read its shared memory
 }
