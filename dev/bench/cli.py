@@ -82,7 +82,7 @@ def render_table(table: BenchTable) -> Table:
 def bench(vocabs: Sequence[int], updates: int | None, repeats: int, backends: Sequence[str],
           as_json: bool, save: Path | None, submission: str, mode: str = "hard",
           tokens: str | None = None, val_tokens: str | None = None,
-          kernels: str = DEFAULT_KERNELS) -> int:
+          kernels: str = DEFAULT_KERNELS, compute_floor: bool = False) -> int:
     """Run the suite as the command's options ask; the exit status (1: a Bob row failed)."""
     errors = Console(stderr=True)
 
@@ -99,10 +99,13 @@ def bench(vocabs: Sequence[int], updates: int | None, repeats: int, backends: Se
               if path is not None for word in (flag, path)]
     if kernels != DEFAULT_KERNELS:
         words += ["--kernels", kernels]
+    if compute_floor:
+        words.append("--compute-floor")
     command = shlex.join(words)
     report = run_bench(backends, vocabs, updates, repeats, progress=progress, command=command,
                        submission=submission, mode=mode,  # type: ignore[arg-type]
-                       tokens=tokens, val_tokens=val_tokens, kernels=kernels)
+                       tokens=tokens, val_tokens=val_tokens, kernels=kernels,
+                       compute_floor=compute_floor)
     document = json.dumps(report.to_json(), indent=1)
     if save is not None:
         atomic_write(save, (document + "\n").encode("utf-8"))

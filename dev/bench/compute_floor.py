@@ -7,7 +7,10 @@ The fused kernels against two floors, per update at each V and mode:
 - the compute floor: the warp instructions the fused kernels execute per update (NCU's
   smsp__inst_executed.sum, for the launches of the fused region only) over the device's
   issue rate, one warp instruction a cycle on each of the four schedulers of every SM at
-  the device's rated clock. No kernel can finish before its instructions are issued.
+  the device's rated clock. No kernel can finish before its instructions are issued. A
+  kernel that takes all of an SM's shared memory (the held and cluster kernels) runs one
+  CTA an SM, so it issues on its grid's SMs only (a cluster grid: as many CTAs as the SMs
+  hold clusters of, 120 of the H200's 132): its floor over those SMs is printed too.
 
 Instructions are counted in child processes under `ncu` (kernels named bob_fused_*), for
 invocations of SHORT and LONG updates from zero tables: (count(LONG) - count(SHORT)) /
@@ -15,7 +18,8 @@ invocations of SHORT and LONG updates from zero tables: (count(LONG) - count(SHO
 parameter-update it makes. The time is measured in this process the same way
 (dev/cuda/bench_stream.py's run_stream: T(LONG) - T(SHORT) over LONG - SHORT), so every
 printed figure is per update of the same kernels. `--no-ncu` prints the times and copy
-floors only.
+floors only. `bob bench --compute-floor` prints the same floors as rows beside its memory
+floor (compute_floor_rows).
 """
 from __future__ import annotations
 
@@ -28,12 +32,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from bob.backends import choose_backend
+from bob.backends import BackendChoice, choose_backend
 from bob.backends.cuda.driver import bindings, call, describe_device
-from bob.config import Mode
+from bob.config import Hyper, Mode
+from bob.kernels import signatures as sig
+from bob.program.bob import build_plan
 from dev.bench.measurement import GOAL_COPY_BANDWIDTH, command_env
 from dev.bench.suite import copy_bandwidth
-from dev.bench.tables import BYTES_PER_PARAMETER
+from dev.bench.tables import BYTES_PER_PARAMETER, Row
 from dev.cuda import variants
 from dev.cuda.bench_stream import LONG, SHORT, invocation, run_stream
 
@@ -54,6 +60,10 @@ class Issue:
     def warp_instructions_per_second(self) -> float:
         return self.multiprocessors * SCHEDULERS_PER_SM * self.clock_hz
 
+    def on(self, multiprocessors: int) -> Issue:
+        """The issue of `multiprocessors` of these SMs."""
+        return Issue(multiprocessors, self.clock_hz)
+
     @staticmethod
     def of_device(ordinal: int = 0) -> Issue:
         info = describe_device(ordinal)  # initializes the driver
@@ -69,6 +79,22 @@ class Count:
     launches: int
     warp: float
     thread: float
+
+
+@dataclass(frozen=True)
+class PerUpdate:
+    """What one more update executes: (LONG - SHORT) invocations' counts over LONG - SHORT."""
+    warp: float
+    thread: float
+
+    @staticmethod
+    def of(short: Count, long: Count) -> PerUpdate:
+        return PerUpdate((long.warp - short.warp) / (LONG - SHORT),
+                         (long.thread - short.thread) / (LONG - SHORT))
+
+    def floor(self, issue: Issue) -> float:
+        """Seconds an update's warp instructions take to issue at `issue`'s rate."""
+        return self.warp / issue.warp_instructions_per_second
 
 
 def parse_case(text: str) -> tuple[int, Mode]:
@@ -102,6 +128,58 @@ def ncu_count(vocab: int, mode: Mode, updates: int) -> Count:
     return parse_ncu_csv(done.stdout)
 
 
+def multiprocessors_used(vocab: int, mode: Mode, multiprocessors: int,
+                         choice: BackendChoice | None = None) -> int:
+    """The SMs the fused launches of a LONG invocation on `choice` (default: cuda) issue on:
+    a region that asks for all the shared memory its target leaves (the held and cluster
+    ones) runs one CTA an SM, so as many SMs as its grid has CTAs; any other, all of them."""
+    choice = choice or choose_backend("cuda")
+    config = variants.fused(vocab, mode, LONG)
+    region = config.fused_region(choice.target)
+    if region not in sig.SHARED_REST | sig.CLUSTER_SLICES.keys():
+        return multiprocessors
+    plan = build_plan(config, choice.target, Hyper(), compiled=choice.regions)
+    grids = [launch.grid.x for launch in plan.launches if launch.region == region]
+    return min(max(grids, default=multiprocessors), multiprocessors)
+
+
+def floor_words(per_update: PerUpdate, issue: Issue, used: int, measured: float | None,
+                parameters: int) -> str:
+    """The compute floor over every SM and, where the kernel runs on fewer, over those."""
+    def against(floor: float) -> str:
+        return f" ({measured / floor:.2f}x)" if measured else ""
+
+    floor = per_update.floor(issue)
+    words = f"compute floor {floor * 1e3:.3f} ms{against(floor)}"
+    if used < issue.multiprocessors:
+        on_grid = per_update.floor(issue.on(used))
+        words += f", {on_grid * 1e3:.3f} ms on the {used} SMs its grid holds{against(on_grid)}"
+    return (f"{words}; {per_update.thread / parameters:.1f} thread and "
+            f"{32 * per_update.warp / parameters:.1f} lane-slot instructions per "
+            "parameter-update")
+
+
+def compute_floor_rows(vocab: int, mode: Mode, updates: int) -> list[Row]:
+    """`bob bench --compute-floor`'s rows: the fused kernels' instructions counted by ncu
+    (invocations of SHORT and LONG updates from zero tables, child processes) over the
+    issue rate of every SM, and of the SMs the kernel's grid holds where those are fewer;
+    one skipped row saying why where ncu or the count is not to be had."""
+    try:
+        issue = Issue.of_device()
+        per_update = PerUpdate.of(ncu_count(vocab, mode, SHORT), ncu_count(vocab, mode, LONG))
+        used = multiprocessors_used(vocab, mode, issue.multiprocessors)
+    except (SystemExit, Exception) as error:  # noqa: BLE001 - the floor row is a courtesy
+        return [Row("compute floor", "floor", updates, error=f"skipped: {error}")]
+    note = (f"{32 * per_update.warp / (vocab * vocab):.1f} instructions per "
+            "parameter-update (ncu) / issue rate")
+    rows = [Row(f"compute floor ({issue.multiprocessors} SMs' issue)", "floor", updates,
+                per_update.floor(issue) * updates, (), None, note)]
+    if used < issue.multiprocessors:
+        rows.append(Row(f"compute floor (the {used} SMs its grid holds)", "floor", updates,
+                        per_update.floor(issue.on(used)) * updates, (), None, note))
+    return rows
+
+
 def parse_ncu_csv(text: str) -> Count:
     """The sums of METRICS over the launches ncu reported (its CSV rows, one per metric)."""
     start = text.find('"ID"')
@@ -128,13 +206,8 @@ def case_line(vocab: int, mode: Mode, issue: Issue | None, copy: float | None,
             floor = BYTES_PER_PARAMETER * parameters / bandwidth
             words.append(f"{source} floor {floor * 1e3:.3f} ms ({measured / floor:.2f}x)")
     if counted is not None and issue is not None:
-        short, long = counted
-        warp = (long.warp - short.warp) / (LONG - SHORT)
-        thread = (long.thread - short.thread) / (LONG - SHORT)
-        floor = warp / issue.warp_instructions_per_second
-        words.append(f"compute floor {floor * 1e3:.3f} ms ({measured / floor:.2f}x; "
-                     f"{thread / parameters:.1f} thread and {32 * warp / parameters:.1f} "
-                     f"lane-slot instructions per parameter-update)")
+        used = multiprocessors_used(vocab, mode, issue.multiprocessors)
+        words.append(floor_words(PerUpdate.of(*counted), issue, used, measured, parameters))
     return "; ".join(words)
 
 

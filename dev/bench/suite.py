@@ -158,10 +158,10 @@ def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: 
                  copy: float | None = None,
                  submission: str = AUTO_SUBMISSION,
                  workload: Workload | None = None,
-                 kernels: str = DEFAULT_KERNELS) -> BenchTable:
+                 kernels: str = DEFAULT_KERNELS, compute_floor: bool = False) -> BenchTable:
     """One table: Bob's rows on `choice` (and nv beside cuda), in corpus mode the whole
-    commands, then the peers and the memory floor, all on `workload` (default: the hard
-    bench targets).
+    commands, then the peers and the memory floor (with `compute_floor` the compute floor
+    too), all on `workload` (default: the hard bench targets).
 
     Run in an order that leaves each its device memory: every Bob session is closed before
     the processes start, and the peers in this process come last (JAX's allocator keeps
@@ -202,6 +202,11 @@ def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: 
         rows.append(measure_peer(make, name, updates, repeats))
     if device == "cuda" and vocab >= BANDWIDTH_MIN_VOCAB:
         rows.extend(floor_rows(vocab, updates, copy))
+        if compute_floor:
+            from dev.bench.compute_floor import compute_floor_rows  # it imports this module
+
+            progress(f"{device} V={vocab}: the compute floor (ncu)")
+            rows.extend(compute_floor_rows(vocab, record.mode, updates))
     return BenchTable(device, device_name, vocab, updates, repeats, tuple(rows), record.mode,
                       record.pairs, workload.data)
 
@@ -257,7 +262,7 @@ def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
               progress: Progress | None = None, command: str = "",
               submission: str = AUTO_SUBMISSION, mode: Mode = "hard",
               tokens: str | None = None, val_tokens: str | None = None,
-              kernels: str = DEFAULT_KERNELS) -> BenchReport:
+              kernels: str = DEFAULT_KERNELS, compute_floor: bool = False) -> BenchReport:
     """Every table: for each device, for each V, Bob and its peers side by side, training
     `mode`'s objective (corpus: on the pairs of `tokens`, counted, where given; the whole
     commands validate on `val_tokens`, or on `tokens` itself)."""
@@ -286,6 +291,7 @@ def run_bench(backends: Sequence[str] = (), vocabs: Sequence[int] = (),
             say(f"{device} V={vocab}: the {mode} workload")
             workload = bench_workload(mode, vocab, tokens, val_tokens)
             tables.append(bench_device(device, vocab, n, repeats, hyper, choices[device],
-                                       name, say, copy, submission, workload, kernels))
+                                       name, say, copy, submission, workload, kernels,
+                                       compute_floor))
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return BenchReport(tuple(tables), hyper, date, command, environment())

@@ -38,6 +38,11 @@
 #ifndef CLUSTER_TIMING_NO_FOLD
 #define CLUSTER_TIMING_NO_FOLD 0
 #endif
+// 1: the last L threads fold the exponentials round by round while the others compute
+// them, one barrier a round (ClusterRow::exponentials_sum; measured slower).
+#ifndef CLUSTER_PIPELINED_FOLD
+#define CLUSTER_PIPELINED_FOLD 0
+#endif
 #define CLUSTER_WARPS (CLUSTER_THREADS / WARP)
 #define CLUSTER_BOUNDS __launch_bounds__(CLUSTER_THREADS, 1)
 
@@ -176,6 +181,55 @@ struct ClusterRow {
         return tree(SumOp());
     }
 
+#if CLUSTER_PIPELINED_FOLD
+    // e = the exponentials of w against row_max, and their row sum. The last L threads are
+    // the lanes: while the others compute round r + 1's quads, they fold round r's chain
+    // positions (a round of W quads is 4 W / L whole positions), one barrier a round.
+    __device__ float exponentials_sum(float row_max) {
+        const u32 workers = CLUSTER_THREADS - lanes();
+        const u32 rounds = (quads + workers - 1u) / workers;
+        const u32 per_round = (4u * workers) >> lane_bits;
+        const bool folding = threadIdx.x >= workers;
+        const u32 lane = threadIdx.x - workers;
+        const float* values = (const float*)e + lane;
+        const u32 first = (rank << lane_bits) + lane;
+        const u32 inside = folding && first < a.vocab ? (a.vocab - first + LANES - 1u) / LANES
+                                                      : 0u;
+        float acc = 0.0f;
+        for (u32 r = 0; r <= rounds; ++r) {
+            if (!folding) {
+                const u32 q = threadIdx.x + workers * r;
+                if (q < quads) {
+                    const float4 wq = w[q];
+                    float x[4];
+#pragma unroll
+                    for (u32 c = 0; c < 4u; ++c) {
+                        x[c] = bob_exp2(exponent(part(wq, c), row_max, a.log2e));
+                    }
+                    e[q] = make_float4(x[0], x[1], x[2], x[3]);
+                }
+            } else if (r > 0) {
+                const u32 n0 = per_round * (r - 1u);
+                const u32 n1 = min(n0 + per_round, inside);
+                for (u32 b0 = n0; b0 < n1; b0 += CLUSTER_FOLD_BATCH) {
+                    float batch[CLUSTER_FOLD_BATCH];
+#pragma unroll
+                    for (u32 b = 0; b < CLUSTER_FOLD_BATCH; ++b) {
+                        batch[b] = b0 + b < n1 ? values[(b0 + b) << lane_bits] : 0.0f;
+                    }
+#pragma unroll
+                    for (u32 b = 0; b < CLUSTER_FOLD_BATCH; ++b) {
+                        if (b0 + b < n1) acc = add(acc, batch[b]);
+                    }
+                }
+            }
+            if (r < rounds) __syncthreads();
+        }
+        if (folding) shared.partials[turn][lane] = acc;
+        return tree(SumOp());
+    }
+#endif
+
     // The row max of w from `held`, each thread's select_max of its inside elements.
     __device__ float max(float held) {
         const int key = __reduce_max_sync(FULL_WARP, order_key(held));
@@ -300,6 +354,9 @@ static __device__ void cluster_rows(const FusedArgs& a, ClusterRow<CORPUS>& row,
             if (CORPUS && !HELD && !finishing && threadIdx.x < quads) {
                 t_ahead = weights_quad(a, base, row.column(4u * threadIdx.x));
             }
+#if CLUSTER_PIPELINED_FOLD
+            const float s = row.exponentials_sum(row_max);
+#else
             for (u32 q = threadIdx.x; q < quads; q += CLUSTER_THREADS) {
                 const float4 wq = row.w[q];
                 float e[4];
@@ -308,6 +365,7 @@ static __device__ void cluster_rows(const FusedArgs& a, ClusterRow<CORPUS>& row,
                 row.e[q] = quad(e);
             }
             const float s = row.sum(row.e);
+#endif
             if (finishing) {
                 finish_row<CORPUS, HELD>(a, row, base, r, target, weight_sum, s, row_max);
                 break;

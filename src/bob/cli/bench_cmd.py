@@ -62,8 +62,12 @@ def checkout_root() -> Path | None:
 @click.option("--val-tokens", type=click.Path(dir_okay=False, exists=True),
               help="The whole commands' validation tokens (default: the --tokens file).")
 @KERNELS_OPTION
+@click.option("--compute-floor", is_flag=True,
+              help="On the GPU, also the compute floor beside the memory floor: the fused "
+                   "kernels' executed instructions (counted by Nsight Compute, `ncu` on "
+                   "PATH) over the SMs' issue rate.")
 def bench(vocabs, updates, repeats, backends, as_json, save, submission, mode, tokens,
-          val_tokens, kernels) -> None:
+          val_tokens, kernels, compute_floor) -> None:
     """Microseconds per AdamW update: Bob beside its peers, side by side.
 
     Every contender trains the same objective from a zero table with lr 0.1,
@@ -85,7 +89,7 @@ def bench(vocabs, updates, repeats, backends, as_json, save, submission, mode, t
 
     require_bench_kernels(kernels, backends)  # --kernels own: rows beside nv's, on cuda
     status = suite.bench(vocabs, updates, repeats, backends, as_json, save, submission, mode,
-                         tokens, val_tokens, kernels)
+                         tokens, val_tokens, kernels, compute_floor)
     if status:
         click.get_current_context().exit(status)
 
