@@ -77,7 +77,7 @@ def test_bench_device_puts_the_compute_floor_after_the_memory_floor(monkeypatch)
     monkeypatch.setattr(suite, "measure_peer",
                         lambda make, name, updates, repeats: Row(name, "peer", updates))
     asked = []
-    monkeypatch.setattr(cf, "compute_floor_rows", lambda vocab, mode, updates: asked.append(
+    monkeypatch.setattr(suite, "compute_floor_rows", lambda vocab, mode, updates: asked.append(
         (vocab, mode, updates)) or [Row("compute floor (132 SMs' issue)", "floor", updates)])
     table = suite.bench_device("cuda", 8192, 100, 1, Hyper(), CUDA, "a fake GPU",
                                lambda text: None, 4.2e12, compute_floor=True)

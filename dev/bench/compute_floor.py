@@ -37,8 +37,7 @@ from bob.backends.cuda.driver import bindings, call, describe_device
 from bob.config import Hyper, Mode
 from bob.kernels import signatures as sig
 from bob.program.bob import build_plan
-from dev.bench.measurement import GOAL_COPY_BANDWIDTH, command_env
-from dev.bench.suite import copy_bandwidth
+from dev.bench.measurement import GOAL_COPY_BANDWIDTH, command_env, copy_bandwidth
 from dev.bench.tables import BYTES_PER_PARAMETER, Row
 from dev.cuda import variants
 from dev.cuda.bench_stream import LONG, SHORT, invocation, run_stream

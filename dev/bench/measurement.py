@@ -24,7 +24,14 @@ from bob.host.training import SMALL_CHECKPOINT_BYTES
 from bob.program.bob import BobConfig, adam_scalar_table
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint, StartingPoint
-from dev.bench.peers import Peer, Unavailable, bench_targets, free_cached_memory, out_of_memory
+from dev.bench.peers import (
+    Peer,
+    Unavailable,
+    bench_targets,
+    free_cached_memory,
+    out_of_memory,
+    torch_modules,
+)
 from dev.bench.processes import ProcessRun, run_process
 from dev.bench.tables import BYTES_PER_PARAMETER, COMMAND_ROW, Device, Row, RowKind
 from dev.bench.workload import TokenCorpus
@@ -386,6 +393,30 @@ def _process_row(name: str, kind: RowKind, updates: int, runs: Sequence[ProcessR
     peaks = [run.peak_rss_bytes for run in runs if run.peak_rss_bytes is not None]
     return Row(name, kind, updates, statistics.median(samples), samples, report.get("loss"),
                note, whole_process=True, peak_rss_bytes=max(peaks) if peaks else None)
+
+
+def copy_bandwidth() -> float | None:
+    """Device-to-device copy bandwidth (bytes read + written per second) through torch."""
+    try:
+        torch, _ = torch_modules()
+        if not torch.cuda.is_available():
+            return None
+        source = torch.empty(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
+        target = torch.empty_like(source)
+        target.copy_(source)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(10):
+            start.record()
+            target.copy_(source)
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) * 1e-3)
+        del source, target
+        torch.cuda.empty_cache()
+        return 2 * (1 << 30) / statistics.median(times)
+    except Exception:  # noqa: BLE001 - the floor row is a courtesy
+        return None
 
 
 def floor_rows(vocab: int, updates: int, measured: float | None) -> list[Row]:

@@ -6,7 +6,6 @@ import contextlib
 import datetime
 import os
 import platform
-import statistics
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -28,8 +27,10 @@ from bob.config import (
 )
 from bob.errors import BadInput
 from bob.host.training import CPU_MAX_VOCAB
+from dev.bench.compute_floor import compute_floor_rows
 from dev.bench.measurement import (
     bob_configs,
+    copy_bandwidth,
     corpus_command_rows,
     error_text,
     failed,
@@ -37,7 +38,7 @@ from dev.bench.measurement import (
     measure_bob,
     measure_peer,
 )
-from dev.bench.peers import JaxLoop, NumpyPeer, Peer, TorchEager, TorchGraph, torch_modules
+from dev.bench.peers import JaxLoop, NumpyPeer, Peer, TorchEager, TorchGraph
 from dev.bench.tables import BANDWIDTH_MIN_VOCAB, BenchReport, BenchTable, Device, Row
 from dev.bench.workload import Workload, bench_workload, token_corpus
 
@@ -76,30 +77,6 @@ def gpu_name() -> str:
 
     info = describe_device()
     return f"{info.name} ({info.arch}), driver {info.driver_version}"
-
-
-def copy_bandwidth() -> float | None:
-    """Device-to-device copy bandwidth (bytes read + written per second) through torch."""
-    try:
-        torch, _ = torch_modules()
-        if not torch.cuda.is_available():
-            return None
-        source = torch.empty(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
-        target = torch.empty_like(source)
-        target.copy_(source)
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(10):
-            start.record()
-            target.copy_(source)
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop) * 1e-3)
-        del source, target
-        torch.cuda.empty_cache()
-        return 2 * (1 << 30) / statistics.median(times)
-    except Exception:  # noqa: BLE001 - the floor row is a courtesy
-        return None
 
 
 Progress = Callable[[str], None]
@@ -203,8 +180,6 @@ def bench_device(device: Device, vocab: int, updates: int, repeats: int, hyper: 
     if device == "cuda" and vocab >= BANDWIDTH_MIN_VOCAB:
         rows.extend(floor_rows(vocab, updates, copy))
         if compute_floor:
-            from dev.bench.compute_floor import compute_floor_rows  # it imports this module
-
             progress(f"{device} V={vocab}: the compute floor (ncu)")
             rows.extend(compute_floor_rows(vocab, record.mode, updates))
     return BenchTable(device, device_name, vocab, updates, repeats, tuple(rows), record.mode,

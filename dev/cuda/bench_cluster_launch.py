@@ -15,7 +15,7 @@ import sys
 
 from bob.backends import BackendChoice, choose_backend
 from dev.bench.compute_floor import parse_case
-from dev.bench.suite import copy_bandwidth
+from dev.bench.measurement import copy_bandwidth
 from dev.bench.tables import BYTES_PER_PARAMETER
 from dev.cuda.bench_stream import LONG, fused, run_stream
 from dev.cuda.clusters import nv_with_clusters

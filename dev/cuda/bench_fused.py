@@ -40,8 +40,8 @@ from bob.kernels import reference
 from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
+from dev.bench.measurement import copy_bandwidth
 from dev.bench.peers import bench_targets, numpy_train
-from dev.bench.suite import copy_bandwidth
 from dev.cuda.variants import SHIPPED, against_shipped, shipped_and_variants, variant_choice
 
 REPEATS = 5

@@ -44,8 +44,7 @@ from bob.config import Hyper, Mode
 from bob.host.session import Session
 from bob.plan.certificate import require_certified
 from bob.program.bob import BobConfig, build_plan
-from dev.bench.measurement import time_runs
-from dev.bench.suite import copy_bandwidth
+from dev.bench.measurement import copy_bandwidth, time_runs
 from dev.bench.tables import BYTES_PER_PARAMETER
 from dev.cuda import variants
 from dev.cuda.variants import (
