@@ -17,9 +17,10 @@
 // global memory, where after the first update the cluster's rows in flight find them in L2
 // (each thread asks for its next quad's weights a quad ahead). So a corpus slice needs
 // hard's four arrays, and at V = 50257 a row fits a cluster of half the CTAs it would need
-// with the weights held. A cluster exchange is one cluster barrier: each CTA writes its partials
-// (or its max key) into its own shared memory, by turn (exchanges alternate two buffers, so
-// a buffer is written again only after the exchange between has been passed by all).
+// with the weights held. A cluster exchange is one cluster barrier: each CTA writes its
+// partials (or its max key) into its own shared memory, by turn (exchanges alternate two
+// buffers, so a buffer is written again only after the exchange between has been passed by
+// all).
 // The grid is clusters of C CTAs; cluster g takes rows g, g + G, ... (G clusters): any G
 // gives the same bits. The plan sizes C (a power of two; the fewest whose slices fit the
 // target's shared memory) and G (the clusters the target's SMs hold at once); the kernel
@@ -267,11 +268,12 @@ static __device__ __forceinline__ float4 quad(const float (&x)[4]) {
 static __device__ __forceinline__ float4 weights_quad(const FusedArgs& a, u64 base, u32 j0) {
     float t[4];
 #pragma unroll
-    for (u32 c = 0; c < 4u; ++c) t[c] = j0 + c < a.vocab ? __ldg(a.weights + base + j0 + c) : 0.0f;
+    for (u32 c = 0; c < 4u; ++c) {
+        t[c] = j0 + c < a.vocab ? __ldg(a.weights + base + j0 + c) : 0.0f;
+    }
     return quad(t);
 }
 
-// The finish of row r from its final w (e and s of it): the gradients stored, and the loss.
 // The corpus weights of quad q (at column j0): held, or read from global memory.
 template <bool CORPUS, bool HELD>
 static __device__ __forceinline__ float4 row_weights(const FusedArgs& a,
@@ -281,6 +283,7 @@ static __device__ __forceinline__ float4 row_weights(const FusedArgs& a,
     return HELD ? row.t[q] : weights_quad(a, base, j0);
 }
 
+// The finish of row r from its final w (e and s of it): the gradients stored, and the loss.
 template <bool CORPUS, bool HELD>
 static __device__ void finish_row(const FusedArgs& a, ClusterRow<CORPUS>& row, u64 base, u32 r,
                                   u32 target, float weight_sum, float s, float row_max) {
@@ -375,7 +378,8 @@ static __device__ void cluster_rows(const FusedArgs& a, ClusterRow<CORPUS>& row,
             for (u32 q = threadIdx.x; q < quads; q += CLUSTER_THREADS) {
                 const u32 j0 = row.column(4u * q);
                 const float4 wq = row.w[q], mq = row.m[q], vq = row.v[q], eq = row.e[q];
-                const float4 tq = HELD ? row_weights<CORPUS, HELD>(a, row, base, q, j0) : t_ahead;
+                const float4 tq = HELD ? row_weights<CORPUS, HELD>(a, row, base, q, j0)
+                                       : t_ahead;
                 if (CORPUS && !HELD && q + CLUSTER_THREADS < quads) {
                     t_ahead = weights_quad(a, base, row.column(4u * (q + CLUSTER_THREADS)));
                 }
