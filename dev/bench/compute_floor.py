@@ -135,7 +135,7 @@ def multiprocessors_used(vocab: int, mode: Mode, multiprocessors: int,
     choice = choice or choose_backend("cuda")
     config = variants.fused(vocab, mode, LONG)
     region = config.fused_region(choice.target)
-    if region not in sig.SHARED_REST | sig.CLUSTER_SLICES.keys():
+    if region not in sig.WHOLE_SM_SHARED:
         return multiprocessors
     plan = build_plan(config, choice.target, Hyper(), compiled=choice.regions)
     grids = [launch.grid.x for launch in plan.launches if launch.region == region]

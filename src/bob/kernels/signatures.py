@@ -72,6 +72,8 @@ CLUSTER_SLICES = {FUSED_CLUSTER_HARD: ClusterSlices(arrays=4),  # w, m, v, e
 # image's own (dynamic shared memory): the kernel reads how much it got.
 # The cluster regions do too (CLUSTER_SLICES), and their kernels trap below their slice.
 SHARED_REST = frozenset({FUSED_HELD_HARD, FUSED_HELD_CORPUS})
+# Every region that takes all of an SM's shared memory, so runs one CTA an SM.
+WHOLE_SM_SHARED = SHARED_REST | CLUSTER_SLICES.keys()
 # The regions that run many updates a launch past ONE_LAUNCH_MAX_VOCAB (the program's
 # HELD_UPDATES_PER_LAUNCH): those whose rows, or their w, stay in shared memory.
 HELD_ROWS = frozenset({FUSED_HELD_HARD, FUSED_HELD_CORPUS, *CLUSTER_SLICES})

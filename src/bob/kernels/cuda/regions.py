@@ -136,7 +136,7 @@ def region_from_kernel(kernel: Kernel, declared: Region, target: Target) -> Regi
         params=declared.params,
         entry=kernel.entry,
         dynamic_shared_bytes=(sig.shared_rest(target, kernel.shared_bytes)
-                              if declared.name in sig.SHARED_REST | sig.CLUSTER_SLICES.keys()
+                              if declared.name in sig.WHOLE_SM_SHARED
                               else 0),
         cluster_slices=declared.cluster_slices,
     )
