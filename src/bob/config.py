@@ -37,7 +37,16 @@ SUBMISSION_CHOICES: tuple[str, ...] = ("auto", *SUBMISSION_POLICIES)
 AUTO_SUBMISSION = "auto"
 
 MIN_VOCAB = 2  # a softmax over one column learns nothing
-MAX_VOCAB = 65536  # 16 GiB f32 tables: every size and offset is 64-bit
+# Collapsed tables (a rest class per row and the data's columns) reach V = 2^20: Llama 3's
+# 128256, Gemma's 256000. Pair keys (prev * V + next) and data digests are then 64-bit.
+MAX_VOCAB = 1 << 20
+# Dense V x V tables stop here: 16 GiB f32 each, every size and offset already 64-bit.
+MAX_DENSE_VOCAB = 65536
+# How a table is held: dense (V x V, the seed's program and the reference) or collapsed
+# (one rest class per row and its exception columns); "auto" chooses from the data.
+Tables = Literal["dense", "collapsed"]
+TABLES: tuple[Tables, ...] = ("dense", "collapsed")
+TABLES_CHOICES: tuple[str, ...] = ("auto", *TABLES)
 MAX_PROMPTS = 4096
 MAX_UPDATES = 100_000
 # A sparse corpus input's pairs: the scatter counts them in a u32, and 2^31 of them (24 GiB

@@ -76,10 +76,10 @@ import numpy as np
 
 from bob.config import (
     DEFAULT_SUBMISSION_POLICY,
+    MAX_DENSE_VOCAB,
     MAX_PAIRS,
     MAX_PROMPTS,
     MAX_UPDATES,
-    MAX_VOCAB,
     MIN_VOCAB,
     MODES,
     SCHEDULES,
@@ -181,7 +181,7 @@ def held_to_vocab(mode: Mode, target: Target) -> int:
     """The longest row the held kernels take on `target`: any hard row, a corpus row only
     while the target's shared memory holds it whole."""
     if mode == "hard":
-        return MAX_VOCAB
+        return MAX_DENSE_VOCAB
     # The dynamic shared memory a held block asks for, in floats: the target's opt-in
     # limit less the kernel's own static bytes, in whole KiB (sig.shared_rest). On sm_90
     # (232448 - 22608) // 1024 * 1024 = 208896 bytes, a row of 52224.
@@ -240,7 +240,7 @@ class BobConfig:
         corpus = self.mode == "corpus" and self.rows is None
         # (name, value, low, high, whether the range depends on the mode)
         checks = (
-            ("vocab", self.vocab, MIN_VOCAB, MAX_VOCAB, False),
+            ("vocab", self.vocab, MIN_VOCAB, MAX_DENSE_VOCAB, False),
             ("prompts", self.prompts, 0, MAX_PROMPTS, False),
             ("updates", self.updates, 0, MAX_UPDATES, False),
             ("pairs", self.pairs, 1 if corpus else 0, MAX_PAIRS if corpus else 0, True),
