@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from bob.kernels.memory import Memory
+from bob.kernels.sets import fast_kernels, reference_kernels
 from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Address, Plan, Scalar
 from bob.plan.placement import decode_parameter_block
@@ -54,14 +55,12 @@ def default_kernels() -> tuple[str, Mapping[str, Kernel]]:
         raise ValueError(f"BOB_CPU_KERNELS must be one of {KERNEL_SETS}, not {wanted!r}")
     if wanted == "fast":
         try:
-            from bob.kernels.fast import KERNELS as fast
+            fast = fast_kernels()
         except ImportError:  # numba is an optional dependency
             pass
         else:
             return "fast", fast
-    from bob.kernels.reference import KERNELS as reference
-
-    return "reference", reference
+    return "reference", reference_kernels()
 
 
 COMPILING_NOTICE = "compiling the CPU kernels (first run only) ..."
@@ -84,10 +83,11 @@ class HostArenaBackend(Backend):
     def __init__(self, plan: Plan | CertifiedPlan):
         super().__init__(plan)
         arena = self.plan.address_map.arena
-        # The arena, and at most one V x V table of working arrays beside it (the reference
-        # kernels' largest temporary; the Numba kernels take a row at a time).
-        vocab = int(self.plan.attributes.get("vocab", 0))
-        require_memory(self.name, "host memory", arena.bytes + 4 * vocab * vocab,
+        # The arena, and working arrays the size of its largest tensor beside it (the
+        # reference kernels' largest temporary, a V x V table in a dense plan; the Numba
+        # kernels take a row at a time).
+        largest = max((tensor.bytes for tensor in self.plan.tensors), default=0)
+        require_memory(self.name, "host memory", arena.bytes + largest,
                        host_memory_available())
         self.arena = np.zeros(arena.bytes, dtype=np.uint8)
         self.memory = Memory(self.arena, arena.base)

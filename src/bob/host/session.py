@@ -48,8 +48,9 @@ from bob.errors import RunFailure
 from bob.host import stops
 from bob.plan.certificate import require_certified
 from bob.plan.model import Plan
-from bob.program.bob import BobConfig, Hyper, adam_scalar_table, build_plan
+from bob.program.bob import BobConfig, Hyper, adam_scalar_table
 from bob.program.invocation import InvocationLayout, ScalarRows, invocation_layout, plan_config
+from bob.program.plans import build_plan
 from bob.records.binary import InputRecord, ResultRecord
 from bob.records.checkpoint import (
     CHUNK_BYTES,
@@ -58,11 +59,12 @@ from bob.records.checkpoint import (
     TableSink,
     TrainingState,
 )
+from bob.records.collapsed import CollapsedCheckpoint
 
 Operation = Literal["predict", "train"]
-# Where an invocation starts from: a checkpoint in host memory, or a state whose tables
-# are a file's or zeros.
-Start = Checkpoint | StartingPoint
+# Where an invocation starts from: a checkpoint in host memory (dense or collapsed), or a
+# dense state whose tables are a file's or zeros.
+Start = Checkpoint | CollapsedCheckpoint | StartingPoint
 
 
 @dataclass(frozen=True)
@@ -368,9 +370,8 @@ class Session:
             state = replace(start, step=step)
             trained = None
             if settled.tables is not None:
-                v = running.config.vocab
-                tables = {name: _table(data, v) for name, data in settled.tables.wait().items()}
-                trained = Checkpoint.of(state, *(tables[name] for name in CHECKPOINT_TENSORS))
+                # A checkpoint of the starting point's own kind, over the tables read back.
+                trained = running.start.evolved(state, settled.tables.wait())
             invocation = Invocation(trained, settled.result, settled.initial_loss,
                                     settled.loss, state, settled.validation, settled.seconds,
                                     running.starting, settled.finished)
@@ -430,8 +431,8 @@ class Session:
         no launch reads a moment) only the parameters are loaded, the moments cleared."""
         layout = invocation_layout(plan_config(backend.plan))
         loaded = layout.checkpoint[:1] if forward else layout.checkpoint
-        if isinstance(start, Checkpoint):
-            for name in loaded:
+        if not isinstance(start, StartingPoint):  # its tables in host memory
+            for name in (*loaded, *layout.index):
                 backend.write_tensor(name, _bytes_view(getattr(start, name)))
         elif start.source is not None:
             start.source.deliver(
@@ -503,13 +504,6 @@ def _require_inputs(config: BobConfig, record: InputRecord,
 def _trains(running: Running) -> bool:
     """Whether `running` made updates (and so has health counts and tables to read)."""
     return running.operation == "train" and running.config.updates > 0
-
-
-def _table(data: np.ndarray, vocab: int) -> np.ndarray:
-    """A V x V float32 table over the bytes read back (read-only: the arena may hold it)."""
-    table = data.view(np.float32).reshape(vocab, vocab)
-    table.flags.writeable = False
-    return table
 
 
 def require_finite_counts(health: bytes | np.ndarray, step: int) -> None:

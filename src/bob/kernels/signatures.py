@@ -57,6 +57,24 @@ HEALTH = "bob-health"
 SCATTER = "bob-scatter"
 LOSS_ONLY_CORPUS = "bob-loss-corpus"
 
+# The collapsed tables' regions (bob.kernels.collapsed): tables of V + K classes (a rest
+# class per row, then the K exception columns), indexed by row_offsets u32[V + 1] and
+# columns u32[K], with lane_order u32[K] (each row's exceptions by lane, then column).
+# AdamW and the argmax are the dense regions' own (AdamW over 1 x (V + K) elements).
+COLLAPSED_GATHER = "bob-collapsed-gather"
+COLLAPSED_LOSS_HARD = "bob-collapsed-loss-gradient"
+COLLAPSED_LOSS_CORPUS = "bob-collapsed-loss-gradient-corpus"
+COLLAPSED_LOSS_ONLY = "bob-collapsed-loss-corpus"
+COLLAPSED_FUSED_HARD = "bob-collapsed-fused-train"
+COLLAPSED_FUSED_CORPUS = "bob-collapsed-fused-train-corpus"
+COLLAPSED_SCATTER = "bob-collapsed-scatter"
+COLLAPSED_HEALTH = "bob-collapsed-health"
+COLLAPSED_REGIONS = (COLLAPSED_GATHER, COLLAPSED_LOSS_HARD, COLLAPSED_LOSS_CORPUS,
+                     COLLAPSED_LOSS_ONLY, COLLAPSED_FUSED_HARD, COLLAPSED_FUSED_CORPUS,
+                     COLLAPSED_SCATTER, COLLAPSED_HEALTH)
+# The collapsed loss kernels run a warp per row: this many rows a block of BLOCK threads.
+COLLAPSED_ROWS_PER_BLOCK = 8
+
 BLOCK = 256  # threads per block; reductions run over 256 lanes whatever the block
 # Regions launched with other blocks (their kernels trap on any other width).
 # bob_kernels.cu: TALL_HARD_THREADS and TALL_CORPUS_THREADS's defaults (tests check they agree)
@@ -233,6 +251,103 @@ SIGNATURES: dict[str, tuple] = {
         ScalarParam("vocab", "u32"),
     ),
 }
+# -- the collapsed tables' regions ---------------------------------------------------------
+# Every table of classes is V + K floats (`classes`), the index's offsets V + 1 u32
+# (`offsets`) and its columns and lane order K u32 (`exceptions`): scalar arguments name
+# each count, so each footprint is a product of the launch's own values.
+_CLASSES = Footprint(4, ("classes",))
+_FINISHED_CLASSES = Footprint(4, ("classes", "finish"))
+_OFFSETS = Footprint(4, ("offsets",))
+_EXCEPTION_WORDS = Footprint(4, ("exceptions",))
+_INDEX = (
+    PointerParam("row_offsets", _OFFSETS, "read"),
+    PointerParam("columns", _EXCEPTION_WORDS, "read"),
+    PointerParam("lane_order", _EXCEPTION_WORDS, "read"),
+)
+_SIZES = (ScalarParam("vocab", "u32"), ScalarParam("exceptions", "u32"),
+          ScalarParam("classes", "u32"), ScalarParam("offsets", "u32"))
+SIGNATURES.update({
+    # logits = the expanded row prompt[0] of the parameters.
+    COLLAPSED_GATHER: (
+        PointerParam("logits", _ROW, "write"),
+        PointerParam("prompt", Footprint(4), "read"),
+        PointerParam("parameters", _CLASSES, "read"),
+        *_INDEX, *_SIZES,
+    ),
+    # Every row's loss and every class's gradient, hard targets.
+    COLLAPSED_LOSS_HARD: (
+        PointerParam("parameters", _CLASSES, "read"),
+        PointerParam("gradients", _CLASSES, "write"),
+        PointerParam("targets", _ROW, "read"),
+        PointerParam("loss", _ROW, "write"),
+        *_INDEX,
+        ScalarParam("log2e", "f32"), ScalarParam("ln2", "f32"),
+        ScalarParam("inverse_rows", "f32"), *_SIZES,
+    ),
+    # Against the exceptions' corpus weights (f32[K]; the rest's weight is 0).
+    COLLAPSED_LOSS_CORPUS: (
+        PointerParam("parameters", _CLASSES, "read"),
+        PointerParam("gradients", _CLASSES, "write"),
+        PointerParam("weights", _EXCEPTION_WORDS, "read"),
+        PointerParam("loss", _ROW, "write"),
+        *_INDEX,
+        ScalarParam("log2e", "f32"), ScalarParam("ln2", "f32"), *_SIZES,
+    ),
+    # The corpus loss alone (validation): no gradient.
+    COLLAPSED_LOSS_ONLY: (
+        PointerParam("parameters", _CLASSES, "read"),
+        PointerParam("weights", _EXCEPTION_WORDS, "read"),
+        PointerParam("loss", _ROW, "write"),
+        *_INDEX,
+        ScalarParam("log2e", "f32"), ScalarParam("ln2", "f32"), *_SIZES,
+    ),
+    # `updates` updates of every class (gradient, then AdamW with row k of adam_scalars);
+    # with finish 1 the loss and gradient of the result.
+    COLLAPSED_FUSED_HARD: (
+        PointerParam("parameters", _CLASSES, "readwrite"),
+        PointerParam("first_moment", _CLASSES, "readwrite"),
+        PointerParam("second_moment", _CLASSES, "readwrite"),
+        PointerParam("gradients", _FINISHED_CLASSES, "write"),
+        PointerParam("targets", _ROW, "read"),
+        PointerParam("loss", _FINISHED_ROW, "write"),
+        PointerParam("adam_scalars", _ADAM_ROWS, "read"),
+        *_INDEX,
+        ScalarParam("log2e", "f32"), ScalarParam("ln2", "f32"),
+        ScalarParam("inverse_rows", "f32"), *_SIZES,
+        ScalarParam("updates", "u32"), ScalarParam("finish", "u32"),
+    ),
+    COLLAPSED_FUSED_CORPUS: (
+        PointerParam("parameters", _CLASSES, "readwrite"),
+        PointerParam("first_moment", _CLASSES, "readwrite"),
+        PointerParam("second_moment", _CLASSES, "readwrite"),
+        PointerParam("gradients", _FINISHED_CLASSES, "write"),
+        PointerParam("weights", _EXCEPTION_WORDS, "read"),
+        PointerParam("loss", _FINISHED_ROW, "write"),
+        PointerParam("adam_scalars", _ADAM_ROWS, "read"),
+        *_INDEX,
+        ScalarParam("log2e", "f32"), ScalarParam("ln2", "f32"), *_SIZES,
+        ScalarParam("updates", "u32"), ScalarParam("finish", "u32"),
+    ),
+    # weights[i] = values[j] where key j (row * V + column) is exception i, for j < count;
+    # a key that is no exception is not written. Keys are distinct: no two threads write
+    # one slot.
+    COLLAPSED_SCATTER: (
+        PointerParam("weights", _EXCEPTION_WORDS, "write"),
+        PointerParam("keys", _KEYS, "read", align=8),
+        PointerParam("values", _VALUES, "read"),
+        PointerParam("row_offsets", _OFFSETS, "read"),
+        PointerParam("columns", _EXCEPTION_WORDS, "read"),
+        ScalarParam("count", "u32"), *_SIZES,
+    ),
+    # health[t] += the non-finite classes of table t.
+    COLLAPSED_HEALTH: (
+        PointerParam("parameters", _CLASSES, "read"),
+        PointerParam("first_moment", _CLASSES, "read"),
+        PointerParam("second_moment", _CLASSES, "read"),
+        PointerParam("health", _HEALTH, "readwrite", align=8),
+        ScalarParam("classes", "u32"),
+    ),
+})
 SIGNATURES[FUSED_WIDE_HARD] = SIGNATURES[FUSED_HARD]
 SIGNATURES[FUSED_WIDE_CORPUS] = SIGNATURES[FUSED_CORPUS]
 SIGNATURES[FUSED_TALL_HARD] = SIGNATURES[FUSED_HARD]
@@ -276,6 +391,7 @@ ENTRIES = {
     HEALTH: "bob_health",
     SCATTER: "bob_scatter",
     LOSS_ONLY_CORPUS: "bob_loss_corpus",
+    **{name: name.replace("-", "_") for name in COLLAPSED_REGIONS},
 }
 
 

@@ -80,14 +80,17 @@ from bob.config import (
     MAX_PAIRS,
     MAX_PROMPTS,
     MAX_UPDATES,
+    MAX_VOCAB,
     MIN_VOCAB,
     MODES,
     SCHEDULES,
     SUBMISSION_POLICIES,
+    TABLES,
     Hyper,
     Mode,
     Schedule,
     SubmissionPolicy,
+    Tables,
 )
 from bob.errors import BadInput
 from bob.kernels import signatures as sig
@@ -232,6 +235,11 @@ class BobConfig:
     # by the host (pairs 0: no scatter) and no health check (the host checks the rows as
     # they stream out to the checkpoint). None: the whole table in one piece.
     rows: tuple[int, int] | None = None
+    # How the tables are held: dense V x V (the seed's program, the reference) or collapsed
+    # (bob.program.collapsed: a rest class per row and `exceptions` K exception columns,
+    # tables of V + K classes).
+    tables: Tables = "dense"
+    exceptions: int = 0
 
     def __post_init__(self) -> None:
         if self.rows is not None:  # a plan's attributes carry it as a JSON list
@@ -239,8 +247,11 @@ class BobConfig:
         # A shard's corpus weights are written dense: it has no pairs to scatter.
         corpus = self.mode == "corpus" and self.rows is None
         # (name, value, low, high, whether the range depends on the mode)
+        if self.tables not in TABLES:
+            raise BadInput(f"tables must be one of {', '.join(TABLES)}, not {self.tables!r}")
+        dense = self.tables == "dense"
         checks = (
-            ("vocab", self.vocab, MIN_VOCAB, MAX_DENSE_VOCAB, False),
+            ("vocab", self.vocab, MIN_VOCAB, MAX_DENSE_VOCAB if dense else MAX_VOCAB, False),
             ("prompts", self.prompts, 0, MAX_PROMPTS, False),
             ("updates", self.updates, 0, MAX_UPDATES, False),
             ("pairs", self.pairs, 1 if corpus else 0, MAX_PAIRS if corpus else 0, True),
@@ -265,6 +276,28 @@ class BobConfig:
                            f"{self.submission!r}")
         if self.rows is not None:
             self._check_shard()
+        if not dense:
+            self._check_collapsed()
+
+    def _check_collapsed(self) -> None:
+        """Collapsed tables: one piece, and K exception columns the device indexes with u32
+        words (V + K classes)."""
+        if self.rows is not None:
+            raise BadInput("collapsed tables train in one piece: no row shards")
+        top = min(self.vocab * self.vocab, (1 << 32) - 1 - self.vocab)
+        if isinstance(self.exceptions, bool) or not isinstance(self.exceptions, int) \
+                or not 0 <= self.exceptions <= top:
+            raise BadInput(f"exceptions must be an integer in [0, {top}] at V={self.vocab}, "
+                           f"not {self.exceptions!r}")
+
+    @property
+    def collapsed(self) -> bool:
+        return self.tables == "collapsed"
+
+    @property
+    def classes(self) -> int:
+        """Elements of each table: V x V dense, V + K collapsed."""
+        return self.vocab + self.exceptions if self.collapsed else self.vocab * self.vocab
 
     def _check_shard(self) -> None:
         """A row shard: rows [first, last) inside the table, and only what a shard runs."""
@@ -289,6 +322,8 @@ class BobConfig:
 
     @property
     def loss_region(self) -> str:
+        if self.collapsed:
+            return sig.COLLAPSED_LOSS_HARD if self.mode == "hard" else sig.COLLAPSED_LOSS_CORPUS
         return sig.LOSS_HARD if self.mode == "hard" else sig.LOSS_CORPUS
 
     def fused_region(self, target: Target) -> str:
@@ -301,6 +336,8 @@ class BobConfig:
         loads and stores). Before all of those, on a target with clusters, the cluster ones
         where takes_cluster says."""
         hard = self.mode == "hard"
+        if self.collapsed:
+            return sig.COLLAPSED_FUSED_HARD if hard else sig.COLLAPSED_FUSED_CORPUS
         if self.takes_cluster(target):
             return sig.FUSED_CLUSTER_HARD if hard else sig.FUSED_CLUSTER_CORPUS
         if HELD_FROM_VOCAB <= self.vocab <= held_to_vocab(self.mode, target):
@@ -358,8 +395,9 @@ class BobConfig:
     def updates_per_fused_launch(self, target: Target) -> int:
         """Updates each fused launch runs (the last may run fewer): all N while V is
         small, up to HELD_UPDATES_PER_LAUNCH where the held kernels keep the row's w in
-        shared memory (or a cluster the whole row), else one."""
-        if self.vocab <= ONE_LAUNCH_MAX_VOCAB:
+        shared memory (or a cluster the whole row), else one. A collapsed table's rows are
+        their classes: one launch runs all N."""
+        if self.vocab <= ONE_LAUNCH_MAX_VOCAB or self.collapsed:
             return self.updates
         if self.fused_region(target) in sig.HELD_ROWS:
             return min(self.updates, HELD_UPDATES_PER_LAUNCH)
@@ -611,8 +649,11 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
     The seed schedule carries them in its AdamW launches; the fused schedule reads
     them from the ``adam_scalars`` tensor, which the host writes
     (``adam_scalar_table(hyper, first_step, N)``). The target decides the fused region
-    (its shared memory) and the held kernels' grid (its SMs).
+    (its shared memory) and the held kernels' grid (its SMs). Dense tables only
+    (``bob.program.plans`` builds either program).
     """
+    if config.collapsed:
+        raise ValueError("collapsed tables: bob.program.collapsed.build_program builds them")
     v, block = config.vocab, Dim3(sig.BLOCK)
     rows = config.shard_rows  # R: a block per row for the loss, R x V elements for AdamW
     regions = declared_regions(config, target, compiled)
@@ -730,14 +771,21 @@ def build_program(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper
         forward_launches=config.forward_launches,
         forward_submissions=config.forward_submissions,
         submission_policy=config.submission,
-        attributes={"program": "bob", "vocab": v, "prompts": config.prompts,
-                    "updates": config.updates, "mode": config.mode,
-                    "schedule": config.schedule, "submission": config.submission,
-                    "pairs": config.pairs, "validation_pairs": config.validation_pairs,
-                    "first_step": first_step,
-                    # a shard's rows as "first:last" (plan attributes are numbers or text)
-                    **({} if config.rows is None else {"rows": ":".join(map(str, config.rows))})},
+        attributes=program_attributes(config, first_step),
     )
+
+
+def program_attributes(config: BobConfig, first_step: int) -> dict[str, int | str]:
+    """The configuration as a plan's attributes (numbers or text: `plan_config` reads it
+    back): a shard's rows as "first:last", a collapsed table's layout and K."""
+    return {"program": "bob", "vocab": config.vocab, "prompts": config.prompts,
+            "updates": config.updates, "mode": config.mode,
+            "schedule": config.schedule, "submission": config.submission,
+            "pairs": config.pairs, "validation_pairs": config.validation_pairs,
+            "first_step": first_step,
+            **({} if config.rows is None else {"rows": ":".join(map(str, config.rows))}),
+            **({"tables": config.tables, "exceptions": config.exceptions}
+               if config.collapsed else {})}
 
 
 def adamw_scalar_arguments(hyper: Hyper, first_step: int, updates: int,
@@ -783,4 +831,5 @@ def shard_boundaries(vocab: int, shards: int) -> tuple[tuple[int, int], ...]:
 
 def build_plan(config: BobConfig, target: Target = SM86, hyper: Hyper = Hyper(),
                first_step: int = 1, compiled: dict[str, Region] | None = None) -> Plan:
+    """The dense program placed (``bob.program.plans.build_plan`` places either)."""
     return place(build_program(config, target, hyper, first_step, compiled), target)

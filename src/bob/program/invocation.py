@@ -37,6 +37,7 @@ from bob.program.bob import (
     WEIGHTS_TENSOR,
     BobConfig,
 )
+from bob.program.collapsed import INDEX_TENSORS
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,9 @@ class InvocationLayout:
     load_submissions: int = 0  # the first submissions: the scatters (corpus mode)
     # The validation losses of the starting and of the trained table (row losses), or None.
     validation_losses: tuple[str, str] | None = None
+    # What a load writes beside the tables from the starting point itself (its attributes
+    # of these names): a collapsed table's index. Never read back: no launch writes it.
+    index: tuple[str, ...] = ()
 
     def reads(self, trains: bool, tables: bool = True) -> tuple[str, ...]:
         """What settling an invocation needs: with updates `training_reads`, and the tables
@@ -121,6 +125,7 @@ def invocation_layout(config: BobConfig) -> InvocationLayout:
         input_tables=input_tables,
         load_submissions=config.load_submissions,
         validation_losses=validation,
+        index=INDEX_TENSORS if config.collapsed else (),
     )
 
 
@@ -128,8 +133,12 @@ def plan_config(plan: Plan) -> BobConfig:
     """The configuration a plan of Bob's program was built for (from its attributes)."""
     if plan.attributes.get("program") != "bob":
         raise ValueError("not a plan of Bob's program: its attributes name no configuration")
+    # Plans of dense tables name no layout (plans made before collapsed tables too).
+    optional = {"rows", "tables", "exceptions"}
     values = {field.name: plan.attributes[field.name] for field in fields(BobConfig)
-              if field.name != "rows"}
+              if field.name not in optional}
+    values.update({name: plan.attributes[name] for name in ("tables", "exceptions")
+                   if name in plan.attributes})
     rows = plan.attributes.get("rows")  # "first:last" in a shard's plan, else absent
     if isinstance(rows, str):
         values["rows"] = tuple(int(part) for part in rows.split(":"))

@@ -51,11 +51,14 @@ from safetensors import SafetensorError, safe_open
 from bob.config import (
     CHECKPOINT_TENSORS,
     HYPER_FIELDS,
+    MAX_DENSE_VOCAB,
     MAX_VOCAB,
     MIN_VOCAB,
     MODES,
+    TABLES,
     Hyper,
     Mode,
+    Tables,
 )
 from bob.errors import BadInput, RunFailure
 from bob.files import StrPath, atomic_write, reading, write_target
@@ -243,6 +246,12 @@ def _segment_from_json(entry: object) -> Segment | str:
 TableSink = Callable[[str, int, memoryview], None]
 # A source of the three tables: it calls the sink with every byte of them, in order.
 TableDelivery = Callable[[TableSink, int], None]
+def index_tensors(vocab: int, exceptions: int) -> tuple[tuple[str, str, int, int], ...]:
+    """A collapsed checkpoint's index tensors after its tables: (name, safetensors dtype,
+    bytes an element, elements)."""
+    return (("row_offsets", "U64", 8, vocab + 1), ("columns", "U32", 4, exceptions))
+
+
 CHUNK_BYTES = 64 << 20  # a streamed save's or load's piece: the host holds a few of them
 TABLE_PIECES = 4  # and a table crosses in at least this many: no piece is a whole table
 
@@ -275,11 +284,24 @@ class TrainingState:
     # The symbols the training data has as a next symbol (generation's --seen-only); None
     # where the checkpoint cannot tell.
     successors: Ranges | None = None
+    # How the tables are held: dense V x V, or collapsed (bob.records.collapsed: a rest
+    # class per row and K exception columns, `exceptions`).
+    tables: Tables = "dense"
+    exceptions: int = 0  # K, collapsed tables only
 
     def __post_init__(self) -> None:
+        top = MAX_DENSE_VOCAB if self.tables == "dense" else MAX_VOCAB
         if isinstance(self.vocab, bool) or not isinstance(self.vocab, int) \
-                or not MIN_VOCAB <= self.vocab <= MAX_VOCAB:
-            raise ValueError(f"V={self.vocab} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
+                or not MIN_VOCAB <= self.vocab <= top:
+            raise ValueError(f"V={self.vocab} is outside [{MIN_VOCAB}, {top}] ({self.tables} "
+                             "tables)")
+        if self.tables not in TABLES:
+            raise ValueError(f"tables must be one of {', '.join(TABLES)}, not {self.tables!r}")
+        cells = self.vocab * self.vocab
+        if isinstance(self.exceptions, bool) or not isinstance(self.exceptions, int) or not (
+                self.exceptions == 0 if self.tables == "dense" else 0 <= self.exceptions <= cells):
+            raise ValueError(f"exceptions must be 0 for dense tables and in [0, V*V] for "
+                             f"collapsed ones, not {self.exceptions!r}")
         if not isinstance(self.step, int) or isinstance(self.step, bool) \
                 or not 0 <= self.step <= MAX_STEP:
             raise ValueError(f"step must be an integer in [0, 2**53], not {self.step!r}")
@@ -302,13 +324,25 @@ class TrainingState:
         object.__setattr__(self, "val_history", History.of(self.val_history))
 
     @property
+    def classes(self) -> int:
+        """Elements of each table: V x V dense, V + K collapsed."""
+        if self.tables == "dense":
+            return self.vocab * self.vocab
+        return self.vocab + self.exceptions
+
+    @property
     def table_bytes(self) -> int:
-        return 4 * self.vocab * self.vocab
+        return 4 * self.classes
+
+    @property
+    def index_bytes(self) -> int:
+        """A collapsed checkpoint's index: row offsets u64[V + 1], then columns u32[K]."""
+        return 0 if self.tables == "dense" else 8 * (self.vocab + 1) + 4 * self.exceptions
 
     @property
     def file_bytes(self) -> int:
-        """The checkpoint file's size: its header and three tables."""
-        return len(self.header()) + 3 * self.table_bytes
+        """The checkpoint file's size: its header, three tables and any index."""
+        return len(self.header()) + 3 * self.table_bytes + self.index_bytes
 
     def metadata(self) -> dict[str, str]:
         return {
@@ -328,6 +362,8 @@ class TrainingState:
                if self.val_history else {}),
             **({"successors": json.dumps([list(r) for r in self.successors])}
                if self.successors is not None else {}),
+            **({"tables": self.tables, "exceptions": str(self.exceptions)}
+               if self.tables != "dense" else {}),
         }
 
     def seen(self) -> np.ndarray | None:
@@ -338,10 +374,17 @@ class TrainingState:
     def header(self) -> bytes:
         """The safetensors header of the checkpoint: its length, then the JSON padded."""
         header: dict[str, object] = {"__metadata__": self.metadata()}
+        shape = [self.vocab, self.vocab] if self.tables == "dense" else [self.classes]
         for i, name in enumerate(CHECKPOINT_TENSORS):
-            header[name] = {"dtype": "F32", "shape": [self.vocab, self.vocab],
+            header[name] = {"dtype": "F32", "shape": shape,
                             "data_offsets": [i * self.table_bytes,
                                              (i + 1) * self.table_bytes]}
+        if self.tables != "dense":  # the index after the tables (bob.records.collapsed)
+            at = 3 * self.table_bytes
+            for name, dtype, size, count in index_tensors(self.vocab, self.exceptions):
+                header[name] = {"dtype": dtype, "shape": [count],
+                                "data_offsets": [at, at + size * count]}
+                at += size * count
         text = json.dumps(header, separators=(",", ":")).encode("utf-8")
         text += b" " * (-len(text) % 8)  # safetensors pads with spaces to align the data
         return struct.pack("<Q", len(text)) + text
@@ -441,6 +484,9 @@ class CheckpointFile:
             with safe_open(source, framework="numpy") as file:
                 # The metadata first: a foreign safetensors file is "not a Bob checkpoint".
                 state = _read_metadata(file.metadata() or {}, source)
+                if state.tables != "dense":
+                    raise BadInput(f"{source}: a {state.tables} checkpoint, not a dense one "
+                                   "(bob.records.shards.open_checkpoint opens either)")
                 names = set(file.keys())
                 missing = [n for n in CHECKPOINT_TENSORS if n not in names]
                 if missing:
@@ -556,6 +602,11 @@ class StartingPoint:
 
     state: TrainingState
     source: CheckpointFile | None = None  # None: three zero tables
+
+    def evolved(self, state: TrainingState, tables: dict[str, np.ndarray]) -> Checkpoint:
+        """The state after an invocation from here, its tables as read back (V x V)."""
+        return Checkpoint.of(state, *(_square(tables[name], state.vocab)
+                                      for name in CHECKPOINT_TENSORS))
 
     @classmethod
     def fresh(cls, vocab: int, hyper: Hyper = DEFAULT_HYPER, mode: Mode = "hard",
@@ -685,6 +736,15 @@ class Checkpoint:
                    optimum=state.optimum, segments=state.segments,
                    val_history=state.val_history, successors=state.successors)
 
+    def evolved(self, state: TrainingState, tables: dict[str, np.ndarray]) -> Checkpoint:
+        """The state after an invocation from here, its tables as read back (V x V)."""
+        return Checkpoint.of(state, *(_square(tables[name], state.vocab)
+                                      for name in CHECKPOINT_TENSORS))
+
+    def with_state(self, state: TrainingState) -> Checkpoint:
+        """These tables with another state's metadata (its histories, say)."""
+        return Checkpoint.of(state, self.parameters, self.first_moment, self.second_moment)
+
     def metadata(self) -> dict[str, str]:
         return self.state.metadata()
 
@@ -726,6 +786,13 @@ class Checkpoint:
                 f"hyper={self.hyper!r}, data_digest={self.data_digest[:12]!r})")
 
 
+def _square(data: np.ndarray, vocab: int) -> np.ndarray:
+    """A V x V float32 table over bytes read back (read-only: the arena may hold them)."""
+    table = np.asarray(data).view(F32).reshape(vocab, vocab)
+    table.flags.writeable = False
+    return table
+
+
 def _check_opening_bytes(path: StrPath) -> None:
     """Missing, empty, or one of Bob's other files: say so before safetensors does."""
     with reading(path, "checkpoint") as file:
@@ -747,9 +814,23 @@ def _read_metadata(metadata: dict[str, str], source: str) -> TrainingState:
         raise BadInput(f"{source}: unsupported checkpoint format version {version} "
                        f"(this Bob reads version {FORMAT_VERSION})")
     integers = read_integers(metadata, ("vocab", "step"), source)
-    if not MIN_VOCAB <= integers["vocab"] <= MAX_VOCAB:
+    tables = metadata.get("tables", "dense")
+    if tables not in TABLES:
+        raise BadInput(f"{source}: metadata tables {tables!r} is not one of "
+                       f"{', '.join(TABLES)}")
+    exceptions = 0
+    if tables != "dense":
+        if "exceptions" not in metadata:
+            raise BadInput(f"{source}: metadata field 'exceptions' is missing (a {tables} "
+                           "checkpoint names its exception columns' count)")
+        exceptions = read_integers(metadata, ("exceptions",), source)["exceptions"]
+    top = MAX_DENSE_VOCAB if tables == "dense" else MAX_VOCAB
+    if not MIN_VOCAB <= integers["vocab"] <= top:
         raise BadInput(f"{source}: metadata vocab {integers['vocab']} is outside "
-                       f"[{MIN_VOCAB}, {MAX_VOCAB}]")
+                       f"[{MIN_VOCAB}, {top}] ({tables} tables)")
+    if exceptions > integers["vocab"] ** 2:
+        raise BadInput(f"{source}: metadata exceptions {exceptions} is more than the "
+                       f"V*V = {integers['vocab'] ** 2} cells of the table")
     if metadata["mode"] not in MODES:
         raise BadInput(f"{source}: metadata mode {metadata['mode']!r} is not 'hard' or "
                        f"'corpus'")
@@ -777,7 +858,8 @@ def _read_metadata(metadata: dict[str, str], source: str) -> TrainingState:
                    history=tuple((step, float(loss)) for step, loss in history),
                    optimum=optimum, segments=segments,
                    val_history=tuple((step, float(loss)) for step, loss in val_history),
-                   successors=successors)
+                   successors=successors, tables=tables,  # type: ignore[arg-type]
+                   exceptions=exceptions)
 
 
 def _read_successors(metadata: dict[str, str], source: str, vocab: int) -> Ranges | None:

@@ -54,6 +54,7 @@ from bob.records.checkpoint import (
     _read_metadata,
     piece_bytes,
 )
+from bob.records.collapsed import CollapsedCheckpoint, checkpoint_tables
 
 SHARD_FORMAT = "bob-checkpoint-shard"
 SHARD_FORMAT_VERSION = 1
@@ -436,8 +437,13 @@ def _check_shard_file(path: Path, shard: ShardEntry, state: TrainingState,
             for table in CHECKPOINT_TENSORS}
 
 
-def open_checkpoint(path: StrPath) -> CheckpointFile | ShardedCheckpoint:
-    """A checkpoint in either form, its header checked: a sharded one (its index, or a
-    name with only an index beside it) as a `ShardedCheckpoint`, which reads as a
-    `CheckpointFile` does; else the one-piece file."""
-    return ShardedCheckpoint.open(path) if is_sharded(path) else CheckpointFile.open(path)
+def open_checkpoint(path: StrPath) -> CheckpointFile | ShardedCheckpoint | CollapsedCheckpoint:
+    """A checkpoint in any form, its header checked: a sharded one (its index, or a name
+    with only an index beside it) as a `ShardedCheckpoint`, which reads as a
+    `CheckpointFile` does; a collapsed one whole (`CollapsedCheckpoint`, O(V + K) bytes,
+    its rows read expanded); else the one-piece dense file."""
+    if is_sharded(path):
+        return ShardedCheckpoint.open(path)
+    if checkpoint_tables(path) == "collapsed":
+        return CollapsedCheckpoint.load(path)
+    return CheckpointFile.open(path)

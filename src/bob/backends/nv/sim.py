@@ -94,12 +94,12 @@ class Launched:
 
 def _reference_kernels() -> dict[str, Kernel]:
     try:
-        from bob.kernels.reference import KERNELS
+        from bob.kernels.sets import reference_kernels
     except ImportError as error:
         raise BackendUnavailable(
             f"nv-sim needs the reference kernels (bob.kernels.reference): {error}"
         ) from None
-    return KERNELS
+    return reference_kernels()
 
 
 class NvSimBackend(HostArenaBackend):

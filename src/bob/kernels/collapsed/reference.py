@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bob.kernels import signatures as sig
 from bob.kernels.arith import canonicalize_nan, exp2, log2, row_max_in_order
 from bob.kernels.collapsed.runs import lane_sums
 from bob.kernels.memory import Memory
@@ -248,10 +249,6 @@ def scatter_classes(index: RowClasses, keys: np.ndarray, values: np.ndarray,
     weights.view(np.uint32)[where[hit] - index.vocab] = values.view(np.uint32)[hit]
 
 
-def greedy_argmax_of(row: np.ndarray) -> int:
-    return int(np.argmax(row))
-
-
 # -- kernels over the arena ------------------------------------------------------------
 
 
@@ -355,3 +352,15 @@ def health(memory: Memory, args: Args) -> None:
     add_health(memory, args, tuple(
         _non_finite_count(_classes(memory, args, name))
         for name in ("parameters", "first_moment", "second_moment")))
+
+
+KERNELS = {
+    sig.COLLAPSED_GATHER: gather,
+    sig.COLLAPSED_LOSS_HARD: loss_gradient_hard,
+    sig.COLLAPSED_LOSS_CORPUS: loss_gradient_corpus,
+    sig.COLLAPSED_LOSS_ONLY: loss_corpus,
+    sig.COLLAPSED_FUSED_HARD: fused_train_hard,
+    sig.COLLAPSED_FUSED_CORPUS: fused_train_corpus,
+    sig.COLLAPSED_SCATTER: scatter,
+    sig.COLLAPSED_HEALTH: health,
+}
