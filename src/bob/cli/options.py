@@ -37,6 +37,12 @@ SCHEDULE_OPTION = click.option(
     help="The seed's launches (the reference), or the fused kernel: the same bytes, faster.")
 
 
+TABLES_OPTION = click.option(
+    "--tables", type=click.Choice(config.TABLES_CHOICES), default="auto", show_default=True,
+    help="How the tables are held: dense V x V, or collapsed (a rest class per row and the "
+         "cells the data names: the same bytes, O(V + K)); auto chooses from the data.")
+
+
 _STREAM_BACKENDS = " and ".join(sorted(registry.STREAM_BACKENDS))
 KERNELS_OPTION = click.option(
     "--kernels", type=click.Choice(config.KERNELS), default=config.DEFAULT_KERNELS,

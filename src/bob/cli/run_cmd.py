@@ -27,6 +27,7 @@ from .options import (
     REPEAT_TOKENS,
     SCHEDULE_OPTION,
     SUBMISSION_OPTION,
+    TABLES_OPTION,
     ByteSize,
     GpuList,
     arch_option,
@@ -148,6 +149,7 @@ def _byte_text(value: int) -> str:
 @SCHEDULE_OPTION
 @SUBMISSION_OPTION
 @KERNELS_OPTION
+@TABLES_OPTION
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON summary on stdout (the table goes to stderr).")
 @_data_options
@@ -171,7 +173,7 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
           schedule, as_json, tokens, vocab, token_dtype, counts_file, tokenizer_path, val_texts,
           val_tokens, val_counts, submission, save_every_seconds, save_every_updates,
           eval_every, keep_best, shards, device_memory, workers, gpus, dask_address,
-          kernels) -> None:
+          kernels, tables) -> None:
     """Train the bigram table with AdamW: invocations of -N updates, a line every
     --eval-every updates, the checkpoint saved as --save-every/--save-every-updates say and
     at the end; the first Ctrl-C (or SIGTERM) finishes the invocation in flight and saves
@@ -197,7 +199,7 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
         submission=submission, save_every_seconds=save_every_seconds,
         save_every_updates=save_every_updates, eval_every=eval_every, keep_best=keep_best,
         shards=shards, device_memory=device_memory, workers=workers, gpus=gpus,
-        dask_address=dask_address, kernels=kernels)
+        dask_address=dask_address, kernels=kernels, tables=tables)
     errors = _err_console()
     progress = Progress(TextColumn("[bold]training"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} updates"),
@@ -289,6 +291,8 @@ def _train_table(report: api.TrainReport) -> Table:
     table.add_row("loss (nats)", f"{report.loss:.6f}")
     if report.shard_rows:
         table.add_row("row shards", f"{len(report.shard_rows)}, {report.shards_ran}")
+    table.add_row("tables", f"{report.tables}: {report.tables_reason}"
+                  if report.tables_reason else report.tables)
     if report.segments:
         table.add_row("hyperparameters", _hyper_text(report.segments[-1].hyper))
     if report.optimum is not None:

@@ -36,11 +36,13 @@ from bob.host.data import (
     count_sequences,
     replace_prompts,
 )
-from bob.host.session import Session
+from bob.host.session import Session, Start
+from bob.host.tables import starting_tables
 from bob.kernels.reference import greedy_argmax_rows
 from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord, ResultRecord
-from bob.records.checkpoint import Checkpoint, CheckpointFile, StartingPoint
+from bob.records.checkpoint import Checkpoint, CheckpointFile
+from bob.records.collapsed import CollapsedCheckpoint
 from bob.records.corpus import BYTE_VOCAB
 from bob.records.countsfile import CountsFile
 from bob.records.shards import open_checkpoint
@@ -48,15 +50,19 @@ from bob.records.sources import STDIN
 from bob.records.tokenizer import Tokenizer
 
 # Where a forward invocation's table comes from: a checkpoint in memory or on disk.
-Table = Checkpoint | CheckpointFile
+Table = Checkpoint | CheckpointFile | CollapsedCheckpoint
 # The most of a stream (standard input, a pipe, a device) read whole for a tokenizer to
 # encode: the text and its ids are held in memory at once, a Python int a token.
 TEXT_STREAM_MAX_BYTES = 1 << 30
 TEXT_STREAM_BOUND = "the most Bob reads from a stream for a tokenizer to encode"
 
 
-def _start(table: Table) -> Checkpoint | StartingPoint:
-    return table if isinstance(table, Checkpoint) else StartingPoint(table.state, table)
+def _start(table: Table, named: np.ndarray) -> Start:
+    """The table as a forward invocation starts from it, in its own layout: a collapsed
+    one with the cells `named` by the data as exceptions."""
+    if isinstance(table, Checkpoint):
+        return table
+    return starting_tables(table.state.tables, table.state, named, table)
 
 
 def forward(checkpoint: Table, prompts: Sequence[int], backend: str,
@@ -65,16 +71,21 @@ def forward(checkpoint: Table, prompts: Sequence[int], backend: str,
     corpus `record`, its loss as the result's initial loss)."""
     state = checkpoint.state
     if record is None:
-        # Prediction needs no targets; the loss block of this request is not reported.
+        # Prediction needs no targets; the loss block of this request is not reported (a
+        # collapsed table's targets are then no exceptions: its losses are NaN).
         record = InputRecord.hard(np.zeros(state.vocab, np.uint32), prompts, source="prompts")
+        named = np.zeros(0, np.int64)
     else:
         record = replace_prompts(record, prompts)
+        named = record.named_keys()
     choice = choose_backend(backend, arch=arch)
+    start = _start(checkpoint, named)
     config = BobConfig(vocab=state.vocab, prompts=len(prompts), updates=0, mode=record.mode,
                        submission=resolve_submission(AUTO_SUBMISSION, choice.name),
-                       pairs=record.pairs)
+                       pairs=record.pairs, tables=start.state.tables,
+                       exceptions=start.state.exceptions)
     with Session(choice, state.hyper) as session:
-        return session.invoke(config, _start(checkpoint), record, "predict").result
+        return session.invoke(config, start, record, "predict").result
 
 
 class Rows:
@@ -267,7 +278,7 @@ def _evaluate_counts(stored: Table, counted: CountsFile, backend: str) -> EvalRe
         raise BadInput(f"{counted.name}: V={counted.vocab}, the checkpoint V={vocab}")
     record = corpus_record(counted, counted.name)
     loss = forward(stored, (), backend, record=record).initial_objective
-    path = stored.path if isinstance(stored, CheckpointFile) else "checkpoint"
+    path = getattr(stored, "path", "checkpoint")
     return EvalReport(path, counted.name, counted.transitions, loss, counted.optimum,
                       symbol_unit(vocab))
 
@@ -331,10 +342,12 @@ def export(checkpoint: str, out: str, overwrite: bool = False) -> int:
     """Write the parameters alone (safetensors, one tensor `parameters`, the checkpoint's
     metadata), streamed from the checkpoint a chunk at a time; the bytes written."""
     from bob.files import check_output_file
+    from bob.host.training import require_disk_room
     from bob.records.checkpoint import export_parameters
 
     check_output_file(out, "parameters file")
     if os.path.exists(out) and not overwrite:
         raise BadInput(f"{out}: exists; pass --overwrite to replace it")
     stored = open_checkpoint(checkpoint)
+    require_disk_room(out, 4 * stored.state.vocab ** 2, "parameters file")
     return export_parameters(stored, out)

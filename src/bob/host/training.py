@@ -39,6 +39,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from bob.backends import BackendChoice, choose_backend, resolve_submission
 from bob.backends.registry import require_kernels
 from bob.config import (
@@ -49,7 +51,9 @@ from bob.config import (
     DEFAULT_TARGET,
     SCHEDULES,
     SUBMISSION_CHOICES,
+    TABLES_CHOICES,
     Hyper,
+    Tables,
     require_choice,
 )
 from bob.errors import BadInput, Interrupted
@@ -65,13 +69,13 @@ from bob.host.data import (
 )
 from bob.host.session import Invocation, Session, Start
 from bob.host.session import train as train_invocations
+from bob.host.tables import choose_tables, named_keys, starting_tables
 from bob.host.writer import BackgroundWriter
 from bob.program.bob import BobConfig
 from bob.records.binary import InputRecord, ResultRecord
 from bob.records.checkpoint import (
     HYPER_FIELDS,
     MAX_STEP,
-    Checkpoint,
     History,
     Ranges,
     Segment,
@@ -179,6 +183,9 @@ class TrainRequest:
     # Whose machine code the seed's regions run: "nvrtc", or "own" (Bob's, bob.kernels.own:
     # nv and nv-sim, seed schedule, the table in one piece).
     kernels: str = DEFAULT_KERNELS
+    # How the tables are held: "auto" (chosen from the data, bob.host.tables), "dense" or
+    # "collapsed".
+    tables: str = "auto"
 
     def __post_init__(self) -> None:
         if self.texts is not None:  # any sequence of names, kept as a tuple
@@ -194,6 +201,10 @@ class TrainRequest:
             raise BadInput("updates_per_invocation must be at least 1, not "
                            f"{self.updates_per_invocation}")
         require_choice("schedule", self.schedule, SCHEDULES)
+        require_choice("tables", self.tables, TABLES_CHOICES)
+        if self.tables == "collapsed" and self.kernels == "own":
+            raise BadInput("--kernels own runs the dense tables' regions: Bob's own code has "
+                           "no collapsed kernels; use --tables dense or --kernels nvrtc")
         require_choice("submission", self.submission, SUBMISSION_CHOICES)
         require_kernels(self.kernels, self.schedule, (self.backend,))
         if self.save_every_seconds is not None and not (
@@ -270,7 +281,8 @@ class TrainRequest:
                    ("--save-every-seconds", self.save_every_seconds is not None),
                    ("--save-every-updates", self.save_every_updates is not None),
                    ("--result", self.result_path is not None),
-                   ("--steps 0", self.steps == 0), ("--kernels own", self.kernels == "own"))
+                   ("--steps 0", self.steps == 0), ("--kernels own", self.kernels == "own"),
+                   ("--tables collapsed", self.tables == "collapsed"))
         for option, given in refused:
             if given:
                 raise BadInput(f"row shards (--shards, --workers, --gpus, --device-memory, "
@@ -336,6 +348,8 @@ class TrainReport:
     val_history: tuple[tuple[int, float], ...] = ()
     wall_seconds: float = 0.0  # run_training from call to return: data, backend, updates, saves
     best: BestCheckpoint | None = None  # --keep-best's checkpoint
+    tables: str = "dense"  # how the run held its tables (bob.host.tables), and why
+    tables_reason: str = ""
     # A sharded run's row ranges, in order, and where they ran ("in turn", "on 4 Dask
     # workers"); () for a one-piece run.
     shard_rows: tuple[tuple[int, int], ...] = ()
@@ -365,6 +379,7 @@ class TrainReport:
                 "best_val_loss": self.best.val_loss} if self.best is not None else {}),
             **({"shards": [list(rows) for rows in self.shard_rows],
                 "shards_ran": self.shards_ran} if self.shard_rows else {}),
+            "tables": self.tables, "tables_reason": self.tables_reason,
             "wall_seconds": self.wall_seconds, "updates_per_second": self.updates_per_second,
         }
 
@@ -381,29 +396,36 @@ def run_one_piece(request: TrainRequest, progress: Progress | None = None) -> Tr
     _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
     choice = choose_backend(request.backend, arch=request.arch, arena=request.arena,
                             kernels=request.kernels)
+    # Before counting, only a run asked to hold dense tables is refused by V alone.
     data = training_data(request.texts, request.input_record, request.data_spec,
-                         admit=lambda vocab: refuse_slow_cpu(choice.name, vocab, request.steps))
+                         admit=lambda vocab: request.tables == "dense" and refuse_slow_cpu(
+                             choice.name, vocab, request.steps))
     validation = validation_record(request.val_spec, data.record.vocab)
+    named = named_keys(data.record, validation)
+    layout = choose_tables("dense" if request.kernels == "own" and request.tables == "auto"
+                           else request.tables, data.record.vocab, named.size)
+    refuse_slow_cpu(choice.name, data.record.vocab, request.steps, layout.tables, named.size)
     lock = (checkpoint_lock(request.checkpoint) if request.writes_checkpoint
             else contextlib.nullcontext())
     with lock:
-        start = _starting_point(request, data)
+        start = _starting_point(request, data, layout.tables, named)
         earlier_best = _earlier_best(request)
         if request.writes_checkpoint:
             require_disk_room(request.checkpoint, start.state.file_bytes
                               * (2 if request.keep_best else 1))
         report = _train_from(request, start, data, choice, progress, validation,
                              earlier_best)
-    return replace(report, wall_seconds=time.perf_counter() - begun)
+    return replace(report, wall_seconds=time.perf_counter() - begun, tables=layout.tables,
+                   tables_reason=layout.reason)
 
 
-def require_disk_room(path: str, size: int) -> None:
-    """BadInput, before any work, when the checkpoint's file system cannot hold a new one
-    (written beside the old, which a rename then replaces)."""
+def require_disk_room(path: str, size: int, what: str = "checkpoint") -> None:
+    """BadInput, before any work, when the file system of `path` cannot hold a new file of
+    `size` bytes (written beside the old, which a rename then replaces)."""
     directory = os.path.dirname(os.path.abspath(write_target(path)))  # a link's target's
     free = shutil.disk_usage(directory).free
     if free < size:
-        raise BadInput(f"{path}: the checkpoint needs {size / 1e9:.2f} GB on disk, "
+        raise BadInput(f"{path}: the {what} needs {size / 1e9:.2f} GB on disk, "
                        f"{directory} has {free / 1e9:.2f} GB free")
 
 
@@ -427,9 +449,12 @@ def _require_room_for_steps(request: TrainRequest, step: int) -> None:
                        f"above 2**53 = {MAX_STEP}, the largest step a checkpoint holds")
 
 
-def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
-    """Where the run starts, carrying this run's data and hyperparameters: zero tables,
-    or the checkpoint to resume (its header read; its tables stream into the arena)."""
+def _starting_point(request: TrainRequest, data: TrainingData, tables: Tables,
+                    named: np.ndarray) -> Start:
+    """Where the run starts, carrying this run's data and hyperparameters, its tables held
+    as `tables` (`named`: the cells the data names): zero tables, or the checkpoint to
+    resume (dense: its header read, its tables streamed into the arena; collapsed: in
+    host memory), converted exactly where it holds its tables the other way."""
     checkpoint = request.checkpoint
     _require_checkpoint_as_asked(request)  # again, under the lock
     record = data.record
@@ -437,9 +462,10 @@ def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
     changes = request.hyper_changes or {}
     if not request.resume:
         chosen = replace(request.hyper or Hyper(), **changes)
-        return StartingPoint(TrainingState(record.vocab, 0, chosen, record.mode, digest,
-                                           segments=(Segment(0, digest, chosen),),
-                                           successors=successor_ranges(record)))
+        state = TrainingState(record.vocab, 0, chosen, record.mode, digest,
+                              segments=(Segment(0, digest, chosen),),
+                              successors=successor_ranges(record), tables=tables)
+        return starting_tables(tables, state, named)
     stored = open_checkpoint(checkpoint)
     start = stored.state
     _require_room_for_steps(request, start.step)  # the file under the lock
@@ -452,7 +478,7 @@ def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
                        f"({data.description}) is {_short(digest)}; pass --new-data to "
                        "continue on other data")
     chosen = replace(request.hyper or start.hyper, **changes)
-    return StartingPoint(_continued(start, record, chosen), stored)
+    return starting_tables(tables, _continued(start, record, chosen), named, stored)
 
 
 def _earlier_best(request: TrainRequest) -> BestCheckpoint | None:
@@ -522,9 +548,13 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                        mode=record.mode, schedule=request.schedule,  # type: ignore[arg-type]
                        submission=resolve_submission(request.submission, choice.name),
                        pairs=record.pairs,
-                       validation_pairs=0 if validation is None else validation.pairs)
+                       validation_pairs=0 if validation is None else validation.pairs,
+                       tables=start.state.tables, exceptions=start.state.exceptions)
     policy = SavePolicy.of(request, start.state.file_bytes)
-    streamed = start.state.file_bytes > SMALL_CHECKPOINT_BYTES
+    # Collapsed tables are O(V + K) bytes: every invocation's come back to the host (a
+    # save, a stop, the last shorter invocation start from them), never streamed.
+    on_host = start.state.tables == "collapsed"
+    streamed = not on_host and start.state.file_bytes > SMALL_CHECKPOINT_BYTES
     sizes = split_sizes(steps, config.updates)
     # The loss and validation histories so far, each extended by what an invocation adds
     # (only that is checked: a long run's history is not checked again at every step).
@@ -614,10 +644,10 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         index = len(finals_done)
         saved, lowest = bool(decided.get(index)), new_best(invocation, done)
         if invocation.checkpoint is not None:  # read back beside the next invocation
-            tables = (invocation.checkpoint.parameters, invocation.checkpoint.first_moment,
-                      invocation.checkpoint.second_moment)
-            saving = Checkpoint.of(state, *tables) if saved else None
-            better = Checkpoint.of(best_state(state, invocation), *tables) if lowest else None
+            tables = invocation.checkpoint
+            last_read[:] = [tables.with_state(state)]
+            saving = last_read[0] if saved else None
+            better = tables.with_state(best_state(state, invocation)) if lowest else None
 
             def save() -> None:  # on the writer's thread, while the next invocation runs
                 if saving is not None:
@@ -646,14 +676,17 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
             progress(invocation, done)
 
     def reload(last: Invocation) -> Start:
-        """The shorter last invocation's start: the file just saved (the arena freed)."""
+        """The shorter last invocation's start: the tables read back, or the file just
+        saved (the arena freed)."""
         writer.drain()
         session.release()
+        if last_read:
+            return last_read[0]
         return StartingPoint(finals[0], open_checkpoint(checkpoint))
 
     finals_done: list[int] = []  # updates done after each invocation settled so far
+    last_read: list = []  # the last invocation's tables read back, with its state
     stopped: int | None = None  # the signal that stopped the run at a boundary
-    refuse_slow_cpu(choice.name, record.vocab, steps)  # an input record's V
     writer = BackgroundWriter()
     try:
         try:
@@ -666,21 +699,24 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                     if invocation.validation is not None:
                         val_history = val_history.extended(
                             [(start.state.step, invocation.validation[0])])
-                    if request.save_start and start.source is None:
+                    if request.save_start and not request.resume:
                         history = history.extended([(start.state.step, initial)])
                         state = replace(start.state, history=history, optimum=data.optimum,
                                         val_history=val_history)
                         with stops.held():
-                            state.save(checkpoint, zero_tables(state.table_bytes),
-                                       checked=True)
+                            if isinstance(start, StartingPoint):  # dense: zeros streamed
+                                state.save(checkpoint, zero_tables(state.table_bytes),
+                                           checked=True)
+                            else:
+                                start.with_state(state).save(checkpoint)
                         wrote(state)
                 else:
                     # Only the last invocation is held: a long run keeps no old tables.
                     (last,) = train_invocations(
                         session, config, start, record, steps, after, keep_all=False,
                         validation=validation,
-                        tables=lambda index, done: not streamed and (
-                            due(index, done) | best_candidate(index, done)),
+                        tables=lambda index, done: on_host or (not streamed and (
+                            due(index, done) | best_candidate(index, done))),
                         holds_state=lambda index, done: streamed and (
                             due(index, done) | best_candidate(index, done)),
                         stop=lambda: stops.stop_requested() is not None, reload=reload)
@@ -688,7 +724,12 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                     result = last.result
                     writer.drain()
                     if finals and kept[0] != finals[0].step:  # stopped before its save
-                        stream_save(finals[0])
+                        if last_read and last_read[0].state.step == finals[0].step:
+                            with stops.held():
+                                last_read[0].save(checkpoint)
+                                wrote(finals[0])
+                        else:
+                            stream_save(finals[0])
                     stopped = stops.stop_requested()
         finally:
             # Every checkpoint handed over is written before anything is reported (a stop
@@ -756,19 +797,26 @@ CPU_MAX_SECONDS = 3600.0
 # train on a GPU, whatever the number of updates.
 CPU_MAX_VOCAB = 32768
 CPU_TABLES_IN_MEMORY = 7
+# A collapsed table's update costs about this many dense parameter-updates a row (its
+# 256 lanes' replay and tree) and a class (exp2, the gradient and AdamW).
+COLLAPSED_WORK_PER_ROW = 512
+COLLAPSED_WORK_PER_CLASS = 8
 
 
-def refuse_slow_cpu(backend: str, vocab: int, steps: int) -> None:
-    """BadInput when training V x V on the CPU needs more memory than Bob allows it, or
-    `steps` updates would take over an hour."""
+def refuse_slow_cpu(backend: str, vocab: int, steps: int, tables: str = "dense",
+                    named: int = 0) -> None:
+    """BadInput when training V x V (or V + K classes collapsed) on the CPU needs more
+    memory than Bob allows it, or `steps` updates would take over an hour."""
     if backend != "cpu":
         return
-    if vocab > CPU_MAX_VOCAB:
+    if tables == "dense" and vocab > CPU_MAX_VOCAB:
         gib = CPU_TABLES_IN_MEMORY * 4 * vocab * vocab / 2**30
-        raise BadInput(f"V={vocab} is above the largest table the CPU backend trains "
+        raise BadInput(f"V={vocab} is above the largest dense table the CPU backend trains "
                        f"(V={CPU_MAX_VOCAB}): it would hold about {gib:.1f} GiB in host "
-                       f"memory; train on a GPU (--backend cuda)")
-    seconds = vocab * vocab * steps / CPU_PARAMETER_UPDATES_PER_SECOND
+                       f"memory; train on a GPU (--backend cuda) or with --tables collapsed")
+    work = (vocab * vocab if tables == "dense"
+            else COLLAPSED_WORK_PER_ROW * vocab + COLLAPSED_WORK_PER_CLASS * (vocab + named))
+    seconds = work * steps / CPU_PARAMETER_UPDATES_PER_SECOND
     if seconds > CPU_MAX_SECONDS:
         raise BadInput(f"V={vocab} for {steps} updates on the CPU backend would take about "
                        f"{seconds / 3600:.1f} hours; train on a GPU (--backend cuda) or make "

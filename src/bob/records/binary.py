@@ -339,6 +339,16 @@ class InputRecord:
         """K: the corpus pairs the record carries (0 in hard mode)."""
         return 0 if self.keys is None else len(self.keys)
 
+    def named_keys(self) -> np.ndarray:
+        """The cells the record's data names, row * V + column (int64, sorted, unique): the
+        targets' cells (hard), the pairs' (corpus)."""
+        if self.mode == "hard":
+            assert self.targets is not None
+            rows = np.arange(self.vocab, dtype=np.int64)
+            return rows * self.vocab + self.targets.astype(np.int64)
+        assert self.keys is not None
+        return self.keys.astype(np.int64)
+
     def dense_weights(self) -> np.ndarray:
         """The corpus weights as the V x V table the device scatters them into (V x V
         memory: for small tables and tests)."""

@@ -622,7 +622,13 @@ def export_parameters(stored: CheckpointFile, out: StrPath) -> int:
     """The checkpoint's parameters alone as a safetensors file (one F32 [V, V] tensor,
     `parameters`, and the checkpoint's metadata but its format), written atomically a
     chunk at a time; the bytes written."""
-    state = stored.state
+    if stored.state.vocab > MAX_DENSE_VOCAB:
+        v = stored.state.vocab
+        raise BadInput(f"{out}: the dense parameters of V={v} are {4 * v * v / 2**30:.0f} GiB, "
+                       f"past the largest dense table Bob writes (V={MAX_DENSE_VOCAB})")
+    # The dense table whatever the checkpoint's layout (a collapsed one delivers its rows
+    # expanded).
+    state = replace(stored.state, tables="dense", exceptions=0)
     metadata = {**state.metadata(), "format": PARAMETERS_FORMAT}
     header = {"__metadata__": metadata,
               "parameters": {"dtype": "F32", "shape": [state.vocab, state.vocab],

@@ -31,7 +31,7 @@ from typing import BinaryIO
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from bob.config import CHECKPOINT_TENSORS
+from bob.config import CHECKPOINT_TENSORS, MAX_DENSE_VOCAB
 from bob.errors import BadInput, RunFailure
 from bob.files import StrPath, atomic_write, reading
 from bob.records.binary import F32, arrays_identical
@@ -189,6 +189,7 @@ class CollapsedCheckpoint:
     parameters: np.ndarray
     first_moment: np.ndarray
     second_moment: np.ndarray
+    path: str = "checkpoint"  # the file it was read from, where it was: errors name it
 
     def __post_init__(self) -> None:
         state, index = self.state, self.index
@@ -217,40 +218,10 @@ class CollapsedCheckpoint:
     def of_dense(cls, state: TrainingState, parameters: np.ndarray, first_moment: np.ndarray,
                  second_moment: np.ndarray, named: np.ndarray | None = None,
                  ) -> CollapsedCheckpoint:
-        """Dense tables (rows x V, the rows of the whole table) collapsed exactly: each row's
-        rest is the state of its first column that `named` (keys row * V + column, sorted)
-        does not name and whose w is the row's most frequent w; the exceptions are the
-        named columns and every column whose (w, m, v) bits differ from the rest."""
-        vocab = parameters.shape[1]
-        named = np.zeros(0, np.int64) if named is None else np.asarray(named, np.int64)
-        tables = [np.ascontiguousarray(t, F32).view(np.uint32)
-                  for t in (parameters, first_moment, second_moment)]
-        rest = np.zeros((3, vocab), np.uint32)
-        kept: list[np.ndarray] = []
-        bounds = np.searchsorted(named, np.arange(vocab + 1, dtype=np.int64) * vocab)
-        for r in range(vocab):
-            listed = (named[bounds[r]:bounds[r + 1]] - r * vocab).astype(np.int64)
-            free = np.ones(vocab, bool)
-            free[listed] = False
-            if free.any():
-                candidates = np.flatnonzero(free)
-                w = tables[0][r, candidates]
-                values, first_at, counts = np.unique(w, return_index=True, return_counts=True)
-                column = candidates[first_at[int(np.argmax(counts))]]
-                rest[:, r] = [t[r, column] for t in tables]
-                differs = np.zeros(vocab, bool)
-                for i, t in enumerate(tables):
-                    differs |= t[r] != rest[i, r]
-                kept.append(np.flatnonzero(differs | ~free) + r * vocab)
-            else:
-                kept.append(np.arange(vocab, dtype=np.int64) + r * vocab)
-        keys = np.concatenate(kept) if kept else np.zeros(0, np.int64)
-        index = ClassIndex.from_keys(vocab, keys)
-        rows, columns = keys // vocab, keys % vocab
-        arrays = [np.concatenate([rest[i], t[rows, columns]]).view(F32)
-                  for i, t in enumerate(tables)]
-        state = replace(state, tables="collapsed", exceptions=index.exceptions)
-        return cls(state, index, *arrays)
+        """Dense tables in host memory (V x V) collapsed exactly (`collapsed_from_rows`)."""
+        tables = (parameters, first_moment, second_moment)
+        return collapsed_from_rows(state, lambda first, last: tuple(t[first:last]
+                                                                   for t in tables), named)
 
     def reindexed(self, named: np.ndarray) -> CollapsedCheckpoint:
         """The same tables over the exceptions a run on data naming `named` (keys, sorted,
@@ -339,6 +310,18 @@ class CollapsedCheckpoint:
                 block = self.row_block(name, first, min(vocab, first + rows))
                 sink(name, 4 * vocab * first, memoryview(block.reshape(-1).view(np.uint8)))
 
+    def mapped(self, name: str) -> np.ndarray:
+        """One table expanded, f32[V][V] in host memory (read-only), where a dense table of
+        V exists (`CheckpointFile.mapped` maps a dense file's instead)."""
+        if self.vocab > MAX_DENSE_VOCAB:
+            v = self.vocab
+            raise BadInput(f"{self.path}: the dense {name} table of V={v} would be "
+                           f"{4 * v * v / 2**30:.0f} GiB, past the largest dense table "
+                           f"(V={MAX_DENSE_VOCAB}); read rows instead")
+        table = self.row_block(name, 0, self.vocab)
+        table.flags.writeable = False
+        return table
+
     def dense(self) -> Checkpoint:
         """The dense checkpoint of the same state (V x V tables in host memory)."""
         state = replace(self.state, tables="dense", exceptions=0)
@@ -396,7 +379,7 @@ class CollapsedCheckpoint:
             if problem:
                 raise BadInput(f"{source}: {problem}")
         return cls(state, index, *(np.ascontiguousarray(arrays[name], F32)
-                                   for name in CHECKPOINT_TENSORS))
+                                   for name in CHECKPOINT_TENSORS), path=source)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, CollapsedCheckpoint):
@@ -410,6 +393,62 @@ class CollapsedCheckpoint:
     def __repr__(self) -> str:
         return (f"CollapsedCheckpoint(V={self.vocab}, K={self.index.exceptions}, "
                 f"step={self.step}, mode={self.state.mode!r})")
+
+
+ROWS_AT_ONCE_BYTES = 64 << 20  # a conversion reads this much of each dense table at a time
+
+
+def collapsed_from_rows(state: TrainingState, row_blocks, named: np.ndarray | None = None,
+                        ) -> CollapsedCheckpoint:
+    """Dense tables collapsed exactly, read a block of rows at a time: `row_blocks(first,
+    last)` gives rows [first, last) of the parameters and both moments (f32[n][V] each;
+    a `CheckpointFile`'s or a `ShardedCheckpoint`'s row_block serves).
+
+    Each row's rest is the state of a column that `named` (keys row * V + column, sorted)
+    does not name: its first such column when that state holds at least half the row,
+    else the state of the first column holding the row's most frequent w. The exceptions
+    are the named columns and every column whose (w, m, v) bits differ from the rest."""
+    vocab = state.vocab
+    named = np.zeros(0, np.int64) if named is None else np.asarray(named, np.int64)
+    bounds = np.searchsorted(named, np.arange(vocab + 1, dtype=np.int64) * vocab)
+    step = max(1, ROWS_AT_ONCE_BYTES // (4 * vocab))
+    rests: list[np.ndarray] = []
+    keys: list[np.ndarray] = []
+    values: list[list[np.ndarray]] = []
+    for first in range(0, vocab, step):
+        last = min(vocab, first + step)
+        block = [np.ascontiguousarray(t, F32).view(np.uint32) for t in row_blocks(first, last)]
+        free = np.ones((last - first, vocab), bool)
+        listed = named[bounds[first]:bounds[last]]
+        free[listed // vocab - first, listed % vocab] = False
+        choice = np.argmax(free, axis=1)  # the first free column (0 where none is free)
+        rest = np.stack([t[np.arange(last - first), choice] for t in block])
+        same = np.ones_like(free)
+        for i, t in enumerate(block):
+            same &= t == rest[i][:, None]
+        for row in np.flatnonzero(free.any(axis=1) & (same.sum(axis=1) * 2 < vocab)):
+            candidates = np.flatnonzero(free[row])
+            _, at, counts = np.unique(block[0][row, candidates], return_index=True,
+                                      return_counts=True)
+            column = candidates[at[int(np.argmax(counts))]]
+            rest[:, row] = [t[row, column] for t in block]
+            same[row] = True
+            for i, t in enumerate(block):
+                same[row] &= t[row] == rest[i, row]
+        none_free = ~free.any(axis=1)
+        rest[:, none_free] = 0  # a rest class standing for no column: zeros
+        rows, columns = np.nonzero(~same | ~free)  # row-major: the keys' order
+        keys.append((rows + first).astype(np.int64) * vocab + columns)
+        values.append([t[rows, columns] for t in block])
+        rests.append(rest)
+        if sum(k.size for k in keys) > MAX_EXCEPTIONS:
+            raise BadInput(f"the table has more than {MAX_EXCEPTIONS} columns that differ "
+                           "from their row's rest: it cannot be collapsed")
+    index = ClassIndex.from_keys(vocab, np.concatenate(keys))
+    rest_all = np.concatenate(rests, axis=1)
+    arrays = [np.concatenate([rest_all[i], *(v[i] for v in values)]) for i in range(3)]
+    state = replace(state, tables="collapsed", exceptions=index.exceptions)
+    return CollapsedCheckpoint(state, index, *(a.view(F32) for a in arrays))
 
 
 def _require_tensors(file, source: str, expected: dict[str, tuple[str, list[int]]],
