@@ -287,7 +287,8 @@ def test_a_plan_larger_than_the_host_memory_is_refused_before_anything_is_writte
     monkeypatch.setattr(cpu_module, "host_memory_available", lambda: available)
     before = listing(tmp_path)
     status = main(["train", "--tokens", str(tokens), "--vocab", str(vocab), "--backend",
-                   backend, "--steps", "2", "-N", "2", "-c", str(tmp_path / "bob.safetensors")])
+                   backend, "--steps", "2", "-N", "2", "-c", str(tmp_path / "bob.safetensors"),
+                   "--tables", "dense"])
     err = capsys.readouterr().err.strip()
     assert status == 2, err
     found = re.fullmatch(rf"bob: the {backend} backend needs (\d+\.\d\d) GB of host memory "

@@ -491,12 +491,10 @@ static __device__ __forceinline__ u32 non_finite4(float4 q) {
 // only where they are not zero (a healthy table costs no atomics). Counts are integers,
 // so the order of the additions does not change the result. Every index is 64-bit:
 // V*V reaches 2^32 at V = 65536. The host zeroes health before the launch.
-extern "C" __global__ void bob_health(const float* parameters, const float* first_moment,
-                                      const float* second_moment, u64* health, u32 vocab) {
-    wait_for_prerequisites();  // the tables are the last update's
+static __device__ void count_non_finite(const float* parameters, const float* first_moment,
+                                        const float* second_moment, u64* health, u64 count) {
     __shared__ u64 warp_counts[3][LANES / WARP];
     if (blockDim.x != LANES) __trap();  // warp_counts holds LANES / WARP warps
-    const u64 count = (u64)vocab * vocab;
     const u64 quads = count / 4;
     const u64 stride = (u64)gridDim.x * LANES;
     const u64 first = (u64)blockIdx.x * LANES + threadIdx.x;
@@ -527,6 +525,12 @@ extern "C" __global__ void bob_health(const float* parameters, const float* firs
         for (u32 w = 0; w < LANES / WARP; ++w) total += warp_counts[threadIdx.x][w];
         if (total != 0) atomicAdd(&health[threadIdx.x], total);
     }
+}
+
+extern "C" __global__ void bob_health(const float* parameters, const float* first_moment,
+                                      const float* second_moment, u64* health, u32 vocab) {
+    wait_for_prerequisites();  // the tables are the last update's
+    count_non_finite(parameters, first_moment, second_moment, health, (u64)vocab * vocab);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1910,3 +1914,6 @@ namespace tall_corpus {
 
 // -- the sparse corpus input: the scatter and the loss alone: bob_sparse.cuh -------------
 #include "bob_sparse.cuh"
+
+// -- collapsed tables: a rest class per row and its exception columns: bob_collapsed.cuh ----
+#include "bob_collapsed.cuh"

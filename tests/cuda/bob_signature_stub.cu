@@ -210,3 +210,82 @@ extern "C" __global__ void bob_loss_corpus(const float* parameters, const float*
 {
     loss[blockIdx.x] = parameters[vocab] * weights[0] * log2e * ln2;
 }
+
+// The collapsed tables' regions: tables of V + K classes and their index.
+#define INDEX const unsigned int *row_offsets, const unsigned int *columns, \
+              const unsigned int *lane_order
+#define SIZES unsigned int vocab, unsigned int exceptions, unsigned int classes, \
+              unsigned int offsets
+
+extern "C" __global__ void bob_collapsed_gather(float* logits, const unsigned int* prompt,
+                                                const float* parameters, INDEX, SIZES)
+{
+    if (threadIdx.x < vocab) logits[threadIdx.x] = parameters[prompt[0] + row_offsets[0]];
+}
+
+extern "C" __global__ void bob_collapsed_loss_gradient(const float* parameters,
+                                                       float* gradients,
+                                                       const unsigned int* targets, float* loss,
+                                                       INDEX, float log2e, float ln2,
+                                                       float inverse_rows, SIZES)
+{
+    loss[blockIdx.x] = parameters[targets[0] + columns[0] + lane_order[0]] * log2e * ln2;
+    gradients[blockIdx.x] = inverse_rows;
+}
+
+extern "C" __global__ void bob_collapsed_loss_gradient_corpus(const float* parameters,
+                                                              float* gradients,
+                                                              const float* weights,
+                                                              float* loss, INDEX, float log2e,
+                                                              float ln2, SIZES)
+{
+    loss[blockIdx.x] = parameters[columns[0]] * weights[0] * log2e * ln2;
+    gradients[blockIdx.x] = weights[lane_order[0]];
+}
+
+extern "C" __global__ void bob_collapsed_loss_corpus(const float* parameters,
+                                                     const float* weights, float* loss, INDEX,
+                                                     float log2e, float ln2, SIZES)
+{
+    loss[blockIdx.x] = parameters[row_offsets[0]] * weights[columns[0]] * log2e * ln2;
+}
+
+extern "C" __global__ void bob_collapsed_fused_train(float* parameters, float* first_moment,
+                                                     float* second_moment, float* gradients,
+                                                     const unsigned int* targets, float* loss,
+                                                     const float* adam_scalars, INDEX,
+                                                     float log2e, float ln2,
+                                                     float inverse_rows, SIZES,
+                                                     unsigned int updates, unsigned int finish)
+{
+    parameters[0] = first_moment[0] + second_moment[0] + adam_scalars[updates] * log2e * ln2;
+    if (finish) loss[0] = gradients[targets[0] + columns[0]] * inverse_rows;
+}
+
+extern "C" __global__ void bob_collapsed_fused_train_corpus(
+    float* parameters, float* first_moment, float* second_moment, float* gradients,
+    const float* weights, float* loss, const float* adam_scalars, INDEX, float log2e,
+    float ln2, SIZES, unsigned int updates, unsigned int finish)
+{
+    parameters[0] = first_moment[0] + second_moment[0] + adam_scalars[updates] * log2e * ln2;
+    if (finish) loss[0] = gradients[columns[0]] * weights[0];
+}
+
+extern "C" __global__ void bob_collapsed_scatter(float* weights,
+                                                 const unsigned long long* keys,
+                                                 const float* values,
+                                                 const unsigned int* row_offsets,
+                                                 const unsigned int* columns,
+                                                 unsigned int count, SIZES)
+{
+    if (threadIdx.x < count) weights[keys[threadIdx.x] % vocab] = values[row_offsets[0]];
+}
+
+extern "C" __global__ void bob_collapsed_health(const float* parameters,
+                                                const float* first_moment,
+                                                const float* second_moment,
+                                                unsigned long long* health,
+                                                unsigned int classes)
+{
+    if (threadIdx.x < classes) health[0] += parameters[0] + first_moment[0] + second_moment[0];
+}

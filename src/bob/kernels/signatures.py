@@ -256,7 +256,6 @@ SIGNATURES: dict[str, tuple] = {
 # (`offsets`) and its columns and lane order K u32 (`exceptions`): scalar arguments name
 # each count, so each footprint is a product of the launch's own values.
 _CLASSES = Footprint(4, ("classes",))
-_FINISHED_CLASSES = Footprint(4, ("classes", "finish"))
 _OFFSETS = Footprint(4, ("offsets",))
 _EXCEPTION_WORDS = Footprint(4, ("exceptions",))
 _INDEX = (
@@ -302,12 +301,13 @@ SIGNATURES.update({
         ScalarParam("log2e", "f32"), ScalarParam("ln2", "f32"), *_SIZES,
     ),
     # `updates` updates of every class (gradient, then AdamW with row k of adam_scalars);
-    # with finish 1 the loss and gradient of the result.
+    # with finish 1 the loss and gradient of the result. The gradients hold each update's
+    # gradient between its two steps: the whole table is reached whatever `finish`.
     COLLAPSED_FUSED_HARD: (
         PointerParam("parameters", _CLASSES, "readwrite"),
         PointerParam("first_moment", _CLASSES, "readwrite"),
         PointerParam("second_moment", _CLASSES, "readwrite"),
-        PointerParam("gradients", _FINISHED_CLASSES, "write"),
+        PointerParam("gradients", _CLASSES, "readwrite"),
         PointerParam("targets", _ROW, "read"),
         PointerParam("loss", _FINISHED_ROW, "write"),
         PointerParam("adam_scalars", _ADAM_ROWS, "read"),
@@ -320,7 +320,7 @@ SIGNATURES.update({
         PointerParam("parameters", _CLASSES, "readwrite"),
         PointerParam("first_moment", _CLASSES, "readwrite"),
         PointerParam("second_moment", _CLASSES, "readwrite"),
-        PointerParam("gradients", _FINISHED_CLASSES, "write"),
+        PointerParam("gradients", _CLASSES, "readwrite"),
         PointerParam("weights", _EXCEPTION_WORDS, "read"),
         PointerParam("loss", _FINISHED_ROW, "write"),
         PointerParam("adam_scalars", _ADAM_ROWS, "read"),
@@ -341,9 +341,9 @@ SIGNATURES.update({
     ),
     # health[t] += the non-finite classes of table t.
     COLLAPSED_HEALTH: (
-        PointerParam("parameters", _CLASSES, "read"),
-        PointerParam("first_moment", _CLASSES, "read"),
-        PointerParam("second_moment", _CLASSES, "read"),
+        PointerParam("parameters", _CLASSES, "read", align=QUAD_ALIGN),
+        PointerParam("first_moment", _CLASSES, "read", align=QUAD_ALIGN),
+        PointerParam("second_moment", _CLASSES, "read", align=QUAD_ALIGN),
         PointerParam("health", _HEALTH, "readwrite", align=8),
         ScalarParam("classes", "u32"),
     ),

@@ -229,14 +229,19 @@ def loss_corpus_classes(index: RowClasses, w: np.ndarray, weights: np.ndarray,
     return canonicalize_nan(_corpus_parts(index, w, weights, scalars)[3])
 
 
-def fused_train_classes(w: np.ndarray, m: np.ndarray, v: np.ndarray, loss_gradient,
-                        steps: np.ndarray, finish: bool) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per update the gradient of every class, then AdamW with that update's row of
-    `steps` (f32[N][8]); with `finish`, the row losses and gradients of the result."""
+def fused_train_classes(w: np.ndarray, m: np.ndarray, v: np.ndarray, gradients: np.ndarray,
+                        loss_gradient, steps: np.ndarray, finish: bool) -> np.ndarray | None:
+    """Per update the gradient of every class (into `gradients`), then AdamW with that
+    update's row of `steps` (f32[N][8]); with `finish`, the row losses and gradients of
+    the result (returned, and in `gradients`). Without it `gradients` hold the last
+    update's gradient, as the CUDA kernel leaves them."""
     for row in steps:
-        _, grad = loss_gradient(w)
-        adamw_update(w, grad, m, v, AdamScalars(*row[:7]))
-    return loss_gradient(w) if finish else None
+        _, gradients[:] = loss_gradient(w)
+        adamw_update(w, gradients.copy(), m, v, AdamScalars(*row[:7]))
+    if not finish:
+        return None
+    loss, gradients[:] = loss_gradient(w)
+    return loss
 
 
 def scatter_classes(index: RowClasses, keys: np.ndarray, values: np.ndarray,
@@ -316,11 +321,10 @@ def _fused(memory: Memory, args: Args, loss_gradient) -> None:
                for name in ("parameters", "first_moment", "second_moment"))
     updates = _u32(args, "updates")
     steps = memory.array(int(args["adam_scalars"]), "f32", 8 * updates).reshape(updates, 8)
-    finished = fused_train_classes(w, m, v, lambda table: loss_gradient(index, table), steps,
-                                   bool(_u32(args, "finish")))
-    if finished is not None:
-        loss, grad = finished
-        _classes(memory, args, "gradients")[:] = grad
+    loss = fused_train_classes(w, m, v, _classes(memory, args, "gradients"),
+                               lambda table: loss_gradient(index, table), steps,
+                               bool(_u32(args, "finish")))
+    if loss is not None:
         memory.array(int(args["loss"]), "f32", index.vocab)[:] = loss
 
 

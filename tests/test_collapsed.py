@@ -1,0 +1,304 @@
+"""Collapsed tables against their oracle, the dense tables, byte for byte.
+
+The arithmetic (runs of equal additions, the lanes' replay), every collapsed reference
+kernel on edge rows, whole invocations of both schedules and both modes through the
+session across invocation boundaries, the conversion both ways, and the layout's choice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bob.backends import choose_backend
+from bob.config import Hyper
+from bob.host.session import Session
+from bob.host.tables import choose_tables, starting_tables
+from bob.kernels import reference as ref
+from bob.kernels.arith import row_max, row_sum
+from bob.kernels.collapsed import reference as collapsed
+from bob.kernels.collapsed.runs import add_run, add_runs, lane_sums
+from bob.program.bob import BobConfig
+from bob.records.binary import InputRecord
+from bob.records.checkpoint import Checkpoint, TrainingState
+from bob.records.collapsed import ClassIndex, CollapsedCheckpoint
+from conftest import assert_same_bits
+
+TABLES = ("parameters", "first_moment", "second_moment")
+
+
+def _one_by_one(acc: float, x: float, n: int) -> np.float32:
+    total, term = np.float32(acc), np.float32(x)
+    with np.errstate(all="ignore"):
+        for _ in range(n):
+            total = np.float32(total + term)
+    return total
+
+
+def _bits(x: np.ndarray | np.float32) -> np.ndarray:
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+# -- the arithmetic ---------------------------------------------------------------------
+
+
+EDGES = np.array([0.0, -0.0, 1e-45, 2e-45, 1.1754942e-38, 1.1754944e-38, 1.0, 0.5, 1.5,
+                  3.0e38, np.inf, -np.inf, np.nan, -1.0, 1e-3, 16777216.0, 16777215.0],
+                 np.float32)
+
+
+def test_a_run_of_additions_is_exact_on_edge_values_and_ties() -> None:
+    rng = np.random.default_rng(11)
+    cases = [(a, x, int(n)) for a in EDGES for x in EDGES for n in (0, 1, 2, 3, 700)]
+    # Ties: x an odd multiple of half acc's spacing, from acc's of both parities.
+    for _ in range(600):
+        exponent = int(rng.integers(-140, 120))
+        acc = np.float32(np.ldexp(1.0 + int(rng.integers(0, 2**23)) / 2**23, exponent))
+        spacing = max(exponent, -126) - 23
+        x = np.float32(np.ldexp(int(rng.integers(0, 64)) * 2 + 1, spacing - int(
+            rng.integers(1, 8))))
+        cases.append((acc, x, int(rng.integers(1, 3000))))
+    for acc, x, n in cases:
+        want = _one_by_one(acc, x, n)
+        for got in (add_run(acc, x, n), add_runs(np.array([acc]), np.array([x]),
+                                                 np.array([n]))[0]):
+            assert _bits(got) == _bits(want) or (np.isnan(got) and np.isnan(want)), (
+                acc, x, n, got, want)
+
+
+def test_runs_from_zero_of_small_terms_match_the_chain() -> None:
+    rng = np.random.default_rng(12)
+    acc = np.zeros(3000, np.float32)
+    x = (rng.random(3000) * 10.0 ** rng.integers(-44, 3, 3000)).astype(np.float32)
+    n = rng.integers(0, 4097, 3000)
+    got = add_runs(acc, x, n)
+    want = np.array([_one_by_one(0.0, x[i], int(n[i])) for i in range(3000)], np.float32)
+    assert_same_bits("runs", got, want)
+
+
+@pytest.mark.parametrize("vocab", [2, 3, 255, 256, 257, 1000, 4099])
+def test_the_lanes_replay_gives_the_dense_row_sum(vocab: int) -> None:
+    rng = np.random.default_rng(vocab)
+    rows = 24
+    rest = (rng.random(rows) * 10.0 ** rng.integers(-40, 2, rows)).astype(np.float32)
+    rest[:4] = [0.0, 1e-45, 1.0, 3e38]
+    dense = np.repeat(rest[:, None], vocab, axis=1)
+    keys = []
+    for r in range(rows):
+        count = vocab if r == 5 else int(rng.integers(0, min(vocab, 30) + 1))
+        columns = np.sort(rng.choice(vocab, count, replace=False))
+        dense[r, columns] = (rng.random(count) * 10.0 ** rng.integers(-40, 3, count)
+                             ).astype(np.float32)
+        keys.append(r * vocab + columns)
+    keys = np.concatenate(keys)
+    rows_of, columns = keys // vocab, keys % vocab
+    got = lane_sums(vocab, rest, rows_of, columns, dense[rows_of, columns])
+    assert_same_bits("row sums", got, row_sum(dense))
+
+
+# -- the reference kernels on edge rows -------------------------------------------------
+
+
+def _random_index(rng: np.random.Generator, vocab: int, density: float,
+                  named: np.ndarray | None = None, full_rows: tuple[int, ...] = ()) -> ClassIndex:
+    keys = []
+    for r in range(vocab):
+        count = vocab if r in full_rows else int(rng.binomial(vocab, density))
+        keys.append(r * vocab + rng.choice(vocab, count, replace=False))
+    if named is not None:
+        keys.append(named)
+    return ClassIndex.from_keys(vocab, np.unique(np.concatenate(keys)))
+
+
+def _rows(index: ClassIndex) -> collapsed.RowClasses:
+    return collapsed.RowClasses.of(index.vocab, index.offsets, index.columns)
+
+
+def _edge_table(rng: np.random.Generator, index: ClassIndex) -> np.ndarray:
+    """Classes of every kind: normal values, zeros of both signs (rows whose max is a zero
+    of both signs among them), subnormals, huge values whose differences overflow."""
+    vocab, classes = index.vocab, index.classes
+    w = (rng.standard_normal(classes) * rng.choice([1e-3, 1.0, 10.0], classes)).astype(np.float32)
+    w[:vocab][rng.random(vocab) < 0.2] = 0.0
+    w[rng.random(classes) < 0.05] = -0.0
+    w[rng.random(classes) < 0.02] = np.float32(1e-45)
+    w[rng.random(classes) < 0.01] = np.float32(-3e38)
+    w[rng.random(classes) < 0.01] = np.float32(3e38)
+    # Rows 1 and 2: every value a zero, of both signs: the max's sign takes the order.
+    for r in (1, 2)[:vocab - 1]:
+        w[r] = np.float32(-0.0) if r == 1 else np.float32(0.0)
+        first, last = index.offsets[r], index.offsets[r + 1]
+        w[vocab + first:vocab + last] = np.where(rng.random(last - first) < 0.5, -0.0, 0.0)
+    return w
+
+
+@pytest.mark.parametrize("vocab", [2, 3, 256, 257, 1000, 4099])
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_every_loss_kernel_equals_the_dense_reference_on_edge_rows(vocab: int, mode: str) -> None:
+    rng = np.random.default_rng(vocab + len(mode))
+    targets = rng.integers(0, vocab, vocab).astype(np.uint32)
+    named = np.arange(vocab) * vocab + targets if mode == "hard" else None
+    index = _random_index(rng, vocab, min(0.05, 6 / vocab), named, full_rows=(0,))
+    rows = _rows(index)
+    w = _edge_table(rng, index)
+    dense = index.expand(w, np.arange(vocab))
+    scalars = ref.LossScalars.for_vocab(vocab)
+    assert_same_bits("row max", collapsed.class_row_max(rows, w), row_max(dense))
+    if mode == "hard":
+        loss, grad = collapsed.loss_gradient_hard_classes(rows, w, targets, scalars)
+        want_loss, want_grad = ref.loss_gradient_hard_rows(dense, targets, scalars)
+    else:
+        weights = rng.random(index.exceptions).astype(np.float32)
+        weights[rng.random(index.exceptions) < 0.3] = 0.0
+        weights[rng.random(index.exceptions) < 0.05] = -0.0
+        loss, grad = collapsed.loss_gradient_corpus_classes(rows, w, weights, scalars)
+        full = np.concatenate([np.zeros(vocab, np.float32), weights])
+        dense_weights = index.expand(full, np.arange(vocab))
+        want_loss, want_grad = ref.loss_gradient_corpus_rows(dense, dense_weights, scalars)
+        assert_same_bits("validation loss", collapsed.loss_corpus_classes(
+            rows, w, weights, scalars), want_loss)
+    assert_same_bits("loss", loss, want_loss)
+    assert_same_bits("gradients", index.expand(grad, np.arange(vocab)), want_grad)
+
+
+def test_a_nan_and_infinities_in_the_table_give_the_dense_bytes() -> None:
+    rng = np.random.default_rng(3)
+    vocab = 300
+    index = _random_index(rng, vocab, 0.02)
+    rows = _rows(index)
+    w = rng.standard_normal(index.classes).astype(np.float32)
+    w[[7, vocab + 3]] = np.nan
+    w[[9, vocab + 11]] = np.inf
+    w[[10, vocab + 20]] = -np.inf
+    dense = index.expand(w, np.arange(vocab))
+    scalars = ref.LossScalars.for_vocab(vocab)
+    weights = rng.random(index.exceptions).astype(np.float32)
+    loss, grad = collapsed.loss_gradient_corpus_classes(rows, w, weights, scalars)
+    full = np.concatenate([np.zeros(vocab, np.float32), weights])
+    want_loss, want_grad = ref.loss_gradient_corpus_rows(
+        dense, index.expand(full, np.arange(vocab)), scalars)
+    assert_same_bits("loss", loss, want_loss)
+    assert_same_bits("gradients", index.expand(grad, np.arange(vocab)), want_grad)
+
+
+def test_a_hard_target_that_is_no_exception_gives_a_nan_loss_and_no_minus_one() -> None:
+    index = ClassIndex.from_keys(4, np.array([1, 4 + 2]))  # row 0: column 1; row 1: 2
+    rows = _rows(index)
+    w = np.zeros(index.classes, np.float32)
+    loss, grad = collapsed.loss_gradient_hard_classes(
+        rows, w, np.array([1, 3, 0, 0], np.uint32), ref.LossScalars.for_vocab(4))
+    assert np.isfinite(loss[0]) and np.isnan(loss[1:]).all()
+    assert (grad[1:4] > 0).all()  # the rest's p / V: no -1 term anywhere but row 0's
+
+
+# -- whole invocations through the session ---------------------------------------------
+
+
+def _records(rng: np.random.Generator, vocab: int, mode: str, prompts=(1, 0)) -> InputRecord:
+    if mode == "hard":
+        return InputRecord.hard(rng.integers(0, vocab, vocab).astype(np.uint32), prompts)
+    keys = np.unique(rng.integers(0, vocab * vocab, 6 * vocab))
+    values = rng.random(keys.size)
+    return InputRecord.sparse(vocab, keys, (values / values.sum()).astype(np.float32), prompts)
+
+
+def _same_checkpoints(dense: Checkpoint, folded: CollapsedCheckpoint, when: str) -> None:
+    expanded = folded.dense()
+    for name in TABLES:
+        assert_same_bits(f"{when}: {name}", getattr(expanded, name), getattr(dense, name))
+    assert expanded.state == dense.state
+
+
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+@pytest.mark.parametrize("vocab", [256, 1000])
+def test_invocations_of_collapsed_tables_leave_the_dense_bytes(vocab: int, mode: str,
+                                                              schedule: str) -> None:
+    rng = np.random.default_rng(vocab)
+    record = _records(rng, vocab, mode)
+    state = TrainingState(vocab, 0, Hyper(), mode, "")
+    dense_start = Checkpoint.zeros(vocab, Hyper(), mode)
+    folded_start = starting_tables("collapsed", state, record.named_keys())
+    common = dict(vocab=vocab, prompts=2, updates=3, mode=mode, schedule=schedule,
+                  pairs=record.pairs)
+    dense_config = BobConfig(**common)
+    folded_config = BobConfig(**common, tables="collapsed",
+                              exceptions=folded_start.index.exceptions)
+    with Session(choose_backend("cpu")) as session:
+        dense, folded = dense_start, folded_start
+        for step in range(2):  # across an invocation boundary
+            d = session.invoke(dense_config, dense, record, "train")
+            f = session.invoke(folded_config, folded, record, "train")
+            assert f.result == d.result, f"invocation {step}: the result records differ"
+            _same_checkpoints(d.checkpoint, f.checkpoint, f"invocation {step}")
+            dense, folded = d.checkpoint, f.checkpoint
+        # Other data: the collapsed table takes its new cells as exceptions, exactly.
+        other = _records(np.random.default_rng(vocab + 1), vocab, mode)
+        again = folded.reindexed(other.named_keys())
+        assert again.index.exceptions >= folded.index.exceptions
+        d = session.invoke(replace_pairs(dense_config, other), dense, other, "train")
+        f = session.invoke(replace_pairs(folded_config, other, again), again, other, "train")
+        assert f.result == d.result
+        _same_checkpoints(d.checkpoint, f.checkpoint, "on new data")
+
+
+def replace_pairs(config: BobConfig, record: InputRecord,
+                  start: CollapsedCheckpoint | None = None) -> BobConfig:
+    from dataclasses import replace
+
+    changes = {"pairs": record.pairs}
+    if start is not None:
+        changes["exceptions"] = start.index.exceptions
+    return replace(config, **changes)
+
+
+# -- the layout: conversion, files, the choice ------------------------------------------
+
+
+def test_dense_tables_collapse_and_expand_exactly() -> None:
+    rng = np.random.default_rng(4)
+    vocab = 200
+    index = _random_index(rng, vocab, 0.03, full_rows=(3,))
+    state = TrainingState(vocab, 7, Hyper(), "corpus", "")
+    tables = [rng.standard_normal(index.classes).astype(np.float32) for _ in range(3)]
+    tables[2] = np.abs(tables[2])
+    folded = CollapsedCheckpoint.zeros(state, index).evolved(state, dict(zip(TABLES, tables,
+                                                                             strict=True)))
+    dense = folded.dense()
+    again = CollapsedCheckpoint.of_dense(dense.state, *(getattr(dense, n) for n in TABLES),
+                                         index.keys())
+    assert again.index == index  # every named column stays an exception
+    for name in TABLES:  # the rest of row 3, every column of which is named, stands for none
+        assert_same_bits(name, getattr(again.dense(), name), getattr(dense, name))
+    unnamed = CollapsedCheckpoint.of_dense(dense.state, *(getattr(dense, n) for n in TABLES))
+    for name in TABLES:
+        assert_same_bits(name, getattr(unnamed.dense(), name), getattr(dense, name))
+    assert unnamed.index.exceptions <= index.exceptions
+
+
+def test_the_layout_follows_the_data() -> None:
+    assert choose_tables("auto", 256, 5000).tables == "dense"
+    assert choose_tables("auto", 50257, 93454).tables == "collapsed"
+    assert choose_tables("auto", 4096, 4096 * 4096 // 4).tables == "dense"
+    assert choose_tables("auto", 65537, 10).tables == "collapsed"
+    assert choose_tables("collapsed", 256, 5000).reason == "--tables collapsed"
+    with pytest.raises(Exception, match="past the largest dense table"):
+        choose_tables("dense", 65537, 10)
+
+
+@pytest.mark.parametrize("vocab", [65537, 1 << 20])
+def test_vocabularies_past_65536_plan_collapsed_and_are_refused_dense(vocab: int) -> None:
+    from bob.errors import BadInput
+    from bob.plan.certificate import certify
+    from bob.program.plans import build_plan
+
+    config = BobConfig(vocab=vocab, prompts=1, updates=2, mode="corpus", pairs=1000,
+                       tables="collapsed", exceptions=1000)
+    for schedule in ("seed", "fused"):
+        from dataclasses import replace
+
+        plan = build_plan(replace(config, schedule=schedule))
+        assert certify(plan).holds
+        assert plan.tensor("parameters").bytes == 4 * (vocab + 1000)
+    with pytest.raises(BadInput, match="vocab must be an integer"):
+        BobConfig(vocab=vocab, prompts=1, updates=2, mode="corpus", pairs=1000)
