@@ -311,9 +311,10 @@ static __device__ void hard_row(const Team& team, const Index& ix, const Row& ro
     }
 }
 
-// Whether every exception of the row has weight zero (of either sign): with every class
-// finite, each gradient is then +0 and the loss +0 whatever the row sums (rs = +0, p in
-// [0, 1] so rs p - T = +0; L - z finite, so every loss term is a zero and their sum +0).
+// Whether every exception of the row has weight zero (of either sign). With every class's
+// |w| at most 2^125 as well (`moderate_row`: then z = (w - m) log2e is finite), each
+// gradient is +0 and the loss +0 whatever the row sums: rs = +0 and p in [0, 1], so
+// rs p - T = +0; L - z is finite and >= 0, so every loss term is a zero and their sum +0.
 template <class Team>
 static __device__ bool weightless(const Team& team, const Row& row, const float* weights) {
     bool some = false;
@@ -323,12 +324,15 @@ static __device__ bool weightless(const Team& team, const Row& row, const float*
     return !team.any(some);
 }
 
+#define MODERATE_BITS 0x7E000000u  // 2^125
+
 template <class Team>
-static __device__ bool all_finite(const Team& team, const Index& ix, const Row& row,
-                                  const float* w) {
-    bool fine = team.rank() != 0 || finite(w[row.r]);
+static __device__ bool moderate_row(const Team& team, const Index& ix, const Row& row,
+                                    const float* w) {
+    auto moderate = [](float x) { return (__float_as_uint(x) & 0x7FFFFFFFu) <= MODERATE_BITS; };
+    bool fine = team.rank() != 0 || moderate(w[row.r]);
     for (u32 i = row.first + team.rank(); i < row.last; i += Team::SIZE) {
-        fine &= finite(w[ix.vocab + i]);
+        fine &= moderate(w[ix.vocab + i]);
     }
     return team.all(fine);
 }
@@ -341,7 +345,7 @@ static __device__ void corpus_row(const Team& team, const Index& ix, const Row& 
                                   float* loss, const LossArgs& a, float weight_sum,
                                   bool no_weight) {
     const u32 vocab = ix.vocab;
-    if (no_weight && all_finite(team, ix, row, w)) {
+    if (no_weight && moderate_row(team, ix, row, w)) {
         if (team.rank() == 0) {
             if (gradients != nullptr) gradients[row.r] = 0.0f;
             if (loss != nullptr) loss[row.r] = 0.0f;
