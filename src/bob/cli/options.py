@@ -37,6 +37,10 @@ SCHEDULE_OPTION = click.option(
     help="The seed's launches (the reference), or the fused kernel: the same bytes, faster.")
 
 
+PLAN_TABLES_OPTION = click.option(
+    "--tables", type=click.Choice(config.TABLES), default="dense", show_default=True,
+    help="The program over dense V x V tables (the seed's), or over collapsed ones (a rest "
+         "class per row and the typical corpus's cells, 64 a row).")
 TABLES_OPTION = click.option(
     "--tables", type=click.Choice(config.TABLES_CHOICES), default="auto", show_default=True,
     help="How the tables are held: dense V x V, or collapsed (a rest class per row and the "
@@ -157,12 +161,17 @@ def hyper_options(function):
 
 
 def config_from(vocab: int, prompts: int, updates: int, mode: str, schedule: str = "seed",
-                submission: str = config.DEFAULT_SUBMISSION_POLICY) -> BobConfig:
-    """A configuration from the options; corpus mode with a typical K (no corpus given)."""
+                submission: str = config.DEFAULT_SUBMISSION_POLICY,
+                tables: str = "dense") -> BobConfig:
+    """A configuration from the options; corpus mode with a typical K (no corpus given),
+    whose cells a collapsed table takes as its exceptions (hard mode: the V targets)."""
+    pairs = typical_pairs(vocab) if mode == "corpus" else 0
+    collapsed = {"tables": tables, "exceptions": pairs or vocab} if tables == "collapsed" \
+        else {}
     return BobConfig(vocab=vocab, prompts=prompts, updates=updates,  # type: ignore[arg-type]
                      mode=mode, schedule=schedule,  # type: ignore[arg-type]
                      submission=submission,  # type: ignore[arg-type]
-                     pairs=typical_pairs(vocab) if mode == "corpus" else 0)
+                     pairs=pairs, **collapsed)  # type: ignore[arg-type]
 
 
 _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}

@@ -18,9 +18,16 @@ from bob.plan import SM86, TARGETS
 from bob.plan import certify as certify_plan
 from bob.plan.jsonio import dumps, read_plan
 from bob.plan.model import Plan
-from bob.program.bob import build_plan
+from bob.program.plans import build_plan
 
-from .options import KERNELS_OPTION, ByteSize, config_from, plan_options, submission_option
+from .options import (
+    KERNELS_OPTION,
+    PLAN_TABLES_OPTION,
+    ByteSize,
+    config_from,
+    plan_options,
+    submission_option,
+)
 from .render import print_hazards, print_plan
 
 # A plan's submissions are its command stream's grouping, and only the backends that run
@@ -39,8 +46,10 @@ def cluster_note(plan: Plan) -> str | None:
 
 def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
               arch: str | None, submission: str = "per-launch",
-              kernels: str = DEFAULT_KERNELS) -> Plan:
-    config = config_from(vocab, prompts, updates, mode, schedule, submission)
+              kernels: str = DEFAULT_KERNELS, tables: str = "dense") -> Plan:
+    if tables == "collapsed" and kernels != DEFAULT_KERNELS:
+        raise BadInput("--kernels own has no collapsed tables' regions: use --tables dense")
+    config = config_from(vocab, prompts, updates, mode, schedule, submission, tables)
     if arch is None and kernels == DEFAULT_KERNELS:
         return build_plan(config)
     regions = None
@@ -68,6 +77,7 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
 @click.option("--arch", type=click.Choice(TARGET_NAMES), default=None,
               help="Compile the kernels for this architecture and show its regions.")
 @KERNELS_OPTION
+@PLAN_TABLES_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Write the whole plan as JSON.")
 @click.option("--disasm", is_flag=True,
               help="List the encoded command stream: GPFIFO entries, methods, QMD fields "
@@ -80,13 +90,16 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
 @click.option("--device-memory", type=ByteSize(), default=None, metavar="SIZE",
               help="The row shards bob train --device-memory SIZE runs (512M, 8G).")
 def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submission: str,
-         arch: str | None, kernels: str, as_json: bool, disasm: bool, emit_dir: str | None,
-         shards: int | None, device_memory: int | None) -> None:
+         arch: str | None, kernels: str, tables: str, as_json: bool, disasm: bool,
+         emit_dir: str | None, shards: int | None, device_memory: int | None) -> None:
     """Show Bob's device program: arena, regions, launches, submissions, sizes."""
     require_kernels(kernels, schedule, (STREAM_BACKEND,))  # the plan the nv backend runs
     if shards is not None or device_memory is not None:
         if kernels != DEFAULT_KERNELS:
             raise BadInput("row shards (--shards, --device-memory) do not take --kernels own")
+        if tables != "dense":
+            raise BadInput("row shards (--shards, --device-memory) are of dense tables: "
+                           "collapsed ones train in one piece")
         if disasm or emit_dir:
             raise BadInput("--disasm and --emit show one plan's command stream; a shard's is "
                            "that of its rows: drop --shards and --device-memory")
@@ -95,7 +108,8 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submi
     if emit_dir:
         check_output_directory(emit_dir, "components")  # before the plan is built
     policy = resolve_submission(submission, STREAM_BACKEND)
-    the_plan = _bob_plan(vocab, prompts, updates, mode, schedule, arch, policy, kernels)
+    the_plan = _bob_plan(vocab, prompts, updates, mode, schedule, arch, policy, kernels,
+                         tables)
     certificate = certify_plan(the_plan)
     if as_json:
         click.echo(dumps(the_plan))  # its submission_policy says what auto resolved to
@@ -117,9 +131,21 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submi
     note = cluster_note(the_plan)
     if note:
         click.echo(note, err=True)
+    click.echo(_tables_note(vocab, mode, tables), err=True)
     if submission == AUTO_SUBMISSION:  # on stderr, after the output: --emit lists paths
         click.echo(f"submission: auto is {policy} (the {STREAM_BACKEND} backend's default)",
                    err=True)
+
+
+def _tables_note(vocab: int, mode: str, tables: str) -> str:
+    """Which tables this plan holds, and which `bob train` would hold on the typical data."""
+    from bob.host.tables import choose_tables
+    from bob.program.bob import typical_pairs
+
+    named = typical_pairs(vocab) if mode == "corpus" else vocab
+    chosen = choose_tables("auto", vocab, named)
+    return (f"tables: {tables}; bob train would hold them {chosen.tables} on data naming "
+            f"{named:,} cells ({chosen.reason})")
 
 
 def _own_listing(the_plan: Plan) -> str:
