@@ -302,3 +302,188 @@ def test_vocabularies_past_65536_plan_collapsed_and_are_refused_dense(vocab: int
         assert plan.tensor("parameters").bytes == 4 * (vocab + 1000)
     with pytest.raises(BadInput, match="vocab must be an integer"):
         BobConfig(vocab=vocab, prompts=1, updates=2, mode="corpus", pairs=1000)
+
+
+# -- the checkpoint file and the command line --------------------------------------------
+
+
+def _collapsed_file(path, vocab: int = 300, seed: int = 9) -> CollapsedCheckpoint:
+    rng = np.random.default_rng(seed)
+    index = _random_index(rng, vocab, 0.02)
+    state = TrainingState(vocab, 4, Hyper(), "corpus", "")
+    tables = [rng.standard_normal(index.classes).astype(np.float32) for _ in range(3)]
+    tables[2] = np.abs(tables[2])
+    folded = CollapsedCheckpoint.zeros(state, index).evolved(state, dict(zip(TABLES, tables,
+                                                                             strict=True)))
+    folded.save(path)
+    return folded
+
+
+def _rewrite(source, target, change) -> None:
+    """A copy of a collapsed checkpoint with `change(tensors, metadata)` applied."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(source), framework="numpy") as file:
+        metadata = dict(file.metadata())
+        tensors = {name: file.get_tensor(name) for name in file.keys()}  # noqa: SIM118
+    change(tensors, metadata)
+    save_file(tensors, str(target), metadata=metadata)
+
+
+def _decreasing(tensors, metadata) -> None:
+    tensors["row_offsets"] = tensors["row_offsets"].copy()
+    tensors["row_offsets"][5] = tensors["row_offsets"][6] + 1
+
+
+def _unsorted(tensors, metadata) -> None:
+    offsets, columns = tensors["row_offsets"], tensors["columns"].copy()
+    row = int(np.flatnonzero(np.diff(offsets) >= 2)[0])
+    first = int(offsets[row])
+    columns[first], columns[first + 1] = columns[first + 1], columns[first]
+    tensors["columns"] = columns
+
+
+def _duplicate(tensors, metadata) -> None:
+    offsets, columns = tensors["row_offsets"], tensors["columns"].copy()
+    row = int(np.flatnonzero(np.diff(offsets) >= 2)[0])
+    columns[int(offsets[row]) + 1] = columns[int(offsets[row])]
+    tensors["columns"] = columns
+
+
+def _outside(tensors, metadata) -> None:
+    columns = tensors["columns"].copy()
+    columns[-1] = int(metadata["vocab"])
+    tensors["columns"] = columns
+
+
+def _short_offsets(tensors, metadata) -> None:
+    tensors["row_offsets"] = tensors["row_offsets"].copy()
+    tensors["row_offsets"][-1] -= 1  # the rows' exceptions do not add up to K
+
+
+def _wrong_count(tensors, metadata) -> None:
+    metadata["exceptions"] = str(int(metadata["exceptions"]) + 1)
+
+
+def _nan(tensors, metadata) -> None:
+    tensors["first_moment"] = tensors["first_moment"].copy()
+    tensors["first_moment"][3] = np.nan
+
+
+BAD_FILES = {
+    "decreasing offsets": (_decreasing, "row_offsets decrease at row 5"),
+    "unsorted columns": (_unsorted, "columns are not strictly increasing"),
+    "duplicate columns": (_duplicate, "columns are not strictly increasing"),
+    "a column past V": (_outside, "is not below V=300"),
+    "offsets that miss K": (_short_offsets, "row_offsets run from 0 to"),
+    "a count that lies": (_wrong_count, "expected"),
+    "a NaN": (_nan, "not finite"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+def test_a_bad_collapsed_checkpoint_is_refused_in_one_line(tmp_path, capsys, kind) -> None:
+    from bob.cli.main import main
+    from conftest import contents
+
+    good = tmp_path / "good.safetensors"
+    _collapsed_file(good)
+    bad = tmp_path / "bad.safetensors"
+    change, message = BAD_FILES[kind]
+    _rewrite(good, bad, change)
+    before = contents(tmp_path)
+    for command in (["generate", "-c", str(bad), "--ids", "3", "-n", "5"],
+                    ["export", "-c", str(bad), "-o", str(tmp_path / "out.safetensors")]):
+        status = main(command)
+        err = capsys.readouterr().err.strip()
+        assert status == 2, err
+        assert len(err.splitlines()) == 1 and str(bad) in err and message in err, err
+    assert contents(tmp_path) == before
+
+
+def test_a_truncated_collapsed_checkpoint_is_refused_in_one_line(tmp_path, capsys) -> None:
+    from bob.cli.main import main
+
+    path = tmp_path / "ckpt.safetensors"
+    _collapsed_file(path)
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) - 100])
+    assert main(["generate", "-c", str(path), "--ids", "3", "-n", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err, err
+
+
+def test_a_collapsed_checkpoint_round_trips_and_is_small(tmp_path) -> None:
+    from bob.records.shards import open_checkpoint
+
+    path = tmp_path / "ckpt.safetensors"
+    folded = _collapsed_file(path)
+    assert open_checkpoint(path) == folded
+    assert path.stat().st_size == folded.state.file_bytes
+    assert path.stat().st_size < 12 * folded.vocab * folded.vocab / 10
+
+
+def _text(tmp_path, size: int = 4000):
+    text = tmp_path / "small.txt"
+    rng = np.random.default_rng(1)
+    words = [b"the", b"cat", b"sat", b"on", b"a", b"mat", b"\n", b"dog", b"ran"]
+    text.write_bytes(b" ".join(words[i] for i in rng.integers(0, len(words), size)))
+    return text
+
+
+def test_train_says_which_tables_ran_and_resumes_to_the_bytes_of_one_run(tmp_path,
+                                                                          capsys) -> None:
+    import json
+
+    from bob.cli.main import main
+
+    text = _text(tmp_path)
+    whole, half = tmp_path / "whole.safetensors", tmp_path / "half.safetensors"
+    common = ["--text", str(text), "--backend", "cpu", "--tables", "collapsed", "-N", "5"]
+    assert main(["train", *common, "--steps", "20", "-c", str(whole), "--json"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert (report["tables"], report["tables_reason"]) == ("collapsed", "--tables collapsed")
+    assert "collapsed: --tables collapsed" in captured.err
+    assert main(["train", *common, "--steps", "10", "-c", str(half)]) == 0
+    assert main(["train", *common, "--steps", "10", "-c", str(half), "--resume"]) == 0
+    assert whole.read_bytes() == half.read_bytes()
+    dense = tmp_path / "dense.safetensors"
+    assert main(["train", "--text", str(text), "--backend", "cpu", "--tables", "dense",
+                 "-N", "5", "--steps", "20", "-c", str(dense)]) == 0
+    from bob.records.shards import open_checkpoint
+
+    expanded = open_checkpoint(whole).dense()
+    stored = open_checkpoint(dense).load()
+    for name in TABLES:
+        assert_same_bits(name, getattr(expanded, name), getattr(stored, name))
+
+
+def test_dense_tables_past_65536_and_their_export_are_refused_in_one_line(tmp_path,
+                                                                          capsys) -> None:
+    from bob.cli.main import main
+    from conftest import contents
+
+    vocab = 65537
+    tokens = tmp_path / "train.bin"
+    np.random.default_rng(2).integers(0, vocab, 2000).astype("<u4").tofile(tokens)
+    before = contents(tmp_path)
+    status = main(["train", "--tokens", str(tokens), "--vocab", str(vocab), "--token-dtype",
+                   "uint32", "--tables", "dense", "--backend", "cpu", "--steps", "1",
+                   "-c", str(tmp_path / "c.safetensors")])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert "V=65537 is past the largest dense table (V=65536" in err
+    assert contents(tmp_path) == before
+    # A collapsed checkpoint of that V exports no dense table either.
+    index = ClassIndex.from_keys(vocab, np.array([5, vocab + 7]))
+    path = tmp_path / "big.safetensors"
+    CollapsedCheckpoint.zeros(TrainingState(vocab, 0, Hyper(), "corpus", "",
+                                            tables="collapsed"), index).save(path)
+    before = contents(tmp_path)
+    status = main(["export", "-c", str(path), "-o", str(tmp_path / "params.safetensors")])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert "the dense parameters of V=65537 are 16 GiB" in err
+    assert contents(tmp_path) == before

@@ -396,10 +396,13 @@ def run_one_piece(request: TrainRequest, progress: Progress | None = None) -> Tr
     _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
     choice = choose_backend(request.backend, arch=request.arch, arena=request.arena,
                             kernels=request.kernels)
-    # Before counting, only a run asked to hold dense tables is refused by V alone.
-    data = training_data(request.texts, request.input_record, request.data_spec,
-                         admit=lambda vocab: request.tables == "dense" and refuse_slow_cpu(
-                             choice.name, vocab, request.steps))
+    def admit(vocab: int) -> None:
+        """Before counting, only a run asked to hold dense tables is refused by V alone."""
+        if request.tables == "dense":
+            choose_tables("dense", vocab, 0)
+            refuse_slow_cpu(choice.name, vocab, request.steps)
+
+    data = training_data(request.texts, request.input_record, request.data_spec, admit=admit)
     validation = validation_record(request.val_spec, data.record.vocab)
     named = named_keys(data.record, validation)
     layout = choose_tables("dense" if request.kernels == "own" and request.tables == "auto"

@@ -29,6 +29,9 @@ _MANTISSA = 0x7FFFFF
 _IMPLICIT = 1 << 23
 
 
+LANE_ROWS = 8192  # rows whose 256 lanes the reference holds at once (8 MiB)
+
+
 def chain_lengths(vocab: int) -> np.ndarray:
     """Columns in each lane's chain: lane l takes l, l + 256, ... below V (int64[256])."""
     lanes = np.arange(LANES, dtype=np.int64)
@@ -178,10 +181,17 @@ def lane_sums(vocab: int, rest: np.ndarray, exception_rows: np.ndarray,
     lengths = chain_lengths(vocab)
     distinct, lane_kind = np.unique(lengths, return_inverse=True)
     plain = add_runs(np.zeros((rows, distinct.size), _F32), rest[:, None], distinct[None, :])
-    lanes = plain[:, lane_kind]  # rows x 256
-    if exception_rows.size:
-        replay_lanes(vocab, lanes, rest, exception_rows, exception_columns, exception_values)
-    return sum_tree(lanes)
+    sums = np.empty(rows, _F32)
+    bounds = np.searchsorted(exception_rows, np.arange(0, rows + LANE_ROWS, LANE_ROWS))
+    for block, first in enumerate(range(0, rows, LANE_ROWS)):  # lanes: a few MiB at a time
+        last = min(rows, first + LANE_ROWS)
+        lanes = plain[first:last, lane_kind]  # rows x 256
+        low, high = bounds[block], bounds[block + 1]
+        if high > low:
+            replay_lanes(vocab, lanes, rest[first:last], exception_rows[low:high] - first,
+                         exception_columns[low:high], exception_values[low:high])
+        sums[first:last] = sum_tree(lanes)
+    return sums
 
 
 def replay_lanes(vocab: int, lanes: np.ndarray, rest: np.ndarray, exception_rows: np.ndarray,
