@@ -312,8 +312,10 @@ static __device__ void hard_row(const Team& team, const Index& ix, const Row& ro
 }
 
 // Whether every exception of the row has weight zero (of either sign). With every class's
-// |w| at most 2^125 as well (`moderate_row`: then z = (w - m) log2e is finite), each
-// gradient is +0 and the loss +0 whatever the row sums: rs = +0 and p in [0, 1], so
+// |w| at most 2^125 as well (`moderate_row`: then z = (w - m) log2e is finite) and a rest
+// that stands for a column (so it joins the max: a rest standing for none may lie above it,
+// its exponential inf and its gradient NaN), each gradient is +0 and the loss +0 whatever
+// the row sums: rs = +0 and p in [0, 1], so
 // rs p - T = +0; L - z is finite and >= 0, so every loss term is a zero and their sum +0.
 template <class Team>
 static __device__ bool weightless(const Team& team, const Row& row, const float* weights) {
@@ -345,7 +347,7 @@ static __device__ void corpus_row(const Team& team, const Index& ix, const Row& 
                                   float* loss, const LossArgs& a, float weight_sum,
                                   bool no_weight) {
     const u32 vocab = ix.vocab;
-    if (no_weight && moderate_row(team, ix, row, w)) {
+    if (no_weight && row.rest(vocab) && moderate_row(team, ix, row, w)) {
         if (team.rank() == 0) {
             if (gradients != nullptr) gradients[row.r] = 0.0f;
             if (loss != nullptr) loss[row.r] = 0.0f;
