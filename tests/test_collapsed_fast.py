@@ -216,7 +216,7 @@ def test_add_run_equals_the_additions_one_by_one() -> None:
 
 @njit(error_model="numpy")
 def _class_sums(vocab, offsets, columns, order, values, out):  # type: ignore[no-untyped-def]
-    lanes = np.empty(arith.LANES, np.float32)
+    lanes = fast.lanes_scratch()
     for r in range(vocab):
         first = np.int64(offsets[r])
         count = np.int64(offsets[r + 1]) - first
@@ -226,7 +226,7 @@ def _class_sums(vocab, offsets, columns, order, values, out):  # type: ignore[no
 
 @njit(error_model="numpy")
 def _class_maxima(vocab, offsets, columns, order, w, out):  # type: ignore[no-untyped-def]
-    lanes = np.empty(arith.LANES, np.float32)
+    lanes = fast.lanes_scratch()
     for r in range(vocab):
         first = np.int64(offsets[r])
         count = np.int64(offsets[r + 1]) - first

@@ -13,7 +13,12 @@ counts Zipf-like), Bob's zero start, corpus weights from the counts. In one proc
 - the loss-gradient and the loss alone (the seed schedule's and validation's kernels):
   one call each, ms and the ratio;
 - the run: --updates fused updates in launches of --launch (finish 1 each, as `bob train`
-  launches them), seconds in all and ms/update.
+  launches them), the kernel alone, then whole invocations of --launch updates through
+  `bob.host.session.Session` on the cpu backend (scatter, losses, gathers, health and the
+  host's part included; `--no-session` skips them).
+
+Times are wall seconds; beside them the process's CPU seconds (all threads), which other
+processes on a shared machine disturb less: on an idle machine wall is about CPU / cores.
 """
 
 from __future__ import annotations
@@ -21,15 +26,20 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from bob.backends import choose_backend
 from bob.config import Hyper
+from bob.host.session import Session
 from bob.kernels import reference as dense_ref
 from bob.kernels.collapsed import fast
 from bob.kernels.collapsed import reference as ref
-from bob.program.bob import adam_scalar_table
-from bob.records.collapsed import ClassIndex
+from bob.program.bob import BobConfig, adam_scalar_table
+from bob.records.binary import InputRecord
+from bob.records.checkpoint import TrainingState
+from bob.records.collapsed import ClassIndex, CollapsedCheckpoint
 
 F32 = np.float32
 TOKEN_VOCAB = 50257
@@ -79,10 +89,134 @@ def _scale_for(ranks: np.ndarray, pairs: int, ids: int) -> float:
     return (low + high) / 2
 
 
-def timed(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
+@dataclass(frozen=True)
+class Timing:
+    wall: float
+    cpu: float
+
+    def per(self, count: int) -> str:
+        """ms per `count`: wall (CPU)."""
+        return f"{1e3 * self.wall / count:.2f} ms (CPU {1e3 * self.cpu / count:.2f})"
+
+
+def timed(call: Callable[[], object]) -> Timing:
+    wall, cpu = time.perf_counter(), time.process_time()
     call()
-    return time.perf_counter() - start
+    return Timing(time.perf_counter() - wall, time.process_time() - cpu)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The index, the weights and the arrays the kernels take."""
+
+    index: ClassIndex
+    counts: np.ndarray
+
+    @property
+    def weights(self) -> np.ndarray:
+        return (self.counts / self.counts.sum()).astype(F32)
+
+    def device(self) -> tuple:
+        index = self.index
+        return index.vocab, index.device_offsets(), index.columns, index.lane_order()
+
+    def zeros(self) -> list[np.ndarray]:
+        return [np.zeros(self.index.classes, F32) for _ in range(3)]
+
+    def fast_fused(self, tables: list[np.ndarray], steps: np.ndarray, finish: bool) -> None:
+        vocab, classes = self.index.vocab, self.index.classes
+        scalars = dense_ref.LossScalars.for_vocab(vocab)
+        grad = np.empty(classes if finish else 0, F32)
+        loss = np.empty(vocab if finish else 0, F32)
+        fast.fused_corpus_classes(*self.device(), *tables, self.weights, steps, scalars.log2e,
+                                  scalars.ln2, finish, grad, loss, fast.blocks())
+
+
+def describe(work: Workload) -> str:
+    per_row = work.index.counts()
+    return (f"V = {work.index.vocab}, K = {work.index.exceptions} pairs, rows with data "
+            f"{np.count_nonzero(per_row)} (1-5 exceptions: "
+            f"{np.count_nonzero((per_row >= 1) & (per_row <= 5))}, the largest {per_row.max()})")
+
+
+def fused_side_by_side(work: Workload, updates: int) -> None:
+    """`updates` fused updates from zero by the reference and by Numba; equal tables."""
+    steps = adam_scalar_table(Hyper(), 1, updates)
+    first = timed(lambda: work.fast_fused(work.zeros(), steps[:1], True))
+    print(f"first fast launch (compiles or loads the kernel): {first.wall:.1f} s")
+    rows = ref.RowClasses.of(work.index.vocab, work.index.offsets, work.index.columns)
+    scalars = dense_ref.LossScalars.for_vocab(work.index.vocab)
+    weights = work.weights
+    mine, theirs = work.zeros(), work.zeros()
+    fast_time = timed(lambda: work.fast_fused(mine, steps, False))
+    reference_time = timed(lambda: ref.fused_train_classes(
+        *theirs, lambda w: ref.loss_gradient_corpus_classes(rows, w, weights, scalars), steps,
+        False))
+    same = all(np.array_equal(a.view(np.uint32), b.view(np.uint32))
+               for a, b in zip(mine, theirs, strict=True))
+    print(f"fused, {updates} updates from zero, per update: reference "
+          f"{reference_time.per(updates)}, fast {fast_time.per(updates)}: "
+          f"{reference_time.wall / fast_time.wall:.0f}x; tables "
+          f"{'equal' if same else 'DIFFER'}")
+    losses_side_by_side(work, mine[0])
+
+
+def losses_side_by_side(work: Workload, w: np.ndarray) -> None:
+    """The seed schedule's loss-gradient and validation's loss alone, one call each."""
+    index, weights = work.index, work.weights
+    rows = ref.RowClasses.of(index.vocab, index.offsets, index.columns)
+    scalars = dense_ref.LossScalars.for_vocab(index.vocab)
+    grad, loss = np.empty(index.classes, F32), np.empty(index.vocab, F32)
+    for name, fast_call, reference_call in (
+        ("loss-gradient", lambda: fast.loss_gradient_corpus_classes(
+            *work.device(), w, weights, scalars.log2e, scalars.ln2, grad, loss, fast.blocks()),
+         lambda: ref.loss_gradient_corpus_classes(rows, w, weights, scalars)),
+        ("loss alone", lambda: fast.loss_corpus_classes(
+            *work.device(), w, weights, scalars.log2e, scalars.ln2, loss, fast.blocks()),
+         lambda: ref.loss_corpus_classes(rows, w, weights, scalars)),
+    ):
+        fast_call()  # compiles or loads
+        fast_time = min((timed(fast_call) for _ in range(3)), key=lambda t: t.wall)
+        reference_time = timed(reference_call)
+        print(f"{name}, one call: reference {reference_time.per(1)}, fast "
+              f"{fast_time.per(1)}: {reference_time.wall / fast_time.wall:.0f}x")
+
+
+def kernel_run(work: Workload, updates: int, launch: int) -> None:
+    """`updates` fused updates from zero in launches of `launch` updates, finish 1 each."""
+    tables = work.zeros()
+    wall = cpu = 0.0
+    for start in range(0, updates, launch):
+        steps = adam_scalar_table(Hyper(), start + 1, min(launch, updates - start))
+        spent = timed(lambda: work.fast_fused(tables, steps, True))  # noqa: B023 - called now
+        wall, cpu = wall + spent.wall, cpu + spent.cpu
+    total = Timing(wall, cpu)
+    print(f"run, the fused kernel alone: {updates} updates in launches of {launch}: "
+          f"{total.wall:.1f} s (CPU {total.cpu:.1f}), {total.per(updates)} per update")
+
+
+def session_run(work: Workload, updates: int, launch: int) -> None:
+    """The same updates as whole invocations through the session on the cpu backend."""
+    index, vocab = work.index, work.index.vocab
+    record = InputRecord.sparse(vocab, index.keys().astype(np.uint64), work.weights,
+                                prompts=[1, 5])
+    state = CollapsedCheckpoint.zeros(TrainingState(vocab, 0, Hyper(), "corpus", ""), index)
+    config = BobConfig(vocab=vocab, prompts=2, updates=launch, mode="corpus", schedule="fused",
+                       pairs=record.pairs, tables="collapsed", exceptions=index.exceptions)
+    wall = cpu = 0.0
+    loss = float("nan")
+    with Session(choose_backend("cpu")) as session:
+        for start in range(0, updates, launch):
+            count = min(launch, updates - start)
+            wall_start, cpu_start = time.perf_counter(), time.process_time()
+            result = session.invoke(replace(config, updates=count), state, record, "train")
+            wall += time.perf_counter() - wall_start
+            cpu += time.process_time() - cpu_start
+            state, loss = result.checkpoint, result.loss
+    total = Timing(wall, cpu)
+    print(f"run, whole invocations of {launch} through the session: {updates} updates "
+          f"{total.wall:.1f} s (CPU {total.cpu:.1f}), {total.per(updates)} per update; "
+          f"loss {loss:.6f}")
 
 
 def main() -> None:
@@ -93,70 +227,15 @@ def main() -> None:
     parser.add_argument("--updates", "-N", type=int, default=1000, help="the run's updates")
     parser.add_argument("--launch", type=int, default=100, help="updates per fused launch")
     parser.add_argument("--reference-updates", type=int, default=2)
+    parser.add_argument("--no-session", action="store_true", help="skip the session's run")
     args = parser.parse_args()
 
-    index, counts = synthetic_index(args.vocab, args.rows, args.pairs)
-    vocab, exceptions = index.vocab, index.exceptions
-    per_row = index.counts()
-    print(f"V = {vocab}, K = {exceptions} pairs, rows with data {np.count_nonzero(per_row)}, "
-          f"with 1-5 exceptions {np.count_nonzero((per_row >= 1) & (per_row <= 5))}, "
-          f"largest {per_row.max()}")
-    weights = (counts / counts.sum()).astype(F32)
-    classes = index.classes
-    device = (vocab, index.device_offsets(), index.columns, index.lane_order())
-    rows = ref.RowClasses.of(vocab, index.offsets, index.columns)
-    scalars = dense_ref.LossScalars.for_vocab(vocab)
-    blocks = fast.blocks()
-
-    def zeros() -> list[np.ndarray]:
-        return [np.zeros(classes, F32) for _ in range(3)]
-
-    def fast_fused(tables: list[np.ndarray], steps: np.ndarray, finish: bool) -> None:
-        grad = np.empty(classes if finish else 0, F32)
-        loss = np.empty(vocab if finish else 0, F32)
-        fast.fused_corpus_classes(*device, *tables, weights, steps, scalars.log2e,
-                                  scalars.ln2, finish, grad, loss, blocks)
-
-    n = args.reference_updates
-    steps = adam_scalar_table(Hyper(), 1, n)
-    compile_s = timed(lambda: fast_fused(zeros(), steps[:1], True))
-    mine, theirs = zeros(), zeros()
-    fast_s = timed(lambda: fast_fused(mine, steps, False))
-    reference_s = timed(lambda: ref.fused_train_classes(
-        *theirs, lambda w: ref.loss_gradient_corpus_classes(rows, w, weights, scalars), steps,
-        False))
-    same = all(np.array_equal(a.view(np.uint32), b.view(np.uint32))
-               for a, b in zip(mine, theirs, strict=True))
-    print(f"first fast launch (compiles or loads the kernel) {compile_s:.1f} s")
-    print(f"fused, {n} updates from zero: reference {1e3 * reference_s / n:.1f} ms/update, "
-          f"fast {1e3 * fast_s / n:.2f} ms/update: {reference_s / fast_s:.0f}x; tables "
-          f"{'equal' if same else 'DIFFER'}")
-
-    grad, loss = np.empty(classes, F32), np.empty(vocab, F32)
-    w = mine[0]
-    for name, fast_call, reference_call in (
-        ("loss-gradient", lambda: fast.loss_gradient_corpus_classes(
-            *device, w, weights, scalars.log2e, scalars.ln2, grad, loss, blocks),
-         lambda: ref.loss_gradient_corpus_classes(rows, w, weights, scalars)),
-        ("loss alone", lambda: fast.loss_corpus_classes(
-            *device, w, weights, scalars.log2e, scalars.ln2, loss, blocks),
-         lambda: ref.loss_corpus_classes(rows, w, weights, scalars)),
-    ):
-        fast_call()  # compiles or loads
-        fast_s = min(timed(fast_call) for _ in range(3))
-        reference_s = timed(reference_call)
-        print(f"{name}: reference {1e3 * reference_s:.1f} ms, fast {1e3 * fast_s:.2f} ms: "
-              f"{reference_s / fast_s:.0f}x")
-
-    tables = zeros()
-    total = 0.0
-    for start in range(0, args.updates, args.launch):
-        steps = adam_scalar_table(Hyper(), start + 1, min(args.launch, args.updates - start))
-        begin = time.perf_counter()
-        fast_fused(tables, steps, True)
-        total += time.perf_counter() - begin
-    print(f"run: {args.updates} fused updates in launches of {args.launch}: {total:.1f} s, "
-          f"{1e3 * total / args.updates:.2f} ms/update")
+    work = Workload(*synthetic_index(args.vocab, args.rows, args.pairs))
+    print(describe(work))
+    fused_side_by_side(work, args.reference_updates)
+    kernel_run(work, args.updates, args.launch)
+    if not args.no_session:
+        session_run(work, args.updates, args.launch)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,9 @@ _NON_FINITE = 0x7F800000  # exponent bits all ones: NaN or an infinity
 _SUMMING_ROW_COST = 4
 _CLASS_COST = 1
 _BLOCKS_PER_THREAD = 4
+# Scratch of a row's sums: the 256 lanes, then the doubling runs of the rest (2^k
+# additions for k up to 62: a chain is never longer).
+_DOUBLINGS = 64
 
 
 # -- exact runs: runs.add_run element by element ---------------------------------------------
@@ -132,25 +135,63 @@ def add_run(total, term, n):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, error_model="numpy")
+def lanes_scratch():  # type: ignore[no-untyped-def]
+    """Scratch for a row's reductions: the 256 lanes, then the rest's doubling runs."""
+    return np.empty(LANES + _DOUBLINGS, _F32)
+
+
+@njit(cache=True, error_model="numpy")
+def _doubling_runs(rest, longest, doublings):  # type: ignore[no-untyped-def]
+    """doublings[k] = the sum from +0 of 2^k additions of `rest`, for 2^k <= `longest`."""
+    total = _ZERO + rest
+    doublings[0] = total
+    k, n = 1, 1
+    while 2 * n <= longest:
+        total = add_run(total, rest, n)  # 2n additions now
+        doublings[k] = total
+        k += 1
+        n *= 2
+
+
+@njit(cache=True, error_model="numpy")
+def _run_from_zero(rest, n, doublings):  # type: ignore[no-untyped-def]
+    """The sum from +0 of n additions of `rest` (n within `_doubling_runs`'s longest): the
+    largest doubling below it, then the rest of the run, which crosses a binade or two."""
+    if n == 0:
+        return _ZERO
+    k = 0
+    while (np.int64(2) << k) <= n:
+        k += 1
+    return add_run(doublings[k], rest, n - (np.int64(1) << k))
+
+
+@njit(cache=True, error_model="numpy")
 def _class_sum(vocab, rest, values, base, columns, order, first, count, lanes):  # type: ignore[no-untyped-def]
     """Row sum in Bob's order of the row holding `rest` at every column but its exceptions
     first .. first + count - 1, exception i holding values[base + i] (runs.lane_sums).
 
     A lane holds columns lane, lane + 256, ...: chains of V // 256 + 1 columns below
     V % 256, of V // 256 from there. `order` lists the row's exceptions by lane, then
-    column, so each lane with exceptions is one stretch of it, in chain order."""
+    column, so each lane with exceptions is one stretch of it, in chain order. Every
+    chain starts with a run of rest values from +0, taken from the doubling runs.
+    `lanes`: `lanes_scratch()`."""
     short = vocab >> _LANE_BITS
     extra = vocab & _LANE_MASK
-    plain_short = add_run(_ZERO, rest, short)
+    doublings = lanes[LANES:]
+    _doubling_runs(rest, short + 1, doublings)
+    plain_short = _run_from_zero(rest, short, doublings)
     plain_long = plain_short + rest  # one more addition of the same chain
     for lane in range(LANES):
         lanes[lane] = plain_long if lane < extra else plain_short
     j = first
     last = first + count
     while j < last:
-        lane = np.int64(columns[order[j]]) & _LANE_MASK
-        acc = _ZERO
-        previous = -1  # the chain position of the last exception taken
+        i = np.int64(order[j])
+        column = np.int64(columns[i])
+        lane = column & _LANE_MASK
+        previous = column >> _LANE_BITS  # the chain position of the last exception taken
+        acc = _run_from_zero(rest, previous, doublings) + values[base + i]
+        j += 1
         while j < last:
             i = np.int64(order[j])
             column = np.int64(columns[i])
@@ -431,7 +472,7 @@ def loss_gradient_hard_classes(vocab, offsets, columns, order, w, targets, log2e
     for block in prange(bounds.size - 1):
         low, high = bounds[block], bounds[block + 1]
         e = np.empty(_widest(offsets, low, high) + 1, _F32)
-        lanes = np.empty(LANES, _F32)
+        lanes = lanes_scratch()
         for r in range(low, high):
             first = np.int64(offsets[r])
             count = np.int64(offsets[r + 1]) - first
@@ -456,7 +497,7 @@ def loss_gradient_corpus_classes(vocab, offsets, columns, order, w, weights, log
         widest = _widest(offsets, low, high) + 1
         e = np.empty(widest, _F32)
         terms = np.empty(widest, _F32)
-        lanes = np.empty(LANES, _F32)
+        lanes = lanes_scratch()
         for r in range(low, high):
             first = np.int64(offsets[r])
             count = np.int64(offsets[r + 1]) - first
@@ -483,7 +524,7 @@ def loss_corpus_classes(vocab, offsets, columns, order, w, weights, log2e, ln2,
         widest = _widest(offsets, low, high) + 1
         e = np.empty(widest, _F32)
         terms = np.empty(widest, _F32)
-        lanes = np.empty(LANES, _F32)
+        lanes = lanes_scratch()
         for r in range(low, high):
             first = np.int64(offsets[r])
             count = np.int64(offsets[r + 1]) - first
@@ -506,7 +547,7 @@ def fused_hard_classes(vocab, offsets, columns, order, w, first_moment, second_m
     for block in prange(bounds.size - 1):
         low, high = bounds[block], bounds[block + 1]
         g = np.empty(_widest(offsets, low, high) + 1, _F32)
-        lanes = np.empty(LANES, _F32)
+        lanes = lanes_scratch()
         for r in range(low, high):
             first = np.int64(offsets[r])
             count = np.int64(offsets[r + 1]) - first
@@ -539,7 +580,7 @@ def fused_corpus_classes(vocab, offsets, columns, order, w, first_moment, second
         widest = _widest(offsets, low, high) + 1
         g = np.empty(widest, _F32)
         terms = np.empty(widest, _F32)
-        lanes = np.empty(LANES, _F32)
+        lanes = lanes_scratch()
         for r in range(low, high):
             first = np.int64(offsets[r])
             count = np.int64(offsets[r + 1]) - first
