@@ -75,9 +75,13 @@ class Case:
         return ref.RowClasses.of(self.vocab, self.index.offsets, self.index.columns)
 
     def device_index(self) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-        """vocab and the index as the arena holds it (u32)."""
-        index = self.index
-        return index.vocab, index.device_offsets(), index.columns, index.lane_order()
+        """vocab and the index as the arena holds it (u32, writable: Numba compiles
+        another specialization for read-only arrays)."""
+        return device_index(self.index)
+
+
+def device_index(index: ClassIndex) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    return index.vocab, index.device_offsets(), index.columns.copy(), index.lane_order()
 
 
 def _row_columns(rng: np.random.Generator, vocab: int, kind: int) -> set[int]:
@@ -267,7 +271,7 @@ def test_a_zero_max_of_both_signs_takes_the_lanes_order(vocab: int) -> None:
     w = rng.choice(values, index.classes)
     w[::7] = 1e38  # some rests absent: never a candidate
     got = np.empty(vocab, F32)
-    _class_maxima(vocab, index.device_offsets(), index.columns, index.lane_order(), w, got)
+    _class_maxima(*device_index(index), w, got)
     assert_same_bits("row max", got, arith.row_max_in_order(index.expand(w, np.arange(vocab))))
     assert_same_bits("row max", got, ref.class_row_max(
         ref.RowClasses.of(vocab, index.offsets, index.columns), w))

@@ -117,8 +117,10 @@ class Workload:
         return (self.counts / self.counts.sum()).astype(F32)
 
     def device(self) -> tuple:
+        """The index as the arena holds it: u32 arrays, writable (as the session's are,
+        so that both use one compiled specialization)."""
         index = self.index
-        return index.vocab, index.device_offsets(), index.columns, index.lane_order()
+        return index.vocab, index.device_offsets(), index.columns.copy(), index.lane_order()
 
     def zeros(self) -> list[np.ndarray]:
         return [np.zeros(self.index.classes, F32) for _ in range(3)]

@@ -34,6 +34,12 @@ from bob.kernels import reference as dense_ref
 from bob.kernels import signatures as sig
 from bob.kernels.arith import LANES
 from bob.kernels.fast import (
+    _ADAM_STRIDE,
+    _CANONICAL_NAN_BITS,
+    _NEG_INF,
+    _ONE,
+    _POS_INF,
+    _ZERO,
     _adamw_element,
     _bits_from_f32,
     _canonical,
@@ -49,13 +55,7 @@ from bob.kernels.memory import Memory
 Args = dense_ref.Args
 
 _F32 = np.float32
-_ZERO = _F32(0.0)
 _NEG_ZERO = _F32(-0.0)
-_ONE = _F32(1.0)
-_NEG_INF = _F32(-np.inf)
-_POS_INF = _F32(np.inf)
-_CANONICAL_NAN_BITS = 0x7FFFFFFF
-_ADAM_STRIDE = 8  # floats per row of adam_scalars
 _LANE_BITS = 8  # column = position * 256 + lane
 _LANE_MASK = LANES - 1
 _MANTISSA = 0x7FFFFF
@@ -246,37 +246,30 @@ def _zero_max_in_order(vocab, w, r, columns, order, first, count, lanes):  # typ
     return _max_tree(lanes)
 
 
+@njit(inline="always", cache=True, error_model="numpy")
+def _candidate(x, best, zeros):  # type: ignore[no-untyped-def]
+    """row_max's op on one class (`select(x > best)`), and the signs of the zeros seen
+    (bit 0: a +0, bit 1: a -0)."""
+    if x == _ZERO:
+        zeros |= 2 if _bits_from_f32(x) < 0 else 1
+    return (x if x > best else best), zeros
+
+
 @njit(cache=True, error_model="numpy")
 def _class_max(vocab, w, r, columns, order, first, count, lanes):  # type: ignore[no-untyped-def]
     """The row max over the classes (reference.class_row_max): the rest only where it
     stands for a column, NaN never taken, -inf for no candidate. Equal values have equal
     bits but for the zeros: a zero max takes its sign from the zeros, or from the
     lanes' order where they have both signs."""
-    best = _NEG_INF
-    positive_zero = False
-    negative_zero = False
+    best, zeros = _NEG_INF, 0
     if count < vocab:
-        x = w[r]
-        if x > best:
-            best = x
-        if x == _ZERO:
-            if _bits_from_f32(x) < 0:
-                negative_zero = True
-            else:
-                positive_zero = True
+        best, zeros = _candidate(w[r], best, zeros)
     for i in range(vocab + first, vocab + first + count):
-        x = w[i]
-        if x > best:
-            best = x
-        if x == _ZERO:
-            if _bits_from_f32(x) < 0:
-                negative_zero = True
-            else:
-                positive_zero = True
+        best, zeros = _candidate(w[i], best, zeros)
     if best == _ZERO:
-        if negative_zero and positive_zero:
+        if zeros == 3:
             return _zero_max_in_order(vocab, w, r, columns, order, first, count, lanes)
-        return _NEG_ZERO if negative_zero else _ZERO
+        return _NEG_ZERO if zeros == 2 else _ZERO
     return best
 
 
@@ -420,6 +413,33 @@ def _adamw_row(vocab, r, first, count, g, w, m, v, scalars):  # type: ignore[no-
         _adamw_element(w, g[1 + j], m, v, scalars, vocab + first + j)
 
 
+@njit(cache=True, error_model="numpy")
+def _hard_row(vocab, w, r, hit, columns, order, first, count, log2e, ln2, inverse_rows, g,
+              lanes, grad):  # type: ignore[no-untyped-def]
+    """bob-loss-gradient on row r: its classes' gradients into `grad`; returns its loss,
+    NaN where the target is no exception."""
+    m, s = _hard_gradient(vocab, w, r, hit, columns, order, first, count, log2e,
+                          inverse_rows, g, lanes)
+    _store_classes(vocab, r, first, count, g, grad)
+    if hit < 0:
+        return _f32_from_bits(_CANONICAL_NAN_BITS)
+    return _canonical(ln2 * (_log2(s) - (w[vocab + first + hit] - m) * log2e))
+
+
+@njit(cache=True, error_model="numpy")
+def _corpus_row(vocab, w, r, weights, weightless, weight_sum, columns, order, first, count,
+                log2e, ln2, g, terms, lanes, grad):  # type: ignore[no-untyped-def]
+    """bob-loss-gradient-corpus on row r: its classes' gradients into `grad`; returns its
+    loss (+0 where the shortcut took the row)."""
+    m, s, shortcut = _corpus_gradient(vocab, w, r, weights, weightless, weight_sum, columns,
+                                      order, first, count, log2e, g, lanes)
+    _store_classes(vocab, r, first, count, g, grad)
+    if shortcut:
+        return _ZERO
+    return _corpus_loss(vocab, w, r, weights, m, s, columns, order, first, count, log2e, ln2,
+                        terms, lanes)
+
+
 # -- rows in parallel ---------------------------------------------------------------------------
 
 
@@ -477,14 +497,8 @@ def loss_gradient_hard_classes(vocab, offsets, columns, order, w, targets, log2e
             first = np.int64(offsets[r])
             count = np.int64(offsets[r + 1]) - first
             hit = _target_exception(vocab, columns, first, count, targets[r])
-            m, s = _hard_gradient(vocab, w, r, hit, columns, order, first, count, log2e,
-                                  inverse_rows, e, lanes)
-            _store_classes(vocab, r, first, count, e, grad)
-            if hit < 0:
-                loss[r] = _f32_from_bits(_CANONICAL_NAN_BITS)
-            else:
-                z = (w[vocab + first + hit] - m) * log2e
-                loss[r] = _canonical(ln2 * (_log2(s) - z))
+            loss[r] = _hard_row(vocab, w, r, hit, columns, order, first, count, log2e, ln2,
+                                inverse_rows, e, lanes, grad)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -504,14 +518,8 @@ def loss_gradient_corpus_classes(vocab, offsets, columns, order, w, weights, log
             weightless = _weightless(weights, first, count)
             weight_sum = _weight_sum(vocab, weights, weightless, columns, order, first, count,
                                      lanes)
-            m, s, shortcut = _corpus_gradient(vocab, w, r, weights, weightless, weight_sum,
-                                              columns, order, first, count, log2e, e, lanes)
-            _store_classes(vocab, r, first, count, e, grad)
-            if shortcut:
-                loss[r] = _ZERO
-            else:
-                loss[r] = _corpus_loss(vocab, w, r, weights, m, s, columns, order, first,
-                                       count, log2e, ln2, terms, lanes)
+            loss[r] = _corpus_row(vocab, w, r, weights, weightless, weight_sum, columns,
+                                  order, first, count, log2e, ln2, e, terms, lanes, grad)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -558,14 +566,8 @@ def fused_hard_classes(vocab, offsets, columns, order, w, first_moment, second_m
                 _adamw_row(vocab, r, first, count, g, w, first_moment, second_moment,
                            _scalars(steps[k]))
             if finish:
-                m, s = _hard_gradient(vocab, w, r, hit, columns, order, first, count, log2e,
-                                      inverse_rows, g, lanes)
-                _store_classes(vocab, r, first, count, g, grad)
-                if hit < 0:
-                    loss[r] = _f32_from_bits(_CANONICAL_NAN_BITS)
-                else:
-                    z = (w[vocab + first + hit] - m) * log2e
-                    loss[r] = _canonical(ln2 * (_log2(s) - z))
+                loss[r] = _hard_row(vocab, w, r, hit, columns, order, first, count, log2e, ln2,
+                                    inverse_rows, g, lanes, grad)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -593,14 +595,8 @@ def fused_corpus_classes(vocab, offsets, columns, order, w, first_moment, second
                 _adamw_row(vocab, r, first, count, g, w, first_moment, second_moment,
                            _scalars(steps[k]))
             if finish:
-                m, s, shortcut = _corpus_gradient(vocab, w, r, weights, weightless, weight_sum,
-                                                  columns, order, first, count, log2e, g, lanes)
-                _store_classes(vocab, r, first, count, g, grad)
-                if shortcut:
-                    loss[r] = _ZERO
-                else:
-                    loss[r] = _corpus_loss(vocab, w, r, weights, m, s, columns, order, first,
-                                           count, log2e, ln2, terms, lanes)
+                loss[r] = _corpus_row(vocab, w, r, weights, weightless, weight_sum, columns,
+                                      order, first, count, log2e, ln2, g, terms, lanes, grad)
 
 
 # -- gather, scatter, health -------------------------------------------------------------------
