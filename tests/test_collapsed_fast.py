@@ -571,3 +571,35 @@ def test_invocations_with_fast_and_reference_kernels_agree(schedule: str, mode: 
             difference = first_difference(plan, ref_session.last_backend,
                                           fast_session.last_backend)
             assert difference is None, difference
+
+
+def test_rows_of_a_token_vocabulary_equal_the_reference() -> None:
+    """V = 50257: chains of 196 and 197 columns, doubling runs to 128, rows of a few
+    exceptions and rows of thousands, hard and corpus losses."""
+    vocab = 50257
+    rng = np.random.default_rng(vocab)
+    counts = np.where(rng.random(vocab) < 0.1, rng.integers(1, 6, vocab), 0)
+    counts[rng.choice(vocab, 3, replace=False)] = [3000, 20000, vocab]
+    keys = np.concatenate([r * vocab + np.sort(rng.choice(vocab, c, replace=False))
+                           for r, c in enumerate(counts.tolist()) if c])
+    index = ClassIndex.from_keys(vocab, keys)
+    scales = rng.choice(np.array([1e-3, 1.0, 30.0], F32), vocab)
+    w = (rng.standard_normal(index.classes) * scales[index_rows_of_classes(index)]).astype(F32)
+    weights = (rng.random(index.exceptions) * 1e-5).astype(F32)
+    targets = np.array([index.columns[index.offsets[r]] if counts[r] else r
+                        for r in range(vocab)], np.uint32)
+    case = Case(index, w, weights, targets)
+    scalars = _loss_scalars(vocab)
+    grad, loss = np.empty(index.classes, F32), np.empty(vocab, F32)
+    fast.loss_gradient_hard_classes(*case.device_index(), w, targets, scalars.log2e,
+                                    scalars.ln2, scalars.inverse_rows, grad, loss, BLOCKS)
+    want_loss, want_grad = ref.loss_gradient_hard_classes(case.reference_index, w, targets,
+                                                          scalars)
+    assert_same_bits("hard gradients", grad, want_grad)
+    assert_same_bits("hard loss", loss, want_loss)
+    fast.loss_gradient_corpus_classes(*case.device_index(), w, weights, scalars.log2e,
+                                      scalars.ln2, grad, loss, BLOCKS)
+    want_loss, want_grad = ref.loss_gradient_corpus_classes(case.reference_index, w, weights,
+                                                            scalars)
+    assert_same_bits("corpus gradients", grad, want_grad)
+    assert_same_bits("corpus loss", loss, want_loss)

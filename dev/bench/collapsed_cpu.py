@@ -141,8 +141,9 @@ def describe(work: Workload) -> str:
             f"{np.count_nonzero((per_row >= 1) & (per_row <= 5))}, the largest {per_row.max()})")
 
 
-def fused_side_by_side(work: Workload, updates: int) -> None:
-    """`updates` fused updates from zero by the reference and by Numba; equal tables."""
+def fused_side_by_side(work: Workload, updates: int) -> Timing:
+    """`updates` fused updates from zero by the reference and by Numba; equal tables. The
+    reference's time per update."""
     steps = adam_scalar_table(Hyper(), 1, updates)
     first = timed(lambda: work.fast_fused(work.zeros(), steps[:1], True))
     print(f"first fast launch (compiles or loads the kernel): {first.wall:.1f} s")
@@ -161,6 +162,7 @@ def fused_side_by_side(work: Workload, updates: int) -> None:
           f"{reference_time.wall / fast_time.wall:.0f}x; tables "
           f"{'equal' if same else 'DIFFER'}")
     losses_side_by_side(work, mine[0])
+    return Timing(reference_time.wall / updates, reference_time.cpu / updates)
 
 
 def losses_side_by_side(work: Workload, w: np.ndarray) -> None:
@@ -184,8 +186,9 @@ def losses_side_by_side(work: Workload, w: np.ndarray) -> None:
               f"{fast_time.per(1)}: {reference_time.wall / fast_time.wall:.0f}x")
 
 
-def kernel_run(work: Workload, updates: int, launch: int) -> None:
-    """`updates` fused updates from zero in launches of `launch` updates, finish 1 each."""
+def kernel_run(work: Workload, updates: int, launch: int, reference: Timing) -> None:
+    """`updates` fused updates from zero in launches of `launch` updates, finish 1 each,
+    and the reference's time per update over theirs."""
     tables = work.zeros()
     wall = cpu = 0.0
     for start in range(0, updates, launch):
@@ -194,7 +197,9 @@ def kernel_run(work: Workload, updates: int, launch: int) -> None:
         wall, cpu = wall + spent.wall, cpu + spent.cpu
     total = Timing(wall, cpu)
     print(f"run, the fused kernel alone: {updates} updates in launches of {launch}: "
-          f"{total.wall:.1f} s (CPU {total.cpu:.1f}), {total.per(updates)} per update")
+          f"{total.wall:.1f} s (CPU {total.cpu:.1f}), {total.per(updates)} per update; the "
+          f"reference's update {updates * reference.wall / total.wall:.0f}x that (CPU "
+          f"{updates * reference.cpu / total.cpu:.0f}x)")
 
 
 def session_run(work: Workload, updates: int, launch: int) -> None:
@@ -234,8 +239,8 @@ def main() -> None:
 
     work = Workload(*synthetic_index(args.vocab, args.rows, args.pairs))
     print(describe(work))
-    fused_side_by_side(work, args.reference_updates)
-    kernel_run(work, args.updates, args.launch)
+    reference = fused_side_by_side(work, args.reference_updates)
+    kernel_run(work, args.updates, args.launch, reference)
     if not args.no_session:
         session_run(work, args.updates, args.launch)
 
