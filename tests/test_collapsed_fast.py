@@ -350,7 +350,7 @@ def test_weightless_rows_are_zero_only_where_their_exponents_are_tame() -> None:
 # -- the fused kernel --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("vocab", [2, 3, 257, 1000])
+@pytest.mark.parametrize("vocab", VOCABS)
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 @pytest.mark.parametrize("finish", [False, True])
 def test_the_fused_kernel_equals_the_reference(vocab: int, mode: str, finish: bool) -> None:
@@ -476,7 +476,7 @@ def run_both(region: str, arena: Arena) -> None:
     assert_same_arenas(region, got, want)
 
 
-@pytest.mark.parametrize("vocab", [3, 257, 1000])
+@pytest.mark.parametrize("vocab", VOCABS)
 def test_every_region_over_the_arena_equals_the_reference(vocab: int) -> None:
     assert set(fast.KERNELS) == set(ref.KERNELS) == set(sig.COLLAPSED_REGIONS)
     for hard in (True, False):
