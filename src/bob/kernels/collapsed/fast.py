@@ -550,7 +550,8 @@ def fused_hard_classes(vocab, offsets, columns, order, w, first_moment, second_m
                        steps, log2e, ln2, inverse_rows, finish, grad,
                        loss, blocks):  # type: ignore[no-untyped-def]
     """reference.fused_train_classes, hard targets: each row's updates in turn, then with
-    `finish` its loss and gradients (`grad`, `loss` untouched otherwise)."""
+    `finish` its loss and gradients (else `grad` holds the last update's gradient and `loss`
+    is untouched)."""
     bounds = _row_blocks(offsets, vocab, True, blocks)
     for block in prange(bounds.size - 1):
         low, high = bounds[block], bounds[block + 1]
@@ -568,6 +569,8 @@ def fused_hard_classes(vocab, offsets, columns, order, w, first_moment, second_m
             if finish:
                 loss[r] = _hard_row(vocab, w, r, hit, columns, order, first, count, log2e, ln2,
                                     inverse_rows, g, lanes, grad)
+            elif steps.shape[0] > 0:  # the last update's gradient stays, as on the device
+                _store_classes(vocab, r, first, count, g, grad)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -575,7 +578,8 @@ def fused_corpus_classes(vocab, offsets, columns, order, w, first_moment, second
                          weights, steps, log2e, ln2, finish, grad,
                          loss, blocks):  # type: ignore[no-untyped-def]
     """reference.fused_train_classes, corpus weights: each row's updates in turn, then
-    with `finish` its loss and gradients (`grad`, `loss` untouched otherwise)."""
+    with `finish` its loss and gradients (else `grad` holds the last update's gradient and
+    `loss` is untouched)."""
     bounds = _row_blocks(offsets, vocab, False, blocks)
     for block in prange(bounds.size - 1):
         low, high = bounds[block], bounds[block + 1]
@@ -597,6 +601,8 @@ def fused_corpus_classes(vocab, offsets, columns, order, w, first_moment, second
             if finish:
                 loss[r] = _corpus_row(vocab, w, r, weights, weightless, weight_sum, columns,
                                       order, first, count, log2e, ln2, g, terms, lanes, grad)
+            elif steps.shape[0] > 0:  # the last update's gradient stays, as on the device
+                _store_classes(vocab, r, first, count, g, grad)
 
 
 # -- gather, scatter, health -------------------------------------------------------------------
@@ -700,13 +706,13 @@ def loss_corpus(memory: Memory, args: Args) -> None:
 
 
 def _fused_arguments(memory: Memory, args: Args) -> tuple:
-    """The three tables, adam_scalars rows, finish, then gradients and loss (empty when not
-    finishing: their footprints are then empty)."""
+    """The three tables, adam_scalars rows, finish, then gradients (each update's gradient
+    passes through them) and loss (empty when not finishing: its footprint is then empty)."""
     updates, finish = int(args["updates"]), int(args["finish"])
     tables = tuple(_classes(memory, args, name)
                    for name in ("parameters", "first_moment", "second_moment"))
     steps = memory.array(int(args["adam_scalars"]), "f32", _ADAM_STRIDE * updates)
-    grad = memory.array(int(args["gradients"]), "f32", int(args["classes"]) if finish else 0)
+    grad = memory.array(int(args["gradients"]), "f32", int(args["classes"]))
     loss = memory.array(int(args["loss"]), "f32", int(args["vocab"]) if finish else 0)
     return (*tables, steps.reshape(updates, _ADAM_STRIDE), bool(finish), grad, loss)
 
