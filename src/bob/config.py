@@ -82,7 +82,7 @@ def require_dense_vocab(vocab: int, what: str, element_bytes: int) -> None:
     past MAX_DENSE_VOCAB: above it only sparse and collapsed forms exist, never V x V."""
     if vocab > MAX_DENSE_VOCAB:
         need = vocab * vocab * element_bytes
-        raise BadInput(f"V={vocab}: {what} would be a V x V array of {need:,} bytes "
+        raise BadInput(f"{what} at V={vocab} would be a V x V array of {need:,} bytes "
                        f"({need / (1 << 30):,.0f} GiB); dense tables go up to "
                        f"V={MAX_DENSE_VOCAB}")
 

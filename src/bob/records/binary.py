@@ -457,7 +457,7 @@ class InputRecord:
         """The record in a file, or in a stream (a pipe, a FIFO, a character device): read
         as far as its header says and no further (`_read_record_stream`)."""
         if stream_kind(path) is None:
-            with reading_input(path, "input record") as file:
+            with reading_input(path) as file:  # read_bytes's ladder: a missing file, ...
                 _declared_length(file.read(HEADER.size + PAIRS.size), str(path))
             # The header holds: a V x V table it declares fits MAX_DENSE_VOCAB.
             return cls.from_bytes(read_bytes(path), str(path))
