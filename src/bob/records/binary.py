@@ -457,9 +457,11 @@ class InputRecord:
         """The record in a file, or in a stream (a pipe, a FIFO, a character device): read
         as far as its header says and no further (`_read_record_stream`)."""
         if stream_kind(path) is None:
-            with reading_input(path) as file:  # read_bytes's ladder: a missing file, ...
+            # The header first: one that is refused (a dense table past MAX_DENSE_VOCAB,
+            # say) costs its 32 bytes, not the gigabytes it declares. Its open meets
+            # read_bytes's ladder (missing, a directory, permission) with the same words.
+            with reading_input(path) as file:
                 _declared_length(file.read(HEADER.size + PAIRS.size), str(path))
-            # The header holds: a V x V table it declares fits MAX_DENSE_VOCAB.
             return cls.from_bytes(read_bytes(path), str(path))
         with reading_input(path, "input record") as stream:
             return cls.from_bytes(_read_record_stream(stream, str(path)), str(path))

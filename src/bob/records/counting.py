@@ -50,8 +50,8 @@ COUNT_MAX_VOCAB = MAX_VOCAB  # counting takes every V a table takes
 DENSE_MAX_VOCAB = 2048  # a dense partial is V * V * 8 bytes: 32 MiB here
 # Sparse keys prev * V + next are u32 while V * V <= 2**32, u64 above (below 2**40 at
 # V = 2^20). u32 where it fits, not u64 everywhere: at V = 50257 a 50M-token count took
-# 1.5 to 1.9x as long with u64 keys (the sort and the merges move twice the bytes), and
-# the gather buffers would take twice the memory (docs/BENCHMARKS.md, 2026-12-07).
+# 1.8 to 2.1x as long with u64 keys (the sort and the merges move twice the bytes), and
+# the gather buffers would take twice the memory (dev.bench.bench_keys; BENCHMARKS.md).
 NARROW_KEY_MAX_VOCAB = 1 << 16
 BLOCK_BYTES = 1 << 23  # 8 MiB read at a time: the reader's memory, whatever the file
 PIECE_BYTES = 1 << 26  # 64 MiB per task: enough to hide a task's start, small to balance
