@@ -172,7 +172,8 @@ def test_a_token_not_below_v_is_refused_with_its_offset(tmp_path: Path) -> None:
     with pytest.raises(BadInput) as caught:
         count_sources(resolve([str(path)], "uint16"), 1000, block_bytes=16)
     assert str(caught.value) == (f"{path}: token 4000 at offset 122 (token 61) is not in "
-                                 f"[0, V=1000)")
+                                 f"[0, V=1000) (read as uint16: are --vocab and "
+                                 f"--token-dtype right?)")
 
 
 def test_odd_sized_raw_token_file_is_refused(tmp_path: Path) -> None:
@@ -241,7 +242,7 @@ def test_counts_file_round_trips(tmp_path: Path, vocab: int) -> None:
 @pytest.mark.parametrize(("edit", "message"), [
     ({"format": "x"}, "not a Bob counts file (format 'x' in the metadata"),
     ({"transitions": "7"}, "the counts sum to 35, the metadata says 7 transitions"),
-    ({"vocab": "1"}, "metadata vocab 1 is outside [2, 65536]"),
+    ({"vocab": "1"}, "metadata vocab 1 is outside [2, 1048576]"),
     ({"layout": "sparse"}, "metadata layout 'sparse'; V=256 is stored dense"),
     ({"optimum": "nan"}, "metadata optimum nan is not a finite number >= 0"),
 ])
@@ -261,8 +262,10 @@ def test_bad_counts_files(tmp_path: Path, edit: dict, message: str) -> None:
 
 
 def test_vocab_range_is_checked() -> None:
-    with pytest.raises(BadInput, match=r"V must be an integer in \[2, 65536\], not 65537"):
-        counting.Tally(65537)
+    with pytest.raises(BadInput, match=r"V must be an integer in \[2, 1048576\], not 1048577"):
+        counting.Tally(1048577)
+    with pytest.raises(BadInput, match=r"V must be an integer in \[2, 1048576\], not True"):
+        counting.Tally(True)
 
 
 def test_pairs_never_cross_files_whatever_the_order(tmp_path: Path) -> None:
@@ -283,7 +286,8 @@ def test_a_bad_token_found_by_a_worker_thread_is_one_line(tmp_path: Path,
     with pytest.raises(BadInput) as caught:
         count_sources(resolve([str(path)], "uint16"), 500, workers=2, piece_bytes=20_000)
     assert str(caught.value) == (f"{path}: token 999 at offset 60002 (token 30001) is not in "
-                                 f"[0, V=500)")
+                                 f"[0, V=500) (read as uint16: are --vocab and "
+                                 f"--token-dtype right?)")
 
 
 def test_plot_draws_the_checkpoints_validation_history(tmp_path: Path) -> None:
@@ -337,13 +341,14 @@ def brute_sparse(paths: list[str], dtype: str, vocab: int) -> PairCounts:
         tokens = np.fromfile(path, dtype).astype(np.int64).tolist()
         pairs.update(a * vocab + b for a, b in zip(tokens, tokens[1:], strict=False))
     keys = sorted(pairs)
-    return PairCounts(vocab, keys=np.array(keys, counting.KEY),
+    return PairCounts(vocab, keys=np.array(keys, counting.key_dtype(vocab)),
                       values=np.array([pairs[k] for k in keys], np.uint64))
 
 
 @pytest.mark.parametrize("engine", counting.ENGINES)
 @pytest.mark.parametrize("sort_keys", [1, 7, 1000, counting.SORT_KEYS])
-@pytest.mark.parametrize(("vocab", "dtype"), [(3000, "<u2"), (65536, "<u2"), (50257, "<u4")])
+@pytest.mark.parametrize(("vocab", "dtype"), [(3000, "<u2"), (65536, "<u2"), (50257, "<u4"),
+                                              (65537, "<u4"), (1 << 20, "<u4")])
 def test_sparse_counts_are_exact_whatever_is_sorted_at_a_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, sort_keys: int,
         vocab: int, dtype: str) -> None:
@@ -387,28 +392,33 @@ def test_text_above_the_dense_limit_and_npy_tokens_count_sparse(tmp_path: Path) 
 def brute_sparse_array(tokens: np.ndarray, vocab: int) -> PairCounts:
     pairs = Counter(int(a) * vocab + int(b) for a, b in zip(tokens, tokens[1:], strict=False))
     keys = sorted(pairs)
-    return PairCounts(vocab, keys=np.array(keys, counting.KEY),
+    return PairCounts(vocab, keys=np.array(keys, counting.key_dtype(vocab)),
                       values=np.array([pairs[k] for k in keys], np.uint64))
 
 
 @pytest.mark.parametrize("engine", counting.ENGINES)
-def test_pair_keys_run_lengths_and_merges_agree_between_engines(engine: str) -> None:
+@pytest.mark.parametrize("vocab", [65536, 65537, 1 << 20])  # u32 keys, then u64 ones
+def test_pair_keys_run_lengths_and_merges_agree_between_engines(engine: str,
+                                                                vocab: int) -> None:
     rng = np.random.default_rng(11)
+    key = counting.key_dtype(vocab)
+    assert key == (np.uint32 if vocab <= 65536 else np.uint64)
     for dtype in ("<u1", "<u2", "<u4", "<i8"):
-        tokens = rng.integers(0, min(65536, np.iinfo(dtype).max + 1), 1000).astype(dtype)
-        tokens[:2] = min(65535, np.iinfo(dtype).max)  # the largest key there is at V = 65536
-        out = np.empty(tokens.size - 1, counting.KEY)
-        counting.pair_keys(tokens, 65536, out, engine)
-        assert out.tolist() == [int(a) * 65536 + int(b) for a, b in zip(tokens, tokens[1:],
+        tokens = rng.integers(0, min(vocab, np.iinfo(dtype).max + 1), 1000).astype(dtype)
+        tokens[:2] = min(vocab - 1, np.iinfo(dtype).max)  # the largest key there is at V
+        out = np.empty(tokens.size - 1, key)
+        counting.pair_keys(tokens, vocab, out, engine)
+        assert out.tolist() == [int(a) * vocab + int(b) for a, b in zip(tokens, tokens[1:],
                                                                         strict=False)]
-    for keys in ([], [4], [4, 4], [1, 2, 2, 2, 9, 9, 11]):
-        sorted_keys = np.array(keys, counting.KEY)
+    far = (vocab - 1) * vocab  # keys past 2**32 where V > 65536
+    for keys in ([], [4], [4, 4], [1, 2, 2, 2, 9, 9, 11], [3, far, far, far + vocab - 1]):
+        sorted_keys = np.array(keys, key)
         unique, counts = counting.run_lengths(sorted_keys, engine)
-        assert unique.dtype == counting.KEY and counts.dtype == np.uint64
+        assert unique.dtype == key and counts.dtype == np.uint64
         assert dict(zip(unique.tolist(), counts.tolist(), strict=True)) == dict(Counter(keys))
     for size_a, size_b in ((0, 0), (0, 5), (5, 0), (300, 1000), (1000, 1000)):
-        a = np.unique(rng.integers(0, 2000, size_a)).astype(counting.KEY)
-        b = np.unique(rng.integers(0, 2000, size_b)).astype(counting.KEY)
+        a = np.unique(rng.integers(0, 2000, size_a) * (vocab - 1)).astype(key)
+        b = np.unique(rng.integers(0, 2000, size_b) * (vocab - 1)).astype(key)
         va = rng.integers(1, 9, a.size).astype(np.uint64)
         vb = rng.integers(1, 9, b.size).astype(np.uint64)
         keys, values = counting.merge_sparse(a, va, b, vb, engine)

@@ -130,12 +130,21 @@ def test_token_checkpoints_take_and_print_ids(tmp_path: Path, capsys) -> None:
      "bob: {d}/train.txt: not a readable counts file"),
     (["train", "--tokens", "{d}/t.bin", "--vocab", "301", "-c", "{d}/x.st", "--counts",
       "{d}/train.txt"], "bob: give one kind of data: text inputs, --tokens files or --counts"),
-    (["train", "--tokens", "{d}/t.bin", "--vocab", "65537", "-c", "{d}/x.st"],
-     "bob: --vocab 65537 is outside [2, 65536]: V=65536 is the largest table Bob trains"),
+    (["train", "--tokens", "{d}/t.bin", "--vocab", "1048577", "-c", "{d}/x.st"],
+     "bob: --vocab 1048577 is outside [2, 1048576]: V=1048576 is the largest table Bob "
+     "trains"),
+    (["count", "--tokens", "{d}/t.bin", "--vocab", "1048577", "-o", "{d}/c.st"],
+     "bob: --vocab 1048577 is outside [2, 1048576]: V=1048576 is the largest table Bob "
+     "trains"),
+    (["eval", "-c", "{d}/x.st", "--tokens", "{d}/t.bin", "--vocab", "1048577"],
+     "bob: --vocab 1048577 is outside [2, 1048576]: V=1048576 is the largest table Bob "
+     "trains"),
+    (["count", "--tokens", "{d}/t.bin", "--vocab", "65537", "--token-dtype", "uint16", "-o",
+      "{d}/c.st"], "bob: --token-dtype uint16 holds ids below 65536, and V=65537 has ids up "
+                   "to 65536: write the tokens as uint32 (read so by default above V=65536)"),
     (["count", "--tokens", "{d}/t.bin", "--vocab", "65537", "-o", "{d}/c.st"],
-     "bob: --vocab 65537 is outside [2, 65536]: V=65536 is the largest table Bob trains"),
-    (["eval", "-c", "{d}/x.st", "--tokens", "{d}/t.bin", "--vocab", "65537"],
-     "bob: --vocab 65537 is outside [2, 65536]: V=65536 is the largest table Bob trains"),
+     "bob: {d}/t.bin: 6 bytes is not a whole number of 4-byte tokens (is --token-dtype "
+     "right?)"),
     # Refused from the counts, before the 10 GiB table of weights is built.
     (["train", "--tokens", "{d}/t.bin", "--vocab", "50257", "--backend", "cpu", "-c",
       "{d}/x.st"], "bob: V=50257 is above the largest table the CPU backend trains "

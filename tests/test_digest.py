@@ -17,12 +17,13 @@ from bob.config import Hyper
 from bob.errors import BadInput
 from bob.records import corpus, digest
 from bob.records.checkpoint import Checkpoint, Segment
-from bob.records.counting import KEY, PairCounts, count_sources
+from bob.records.counting import PairCounts, count_sources
 from bob.records.countsfile import CountsFile
 from bob.records.digest import digest_matches, is_digest, legacy_digest, sparse_digest
 from bob.records.sources import resolve
 
 TEXT = b"the cat sat on the mat; the rat sat on the cat. " * 20
+KEY = np.uint32  # the keys' type up to V = 65536 (counting.key_dtype)
 
 
 def text_counts(text: bytes = TEXT) -> PairCounts:

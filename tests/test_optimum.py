@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bob.records import corpus
-from bob.records.counting import KEY, PairCounts, count_sources
+from bob.records.counting import PairCounts, count_sources, key_dtype
 from bob.records.countsfile import counts_optimum
 from bob.records.sources import resolve
 
@@ -34,7 +34,7 @@ def oracle(values: np.ndarray, row_sums: np.ndarray, total: int) -> float:
 
 def entries(counts: PairCounts) -> tuple[np.ndarray, np.ndarray, int]:
     keys, values = counts.pairs()
-    return values, counts.row_sums()[keys // KEY(counts.vocab)], counts.transitions
+    return values, counts.row_sums()[keys // keys.dtype.type(counts.vocab)], counts.transitions
 
 
 def compiled(values: np.ndarray, row_sums: np.ndarray, total: int) -> float:
@@ -44,7 +44,7 @@ def compiled(values: np.ndarray, row_sums: np.ndarray, total: int) -> float:
 
 def random_sparse(vocab: int, size: int, seed: int, largest: int) -> PairCounts:
     rng = np.random.default_rng(seed)
-    keys = np.unique(rng.integers(0, vocab * vocab, size)).astype(KEY)
+    keys = np.unique(rng.integers(0, vocab * vocab, size)).astype(key_dtype(vocab))
     values = np.minimum(rng.zipf(1.2, keys.size), largest).astype(np.uint64)
     return PairCounts(vocab, keys=keys, values=values)
 
@@ -109,7 +109,7 @@ def test_counts_past_exact_floats_keep_the_python_path(monkeypatch: pytest.Monke
     """Above 2**53 a count is not exact as float64; Python's integer division still is."""
     monkeypatch.setattr(corpus, "OPTIMUM_COMPILED_MIN", 0)
     rng = np.random.default_rng(7)
-    keys = np.unique(rng.integers(0, 3000 * 3000, 2000)).astype(KEY)
+    keys = np.unique(rng.integers(0, 3000 * 3000, 2000)).astype(key_dtype(3000))
     counts = PairCounts(3000, keys=keys, values=rng.integers(1, 2**54, keys.size, np.uint64))
     values, row_sums, total = entries(counts)
     assert total > corpus.EXACT_FLOAT_MAX

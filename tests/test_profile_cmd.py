@@ -97,14 +97,14 @@ def test_region_times_refuse_what_the_plan_does_not_have():
      "(chained submissions cannot be bracketed launch by launch)"),
     (["-N", "0"], "bob profile: Invalid value for '--updates' / '-N': 0 is not in the range"),
     (["--backend", "cpu"], "bob profile: Invalid value for '--backend': 'cpu' is not one of"),
-    (["-V", "1"], "bob: --vocab 1 is outside [2, 65536]"),
+    (["-V", "1"], "bob: --vocab 1 is outside [2, 1048576]"),
     (["--kernels", "own"], "bob: --kernels own runs on nv-sim and nv (Bob's command stream); "
                            "the cuda backend loads NVRTC's cubin and stays on NVRTC's kernels"),
     (["--backend", "nv", "--kernels", "own", "--schedule", "fused"],
      "bob: --kernels own has the seed schedule's kernels only; the fused schedule's kernels "
      "are NVRTC's: use --schedule seed"),
-    (["-V", "65537"], "bob: --vocab 65537 is outside [2, 65536]: V=65536 is the largest "
-                      "table Bob trains"),
+    (["-V", "1048577"], "bob: --vocab 1048577 is outside [2, 1048576]: V=1048576 is the "
+                        "largest table Bob trains"),
 ])
 def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path, argv, message):
     chosen = _fake_backend(monkeypatch)

@@ -164,8 +164,15 @@ BAD_INPUTS = {
     "hard version 2": (_header(version=2) + GOOD_HARD[24:],
                        "a hard-mode record is format version 1, not 2"),
     "mode": (_header(mode=2) + GOOD_HARD[24:], "unknown mode 2 (0 hard, 1 corpus)"),
-    "small V": (_header(v=1) + _u32(0, 0), "V=1 is outside [2, 65536]"),
-    "large V": (_header(v=65537), "V=65537 is outside [2, 65536]"),
+    "small V": (_header(v=1) + _u32(0, 0), "V=1 is outside [2, 1048576]"),
+    "large V": (_header(v=1048577), "V=1048577 is outside [2, 1048576]"),
+    # A dense table past 65536 is refused from the header, before 16 GiB of weights.
+    "dense corpus V": (_header(mode=1, v=65537) + _u32(0),
+                       "a dense (version 1) corpus record of V=65537 would hold "
+                       "17,180,393,476 bytes of weights; dense records go up to V=65536 "
+                       "(larger ones are sparse, version 2)"),
+    "hard V past 65536": (_header(v=65537), "truncated: 24 bytes, a hard input record with "
+                                            "V=65537, P=1 has 262176"),
     "large P": (_header(p=4097), "P=4097 is outside [0, 4096]"),
     "truncated": (GOOD_HARD[:-1], "truncated: 43 bytes, a hard input record with V=4, P=1 "
                                   "has 44"),

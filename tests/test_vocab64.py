@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from bob.backends.nv.encoder import encode, parameter_block
 from bob.cli.main import main
-from bob.config import MAX_PAIRS, MAX_VOCAB, Hyper
+from bob.config import MAX_DENSE_VOCAB, MAX_PAIRS, MAX_VOCAB, Hyper
 from bob.errors import BadInput
 from bob.host import api, training
 from bob.host.training import refuse_slow_cpu
@@ -53,8 +53,9 @@ V = 65536
 TABLE_BYTES = 4 * V * V  # 2**34
 
 
-def test_the_limit_is_65536() -> None:
-    assert MAX_VOCAB == V and TABLE_BYTES == 1 << 34
+def test_dense_tables_stop_at_65536() -> None:
+    assert MAX_DENSE_VOCAB == V and TABLE_BYTES == 1 << 34
+    assert MAX_VOCAB == 1 << 20  # collapsed tables, and the data layer (test_vocab20.py)
 
 
 # -- the plan --------------------------------------------------------------------------
@@ -224,7 +225,8 @@ def test_a_checkpoint_header_at_65536_has_64_bit_offsets(tmp_path: Path) -> None
 
 def test_checkpoint_metadata_refuses_v_65537() -> None:
     metadata = lazy_checkpoint(2).metadata()
-    with pytest.raises(BadInput, match=r"^x: metadata vocab 65537 is outside \[2, 65536\]$"):
+    with pytest.raises(BadInput, match=r"^x: metadata vocab 65537 is outside \[2, 65536\] "
+                                       r"\(dense tables\)$"):
         ckpt._read_metadata({**metadata, "vocab": str(V + 1)}, "x")
     assert ckpt._read_metadata({**metadata, "vocab": str(V)}, "x").vocab == V
 
@@ -318,20 +320,21 @@ def test_the_cpu_backend_refuses_gpt2_sized_tables() -> None:
 
 
 @pytest.mark.parametrize("command", [
-    ["plan", "--vocab", "65537"],
-    ["check", "--vocab", "65537"],
-    ["bench", "--vocab", "256", "--vocab", "65537"],
-    ["count", "--tokens", "{d}/t.bin", "--vocab", "65537", "-o", "{d}/c.st"],
-    ["train", "--tokens", "{d}/t.bin", "--vocab", "65537", "-c", "{d}/c.st"],
+    ["plan", "--vocab", "1048577"],
+    ["check", "--vocab", "1048577"],
+    ["bench", "--vocab", "256", "--vocab", "1048577"],
+    ["count", "--tokens", "{d}/t.bin", "--vocab", "1048577", "-o", "{d}/c.st"],
+    ["train", "--tokens", "{d}/t.bin", "--vocab", "1048577", "-c", "{d}/c.st"],
 ])
-def test_v_65537_is_refused_in_one_line(tmp_path: Path, capsys, command: list[str]) -> None:
+def test_a_v_past_max_vocab_is_refused_in_one_line(tmp_path: Path, capsys,
+                                                   command: list[str]) -> None:
     np.array([1, 2, 3], "<u2").tofile(tmp_path / "t.bin")
     before = listing(tmp_path)
     status = main([part.format(d=tmp_path) for part in command])
     err = capsys.readouterr().err
     assert status == 2
-    assert err == ("bob: --vocab 65537 is outside [2, 65536]: V=65536 is the largest table "
-                   "Bob trains\n")
+    assert err == ("bob: --vocab 1048577 is outside [2, 1048576]: V=1048576 is the largest "
+                   "table Bob trains\n")
     assert listing(tmp_path) == before
 
 

@@ -77,6 +77,16 @@ def require_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
         raise BadInput(f"{name} must be one of {', '.join(choices)}, not {value!r}")
 
 
+def require_dense_vocab(vocab: int, what: str, element_bytes: int) -> None:
+    """BadInput, one line naming the bytes a V x V array of `what` would need, where V is
+    past MAX_DENSE_VOCAB: above it only sparse and collapsed forms exist, never V x V."""
+    if vocab > MAX_DENSE_VOCAB:
+        need = vocab * vocab * element_bytes
+        raise BadInput(f"{what} at V={vocab} would be a V x V array of {need:,} bytes "
+                       f"({need / (1 << 30):,.0f} GiB); dense tables go up to "
+                       f"V={MAX_DENSE_VOCAB}")
+
+
 # -- AdamW -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Hyper:

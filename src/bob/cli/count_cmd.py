@@ -36,8 +36,9 @@ DEFAULT_OUT = "counts.safetensors"
 @vocab_option(help="V: the token vocabulary (with --tokens: this or --tokenizer; text: 256).")
 @tokenizer_option("The tokenizer of the --tokens files: their V (a --vocab that differs is "
                   "refused).")
-@click.option("--token-dtype", type=click.Choice(sorted(TOKEN_DTYPES)), default="uint16",
-              show_default=True, help="Type of a raw token (nanoGPT's train.bin is uint16).")
+@click.option("--token-dtype", type=click.Choice(sorted(TOKEN_DTYPES)), default=None,
+              help="Type of a raw token. Default: uint16 up to V=65536 (nanoGPT's train.bin), "
+                   "uint32 above.")
 @click.option("--out", "-o", default=DEFAULT_OUT, show_default=True,
               type=click.Path(dir_okay=False), help="The counts file to write.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing counts file.")
@@ -55,6 +56,7 @@ def count(inputs, tokens, vocab, tokenizer_path, token_dtype, out, overwrite, wo
     \b
     bob count corpus/ -o corpus.counts
     bob count --tokens train.bin --vocab 50257 -o owt.counts
+    bob count --tokens train.bin --vocab 128256 -o llama.counts   # uint32 tokens
     bob count --tokens train.bin --tokenizer meta.pkl -o chars.counts
     bob train --counts corpus.counts
     """
@@ -94,6 +96,7 @@ def count(inputs, tokens, vocab, tokenizer_path, token_dtype, out, overwrite, wo
         ("files", f"{report.files:,}"),
         ("bytes", f"{report.bytes:,}"),
         ("V", f"{report.vocab} ({'sparse' if report.sparse else 'dense'})"),
+        *((("read as", report.tokens_read_as),) if report.tokens_read_as else ()),
         ("transitions", f"{report.transitions:,}"),
         ("optimum (nats)", f"{report.optimum:.6f}"),
         ("counted on", report.where),

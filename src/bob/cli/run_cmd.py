@@ -44,8 +44,9 @@ _CHECKPOINT = click.option("--checkpoint", "-c", default=api.DEFAULT_CHECKPOINT,
 
 
 _TOKEN_DTYPE = click.option("--token-dtype", type=click.Choice(["uint16", "uint32"]),
-                            default="uint16", show_default=True,
-                            help="Type of a raw token in --tokens/--val-tokens files.")
+                            default=None,
+                            help="Type of a raw token in --tokens/--val-tokens files. Default: "
+                                 "uint16 up to V=65536 (nanoGPT's train.bin), uint32 above.")
 
 
 def _data_options(function):

@@ -8,7 +8,8 @@ Corpus data reaches the device through its V x V transition counts: text files, 
 files or a counts file (`CorpusSpec`) are counted by the streamed engine
 (``bob.records.counting``, or a Dask cluster) and become the sparse weights of an input
 record: its K pairs, never a V x V table on the host. A hard-target input record is read
-as it is.
+as it is. Every V up to MAX_VOCAB (2^20) takes this path; raw token files are read as
+uint16 up to V = 65536 and uint32 above unless the spec names their type.
 """
 
 from __future__ import annotations
@@ -52,11 +53,30 @@ class CorpusSpec:
     tokens: tuple[str, ...] = ()  # token files (raw uint16/uint32 or .npy)
     counts: str | None = None  # a counts file written by `bob count`
     vocab: int | None = None  # V of token files (texts: 256 unless given)
-    token_dtype: str = "uint16"
+    # Raw token files' type; None: by V (uint16 up to 65536, nanoGPT's; uint32 above).
+    token_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens and self.vocab is not None:
+            # A type that cannot hold V's ids is refused with the options, before any work
+            # (where V comes later, from a checkpoint, the count refuses it).
+            sources.token_dtype(self.vocab, self.token_dtype)
 
     @property
     def given(self) -> bool:
         return bool(self.texts or self.tokens or self.counts)
+
+    def tokens_read_as(self, vocab: int) -> str | None:
+        """How raw --tokens files of V are read, in words for the run's description
+        ("uint32 tokens, the default above V=65536"); None for text, counts or .npy files
+        alone (they carry their type)."""
+        if not self.tokens or all(name.endswith(".npy") for name in self.tokens):
+            return None
+        dtype = sources.token_dtype(vocab, self.token_dtype)
+        if self.token_dtype is not None:
+            return f"{dtype} tokens"
+        side = "up to" if vocab <= sources.UINT16_MAX_VOCAB else "above"
+        return f"{dtype} tokens, the default {side} V={sources.UINT16_MAX_VOCAB}"
 
 
 def count_corpus(spec: CorpusSpec, workers: int | None = None,
@@ -78,8 +98,8 @@ def count_corpus(spec: CorpusSpec, workers: int | None = None,
     if spec.tokens and spec.vocab is None:
         raise BadInput("--tokens needs --vocab V (the tokenizer's vocabulary size)")
     vocab = spec.vocab if spec.vocab is not None else corpus.BYTE_VOCAB
-    found = sources.resolve(spec.texts or spec.tokens,
-                            spec.token_dtype if spec.tokens else None)
+    dtype = sources.token_dtype(vocab, spec.token_dtype) if spec.tokens else None
+    found = sources.resolve(spec.texts or spec.tokens, dtype)
     streamed: dict[str, int] = {}  # a stream's size is known only once it has ended
     if dask is None:
         counts = counting.count_sources(found, vocab, workers, progress=progress,
@@ -154,7 +174,9 @@ def training_data(texts: Sequence[str] | None = None, input_record: str | None =
         counted = count_corpus(spec)
         admit(counted.vocab)
         record = corpus_record(counted, counted.name)
-        return TrainingData(record, None, counted.name, known_optimum=counted.optimum)
+        read_as = spec.tokens_read_as(counted.vocab)
+        description = counted.name if read_as is None else f"{counted.name} ({read_as})"
+        return TrainingData(record, None, description, known_optimum=counted.optimum)
     if input_record is not None:
         record = InputRecord.read(input_record)
         return TrainingData(replace_prompts(record, ()), None, input_record)
@@ -223,6 +245,7 @@ class CountReport:
     digest: str
     seconds: float
     where: str  # "this machine, N threads at most" or the Dask cluster
+    tokens_read_as: str | None = None  # raw token files' type, in words (text: None)
 
     @property
     def bytes_per_second(self) -> float:
@@ -233,7 +256,8 @@ class CountReport:
                 "layout": "sparse" if self.sparse else "dense", "files": self.files,
                 "bytes": self.bytes, "transitions": self.transitions,
                 "optimum": self.optimum, "digest": self.digest, "seconds": self.seconds,
-                "bytes_per_second": self.bytes_per_second, "where": self.where}
+                "bytes_per_second": self.bytes_per_second, "where": self.where,
+                "tokens_read_as": self.tokens_read_as}
 
 
 def count(spec: CorpusSpec, out: str, overwrite: bool = False, workers: int | None = None,
@@ -258,4 +282,5 @@ def count(spec: CorpusSpec, out: str, overwrite: bool = False, workers: int | No
                  else f"the Dask scheduler at {dask}")
     return CountReport(out, counted.vocab, counted.counts.is_sparse, len(counted.sources),
                        sum(size for _, size in counted.sources), counted.transitions,
-                       counted.optimum, counted.digest, seconds, where)
+                       counted.optimum, counted.digest, seconds, where,
+                       spec.tokens_read_as(counted.vocab))

@@ -66,7 +66,8 @@ class TrainConfig:
     # A tokenizers JSON, nanoGPT's meta.pkl or a tiktoken name: V of the token files, and
     # the text the model's generate and eval speak.
     tokenizer: str | None = None
-    token_dtype: str = "uint16"  # nanoGPT's train.bin
+    # Raw token files' type; None: uint16 up to V=65536 (nanoGPT's train.bin), uint32 above.
+    token_dtype: str | None = None
     counts: str | None = None  # a counts file from `bob count` (no recount)
     val_text: str | Sequence[str] | None = None  # validation data: its exact loss is kept
     val_tokens: str | Sequence[str] | None = None

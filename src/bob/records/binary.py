@@ -5,7 +5,7 @@ A record file is a 24-byte header, then the payload, all little-endian:
     magic     8 bytes  b"BOBINPUT" (input) or b"BOBRESLT" (result)
     version   u32      FORMAT_VERSION (1), or SPARSE_VERSION (2) for a sparse corpus record
     mode      u32      0 hard targets, 1 corpus weights
-    V         u32      vocabulary: rows and columns of the table, in [2, 65536]
+    V         u32      vocabulary: rows and columns of the table, in [2, 2^20]
     P         u32      prompts, in [0, 4096]
     K         u64      version 2 only: the corpus pairs
 
@@ -13,7 +13,10 @@ Input payload, exactly the arena's ``input`` tensor: hard mode targets u32[V]
 then prompts u32[P]; corpus mode (version 2) keys u64[K] (row * V + column, strictly
 increasing), their weights f32[K], then prompts u32[P]. A version 1 corpus record
 (weights f32[V][V], then prompts) is still read: its cells that are not zero become the
-pairs. Bob writes version 1 for hard records and version 2 for corpus records.
+pairs. Bob writes version 1 for hard records and version 2 for corpus records. A
+version 1 corpus record is a dense table, so its V is at most MAX_DENSE_VOCAB (65536);
+one that declares more is refused from its header, before any weight is read. Nothing
+else in a record grows with V * V: targets are u32[V], keys u64 (below 2^40 at V = 2^20).
 Result payload, the arena's result tensors in order: initial_loss f32[V],
 training_loss f32[V], logit_rows f32[P][V], predictions u32[P].
 
@@ -34,10 +37,19 @@ from typing import BinaryIO
 
 import numpy as np
 
-from bob.config import MAX_PROMPTS, MAX_VOCAB, MIN_VOCAB, MODES, RESULT_TENSORS, Mode
+from bob.config import (
+    MAX_DENSE_VOCAB,
+    MAX_PROMPTS,
+    MAX_VOCAB,
+    MIN_VOCAB,
+    MODES,
+    RESULT_TENSORS,
+    Mode,
+    require_dense_vocab,
+)
 from bob.errors import BadInput
 from bob.files import StrPath, atomic_write, read_bytes, reading_input, stream_kind
-from bob.records.digest import is_sparse, legacy_digest_of, sparse_digest_of
+from bob.records.digest import is_sparse, legacy_matches, sparse_digest_of
 
 INPUT_MAGIC = b"BOBINPUT"
 RESULT_MAGIC = b"BOBRESLT"
@@ -223,6 +235,19 @@ def _read_header(data: bytes, source: str, magic: bytes, what: str,
     return MODES[mode_code], vocab, prompts, version
 
 
+def _read_input_header(data: bytes, source: str) -> tuple[Mode, int, int, int]:
+    """An input record's header: `_read_header`'s checks, and a dense (version 1) corpus
+    record no larger than MAX_DENSE_VOCAB, refused before its V x V weights are read."""
+    mode, vocab, prompts, version = _read_header(data, source, INPUT_MAGIC, "input record",
+                                                 versions=(FORMAT_VERSION, SPARSE_VERSION))
+    if mode == "corpus" and version == FORMAT_VERSION and vocab > MAX_DENSE_VOCAB:
+        raise BadInput(f"{source}: a dense (version {FORMAT_VERSION}) corpus record of V={vocab} "
+                       f"would hold {4 * vocab * vocab:,} bytes of weights; dense records go up "
+                       f"to V={MAX_DENSE_VOCAB} (larger ones are sparse, version "
+                       f"{SPARSE_VERSION})")
+    return mode, vocab, prompts, version
+
+
 def _check_length(data: bytes, source: str, what: str, mode: Mode, vocab: int,
                   prompts: int, payload_bytes: int, *, start: int = HEADER.size,
                   pairs: int | None = None) -> None:
@@ -351,9 +376,10 @@ class InputRecord:
 
     def dense_weights(self) -> np.ndarray:
         """The corpus weights as the V x V table the device scatters them into (V x V
-        memory: for small tables and tests)."""
+        memory: for small tables and tests; refused past MAX_DENSE_VOCAB)."""
         if self.mode != "corpus":
             raise ValueError("a hard-mode record has no weights")
+        require_dense_vocab(self.vocab, f"{self.source}: the weights as a table", 4)
         assert self.keys is not None and self.values is not None
         table = np.zeros(self.vocab * self.vocab, F32)
         table[self.keys.astype(np.intp)] = self.values
@@ -381,7 +407,7 @@ class InputRecord:
         if self.mode == "hard" or is_sparse(stored):
             return stored == self.data_digest
         assert self.keys is not None and self.values is not None
-        return stored == legacy_digest_of(self.vocab, self.keys, self.values)
+        return legacy_matches(stored, self.vocab, self.keys, self.values)
 
     def payload(self) -> bytes:
         """Exactly the arena's input tensor."""
@@ -407,8 +433,7 @@ class InputRecord:
     def from_bytes(cls, data: bytes | bytearray | memoryview, source_name: str,
                    ) -> InputRecord:
         data = _as_bytes(data)
-        mode, v, p, version = _read_header(data, source_name, INPUT_MAGIC, "input record",
-                                           versions=(FORMAT_VERSION, SPARSE_VERSION))
+        mode, v, p, version = _read_input_header(data, source_name)
         if mode == "hard" or version == FORMAT_VERSION:
             table_bytes = 4 * v if mode == "hard" else 4 * v * v
             _check_length(data, source_name, "input record", mode, v, p,
@@ -442,6 +467,11 @@ class InputRecord:
         """The record in a file, or in a stream (a pipe, a FIFO, a character device): read
         as far as its header says and no further (`_read_record_stream`)."""
         if stream_kind(path) is None:
+            # The header first: one that is refused (a dense table past MAX_DENSE_VOCAB,
+            # say) costs its 32 bytes, not the gigabytes it declares. Its open meets
+            # read_bytes's ladder (missing, a directory, permission) with the same words.
+            with reading_input(path) as file:
+                _declared_length(file.read(HEADER.size + PAIRS.size), str(path))
             return cls.from_bytes(read_bytes(path), str(path))
         with reading_input(path, "input record") as stream:
             return cls.from_bytes(_read_record_stream(stream, str(path)), str(path))
@@ -483,8 +513,7 @@ def _read_record_stream(stream: BinaryIO, source: str) -> bytes:
 def _declared_length(head: bytes, source: str) -> int | None:
     """The bytes of the whole input record whose header is `head`; None where `head` stops
     inside the pair count or the count does not fit V (from_bytes refuses both)."""
-    mode, v, p, version = _read_header(head, source, INPUT_MAGIC, "input record",
-                                       versions=(FORMAT_VERSION, SPARSE_VERSION))
+    mode, v, p, version = _read_input_header(head, source)
     if mode == "hard" or version == FORMAT_VERSION:
         return HEADER.size + _payload_bytes(mode, v, p, version)
     if len(head) < HEADER.size + PAIRS.size:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bob.config import MAX_VOCAB, MIN_VOCAB
+from bob.config import MAX_VOCAB, MIN_VOCAB, require_dense_vocab
 from bob.errors import BadInput, RunFailure
 from bob.files import StrPath, reading
 from bob.records.binary import InputRecord
@@ -41,6 +41,8 @@ class _Counter:
     def __init__(self, vocab: int) -> None:
         if not isinstance(vocab, int) or not MIN_VOCAB <= vocab <= MAX_VOCAB:
             raise ValueError(f"V must be an integer in [{MIN_VOCAB}, {MAX_VOCAB}], not {vocab!r}")
+        # These counts are a dense table; a larger V is counted sparse (records.counting).
+        require_dense_vocab(vocab, "the counts of a text", 8)
         self.vocab = vocab
         self.counts = np.zeros((vocab, vocab), np.uint64)
         # Bytes reach only the first 256 rows and columns, whatever V is.
@@ -113,8 +115,10 @@ def weights(counts: np.ndarray) -> np.ndarray:
 
     Each quotient is formed in float64 and rounded to float32; as float64 has
     more than 2 * 24 + 2 bits, this double rounding still gives the correctly
-    rounded float32 quotient.
+    rounded float32 quotient. A dense table: refused past MAX_DENSE_VOCAB (sparse counts
+    give their weights a pair at a time, records.digest.weights_of).
     """
+    require_dense_vocab(len(counts), "the table of weights", 4)
     total = int(counts.sum(dtype=np.uint64))
     if total == 0:
         raise ValueError("the counts are all zero")

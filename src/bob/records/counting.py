@@ -12,10 +12,12 @@ Up to V = DENSE_MAX_VOCAB the counts are a dense u64[V][V] table (the inner
 loop is Numba where the ``fast`` extra is installed, np.bincount otherwise:
 the same integers). Above, they are sparse: the sorted unique keys
 prev * V + next with their counts, so memory grows with the distinct pairs
-seen, never with V * V. The keys of a piece's blocks are gathered (up to
-SORT_KEYS of them, whatever piece they came from), sorted once, turned into
-runs of equal keys and merged once into the running counts: one sort and one
-linear merge per SORT_KEYS pairs, however many blocks brought them.
+seen, never with V * V. Any V up to MAX_VOCAB (2^20) is counted: a key is u32
+while V * V fits 32 bits (V <= 65536) and u64 above (`key_dtype`). The keys of a
+piece's blocks are gathered (up to SORT_KEYS of them, whatever piece they came
+from), sorted once, turned into runs of equal keys and merged once into the
+running counts: one sort and one linear merge per SORT_KEYS pairs, however many
+blocks brought them.
 
 Small corpora (below COMPILED_MIN_BYTES) are counted with NumPy alone: importing
 Numba would cost more than it saves there.
@@ -33,21 +35,37 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bob.config import MAX_VOCAB, MIN_VOCAB, require_dense_vocab
 from bob.errors import BadInput
-from bob.records.sources import Piece, Source, read_blocks, split, stream_blocks
+from bob.records.sources import (
+    TOKEN_DTYPES,
+    Piece,
+    Source,
+    read_blocks,
+    split,
+    stream_blocks,
+)
 
-MIN_VOCAB = 2
-COUNT_MAX_VOCAB = 65536  # keys prev * V + next stay below 2**32
+COUNT_MAX_VOCAB = MAX_VOCAB  # counting takes every V a table takes
 DENSE_MAX_VOCAB = 2048  # a dense partial is V * V * 8 bytes: 32 MiB here
-KEY = np.uint32  # a sparse key prev * V + next: below V * V <= 2**32
+# Sparse keys prev * V + next are u32 while V * V <= 2**32, u64 above (below 2**40 at
+# V = 2^20). u32 where it fits, not u64 everywhere: at V = 50257 a 50M-token count took
+# 1.8 to 2.1x as long with u64 keys (the sort and the merges move twice the bytes), and
+# the gather buffers would take twice the memory (dev.bench.bench_keys; BENCHMARKS.md).
+NARROW_KEY_MAX_VOCAB = 1 << 16
 BLOCK_BYTES = 1 << 23  # 8 MiB read at a time: the reader's memory, whatever the file
 PIECE_BYTES = 1 << 26  # 64 MiB per task: enough to hide a task's start, small to balance
 PARALLEL_MIN_BYTES = 1 << 24  # below this, splitting the work saves too little to matter
-SORT_KEYS = 1 << 26  # sparse pair keys a tally sorts at a time (256 MiB): its merges are rare
-GATHER_KEYS = 1 << 27  # keys all worker threads gather at once (512 MiB), whatever their number
+SORT_KEYS = 1 << 26  # keys a tally sorts at a time (256 MiB u32, 512 MiB u64): merges are rare
+GATHER_KEYS = 1 << 27  # keys all workers gather at once (512 MiB u32, 1 GiB u64), however many
 COMPILED_MIN_BYTES = 1 << 24  # below this, NumPy counts faster than Numba can be imported
 
 Progress = Callable[[int], None]  # called with the bytes just counted
+
+
+def key_dtype(vocab: int) -> type[np.unsignedinteger]:
+    """The type of a sparse pair key prev * V + next at this V: u32 while V * V fits it."""
+    return np.uint32 if vocab <= NARROW_KEY_MAX_VOCAB else np.uint64
 
 
 # -- the counts ------------------------------------------------------------------
@@ -57,7 +75,7 @@ class PairCounts:
 
     vocab: int
     dense: np.ndarray | None = None  # u64[V][V], C[prev][next]
-    keys: np.ndarray | None = None  # sparse: sorted unique prev * V + next, u32
+    keys: np.ndarray | None = None  # sparse: sorted unique prev * V + next, key_dtype(V)
     values: np.ndarray | None = None  # sparse: the count of each key, u64, all > 0
 
     @classmethod
@@ -65,7 +83,7 @@ class PairCounts:
         check_vocab(vocab)
         if vocab <= DENSE_MAX_VOCAB:
             return cls(vocab, dense=np.zeros((vocab, vocab), np.uint64))
-        return cls(vocab, keys=np.zeros(0, KEY), values=np.zeros(0, np.uint64))
+        return cls(vocab, keys=np.zeros(0, key_dtype(vocab)), values=np.zeros(0, np.uint64))
 
     @classmethod
     def from_dense(cls, counts: np.ndarray) -> PairCounts:
@@ -74,7 +92,8 @@ class PairCounts:
             return cls(vocab, dense=np.ascontiguousarray(counts, np.uint64))
         flat = counts.reshape(-1)
         keys = np.flatnonzero(flat)
-        return cls(vocab, keys=keys.astype(KEY), values=flat[keys].astype(np.uint64))
+        return cls(vocab, keys=keys.astype(key_dtype(vocab)),
+                   values=flat[keys].astype(np.uint64))
 
     @property
     def is_sparse(self) -> bool:
@@ -88,7 +107,7 @@ class PairCounts:
     def entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, columns, counts) of the non-zero counts in row-major order."""
         if self.is_sparse:
-            rows, columns = np.divmod(self.keys, KEY(self.vocab))
+            rows, columns = np.divmod(self.keys, self.keys.dtype.type(self.vocab))
             return rows.astype(np.int64), columns.astype(np.int64), self.values
         rows, columns = np.nonzero(self.dense)
         return rows, columns, self.dense[rows, columns]
@@ -99,12 +118,14 @@ class PairCounts:
             return self.keys, self.values
         flat = self.dense.reshape(-1)
         keys = np.flatnonzero(flat)
-        return keys.astype(KEY), flat[keys]
+        return keys.astype(key_dtype(self.vocab)), flat[keys]
 
     def to_dense(self) -> np.ndarray:
-        """u64[V][V]; for a sparse table, V * V * 8 bytes are allocated."""
+        """u64[V][V]; for a sparse table, V * V * 8 bytes are allocated (refused past
+        MAX_DENSE_VOCAB: BadInput naming the size)."""
         if not self.is_sparse:
             return self.dense
+        require_dense_vocab(self.vocab, "the counts as a dense table", 8)
         table = np.zeros(self.vocab * self.vocab, np.uint64)
         table[self.keys.astype(np.int64)] = self.values
         return table.reshape(self.vocab, self.vocab)
@@ -114,7 +135,7 @@ class PairCounts:
             return self.dense.sum(axis=1, dtype=np.uint64)
         sums = np.zeros(self.vocab, np.uint64)
         if self.keys.size:
-            rows = self.keys // KEY(self.vocab)
+            rows = self.keys // self.keys.dtype.type(self.vocab)
             starts = np.r_[0, np.flatnonzero(rows[1:] != rows[:-1]) + 1]
             sums[rows[starts]] = np.add.reduceat(self.values, starts)
         return sums
@@ -136,7 +157,8 @@ class PairCounts:
 
 
 def check_vocab(vocab: int) -> None:
-    if not isinstance(vocab, int) or not MIN_VOCAB <= vocab <= COUNT_MAX_VOCAB:
+    if isinstance(vocab, bool) or not isinstance(vocab, int) \
+            or not MIN_VOCAB <= vocab <= COUNT_MAX_VOCAB:
         raise BadInput(f"V must be an integer in [{MIN_VOCAB}, {COUNT_MAX_VOCAB}], "
                        f"not {vocab!r}")
 
@@ -236,25 +258,31 @@ ENGINES = ("numba", "numpy") if importlib.util.find_spec("numba") else ("numpy",
 
 
 def pair_keys(tokens: np.ndarray, vocab: int, out: np.ndarray, engine: str) -> None:
-    """out[i] = tokens[i] * V + tokens[i + 1]: the keys of the pairs within tokens."""
+    """out[i] = tokens[i] * V + tokens[i + 1]: the keys of the pairs within tokens, in
+    out's type (key_dtype(V))."""
     if engine == "numba":
         _pair_keys_numba()(tokens, vocab, out)
         return
-    # Tokens were checked below V, so every key fits KEY whatever the tokens' own type.
-    np.multiply(tokens[:-1], KEY(vocab), out=out, casting="unsafe")
-    np.add(out, tokens[1:], out=out, casting="unsafe")
+    # Tokens were checked in [0, V), so every key fits out's type whatever the tokens' own
+    # (signed .npy tokens too): the arithmetic is done in out's type, never in float64.
+    np.multiply(tokens[:-1], vocab, out=out, dtype=out.dtype, casting="unsafe")
+    np.add(out, tokens[1:], out=out, dtype=out.dtype, casting="unsafe")
 
 
 @functools.cache
 def _pair_keys_numba():
-    """One pass, where NumPy's two make a buffered cast of every token twice."""
+    """One pass, where NumPy's two make a buffered cast of every token twice.
+
+    The key is formed in u64 and stored in out's type: exact for u64 keys, and for u32
+    keys (V <= 65536) below 2**32 already. One compiled loop per (tokens, out) types.
+    """
     import numba
 
     @numba.njit(nogil=True, cache=True)
     def pair_keys(tokens, vocab, out):  # pragma: no cover - compiled
-        width = np.uint32(vocab)
+        width = np.uint64(vocab)
         for i in range(out.size):
-            out[i] = np.uint32(tokens[i]) * width + np.uint32(tokens[i + 1])
+            out[i] = np.uint64(tokens[i]) * width + np.uint64(tokens[i + 1])
 
     return pair_keys
 
@@ -264,7 +292,7 @@ def run_lengths(keys: np.ndarray, engine: str) -> tuple[np.ndarray, np.ndarray]:
     if engine == "numba":
         return _run_lengths_numba()(keys)
     if keys.size == 0:
-        return np.zeros(0, KEY), np.zeros(0, np.uint64)
+        return np.zeros(0, keys.dtype), np.zeros(0, np.uint64)
     starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
     return keys[starts], np.diff(starts, append=keys.size).astype(np.uint64)
 
@@ -346,7 +374,7 @@ class Tally:
         """The free part of the key buffer, counting what it holds first when it is full."""
         if self._keys is None:
             # np.empty maps pages as they are written: a small corpus touches little of it.
-            self._keys = np.empty(self.sort_keys, KEY)
+            self._keys = np.empty(self.sort_keys, key_dtype(self.vocab))
         if self._gathered == self._keys.size:
             self.flush()
         return self._keys[self._gathered:]
@@ -399,7 +427,16 @@ def check_tokens(block: np.ndarray, vocab: int, source: Source, first: int) -> N
     where = source.offset + index * source.itemsize
     what = f"byte 0x{int(block[i]):02x}" if source.dtype == "|u1" else f"token {int(block[i])}"
     raise BadInput(f"{source.name}: {what} at offset {where} (token {index}) is not in "
-                   f"[0, V={vocab})")
+                   f"[0, V={vocab}){_raw_type_hint(source)}")
+
+
+def _raw_type_hint(source: Source) -> str:
+    """For a raw token file, the type it was read as: the type is the user's word (or the
+    default for V), and a file of the other type mostly yields ids out of range."""
+    names = {code: name for name, code in TOKEN_DTYPES.items()}
+    if source.offset or source.dtype not in names:  # text, or a .npy that names its type
+        return ""
+    return f" (read as {names[source.dtype]}: are --vocab and --token-dtype right?)"
 
 
 def count_piece(tally: Tally, piece: Piece, block_bytes: int = BLOCK_BYTES,

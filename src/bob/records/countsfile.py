@@ -7,6 +7,11 @@ Tensors, all little-endian:
                                     columns U32[K]      row-major order (COO)
                                     values  U64[K]
 
+V runs to MAX_VOCAB (2^20): a row or column is below 2^20 and fits U32, so the layout is
+the one files of V <= 65536 have always had, byte for byte. Keys are formed from rows
+and columns only in 64-bit arithmetic (prev * V + next reaches 2^40), then held in the
+counting's key type for that V (`counting.key_dtype`).
+
 Metadata (strings):
 
     format          "bob-counts"
@@ -37,15 +42,16 @@ from typing import BinaryIO
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from bob.config import require_dense_vocab
 from bob.errors import BadInput
 from bob.files import StrPath, atomic_write, require_regular_file
 from bob.records.corpus import optimum_of_slices, weights
 from bob.records.counting import (
     COUNT_MAX_VOCAB,
     DENSE_MAX_VOCAB,
-    KEY,
     MIN_VOCAB,
     PairCounts,
+    key_dtype,
 )
 from bob.records.digest import DIGEST_FORMS, digest_matches, is_digest, sparse_digest
 from bob.records.metadata import (
@@ -70,7 +76,7 @@ def counts_optimum(counts: PairCounts) -> float:
     an array as long as the table.
     """
     keys, values = counts.pairs()
-    sums, vocab = counts.row_sums(), KEY(counts.vocab)
+    sums, vocab = counts.row_sums(), keys.dtype.type(counts.vocab)
     slices = ((values[i:i + ENTRIES_AT_A_TIME], sums[keys[i:i + ENTRIES_AT_A_TIME] // vocab])
               for i in range(0, keys.size, ENTRIES_AT_A_TIME))
     return optimum_of_slices(slices, keys.size, counts.transitions)
@@ -136,7 +142,8 @@ class CountsFile:
             dense = self.counts.dense.astype("<u8", copy=False)
             return [_Tensor("counts", "U64", [self.vocab, self.vocab], dense.nbytes,
                             lambda: iter((dense,)))]
-        keys, values, vocab = self.counts.keys, self.counts.values, KEY(self.vocab)
+        keys, values = self.counts.keys, self.counts.values
+        vocab = keys.dtype.type(self.vocab)  # rows and columns below 2^20: U32 holds them
 
         def parts(convert: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Parts:
             # A slice at a time: a table of 10**8 entries is not converted all at once.
@@ -287,15 +294,20 @@ def _read_counts(file, fields: _Fields, source: str) -> PairCounts:
     if fields.layout == "dense":
         return PairCounts(v, dense=np.ascontiguousarray(
             _tensor(file, "counts", "U64", [v, v], source), np.uint64))
-    rows = _tensor(file, "rows", "U32", None, source).astype(np.uint64)
-    columns = _tensor(file, "columns", "U32", None, source).astype(np.uint64)
-    values = _tensor(file, "values", "U64", None, source).astype(np.uint64)
+    rows = _tensor(file, "rows", "U32", None, source)
+    columns = _tensor(file, "columns", "U32", None, source)
+    values = _tensor(file, "values", "U64", None, source).astype(np.uint64, copy=False)
     if not rows.size == columns.size == values.size:
         raise BadInput(f"{source}: rows, columns and values differ in length "
                        f"({rows.size}, {columns.size}, {values.size})")
-    if rows.size and (rows.max() >= v or columns.max() >= v):
+    if rows.size and (int(rows.max()) >= v or int(columns.max()) >= v):
         raise BadInput(f"{source}: an index is not below V={v}")
-    keys = (rows * np.uint64(v) + columns).astype(KEY)
+    # Checked below V first, so every key is exact in u64 (below 2^40) and fits
+    # key_dtype(V); formed in place, one u64 array beside the file's.
+    keys = rows.astype(np.uint64)
+    keys *= np.uint64(v)
+    keys += columns
+    keys = keys.astype(key_dtype(v), copy=False)
     if keys.size > 1 and not (keys[1:] > keys[:-1]).all():
         raise BadInput(f"{source}: entries are not in strictly increasing row-major order")
     if values.size and not values.all():
@@ -304,7 +316,9 @@ def _read_counts(file, fields: _Fields, source: str) -> PairCounts:
 
 
 def table_weights(counts: PairCounts) -> np.ndarray:
-    """T = C / N as float32 [V, V], each weight formed as corpus.weights forms it."""
+    """T = C / N as float32 [V, V], each weight formed as corpus.weights forms it (V x V
+    memory: refused past MAX_DENSE_VOCAB)."""
+    require_dense_vocab(counts.vocab, "the table of weights", 4)
     if not counts.is_sparse:
         return weights(counts.dense)
     total = counts.transitions

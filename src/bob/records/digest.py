@@ -15,6 +15,14 @@ Each weight is formed as `corpus.weights` forms it: the float64 quotient C / N
 rounded to float32. Proportional counts have equal weights, so equal digests.
 `digest_matches` checks a stored digest of either version against counts,
 computing the legacy digest only for a legacy one.
+
+Every V up to MAX_VOCAB (2^20) has a version 2 digest, by the one definition above:
+a key prev * V + next is hashed as u64 whatever type the counts hold it in (u32 up to
+V = 65536, u64 above, where keys reach 2^40), so the digest of data at V <= 65536 is
+the one it has always been, and a larger V needs no other form. The legacy digest
+hashes a dense table, which exists only up to MAX_DENSE_VOCAB: above it no legacy
+digest names any data (`legacy_digest_of` refuses the V x V pass, and a stored legacy
+digest matches nothing).
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ import re
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from bob.config import MAX_DENSE_VOCAB
 
 if TYPE_CHECKING:
     from bob.records.counting import PairCounts
@@ -103,7 +113,11 @@ def legacy_digest(counts: PairCounts) -> str:
 
 def legacy_digest_of(vocab: int, keys: np.ndarray, weights: np.ndarray | _Weights) -> str:
     """The legacy digest of K sparse weights: the sha256 of the dense V x V table they
-    fill (zeros elsewhere), row-major binary32, a block of rows at a time."""
+    fill (zeros elsewhere), row-major binary32, a block of rows at a time. Defined up to
+    MAX_DENSE_VOCAB (ValueError above: 2^40 cells at V = 2^20)."""
+    if vocab > MAX_DENSE_VOCAB:
+        raise ValueError(f"V={vocab} has no legacy digest (dense tables go up to "
+                         f"V={MAX_DENSE_VOCAB})")
     hasher = hashlib.sha256()
     step = max(1, LEGACY_ELEMENTS // vocab)  # rows at a time
     starts = np.searchsorted(keys, np.arange(0, vocab + step, step, dtype=np.int64) * vocab)
@@ -126,5 +140,12 @@ def digest_matches(stored: str, counts: PairCounts) -> bool:
     if SPARSE_DIGEST.fullmatch(stored):
         return stored == sparse_digest(counts)
     if LEGACY_DIGEST.fullmatch(stored):
-        return stored == legacy_digest(counts)
+        return legacy_matches(stored, *_sparse_weights(counts))
     raise ValueError(f"{stored!r} is not a data digest ({DIGEST_FORMS})")
+
+
+def legacy_matches(stored: str, vocab: int, keys: np.ndarray,
+                   weights: np.ndarray | _Weights) -> bool:
+    """Whether a stored legacy digest is that of these sparse weights: never above
+    MAX_DENSE_VOCAB, where no dense table (so no legacy digest) was ever made."""
+    return vocab <= MAX_DENSE_VOCAB and stored == legacy_digest_of(vocab, keys, weights)

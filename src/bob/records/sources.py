@@ -7,6 +7,8 @@ glob pattern, ``-`` for standard input, a stream (a pipe such as bash's
 package is installed). Each file is a sequence of tokens: bytes for text, or
 little-endian uint16/uint32 for token files (nanoGPT's ``train.bin``), or a
 ``.npy`` array of integers (from a regular file: its header gives its length).
+A raw token file's type is the caller's (`token_dtype`): uint16 holds the ids of
+vocabularies up to 65536 (nanoGPT's), uint32 those of larger ones (up to 2^20).
 
 A directory's or a glob's entries are regular files (or links to them) and
 directories; anything else among them (a broken link, a FIFO, a socket, a
@@ -51,6 +53,7 @@ STREAM_MAX_BYTES = 1 << 36
 STREAM_BOUND = "the most Bob counts from a stream (standard input, a pipe, a device); count " \
                "a larger corpus from a file"
 TOKEN_DTYPES = {"uint16": "<u2", "uint32": "<u4"}  # raw token files: nanoGPT writes uint16
+UINT16_MAX_VOCAB = 1 << 16  # ids of a larger vocabulary do not fit 16 bits
 # .npy tokens: integers, little-endian (or single bytes)
 _NPY_DTYPES = frozenset(("|u1", "<u2", "<u4", "<u8", "|i1", "<i2", "<i4", "<i8"))
 _GLOB_CHARACTERS = frozenset("*?[")
@@ -104,6 +107,29 @@ class Piece:
         size = self.source.itemsize
         first = self.source.offset + self.start * size
         return f"{self.source.name} bytes {first}-{first + self.bytes}"
+
+
+# -- the type of a raw token ---------------------------------------------------------
+def token_dtype(vocab: int, given: str | None = None) -> str:
+    """The type raw token files of V are read as: `given` (a TOKEN_DTYPES name), else the
+    narrowest that holds every id, uint16 up to V = 65536 (nanoGPT's train.bin) and
+    uint32 above.
+
+    A given uint16 with V above 65536 is refused in one line: such a file cannot hold
+    this vocabulary's ids (a writer that narrowed them to 16 bits lost their high bits),
+    and a uint32 file read as uint16 would yield only ids below V, so nothing later
+    would notice.
+    """
+    if given is None:
+        return "uint16" if vocab <= UINT16_MAX_VOCAB else "uint32"
+    if given not in TOKEN_DTYPES:
+        raise BadInput(f"--token-dtype must be one of {', '.join(TOKEN_DTYPES)}, not "
+                       f"{given!r}")
+    if given == "uint16" and vocab > UINT16_MAX_VOCAB:
+        raise BadInput(f"--token-dtype uint16 holds ids below {UINT16_MAX_VOCAB}, and "
+                       f"V={vocab} has ids up to {vocab - 1}: write the tokens as uint32 "
+                       "(read so by default above V=65536)")
+    return given
 
 
 # -- resolving inputs ------------------------------------------------------------
