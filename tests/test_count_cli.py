@@ -147,9 +147,10 @@ def test_token_checkpoints_take_and_print_ids(tmp_path: Path, capsys) -> None:
      "right?)"),
     # Refused from the counts, before the 10 GiB table of weights is built.
     (["train", "--tokens", "{d}/t.bin", "--vocab", "50257", "--backend", "cpu", "-c",
-      "{d}/x.st"], "bob: V=50257 is above the largest table the CPU backend trains "
-                   "(V=32768): it would hold about 65.9 GiB in host memory; train on a GPU "
-                   "(--backend cuda)"),
+      "{d}/x.st", "--tables", "dense"],
+     "bob: V=50257 is above the largest dense table the CPU backend trains (V=32768): it "
+     "would hold about 65.9 GiB in host memory; train on a GPU (--backend cuda) or with "
+     "--tables collapsed"),
     (["train", "--tokens", "{d}/t.bin", "--vocab", "16384", "--steps", "100000",
       "--backend", "cpu", "-c", "{d}/x.st"],
      "bob: V=16384 for 100000 updates on the CPU backend would take about"),

@@ -313,8 +313,9 @@ def test_the_cpu_backend_refuses_gpt2_sized_tables() -> None:
     with pytest.raises(BadInput) as caught:
         refuse_slow_cpu("cpu", 50257, 1)
     assert str(caught.value) == (
-        "V=50257 is above the largest table the CPU backend trains (V=32768): it would hold "
-        "about 65.9 GiB in host memory; train on a GPU (--backend cuda)")
+        "V=50257 is above the largest dense table the CPU backend trains (V=32768): it would "
+        "hold about 65.9 GiB in host memory; train on a GPU (--backend cuda) or with "
+        "--tables collapsed")
     refuse_slow_cpu("cuda", 50257, 1000)  # the GPU is where such tables go
     refuse_slow_cpu("cpu", 16384, 1)  # slow, allowed
 
@@ -379,7 +380,8 @@ def test_sparse_counts_become_the_sparse_corpus_record(tmp_path: Path, capsys) -
     assert data.optimum == counted["optimum"]
     checkpoint = tmp_path / "bob.safetensors"
     assert main(["train", "--counts", str(counts), "--backend", "cpu", "--schedule", "fused",
-                 "--steps", "1", "-N", "1", "-c", str(checkpoint), "--json"]) == 0
+                 "--steps", "1", "-N", "1", "-c", str(checkpoint), "--json",
+                 "--tables", "dense"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["global_step"] == 1 and report["loss"] < report["initial_loss"]
     assert ckpt.Checkpoint.load(checkpoint).vocab == vocab
@@ -402,12 +404,12 @@ def test_the_cpu_refuses_counts_above_its_limit_before_building_the_record(
     monkeypatch.setattr("bob.host.data.corpus_record", no_record)
     before = listing(tmp_path)
     status = main(["train", "--counts", str(counts), "--backend", "cpu", "-c",
-                   str(tmp_path / "bob.safetensors")])
+                   str(tmp_path / "bob.safetensors"), "--tables", "dense"])
     err = capsys.readouterr().err
     assert status == 2
-    assert err == ("bob: V=3000 is above the largest table the CPU backend trains (V=2048): "
-                   "it would hold about 0.2 GiB in host memory; train on a GPU (--backend "
-                   "cuda)\n")
+    assert err == ("bob: V=3000 is above the largest dense table the CPU backend trains "
+                   "(V=2048): it would hold about 0.2 GiB in host memory; train on a GPU "
+                   "(--backend cuda) or with --tables collapsed\n")
     assert listing(tmp_path) == before
 
 
