@@ -295,7 +295,7 @@ BAD_CHECKPOINTS: dict[str, tuple[object, str]] = {
     "segment beyond": (_with(segments=json.dumps([{**SEGMENT, "first_step": 4}])),
                        "segment first_step 4 is beyond the checkpoint's step 3"),
     "segment lr": (_with(segments=json.dumps([{**SEGMENT, "lr": "fast"}])),
-                   "segment at step 0: a hyperparameter is not a number"),
+                   "segment at step 0: a hyperparameter is not a finite number"),
     "segment beta": (_with(segments=json.dumps([{**SEGMENT, "beta2": 1.5}])),
                      "segment at step 0: beta2 = 1.5 is outside [0, 1)"),
     "segment digest": (_with(segments=json.dumps([{**SEGMENT, "data_digest": "x"}])),

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from bob.errors import BadInput, RunFailure
+from bob.errors import BadInput, RunFailure, size_text
 
 Writer = Callable[[BinaryIO], None]
 StrPath = str | os.PathLike[str]
@@ -148,14 +148,6 @@ def stream_too_long(name: str, limit: int, bound: str) -> BadInput:
     is): /dev/zero, say, never ends."""
     return BadInput(f"{name}: the stream goes on past {limit:,} bytes ({size_text(limit)}), "
                     f"{bound}")
-
-
-def size_text(size: int) -> str:
-    """A size in the binary unit that fits: 512 B, 16 MiB, 64 GiB."""
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if size >= 1 << shift:
-            return f"{size / (1 << shift):.3g} {unit}"
-    return f"{size} B"
 
 
 def make_directory(path: StrPath) -> None:

@@ -52,7 +52,7 @@ from bob.config import (
     Hyper,
     require_choice,
 )
-from bob.errors import BadInput, Interrupted
+from bob.errors import BadInput, Interrupted, size_text
 from bob.files import check_output_file, write_target
 from bob.host import stops
 from bob.host.data import (
@@ -403,8 +403,8 @@ def require_disk_room(path: str, size: int) -> None:
     directory = os.path.dirname(os.path.abspath(write_target(path)))  # a link's target's
     free = shutil.disk_usage(directory).free
     if free < size:
-        raise BadInput(f"{path}: the checkpoint needs {size / 1e9:.2f} GB on disk, "
-                       f"{directory} has {free / 1e9:.2f} GB free")
+        raise BadInput(f"{path}: the checkpoint needs {size_text(size)} on disk, "
+                       f"{directory} has {size_text(free)} free")
 
 
 def _require_checkpoint_as_asked(request: TrainRequest) -> None:

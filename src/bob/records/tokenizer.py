@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from bob.config import MAX_VOCAB, MIN_VOCAB
-from bob.errors import BadInput
+from bob.errors import BadInput, reason_of
 from bob.files import StrPath, read_bytes
 
 # A character-level meta.pkl of the largest V is a few MB; a file far larger is not one.
@@ -167,7 +167,7 @@ def _tokenizers_json(name: str, data: bytes) -> Tokenizer:
     except (ValueError, UnicodeDecodeError) as error:
         raise BadInput(f"{name}: not JSON ({error})") from None
     except Exception as error:  # the Rust side raises plain Exceptions
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = reason_of(error)
         raise BadInput(f"{name}: not a tokenizers file ({reason})") from None
     vocab = loaded.get_vocab_size(with_added_tokens=True)
     if not MIN_VOCAB <= vocab <= MAX_VOCAB:
@@ -193,7 +193,7 @@ def _tiktoken(name: str) -> Tokenizer:
     try:
         encoding = tiktoken.get_encoding(name)
     except Exception as error:  # an unknown name, or data that cannot be had here
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = reason_of(error)
         raise BadInput(f"{name}: no such file, and tiktoken cannot load it as an encoding "
                        f"({reason}); its data must be in tiktoken's cache") from None
     vocab = int(encoding.n_vocab)
