@@ -59,10 +59,19 @@ def reading(path: StrPath, what: str = "file") -> Iterator[BinaryIO]:
         raise unreadable(path, error, what) from None
 
 
+def require_named(path: StrPath, what: str = "file") -> None:
+    """BadInput for an empty path: the system finds no file there, but pathlib reads it as
+    the current directory ("" is Path(".")), which a directory input would then read
+    whole and an output would be written into."""
+    if os.fspath(path) == "":
+        raise BadInput(f"'': an empty path names no {_file_noun(what)}")
+
+
 def require_regular_file(path: StrPath, what: str = "file") -> None:
     """BadInput unless `path` is a regular file (or a link to one) or a directory (which
     open() then reports): a FIFO, socket or device is "not a regular file", found by stat
     without opening it."""
+    require_named(path, what)
     try:
         mode = os.stat(path).st_mode
     except OSError as error:
@@ -169,6 +178,7 @@ def check_output_file(path: StrPath, what: str) -> None:
     Every command that writes calls this (or `check_output_directory`) for each output
     before any work, so a path that cannot be written costs nothing.
     """
+    require_named(path, what)
     target = write_target(path)
     directory = _require_file_place(target, what, shown=path)
     require_replaceable(target, what, shown=path)
@@ -178,6 +188,8 @@ def check_output_file(path: StrPath, what: str) -> None:
 def check_output_directory(path: StrPath, what: str) -> None:
     """BadInput unless `path` can take the files `what` names: an existing directory that
     takes a new file, or a new one to be made inside an existing directory."""
+    if os.fspath(path) == "":
+        raise BadInput(f"'': an empty path names no directory for the {what}")
     target = Path(path)
     if target.exists():
         if not target.is_dir():
@@ -294,6 +306,7 @@ def atomic_write(path: StrPath, data: bytes | Writer) -> None:
     directory in the way) and RunFailure when writing fails; in both cases the
     old file, if any, is untouched and no temporary is left.
     """
+    require_named(path)
     target = write_target(path)
     directory = _require_file_place(target, shown=path)
     temporary = _write_temporary(target, directory, data, path)

@@ -22,7 +22,7 @@ import numpy as np
 
 from bob.config import MAX_VOCAB
 from bob.errors import BadInput
-from bob.files import check_output_file
+from bob.files import check_output_file, require_named
 from bob.records import corpus, counting, sources
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Ranges, symbol_ranges
@@ -53,6 +53,16 @@ class CorpusSpec:
     counts: str | None = None  # a counts file written by `bob count`
     vocab: int | None = None  # V of token files (texts: 256 unless given)
     token_dtype: str = "uint16"
+
+    def __post_init__(self) -> None:
+        # An empty name is refused, not taken for "not given" (it is falsy): `--counts ''`
+        # would otherwise train on the built-in corpus.
+        for name in self.texts:
+            require_named(name, "corpus file")
+        for name in self.tokens:
+            require_named(name, "token file")
+        if self.counts is not None:
+            require_named(self.counts, "counts file")
 
     @property
     def given(self) -> bool:

@@ -36,7 +36,14 @@ import numpy as np
 
 from bob.config import MAX_PROMPTS, MAX_VOCAB, MIN_VOCAB, MODES, RESULT_TENSORS, Mode
 from bob.errors import BadInput
-from bob.files import StrPath, atomic_write, read_bytes, reading_input, stream_kind
+from bob.files import (
+    StrPath,
+    atomic_write,
+    read_bytes,
+    reading_input,
+    require_named,
+    stream_kind,
+)
 from bob.records.digest import is_sparse, legacy_digest_of, sparse_digest_of
 
 INPUT_MAGIC = b"BOBINPUT"
@@ -431,6 +438,7 @@ class InputRecord:
     def read(cls, path: StrPath) -> InputRecord:
         """The record in a file, or in a stream (a pipe, a FIFO, a character device): read
         as far as its header says and no further (`_read_record_stream`)."""
+        require_named(path, "input record")
         if stream_kind(path) is None:
             return cls.from_bytes(read_bytes(path), str(path))
         with reading_input(path, "input record") as stream:

@@ -42,8 +42,8 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from bob.config import CHECKPOINT_TENSORS
-from bob.errors import BadInput, RunFailure
-from bob.files import StrPath, atomic_write, reading
+from bob.errors import BadInput, RunFailure, reason_of
+from bob.files import StrPath, atomic_write, reading, require_named
 from bob.records.binary import F32
 from bob.records.checkpoint import (
     Checkpoint,
@@ -426,7 +426,7 @@ def _check_shard_file(path: Path, shard: ShardEntry, state: TrainingState,
                     raise BadInput(f"{where}: shard file {shard.file}: tensor {name} is not "
                                    f"F32 [{last - first}, {v}]")
     except SafetensorError as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = reason_of(error)
         raise BadInput(f"{where}: shard file {shard.file} is not readable safetensors "
                        f"({reason})") from None
     with open(path, "rb") as file:
@@ -440,4 +440,5 @@ def open_checkpoint(path: StrPath) -> CheckpointFile | ShardedCheckpoint:
     """A checkpoint in either form, its header checked: a sharded one (its index, or a
     name with only an index beside it) as a `ShardedCheckpoint`, which reads as a
     `CheckpointFile` does; else the one-piece file."""
+    require_named(path, "checkpoint")  # "" would look for the index ".index.json"
     return ShardedCheckpoint.open(path) if is_sharded(path) else CheckpointFile.open(path)

@@ -36,6 +36,7 @@ import numpy as np
 from bob.errors import BadInput
 from bob.files import (
     reading_input,
+    require_named,
     require_regular_file,
     special_kind,
     stream_kind,
@@ -246,6 +247,7 @@ def resolve(inputs: Sequence[str], token_dtype: str | None = None) -> tuple[Sour
         raise BadInput("-: standard input can be read only once")
     sources = []
     for name in inputs:
+        require_named(name, "corpus file")  # else pathlib would count the current directory
         if name == STDIN:
             dtype = "|u1" if token_dtype is None else TOKEN_DTYPES[token_dtype]
             sources.append(Source(STDIN, -1, dtype))
