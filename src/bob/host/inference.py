@@ -133,6 +133,9 @@ def seen_symbols(stored: CheckpointFile, seen_only: bool | None) -> np.ndarray |
     """
     state = stored.state
     seen = state.seen()
+    if seen is not None and not seen.any():  # a state made in memory, not read from a file
+        raise BadInput(f"{stored.path}: the checkpoint records no symbol its training data "
+                       "has as a next symbol: there is nothing to draw; pass --no-seen-only")
     if seen_only is None:
         return seen if state.vocab == BYTE_VOCAB and state.mode == "corpus" else None
     if not seen_only:

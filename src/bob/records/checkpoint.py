@@ -795,6 +795,9 @@ def _read_successors(metadata: dict[str, str], source: str, vocab: int) -> Range
     ranges = _json_list(metadata, "successors", source, "a list of [first, last] ranges")
     if ranges is None:
         return None  # the checkpoint cannot tell
+    if not ranges:  # data of two symbols or more has a next symbol: none is no training data
+        raise BadInput(f"{source}: metadata successors is empty (training data has at least "
+                       "one next symbol)")
     problem = _ranges_problem(ranges, vocab)
     if problem:
         raise BadInput(f"{source}: metadata {problem}")

@@ -42,7 +42,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from bob.config import CHECKPOINT_TENSORS
-from bob.errors import BadInput, RunFailure, reason_of
+from bob.errors import BadInput, RunFailure, reason_of, shown
 from bob.files import StrPath, atomic_write, reading, require_named
 from bob.records.binary import F32
 from bob.records.checkpoint import (
@@ -366,7 +366,7 @@ def _read_entries(entries: object, where: str, vocab: int) -> tuple[ShardEntry, 
                 and isinstance(entry["rows"], list) and len(entry["rows"]) == 2
                 and all(isinstance(r, int) and not isinstance(r, bool) for r in entry["rows"])
                 and isinstance(entry["sha256"], str) and isinstance(entry["bytes"], int)):
-            raise BadInput(f"{where}: shard entry {entry!r} is not {{file (a name beside the "
+            raise BadInput(f"{where}: shard entry {shown(entry)} is not {{file (a name beside the "
                            "index), rows [first, last), sha256, bytes}")
         shards.append(ShardEntry(entry["file"], tuple(entry["rows"]), entry["sha256"],
                                  entry["bytes"]))
@@ -389,11 +389,25 @@ def _read_entries(entries: object, where: str, vocab: int) -> tuple[ShardEntry, 
 
 
 def _check_weight_map(weight_map: dict, shards: tuple[ShardEntry, ...], where: str) -> None:
+    """BadInput naming the first tensor (in name order) that `weight_map` maps otherwise
+    than the shards' rows do. Its values are compared, never hashed: an index nobody here
+    wrote may map a tensor to a list or an object."""
     wanted = {tensor_name(table, s.rows): s.file for s in shards for table in CHECKPOINT_TENSORS}
-    if weight_map != wanted:
-        odd = sorted(set(weight_map.items()) ^ set(wanted.items()))[0]
-        raise BadInput(f"{where}: weight_map disagrees with the shards' rows at "
-                       f"{odd[0]!r} -> {odd[1]!r}")
+    if weight_map == wanted:
+        return
+    # JSON's keys are strings, so every name sorts.
+    for name in sorted(set(weight_map) | set(wanted)):
+        if name not in weight_map:
+            raise BadInput(f"{where}: weight_map has no entry for {name!r} (the shards' "
+                           f"rows put it in {wanted[name]!r})")
+        if name not in wanted:
+            raise BadInput(f"{where}: weight_map names {name!r}, a tensor of no shard "
+                           "the index lists")
+        if weight_map[name] != wanted[name]:
+            raise BadInput(f"{where}: weight_map disagrees with the shards' rows at "
+                           f"{name!r} -> {shown(weight_map[name])} (the shards' rows "
+                           f"put it in {wanted[name]!r})")
+
 
 
 def _check_shard_file(path: Path, shard: ShardEntry, state: TrainingState,
