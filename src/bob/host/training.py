@@ -83,7 +83,7 @@ from bob.records.checkpoint import (
     ranges_mask,
     symbol_ranges,
 )
-from bob.records.shards import checkpoint_exists, open_checkpoint
+from bob.records.shards import checkpoint_exists, open_checkpoint, remove_sharded
 
 DEFAULT_CHECKPOINT = "bob.safetensors"
 DEFAULT_UPDATES_PER_INVOCATION = 100
@@ -586,6 +586,8 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         kept[0] = state.step  # the interrupt message names the checkpoint on disk
         if checkpoint not in written:
             written.append(checkpoint)
+            if request.overwrite:  # the one-piece file answers to the name now
+                remove_sharded(checkpoint)
 
     def stream_save(state: TrainingState) -> None:
         """The arena's tables (the last invocation's state) to the checkpoint, streamed."""

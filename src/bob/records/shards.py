@@ -206,9 +206,10 @@ def write_shard(path: StrPath, vocab: int, step: int, rows: Rows,
 def write_index(checkpoint: StrPath, state: TrainingState,
                 shards: Sequence[ShardEntry]) -> str:
     """The index over `shards` (written), atomically: the commit of a sharded save. Then
-    the files of the index it replaces that it does not name are removed. The path."""
+    the shard files of the index it replaces that it does not name are removed (only
+    those `old_shard_files` admits). The path."""
     where = index_path(checkpoint)
-    previous = _named_files(where)
+    previous = {os.path.basename(path) for path in old_shard_files(checkpoint)}
     table_bytes = sum(3 * 4 * (s.rows[1] - s.rows[0]) * state.vocab for s in shards)
     index = {"metadata": {"total_size": table_bytes, **state.metadata(),
                           "shards": [s.to_json() for s in shards]},
@@ -223,15 +224,59 @@ def write_index(checkpoint: StrPath, state: TrainingState,
     return where
 
 
-def _named_files(index: str) -> set[str]:
-    """The shard files an existing index names (none when there is no readable index)."""
+def old_shard_files(checkpoint: StrPath) -> list[str]:
+    """The shard files of the sharded checkpoint now under this name that a new save may
+    remove once its own commit is on disk: those its index names where the index is
+    sound (`_read_index`: its metadata, shards covering the rows once, its weight map),
+    and only those named as Bob names a shard of this checkpoint at the index's step
+    (`shard_file`). An index nobody here wrote may name any file beside it (a text, a
+    counts file); none of those is removed, and neither is anything of an index that is
+    not sound. Paths beside the index, in row order."""
+    where = index_path(checkpoint)
     try:
-        with open(index, encoding="utf-8") as file:
-            shards = json.load(file)["metadata"]["shards"]
-        return {entry["file"] for entry in shards if isinstance(entry.get("file"), str)
-                and os.path.basename(entry["file"]) == entry["file"]}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return set()
+        state, shards = _read_index(where)
+    except BadInput:
+        return []
+    directory = os.path.dirname(where)
+    ours = {os.path.basename(shard_file(checkpoint, state.step, i, len(shards)))
+            for i in range(len(shards))}
+    return [os.path.join(directory, s.file) for s in shards if s.file in ours]
+
+
+def remove_sharded(checkpoint: StrPath) -> list[str]:
+    """Remove the sharded checkpoint under this name, as far as it is Bob's: its shard
+    files (`old_shard_files`) and its index, where the index is sound; a one-piece
+    checkpoint written over the name has replaced it. The paths removed."""
+    where = index_path(checkpoint)
+    files = old_shard_files(checkpoint)
+    if not files:
+        return []  # no index, or one that is not sound: nothing of it is known to be Bob's
+    removed = []
+    for path in (where, *files):  # the index first: no index is left naming missing shards
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
+def _read_index(where: str) -> tuple[TrainingState, tuple[ShardEntry, ...]]:
+    """The index's state and shards, checked as far as the index alone tells: JSON, its
+    metadata, shards covering [0, V) once and the weight map that follows from them.
+    BadInput "<index>: <problem>" otherwise."""
+    try:
+        with reading(where, "checkpoint index") as file:
+            text = file.read()
+        index = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BadInput(f"{where}: not a JSON checkpoint index") from None
+    metadata = index.get("metadata") if isinstance(index, dict) else None
+    if not isinstance(metadata, dict) or not isinstance(index.get("weight_map"), dict):
+        raise BadInput(f"{where}: not a checkpoint index (it needs \"metadata\" and "
+                       "\"weight_map\" objects)")
+    state = _read_metadata({k: v for k, v in metadata.items() if isinstance(v, str)}, where)
+    shards = _read_entries(metadata.get("shards"), where, state.vocab)
+    _check_weight_map(index["weight_map"], shards, where)
+    return state, shards
 
 
 def file_sha256(path: StrPath) -> str:
@@ -279,20 +324,7 @@ class ShardedCheckpoint:
         """Read and check the index and every shard it names; BadInput "<index>: <problem>"
         (one line) when the checkpoint is not sound."""
         where = index_path(path)
-        try:
-            with reading(where, "checkpoint index") as file:
-                text = file.read()
-            index = json.loads(text)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise BadInput(f"{where}: not a JSON checkpoint index") from None
-        metadata = index.get("metadata") if isinstance(index, dict) else None
-        if not isinstance(metadata, dict) or not isinstance(index.get("weight_map"), dict):
-            raise BadInput(f"{where}: not a checkpoint index (it needs \"metadata\" and "
-                           "\"weight_map\" objects)")
-        state = _read_metadata({k: v for k, v in metadata.items() if isinstance(v, str)},
-                               where)
-        shards = _read_entries(metadata.get("shards"), where, state.vocab)
-        _check_weight_map(index["weight_map"], shards, where)
+        state, shards = _read_index(where)
         directory = Path(where).parent
         offsets = tuple(_check_shard_file(directory / s.file, s, state, where)
                         for s in shards)
