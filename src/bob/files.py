@@ -27,7 +27,7 @@ import socket
 import stat
 import struct
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -201,6 +201,29 @@ def check_output_directory(path: StrPath, what: str) -> None:
         raise BadInput(f"{path}: directory {parent} does not exist (a directory for the "
                        f"{what} is made only inside an existing one)")
     _require_writable_directory(parent, f"{path}: cannot make the directory for the {what}")
+
+
+def same_file(first: StrPath, second: StrPath) -> bool:
+    """Whether two paths name one file: the same path once links and ".." are resolved,
+    or, where both exist, the same inode (a hard link, a bind mount, a path through
+    another link to a directory)."""
+    if os.path.realpath(first) == os.path.realpath(second):
+        return True
+    try:
+        return os.path.samefile(first, second)
+    except OSError:  # either is missing (or unreadable): no inode to compare
+        return False
+
+
+def require_apart(output: StrPath, what: str, inputs: Iterable[tuple[StrPath, str]]) -> None:
+    """BadInput when the output `output` (`what` names it) is also one of `inputs` (path,
+    what it is) through any alias: writing it would destroy the input, and with it the
+    data the output is made from. The message names the output, and the input's own path
+    where it is another name of the file."""
+    for path, role in inputs:
+        if same_file(output, path):
+            other = "" if os.fspath(path) == os.fspath(output) else f" {path}"
+            raise BadInput(f"{output}: the {role}{other} and the {what} would be one file")
 
 
 def write_target(path: StrPath) -> Path:

@@ -20,6 +20,7 @@ from rich.progress import (
 from rich.table import Table
 
 from bob.errors import BadInput
+from bob.files import require_apart
 from bob.host import api
 from bob.records.sources import TOKEN_DTYPES
 
@@ -71,6 +72,7 @@ def count(inputs, tokens, vocab, tokenizer_path, token_dtype, out, overwrite, wo
             raise BadInput("--tokenizer gives the V of --tokens files; text is counted as "
                            "bytes (V=256)")
         vocab = api.resolve_vocab(vocab, api.load_tokenizer(tokenizer_path))
+        require_apart(out, "counts file", [(tokenizer_path, "tokenizer file")])
     if dask is not None:
         # Dask logs every failed attempt with its traceback; the command says it in one line.
         logging.getLogger("distributed").setLevel(logging.CRITICAL)

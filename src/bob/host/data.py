@@ -22,7 +22,7 @@ import numpy as np
 
 from bob.config import MAX_VOCAB
 from bob.errors import BadInput
-from bob.files import check_output_file, require_named
+from bob.files import check_output_file, require_apart, require_named
 from bob.records import corpus, counting, sources
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Ranges, symbol_ranges
@@ -255,6 +255,10 @@ def count(spec: CorpusSpec, out: str, overwrite: bool = False, workers: int | No
     check_output_file(out, "counts file")  # before the count, which may take hours
     if os.path.exists(out) and not overwrite:
         raise BadInput(f"{out}: exists; pass --overwrite to replace it")
+    if os.path.lexists(out):  # only an existing file can be an input: list them only then
+        role = "token file" if spec.tokens else "counted file"
+        require_apart(out, "counts file",
+                      [(path, role) for path in sources.local_files(spec.texts or spec.tokens)])
     if workers is not None and workers < 1:
         raise BadInput(f"--workers must be >= 1, not {workers}")
     begun = time.perf_counter()

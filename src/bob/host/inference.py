@@ -43,7 +43,7 @@ from bob.records.binary import InputRecord, ResultRecord
 from bob.records.checkpoint import Checkpoint, CheckpointFile, StartingPoint
 from bob.records.corpus import BYTE_VOCAB
 from bob.records.countsfile import CountsFile
-from bob.records.shards import open_checkpoint
+from bob.records.shards import ShardedCheckpoint, open_checkpoint
 from bob.records.sources import STDIN
 from bob.records.tokenizer import Tokenizer
 
@@ -333,11 +333,22 @@ def generate_ids(checkpoint: str, prompt: Sequence[int], length: int, temperatur
 def export(checkpoint: str, out: str, overwrite: bool = False) -> int:
     """Write the parameters alone (safetensors, one tensor `parameters`, the checkpoint's
     metadata), streamed from the checkpoint a chunk at a time; the bytes written."""
-    from bob.files import check_output_file
+    from bob.files import check_output_file, require_apart
     from bob.records.checkpoint import export_parameters
 
     check_output_file(out, "parameters file")
     if os.path.exists(out) and not overwrite:
         raise BadInput(f"{out}: exists; pass --overwrite to replace it")
     stored = open_checkpoint(checkpoint)
+    require_apart(out, "parameters file", checkpoint_files(stored))
     return export_parameters(stored, out)
+
+
+def checkpoint_files(stored: CheckpointFile | ShardedCheckpoint) -> list[tuple[str, str]]:
+    """(path, what) of every file a checkpoint is read from: the one file, or a sharded
+    checkpoint's index and shards. An output must be none of them."""
+    if isinstance(stored, ShardedCheckpoint):
+        directory = os.path.dirname(stored.path)
+        return [(stored.path, "checkpoint index"),
+                *((os.path.join(directory, s.file), "checkpoint shard") for s in stored.shards)]
+    return [(stored.path, "checkpoint")]

@@ -282,6 +282,22 @@ def resolve(inputs: Sequence[str], token_dtype: str | None = None) -> tuple[Sour
     return tuple(sources)
 
 
+def local_files(inputs: Sequence[str]) -> list[str]:
+    """The local files these inputs name, as far as they can be listed (a directory's, a
+    glob's, a file itself): what an output must not be, lest writing it destroy the
+    data. Standard input and URLs name none here; an input that cannot be listed names
+    itself (`resolve` refuses it in its turn)."""
+    found = []
+    for name in inputs:
+        if not name or name == STDIN or "://" in name:
+            continue
+        try:
+            found.extend(file for file, _, _ in _local_files(name))
+        except BadInput:
+            found.append(name)
+    return found
+
+
 # -- reading -----------------------------------------------------------------------
 def open_binary(name: str) -> BinaryIO:
     """The file for reading bytes: a local path directly, a URL through fsspec."""
