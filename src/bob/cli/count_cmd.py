@@ -48,7 +48,8 @@ DEFAULT_OUT = "counts.safetensors"
               help="Count on Dask: alone, a LocalCluster here; with an ADDRESS, that scheduler.")
 @click.option("--dask-workers", type=click.IntRange(1), default=2, show_default=True,
               help="Workers of the LocalCluster that --dask starts.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary as the last line.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON summary on stdout (the table goes to stderr).")
 def count(inputs, tokens, vocab, tokenizer_path, token_dtype, out, overwrite, workers, dask,
           dask_workers, as_json) -> None:
     """Count the adjacent pairs of INPUTS (files, directories, globs, URLs, - for stdin).
@@ -103,7 +104,9 @@ def count(inputs, tokens, vocab, tokenizer_path, token_dtype, out, overwrite, wo
         ("counts file", report.out),
     ):
         table.add_row(name, value)
-    Console(width=None if sys.stdout.isatty() else 100).print(table)
+    # With --json, stdout is the JSON alone (a program reads it); the table goes to stderr.
+    shown = sys.stderr if as_json else sys.stdout
+    Console(file=shown, width=None if shown.isatty() else 100).print(table)
     if as_json:
         click.echo(json.dumps(report.to_json()))
 
