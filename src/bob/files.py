@@ -409,18 +409,42 @@ def _write_temporary(target: Path, directory: Path, data: bytes | Writer,
             if isinstance(data, (bytes, bytearray, memoryview)):
                 file.write(data)
             else:
-                data(file)
+                data(_OutputFile(file, shown))
             file.flush()
             os.fsync(file.fileno())
     except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         if isinstance(error, OSError):
-            raise RunFailure(
-                f"{shown}: cannot write ({error.strerror or error}); the old file is untouched"
-            ) from None
+            raise _write_failed(shown, error) from None
         raise
     return temporary
+
+
+def _write_failed(shown: StrPath, error: OSError) -> RunFailure:
+    return RunFailure(f"{shown}: cannot write ({error.strerror or error}); the old file is "
+                      "untouched")
+
+
+class _OutputFile:
+    """The temporary as a writer function sees it: a write that fails is at once the
+    output's RunFailure. A writer often copies from a file open in `reading()` (an export
+    streams the checkpoint), whose ladder turns any OSError in its body into "cannot
+    read" that file; a full disk or a file-size limit (EFBIG) is the output's failure,
+    not the input's."""
+
+    def __init__(self, file: BinaryIO, shown: StrPath) -> None:
+        self._file = file
+        self._shown = shown
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as error:
+            raise _write_failed(self._shown, error) from None
+
+    def __getattr__(self, name: str) -> object:  # tell, fileno, flush: the file's own
+        return getattr(self._file, name)
 
 
 def _replace(temporary: str, target: Path, shown: StrPath) -> None:
@@ -430,9 +454,7 @@ def _replace(temporary: str, target: Path, shown: StrPath) -> None:
     except OSError as error:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
-        raise RunFailure(
-            f"{shown}: cannot write ({error.strerror or error}); the old file is untouched"
-        ) from None
+        raise _write_failed(shown, error) from None
 
 
 def _fsync_directory(directory: Path) -> None:
