@@ -186,9 +186,9 @@ def validation_record(spec: CorpusSpec | None, vocab: int) -> InputRecord | None
     if spec is None or not spec.given:
         return None
     counted = count_corpus(replace(spec, vocab=spec.vocab or (None if spec.counts else vocab)))
-    if counted.vocab != vocab:
-        raise BadInput(f"{counted.name}: validation data has V={counted.vocab}, the model "
-                       f"V={vocab}")
+    if counted.vocab != vocab:  # named by the counts file where one was given
+        raise BadInput(f"{spec.counts or counted.name}: validation data has "
+                       f"V={counted.vocab}, the model V={vocab}")
     return corpus_record(counted, counted.name)
 
 

@@ -251,6 +251,8 @@ def evaluate(checkpoint: str, texts: Sequence[str], backend: str = "auto",
             spec = CorpusSpec(texts=tuple(texts))
         counted = count_corpus(replace(spec, vocab=spec.vocab
                                        or (None if spec.counts else vocab)))
+        if spec.counts:  # a refusal names the counts file, not the sources it records
+            return _evaluate_counts(stored, counted, backend, spec.counts)
     return _evaluate_counts(stored, counted, backend)
 
 
@@ -264,10 +266,14 @@ def evaluate_symbols(checkpoint: Table, symbols: Sequence[int] | np.ndarray | by
                             backend)
 
 
-def _evaluate_counts(stored: Table, counted: CountsFile, backend: str) -> EvalReport:
+def _evaluate_counts(stored: Table, counted: CountsFile, backend: str,
+                     source: str | None = None) -> EvalReport:
+    """The loss on the counts; `source` is the file a refusal names (a counts file), else
+    the files counted."""
     vocab = stored.state.vocab
     if counted.vocab != vocab:
-        raise BadInput(f"{counted.name}: V={counted.vocab}, the checkpoint V={vocab}")
+        raise BadInput(f"{source or counted.name}: V={counted.vocab}, the checkpoint "
+                       f"V={vocab}")
     record = corpus_record(counted, counted.name)
     loss = forward(stored, (), backend, record=record).initial_objective
     path = stored.path if isinstance(stored, CheckpointFile) else "checkpoint"
