@@ -261,8 +261,9 @@ class TrainRequest:
             found.append((self.checkpoint, "checkpoint"))
             if self.asks_shards:
                 found.append((index_path(self.checkpoint), "checkpoint index"))
-            if self.overwrite or self.asks_shards:
-                found += [(path, "checkpoint") for path in old_shard_files(self.checkpoint)]
+            # A sharded save (or a one-piece one over a sharded name) removes these; none
+            # when there is no sound index under the name.
+            found += [(path, "checkpoint") for path in old_shard_files(self.checkpoint)]
         if self.result_path is not None:
             found.append((self.result_path, "result record"))
         if self.keep_best and self.steps > 0:
