@@ -295,7 +295,7 @@ BAD_CHECKPOINTS: dict[str, tuple[object, str]] = {
     "segment beyond": (_with(segments=json.dumps([{**SEGMENT, "first_step": 4}])),
                        "segment first_step 4 is beyond the checkpoint's step 3"),
     "segment lr": (_with(segments=json.dumps([{**SEGMENT, "lr": "fast"}])),
-                   "segment at step 0: a hyperparameter is not a number"),
+                   "segment at step 0: a hyperparameter is not a finite number"),
     "segment beta": (_with(segments=json.dumps([{**SEGMENT, "beta2": 1.5}])),
                      "segment at step 0: beta2 = 1.5 is outside [0, 1)"),
     "segment digest": (_with(segments=json.dumps([{**SEGMENT, "data_digest": "x"}])),
@@ -595,3 +595,61 @@ def test_sigkill_while_saving_keeps_a_loadable_checkpoint(tmp_path: Path, how: s
     expected_state(step + 1, v).save(path)  # a live writer clears the dead ones' leftovers
     assert listing(work) == ["model.safetensors"]
     assert Checkpoint.load(path) == expected_state(step + 1, v)
+
+
+def _kill_export_while_writing(child: subprocess.Popen[bytes], directory: Path, name: str,
+                               deadline: float) -> None:
+    """SIGKILL as soon as the exporting child's temporary appears: it is mid-write then."""
+    prefix = f".{name}.{files._host()}.{child.pid}."
+    while time.monotonic() < deadline and child.poll() is None:
+        if any(entry.startswith(prefix) for entry in os.listdir(directory)):
+            break
+    child.send_signal(signal.SIGKILL)
+
+
+def test_sigkill_while_exporting_keeps_the_old_export(tmp_path: Path) -> None:
+    """Kill `bob export --overwrite` six times as it replaces an export of checkpoint A
+    with one of checkpoint B (16 MiB of parameters): three kills at random moments, three
+    the moment its temporary appears, so some land mid-write for certain. The file there
+    is always one whole export, A's or B's, and a later export clears the leftovers."""
+    v = 2048
+    work = tmp_path / "run"
+    work.mkdir()
+    first, second = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    expected_state(1, v).save(first)
+    expected_state(2, v).save(second)
+    out = work / "e.safetensors"
+    env = {**os.environ, "PYTHONPATH": str(Path(files.__file__).parents[1])}
+
+    def export(source: Path) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "bob", "export", "-c", str(source),
+                                 "-o", str(out), "--overwrite"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    assert export(second).wait() == 0
+    exported = {"b": out.read_bytes()}
+    assert export(first).wait() == 0
+    exported["a"] = out.read_bytes()
+    rng = random.Random(20261207)
+    killed_mid_write = 0
+    for kill in range(6):
+        before = out.read_bytes()
+        child = export(second if before == exported["a"] else first)
+        if kill % 2:
+            _kill_export_while_writing(child, work, out.name, time.monotonic() + 30)
+        else:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=rng.uniform(0.3, 1.5))  # start-up is most of a run
+            child.send_signal(signal.SIGKILL)
+        status = child.wait()
+        now = out.read_bytes()
+        assert now in exported.values()  # one whole export, never a mix
+        assert status == 0 or now == before  # killed: the old export stands
+        parameters = load_file(str(out))["parameters"]
+        assert parameters.shape == (v, v)
+        left = listing(work)
+        assert len(left) <= 2 and "e.safetensors" in left
+        killed_mid_write += status == -signal.SIGKILL and len(left) == 2
+    assert killed_mid_write >= 1
+    assert export(first).wait() == 0  # a live writer clears the dead ones' leftovers
+    assert listing(work) == ["e.safetensors"] and out.read_bytes() == exported["a"]

@@ -155,7 +155,7 @@ def test_token_checkpoints_take_and_print_ids(tmp_path: Path, capsys) -> None:
       "--backend", "cpu", "-c", "{d}/x.st"],
      "bob: V=16384 for 100000 updates on the CPU backend would take about"),
     (["train", "--val-counts", "{d}/tokc.st", "-c", "{d}/x.st", "--steps", "1"],
-     "bob: {d}/t.bin: validation data has V=301, the model V=256"),
+     "bob: {d}/tokc.st: validation data has V=301, the model V=256"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path: Path, texts, capsys,
                                                       args: list[str], message: str) -> None:

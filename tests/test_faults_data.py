@@ -253,7 +253,7 @@ def test_plot_refuses_counts_of_another_vocabulary_as_eval_does(tmp_path, capsys
     assert err == f"bob: {counts}: counts of V=256, the checkpoint has V=512"
     err = refused(capsys, tmp_path, ["eval", "--backend", "cpu", "-c", str(checkpoint),
                                      "--counts", str(counts)])
-    assert err == f"bob: {counts.parent / 'a.txt'}: V=256, the checkpoint V=512"  # its source
+    assert err == f"bob: {counts}: V=256, the checkpoint V=512"  # the file given, not its source
     assert not (tmp_path / "plots").exists()
 
 

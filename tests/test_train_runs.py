@@ -272,8 +272,8 @@ def test_host_memory_available_reads_mem_available(tmp_path: Path) -> None:
     assert host_memory_available(str(tmp_path / "none")) is None
     require_memory("cpu", "host memory", 10, None)  # nothing known: nothing refused
     require_memory("cpu", "host memory", 10, 10)
-    with pytest.raises(BadInput, match=r"^the cpu backend needs 3.00 GB of host memory for "
-                                       r"this plan; 2.50 GB is available$"):
+    with pytest.raises(BadInput, match=r"^the cpu backend needs 2.79 GiB of host memory for "
+                                       r"this plan; 2.33 GiB is available$"):
         require_memory("cpu", "host memory", 3 * 10**9, 25 * 10**8)
 
 
@@ -291,10 +291,10 @@ def test_a_plan_larger_than_the_host_memory_is_refused_before_anything_is_writte
                    "--tables", "dense"])
     err = capsys.readouterr().err.strip()
     assert status == 2, err
-    found = re.fullmatch(rf"bob: the {backend} backend needs (\d+\.\d\d) GB of host memory "
-                         r"for this plan; 0\.05 GB is available", err)
+    found = re.fullmatch(rf"bob: the {backend} backend needs (\d+(?:\.\d+)?) MiB of host "
+                         r"memory for this plan; 47\.7 MiB is available", err)
     assert found, err
-    assert float(found.group(1)) > 4 * 4 * vocab * vocab / 1e9  # the arena's tables at least
+    assert float(found.group(1)) > 4 * 4 * vocab * vocab / 2**20  # the arena's tables at least
     assert listing(tmp_path) == before  # no checkpoint, no lock file
 
 

@@ -27,11 +27,11 @@ import socket
 import stat
 import struct
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from bob.errors import BadInput, RunFailure
+from bob.errors import BadInput, RunFailure, size_text
 
 Writer = Callable[[BinaryIO], None]
 StrPath = str | os.PathLike[str]
@@ -59,10 +59,19 @@ def reading(path: StrPath, what: str = "file") -> Iterator[BinaryIO]:
         raise unreadable(path, error, what) from None
 
 
+def require_named(path: StrPath, what: str = "file") -> None:
+    """BadInput for an empty path: the system finds no file there, but pathlib reads it as
+    the current directory ("" is Path(".")), which a directory input would then read
+    whole and an output would be written into."""
+    if os.fspath(path) == "":
+        raise BadInput(f"'': an empty path names no {_file_noun(what)}")
+
+
 def require_regular_file(path: StrPath, what: str = "file") -> None:
     """BadInput unless `path` is a regular file (or a link to one) or a directory (which
     open() then reports): a FIFO, socket or device is "not a regular file", found by stat
     without opening it."""
+    require_named(path, what)
     try:
         mode = os.stat(path).st_mode
     except OSError as error:
@@ -150,14 +159,6 @@ def stream_too_long(name: str, limit: int, bound: str) -> BadInput:
                     f"{bound}")
 
 
-def size_text(size: int) -> str:
-    """A size in the binary unit that fits: 512 B, 16 MiB, 64 GiB."""
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if size >= 1 << shift:
-            return f"{size / (1 << shift):.3g} {unit}"
-    return f"{size} B"
-
-
 def make_directory(path: StrPath) -> None:
     """`path` and its parents as directories; BadInput naming it when that cannot be."""
     try:
@@ -177,6 +178,7 @@ def check_output_file(path: StrPath, what: str) -> None:
     Every command that writes calls this (or `check_output_directory`) for each output
     before any work, so a path that cannot be written costs nothing.
     """
+    require_named(path, what)
     target = write_target(path)
     directory = _require_file_place(target, what, shown=path)
     require_replaceable(target, what, shown=path)
@@ -186,6 +188,8 @@ def check_output_file(path: StrPath, what: str) -> None:
 def check_output_directory(path: StrPath, what: str) -> None:
     """BadInput unless `path` can take the files `what` names: an existing directory that
     takes a new file, or a new one to be made inside an existing directory."""
+    if os.fspath(path) == "":
+        raise BadInput(f"'': an empty path names no directory for the {what}")
     target = Path(path)
     if target.exists():
         if not target.is_dir():
@@ -197,6 +201,29 @@ def check_output_directory(path: StrPath, what: str) -> None:
         raise BadInput(f"{path}: directory {parent} does not exist (a directory for the "
                        f"{what} is made only inside an existing one)")
     _require_writable_directory(parent, f"{path}: cannot make the directory for the {what}")
+
+
+def same_file(first: StrPath, second: StrPath) -> bool:
+    """Whether two paths name one file: the same path once links and ".." are resolved,
+    or, where both exist, the same inode (a hard link, a bind mount, a path through
+    another link to a directory)."""
+    if os.path.realpath(first) == os.path.realpath(second):
+        return True
+    try:
+        return os.path.samefile(first, second)
+    except OSError:  # either is missing (or unreadable): no inode to compare
+        return False
+
+
+def require_apart(output: StrPath, what: str, inputs: Iterable[tuple[StrPath, str]]) -> None:
+    """BadInput when the output `output` (`what` names it) is also one of `inputs` (path,
+    what it is) through any alias: writing it would destroy the input, and with it the
+    data the output is made from. The message names the output, and the input's own path
+    where it is another name of the file."""
+    for path, role in inputs:
+        if same_file(output, path):
+            other = "" if os.fspath(path) == os.fspath(output) else f" {path}"
+            raise BadInput(f"{output}: the {role}{other} and the {what} would be one file")
 
 
 def write_target(path: StrPath) -> Path:
@@ -302,6 +329,7 @@ def atomic_write(path: StrPath, data: bytes | Writer) -> None:
     directory in the way) and RunFailure when writing fails; in both cases the
     old file, if any, is untouched and no temporary is left.
     """
+    require_named(path)
     target = write_target(path)
     directory = _require_file_place(target, shown=path)
     temporary = _write_temporary(target, directory, data, path)
@@ -381,18 +409,42 @@ def _write_temporary(target: Path, directory: Path, data: bytes | Writer,
             if isinstance(data, (bytes, bytearray, memoryview)):
                 file.write(data)
             else:
-                data(file)
+                data(_OutputFile(file, shown))
             file.flush()
             os.fsync(file.fileno())
     except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         if isinstance(error, OSError):
-            raise RunFailure(
-                f"{shown}: cannot write ({error.strerror or error}); the old file is untouched"
-            ) from None
+            raise _write_failed(shown, error) from None
         raise
     return temporary
+
+
+def _write_failed(shown: StrPath, error: OSError) -> RunFailure:
+    return RunFailure(f"{shown}: cannot write ({error.strerror or error}); the old file is "
+                      "untouched")
+
+
+class _OutputFile:
+    """The temporary as a writer function sees it: a write that fails is at once the
+    output's RunFailure. A writer often copies from a file open in `reading()` (an export
+    streams the checkpoint), whose ladder turns any OSError in its body into "cannot
+    read" that file; a full disk or a file-size limit (EFBIG) is the output's failure,
+    not the input's."""
+
+    def __init__(self, file: BinaryIO, shown: StrPath) -> None:
+        self._file = file
+        self._shown = shown
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as error:
+            raise _write_failed(self._shown, error) from None
+
+    def __getattr__(self, name: str) -> object:  # tell, fileno, flush: the file's own
+        return getattr(self._file, name)
 
 
 def _replace(temporary: str, target: Path, shown: StrPath) -> None:
@@ -402,9 +454,7 @@ def _replace(temporary: str, target: Path, shown: StrPath) -> None:
     except OSError as error:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
-        raise RunFailure(
-            f"{shown}: cannot write ({error.strerror or error}); the old file is untouched"
-        ) from None
+        raise _write_failed(shown, error) from None
 
 
 def _fsync_directory(directory: Path) -> None:

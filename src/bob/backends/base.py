@@ -32,7 +32,7 @@ from typing import TypeVar
 import numpy as np
 
 from bob.config import ARENA_KINDS
-from bob.errors import BadInput, RunFailure
+from bob.errors import BadInput, RunFailure, size_text
 from bob.plan.certificate import CertifiedPlan, require_certified
 from bob.plan.model import Plan, PointerParam, Scalar, ScalarParam
 from bob.plan.placement import argument_slots, encode_parameter_block
@@ -99,8 +99,8 @@ def require_memory(backend: str, what: str, need: int, available: int | None) ->
     """BadInput, before anything is allocated, when a plan needs more of some memory than
     there is: one line naming both (exit 2, nothing written)."""
     if available is not None and need > available:
-        raise BadInput(f"the {backend} backend needs {need / 1e9:.2f} GB of {what} for this "
-                       f"plan; {available / 1e9:.2f} GB is available")
+        raise BadInput(f"the {backend} backend needs {size_text(need)} of {what} for this "
+                       f"plan; {size_text(available)} is available")
 
 
 class ReadHandle:

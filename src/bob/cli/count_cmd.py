@@ -20,6 +20,7 @@ from rich.progress import (
 from rich.table import Table
 
 from bob.errors import BadInput
+from bob.files import require_apart
 from bob.host import api
 from bob.records.sources import TOKEN_DTYPES
 
@@ -48,7 +49,8 @@ DEFAULT_OUT = "counts.safetensors"
               help="Count on Dask: alone, a LocalCluster here; with an ADDRESS, that scheduler.")
 @click.option("--dask-workers", type=click.IntRange(1), default=2, show_default=True,
               help="Workers of the LocalCluster that --dask starts.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary as the last line.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON summary on stdout (the table goes to stderr).")
 def count(inputs, tokens, vocab, tokenizer_path, token_dtype, out, overwrite, workers, dask,
           dask_workers, as_json) -> None:
     """Count the adjacent pairs of INPUTS (files, directories, globs, URLs, - for stdin).
@@ -73,6 +75,7 @@ def count(inputs, tokens, vocab, tokenizer_path, token_dtype, out, overwrite, wo
             raise BadInput("--tokenizer gives the V of --tokens files; text is counted as "
                            "bytes (V=256)")
         vocab = api.resolve_vocab(vocab, api.load_tokenizer(tokenizer_path))
+        require_apart(out, "counts file", [(tokenizer_path, "tokenizer file")])
     if dask is not None:
         # Dask logs every failed attempt with its traceback; the command says it in one line.
         logging.getLogger("distributed").setLevel(logging.CRITICAL)
@@ -104,7 +107,9 @@ def count(inputs, tokens, vocab, tokenizer_path, token_dtype, out, overwrite, wo
         ("counts file", report.out),
     ):
         table.add_row(name, value)
-    Console(width=None if sys.stdout.isatty() else 100).print(table)
+    # With --json, stdout is the JSON alone (a program reads it); the table goes to stderr.
+    shown = sys.stderr if as_json else sys.stdout
+    Console(file=shown, width=None if shown.isatty() else 100).print(table)
     if as_json:
         click.echo(json.dumps(report.to_json()))
 

@@ -38,6 +38,16 @@ def entry(argv: list[str] | None = None) -> NoReturn:
             sys.stderr.write(f"bob: {stop}\n")
         flush_output()
         status = stop.exit_status
+    except Exception as error:  # memory ran out while the command line was imported
+        from bob.cli.shortage import memory_shortage
+
+        shortage = memory_shortage(error)
+        if shortage is None:
+            raise
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"bob: {shortage}\n")
+        flush_output()
+        status = 1
     if nothing_left_running():
         os._exit(status)
     sys.exit(status)

@@ -2,7 +2,9 @@
 2 on bad usage or bad input, 128 + N when signal N (SIGINT, SIGTERM) stops it.
 
 No command ends in a Python traceback: an unexpected internal error prints one
-line naming the file that holds the full report, and exits 1.
+line naming the file that holds the full report, and exits 1. Memory running out is no
+internal error: it is said in one line, with the allocation that failed and the
+address-space limit where they are known, and exits 1.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from pathlib import Path
 
 import click
 
-from bob.errors import BobError, Interrupted
+from bob.errors import BobError, Interrupted, one_line
 from bob.host import stops
 
 from . import bench_cmd, count_cmd, plan_cmd, profile_cmd, run_cmd, tools_cmd
+from .shortage import memory_shortage
 
 REPORT_DIR_VARIABLE = "BOB_REPORT_DIR"  # where internal-error reports go (default: temp dir)
 TRACEBACK_VARIABLE = "BOB_TRACEBACK"  # set (to 1): an internal error raises as Python would
@@ -68,7 +71,7 @@ def _run(argv: list[str] | None) -> int:
         click.echo("bob: aborted", err=True)
         return 1
     except BobError as error:
-        click.echo(f"bob: {error}", err=True)
+        click.echo(f"bob: {one_line(str(error))}", err=True)
         return error.exit_status
     except Interrupted as stop:
         return _report_interrupt(stop)
@@ -79,6 +82,10 @@ def _run(argv: list[str] | None) -> int:
     except Exception as error:  # noqa: BLE001 - the one place every unexpected error ends
         if os.environ.get(TRACEBACK_VARIABLE):
             raise  # for whoever debugs Bob: the traceback right here
+        shortage = memory_shortage(error)
+        if shortage is not None:
+            click.echo(f"bob: {shortage}", err=True)
+            return 1
         return _report_internal_error(error, argv)
     return status if isinstance(status, int) else 0
 

@@ -15,7 +15,12 @@ from rich.table import Table
 
 from bob.config import MAX_UPDATES, Hyper
 from bob.errors import BadInput
-from bob.files import check_output_directory, check_output_file, write_directory
+from bob.files import (
+    check_output_directory,
+    check_output_file,
+    require_apart,
+    write_directory,
+)
 from bob.host import api
 
 from .options import (
@@ -201,6 +206,9 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
         save_every_updates=save_every_updates, eval_every=eval_every, keep_best=keep_best,
         shards=shards, device_memory=device_memory, workers=workers, gpus=gpus,
         dask_address=dask_address, kernels=kernels, tables=tables)
+    if tokenizer_path is not None:  # read here, not by the request: checked here
+        for path, what in request.outputs():
+            require_apart(path, what, [(tokenizer_path, "tokenizer file")])
     errors = _err_console()
     progress = Progress(TextColumn("[bold]training"), BarColumn(),
                         TextColumn("{task.completed}/{task.total} updates"),
@@ -523,6 +531,10 @@ def plot(checkpoint, out_dir, counts_file, as_json) -> None:
     optimum = state.optimum if counted is None else counted.optimum
     targets = {name: os.path.join(out_dir, name) for name in ("loss.png", "transitions.png")}
     _check_plot_directory(out_dir, targets.values())
+    read = api.checkpoint_files(stored) + ([] if counts_file is None
+                                           else [(counts_file, "counts file")])
+    for path in targets.values():
+        require_apart(path, "PNG", read)
     figures = {"transitions.png": pictures.transitions_figure(
         lambda indices: stored.rows("parameters", indices), state.vocab,
         None if counted is None else pictures.symbol_counts(counted.counts))}

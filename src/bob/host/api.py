@@ -23,6 +23,7 @@ from typing import Any
 from bob.host.data import CorpusSpec, CountReport, TrainingData, count, training_data
 from bob.host.inference import (
     EvalReport,
+    checkpoint_files,
     evaluate,
     evaluate_symbols,
     export,
@@ -46,9 +47,9 @@ from bob.records.tokenizer import Tokenizer, load_tokenizer, resolve_vocab
 __all__ = [
     "DEFAULT_CHECKPOINT", "DEFAULT_UPDATES_PER_INVOCATION", "CorpusSpec", "CountReport",
     "EvalReport", "Progress", "Tokenizer", "TrainReport", "TrainRequest", "TrainingData",
-    "count", "evaluate", "evaluate_symbols", "export", "generate", "generate_ids",
-    "generate_samples", "load_tokenizer", "predict", "predict_ids", "require_tokenizer",
-    "resolve_vocab", "run_training", "train", "training_data",
+    "checkpoint_files", "count", "evaluate", "evaluate_symbols", "export", "generate",
+    "generate_ids", "generate_samples", "load_tokenizer", "predict", "predict_ids",
+    "require_tokenizer", "resolve_vocab", "run_training", "train", "training_data",
 ]
 
 

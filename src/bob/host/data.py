@@ -23,7 +23,7 @@ import numpy as np
 
 from bob.config import MAX_VOCAB
 from bob.errors import BadInput
-from bob.files import check_output_file
+from bob.files import check_output_file, require_apart, require_named
 from bob.records import corpus, counting, sources
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Ranges, symbol_ranges
@@ -57,6 +57,14 @@ class CorpusSpec:
     token_dtype: str | None = None
 
     def __post_init__(self) -> None:
+        # An empty name is refused, not taken for "not given" (it is falsy): `--counts ''`
+        # would otherwise train on the built-in corpus.
+        for name in self.texts:
+            require_named(name, "corpus file")
+        for name in self.tokens:
+            require_named(name, "token file")
+        if self.counts is not None:
+            require_named(self.counts, "counts file")
         if self.tokens and self.vocab is not None:
             # A type that cannot hold V's ids is refused with the options, before any work
             # (where V comes later, from a checkpoint, the count refuses it).
@@ -198,9 +206,9 @@ def validation_record(spec: CorpusSpec | None, vocab: int) -> InputRecord | None
     if spec is None or not spec.given:
         return None
     counted = count_corpus(replace(spec, vocab=spec.vocab or (None if spec.counts else vocab)))
-    if counted.vocab != vocab:
-        raise BadInput(f"{counted.name}: validation data has V={counted.vocab}, the model "
-                       f"V={vocab}")
+    if counted.vocab != vocab:  # named by the counts file where one was given
+        raise BadInput(f"{spec.counts or counted.name}: validation data has "
+                       f"V={counted.vocab}, the model V={vocab}")
     return corpus_record(counted, counted.name)
 
 
@@ -269,6 +277,10 @@ def count(spec: CorpusSpec, out: str, overwrite: bool = False, workers: int | No
     check_output_file(out, "counts file")  # before the count, which may take hours
     if os.path.exists(out) and not overwrite:
         raise BadInput(f"{out}: exists; pass --overwrite to replace it")
+    if os.path.lexists(out):  # only an existing file can be an input: list them only then
+        role = "token file" if spec.tokens else "counted file"
+        require_apart(out, "counts file",
+                      [(path, role) for path in sources.local_files(spec.texts or spec.tokens)])
     if workers is not None and workers < 1:
         raise BadInput(f"--workers must be >= 1, not {workers}")
     begun = time.perf_counter()

@@ -45,7 +45,7 @@ from bob.records.checkpoint import Checkpoint, CheckpointFile
 from bob.records.collapsed import CollapsedCheckpoint
 from bob.records.corpus import BYTE_VOCAB
 from bob.records.countsfile import CountsFile
-from bob.records.shards import open_checkpoint
+from bob.records.shards import ShardedCheckpoint, open_checkpoint
 from bob.records.sources import STDIN
 from bob.records.tokenizer import Tokenizer
 
@@ -144,6 +144,9 @@ def seen_symbols(stored: CheckpointFile, seen_only: bool | None) -> np.ndarray |
     """
     state = stored.state
     seen = state.seen()
+    if seen is not None and not seen.any():  # a state made in memory, not read from a file
+        raise BadInput(f"{stored.path}: the checkpoint records no symbol its training data "
+                       "has as a next symbol: there is nothing to draw; pass --no-seen-only")
     if seen_only is None:
         return seen if state.vocab == BYTE_VOCAB and state.mode == "corpus" else None
     if not seen_only:
@@ -259,6 +262,8 @@ def evaluate(checkpoint: str, texts: Sequence[str], backend: str = "auto",
             spec = CorpusSpec(texts=tuple(texts))
         counted = count_corpus(replace(spec, vocab=spec.vocab
                                        or (None if spec.counts else vocab)))
+        if spec.counts:  # a refusal names the counts file, not the sources it records
+            return _evaluate_counts(stored, counted, backend, spec.counts)
     return _evaluate_counts(stored, counted, backend)
 
 
@@ -272,10 +277,14 @@ def evaluate_symbols(checkpoint: Table, symbols: Sequence[int] | np.ndarray | by
                             backend)
 
 
-def _evaluate_counts(stored: Table, counted: CountsFile, backend: str) -> EvalReport:
+def _evaluate_counts(stored: Table, counted: CountsFile, backend: str,
+                     source: str | None = None) -> EvalReport:
+    """The loss on the counts; `source` is the file a refusal names (a counts file), else
+    the files counted."""
     vocab = stored.state.vocab
     if counted.vocab != vocab:
-        raise BadInput(f"{counted.name}: V={counted.vocab}, the checkpoint V={vocab}")
+        raise BadInput(f"{source or counted.name}: V={counted.vocab}, the checkpoint "
+                       f"V={vocab}")
     record = corpus_record(counted, counted.name)
     loss = forward(stored, (), backend, record=record).initial_objective
     path = getattr(stored, "path", "checkpoint")
@@ -341,7 +350,7 @@ def generate_ids(checkpoint: str, prompt: Sequence[int], length: int, temperatur
 def export(checkpoint: str, out: str, overwrite: bool = False) -> int:
     """Write the parameters alone (safetensors, one tensor `parameters`, the checkpoint's
     metadata), streamed from the checkpoint a chunk at a time; the bytes written."""
-    from bob.files import check_output_file
+    from bob.files import check_output_file, require_apart
     from bob.host.training import require_disk_room
     from bob.records.checkpoint import export_parameters
 
@@ -349,5 +358,16 @@ def export(checkpoint: str, out: str, overwrite: bool = False) -> int:
     if os.path.exists(out) and not overwrite:
         raise BadInput(f"{out}: exists; pass --overwrite to replace it")
     stored = open_checkpoint(checkpoint)
+    require_apart(out, "parameters file", checkpoint_files(stored))
     require_disk_room(out, 4 * stored.state.vocab ** 2, "parameters file")
     return export_parameters(stored, out)
+
+
+def checkpoint_files(stored: CheckpointFile | ShardedCheckpoint) -> list[tuple[str, str]]:
+    """(path, what) of every file a checkpoint is read from: the one file, or a sharded
+    checkpoint's index and shards. An output must be none of them."""
+    if isinstance(stored, ShardedCheckpoint):
+        directory = os.path.dirname(stored.path)
+        return [(stored.path, "checkpoint index"),
+                *((os.path.join(directory, s.file), "checkpoint shard") for s in stored.shards)]
+    return [(stored.path, "checkpoint")]

@@ -59,15 +59,32 @@ def candidates(logits: np.ndarray, top_k: int | None = None,
 def weights(logits: np.ndarray, temperature: float, top_k: int | None = None,
             allowed: np.ndarray | None = None) -> np.ndarray:
     """softmax(logits / temperature)'s weights before normalising (float64, the largest
-    1), zero outside `candidates`: what a draw chooses among."""
-    with np.errstate(over="ignore"):  # a temperature beyond float32 is inf: uniform
-        scaled = logits.astype(np.float32) / np.float32(temperature)
+    1), zero outside `candidates`: what a draw chooses among.
+
+    A temperature so small that the scaled logits or their distances from the largest
+    leave binary32's range (1e-39, 1e-45, one that rounds to 0) takes the limit of small
+    temperatures instead: weight 1 on the largest candidates, 0 elsewhere, so a unique
+    largest logit is drawn every time, as greedy generation chooses it.
+    """
     keep = candidates(logits, top_k, allowed)
+    # Out of range, quietly: the limit below replaces any value that left it.
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        scaled = logits.astype(np.float32) / np.float32(temperature)
+        exponents = (scaled - scaled[keep].max()) * _LOG2E
+    if not np.isfinite(exponents[keep]).all():
+        return _coldest(logits, keep)
     # The largest candidate weighs 1 (without `allowed`, the largest of all: the likeliest
     # symbol is always a candidate).
-    found = exp2((scaled - scaled[keep].max()) * _LOG2E).astype(np.float64)
+    found = exp2(exponents).astype(np.float64)
     found[~keep] = 0.0
     return found
+
+
+def _coldest(logits: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """The weights as the temperature goes to 0: 1 on the candidates of the largest logit,
+    0 elsewhere."""
+    values = logits.astype(np.float32)
+    return (keep & (values == values[keep].max())).astype(np.float64)
 
 
 def probabilities(logits: np.ndarray, temperature: float = 1.0, top_k: int | None = None,

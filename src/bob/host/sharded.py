@@ -339,10 +339,13 @@ def train_in_shards(*, checkpoint: str, start: TrainingState, source: RowSource,
                     boundaries: Sequence[Rows], runner: Runner, backend: str, arch: str,
                     arena: str, optimum: float | None,
                     progress: Callable[[ShardedInvocation, int], None] | None = None,
+                    replaces: str | None = None,
                     ) -> tuple[list[ShardedInvocation], TrainingState]:
     """`steps` updates in invocations of `updates_per_invocation`, each run shard by shard
     through `runner`; after each, the index (the commit). The invocations and the state
-    the last index holds.
+    the last index holds. The one-piece checkpoint it resumed, or `replaces` (one that
+    --overwrite starts again over), is removed after the first commit: it would hide the
+    index, the one-piece file being what the name reads first.
 
     As one-piece training does: the first SIGINT/SIGTERM lets the invocation in flight
     finish and be committed, then stops; a second (or one outside the run) stops at once,
@@ -357,7 +360,7 @@ def train_in_shards(*, checkpoint: str, start: TrainingState, source: RowSource,
             done = _train_in_shards(checkpoint, start, source, record, steps,
                                     updates_per_invocation, boundaries, runner, backend,
                                     arch, arena, optimum, progress, split_updates,
-                                    committed, stop=stops.stop_requested)
+                                    committed, stop=stops.stop_requested, replaces=replaces)
             stopped = stops.stop_requested()
     except KeyboardInterrupt as stop:
         signum = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
@@ -381,7 +384,7 @@ def _interrupted(signum: int, reached: int, kept: int | None) -> Interrupted:
 def _train_in_shards(checkpoint, start, source, record, steps, updates_per_invocation,
                      boundaries, runner, backend, arch, arena, optimum, progress,
                      split_updates, committed: list[int | None],
-                     stop: Callable[[], int | None],
+                     stop: Callable[[], int | None], replaces: str | None = None,
                      ) -> tuple[list[ShardedInvocation], TrainingState]:
     from bob.host import stops
 
@@ -390,7 +393,7 @@ def _train_in_shards(checkpoint, start, source, record, steps, updates_per_invoc
     invocations: list[ShardedInvocation] = []
     done = 0
     count = len(boundaries)
-    one_piece = source.path if isinstance(source, CheckpointFile) else None
+    one_piece = source.path if isinstance(source, CheckpointFile) else replaces
     for updates in split_updates(steps, updates_per_invocation):
         begun = time.perf_counter()
         tasks = [ShardTask(i, count, shard_config(record.vocab, record.mode, updates, rows),
@@ -421,7 +424,7 @@ def _train_in_shards(checkpoint, start, source, record, steps, updates_per_invoc
             where = write_index(checkpoint, state, entries)
             committed[0] = step
         source = ShardedCheckpoint.written(where, state, tuple(entries))
-        if one_piece is not None:  # the one-piece checkpoint it resumed is superseded
+        if one_piece is not None:  # the one-piece checkpoint it resumed or replaces
             with contextlib.suppress(OSError):
                 os.unlink(one_piece)
             one_piece = None

@@ -10,6 +10,7 @@ checkpoint) the checkpoint's own.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 
@@ -36,7 +37,7 @@ from bob.host.training import (
 )
 from bob.program.bob import shard_boundaries
 from bob.records.checkpoint import checkpoint_lock
-from bob.records.shards import ShardedCheckpoint, index_path, is_sharded
+from bob.records.shards import ShardedCheckpoint, index_path, is_sharded, one_piece_path
 
 
 def shard_count(request: TrainRequest, vocab: int, mode: str, updates: int, target,
@@ -97,7 +98,7 @@ def run_sharded_training(request: TrainRequest, progress: Progress | None = None
                 updates_per_invocation=request.updates_per_invocation,
                 boundaries=boundaries, runner=runner or in_turn, backend=choice.name,
                 arch=request.arch, arena=request.arena, optimum=data.optimum,
-                progress=progress)  # type: ignore[arg-type]
+                progress=progress, replaces=_replaced_one_piece(request))  # type: ignore[arg-type]
         finally:
             if runner is not None:
                 runner.close()
@@ -109,6 +110,13 @@ def run_sharded_training(request: TrainRequest, progress: Progress | None = None
         optimum=data.optimum, history=state.history, last_result=invocations[-1].result,
         written=(where,), segments=state.segments, shard_rows=tuple(boundaries),
         shards_ran=_where_shards_ran(request, runner))
+
+
+def _replaced_one_piece(request: TrainRequest) -> str | None:
+    """The one-piece checkpoint under the name that --overwrite starts again over in
+    shards, if there is one: removed once the first index is written."""
+    path = one_piece_path(request.checkpoint)
+    return path if request.overwrite and os.path.lexists(path) else None
 
 
 def _where_shards_ran(request: TrainRequest, runner: DaskShards | None) -> str:

@@ -56,8 +56,8 @@ from bob.config import (
     Tables,
     require_choice,
 )
-from bob.errors import BadInput, Interrupted
-from bob.files import check_output_file, write_target
+from bob.errors import BadInput, Interrupted, size_text
+from bob.files import check_output_file, require_apart, write_target
 from bob.host import stops
 from bob.host.data import (
     CorpusSpec,
@@ -87,7 +87,14 @@ from bob.records.checkpoint import (
     ranges_mask,
     symbol_ranges,
 )
-from bob.records.shards import checkpoint_exists, open_checkpoint
+from bob.records.shards import (
+    checkpoint_exists,
+    index_path,
+    old_shard_files,
+    open_checkpoint,
+    remove_sharded,
+)
+from bob.records.sources import local_files
 
 DEFAULT_CHECKPOINT = "bob.safetensors"
 DEFAULT_UPDATES_PER_INVOCATION = 100
@@ -233,16 +240,60 @@ class TrainRequest:
             check_output_file(self.checkpoint, "checkpoint")
         if self.result_path is not None:
             check_output_file(self.result_path, "result record")
-            if os.path.realpath(self.result_path) == os.path.realpath(self.checkpoint):
-                raise BadInput(f"{self.result_path}: the checkpoint and the result record "
-                               "would be one file")
+            require_apart(self.result_path, "result record", [(self.checkpoint, "checkpoint")])
         if self.keep_best and self.steps > 0:
             check_output_file(self.best_checkpoint, "best checkpoint")
-            if os.path.abspath(self.best_checkpoint) == os.path.abspath(self.result_path or ""):
-                raise BadInput(f"{self.best_checkpoint}: the best checkpoint and the result "
-                               "record would be one file")
+            require_apart(self.best_checkpoint, "best checkpoint",
+                          [(self.checkpoint, "checkpoint")])
+            if self.result_path is not None:
+                require_apart(self.result_path, "result record",
+                              [(self.best_checkpoint, "best checkpoint")])
         require_one_source(self.texts, self.input_record, self.data_spec)
         self._check_shards()
+        self._check_inputs_apart()
+
+    def _check_inputs_apart(self) -> None:
+        """BadInput when a file this run writes (or, starting again, removes) is one of its
+        inputs under any name (a link, a hard link, a directory's file): `--text s.txt -c
+        s.txt --overwrite` would replace the text with the checkpoint. Only outputs that
+        exist can be inputs, so the inputs are listed only then."""
+        outputs = [(path, what) for path, what in self.outputs() if os.path.lexists(path)]
+        if not outputs:
+            return
+        inputs = self._inputs()
+        for path, what in outputs:
+            require_apart(path, what, inputs)
+
+    def outputs(self) -> list[tuple[str, str]]:
+        """(path, what) of every file the run may write, and of the old checkpoint's shard
+        files that a new save removes (they are the checkpoint's too)."""
+        found = []
+        if self.writes_checkpoint:
+            found.append((self.checkpoint, "checkpoint"))
+            if self.asks_shards:
+                found.append((index_path(self.checkpoint), "checkpoint index"))
+            # A sharded save (or a one-piece one over a sharded name) removes these; none
+            # when there is no sound index under the name.
+            found += [(path, "checkpoint") for path in old_shard_files(self.checkpoint)]
+        if self.result_path is not None:
+            found.append((self.result_path, "result record"))
+        if self.keep_best and self.steps > 0:
+            found.append((self.best_checkpoint, "best checkpoint"))
+        return found
+
+    def _inputs(self) -> list[tuple[str, str]]:
+        """(path, what) of every local file the run reads its data from."""
+        found = [(path, "text file") for path in local_files(self.texts or ())]
+        if self.input_record is not None:
+            found.append((self.input_record, "input record"))
+        for spec, role in ((self.data_spec, ""), (self.val_spec, "validation ")):
+            if spec is None:
+                continue
+            found += [(path, f"{role}text file") for path in local_files(spec.texts)]
+            found += [(path, f"{role}token file") for path in local_files(spec.tokens)]
+            if spec.counts is not None:
+                found.append((spec.counts, f"{role}counts file"))
+        return found
 
     @property
     def asks_shards(self) -> bool:
@@ -428,8 +479,8 @@ def require_disk_room(path: str, size: int, what: str = "checkpoint") -> None:
     directory = os.path.dirname(os.path.abspath(write_target(path)))  # a link's target's
     free = shutil.disk_usage(directory).free
     if free < size:
-        raise BadInput(f"{path}: the {what} needs {size / 1e9:.2f} GB on disk, "
-                       f"{directory} has {free / 1e9:.2f} GB free")
+        raise BadInput(f"{path}: the {what} needs {size_text(size)} on disk, "
+                       f"{directory} has {size_text(free)} free")
 
 
 def _require_checkpoint_as_asked(request: TrainRequest) -> None:
@@ -619,6 +670,8 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         kept[0] = state.step  # the interrupt message names the checkpoint on disk
         if checkpoint not in written:
             written.append(checkpoint)
+            if request.overwrite:  # the one-piece file answers to the name now
+                remove_sharded(checkpoint)
 
     def stream_save(state: TrainingState) -> None:
         """The arena's tables (the last invocation's state) to the checkpoint, streamed."""

@@ -48,7 +48,14 @@ from bob.config import (
     require_dense_vocab,
 )
 from bob.errors import BadInput
-from bob.files import StrPath, atomic_write, read_bytes, reading_input, stream_kind
+from bob.files import (
+    StrPath,
+    atomic_write,
+    read_bytes,
+    reading_input,
+    require_named,
+    stream_kind,
+)
 from bob.records.digest import is_sparse, legacy_matches, sparse_digest_of
 
 INPUT_MAGIC = b"BOBINPUT"
@@ -466,6 +473,7 @@ class InputRecord:
     def read(cls, path: StrPath) -> InputRecord:
         """The record in a file, or in a stream (a pipe, a FIFO, a character device): read
         as far as its header says and no further (`_read_record_stream`)."""
+        require_named(path, "input record")
         if stream_kind(path) is None:
             # The header first: one that is refused (a dense table past MAX_DENSE_VOCAB,
             # say) costs its 32 bytes, not the gigabytes it declares. Its open meets

@@ -60,7 +60,7 @@ from bob.config import (
     Mode,
     Tables,
 )
-from bob.errors import BadInput, RunFailure
+from bob.errors import BadInput, RunFailure, reason_of, shown
 from bob.files import StrPath, atomic_write, reading, write_target
 from bob.records.binary import (
     F32,
@@ -89,17 +89,27 @@ MAX_STEP = MAX_INTEGER  # 2**53: every step is exact as a float64 (bias correcti
 
 def _digest_problem(digest: object) -> str | None:
     if digest != "" and not is_digest(digest):
-        return f"data_digest {digest!r} is not {DIGEST_FORMS} (or empty)"
+        return f"data_digest {shown(digest)} is not {DIGEST_FORMS} (or empty)"
     return None
 
 
-def _history_problem(history: Iterable[object]) -> str | None:
+def finite_number(value: object) -> bool:
+    """Whether `value` is a real number (no bool) that is finite as a float64: JSON's
+    integers have no bound, and float() of a 400-digit one overflows."""
+    if not isinstance(value, Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _history_problem(history: Iterable[object], name: str = "history") -> str | None:
     for entry in history:
         if not (isinstance(entry, tuple | list) and len(entry) == 2
                 and isinstance(entry[0], Integral) and not isinstance(entry[0], bool)
-                and 0 <= entry[0] <= MAX_STEP and isinstance(entry[1], Real)
-                and not isinstance(entry[1], bool) and math.isfinite(entry[1])):
-            return (f"history entry {entry!r} is not a [step, finite loss] pair "
+                and 0 <= entry[0] <= MAX_STEP and finite_number(entry[1])):
+            return (f"{name} entry {shown(entry)} is not a [step, finite loss] pair "
                     f"(step at most 2**53)")
     return None
 
@@ -161,10 +171,11 @@ def _ranges_problem(ranges: object, vocab: int) -> str | None:
     for entry in ranges:  # type: ignore[attr-defined]
         if not (isinstance(entry, tuple | list) and len(entry) == 2
                 and all(isinstance(v, int) and not isinstance(v, bool) for v in entry)):
-            return f"successors entry {entry!r} is not a [first, last] pair of integers"
+            return f"successors entry {shown(entry)} is not a [first, last] pair of integers"
         first, last = entry
         if not 0 <= first <= last < vocab:
-            return f"successors range {list(entry)} is not first <= last inside [0, V={vocab})"
+            return (f"successors range {shown(list(entry))} is not first <= last inside "
+                    f"[0, V={vocab})")
         if first <= previous + 1:
             return (f"successors range {list(entry)} touches or overlaps the one before it "
                     f"(ending at {previous}): ranges increase, apart")
@@ -227,14 +238,14 @@ def _segments_problem(segments: tuple[Segment, ...], step: int) -> str | None:
 def _segment_from_json(entry: object) -> Segment | str:
     """A Segment from its JSON object, or what is wrong with the object."""
     if not isinstance(entry, dict) or set(entry) != _SEGMENT_KEYS:
-        return (f"segment {entry!r} is not an object with exactly "
+        return (f"segment {shown(entry)} is not an object with exactly "
                 f"{', '.join(sorted(_SEGMENT_KEYS))}")
     first = entry["first_step"]
     if not isinstance(first, int) or isinstance(first, bool) or first < 0:
-        return f"segment first_step {first!r} is not a non-negative integer"
+        return f"segment first_step {shown(first)} is not a non-negative integer"
     values = {name: entry[name] for name in HYPER_FIELDS}
-    if not all(isinstance(v, Real) and not isinstance(v, bool) for v in values.values()):
-        return f"segment at step {first}: a hyperparameter is not a number"
+    if not all(finite_number(v) for v in values.values()):
+        return f"segment at step {first}: a hyperparameter is not a finite number"
     try:  # a Hyper checks its own values
         hyper = Hyper(**{k: float(v) for k, v in values.items()})
     except BadInput as error:
@@ -508,7 +519,7 @@ class CheckpointFile:
                                        f"[{v}, {v}] (V={v})")
             offsets = _table_offsets(source)
         except SafetensorError as error:
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            reason = reason_of(error)
             raise BadInput(f"{source}: not a readable safetensors file ({reason})") from None
         except OSError as error:
             raise BadInput(f"{source}: cannot read ({error.strerror or error})") from None
@@ -872,6 +883,9 @@ def _read_successors(metadata: dict[str, str], source: str, vocab: int) -> Range
     ranges = _json_list(metadata, "successors", source, "a list of [first, last] ranges")
     if ranges is None:
         return None  # the checkpoint cannot tell
+    if not ranges:  # data of two symbols or more has a next symbol: none is no training data
+        raise BadInput(f"{source}: metadata successors is empty (training data has at least "
+                       "one next symbol)")
     problem = _ranges_problem(ranges, vocab)
     if problem:
         raise BadInput(f"{source}: metadata {problem}")
@@ -970,7 +984,7 @@ def _read_history(metadata: dict[str, str], name: str, source: str) -> list:
     history = _json_list(metadata, name, source, "a list of [step, loss] pairs")
     if history is None:
         return []
-    problem = _history_problem(history)
+    problem = _history_problem(history, name)
     if problem:
         raise BadInput(f"{source}: metadata {problem}")
     return history

@@ -43,7 +43,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from bob.config import require_dense_vocab
-from bob.errors import BadInput
+from bob.errors import BadInput, reason_of
 from bob.files import StrPath, atomic_write, require_regular_file
 from bob.records.corpus import optimum_of_slices, weights
 from bob.records.counting import (
@@ -185,7 +185,7 @@ class CountsFile:
                 fields = _read_metadata(file.metadata() or {}, source)
                 counts = _read_counts(file, fields, source)
         except SafetensorError as error:
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            reason = reason_of(error)
             raise BadInput(f"{source}: not a readable counts file ({reason})") from None
         except FileNotFoundError:
             raise BadInput(f"{source}: no such file") from None

@@ -42,8 +42,8 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from bob.config import CHECKPOINT_TENSORS
-from bob.errors import BadInput, RunFailure
-from bob.files import StrPath, atomic_write, reading
+from bob.errors import BadInput, RunFailure, reason_of, shown
+from bob.files import StrPath, atomic_write, reading, require_named
 from bob.records.binary import F32
 from bob.records.checkpoint import (
     Checkpoint,
@@ -207,9 +207,10 @@ def write_shard(path: StrPath, vocab: int, step: int, rows: Rows,
 def write_index(checkpoint: StrPath, state: TrainingState,
                 shards: Sequence[ShardEntry]) -> str:
     """The index over `shards` (written), atomically: the commit of a sharded save. Then
-    the files of the index it replaces that it does not name are removed. The path."""
+    the shard files of the index it replaces that it does not name are removed (only
+    those `old_shard_files` admits). The path."""
     where = index_path(checkpoint)
-    previous = _named_files(where)
+    previous = {os.path.basename(path) for path in old_shard_files(checkpoint)}
     table_bytes = sum(3 * 4 * (s.rows[1] - s.rows[0]) * state.vocab for s in shards)
     index = {"metadata": {"total_size": table_bytes, **state.metadata(),
                           "shards": [s.to_json() for s in shards]},
@@ -224,15 +225,59 @@ def write_index(checkpoint: StrPath, state: TrainingState,
     return where
 
 
-def _named_files(index: str) -> set[str]:
-    """The shard files an existing index names (none when there is no readable index)."""
+def old_shard_files(checkpoint: StrPath) -> list[str]:
+    """The shard files of the sharded checkpoint now under this name that a new save may
+    remove once its own commit is on disk: those its index names where the index is
+    sound (`_read_index`: its metadata, shards covering the rows once, its weight map),
+    and only those named as Bob names a shard of this checkpoint at the index's step
+    (`shard_file`). An index nobody here wrote may name any file beside it (a text, a
+    counts file); none of those is removed, and neither is anything of an index that is
+    not sound. Paths beside the index, in row order."""
+    where = index_path(checkpoint)
     try:
-        with open(index, encoding="utf-8") as file:
-            shards = json.load(file)["metadata"]["shards"]
-        return {entry["file"] for entry in shards if isinstance(entry.get("file"), str)
-                and os.path.basename(entry["file"]) == entry["file"]}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return set()
+        state, shards = _read_index(where)
+    except BadInput:
+        return []
+    directory = os.path.dirname(where)
+    ours = {os.path.basename(shard_file(checkpoint, state.step, i, len(shards)))
+            for i in range(len(shards))}
+    return [os.path.join(directory, s.file) for s in shards if s.file in ours]
+
+
+def remove_sharded(checkpoint: StrPath) -> list[str]:
+    """Remove the sharded checkpoint under this name, as far as it is Bob's: its shard
+    files (`old_shard_files`) and its index, where the index is sound; a one-piece
+    checkpoint written over the name has replaced it. The paths removed."""
+    where = index_path(checkpoint)
+    files = old_shard_files(checkpoint)
+    if not files:
+        return []  # no index, or one that is not sound: nothing of it is known to be Bob's
+    removed = []
+    for path in (where, *files):  # the index first: no index is left naming missing shards
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed.append(path)
+    return removed
+
+
+def _read_index(where: str) -> tuple[TrainingState, tuple[ShardEntry, ...]]:
+    """The index's state and shards, checked as far as the index alone tells: JSON, its
+    metadata, shards covering [0, V) once and the weight map that follows from them.
+    BadInput "<index>: <problem>" otherwise."""
+    try:
+        with reading(where, "checkpoint index") as file:
+            text = file.read()
+        index = json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BadInput(f"{where}: not a JSON checkpoint index") from None
+    metadata = index.get("metadata") if isinstance(index, dict) else None
+    if not isinstance(metadata, dict) or not isinstance(index.get("weight_map"), dict):
+        raise BadInput(f"{where}: not a checkpoint index (it needs \"metadata\" and "
+                       "\"weight_map\" objects)")
+    state = _read_metadata({k: v for k, v in metadata.items() if isinstance(v, str)}, where)
+    shards = _read_entries(metadata.get("shards"), where, state.vocab)
+    _check_weight_map(index["weight_map"], shards, where)
+    return state, shards
 
 
 def file_sha256(path: StrPath) -> str:
@@ -280,20 +325,7 @@ class ShardedCheckpoint:
         """Read and check the index and every shard it names; BadInput "<index>: <problem>"
         (one line) when the checkpoint is not sound."""
         where = index_path(path)
-        try:
-            with reading(where, "checkpoint index") as file:
-                text = file.read()
-            index = json.loads(text)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise BadInput(f"{where}: not a JSON checkpoint index") from None
-        metadata = index.get("metadata") if isinstance(index, dict) else None
-        if not isinstance(metadata, dict) or not isinstance(index.get("weight_map"), dict):
-            raise BadInput(f"{where}: not a checkpoint index (it needs \"metadata\" and "
-                           "\"weight_map\" objects)")
-        state = _read_metadata({k: v for k, v in metadata.items() if isinstance(v, str)},
-                               where)
-        shards = _read_entries(metadata.get("shards"), where, state.vocab)
-        _check_weight_map(index["weight_map"], shards, where)
+        state, shards = _read_index(where)
         directory = Path(where).parent
         offsets = tuple(_check_shard_file(directory / s.file, s, state, where)
                         for s in shards)
@@ -367,7 +399,7 @@ def _read_entries(entries: object, where: str, vocab: int) -> tuple[ShardEntry, 
                 and isinstance(entry["rows"], list) and len(entry["rows"]) == 2
                 and all(isinstance(r, int) and not isinstance(r, bool) for r in entry["rows"])
                 and isinstance(entry["sha256"], str) and isinstance(entry["bytes"], int)):
-            raise BadInput(f"{where}: shard entry {entry!r} is not {{file (a name beside the "
+            raise BadInput(f"{where}: shard entry {shown(entry)} is not {{file (a name beside the "
                            "index), rows [first, last), sha256, bytes}")
         shards.append(ShardEntry(entry["file"], tuple(entry["rows"]), entry["sha256"],
                                  entry["bytes"]))
@@ -390,11 +422,25 @@ def _read_entries(entries: object, where: str, vocab: int) -> tuple[ShardEntry, 
 
 
 def _check_weight_map(weight_map: dict, shards: tuple[ShardEntry, ...], where: str) -> None:
+    """BadInput naming the first tensor (in name order) that `weight_map` maps otherwise
+    than the shards' rows do. Its values are compared, never hashed: an index nobody here
+    wrote may map a tensor to a list or an object."""
     wanted = {tensor_name(table, s.rows): s.file for s in shards for table in CHECKPOINT_TENSORS}
-    if weight_map != wanted:
-        odd = sorted(set(weight_map.items()) ^ set(wanted.items()))[0]
-        raise BadInput(f"{where}: weight_map disagrees with the shards' rows at "
-                       f"{odd[0]!r} -> {odd[1]!r}")
+    if weight_map == wanted:
+        return
+    # JSON's keys are strings, so every name sorts.
+    for name in sorted(set(weight_map) | set(wanted)):
+        if name not in weight_map:
+            raise BadInput(f"{where}: weight_map has no entry for {name!r} (the shards' "
+                           f"rows put it in {wanted[name]!r})")
+        if name not in wanted:
+            raise BadInput(f"{where}: weight_map names {name!r}, a tensor of no shard "
+                           "the index lists")
+        if weight_map[name] != wanted[name]:
+            raise BadInput(f"{where}: weight_map disagrees with the shards' rows at "
+                           f"{name!r} -> {shown(weight_map[name])} (the shards' rows "
+                           f"put it in {wanted[name]!r})")
+
 
 
 def _check_shard_file(path: Path, shard: ShardEntry, state: TrainingState,
@@ -427,7 +473,7 @@ def _check_shard_file(path: Path, shard: ShardEntry, state: TrainingState,
                     raise BadInput(f"{where}: shard file {shard.file}: tensor {name} is not "
                                    f"F32 [{last - first}, {v}]")
     except SafetensorError as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = reason_of(error)
         raise BadInput(f"{where}: shard file {shard.file} is not readable safetensors "
                        f"({reason})") from None
     with open(path, "rb") as file:
@@ -442,6 +488,7 @@ def open_checkpoint(path: StrPath) -> CheckpointFile | ShardedCheckpoint | Colla
     with only an index beside it) as a `ShardedCheckpoint`, which reads as a
     `CheckpointFile` does; a collapsed one whole (`CollapsedCheckpoint`, O(V + K) bytes,
     its rows read expanded); else the one-piece dense file."""
+    require_named(path, "checkpoint")  # "" would look for the index ".index.json"
     if is_sharded(path):
         return ShardedCheckpoint.open(path)
     if checkpoint_tables(path) == "collapsed":

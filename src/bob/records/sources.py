@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import math
 import os
 import stat
 import sys
+import tokenize
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +37,10 @@ from typing import BinaryIO
 
 import numpy as np
 
-from bob.errors import BadInput
+from bob.errors import BadInput, reason_of
 from bob.files import (
     reading_input,
+    require_named,
     require_regular_file,
     special_kind,
     stream_kind,
@@ -231,6 +234,12 @@ def _token_layout(name: str, size: int, dtype: str) -> tuple[str, int]:
     return dtype, 0
 
 
+# What NumPy's header reader raises on a header nobody here wrote, besides ValueError: a
+# literal it cannot tokenize, one nested past the parser's depth, a value it cannot hold.
+_NPY_HEADER_ERRORS = (ValueError, SyntaxError, tokenize.TokenError, TypeError, RecursionError,
+                      MemoryError, OverflowError, UnicodeDecodeError)
+
+
 def _npy_layout(name: str) -> tuple[str, int]:
     with open_binary(name) as file:
         try:
@@ -239,18 +248,28 @@ def _npy_layout(name: str) -> tuple[str, int]:
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(file)
             else:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(file)
-        except ValueError as error:
-            raise BadInput(f"{name}: not a readable .npy file ({error})") from None
+        except _NPY_HEADER_ERRORS as error:
+            # NumPy's text may run to several lines and quote the whole header.
+            raise BadInput(f"{name}: not a readable .npy file ({reason_of(error)})") from None
         offset = file.tell()
     if dtype.str not in _NPY_DTYPES:
         raise BadInput(f"{name}: .npy of {dtype}, not little-endian integers")
     if fortran and len(shape) > 1:
         raise BadInput(f"{name}: .npy in Fortran order; tokens are read in C order")
-    expected = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if any(length < 0 for length in shape):
+        raise BadInput(f"{name}: .npy shape {_shape_text(shape)} has a negative length")
+    # In Python's integers: a product of huge lengths must not wrap around in int64.
+    expected = offset + math.prod(shape) * dtype.itemsize
     size = _size_of(name)
     if size != expected:
         raise BadInput(f"{name}: {size} bytes, its .npy header says {expected}")
     return dtype.str, offset
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    """A shape as a refusal names it: in full when short, else its first lengths."""
+    text = str(shape)
+    return text if len(text) <= 60 else f"{text[:57]}... ({len(shape)} dimensions)"
 
 
 def _size_of(name: str) -> int:
@@ -272,6 +291,7 @@ def resolve(inputs: Sequence[str], token_dtype: str | None = None) -> tuple[Sour
         raise BadInput("-: standard input can be read only once")
     sources = []
     for name in inputs:
+        require_named(name, "corpus file")  # else pathlib would count the current directory
         if name == STDIN:
             dtype = "|u1" if token_dtype is None else TOKEN_DTYPES[token_dtype]
             sources.append(Source(STDIN, -1, dtype))
@@ -286,6 +306,22 @@ def resolve(inputs: Sequence[str], token_dtype: str | None = None) -> tuple[Sour
                 dtype, offset = _token_layout(file_name, size, TOKEN_DTYPES[token_dtype])
             sources.append(Source(file_name, size, dtype, offset, explicit))
     return tuple(sources)
+
+
+def local_files(inputs: Sequence[str]) -> list[str]:
+    """The local files these inputs name, as far as they can be listed (a directory's, a
+    glob's, a file itself): what an output must not be, lest writing it destroy the
+    data. Standard input and URLs name none here; an input that cannot be listed names
+    itself (`resolve` refuses it in its turn)."""
+    found = []
+    for name in inputs:
+        if not name or name == STDIN or "://" in name:
+            continue
+        try:
+            found.extend(file for file, _, _ in _local_files(name))
+        except BadInput:
+            found.append(name)
+    return found
 
 
 # -- reading -----------------------------------------------------------------------

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from bob.config import MAX_VOCAB, MIN_VOCAB
-from bob.errors import BadInput
+from bob.errors import BadInput, reason_of
 from bob.files import StrPath, read_bytes
 
 # A character-level meta.pkl of the largest V is a few MB; a file far larger is not one.
@@ -88,11 +88,17 @@ def _bare_name(name: str) -> bool:
 
 # -- nanoGPT's meta.pkl ------------------------------------------------------------
 class _PlainUnpickler(pickle.Unpickler):
-    """Builds only what pickle makes without a global: it resolves no class or function."""
+    """Builds only what pickle makes without a global: it resolves no class or function,
+    and no persistent id (an object the pickler kept outside the file)."""
 
     def find_class(self, module: str, name: str) -> object:
         raise pickle.UnpicklingError(f"it names {module}.{name}, and a meta.pkl holds only "
                                      "dicts, ints and strings")
+
+    def persistent_load(self, pid: object) -> object:
+        # pickle's own refusal is two lines; a meta.pkl keeps everything in the file.
+        raise pickle.UnpicklingError("it refers to an object outside the file (a persistent "
+                                     "id), and a meta.pkl holds only dicts, ints and strings")
 
 
 def _meta_pkl(name: str, data: bytes) -> Tokenizer:
@@ -102,7 +108,7 @@ def _meta_pkl(name: str, data: bytes) -> Tokenizer:
     try:
         meta = _PlainUnpickler(io.BytesIO(data)).load()
     except pickle.UnpicklingError as error:
-        raise BadInput(f"{name}: refused as a meta.pkl: {error}") from None
+        raise BadInput(f"{name}: refused as a meta.pkl: {reason_of(error)}") from None
     except (EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
             RecursionError, MemoryError) as error:
         raise BadInput(f"{name}: not a readable pickle ({type(error).__name__})") from None
@@ -114,10 +120,14 @@ def _meta_pkl(name: str, data: bytes) -> Tokenizer:
     vocab, stoi, itos = meta["vocab_size"], meta["stoi"], meta["itos"]
     if not isinstance(vocab, int) or not MIN_VOCAB <= vocab <= MAX_VOCAB:
         raise BadInput(f"{name}: vocab_size {vocab!r} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
-    if not isinstance(itos, dict) or sorted(itos) != list(range(vocab)) \
+    # Every key and value's type before any comparison: a pickle nobody here wrote may mix
+    # int and str keys, which neither sort nor compare.
+    if not isinstance(itos, dict) or not all(isinstance(i, int) for i in itos) \
+            or set(itos) != set(range(vocab)) \
             or not all(isinstance(s, str) for s in itos.values()):
         raise BadInput(f"{name}: itos is not a string for each id 0..{vocab - 1}")
     if not isinstance(stoi, dict) or len(stoi) != vocab \
+            or not all(isinstance(s, str) and isinstance(i, int) for s, i in stoi.items()) \
             or any(itos.get(i) != s for s, i in stoi.items()):
         raise BadInput(f"{name}: stoi is not the inverse of itos")
     if any(len(s) != 1 for s in stoi):
@@ -167,7 +177,7 @@ def _tokenizers_json(name: str, data: bytes) -> Tokenizer:
     except (ValueError, UnicodeDecodeError) as error:
         raise BadInput(f"{name}: not JSON ({error})") from None
     except Exception as error:  # the Rust side raises plain Exceptions
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = reason_of(error)
         raise BadInput(f"{name}: not a tokenizers file ({reason})") from None
     vocab = loaded.get_vocab_size(with_added_tokens=True)
     if not MIN_VOCAB <= vocab <= MAX_VOCAB:
@@ -193,7 +203,7 @@ def _tiktoken(name: str) -> Tokenizer:
     try:
         encoding = tiktoken.get_encoding(name)
     except Exception as error:  # an unknown name, or data that cannot be had here
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = reason_of(error)
         raise BadInput(f"{name}: no such file, and tiktoken cannot load it as an encoding "
                        f"({reason}); its data must be in tiktoken's cache") from None
     vocab = int(encoding.n_vocab)

@@ -64,7 +64,7 @@ from bob.backends.nv.encoder import (
     encode,
 )
 from bob.config import ARENA_KINDS
-from bob.errors import BackendUnavailable, BadInput, RunFailure
+from bob.errors import BackendUnavailable, BadInput, RunFailure, size_text
 from bob.plan.certificate import CertifiedPlan
 from bob.plan.model import Component, Plan, Scalar
 
@@ -165,7 +165,7 @@ class NvBackend(Backend):
                         raise
                     place = "device memory" if where[component.name] == "vidmem" \
                         else "host memory"
-                    raise BadInput(f"the nv backend needs {component.bytes / 1e9:.2f} GB of "
+                    raise BadInput(f"the nv backend needs {size_text(component.bytes)} of "
                                    f"{place} for this plan's {component.name}; the driver "
                                    f"has no room for it ({error})") from None
             for encoded in self.encoded.components:
