@@ -503,12 +503,15 @@ def _require_room_for_steps(request: TrainRequest, step: int) -> None:
                        f"above 2**53 = {MAX_STEP}, the largest step a checkpoint holds")
 
 
-def _starting_point(request: TrainRequest, data: TrainingData, tables: Tables,
-                    named: np.ndarray) -> Start:
+def _starting_point(request: TrainRequest, data: TrainingData, tables: Tables = "dense",
+                    named: np.ndarray | None = None) -> Start:
     """Where the run starts, carrying this run's data and hyperparameters, its tables held
     as `tables` (`named`: the cells the data names): zero tables, or the checkpoint to
     resume (dense: its header read, its tables streamed into the arena; collapsed: in
-    host memory), converted exactly where it holds its tables the other way."""
+    host memory), converted exactly where it holds its tables the other way. Row shards
+    hold dense tables."""
+    if named is None:
+        named = data.record.named_keys()
     checkpoint = request.checkpoint
     _require_checkpoint_as_asked(request)  # again, under the lock
     record = data.record
