@@ -25,6 +25,8 @@ from .options import (
     KERNELS_OPTION,
     REPEAT_TEXT,
     REPEAT_TOKENS,
+    REPEAT_VAL_TEXT,
+    REPEAT_VAL_TOKENS,
     SCHEDULE_OPTION,
     SUBMISSION_OPTION,
     ByteSize,
@@ -47,22 +49,24 @@ _TOKEN_DTYPE = click.option("--token-dtype", type=click.Choice(["uint16", "uint3
                             help="Type of a raw token in --tokens/--val-tokens files.")
 
 
-def _data_options(function):
+def _data_options(tokens_v: str, vocab_help: str):
     """--tokens, --vocab, --counts, --tokenizer: corpus data beside --text (`bob count`
-    makes counts)."""
-    for option in reversed((
-        click.option("--tokens", "tokens", multiple=True, metavar="FILE",
-                     help=f"A token file (raw uint16/uint32 or .npy; {REPEAT_TOKENS}); "
-                          "needs --vocab or --tokenizer."),
-        vocab_option(help="V of the --tokens files (default: the --tokenizer's)."),
-        _TOKEN_DTYPE,
-        click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
-                     help="A counts file from `bob count`: no recount."),
-        tokenizer_option("The tokenizer of the --tokens files: their V (a --vocab that "
-                         "differs is refused)."),
-    )):
-        function = option(function)
-    return function
+    makes counts); `tokens_v` says where the V of --tokens files comes from."""
+    def decorate(function):
+        for option in reversed((
+            click.option("--tokens", "tokens", multiple=True, metavar="FILE",
+                         help=f"A token file (raw uint16/uint32 or .npy; {REPEAT_TOKENS}); "
+                              f"{tokens_v}."),
+            vocab_option(help=vocab_help),
+            _TOKEN_DTYPE,
+            click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
+                         help="A counts file from `bob count`: no recount."),
+            tokenizer_option("The tokenizer of the --tokens files: their V (a --vocab that "
+                             "differs is refused)."),
+        )):
+            function = option(function)
+        return function
+    return decorate
 
 
 def _shard_options(function):
@@ -135,7 +139,8 @@ def _byte_text(value: int) -> str:
 @ARENA_OPTION
 @click.option("--updates-per-invocation", "-N", type=click.IntRange(1, MAX_UPDATES),
               default=api.DEFAULT_UPDATES_PER_INVOCATION, show_default=True,
-              help="Updates in one plan; checkpoints are saved at an invocation's end.")
+              help="Updates per invocation: one plan runs N updates on the device before "
+                   "the host reads it back; checkpoints are saved at an invocation's end.")
 @click.option("--eval-every", type=click.IntRange(1), default=None, metavar="U",
               help="A progress line (train and validation loss, rate, ETA) every U updates "
                    "(default: every invocation); invocations end there.")
@@ -150,11 +155,12 @@ def _byte_text(value: int) -> str:
 @KERNELS_OPTION
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON summary on stdout (the table goes to stderr).")
-@_data_options
+@_data_options("needs --vocab or --tokenizer",
+               "V of the --tokens files (default: the --tokenizer's).")
 @click.option("--val-text", "--val", "val_texts", multiple=True, metavar="FILE",
-              help=f"Validation text ({REPEAT_TEXT}): its exact loss at every eval point.")
+              help=f"Validation text ({REPEAT_VAL_TEXT}): its exact loss at every eval point.")
 @click.option("--val-tokens", multiple=True, metavar="FILE",
-              help=f"Validation token file ({REPEAT_TOKENS}).")
+              help=f"Validation token file ({REPEAT_VAL_TOKENS}).")
 @click.option("--val-counts", type=click.Path(dir_okay=False),
               help="Validation counts file from `bob count`.")
 @click.option("--save-every", "save_every_seconds", type=click.FloatRange(min=0, min_open=True),
@@ -469,7 +475,8 @@ def _sample_shown(given: bytes | list[int], more: list[int], tokenizer: api.Toke
                    "model's with --tokenizer, encoded).")
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@_data_options
+@_data_options("their V is the checkpoint's", "V of the --tokens files: the checkpoint's "
+               "(given, it must agree).")
 def eval_(checkpoint, texts, backend, as_json, tokens, vocab, token_dtype, counts_file,
           tokenizer_path) -> None:
     """Loss of the model on data: nats per transition, bits per byte (per token for a token
