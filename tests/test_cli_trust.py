@@ -415,9 +415,9 @@ def test_text_dash_reads_stdin(tmp_path, text):
 def test_doctor_keeps_square_brackets(monkeypatch, capsys):
     from bob.host import doctor
     monkeypatch.setattr(doctor, "diagnose", lambda: [
-        {"backend": "cuda", "usable": False, "details": "missing; pip install 'bob[cuda]'"}])
+        {"backend": "cuda", "usable": False, "details": "missing; pip install 'bob-bigram[cuda]'"}])
     assert main(["doctor"]) == 0
-    assert "pip install 'bob[cuda]'" in capsys.readouterr().out
+    assert "pip install 'bob-bigram[cuda]'" in capsys.readouterr().out
 
 
 def test_a_stop_during_a_save_waits_for_the_save():

@@ -4,11 +4,14 @@ of train and check explained, a pip hint printed as it is written."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from bob.cli.main import cli, main
+from bob.config import DISTRIBUTION
 
 
 def help_text(*command: str) -> str:
@@ -79,3 +82,23 @@ def test_doctor_unquotes_a_key_errors_text(monkeypatch):
 
     monkeypatch.setattr(driver, "initialize", missing)
     assert list_gpus() == ([], "no GPU listed: no such device")
+
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTALL_HINT = re.compile(r"pip install\s+'([A-Za-z][\w.-]*)\[")  # a name, not '.'
+
+
+def test_the_distribution_is_bob_bigram_and_every_install_hint_names_it():
+    pyproject = (ROOT / "pyproject.toml").read_text()  # tomllib is 3.11's: the two lines
+    assert re.findall(r'(?m)^name = "(.*)"$', pyproject) == [DISTRIBUTION] == ["bob-bigram"]
+    assert '\nbob = "bob.cli.executable:entry"\n' in pyproject  # the command stays bob
+    hints = []
+    for folder in ("src", "dev", "docs"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".md"):
+                hints += [(path.name, name) for name in
+                          INSTALL_HINT.findall(" ".join(path.read_text().split()))]
+    hints += [("README.md", name) for name in INSTALL_HINT.findall(
+        " ".join((ROOT / "README.md").read_text().split()))]
+    assert len(hints) >= 10
+    assert {name for _, name in hints} == {DISTRIBUTION}, hints

@@ -15,6 +15,11 @@ from typing import Literal
 
 from bob.errors import BadInput
 
+# The distribution's name on the package index ("bob" there is another project): what
+# `pip install` takes, with an extra: pip install 'bob-bigram[cuda]'. The command and the
+# import stay `bob`.
+DISTRIBUTION = "bob-bigram"
+
 # -- the program's shape ----------------------------------------------------------
 Mode = Literal["hard", "corpus"]
 MODES: tuple[Mode, ...] = ("hard", "corpus")  # a mode's index is its code in a record

@@ -101,7 +101,7 @@ def doctor(as_json) -> None:
     for column in ("backend", "usable", "details"):
         table.add_column(column)
     for row in rows:
-        # escape: details such as "pip install 'bob[cuda]'" are text, not rich markup
+        # escape: details such as "pip install 'bob-bigram[cuda]'" are text, not rich markup
         table.add_row(row["backend"], "yes" if row["usable"] else "no", escape(row["details"]))
     console.print(table)
     if not gpus:  # markup off: the note is printed as it is, nothing to escape

@@ -36,7 +36,7 @@ def _figure_class() -> type[Figure]:
         from matplotlib.figure import Figure
     except ImportError as error:
         raise BackendUnavailable(
-            f"plots need matplotlib ({error}); pip install 'bob[plot]'") from None
+            f"plots need matplotlib ({error}); pip install 'bob-bigram[plot]'") from None
     return Figure
 
 

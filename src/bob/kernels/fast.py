@@ -16,7 +16,7 @@ NumPy temporaries (about 30 passes over the table per update); here each
 element is loaded once per pass and stays in registers. The fused kernel keeps
 a row in the core's cache for all the updates of an invocation.
 
-Needs ``numba`` (``pip install 'bob[fast]'``); without it the CPU backend uses
+Needs ``numba`` (``pip install 'bob-bigram[fast]'``); without it the CPU backend uses
 the reference. The first call compiles (a few seconds, cached on disk after).
 """
 

@@ -111,7 +111,7 @@ def _fsspec():
     try:
         import fsspec
     except ImportError:
-        raise BadInput("reading URLs needs fsspec: pip install 'bob[remote]'") from None
+        raise BadInput("reading URLs needs fsspec: pip install 'bob-bigram[remote]'") from None
     return fsspec
 
 
