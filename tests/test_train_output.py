@@ -19,7 +19,7 @@ from bob.errors import BadInput
 from bob.host import training
 from bob.host.training import TrainRequest, best_checkpoint_path
 from bob.records.checkpoint import Checkpoint
-from conftest import listing
+from conftest import contents, listing
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRESS_LINE = re.compile(r"step (\d+): train (\d+\.\d{4})(?:, val (\d+\.\d{4}))?  "
@@ -222,6 +222,66 @@ def test_an_existing_best_checkpoint_is_refused_without_resume_or_overwrite(tmp_
     assert train(capsys, "--text", str(text), "--val-text", str(val), "--steps", "5",
                  "--keep-best", "--overwrite", "-c", str(tmp_path / "bob.safetensors"))[0] == 0
     assert Checkpoint.load(best).step == 5
+
+
+def test_a_new_run_owns_its_best_file(tmp_path, texts, capsys):
+    """`make run` (--overwrite, no --keep-best) after a run that kept a best: the earlier
+    run's best goes when the new run writes its checkpoint, so a later --resume
+    --keep-best keeps the new run's own best, never reporting the old model as its own."""
+    text, val = texts
+    path, best = tmp_path / "bob.safetensors", tmp_path / "bob.best.safetensors"
+    assert train(capsys, "--text", str(val), "--val-text", str(text), "--steps", "20",
+                 "--keep-best", "-c", str(path))[0] == 0
+    assert best.exists()
+    # --steps 0 writes no checkpoint: the earlier run's files stay as they were.
+    before = contents(tmp_path)
+    assert train(capsys, "--text", str(text), "--steps", "0", "--overwrite", "-c",
+                 str(path))[0] == 0
+    assert contents(tmp_path) == before
+    status, _, err = train(capsys, "--text", str(text), "--steps", "10", "--overwrite", "-c",
+                           str(path))
+    assert status == 0 and not best.exists() and "best checkpoint" not in err
+    status, out, err = train(capsys, "--text", str(text), "--val-text", str(val), "--steps",
+                             "10", "--resume", "--keep-best", "-c", str(path), "--json")
+    assert status == 0 and "an earlier run's" not in err
+    report = json.loads(out)
+    assert report["written"] == [str(path), str(best)] and report["best_step"] == 20
+    assert Checkpoint.load(best).step == 20
+
+
+def test_a_fresh_keep_best_run_keeps_its_own_best_written_before_its_checkpoint(
+        tmp_path, texts, capsys):
+    """With a save period the best is written at an eval point before the first checkpoint:
+    that file is this run's and stays."""
+    text, val = texts
+    path, best = tmp_path / "bob.safetensors", tmp_path / "bob.best.safetensors"
+    common = ("--text", str(text), "--val-text", str(val), "-N", "10", "--keep-best",
+              "-c", str(path), "--json")
+    assert train(capsys, *common, "--steps", "30")[0] == 0
+    status, out, _ = train(capsys, *common, "--steps", "30", "--overwrite",
+                           "--save-every-updates", "30")
+    assert status == 0
+    report = json.loads(out)
+    assert report["written"] == [str(path), str(best)]
+    assert Checkpoint.load(best).step == report["best_step"]
+
+
+def test_another_runs_best_file_is_refused_on_resume(tmp_path, texts, capsys):
+    text, val = texts
+    path, best = tmp_path / "bob.safetensors", tmp_path / "bob.best.safetensors"
+    other = tmp_path / "other"
+    other.mkdir()
+    for where, data in ((other, val), (tmp_path, text)):
+        assert train(capsys, "--text", str(data), "--val-text", str(val), "--steps", "10",
+                     "--keep-best", "-c", str(where / "bob.safetensors"))[0] == 0
+    best.write_bytes((other / "bob.best.safetensors").read_bytes())  # copied in by hand
+    before = contents(tmp_path)
+    status, out, err = train(capsys, "--text", str(text), "--val-text", str(val), "--steps",
+                             "10", "--resume", "--keep-best", "-c", str(path))
+    assert status == 2 and out == ""
+    assert err == (f"bob: {best}: another run's best checkpoint (its loss history is not "
+                   f"{path}'s); move it away to keep this run's best\n")
+    assert contents(tmp_path) == before
 
 
 # -- one notation for several files: the option repeated -------------------------------

@@ -467,9 +467,22 @@ def _earlier_best(request: TrainRequest) -> BestCheckpoint | None:
                            "validation loss beats it, or --overwrite to start again")
         return None
     state = open_checkpoint(path).state
+    run = open_checkpoint(request.checkpoint).state
+    if not _same_run(state, run):
+        raise BadInput(f"{path}: another run's best checkpoint (its loss history is not "
+                       f"{request.checkpoint}'s); move it away to keep this run's best")
     if not state.val_history or state.val_history[-1][0] != state.step:
         return None  # no validation loss of its own: any eval point beats it
     return BestCheckpoint(path, state.step, state.val_history[-1][1])
+
+
+def _same_run(best: TrainingState, run: TrainingState) -> bool:
+    """Whether `best` is a state `run` passed through: no later, and the same loss history
+    before its own update (the best file adds its own update's point)."""
+    def before(state: TrainingState) -> list[tuple[int, float]]:
+        return [point for point in state.history if point[0] < best.step]
+
+    return best.step <= run.step and before(best) == before(run)
 
 
 def _short(digest: str) -> str:
@@ -582,10 +595,23 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         best[0] = BestCheckpoint(request.best_checkpoint, state.step,
                                  invocation.validation[1], written=True)
 
+    # A new run owns the best file beside its checkpoint: an earlier run's is removed as
+    # this run first writes the checkpoint (not before: a run that fails first leaves the
+    # earlier run's two files as they were), unless this run has written its own there.
+    stale_best = [not request.resume]
+    best_saved = [False]  # this run wrote the best file
+
+    def saved_best() -> None:
+        best_saved[0] = True
+
     def wrote(state: TrainingState) -> None:
         kept[0] = state.step  # the interrupt message names the checkpoint on disk
         if checkpoint not in written:
             written.append(checkpoint)
+        if stale_best[0]:
+            stale_best[0] = False
+            if not best_saved[0]:
+                remove_stale_best(request.best_checkpoint)
 
     def stream_save(state: TrainingState) -> None:
         """The arena's tables (the last invocation's state) to the checkpoint, streamed."""
@@ -625,6 +651,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                     wrote(state)
                 if better is not None:
                     better.save(request.best_checkpoint)
+                    saved_best()
 
             if lowest:
                 chose_best(state, invocation)
@@ -640,6 +667,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                     best_state(state, invocation).save(
                         request.best_checkpoint, lambda sink, chunk: session.stream_tables(
                             state.step, sink, chunk), checked=True)
+                    saved_best()
                 chose_best(state, invocation)
         finals_done.append(done)
         if progress is not None:
@@ -713,6 +741,13 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         val_loss=val_history[-1][1] if val_history else None,
         val_history=val_history, best=best[0],
     )
+
+
+def remove_stale_best(path: str) -> None:
+    """Remove an earlier run's best checkpoint (the run holds the lock of the checkpoint
+    beside it); one already gone is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def zero_tables(table_bytes: int) -> TableDelivery:
