@@ -19,6 +19,7 @@ from numba import njit  # noqa: E402
 from bob.backends import choose_backend  # noqa: E402
 from bob.backends.cpu import CpuBackend, default_kernels  # noqa: E402
 from bob.host.check import compare_backends, random_record  # noqa: E402
+from bob.host.data import replace_prompts  # noqa: E402
 from bob.host.session import Session, split_updates  # noqa: E402
 from bob.kernels import arith, fast  # noqa: E402
 from bob.kernels import reference as ref  # noqa: E402
@@ -243,3 +244,35 @@ def test_invocations_with_fast_and_reference_kernels_agree(schedule: str, mode: 
             difference = compare_backends(fast_session.last_backend,
                                           reference_session.last_backend, number)
             assert difference is None, str(difference)
+
+
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_the_tiny_calls_compile_the_code_every_invocation_runs(schedule: str, mode: str) -> None:
+    """compile_session compiles each function on tiny arrays: of the very types the kernels
+    pass, or the first real invocation would compile again (silently: the cache index is
+    not empty). Training, validation and a forward invocation add no signature."""
+    calls = fast.tiny_calls()
+    assert set(calls) == {f for functions in fast.COMPILED.values() for f in functions}
+    for function, arguments in calls.items():
+        function(*arguments)
+    before = {function: len(function.signatures) for function in calls}
+    config = bob_config(vocab=64, prompts=2, updates=3, mode=mode, schedule=schedule)
+    record = random_record(config, 5)
+    validation = None
+    if mode == "corpus":
+        validation = replace_prompts(random_record(config, 6), ())
+        config = replace(config, validation_pairs=validation.pairs)
+    with Session(choose_backend("cpu")) as session:
+        state = Checkpoint.zeros(64, Hyper(), mode)
+        state = session.invoke(config, state, record, "train", validation=validation).checkpoint
+        session.invoke(replace(config, updates=0), state, record, "predict",
+                       validation=validation)
+        assert session.last_backend.kernel_set == "fast"
+    assert {function: len(function.signatures) for function in calls} == before
+
+
+def test_a_session_compiles_the_losses_of_predict_eval_and_validation_with_training() -> None:
+    assert set(fast.SESSION_REGIONS) == {sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS}
+    wanted = {f for region in (sig.ADAMW, *fast.SESSION_REGIONS) for f in fast.COMPILED[region]}
+    assert set(fast._uncompiled([sig.ADAMW])) <= wanted

@@ -378,18 +378,33 @@ def test_count_shows_its_rate_and_where_it_ran(tmp_path, texts, capsys):
 
 
 # -- the compile notice ----------------------------------------------------------------
-def test_the_first_run_says_it_compiles_the_cpu_kernels_and_the_second_does_not(tmp_path,
-                                                                                 texts):
+def test_the_first_run_compiles_once_for_the_whole_session(tmp_path, texts):
+    """The README session from a fresh cache: the first `bob train` says it compiles, once,
+    and compiles what the commands after it need too; predict, a run with validation and
+    eval then load every kernel from Numba's cache, say nothing and add nothing to it."""
     pytest.importorskip("numba")
-    text, _ = texts
-    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
-                   "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
+    text, val = texts
+    cache = tmp_path / "numba-cache"
+    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NUMBA_CACHE_DIR": str(cache)}
     environment.pop("BOB_CPU_KERNELS", None)
     notice = "compiling the CPU kernels (first run only) ..."
-    for run_number, announced in ((1, True), (2, False)):
-        done = subprocess.run(
-            [sys.executable, "-m", "bob", "train", "--backend", "cpu", "--text", str(text),
-             "--steps", "2", "--overwrite", "-c", str(tmp_path / "bob.safetensors")],
-            env=environment, capture_output=True, text=True, timeout=600)
+    checkpoint = str(tmp_path / "bob.safetensors")
+    session = [
+        ["train", "--text", str(text), "--steps", "2", "-c", checkpoint],
+        ["predict", "-c", checkpoint, "the c"],
+        ["train", "--resume", "--text", str(text), "--val-text", str(val), "--steps", "2",
+         "--keep-best", "-c", checkpoint],
+        ["eval", "-c", checkpoint, "--text", str(val)],
+        ["train", "--text", str(text), "--steps", "2", "--overwrite", "-c", checkpoint],
+    ]
+    compiled: list[str] = []
+    for number, words in enumerate(session):
+        done = subprocess.run([sys.executable, "-m", "bob", *words, "--backend", "cpu"],
+                              env=environment, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr
-        assert (done.stderr.count(notice) == 1) is announced, (run_number, done.stderr)
+        assert done.stderr.count(notice) == (1 if number == 0 else 0), (words, done.stderr)
+        files = sorted(path.name for path in cache.rglob("*.nbc"))
+        if number == 0:
+            compiled = files
+        assert files == compiled, words  # no kernel compiled again, for other types either
+    assert len(compiled) == 4  # the corpus loss-gradient, AdamW, the hard and validation losses
