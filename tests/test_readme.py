@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bob.backends.cpu import COMPILING_NOTICE
 from bob.cli.main import main
+from bob.cli.progress import HEARTBEAT_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,9 +44,10 @@ RATE = re.compile(r"\([\d.e-]+ ms/update, ETA [\d:]+\)$")
 
 def shown(lines: list[str]) -> list[str]:
     # Trailing spaces and blank lines are not visible in the README; the compile notice
-    # appears on a machine's first run only.
+    # appears on a machine's first run only, a heartbeat line where a run is slow.
     return [RATE.sub("(... ms/update, ETA ...)", TIMED_ROW.sub(r"\1 ... \2", line.rstrip()))
-            for line in lines if line.strip() and line != COMPILING_NOTICE]
+            for line in lines if line.strip() and line != COMPILING_NOTICE
+            and not line.startswith(HEARTBEAT_PREFIX)]
 
 
 def run_python(words: list[str], cwd: Path) -> None:

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -408,3 +409,61 @@ def test_the_first_run_compiles_once_for_the_whole_session(tmp_path, texts):
             compiled = files
         assert files == compiled, words  # no kernel compiled again, for other types either
     assert len(compiled) == 4  # the corpus loss-gradient, AdamW, the hard and validation losses
+
+
+# -- without a terminal: the plan first, then a line at least every HEARTBEAT_SECONDS -----
+def test_without_a_terminal_the_run_says_its_plan_and_keeps_saying_what_it_does(
+        tmp_path, texts, capsys, monkeypatch):
+    from bob.backends.cpu import CpuBackend
+    from bob.cli import progress as progress_module
+    from bob.host import data
+
+    text, _ = texts
+    monkeypatch.setattr(progress_module, "HEARTBEAT_SECONDS", 0.2)
+    counted = data.training_data
+
+    def slow_data(*args, **kwargs):
+        time.sleep(0.6)
+        return counted(*args, **kwargs)
+
+    slow_run = CpuBackend._run
+
+    def slow_invocation(self, submissions):
+        time.sleep(0.6)
+        slow_run(self, submissions)
+
+    monkeypatch.setattr(training, "training_data", slow_data)
+    monkeypatch.setattr(CpuBackend, "_run", slow_invocation)
+    status, _, err = train(capsys, "--text", str(text), "--steps", "5", "-N", "2",
+                           "-c", str(tmp_path / "bob.safetensors"))
+    assert status == 0
+    lines = [line for line in err.splitlines() if line.strip() and "│" not in line
+             and line[0] not in "┏┃┡└" and "bob train (" not in line]
+    beats = [line for line in lines if line.startswith("... ")]
+    assert all(re.fullmatch(r"\.\.\. \d+:\d\d: .+", line) for line in beats), beats
+    # The data first, then the plan, then each invocation as it runs.
+    assert beats[0].endswith(": reading the data"), lines
+    plan = lines.index("plan: updates 1-5 on the cpu backend (V=256, corpus mode, seed "
+                       "schedule), 3 invocations of up to 2 updates; the first estimated at "
+                       "0.0015 s")
+    assert all(line.endswith("reading the data") for line in beats if lines.index(line) < plan)
+    phases = [line.split(": ", 1)[1] for line in lines[plan:] if line.startswith("... ")]
+    assert set(phases) <= {"the first invocation running (updates 1-2)",
+                           "2 of 5 updates done", "4 of 5 updates done",
+                           "saving the checkpoint"}, phases
+    assert "the first invocation running (updates 1-2)" in phases
+    assert any(re.fullmatch(r"[24] of 5 updates done", phase) for phase in phases), phases
+    assert [line.split(":")[0] for line in lines if line.startswith("step ")] == [
+        "step 2", "step 4", "step 5"]
+
+
+def test_the_plan_line_names_a_resumed_runs_updates_and_its_estimate(tmp_path, texts, capsys):
+    text, _ = texts
+    path = str(tmp_path / "bob.safetensors")
+    assert train(capsys, "--text", str(text), "--steps", "3", "-c", path)[0] == 0
+    status, _, err = train(capsys, "--text", str(text), "--steps", "250", "--resume",
+                           "-c", path)
+    assert status == 0
+    assert err.splitlines()[0] == (
+        "plan: updates 4-253 on the cpu backend (V=256, corpus mode, seed schedule), 3 "
+        "invocations of up to 100 updates; the first estimated at 0.076 s")

@@ -6,7 +6,6 @@ import json
 import math
 import os
 import sys
-import time
 
 import click
 from rich.console import Console
@@ -37,6 +36,7 @@ from .options import (
     tokenizer_option,
     vocab_option,
 )
+from .progress import Heartbeat, ProgressLog
 
 _ARCH = arch_option("Target of the nv-sim backend.")
 _CHECKPOINT = click.option("--checkpoint", "-c", default=api.DEFAULT_CHECKPOINT,
@@ -209,15 +209,16 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
                         TextColumn("{task.completed}/{task.total} updates"),
                         TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
                         console=errors, transient=True, disable=not errors.is_terminal)
-    with progress:
+    # At a terminal the bar moves; elsewhere a line at least every HEARTBEAT_SECONDS.
+    with progress, Heartbeat(errors, enabled=not errors.is_terminal) as heartbeat:
         task = progress.add_task("train", total=steps, loss="-")
-        log = ProgressLog(errors, request)  # above the bar at a terminal
+        log = ProgressLog(heartbeat, request)  # above the bar at a terminal
 
         def advance(invocation, done) -> None:
             progress.update(task, completed=done, loss=f"{invocation.loss:.4f}")
             log.line(invocation, done)
 
-        report = api.run_training(request, advance)
+        report = api.run_training(request, advance, log.announce)
     _table_console(errors if as_json else None).print(_train_table(report))
     if as_json:
         click.echo(json.dumps(report.to_json()))
@@ -229,47 +230,6 @@ def _stated_hyper(context: click.Context, values: dict[str, float]) -> dict[str,
 
     return {name: value for name, value in values.items()
             if context.get_parameter_source(name) is not ParameterSource.DEFAULT}
-
-
-class ProgressLog:
-    """A line at each eval point, as nanoGPT prints them:
-    `step 1200: train 2.4712, val 2.4981  (12.6 ms/update, ETA 0:42)`. The rate is the wall
-    time from the line before's invocation to this one's (`Invocation.finished`; the first:
-    from the first invocation's start) over the updates made in it, so the lines add up to
-    the run, saves and all; the ETA is that rate times the updates left."""
-
-    def __init__(self, console: Console, request: api.TrainRequest) -> None:
-        self.console = console
-        self.request = request
-        self.done = 0  # updates made at the last line
-        self.at: float | None = None  # perf_counter of the last line (or the first start)
-
-    def line(self, invocation, done: int) -> None:
-        if self.at is None:
-            self.at = invocation.began or time.perf_counter()
-        if not self.request.eval_point(done):
-            return
-        now = invocation.finished or time.perf_counter()
-        per_update = (now - self.at) / max(done - self.done, 1)
-        self.done, self.at = done, now
-        val = "" if invocation.validation is None else f", val {invocation.validation[1]:.4f}"
-        left = max(self.request.steps - done, 0) * per_update
-        self.console.print(f"step {invocation.state.step}: train {invocation.loss:.4f}{val}  "
-                           f"({_milliseconds(per_update)} ms/update, ETA {_clock(left)})",
-                           markup=False, highlight=False, soft_wrap=True)
-
-
-def _milliseconds(seconds: float) -> str:
-    """Three significant digits: 261, 12.6, 0.481."""
-    milliseconds = 1000 * seconds
-    return f"{milliseconds:.0f}" if milliseconds >= 1000 else f"{milliseconds:.3g}"
-
-
-def _clock(seconds: float) -> str:
-    """0:42, 12:05, 1:02:03."""
-    hours, rest = divmod(round(seconds), 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def _table_console(console: Console | None) -> Console:

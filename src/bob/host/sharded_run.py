@@ -25,6 +25,7 @@ from bob.host.sharded import (
     train_in_shards,
 )
 from bob.host.training import (
+    Announce,
     Progress,
     TrainReport,
     TrainRequest,
@@ -54,11 +55,13 @@ def shard_count(request: TrainRequest, vocab: int, mode: str, updates: int, targ
     return count
 
 
-def run_training(request: TrainRequest, progress: Progress | None = None) -> TrainReport:
+def run_training(request: TrainRequest, progress: Progress | None = None,
+                 announce: Announce | None = None) -> TrainReport:
     """Train as `request` asks: in row shards where it asks for them or resumes a sharded
-    checkpoint, else in one piece (`bob.host.training.run_one_piece`)."""
+    checkpoint, else in one piece (`bob.host.training.run_one_piece`, which announces its
+    plan before its backend starts)."""
     if not (request.asks_shards or (request.resume and is_sharded(request.checkpoint))):
-        return run_one_piece(request, progress)
+        return run_one_piece(request, progress, announce)
     if request.kernels == "own":  # a sharded checkpoint resumed: its shards run NVRTC's
         raise BadInput(f"{request.checkpoint} is sharded; row shards do not take --kernels own")
     begun = time.perf_counter()

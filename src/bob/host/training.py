@@ -89,6 +89,7 @@ DEFAULT_CHECKPOINT = "bob.safetensors"
 DEFAULT_UPDATES_PER_INVOCATION = 100
 
 Progress = Callable[[Invocation, int], None]  # (the invocation, updates done so far)
+Announce = Callable[["TrainPlan"], None]  # what the run is about to do, once it is known
 # A checkpoint up to this size is saved after every invocation by default, its tables read
 # back beside the next one; a larger one is streamed from the arena when a save is due.
 SMALL_CHECKPOINT_BYTES = 256 << 20
@@ -306,6 +307,40 @@ def best_checkpoint_path(checkpoint: str) -> str:
     return f"{stem}.best{extension}"
 
 
+# Roughly what an update costs each backend, for the first invocation's estimate before
+# any is measured (the progress lines then measure the run): a fixed part (launches, the
+# host's work; 0.1 ms on the cpu at V = 256) and parameter-updates a second (the Numba
+# kernels make about 1e8 at V = 2048 on a 2-core machine; the GPUs' figure is well below
+# an H200's 1e11 at V = 8192, so as not to promise; nv-sim simulates every launch).
+ESTIMATED_UPDATE_SECONDS = {"cpu": 1e-4, "nv-sim": 1e-3, "cuda": 1e-5, "nv": 1e-5}
+ESTIMATED_PARAMETER_UPDATES_PER_SECOND = {"cpu": 1.0e8, "nv-sim": 2.0e7, "cuda": 2.0e10,
+                                          "nv": 2.0e10}
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What a run is about to do, known once its data and starting point are (before its
+    backend starts: compiling, the first invocation): `run_training`'s `announce` gets it."""
+
+    backend: str
+    vocab: int
+    mode: str
+    schedule: str
+    data: str  # the training data, as the report names it
+    first_step: int  # the update count the run starts from
+    steps: int  # updates this run makes
+    sizes: Sequence[int]  # each invocation's updates
+
+    @property
+    def estimate_seconds(self) -> float | None:
+        """The first invocation's wall time at the backend's nominal rate (None: unknown)."""
+        rate = ESTIMATED_PARAMETER_UPDATES_PER_SECOND.get(self.backend)
+        fixed = ESTIMATED_UPDATE_SECONDS.get(self.backend)
+        if rate is None or fixed is None or not self.sizes:
+            return None
+        return self.sizes[0] * (fixed + self.vocab * self.vocab / rate)
+
+
 @dataclass(frozen=True)
 class BestCheckpoint:
     """The checkpoint of the lowest validation loss so far: its file, update and loss,
@@ -369,13 +404,15 @@ class TrainReport:
         }
 
 
-def run_one_piece(request: TrainRequest, progress: Progress | None = None) -> TrainReport:
+def run_one_piece(request: TrainRequest, progress: Progress | None = None,
+                  announce: Announce | None = None) -> TrainReport:
     """Train the whole table in one piece for `request.steps` updates, saving the
     checkpoint as `SavePolicy` says (`bob.host.sharded_run.run_training` sends a sharded
     request to the shards instead).
 
-    `progress(invocation, done)` runs after each invocation (the CLI advances its bar
-    there). One run holds CKPT.lock while it works; a second is refused.
+    `announce(plan)` runs once before the backend starts, `progress(invocation, done)`
+    after each invocation (the CLI says what the run does, and advances its bar, there).
+    One run holds CKPT.lock while it works; a second is refused.
     """
     begun = time.perf_counter()
     _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
@@ -393,7 +430,7 @@ def run_one_piece(request: TrainRequest, progress: Progress | None = None) -> Tr
             require_disk_room(request.checkpoint, start.state.file_bytes
                               * (2 if request.keep_best else 1))
         report = _train_from(request, start, data, choice, progress, validation,
-                             earlier_best)
+                             earlier_best, announce)
     return replace(report, wall_seconds=time.perf_counter() - begun)
 
 
@@ -524,7 +561,8 @@ def _successors(start: TrainingState, record: InputRecord,
 def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                 choice: BackendChoice, progress: Progress | None,
                 validation: InputRecord | None,
-                earlier_best: BestCheckpoint | None = None) -> TrainReport:
+                earlier_best: BestCheckpoint | None = None,
+                announce: Announce | None = None) -> TrainReport:
     steps, checkpoint = request.steps, request.checkpoint
     record = data.record
     # The checkpoint's grain: its histories gain a point, and the save policy may save,
@@ -539,6 +577,9 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
     policy = SavePolicy.of(request, start.state.file_bytes)
     streamed = start.state.file_bytes > SMALL_CHECKPOINT_BYTES
     sizes = split_sizes(steps, config.updates)
+    if announce is not None and steps:
+        announce(TrainPlan(choice.name, record.vocab, record.mode, config.schedule,
+                           data.description, start.state.step, steps, sizes))
     # The loss and validation histories so far, each extended by what an invocation adds
     # (only that is checked: a long run's history is not checked again at every step).
     history = History.of(start.state.history)
