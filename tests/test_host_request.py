@@ -35,6 +35,8 @@ TRAIN_KEYWORDS = (
     ("dask_address", None),
     # Whose machine code the seed's regions run (bob.kernels.own: "own").
     ("kernels", "nvrtc"),
+    # The last fraction of the training data held out as validation (None: none).
+    ("val_fraction", None),
 )
 
 
@@ -57,7 +59,10 @@ REFUSALS = [
      "submission must be one of auto, per-launch, chained, not 'batched'"),
     ({"eval_every": 0}, "eval_every must be at least 1, not 0"),
     ({"keep_best": True}, "--keep-best keeps the checkpoint of the lowest validation loss: "
-                          "it needs validation data (--val-text, --val-tokens or --val-counts)"),
+                          "it needs validation data (--val-fraction, --val-text, --val-tokens "
+                          "or --val-counts)"),
+    ({"val_fraction": 1.0}, "--val-fraction 1.0 is not a fraction in (0, 1): the last F of "
+                            "the data validates, the rest trains"),
     ({"new_data": True},
      "--new-data continues a checkpoint on other data: it needs --resume"),
     ({"hyper_changes": {"momentum": 0.5}},
@@ -146,7 +151,7 @@ def test_the_cli_passes_one_request_whole_to_the_driver(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch):
     given = []
 
-    def driver(request, progress=None):
+    def driver(request, progress=None, announce=None):
         given.append(request)
         raise BadInput("stopped here")
 

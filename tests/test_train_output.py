@@ -186,7 +186,8 @@ def test_a_streamed_checkpoint_keeps_the_same_best(tmp_path, texts, capsys, monk
 
 @pytest.mark.parametrize("argv,message", [
     (["--keep-best"], "bob: --keep-best keeps the checkpoint of the lowest validation loss: "
-                      "it needs validation data (--val-text, --val-tokens or --val-counts)"),
+                      "it needs validation data (--val-fraction, --val-text, --val-tokens or "
+                      "--val-counts)"),
     (["--keep-best", "--val-text", "{val}", "--result", "{d}/bob.best.safetensors"],
      "bob: {d}/bob.best.safetensors: the best checkpoint and the result record would be one "
      "file"),

@@ -163,6 +163,10 @@ def _byte_text(value: int) -> str:
               help=f"Validation token file ({REPEAT_VAL_TOKENS}).")
 @click.option("--val-counts", type=click.Path(dir_okay=False),
               help="Validation counts file from `bob count`.")
+@click.option("--val-fraction", type=float, default=None, metavar="F",
+              help="Hold the last F of the training data out as validation (0.1: nanoGPT's "
+                   "90/10 split) and train on the rest; texts, token files and the built-in "
+                   "corpus (not a counts file).")
 @click.option("--save-every", "save_every_seconds", type=click.FloatRange(min=0, min_open=True),
               default=None, metavar="SECONDS",
               help="Save the checkpoint at the first invocation's end this long after the last "
@@ -175,9 +179,9 @@ def _byte_text(value: int) -> str:
 def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, backend, arch,
           arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path,
           schedule, as_json, tokens, vocab, token_dtype, counts_file, tokenizer_path, val_texts,
-          val_tokens, val_counts, submission, save_every_seconds, save_every_updates,
-          eval_every, keep_best, shards, device_memory, workers, gpus, dask_address,
-          kernels) -> None:
+          val_tokens, val_counts, val_fraction, submission, save_every_seconds,
+          save_every_updates, eval_every, keep_best, shards, device_memory, workers, gpus,
+          dask_address, kernels) -> None:
     """Train the bigram table with AdamW: invocations of -N updates, a line every
     --eval-every updates, the checkpoint saved as --save-every/--save-every-updates say and
     at the end; the first Ctrl-C (or SIGTERM) finishes the invocation in flight and saves
@@ -200,6 +204,7 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
         overwrite=overwrite, arch=arch, arena=arena, result_path=result_path,
         schedule=schedule, data_spec=_spec(tokens, vocab, token_dtype, counts_file),
         val_spec=_spec(val_tokens, None, token_dtype, val_counts, val_texts),
+        val_fraction=val_fraction,
         submission=submission, save_every_seconds=save_every_seconds,
         save_every_updates=save_every_updates, eval_every=eval_every, keep_best=keep_best,
         shards=shards, device_memory=device_memory, workers=workers, gpus=gpus,

@@ -15,7 +15,6 @@ from dataclasses import replace
 
 from bob.backends import choose_backend
 from bob.errors import BadInput
-from bob.host.data import training_data
 from bob.host.sharded import (
     DaskShards,
     in_turn,
@@ -31,7 +30,7 @@ from bob.host.training import (
     TrainRequest,
     _require_checkpoint_as_asked,
     _starting_point,
-    refuse_slow_cpu,
+    request_data,
     require_disk_room,
     run_one_piece,
 )
@@ -76,8 +75,7 @@ def run_sharded_training(request: TrainRequest, progress: Progress | None = None
     if request.gpus is not None and backend == "auto":
         backend = "cuda"
     choice = choose_backend(backend, arch=request.arch, arena=request.arena)
-    data = training_data(request.texts, request.input_record, request.data_spec,
-                         admit=lambda vocab: refuse_slow_cpu(choice.name, vocab, request.steps))
+    data = request_data(request, choice.name)
     record = data.record
     updates = min(request.updates_per_invocation, request.steps)
     with checkpoint_lock(request.checkpoint):
@@ -106,7 +104,7 @@ def run_sharded_training(request: TrainRequest, progress: Progress | None = None
                 runner.close()
     where = index_path(request.checkpoint)
     return TrainReport(
-        checkpoint=where, backend=choice.name, data=data.description, mode=record.mode,
+        checkpoint=where, backend=choice.name, data=data.shown, mode=record.mode,
         steps=request.steps, global_step=state.step,
         initial_loss=invocations[0].initial_loss, loss=invocations[-1].loss,
         optimum=data.optimum, history=state.history, last_result=invocations[-1].result,

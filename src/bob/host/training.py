@@ -58,6 +58,8 @@ from bob.host import stops
 from bob.host.data import (
     CorpusSpec,
     TrainingData,
+    check_val_fraction,
+    data_given_by,
     require_one_source,
     successor_ranges,
     training_data,
@@ -83,6 +85,7 @@ from bob.records.checkpoint import (
     ranges_mask,
     symbol_ranges,
 )
+from bob.records.data_sources import DataSources
 from bob.records.shards import checkpoint_exists, open_checkpoint
 
 DEFAULT_CHECKPOINT = "bob.safetensors"
@@ -120,6 +123,11 @@ class SavePolicy:
         return (self.every_invocation
                 or (self.every_updates is not None and done - saved_done >= self.every_updates)
                 or (self.every_seconds is not None and since_save >= self.every_seconds))
+
+
+KEEP_BEST_NEEDS_VALIDATION = (
+    "--keep-best keeps the checkpoint of the lowest validation loss: it needs validation "
+    "data (--val-fraction, --val-text, --val-tokens or --val-counts)")
 
 
 @dataclass(frozen=True)
@@ -180,6 +188,9 @@ class TrainRequest:
     # Whose machine code the seed's regions run: "nvrtc", or "own" (Bob's, bob.kernels.own:
     # nv and nv-sim, seed schedule, the table in one piece).
     kernels: str = DEFAULT_KERNELS
+    # The last fraction of the training data held out as validation (nanoGPT's 90/10 split
+    # is 0.1): the run trains on the rest. Texts, token files and the built-in corpus.
+    val_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.texts is not None:  # any sequence of names, kept as a tuple
@@ -206,9 +217,15 @@ class TrainRequest:
                            f"{self.save_every_updates}")
         if self.eval_every is not None and self.eval_every < 1:
             raise BadInput(f"eval_every must be at least 1, not {self.eval_every}")
-        if self.keep_best and self.val_spec is None:
-            raise BadInput("--keep-best keeps the checkpoint of the lowest validation loss: "
-                           "it needs validation data (--val-text, --val-tokens or --val-counts)")
+        check_val_fraction(self.val_fraction)
+        if self.val_fraction is not None and self.val_spec is not None:
+            raise BadInput("--val-fraction holds the end of the training data out as "
+                           "validation; --val-text, --val-tokens and --val-counts name other "
+                           "data: choose one")
+        # A resumed run may validate on the part its recorded data held out: checked once
+        # the data is read (`require_validation`).
+        if self.keep_best and not self.validates and not self.resume:
+            raise BadInput(KEEP_BEST_NEEDS_VALIDATION)
         if self.resume and self.overwrite:
             raise BadInput("--resume continues the checkpoint, --overwrite starts again over "
                            "it: choose one")
@@ -233,6 +250,18 @@ class TrainRequest:
                                "record would be one file")
         require_one_source(self.texts, self.input_record, self.data_spec)
         self._check_shards()
+
+    @property
+    def validates(self) -> bool:
+        """Whether the request names validation data (a held-out fraction or files)."""
+        return self.val_spec is not None or self.val_fraction is not None
+
+    @property
+    def names_data(self) -> bool:
+        """Whether the request names its training data (else a resumed run reads the data
+        its checkpoint recorded, and a fresh one the built-in corpus)."""
+        return bool(self.texts) or self.input_record is not None or (
+            self.data_spec is not None and self.data_spec.given)
 
     @property
     def asks_shards(self) -> bool:
@@ -266,7 +295,7 @@ class TrainRequest:
         if not self.asks_shards:
             return
         refused = (("--schedule fused", self.schedule != "seed"),
-                   ("validation data", self.val_spec is not None),
+                   ("validation data", self.validates),
                    ("--keep-best", self.keep_best), ("--eval-every", self.eval_every is not None),
                    ("--save-every-seconds", self.save_every_seconds is not None),
                    ("--save-every-updates", self.save_every_updates is not None),
@@ -418,9 +447,10 @@ def run_one_piece(request: TrainRequest, progress: Progress | None = None,
     _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
     choice = choose_backend(request.backend, arch=request.arch, arena=request.arena,
                             kernels=request.kernels)
-    data = training_data(request.texts, request.input_record, request.data_spec,
-                         admit=lambda vocab: refuse_slow_cpu(choice.name, vocab, request.steps))
-    validation = validation_record(request.val_spec, data.record.vocab)
+    data = request_data(request, choice.name)
+    validation = data.validation or validation_record(request.val_spec, data.record.vocab)
+    if request.keep_best and validation is None:
+        raise BadInput(KEEP_BEST_NEEDS_VALIDATION)
     lock = (checkpoint_lock(request.checkpoint) if request.writes_checkpoint
             else contextlib.nullcontext())
     with lock:
@@ -432,6 +462,52 @@ def run_one_piece(request: TrainRequest, progress: Progress | None = None,
         report = _train_from(request, start, data, choice, progress, validation,
                              earlier_best, announce)
     return replace(report, wall_seconds=time.perf_counter() - begun)
+
+
+def request_data(request: TrainRequest, backend: str) -> TrainingData:
+    """The data the request trains on: the data it names, or, resuming with none named,
+    the data its checkpoint recorded (`Segment.sources`), read again and held to the
+    checkpoint's digest; a checkpoint that records none trains on the built-in corpus."""
+    admit = lambda vocab: refuse_slow_cpu(backend, vocab, request.steps)  # noqa: E731
+    recorded = None
+    if request.resume and not request.names_data:
+        recorded = open_checkpoint(request.checkpoint).state.sources
+    if recorded is None:
+        return training_data(request.texts, request.input_record, request.data_spec, admit,
+                             request.val_fraction)
+    if request.new_data:
+        raise BadInput("--new-data continues the checkpoint on other data: name it (--text, "
+                       "--tokens, --counts or --input)")
+    return _recorded_data(request, recorded, admit)
+
+
+def _recorded_data(request: TrainRequest, recorded: DataSources,
+                   admit: Callable[[int], None]) -> TrainingData:
+    """The data a checkpoint recorded, read again: refused in one line where it is gone,
+    cannot be read again or has changed since."""
+    checkpoint, named = request.checkpoint, recorded.describe()
+    retrain = "name the data to train on (--text, --tokens, --counts or --input)"
+    if not recorded.rereadable:
+        raise BadInput(f"{checkpoint}: trained on {named}, which cannot be read again; "
+                       f"{retrain}")
+    for path in recorded.paths:
+        if "://" not in path and not any(c in path for c in "*?[") \
+                and not os.path.lexists(path):
+            raise BadInput(f"{checkpoint}: trained on {named}, and {path} is gone; {retrain}")
+    if request.val_fraction not in (None, recorded.val_fraction):
+        held = ("held none of it out" if recorded.val_fraction is None
+                else f"held out its last {recorded.val_fraction:g}")
+        raise BadInput(f"{checkpoint}: trained on {named} and {held}; --val-fraction "
+                       f"{request.val_fraction:g} trains on other data: {retrain}, with "
+                       "--new-data")
+    texts, input_record, spec = data_given_by(recorded)
+    data = training_data(texts, input_record, spec, admit, recorded.val_fraction)
+    expected = open_checkpoint(checkpoint).state.data_digest
+    if expected and not data.record.digest_matches(expected):
+        raise BadInput(f"{checkpoint}: trained on {named}, which has changed since (data "
+                       f"{_short(expected)} then, {_short(data.record.data_digest)} now); "
+                       f"{retrain}, with --new-data for other data")
+    return replace(data, notes=(*data.notes, "the checkpoint's data, unchanged"))
 
 
 def require_disk_room(path: str, size: int) -> None:
@@ -475,7 +551,7 @@ def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
     if not request.resume:
         chosen = replace(request.hyper or Hyper(), **changes)
         return StartingPoint(TrainingState(record.vocab, 0, chosen, record.mode, digest,
-                                           segments=(Segment(0, digest, chosen),),
+                                           segments=(Segment(0, digest, chosen, data.sources),),
                                            successors=successor_ranges(record)))
     stored = open_checkpoint(checkpoint)
     start = stored.state
@@ -489,7 +565,7 @@ def _starting_point(request: TrainRequest, data: TrainingData) -> StartingPoint:
                        f"({data.description}) is {_short(digest)}; pass --new-data to "
                        "continue on other data")
     chosen = replace(request.hyper or start.hyper, **changes)
-    return StartingPoint(_continued(start, record, chosen), stored)
+    return StartingPoint(_continued(start, record, chosen, data.sources), stored)
 
 
 def _earlier_best(request: TrainRequest) -> BestCheckpoint | None:
@@ -527,17 +603,22 @@ def _short(digest: str) -> str:
     return digest.rsplit(":", 1)[-1][:12]
 
 
-def _continued(start: TrainingState, record: InputRecord, hyper: Hyper) -> TrainingState:
-    """`start` set to train on `record` with `hyper`, a new segment where either changed
-    (the same data named by an older form of its digest is the same data)."""
+def _continued(start: TrainingState, record: InputRecord, hyper: Hyper,
+               sources: DataSources | None = None) -> TrainingState:
+    """`start` set to train on `record` (given as `sources` say) with `hyper`, a new
+    segment where either changed (the same data named by an older form of its digest is
+    the same data); the same data given another way is recorded the way it was given
+    last, so that a later --resume reads it from there."""
     segments = start.segments or (Segment(0, start.data_digest, start.hyper),)
-    now = Segment(start.step, record.data_digest, hyper)
+    now = Segment(start.step, record.data_digest, hyper, sources)
     last = segments[-1]
     same_data = last.data_digest == now.data_digest or (
         bool(last.data_digest) and record.digest_matches(last.data_digest))
     if not (same_data and last.hyper == now.hyper):
         # A segment that never ran an update is replaced, not kept.
         segments = (*segments[:-1], now) if last.first_step == start.step else (*segments, now)
+    elif sources is not None and sources != last.sources:
+        segments = (*segments[:-1], replace(last, sources=sources))
     return replace(start, hyper=hyper, data_digest=record.data_digest, mode=record.mode,
                    segments=segments, successors=_successors(start, record, segments))
 
@@ -579,7 +660,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
     sizes = split_sizes(steps, config.updates)
     if announce is not None and steps:
         announce(TrainPlan(choice.name, record.vocab, record.mode, config.schedule,
-                           data.description, start.state.step, steps, sizes))
+                           data.shown, start.state.step, steps, sizes))
     # The loss and validation histories so far, each extended by what an invocation adds
     # (only that is checked: a long run's history is not checked again at every step).
     history = History.of(start.state.history)
@@ -775,7 +856,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         raise Interrupted(stopped, f"interrupted at update {finals[0].step}; checkpoint at "
                                    f"update {kept[0]} kept")
     return TrainReport(
-        checkpoint=checkpoint, backend=choice.name, data=data.description,
+        checkpoint=checkpoint, backend=choice.name, data=data.shown,
         mode=record.mode, steps=steps, global_step=start.state.step + steps,
         initial_loss=initial, loss=final, optimum=data.optimum, history=history,
         last_result=result, written=tuple(written), segments=start.state.segments,

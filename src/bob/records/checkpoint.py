@@ -18,7 +18,8 @@ string metadata:
     optimum         optional: repr() of the data's least reachable loss (corpus mode)
     segments        optional: JSON [{"first_step": s, "data_digest": d, "lr": ..., ...}, ...]:
                     from update s + 1 on, training used data d and those hyperparameters
-                    (absent in checkpoints written before Bob kept it)
+                    (absent in checkpoints written before Bob kept it); "sources", where
+                    known, says how the data was given (bob.records.data_sources)
     val_history     optional: JSON [[step, loss], ...], the validation loss after each invocation
     successors      optional: JSON [[first, last], ...], the symbols the training data has as
                     a next symbol, as inclusive ranges (absent where the data does not say:
@@ -67,6 +68,7 @@ from bob.records.binary import (
     first_true,
     index_text,
 )
+from bob.records.data_sources import DataSources
 from bob.records.digest import DIGEST_FORMS, is_digest
 from bob.records.metadata import (
     MAX_INTEGER,
@@ -194,13 +196,18 @@ class Segment:
     first_step: int  # the checkpoint step the segment starts from
     data_digest: str  # the training data's digest (bob.records.digest)
     hyper: Hyper
+    # How the data was given (--resume with no data reads it again); None where unknown:
+    # checkpoints written before Bob kept it.
+    sources: DataSources | None = None
 
     def to_json(self) -> dict[str, object]:
         return {"first_step": self.first_step, "data_digest": self.data_digest,
-                **{name: float(getattr(self.hyper, name)) for name in HYPER_FIELDS}}
+                **{name: float(getattr(self.hyper, name)) for name in HYPER_FIELDS},
+                **({"sources": self.sources.to_json()} if self.sources is not None else {})}
 
 
 _SEGMENT_KEYS = frozenset(("first_step", "data_digest", *HYPER_FIELDS))
+_SEGMENT_OPTIONAL_KEYS = frozenset(("sources",))
 
 
 def _segments_problem(segments: tuple[Segment, ...], step: int) -> str | None:
@@ -214,7 +221,9 @@ def _segments_problem(segments: tuple[Segment, ...], step: int) -> str | None:
         if first > step:
             return f"segment first_step {first} is beyond the checkpoint's step {step}"
         problem = _digest_problem(segment.data_digest) or (
-            None if isinstance(segment.hyper, Hyper) else "hyper is not a Hyper")
+            None if isinstance(segment.hyper, Hyper) else "hyper is not a Hyper") or (
+            None if segment.sources is None or isinstance(segment.sources, DataSources)
+            else "sources is not a DataSources")
         if problem:
             return f"segment at step {first}: {problem}"
         previous = first
@@ -223,9 +232,10 @@ def _segments_problem(segments: tuple[Segment, ...], step: int) -> str | None:
 
 def _segment_from_json(entry: object) -> Segment | str:
     """A Segment from its JSON object, or what is wrong with the object."""
-    if not isinstance(entry, dict) or set(entry) != _SEGMENT_KEYS:
-        return (f"segment {entry!r} is not an object with exactly "
-                f"{', '.join(sorted(_SEGMENT_KEYS))}")
+    if not isinstance(entry, dict) or not (
+            _SEGMENT_KEYS <= set(entry) <= _SEGMENT_KEYS | _SEGMENT_OPTIONAL_KEYS):
+        return (f"segment {entry!r} is not an object with {', '.join(sorted(_SEGMENT_KEYS))} "
+                f"(and optionally {', '.join(sorted(_SEGMENT_OPTIONAL_KEYS))})")
     first = entry["first_step"]
     if not isinstance(first, int) or isinstance(first, bool) or first < 0:
         return f"segment first_step {first!r} is not a non-negative integer"
@@ -236,7 +246,12 @@ def _segment_from_json(entry: object) -> Segment | str:
         hyper = Hyper(**{k: float(v) for k, v in values.items()})
     except BadInput as error:
         return f"segment at step {first}: {error}"
-    return Segment(first, entry["data_digest"], hyper)
+    sources = None
+    if "sources" in entry:
+        sources = DataSources.from_json(entry["sources"])
+        if isinstance(sources, str):
+            return f"segment at step {first}: {sources}"
+    return Segment(first, entry["data_digest"], hyper, sources)
 
 
 # What a save's tables are handed to: (tensor, byte offset in it, bytes), in arena order.
@@ -304,6 +319,11 @@ class TrainingState:
     @property
     def table_bytes(self) -> int:
         return 4 * self.vocab * self.vocab
+
+    @property
+    def sources(self) -> DataSources | None:
+        """How the last segment's data was given (None where the checkpoint does not say)."""
+        return self.segments[-1].sources if self.segments else None
 
     @property
     def file_bytes(self) -> int:
