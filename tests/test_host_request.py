@@ -66,7 +66,8 @@ REFUSALS = [
     ({"new_data": True},
      "--new-data continues a checkpoint on other data: it needs --resume"),
     ({"hyper_changes": {"momentum": 0.5}},
-     "unknown hyperparameter 'momentum'; Bob's are lr, beta1, beta2, eps, weight_decay"),
+     "unknown hyperparameter 'momentum'; Bob's are lr, beta1, beta2, eps, weight_decay (and "
+     "the schedule's warmup_steps, lr_decay_steps, min_lr)"),
     ({"checkpoint": "{dir}/missing/m.safetensors"},
      "{dir}/missing/m.safetensors: directory {dir}/missing does not exist (the checkpoint "
      "goes there)"),

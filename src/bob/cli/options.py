@@ -169,6 +169,26 @@ def hyper_options(function):
     return function
 
 
+def schedule_options(function):
+    """--warmup-steps, --lr-decay-steps, --min-lr: nanoGPT's learning-rate schedule
+    (`bob.config.Hyper.lr_at`), checked with the rest of the hyperparameters by Hyper."""
+    options = (
+        click.option("--warmup-steps", type=int, default=0, show_default=True, metavar="W",
+                     help="Raise the learning rate linearly over the first W updates of the "
+                          "run's whole count, as nanoGPT's warmup_iters: --lr * (t + 1) / "
+                          "(W + 1) for update t + 1."),
+        click.option("--lr-decay-steps", type=int, default=None, metavar="D",
+                     help="Then lower it along a cosine to --min-lr at update D (nanoGPT's "
+                          "lr_decay_iters; about --steps), and keep it there."),
+        click.option("--min-lr", type=float, default=None, metavar="LR",
+                     help="Where the cosine decay ends (default: --lr / 10, nanoGPT's "
+                          "ratio)."),
+    )
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
 def config_from(vocab: int, prompts: int, updates: int, mode: str, schedule: str = "seed",
                 submission: str = config.DEFAULT_SUBMISSION_POLICY) -> BobConfig:
     """A configuration from the options; corpus mode with a typical K (no corpus given)."""

@@ -33,6 +33,7 @@ from .options import (
     arch_option,
     hyper_options,
     refuse_extra_arguments,
+    schedule_options,
     tokenizer_option,
     vocab_option,
 )
@@ -148,6 +149,7 @@ def _byte_text(value: int) -> str:
               help="Also save the checkpoint of the lowest validation loss seen at an eval "
                    "point, beside the checkpoint (bob.best.safetensors).")
 @hyper_options
+@schedule_options
 @click.option("--result", "result_path", type=click.Path(dir_okay=False),
               help="Write the last invocation's result record here.")
 @SCHEDULE_OPTION
@@ -177,7 +179,8 @@ def _byte_text(value: int) -> str:
                    "last save.")
 @_shard_options
 def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, backend, arch,
-          arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path,
+          arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, warmup_steps,
+          lr_decay_steps, min_lr, result_path,
           schedule, as_json, tokens, vocab, token_dtype, counts_file, tokenizer_path, val_texts,
           val_tokens, val_counts, val_fraction, submission, save_every_seconds,
           save_every_updates, eval_every, keep_best, shards, device_memory, workers, gpus,
@@ -187,16 +190,20 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
     at the end; the first Ctrl-C (or SIGTERM) finishes the invocation in flight and saves
     it, a second stops at once."""
     refuse_extra_arguments(click.get_current_context())
-    Hyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)  # checks them
+    stated = _stated_hyper(click.get_current_context(),
+                           dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                                weight_decay=weight_decay, warmup_steps=warmup_steps,
+                                lr_decay_steps=lr_decay_steps, min_lr=min_lr))
+    # Checked together now (a schedule against its lr); a resumed run's against the
+    # checkpoint's own when it starts.
+    Hyper(**{**dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay),
+             **({} if resume else stated)})
     if texts and input_record is not None:  # the API says it in its words; here in flags
         raise BadInput("give either --text files or an --input record, not both")
     if tokenizer_path is not None and not (tokens or counts_file or val_tokens):
         raise BadInput("--tokenizer gives the V of --tokens files; text trains on bytes "
                        "(V=256)")
     vocab = api.resolve_vocab(vocab, _tokenizer(tokenizer_path))
-    stated = _stated_hyper(click.get_current_context(),
-                           dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                                weight_decay=weight_decay))
     request = api.TrainRequest(
         texts=tuple(texts) or None, steps=steps, checkpoint=checkpoint, resume=resume,
         backend=backend, hyper_changes=stated, new_data=new_data,
@@ -246,8 +253,16 @@ def _table_console(console: Console | None) -> Console:
 
 
 def _hyper_text(hyper: Hyper) -> str:
-    return (f"lr {hyper.lr:g}, betas {hyper.beta1:g}/{hyper.beta2:g}, eps {hyper.eps:g}, "
-            f"weight decay {hyper.weight_decay:g}")
+    return (f"lr {hyper.lr:g}{_schedule_text(hyper)}, betas {hyper.beta1:g}/{hyper.beta2:g}, "
+            f"eps {hyper.eps:g}, weight decay {hyper.weight_decay:g}")
+
+
+def _schedule_text(hyper: Hyper) -> str:
+    """ (warmup 100, cosine to 0.01 at update 1000): the schedule, where one is set."""
+    parts = [f"warmup {hyper.warmup_steps}"] if hyper.warmup_steps else []
+    if hyper.lr_decay_steps is not None:
+        parts.append(f"cosine to {hyper.min_lr:g} at update {hyper.lr_decay_steps}")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _train_table(report: api.TrainReport) -> Table:

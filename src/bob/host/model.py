@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bob.config import HYPER_FIELDS, Hyper
+from bob.config import HYPER_FIELDS, SCHEDULE_FIELDS, Hyper
 from bob.errors import BadInput
 from bob.files import atomic_write, check_output_file, reading
 from bob.host import inference, sampling
@@ -78,6 +78,12 @@ class TrainConfig:
     beta2: float | None = None
     eps: float | None = None
     weight_decay: float | None = None
+    # nanoGPT's learning-rate schedule (bob.config.Hyper.lr_at): a linear warmup over
+    # warmup_steps updates, a cosine decay to min_lr (None: lr / 10) at lr_decay_steps.
+    warmup_steps: int | None = None
+    lr_decay_steps: int | None = None
+    min_lr: float | None = None
+    val_fraction: float | None = None  # the last fraction of the data validates, as nanoGPT's
     out: str | None = None  # the checkpoint; None: a temporary file the model keeps
     resume: bool = False  # continue `out`'s run
     overwrite: bool = False  # start again over an existing `out`
@@ -87,15 +93,18 @@ class TrainConfig:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
             raise BadInput(f"steps must be an integer >= 0, not {self.steps!r}")
         stated = self.hyper_changes()
-        Hyper(**stated)  # checks each stated value by Hyper's rule
+        # Each stated value by Hyper's rule; a resumed run's schedule is checked against
+        # the checkpoint's own lr as it starts.
+        Hyper(**{name: value for name, value in stated.items()
+                 if not self.resume or name in HYPER_FIELDS})
         if self.resume and self.out is None:
             raise BadInput("resume continues a checkpoint: give it as out")
         if self.tokenizer is not None and not (self.tokens or self.counts or self.val_tokens):
             raise BadInput("tokenizer gives the V of token files; text trains on bytes (V=256)")
 
     def hyper_changes(self) -> dict[str, float]:
-        """The hyperparameters this configuration states."""
-        return {name: getattr(self, name) for name in HYPER_FIELDS
+        """The hyperparameters (and schedule) this configuration states."""
+        return {name: getattr(self, name) for name in (*HYPER_FIELDS, *SCHEDULE_FIELDS)
                 if getattr(self, name) is not None}
 
     def request(self, checkpoint: str, tokenizer: Tokenizer | None = None) -> TrainRequest:
@@ -110,7 +119,8 @@ class TrainConfig:
             texts=_names(self.text) or None, steps=self.steps, checkpoint=checkpoint,
             resume=self.resume, backend=self.backend, hyper_changes=self.hyper_changes(),
             overwrite=self.overwrite, data_spec=data if data.given else None,
-            val_spec=val if val.given else None, save_start=True)
+            val_spec=val if val.given else None, save_start=True,
+            val_fraction=self.val_fraction)
 
 
 def train(config: TrainConfig | None = None, progress: Progress | None = None) -> Model:

@@ -47,6 +47,7 @@ from bob.config import (
     CHECKPOINT_TENSORS,
     DEFAULT_KERNELS,
     DEFAULT_TARGET,
+    SCHEDULE_FIELDS,
     SCHEDULES,
     SUBMISSION_CHOICES,
     Hyper,
@@ -231,10 +232,11 @@ class TrainRequest:
                            "it: choose one")
         if self.new_data and not self.resume:
             raise BadInput("--new-data continues a checkpoint on other data: it needs --resume")
-        unknown = sorted(set(self.hyper_changes or ()) - set(HYPER_FIELDS))
+        unknown = sorted(set(self.hyper_changes or ()) - {*HYPER_FIELDS, *SCHEDULE_FIELDS})
         if unknown:
             raise BadInput(f"unknown hyperparameter {unknown[0]!r}; Bob's are "
-                           f"{', '.join(HYPER_FIELDS)}")
+                           f"{', '.join(HYPER_FIELDS)} (and the schedule's "
+                           f"{', '.join(SCHEDULE_FIELDS)})")
         # Every output is checked before any work, so a bad path costs nothing.
         if self.writes_checkpoint:
             check_output_file(self.checkpoint, "checkpoint")

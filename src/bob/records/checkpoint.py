@@ -10,6 +10,8 @@ string metadata:
     step            global AdamW update count (the next update is step + 1)
     mode            "hard" or "corpus"
     lr, beta1, beta2, eps, weight_decay   repr() of the floats: they round-trip
+    warmup_steps, lr_decay_steps, min_lr  optional: the learning-rate schedule
+                    (bob.config.Hyper.lr_at), present only where one is set
     data_digest     the training data's digest ("" before any training), either form of
                     bob.records.digest: "v2:" and the sha256 hex of a corpus's sparse
                     weights, or the legacy sha256 hex of the input record's table
@@ -55,6 +57,7 @@ from bob.config import (
     MAX_VOCAB,
     MIN_VOCAB,
     MODES,
+    SCHEDULE_FIELDS,
     Hyper,
     Mode,
 )
@@ -203,11 +206,38 @@ class Segment:
     def to_json(self) -> dict[str, object]:
         return {"first_step": self.first_step, "data_digest": self.data_digest,
                 **{name: float(getattr(self.hyper, name)) for name in HYPER_FIELDS},
+                **schedule_fields(self.hyper),
                 **({"sources": self.sources.to_json()} if self.sources is not None else {})}
 
 
+def schedule_fields(hyper: Hyper) -> dict[str, int | float]:
+    """The learning-rate schedule's fields where one is set (none for a constant lr, so
+    such a checkpoint is written as before the schedule existed)."""
+    if not hyper.scheduled:
+        return {}
+    fields: dict[str, int | float] = {"warmup_steps": hyper.warmup_steps}
+    if hyper.lr_decay_steps is not None and hyper.min_lr is not None:
+        fields.update(lr_decay_steps=hyper.lr_decay_steps, min_lr=float(hyper.min_lr))
+    return fields
+
+
+def _schedule_from(values: dict[str, object], where: str) -> dict[str, object] | str:
+    """The schedule's fields of a JSON object or metadata (absent: none), checked for type;
+    Hyper checks the rest."""
+    found: dict[str, object] = {}
+    for name in SCHEDULE_FIELDS:
+        if name not in values:
+            continue
+        value = values[name]
+        whole = name != "min_lr"
+        if isinstance(value, bool) or not isinstance(value, Integral if whole else Real):
+            return f"{where}{name} {value!r} is not {'an integer' if whole else 'a number'}"
+        found[name] = int(value) if whole else float(value)  # type: ignore[arg-type]
+    return found
+
+
 _SEGMENT_KEYS = frozenset(("first_step", "data_digest", *HYPER_FIELDS))
-_SEGMENT_OPTIONAL_KEYS = frozenset(("sources",))
+_SEGMENT_OPTIONAL_KEYS = frozenset(("sources", *SCHEDULE_FIELDS))
 
 
 def _segments_problem(segments: tuple[Segment, ...], step: int) -> str | None:
@@ -242,8 +272,11 @@ def _segment_from_json(entry: object) -> Segment | str:
     values = {name: entry[name] for name in HYPER_FIELDS}
     if not all(isinstance(v, Real) and not isinstance(v, bool) for v in values.values()):
         return f"segment at step {first}: a hyperparameter is not a number"
+    schedule = _schedule_from(entry, f"segment at step {first}: ")
+    if isinstance(schedule, str):
+        return schedule
     try:  # a Hyper checks its own values
-        hyper = Hyper(**{k: float(v) for k, v in values.items()})
+        hyper = Hyper(**{k: float(v) for k, v in values.items()}, **schedule)
     except BadInput as error:
         return f"segment at step {first}: {error}"
     sources = None
@@ -338,6 +371,7 @@ class TrainingState:
             "step": str(self.step),
             "mode": self.mode,
             **{name: repr(float(getattr(self.hyper, name))) for name in HYPER_FIELDS},
+            **{name: repr(value) for name, value in schedule_fields(self.hyper).items()},
             "data_digest": self.data_digest,
             "created_by": f"bob {bob_version()}",
             **({"history": json.dumps([list(p) for p in self.history])} if self.history else {}),
@@ -774,8 +808,17 @@ def _read_metadata(metadata: dict[str, str], source: str) -> TrainingState:
         raise BadInput(f"{source}: metadata mode {metadata['mode']!r} is not 'hard' or "
                        f"'corpus'")
     values = {name: read_number(metadata, name, source) for name in HYPER_FIELDS}
+    schedule: dict[str, object] = {}
+    if "warmup_steps" in metadata:
+        schedule["warmup_steps"] = read_integers(metadata, ("warmup_steps",),
+                                                 source)["warmup_steps"]
+    if "lr_decay_steps" in metadata:
+        schedule["lr_decay_steps"] = read_integers(metadata, ("lr_decay_steps",),
+                                                   source)["lr_decay_steps"]
+    if "min_lr" in metadata:
+        schedule["min_lr"] = read_number(metadata, "min_lr", source)
     try:
-        hyper = Hyper(**values)
+        hyper = Hyper(**values, **schedule)  # type: ignore[arg-type]
     except BadInput as problem:
         raise BadInput(f"{source}: metadata {problem}") from None
     problem = _digest_problem(metadata["data_digest"])
