@@ -360,15 +360,22 @@ def _predict_ids(checkpoint, prompts, backend, as_json, tokenizer=None) -> None:
 
 # Between samples, as nanoGPT's sample.py prints them.
 SAMPLE_SEPARATOR = "-" * 15
+DEFAULT_LENGTH = 200  # symbols a sample draws, as nanoGPT's sample.py's max_new_tokens
+LINE_LENGTH = 1000  # with --lines, the most a sample draws per line asked for
 
 
 @click.command()
 @_CHECKPOINT
 @click.option("--prompt", "-p", help="Text to continue (a token model's with --tokenizer).")
 @click.option("--ids", "id_prompt", help='Token ids to continue, e.g. "464 3290 318".')
-@click.option("--length", "-n", type=click.IntRange(0, 10_000_000), default=200,
-              show_default=True, help="Symbols to generate: bytes, or token ids for a token "
-                                      "model.")
+@click.option("--length", "-n", type=click.IntRange(0, 10_000_000), default=None,
+              help="Symbols to generate: bytes, or token ids for a token model (default 200; "
+                   f"with --lines the most a sample draws, default {LINE_LENGTH} a line).")
+@click.option("--lines", type=click.IntRange(1, 100_000), default=None, metavar="K",
+              help="Print K whole lines a sample: stop at the K-th line's end (a newline; a "
+                   "token model's --stop symbol, or its --tokenizer's newline token).")
+@click.option("--stop", type=click.IntRange(0), default=None, metavar="ID",
+              help="With --lines: the symbol that ends a line (a byte value, or a token id).")
 @click.option("--temperature", "-t", type=click.FloatRange(0), default=0.8, show_default=True,
               help="0 is greedy; above 0 samples (0.8 as nanoGPT's sample.py).")
 @click.option("--top-k", "-k", type=click.IntRange(1), default=200, show_default=True,
@@ -392,27 +399,41 @@ SAMPLE_SEPARATOR = "-" * 15
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True,
               help="Print the prompt and the continuation as JSON (text and byte values).")
-def generate(checkpoint, prompt, id_prompt, length, temperature, top_k, seen_only, num_samples,
-             seed, tokenizer_path, raw, backend, as_json) -> None:
+def generate(checkpoint, prompt, id_prompt, length, lines, stop, temperature, top_k, seen_only,
+             num_samples, seed, tokenizer_path, raw, backend, as_json) -> None:
     """Continue a prompt (text, or --ids for token checkpoints) by sampling, as nanoGPT's
-    sample.py does (temperature 0.8, top-k 200), or greedily with -t 0."""
-    if (prompt is None) == (id_prompt is None):
-        raise click.UsageError("give --prompt text or --ids, one of them")
+    sample.py does (temperature 0.8, top-k 200), or greedily with -t 0. Without a prompt,
+    as makemore samples: a byte model from the start of a line, a token model from the
+    symbol its data starts with; --lines K prints K whole lines (K names of a names list)."""
+    if prompt is not None and id_prompt is not None:
+        raise click.UsageError("give --prompt text or --ids, not both")
     if raw and as_json:
         raise click.UsageError("--raw and --json are two ways to print: choose one")
     if raw and num_samples > 1:
         raise click.UsageError("--raw writes one sample unchanged: leave out --num-samples")
+    if stop is not None and lines is None:
+        raise click.UsageError("--stop ends the lines of --lines: give --lines K too")
+    if length is None:
+        length = DEFAULT_LENGTH if lines is None else LINE_LENGTH * lines
     tokenizer = _tokenizer(tokenizer_path)
     if tokenizer is not None:
         api.require_tokenizer(checkpoint, tokenizer)
-        given: bytes | list[int] = (tokenizer.encode(prompt) if prompt is not None
-                                    else _ids(id_prompt))
+    given: bytes | list[int]
+    if prompt is None and id_prompt is None:
+        given = api.generation_start(checkpoint, tokenizer).shown
+    elif tokenizer is not None:
+        given = tokenizer.encode(prompt) if prompt is not None else _ids(id_prompt)
     else:
         given = os.fsencode(prompt) if prompt is not None else _ids(id_prompt)
-    samples = api.generate_samples(checkpoint, given, length, temperature, seed, backend,
-                                   top_k, seen_only, num_samples)
+    samples = api.generate_samples(checkpoint, given or None, length, temperature, seed,
+                                   backend, top_k, seen_only, num_samples, lines, stop,
+                                   tokenizer)
+    if lines is not None:
+        _say_short_samples(samples, lines, length, checkpoint, stop, tokenizer)
     form = "json" if as_json else "raw" if raw else "text"
     shown = [_sample_shown(given, more, tokenizer, form) for more in samples]
+    if lines is not None and form == "text":  # whole lines: the separator starts a line
+        shown = [text.removesuffix("\n") for text in shown]
     if as_json:
         click.echo(json.dumps(shown[0] if len(shown) == 1 else {"samples": shown}))
         return
@@ -424,6 +445,19 @@ def generate(checkpoint, prompt, id_prompt, length, temperature, top_k, seen_onl
         sys.stdout.buffer.flush()
         return
     sys.stdout.write(f"\n{SAMPLE_SEPARATOR}\n".join(shown) + "\n")
+
+
+def _say_short_samples(samples: list[list[int]], lines: int, length: int, checkpoint: str,
+                       stop: int | None, tokenizer: api.Tokenizer | None) -> None:
+    """A line on stderr for each sample that reached -n before its last line ended."""
+    from bob.host.inference import stop_symbol
+
+    ending = stop_symbol(checkpoint, stop, tokenizer)
+    for number, sample in enumerate(samples, start=1):
+        ended = sample.count(ending)
+        if ended < lines:
+            click.echo(f"(sample {number}: {ended} of {lines} lines ended within -n {length} "
+                       "symbols)", err=True)
 
 
 def _sample_shown(given: bytes | list[int], more: list[int], tokenizer: api.Tokenizer | None,

@@ -29,6 +29,7 @@ from bob.host.inference import (
     generate,
     generate_ids,
     generate_samples,
+    generation_start,
     predict,
     predict_ids,
     require_tokenizer,
@@ -50,8 +51,8 @@ __all__ = [
     "CountReport", "EvalReport", "Progress", "Tokenizer", "TrainPlan", "TrainReport",
     "TrainRequest", "TrainingData",
     "count", "evaluate", "evaluate_symbols", "export", "generate", "generate_ids",
-    "generate_samples", "load_tokenizer", "predict", "predict_ids", "require_tokenizer",
-    "resolve_vocab", "run_training", "train", "training_data",
+    "generate_samples", "generation_start", "load_tokenizer", "predict", "predict_ids",
+    "require_tokenizer", "resolve_vocab", "run_training", "train", "training_data",
 ]
 
 

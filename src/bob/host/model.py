@@ -247,23 +247,40 @@ class Model:
         found = np.stack([sampling.probabilities(row, temperature) for row in rows])
         return found[0] if isinstance(prev, int | np.integer) else found
 
-    def generate(self, prompt: Symbols, n: int = 200, temperature: float = 0.8,
-                 top_k: int | None = 200, seed: int = 0, seen_only: bool | None = None,
-                 num_samples: int | None = None):
-        """The `n` symbols after `prompt`, sampled as nanoGPT's sample.py does (0.8, the 200
-        most likely; `temperature=0` is greedy), the same for a seed on every machine.
+    def generate(self, prompt: Symbols | None = None, n: int | None = None,
+                 temperature: float = 0.8, top_k: int | None = 200, seed: int = 0,
+                 seen_only: bool | None = None, num_samples: int | None = None,
+                 lines: int | None = None, stop: int | None = None):
+        """The `n` symbols after `prompt` (200; with `lines`, at most 1000 a line), sampled
+        as nanoGPT's sample.py does (0.8, the 200 most likely; `temperature=0` is greedy),
+        the same for a seed on every machine.
 
-        Text gives text (decoded), bytes bytes, ids a list of ids. `seen_only` draws only
-        symbols the training data has as a next symbol (None: on for a byte model trained
-        on text whose checkpoint records them). With `num_samples` K: a list of K samples,
-        as `bob generate --num-samples K` prints them.
+        Text gives text (decoded), bytes bytes, ids a list of ids. No prompt: as `bob
+        generate` with none, from the start of a line (a byte model) or the symbol the data
+        starts with (a token model, given back with what follows it): text where the model
+        has text, else ids. `lines` K ends a sample at its K-th line's end (a newline, the
+        tokenizer's newline token, or `stop`). `seen_only` draws only symbols the training
+        data has as a next symbol (None: on for a byte model trained on text whose
+        checkpoint records them). With `num_samples` K: a list of K samples, as `bob
+        generate --num-samples K` prints them.
         """
+        if n is None:
+            n = 200 if lines is None else 1000 * lines
+        if prompt is None:
+            start = inference.generation_start(self.path, self.tokenizer)
+            samples = inference.generate_samples(
+                self.path, None, n, temperature, seed, self.backend, top_k, seen_only,
+                1 if num_samples is None else num_samples, lines, stop, self.tokenizer)
+            whole = [[*start.shown, *more] for more in samples]
+            speaks = self.tokenizer is not None or self.vocab == BYTE_VOCAB
+            shown = [self.decode(ids) for ids in whole] if speaks else whole
+            return shown[0] if num_samples is None else shown
         ids = self.encode(prompt)
         given: bytes | list[int] = bytes(ids) if isinstance(prompt, bytes | bytearray) \
             or (isinstance(prompt, str) and self.tokenizer is None) else ids
         samples = inference.generate_samples(
             self.path, given, n, temperature, seed, self.backend, top_k, seen_only,
-            1 if num_samples is None else num_samples)
+            1 if num_samples is None else num_samples, lines, stop, self.tokenizer)
         if isinstance(prompt, str):
             shown = [self.decode(more) for more in samples]
         elif isinstance(prompt, bytes | bytearray):
