@@ -523,7 +523,10 @@ def eval_(checkpoint, texts, backend, as_json, tokens, vocab, token_dtype, count
 @click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
               help="The training counts file: its optimum on the loss curve.")
 @click.option("--json", "as_json", is_flag=True, help="List the files written as JSON.")
-def plot(checkpoint, out_dir, counts_file, as_json) -> None:
+@tokenizer_option("Token checkpoints: label the heat map with each token's text.")
+@click.option("--overwrite", is_flag=True, help="Replace loss.png and transitions.png where "
+                                                "they exist.")
+def plot(checkpoint, out_dir, counts_file, as_json, tokenizer_path, overwrite) -> None:
     """Draw the loss curve and the learned transition heat map as PNG (matplotlib): the
     map over the symbols the data uses, above V=512 the 64 most frequent (by --counts, else
     by the model's estimate)."""
@@ -533,15 +536,20 @@ def plot(checkpoint, out_dir, counts_file, as_json) -> None:
 
     stored = open_checkpoint(checkpoint)  # the header: rows are read as the map needs
     state = stored.state
+    tokenizer = _tokenizer(tokenizer_path)
+    if tokenizer is not None:
+        api.require_tokenizer(checkpoint, tokenizer)
     counted = None if counts_file is None else CountsFile.load(counts_file)
     if counted is not None:
         _require_training_counts(state, counted, counts_file)
     optimum = state.optimum if counted is None else counted.optimum
-    targets = {name: os.path.join(out_dir, name) for name in ("loss.png", "transitions.png")}
-    _check_plot_directory(out_dir, targets.values())
+    drawn = ("loss.png", "transitions.png") if state.history else ("transitions.png",)
+    targets = {name: os.path.join(out_dir, name) for name in drawn}
+    _check_plot_directory(out_dir, targets.values(), overwrite)
     figures = {"transitions.png": pictures.transitions_figure(
         lambda indices: stored.rows("parameters", indices), state.vocab,
-        None if counted is None else pictures.symbol_counts(counted.counts))}
+        None if counted is None else pictures.symbol_counts(counted.counts),
+        None if tokenizer is None else (lambda symbol: tokenizer.decode([symbol])))}
     if state.history:
         figures["loss.png"] = pictures.loss_figure(
             state.history, optimum, validation=validation_curve(state),
@@ -591,12 +599,15 @@ def validation_curve(state) -> list[tuple[int, float]]:
     return list(state.val_history)
 
 
-def _check_plot_directory(out_dir: str, targets) -> None:
-    """Before drawing: the directory can be made or used, and each target can be written."""
+def _check_plot_directory(out_dir: str, targets, overwrite: bool = False) -> None:
+    """Before drawing: the directory can be made or used, and each target can be written,
+    replacing an existing one only with --overwrite, as every other output."""
     check_output_directory(out_dir, "plots")
     if os.path.isdir(out_dir):
         for path in targets:
             check_output_file(path, "PNG")
+            if not overwrite and os.path.lexists(path):
+                raise BadInput(f"{path}: exists; pass --overwrite to replace it")
 
 
 @click.command(name="export")
