@@ -249,7 +249,7 @@ def test_invocations_with_fast_and_reference_kernels_agree(schedule: str, mode: 
 @pytest.mark.parametrize("schedule", ["seed", "fused"])
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
 def test_the_tiny_calls_compile_the_code_every_invocation_runs(schedule: str, mode: str) -> None:
-    """compile_session compiles each function on tiny arrays: of the very types the kernels
+    """compile_kernels compiles each function on tiny arrays: of the very types the kernels
     pass, or the first real invocation would compile again (silently: the cache index is
     not empty). Training, validation and a forward invocation add no signature."""
     calls = fast.tiny_calls()
@@ -272,7 +272,27 @@ def test_the_tiny_calls_compile_the_code_every_invocation_runs(schedule: str, mo
     assert {function: len(function.signatures) for function in calls} == before
 
 
-def test_a_session_compiles_the_losses_of_predict_eval_and_validation_with_training() -> None:
+def test_compiling_ahead_stops_when_the_run_is_asked_to(monkeypatch) -> None:
+    """A session's backend compiles its plan's kernels, then (compile_ahead) those every
+    session reaches, one at a time while keep_going says so: a run asked to stop leaves
+    the rest for a later run."""
     assert set(fast.SESSION_REGIONS) == {sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS}
-    wanted = {f for region in (sig.ADAMW, *fast.SESSION_REGIONS) for f in fast.COMPILED[region]}
-    assert set(fast._uncompiled([sig.ADAMW])) <= wanted
+    compiled: list[str] = []
+    functions = [lambda name=name: compiled.append(name) for name in ("a", "b", "c")]
+    monkeypatch.setattr(fast, "_uncompiled", lambda regions: functions)
+    monkeypatch.setattr(fast, "tiny_calls", lambda: {f: () for f in functions})
+    answers = iter([True, True, False])
+    fast.compile_kernels(fast.SESSION_REGIONS, lambda: next(answers))
+    assert compiled == ["a", "b"]
+    fast.compile_kernels(fast.SESSION_REGIONS)
+    assert compiled == ["a", "b", "a", "b", "c"]
+
+
+def test_a_cpu_session_compiles_ahead_what_every_session_reaches(monkeypatch) -> None:
+    asked: list[tuple[str, ...]] = []
+    monkeypatch.setattr(fast, "compile_kernels",
+                        lambda regions, keep_going=None: asked.append(tuple(regions)))
+    config = bob_config(vocab=16, prompts=1, updates=1, mode="hard")
+    with Session(choose_backend("cpu")) as session:
+        session.plan_for(config)
+    assert fast.SESSION_REGIONS in asked

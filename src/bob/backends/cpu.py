@@ -70,14 +70,15 @@ COMPILING_NOTICE = "compiling the CPU kernels (first run only) ..."
 def compile_kernels(regions: set[str]) -> None:
     """Before a first launch would compile a Numba kernel: one line on stderr (tens of
     seconds on a small machine, which would otherwise look like a hang), then this plan's
-    kernels compiled together with those every session reaches (predict's, eval's and
-    validation's losses), so that the commands after a first `bob train` compile nothing.
-    Later runs load them from Numba's cache on disk and say nothing."""
-    from bob.kernels.fast import compile_session, needs_compiling
+    kernels compiled. The line is said where any kernel a session reaches needs compiling
+    (predict's, eval's and validation's losses too): `CpuBackend.compile_ahead` compiles
+    those next, so that the commands after a first `bob train` compile nothing and say
+    nothing. Later runs load them from Numba's cache on disk."""
+    from bob.kernels import fast
 
-    if needs_compiling(regions):
+    if fast.needs_compiling(regions):
         print(COMPILING_NOTICE, file=sys.stderr, flush=True)
-        compile_session(regions)
+        fast.compile_kernels(regions)
 
 
 class HostArenaBackend(Backend):
@@ -123,6 +124,15 @@ class CpuBackend(HostArenaBackend):
         self._arguments = [self._decode(i) for i in range(plan.launch_count)]
         if self.kernel_set == "fast":
             compile_kernels({launch.region for launch in plan.launches})
+
+    def compile_ahead(self, keep_going: Callable[[], bool]) -> None:
+        """The Numba kernels every session reaches (predict's, eval's and validation's
+        losses), compiled now where they are not yet, each after `keep_going()` (a run
+        asked to stop leaves the rest for a later run)."""
+        if self.kernel_set == "fast":
+            from bob.kernels import fast
+
+            fast.compile_kernels(fast.SESSION_REGIONS, keep_going)
 
     def _decode(self, launch_index: int) -> dict[str, int | np.float32]:
         """What launch `launch_index`'s kernel reads from its parameter block."""

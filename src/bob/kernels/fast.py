@@ -22,7 +22,7 @@ the reference. The first call compiles (a few seconds, cached on disk after).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -532,23 +532,25 @@ def needs_compiling(regions: Iterable[str]) -> bool:
     """Whether a session launching these kernels compiles one (seconds to tens of seconds
     each): one of them or of SESSION_REGIONS not yet compiled in this process, and no
     fresh code of it in Numba's cache on disk (a first run, or sources changed since)."""
-    return bool(_uncompiled(regions))
+    return bool(_uncompiled([*regions, *SESSION_REGIONS]))
 
 
-def compile_session(regions: Iterable[str]) -> None:
-    """Compile these kernels and SESSION_REGIONS' together, on tiny arrays, so that
-    Numba's cache on disk holds them all and the commands after a first run (predict, a
-    run with validation, eval) load and never compile. Functions already compiled or cached
-    are left alone: loading costs time too."""
+def compile_kernels(regions: Iterable[str],
+                    keep_going: Callable[[], bool] = lambda: True) -> None:
+    """Compile these kernels on tiny arrays, so that Numba's cache on disk holds them and
+    later processes load them; functions already compiled or cached are left alone
+    (loading costs time too). `keep_going()` runs before each: False stops there (the rest
+    wait for a later run)."""
     calls = tiny_calls()
     for function in _uncompiled(regions):
+        if not keep_going():
+            return
         function(*calls[function])
 
 
 def _uncompiled(regions: Iterable[str]) -> list[Any]:
-    """The compiled functions of these kernels and SESSION_REGIONS' a call would compile."""
-    wanted = {*regions, *SESSION_REGIONS}
-    functions = dict.fromkeys(function for region in sorted(wanted)
+    """The compiled functions of these kernels a call would compile."""
+    functions = dict.fromkeys(function for region in sorted(set(regions))
                               for function in COMPILED.get(region, ()))
     return [function for function in functions
             if not function.signatures and not _cached_on_disk(function)]
