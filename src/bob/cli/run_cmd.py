@@ -419,15 +419,17 @@ def generate(checkpoint, prompt, id_prompt, length, lines, stop, temperature, to
     if tokenizer is not None:
         api.require_tokenizer(checkpoint, tokenizer)
     given: bytes | list[int]
-    if prompt is None and id_prompt is None:
+    prompted = prompt is not None or id_prompt is not None
+    if not prompted:
         given = api.generation_start(checkpoint, tokenizer).shown
     elif tokenizer is not None:
         given = tokenizer.encode(prompt) if prompt is not None else _ids(id_prompt)
     else:
         given = os.fsencode(prompt) if prompt is not None else _ids(id_prompt)
-    samples = api.generate_samples(checkpoint, given or None, length, temperature, seed,
-                                   backend, top_k, seen_only, num_samples, lines, stop,
-                                   tokenizer)
+    # No prompt: the generation's start (a prompt given empty is refused as before).
+    samples = api.generate_samples(checkpoint, given if prompted else None, length,
+                                   temperature, seed, backend, top_k, seen_only, num_samples,
+                                   lines, stop, tokenizer)
     if lines is not None:
         _say_short_samples(samples, lines, length, checkpoint, stop, tokenizer)
     form = "json" if as_json else "raw" if raw else "text"
