@@ -443,11 +443,12 @@ def test_without_a_terminal_the_run_says_its_plan_and_keeps_saying_what_it_does(
     beats = [line for line in lines if line.startswith("... ")]
     assert all(re.fullmatch(r"\.\.\. \d+:\d\d: .+", line) for line in beats), beats
     # The data first, then the plan, then each invocation as it runs.
-    assert beats[0].endswith(": reading the data"), lines
+    assert beats[0].endswith(": starting: the backend, the data"), lines
     plan = lines.index("plan: updates 1-5 on the cpu backend (V=256, corpus mode, seed "
                        "schedule), 3 invocations of up to 2 updates; the first estimated at "
                        "0.0015 s")
-    assert all(line.endswith("reading the data") for line in beats if lines.index(line) < plan)
+    assert all(line.endswith("the backend, the data") for line in beats
+               if lines.index(line) < plan)
     phases = [line.split(": ", 1)[1] for line in lines[plan:] if line.startswith("... ")]
     assert set(phases) <= {"the first invocation running (updates 1-2)",
                            "2 of 5 updates done", "4 of 5 updates done",

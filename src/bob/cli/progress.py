@@ -31,7 +31,9 @@ class Heartbeat:
         self.console = console
         self.enabled = enabled
         self.begun = self.last = time.monotonic()
-        self.phase = "reading the data"
+        # Until the run announces its plan: the backend chosen, the data read or counted
+        # (row shards: their workers started too).
+        self.phase = "starting: the backend, the data"
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
