@@ -22,7 +22,7 @@ import numpy as np
 
 from bob.config import MAX_VOCAB
 from bob.errors import BadInput
-from bob.files import check_output_file
+from bob.files import check_output_file, stream_kind
 from bob.records import corpus, counting, sources
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Ranges, symbol_ranges
@@ -193,9 +193,10 @@ def training_data(texts: Sequence[str] | None = None, input_record: str | None =
                             known_optimum=counted.optimum,
                             sources=DataSources("counts", (spec.counts,)))
     if input_record is not None:
+        streamed = stream_kind(input_record) is not None
         record = InputRecord.read(input_record)
         return TrainingData(replace_prompts(record, ()), None, input_record,
-                            sources=DataSources("input", (input_record,)))
+                            sources=DataSources("input", (input_record,), stream=streamed))
     if spec.given:
         return _sequence_data(spec, admit, val_fraction)
     return _builtin_data(val_fraction)
@@ -217,15 +218,17 @@ def _sequence_data(spec: CorpusSpec, admit: Callable[[int], None],
         "tokens" if spec.tokens else "text", given, vocab if spec.tokens else None,
         spec.token_dtype if spec.tokens else None, val_fraction,
         next((token for token in map(sources.first_token, found) if token is not None),
-             None))
+             None), stream=any(source.is_stream for source in found))
     validation, notes = None, ()
-    if val_fraction is not None:
+    if val_fraction is None:
+        counted = count_corpus(spec)  # as `bob count` counts it
+    else:
         found, held_out = sources.split_tail(found, val_fraction)
         _require_both_parts(found, held_out, val_fraction, names)
         validation = corpus_record(count_found(held_out, vocab),
                                    f"the last {percent(val_fraction)} of {names}")
         notes = (held_out_note(val_fraction),)
-    counted = count_found(found, vocab)
+        counted = count_found(found, vocab)
     admit(counted.vocab)
     return TrainingData(corpus_record(counted, names), None, names,
                         known_optimum=counted.optimum, sources=recorded,

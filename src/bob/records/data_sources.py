@@ -10,6 +10,8 @@ A segment's ``sources`` (JSON) holds:
     val_fraction   the last fraction of the data held out as validation (--val-fraction)
     first_symbol   the data's first symbol where it was read from the data (generation
                    without a prompt starts a token model there)
+    stream         true where the data came from a stream (standard input, a pipe, a
+                   FIFO): read as it came, it cannot be read again
 
 Only what was given is written. The data itself is not kept: its digest is the
 segment's ``data_digest``, which `--resume` checks again before training on it.
@@ -37,6 +39,7 @@ class DataSources:
     token_dtype: str | None = None
     val_fraction: float | None = None
     first_symbol: int | None = None
+    stream: bool = False  # read as it came (stdin, a pipe, a FIFO): not again
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "paths", tuple(self.paths))
@@ -65,12 +68,14 @@ class DataSources:
             return f"sources val_fraction {self.val_fraction!r} is not in (0, 1)"
         if self.first_symbol is not None and not _whole(self.first_symbol, 0):
             return f"sources first_symbol {self.first_symbol!r} is not a symbol"
+        if not isinstance(self.stream, bool):
+            return f"sources stream {self.stream!r} is not true or false"
         return None
 
     @property
     def rereadable(self) -> bool:
-        """Whether the data can be read again: not standard input."""
-        return "-" not in self.paths
+        """Whether the data can be read again: not a stream (standard input, a pipe)."""
+        return not self.stream and "-" not in self.paths
 
     def describe(self) -> str:
         """The data as messages name it: its paths, or the built-in corpus."""
@@ -84,12 +89,15 @@ class DataSources:
             value = getattr(self, name)
             if value is not None and value != ():
                 fields[name] = list(value) if name == "paths" else value
+        if self.stream:
+            fields["stream"] = True
         return fields
 
     @classmethod
     def from_json(cls, entry: object) -> DataSources | str:
         """Sources from their JSON object, or what is wrong with the object."""
-        names = {"kind", "paths", "vocab", "token_dtype", "val_fraction", "first_symbol"}
+        names = {"kind", "paths", "vocab", "token_dtype", "val_fraction", "first_symbol",
+                 "stream"}
         if not isinstance(entry, dict) or "kind" not in entry or not set(entry) <= names:
             return f"sources {entry!r} is not an object of {', '.join(sorted(names))}"
         paths = entry.get("paths", [])
@@ -98,7 +106,7 @@ class DataSources:
         try:
             return cls(entry["kind"], tuple(paths), entry.get("vocab"),
                        entry.get("token_dtype"), entry.get("val_fraction"),
-                       entry.get("first_symbol"))
+                       entry.get("first_symbol"), entry.get("stream", False))
         except ValueError as error:
             return str(error)
 
