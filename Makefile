@@ -48,4 +48,4 @@ bench: setup  # the suite in dev/bench, beside the editable install's src/
 	$(BIN)/bob bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -287,7 +287,9 @@ BAD_CHECKPOINTS: dict[str, tuple[object, str]] = {
     "segments deep": (_with(segments="[" * 100_000), "metadata segments is not JSON"),
     "segments shape": (_with(segments='{"first_step": 0}'), "metadata segments is not a list"),
     "segment keys": (_with(segments='[{"first_step": 0}]'),
-                     "metadata segment {'first_step': 0} is not an object with exactly"),
+                     "metadata segment {'first_step': 0} is not an object with beta1, beta2, "
+                     "data_digest, eps, first_step, lr, weight_decay (and optionally "
+                     "lr_decay_steps, min_lr, sources, warmup_steps)"),
     "segment step": (_with(segments=json.dumps([{**SEGMENT, "first_step": -1}])),
                      "segment first_step -1 is not a non-negative integer"),
     "segment order": (_with(segments=json.dumps([SEGMENT, SEGMENT])),

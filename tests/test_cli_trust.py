@@ -38,8 +38,10 @@ def test_resume_on_other_data_is_refused_naming_both_digests(tmp_path, text, cap
     path = tmp_path / "bob.safetensors"
     assert train_cpu("--text", str(text), "--steps", "10", "-c", str(path)) == 0
     capsys.readouterr()
+    other = tmp_path / "other.txt"
+    other.write_bytes(corpus.builtin_corpus())
     before = contents(tmp_path)
-    status = train_cpu("--resume", "--steps", "5", "-c", str(path))  # no --text: built-in corpus
+    status = train_cpu("--resume", "--steps", "5", "--text", str(other), "-c", str(path))
     err = capsys.readouterr().err
     assert status == 2, err
     mine = text_digest(text.read_bytes())
@@ -121,7 +123,8 @@ def test_a_checkpoint_without_segments_resumes(tmp_path, text):
     assert train_cpu("--text", str(text), "--resume", "--steps", "5", "--lr", "0.2",
                      "-c", str(path)) == 0
     assert Checkpoint.load(path).segments == (
-        Segment(0, state.data_digest, Hyper()), Segment(10, state.data_digest, Hyper(lr=0.2)))
+        Segment(0, state.data_digest, Hyper()),
+        Segment(10, state.data_digest, Hyper(lr=0.2), state.state.sources))
 
 
 # -- one run per checkpoint ----------------------------------------------------
@@ -415,9 +418,9 @@ def test_text_dash_reads_stdin(tmp_path, text):
 def test_doctor_keeps_square_brackets(monkeypatch, capsys):
     from bob.host import doctor
     monkeypatch.setattr(doctor, "diagnose", lambda: [
-        {"backend": "cuda", "usable": False, "details": "missing; pip install 'bob[cuda]'"}])
+        {"backend": "cuda", "usable": False, "details": "missing; pip install 'bob-bigram[cuda]'"}])
     assert main(["doctor"]) == 0
-    assert "pip install 'bob[cuda]'" in capsys.readouterr().out
+    assert "pip install 'bob-bigram[cuda]'" in capsys.readouterr().out
 
 
 def test_a_stop_during_a_save_waits_for_the_save():

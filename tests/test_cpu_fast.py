@@ -19,6 +19,7 @@ from numba import njit  # noqa: E402
 from bob.backends import choose_backend  # noqa: E402
 from bob.backends.cpu import CpuBackend, default_kernels  # noqa: E402
 from bob.host.check import compare_backends, random_record  # noqa: E402
+from bob.host.data import replace_prompts  # noqa: E402
 from bob.host.session import Session, split_updates  # noqa: E402
 from bob.kernels import arith, fast  # noqa: E402
 from bob.kernels import reference as ref  # noqa: E402
@@ -243,3 +244,55 @@ def test_invocations_with_fast_and_reference_kernels_agree(schedule: str, mode: 
             difference = compare_backends(fast_session.last_backend,
                                           reference_session.last_backend, number)
             assert difference is None, str(difference)
+
+
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_the_tiny_calls_compile_the_code_every_invocation_runs(schedule: str, mode: str) -> None:
+    """compile_kernels compiles each function on tiny arrays: of the very types the kernels
+    pass, or the first real invocation would compile again (silently: the cache index is
+    not empty). Training, validation and a forward invocation add no signature."""
+    calls = fast.tiny_calls()
+    assert set(calls) == {f for functions in fast.COMPILED.values() for f in functions}
+    for function, arguments in calls.items():
+        function(*arguments)
+    before = {function: len(function.signatures) for function in calls}
+    config = bob_config(vocab=64, prompts=2, updates=3, mode=mode, schedule=schedule)
+    record = random_record(config, 5)
+    validation = None
+    if mode == "corpus":
+        validation = replace_prompts(random_record(config, 6), ())
+        config = replace(config, validation_pairs=validation.pairs)
+    with Session(choose_backend("cpu")) as session:
+        state = Checkpoint.zeros(64, Hyper(), mode)
+        state = session.invoke(config, state, record, "train", validation=validation).checkpoint
+        session.invoke(replace(config, updates=0), state, record, "predict",
+                       validation=validation)
+        assert session.last_backend.kernel_set == "fast"
+    assert {function: len(function.signatures) for function in calls} == before
+
+
+def test_compiling_ahead_stops_when_the_run_is_asked_to(monkeypatch) -> None:
+    """A session's backend compiles its plan's kernels, then (compile_ahead) those every
+    session reaches, one at a time while keep_going says so: a run asked to stop leaves
+    the rest for a later run."""
+    assert set(fast.SESSION_REGIONS) == {sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS}
+    compiled: list[str] = []
+    functions = [lambda name=name: compiled.append(name) for name in ("a", "b", "c")]
+    monkeypatch.setattr(fast, "_uncompiled", lambda regions: functions)
+    monkeypatch.setattr(fast, "tiny_calls", lambda: {f: () for f in functions})
+    answers = iter([True, True, False])
+    fast.compile_kernels(fast.SESSION_REGIONS, lambda: next(answers))
+    assert compiled == ["a", "b"]
+    fast.compile_kernels(fast.SESSION_REGIONS)
+    assert compiled == ["a", "b", "a", "b", "c"]
+
+
+def test_a_cpu_session_compiles_ahead_what_every_session_reaches(monkeypatch) -> None:
+    asked: list[tuple[str, ...]] = []
+    monkeypatch.setattr(fast, "compile_kernels",
+                        lambda regions, keep_going=None: asked.append(tuple(regions)))
+    config = bob_config(vocab=16, prompts=1, updates=1, mode="hard")
+    with Session(choose_backend("cpu")) as session:
+        session.plan_for(config)
+    assert fast.SESSION_REGIONS in asked

@@ -368,9 +368,9 @@ def test_powers_a_few_ulps_off_still_give_the_exact_columns(monkeypatch, hyper):
         moves = rng.integers(-32, 33, exact.shape)
         return (exact.view(np.int64) + moves * (exact > 0)).view(np.float64)
 
-    def counted(hyper, steps):
+    def counted(hyper, steps, lr=None):
         sent.append(steps.size)
-        return exact_columns(hyper, steps)
+        return exact_columns(hyper, steps, lr)
 
     steps = np.arange(1, 100_001, dtype=np.int64)
     want = exact_columns(hyper, steps)

@@ -166,9 +166,9 @@ def test_the_seed_fixes_the_sample(ascii_model, capsys):
 def test_the_length_help_speaks_of_symbols(capsys):
     assert main(["generate", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "Symbols to generate: bytes, or token ids for a token model." in text
+    assert "Symbols to generate: bytes, or token ids for a token model (default 200;" in text
     assert "Bytes to generate" not in text
-    assert "default: 0.8" in text and "default: 200" in text
+    assert "default: 0.8" in text and "default: 200" in text  # --temperature, --top-k
 
 
 # -- --seen-only -------------------------------------------------------------------------

@@ -35,6 +35,8 @@ TRAIN_KEYWORDS = (
     ("dask_address", None),
     # Whose machine code the seed's regions run (bob.kernels.own: "own").
     ("kernels", "nvrtc"),
+    # The last fraction of the training data held out as validation (None: none).
+    ("val_fraction", None),
 )
 
 
@@ -57,11 +59,15 @@ REFUSALS = [
      "submission must be one of auto, per-launch, chained, not 'batched'"),
     ({"eval_every": 0}, "eval_every must be at least 1, not 0"),
     ({"keep_best": True}, "--keep-best keeps the checkpoint of the lowest validation loss: "
-                          "it needs validation data (--val-text, --val-tokens or --val-counts)"),
+                          "it needs validation data (--val-fraction, --val-text, --val-tokens "
+                          "or --val-counts)"),
+    ({"val_fraction": 1.0}, "--val-fraction 1.0 is not a fraction in (0, 1): the last F of "
+                            "the data validates, the rest trains"),
     ({"new_data": True},
      "--new-data continues a checkpoint on other data: it needs --resume"),
     ({"hyper_changes": {"momentum": 0.5}},
-     "unknown hyperparameter 'momentum'; Bob's are lr, beta1, beta2, eps, weight_decay"),
+     "unknown hyperparameter 'momentum'; Bob's are lr, beta1, beta2, eps, weight_decay (and "
+     "the schedule's warmup_steps, lr_decay_steps, min_lr)"),
     ({"checkpoint": "{dir}/missing/m.safetensors"},
      "{dir}/missing/m.safetensors: directory {dir}/missing does not exist (the checkpoint "
      "goes there)"),
@@ -146,7 +152,7 @@ def test_the_cli_passes_one_request_whole_to_the_driver(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch):
     given = []
 
-    def driver(request, progress=None):
+    def driver(request, progress=None, announce=None):
         given.append(request)
         raise BadInput("stopped here")
 

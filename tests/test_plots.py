@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import pickle
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +30,7 @@ from bob.host.plot import (
 from bob.program.bob import Hyper
 from bob.records.checkpoint import Checkpoint, Segment
 from bob.records.counting import PairCounts
+from conftest import listing
 
 HISTORY = ((0, 5.545), (100, 3.1), (200, 2.6), (300, 2.5))
 
@@ -54,9 +57,11 @@ def test_loss_figure_starts_at_the_first_invocation_on_a_log_scale():
     assert list(train_line.get_ydata()) == [3.1, 2.6, 2.5]
     optimum_line = loss_axes.get_lines()[1]
     assert set(optimum_line.get_ydata()) == {2.45}
-    # Plain numbers between the optimum and the first loss, no minor-tick labels.
+    # Plain numbers from one at or below the optimum to one at or above the first loss,
+    # the axis between them, no minor-tick labels.
     ticks = [float(text) for text in tick_texts(loss_axes.yaxis)]
-    assert len(ticks) >= 3 and all(2.45 <= tick <= 3.1 for tick in ticks), ticks
+    assert len(ticks) >= 3 and min(ticks) <= 2.45 and max(ticks) >= 3.1, ticks
+    assert loss_axes.get_ylim() == (min(ticks), max(ticks))
     assert loss_axes.yaxis.get_minorticklocs().size == 0
     # The excess panel keeps update 0.
     assert excess_axes.get_yscale() == "log"
@@ -68,7 +73,10 @@ def test_loss_figure_starts_at_the_first_invocation_on_a_log_scale():
 def test_a_loss_curve_within_a_narrow_range_still_has_labelled_ticks():
     figure = loss_figure(((0, 5.5), (100, 2.4747), (200, 2.4647), (1000, 2.4562)), 2.4525)
     ticks = [float(text) for text in tick_texts(figure.axes[0].yaxis)]
-    assert len(ticks) >= 3 and min(ticks) >= 2.4525 and max(ticks) <= 2.4747, ticks
+    assert len(ticks) >= 3 and len(set(tick_texts(figure.axes[0].yaxis))) == len(ticks)
+    # Ticks around the optimum: one at or below it, the others above it, to the first loss.
+    assert min(ticks) <= 2.4525 < sorted(ticks)[1] and max(ticks) >= 2.4747, ticks
+    assert max(ticks) - min(ticks) < 0.05  # not stretched to 0 or to a decade
 
 
 def test_loss_figure_draws_the_validation_points_and_changes():
@@ -125,7 +133,7 @@ def test_the_byte_map_shows_only_the_bytes_the_data_uses_with_printable_labels()
     shown = np.asarray(axes.get_images()[0].get_array())
     assert shown.shape == (len(used), len(used))
     assert np.array_equal(shown, transition_probabilities(table[used])[:, used])
-    assert colour_bar_axes.get_ylabel() == "P(next | previous)"
+    assert colour_bar_axes.get_ylabel() == "P(next | previous), square-root colour scale"
 
 
 def test_symbol_labels():
@@ -197,7 +205,7 @@ def test_png_reads_back(tmp_path):
     path = tmp_path / "t.png"
     path.write_bytes(png_bytes(transitions_figure(trained_on(b"abcabd"))))
     pixels = mpimg.imread(path)
-    assert pixels.shape == (640, 760, 4)
+    assert pixels.shape == (640, 800, 4)
     assert len(np.unique(pixels.reshape(-1, 4), axis=0)) > 10  # drawn, not blank
 
 
@@ -215,8 +223,9 @@ def test_plot_command_writes_both_images(tmp_path, capsys):
                                                str(out / "transitions.png")]
     loss = mpimg.imread(out / "loss.png")
     assert loss.shape == (480, 1280, 4)  # two panels: loss and excess
-    # No row trained: the first 64 bytes, 9.4 inches square beside the colour bar.
-    assert mpimg.imread(out / "transitions.png").shape == (940, 1060, 4)
+    # No row trained: the first 64 bytes, 0.2 inches a byte and room for the labels,
+    # beside the colour bar.
+    assert mpimg.imread(out / "transitions.png").shape == (1463, 1623, 4)
 
 
 def test_plot_command_draws_a_trained_checkpoint_from_its_rows(tmp_path, capsys, monkeypatch):
@@ -258,3 +267,114 @@ def test_plot_refuses_counts_of_another_vocabulary(tmp_path, capsys):
     assert main(["plot", "-c", str(path), "--out", str(out), "--counts", str(counts)]) == 2
     assert f"{counts}: counts of V=512, the checkpoint has V=256" in capsys.readouterr().err
     assert not out.exists()
+
+
+# -- readable, named, around the optimum; --tokenizer; --overwrite ----------------------------
+def test_the_heat_maps_labels_are_readable_at_any_count():
+    """At the PNG's 100 dpi a tick label is at least 13 px tall and each cell holds one
+    (they were 6 pt, about 8 px and a 5 px x-height, in cells narrower than that)."""
+    for used in (17, 64, 128, 200):
+        text = bytes(range(32, 32 + used)) * 2 if used <= 95 else bytes(range(256))[:used] * 2
+        figure = transitions_figure(trained_on(text))
+        axes = figure.axes[0]
+        png_bytes(figure)  # lay it out as saved
+        size_px = max(label.get_fontsize() for label in axes.get_yticklabels()) * 100 / 72
+        assert size_px >= 13, (used, size_px)
+        height_px = axes.get_window_extent().height
+        shown = axes.get_images()[0].get_array().shape[0]
+        labelled = len(axes.get_yticklabels())
+        assert height_px / labelled >= size_px, (used, height_px, labelled)
+        assert shown >= labelled
+
+
+def test_the_colour_scale_says_it_is_not_linear():
+    figure = transitions_figure(trained_on(b"abcabd"))
+    bar = figure.axes[1]
+    assert bar.get_ylabel().endswith(", square-root colour scale")
+    assert [float(t) for t in bar.get_yticks()] == [0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0]
+
+
+def test_a_run_of_one_invocation_draws_a_line():
+    figure = loss_figure(((0, 5.545), (100, 2.47)), optimum=2.45)
+    line = figure.axes[0].get_lines()[0]
+    assert list(line.get_xdata()) == [0, 100] and list(line.get_ydata()) == [5.545, 2.47]
+    ticks = [float(text) for text in tick_texts(figure.axes[0].yaxis)]
+    assert min(ticks) <= 2.45 and max(ticks) >= 5.545
+
+
+def test_validation_below_the_optimum_stays_on_the_axis():
+    """Held-out data may have a loss below the training data's optimum."""
+    figure = loss_figure(((0, 5.5), (100, 1.25), (200, 1.236)), optimum=1.2185,
+                         validation=((0, 5.5), (100, 1.232), (200, 1.2146)))
+    low, high = figure.axes[0].get_ylim()
+    assert low <= 1.2146 and high >= 1.25
+
+
+def char_level_model(directory: Path) -> tuple[Path, Path]:
+    """A model of characters with nanoGPT's meta.pkl."""
+    text = "first citizen:\nbefore we proceed any further, hear me speak.\n" * 20
+    chars = sorted(set(text))
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    np.array([stoi[c] for c in text], np.uint16).tofile(directory / "train.bin")
+    with open(directory / "meta.pkl", "wb") as file:
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi},
+                    file)
+    model = directory / "chars.safetensors"
+    assert main(["train", "--backend", "cpu", "--tokens", str(directory / "train.bin"),
+                 "--tokenizer", str(directory / "meta.pkl"), "--steps", "20", "-c",
+                 str(model)]) == 0
+    return model, directory / "meta.pkl"
+
+
+def test_plot_tokenizer_labels_the_map_with_the_tokens_text(tmp_path, capsys, monkeypatch):
+    model, meta = char_level_model(tmp_path)
+    drawn = []
+    original = plot_module.transitions_figure
+
+    def keep(*args, **kwargs):
+        drawn.append(original(*args, **kwargs))
+        return drawn[-1]
+
+    monkeypatch.setattr(plot_module, "transitions_figure", keep)
+    assert main(["plot", "-c", str(model), "--tokenizer", str(meta), "--out",
+                 str(tmp_path / "with")]) == 0
+    labels = tick_texts(drawn[-1].axes[0].xaxis)
+    assert {"'f'", "'\\n'", "' '", "','"} <= set(labels), labels
+    assert main(["plot", "-c", str(model), "--out", str(tmp_path / "without")]) == 0
+    assert all(label.isdigit() for label in tick_texts(drawn[-1].axes[0].xaxis))
+    assert symbol_label(7, 300, lambda s: "a long token text") == "'a long t…"
+
+
+def test_plot_refuses_a_tokenizer_of_another_v(tmp_path, capsys):
+    model, _ = char_level_model(tmp_path)
+    meta = tmp_path / "other.pkl"
+    with open(meta, "wb") as file:
+        pickle.dump({"vocab_size": 3, "itos": {0: "a", 1: "b", 2: "c"},
+                     "stoi": {"a": 0, "b": 1, "c": 2}}, file)
+    capsys.readouterr()
+    before = listing(tmp_path)
+    assert main(["plot", "-c", str(model), "--tokenizer", str(meta), "--out",
+                 str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "V=3" in err
+    assert listing(tmp_path) == before
+
+
+def test_plot_refuses_to_replace_pngs_without_overwrite(tmp_path, capsys):
+    path = tmp_path / "bob.safetensors"
+    zeros = Checkpoint.zeros(256, Hyper(), "corpus", "ab" * 32)
+    Checkpoint(zeros.parameters, zeros.first_moment, zeros.second_moment, 300, Hyper(),
+               "corpus", "ab" * 32, HISTORY, 2.45).save(path)
+    out = tmp_path / "plots"
+    assert main(["plot", "-c", str(path), "--out", str(out)]) == 0
+    first = {name: (out / name).read_bytes() for name in ("loss.png", "transitions.png")}
+    (out / "loss.png").write_bytes(b"the user's own picture")
+    capsys.readouterr()
+    assert main(["plot", "-c", str(path), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"bob: {out / 'loss.png'}: exists; pass --overwrite to replace it\n"
+    assert (out / "loss.png").read_bytes() == b"the user's own picture"
+    assert (out / "transitions.png").read_bytes() == first["transitions.png"]
+    assert main(["plot", "-c", str(path), "--out", str(out), "--overwrite"]) == 0
+    assert (out / "loss.png").read_bytes() == first["loss.png"]

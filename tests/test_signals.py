@@ -34,7 +34,8 @@ CHECKPOINT = "bob.safetensors"
 REPORTS = re.compile(r"bob: interrupted"
                      r"|bob: interrupted at update (\d+); no checkpoint written by this run"
                      r"|bob: interrupted at update (\d+); checkpoint at update (\d+) kept")
-PROGRESS = re.compile(r"step \d+: train \d")  # the progress lines a run prints before
+# the progress lines a run prints before: its plan, a line per eval point, a heartbeat
+PROGRESS = re.compile(r"plan: updates |step \d+: train \d|\.\.\. \d+:\d\d: ")
 DEADLINE_SECONDS = 60  # for an event to happen, and for the process to end after a signal
 
 

@@ -296,7 +296,7 @@ def word_level_tokenizer(path: Path, words: list[str]) -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tokenizers") is None,
-                    reason="the tokenizers package (bob[tokens]) is not installed here; the "
+                    reason="the tokenizers package (bob-bigram[tokens]) is not installed here; the "
                            "meta.pkl path is tested without it")
 def test_a_tokenizers_json_file_encodes_decodes_and_gives_v(tmp_path, capsys):
     words = ["<unk>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
@@ -333,7 +333,7 @@ def test_a_tokenizers_json_without_the_package_is_one_line(tmp_path, capsys, mon
                            str(path), "-c", str(tmp_path / "m.st"), "--backend", "cpu")
     assert (status, out) == (2, "")
     assert err == (f"bob: {path}: a tokenizers JSON file needs the tokenizers package, not "
-                   "installed here: pip install 'bob[tokens]'\n")
+                   "installed here: pip install 'bob-bigram[tokens]'\n")
     assert listing(tmp_path) == before
 
 

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from bob.errors import BadInput
 from bob.host import training
 from bob.host.training import TrainRequest, best_checkpoint_path
 from bob.records.checkpoint import Checkpoint
-from conftest import listing
+from conftest import contents, listing
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRESS_LINE = re.compile(r"step (\d+): train (\d+\.\d{4})(?:, val (\d+\.\d{4}))?  "
@@ -185,7 +186,8 @@ def test_a_streamed_checkpoint_keeps_the_same_best(tmp_path, texts, capsys, monk
 
 @pytest.mark.parametrize("argv,message", [
     (["--keep-best"], "bob: --keep-best keeps the checkpoint of the lowest validation loss: "
-                      "it needs validation data (--val-text, --val-tokens or --val-counts)"),
+                      "it needs validation data (--val-fraction, --val-text, --val-tokens or "
+                      "--val-counts)"),
     (["--keep-best", "--val-text", "{val}", "--result", "{d}/bob.best.safetensors"],
      "bob: {d}/bob.best.safetensors: the best checkpoint and the result record would be one "
      "file"),
@@ -222,6 +224,66 @@ def test_an_existing_best_checkpoint_is_refused_without_resume_or_overwrite(tmp_
     assert train(capsys, "--text", str(text), "--val-text", str(val), "--steps", "5",
                  "--keep-best", "--overwrite", "-c", str(tmp_path / "bob.safetensors"))[0] == 0
     assert Checkpoint.load(best).step == 5
+
+
+def test_a_new_run_owns_its_best_file(tmp_path, texts, capsys):
+    """`make run` (--overwrite, no --keep-best) after a run that kept a best: the earlier
+    run's best goes when the new run writes its checkpoint, so a later --resume
+    --keep-best keeps the new run's own best, never reporting the old model as its own."""
+    text, val = texts
+    path, best = tmp_path / "bob.safetensors", tmp_path / "bob.best.safetensors"
+    assert train(capsys, "--text", str(val), "--val-text", str(text), "--steps", "20",
+                 "--keep-best", "-c", str(path))[0] == 0
+    assert best.exists()
+    # --steps 0 writes no checkpoint: the earlier run's files stay as they were.
+    before = contents(tmp_path)
+    assert train(capsys, "--text", str(text), "--steps", "0", "--overwrite", "-c",
+                 str(path))[0] == 0
+    assert contents(tmp_path) == before
+    status, _, err = train(capsys, "--text", str(text), "--steps", "10", "--overwrite", "-c",
+                           str(path))
+    assert status == 0 and not best.exists() and "best checkpoint" not in err
+    status, out, err = train(capsys, "--text", str(text), "--val-text", str(val), "--steps",
+                             "10", "--resume", "--keep-best", "-c", str(path), "--json")
+    assert status == 0 and "an earlier run's" not in err
+    report = json.loads(out)
+    assert report["written"] == [str(path), str(best)] and report["best_step"] == 20
+    assert Checkpoint.load(best).step == 20
+
+
+def test_a_fresh_keep_best_run_keeps_its_own_best_written_before_its_checkpoint(
+        tmp_path, texts, capsys):
+    """With a save period the best is written at an eval point before the first checkpoint:
+    that file is this run's and stays."""
+    text, val = texts
+    path, best = tmp_path / "bob.safetensors", tmp_path / "bob.best.safetensors"
+    common = ("--text", str(text), "--val-text", str(val), "-N", "10", "--keep-best",
+              "-c", str(path), "--json")
+    assert train(capsys, *common, "--steps", "30")[0] == 0
+    status, out, _ = train(capsys, *common, "--steps", "30", "--overwrite",
+                           "--save-every-updates", "30")
+    assert status == 0
+    report = json.loads(out)
+    assert report["written"] == [str(path), str(best)]
+    assert Checkpoint.load(best).step == report["best_step"]
+
+
+def test_another_runs_best_file_is_refused_on_resume(tmp_path, texts, capsys):
+    text, val = texts
+    path, best = tmp_path / "bob.safetensors", tmp_path / "bob.best.safetensors"
+    other = tmp_path / "other"
+    other.mkdir()
+    for where, data in ((other, val), (tmp_path, text)):
+        assert train(capsys, "--text", str(data), "--val-text", str(val), "--steps", "10",
+                     "--keep-best", "-c", str(where / "bob.safetensors"))[0] == 0
+    best.write_bytes((other / "bob.best.safetensors").read_bytes())  # copied in by hand
+    before = contents(tmp_path)
+    status, out, err = train(capsys, "--text", str(text), "--val-text", str(val), "--steps",
+                             "10", "--resume", "--keep-best", "-c", str(path))
+    assert status == 2 and out == ""
+    assert err == (f"bob: {best}: another run's best checkpoint (its loss history is not "
+                   f"{path}'s); move it away to keep this run's best\n")
+    assert contents(tmp_path) == before
 
 
 # -- one notation for several files: the option repeated -------------------------------
@@ -318,18 +380,92 @@ def test_count_shows_its_rate_and_where_it_ran(tmp_path, texts, capsys):
 
 
 # -- the compile notice ----------------------------------------------------------------
-def test_the_first_run_says_it_compiles_the_cpu_kernels_and_the_second_does_not(tmp_path,
-                                                                                 texts):
+def test_the_first_run_compiles_once_for_the_whole_session(tmp_path, texts):
+    """The README session from a fresh cache: the first `bob train` says it compiles, once,
+    and compiles what the commands after it need too; predict, a run with validation and
+    eval then load every kernel from Numba's cache, say nothing and add nothing to it."""
     pytest.importorskip("numba")
-    text, _ = texts
-    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src"),
-                   "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
+    text, val = texts
+    cache = tmp_path / "numba-cache"
+    environment = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NUMBA_CACHE_DIR": str(cache)}
     environment.pop("BOB_CPU_KERNELS", None)
     notice = "compiling the CPU kernels (first run only) ..."
-    for run_number, announced in ((1, True), (2, False)):
-        done = subprocess.run(
-            [sys.executable, "-m", "bob", "train", "--backend", "cpu", "--text", str(text),
-             "--steps", "2", "--overwrite", "-c", str(tmp_path / "bob.safetensors")],
-            env=environment, capture_output=True, text=True, timeout=600)
+    checkpoint = str(tmp_path / "bob.safetensors")
+    session = [
+        ["train", "--text", str(text), "--steps", "2", "-c", checkpoint],
+        ["predict", "-c", checkpoint, "the c"],
+        ["train", "--resume", "--text", str(text), "--val-text", str(val), "--steps", "2",
+         "--keep-best", "-c", checkpoint],
+        ["eval", "-c", checkpoint, "--text", str(val)],
+        ["train", "--text", str(text), "--steps", "2", "--overwrite", "-c", checkpoint],
+    ]
+    compiled: list[str] = []
+    for number, words in enumerate(session):
+        done = subprocess.run([sys.executable, "-m", "bob", *words, "--backend", "cpu"],
+                              env=environment, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr
-        assert (done.stderr.count(notice) == 1) is announced, (run_number, done.stderr)
+        assert done.stderr.count(notice) == (1 if number == 0 else 0), (words, done.stderr)
+        files = sorted(path.name for path in cache.rglob("*.nbc"))
+        if number == 0:
+            compiled = files
+        assert files == compiled, words  # no kernel compiled again, for other types either
+    assert len(compiled) == 4  # the corpus loss-gradient, AdamW, the hard and validation losses
+
+
+# -- without a terminal: the plan first, then a line at least every HEARTBEAT_SECONDS -----
+def test_without_a_terminal_the_run_says_its_plan_and_keeps_saying_what_it_does(
+        tmp_path, texts, capsys, monkeypatch):
+    from bob.backends.cpu import CpuBackend
+    from bob.cli import progress as progress_module
+    from bob.host import data
+
+    text, _ = texts
+    monkeypatch.setattr(progress_module, "HEARTBEAT_SECONDS", 0.2)
+    counted = data.training_data
+
+    def slow_data(*args, **kwargs):
+        time.sleep(0.6)
+        return counted(*args, **kwargs)
+
+    slow_run = CpuBackend._run
+
+    def slow_invocation(self, submissions):
+        time.sleep(0.6)
+        slow_run(self, submissions)
+
+    monkeypatch.setattr(training, "training_data", slow_data)
+    monkeypatch.setattr(CpuBackend, "_run", slow_invocation)
+    status, _, err = train(capsys, "--text", str(text), "--steps", "5", "-N", "2",
+                           "-c", str(tmp_path / "bob.safetensors"))
+    assert status == 0
+    lines = [line for line in err.splitlines() if line.strip() and "│" not in line
+             and line[0] not in "┏┃┡└" and "bob train (" not in line]
+    beats = [line for line in lines if line.startswith("... ")]
+    assert all(re.fullmatch(r"\.\.\. \d+:\d\d: .+", line) for line in beats), beats
+    # The data first, then the plan, then each invocation as it runs.
+    assert beats[0].endswith(": starting: the backend, the data"), lines
+    plan = lines.index("plan: updates 1-5 on the cpu backend (V=256, corpus mode, seed "
+                       "schedule), 3 invocations of up to 2 updates; the first estimated at "
+                       "0.0015 s")
+    assert all(line.endswith("the backend, the data") for line in beats
+               if lines.index(line) < plan)
+    phases = [line.split(": ", 1)[1] for line in lines[plan:] if line.startswith("... ")]
+    assert set(phases) <= {"the first invocation running (updates 1-2)",
+                           "2 of 5 updates done", "4 of 5 updates done",
+                           "saving the checkpoint"}, phases
+    assert "the first invocation running (updates 1-2)" in phases
+    assert any(re.fullmatch(r"[24] of 5 updates done", phase) for phase in phases), phases
+    assert [line.split(":")[0] for line in lines if line.startswith("step ")] == [
+        "step 2", "step 4", "step 5"]
+
+
+def test_the_plan_line_names_a_resumed_runs_updates_and_its_estimate(tmp_path, texts, capsys):
+    text, _ = texts
+    path = str(tmp_path / "bob.safetensors")
+    assert train(capsys, "--text", str(text), "--steps", "3", "-c", path)[0] == 0
+    status, _, err = train(capsys, "--text", str(text), "--steps", "250", "--resume",
+                           "-c", path)
+    assert status == 0
+    assert err.splitlines()[0] == (
+        "plan: updates 4-253 on the cpu backend (V=256, corpus mode, seed schedule), 3 "
+        "invocations of up to 100 updates; the first estimated at 0.076 s")

@@ -289,7 +289,8 @@ def test_a_plan_larger_than_the_host_memory_is_refused_before_anything_is_writte
     status = main(["train", "--tokens", str(tokens), "--vocab", str(vocab), "--backend",
                    backend, "--steps", "2", "-N", "2", "-c", str(tmp_path / "bob.safetensors"),
                    "--tables", "dense"])
-    err = capsys.readouterr().err.strip()
+    # The plan line (said before the backend starts), then the refusal.
+    err = capsys.readouterr().err.strip().split("\n", 1)[1]
     assert status == 2, err
     found = re.fullmatch(rf"bob: the {backend} backend needs (\d+(?:\.\d+)?) MiB of host "
                          r"memory for this plan; 47\.7 MiB is available", err)

@@ -5,11 +5,10 @@ Nothing here measures; ``dev.bench.measurement`` and ``dev.bench.suite`` fill th
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bob.config import Hyper, Mode
+from bob.config import HYPER_FIELDS, Hyper, Mode
 
 Device = Literal["cpu", "cuda"]
 RowKind = Literal["bob", "host", "peer", "floor"]
@@ -167,7 +166,8 @@ class BenchReport:
             "date": self.date,
             "command": self.command,
             "bytes_per_parameter": BYTES_PER_PARAMETER,
-            "hyper": dataclasses.asdict(self.hyper),
+            # AdamW's five (the benches run no learning-rate schedule)
+            "hyper": {name: getattr(self.hyper, name) for name in HYPER_FIELDS},
             "target_seed": TARGET_SEED,
             "environment": self.environment,
             "tables": [table.to_json() for table in self.tables],

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(write_token_corpus(args.out, args.vocab, args.val_fraction, args.text_bytes))
     except ImportError:
-        print("token_corpus.py needs the tokenizers package: pip install 'bob[tokens]'",
+        print("token_corpus.py needs the tokenizers package: pip install 'bob-bigram[tokens]'",
               file=sys.stderr)
         return 2
     except ValueError as error:

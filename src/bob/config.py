@@ -15,6 +15,11 @@ from typing import Literal
 
 from bob.errors import BadInput
 
+# The distribution's name on the package index ("bob" there is another project): what
+# `pip install` takes, with an extra: pip install 'bob-bigram[cuda]'. The command and the
+# import stay `bob`.
+DISTRIBUTION = "bob-bigram"
+
 # -- the program's shape ----------------------------------------------------------
 Mode = Literal["hard", "corpus"]
 MODES: tuple[Mode, ...] = ("hard", "corpus")  # a mode's index is its code in a record
@@ -106,12 +111,72 @@ class Hyper:
     beta2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.01
+    # The learning-rate schedule, nanoGPT's get_lr (`lr_at`): lr rises linearly over the
+    # first warmup_steps updates, then falls along a cosine to min_lr at lr_decay_steps and
+    # stays there. 0 and None: lr throughout (the device program is the same either way:
+    # the host writes every update's scalars).
+    warmup_steps: int = 0
+    lr_decay_steps: int | None = None  # None: no decay (after any warmup, lr)
+    min_lr: float | None = None  # with lr_decay_steps; None there: lr / 10, nanoGPT's ratio
 
     def __post_init__(self) -> None:
         for name in HYPER_FIELDS:
             problem = _hyper_problem(name, getattr(self, name))
             if problem:
                 raise BadInput(f"{name} = {getattr(self, name)!r} {problem}")
+        problem = self._schedule_problem()
+        if problem:
+            raise BadInput(problem)
+        if self.lr_decay_steps is not None and self.min_lr is None:
+            object.__setattr__(self, "min_lr", self.lr / 10)
+
+    def _schedule_problem(self) -> str | None:
+        """What is wrong with the schedule's fields (named as the command line names them)."""
+        for name in ("warmup_steps", "lr_decay_steps"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value <= MAX_SCHEDULE_STEP):
+                return (f"--{name.replace('_', '-')} {value!r} is not a whole number of "
+                        f"updates in [0, 2**53]")
+        decay, warmup = self.lr_decay_steps, self.warmup_steps
+        if decay is not None and decay <= warmup:
+            return (f"--lr-decay-steps {decay} is not past --warmup-steps {warmup}: the cosine "
+                    "decay runs from the end of the warmup to it")
+        if self.min_lr is None:
+            return None
+        if decay is None:
+            return "--min-lr is where the cosine decay ends: it needs --lr-decay-steps"
+        if isinstance(self.min_lr, bool) or not isinstance(self.min_lr, Real) \
+                or not math.isfinite(self.min_lr) or self.min_lr < 0:
+            return f"--min-lr {self.min_lr!r} is not a finite number >= 0"
+        if self.min_lr > self.lr:
+            return (f"--min-lr {self.min_lr:g} is above --lr {self.lr:g}: the decay would "
+                    "raise the learning rate")
+        return None
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the learning rate changes from update to update."""
+        return self.warmup_steps > 0 or self.lr_decay_steps is not None
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of global update `step` (from 1), in float64: nanoGPT's
+        get_lr(it) for it = step - 1 (its first iteration is Bob's update 1), with
+        warmup_iters = warmup_steps, lr_decay_iters = lr_decay_steps (None: no decay) and
+        min_lr, evaluated as it evaluates it (math.cos), so the AdamW scalars follow."""
+        if not self.scheduled:
+            return self.lr
+        it = step - 1
+        if it < self.warmup_steps:
+            return self.lr * (it + 1) / (self.warmup_steps + 1)
+        if self.lr_decay_steps is None:
+            return self.lr
+        assert self.min_lr is not None  # set with lr_decay_steps
+        if it > self.lr_decay_steps:
+            return self.min_lr
+        decay_ratio = (it - self.warmup_steps) / (self.lr_decay_steps - self.warmup_steps)
+        coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+        return self.min_lr + coeff * (self.lr - self.min_lr)
 
 
 def _hyper_problem(name: str, value: object) -> str | None:
@@ -127,4 +192,7 @@ def _hyper_problem(name: str, value: object) -> str | None:
     return None
 
 
-HYPER_FIELDS = tuple(f.name for f in fields(Hyper))
+# AdamW's own five; the schedule's fields are optional beside them in every file.
+SCHEDULE_FIELDS = ("warmup_steps", "lr_decay_steps", "min_lr")
+HYPER_FIELDS = tuple(f.name for f in fields(Hyper) if f.name not in SCHEDULE_FIELDS)
+MAX_SCHEDULE_STEP = 1 << 53  # the largest step a checkpoint holds

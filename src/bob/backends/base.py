@@ -174,6 +174,13 @@ class Backend(ABC):
         self.between_kernels: Callable[[], None] = _nothing
 
     # -- what the host uses ----------------------------------------------
+    def compile_ahead(self, keep_going: Callable[[], bool]) -> None:
+        """Work this backend may do as it opens so that the commands after this one start
+        at once (the cpu backend compiles the kernels every session reaches); each piece
+        after `keep_going()`, which returns False when the run is asked to stop. Nothing
+        by default."""
+        return None
+
     def write_tensor(self, name: str, data: bytes, offset: int = 0) -> None:
         """Copy `data` (any bytes-like object: bytes, memoryview, a uint8 array) in."""
         view = memoryview(data).cast("B")

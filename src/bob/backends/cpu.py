@@ -66,14 +66,18 @@ def default_kernels() -> tuple[str, Mapping[str, Kernel]]:
 COMPILING_NOTICE = "compiling the CPU kernels (first run only) ..."
 
 
-def announce_compiling(regions: set[str]) -> None:
-    """One line on stderr before a first launch compiles Numba kernels: tens of seconds on
-    a small machine that would otherwise look like a hang. Later runs load them from
-    Numba's cache on disk and say nothing."""
-    from bob.kernels.fast import needs_compiling
+def compile_kernels(regions: set[str]) -> None:
+    """Before a first launch would compile a Numba kernel: one line on stderr (tens of
+    seconds on a small machine, which would otherwise look like a hang), then this plan's
+    kernels compiled. The line is said where any kernel a session reaches needs compiling
+    (predict's, eval's and validation's losses too): `CpuBackend.compile_ahead` compiles
+    those next, so that the commands after a first `bob train` compile nothing and say
+    nothing. Later runs load them from Numba's cache on disk."""
+    from bob.kernels import fast
 
-    if needs_compiling(regions):
+    if fast.needs_compiling(regions):
         print(COMPILING_NOTICE, file=sys.stderr, flush=True)
+        fast.compile_kernels(regions)
 
 
 class HostArenaBackend(Backend):
@@ -119,7 +123,16 @@ class CpuBackend(HostArenaBackend):
         self.kernels = kernels
         self._arguments = [self._decode(i) for i in range(plan.launch_count)]
         if self.kernel_set == "fast":
-            announce_compiling({launch.region for launch in plan.launches})
+            compile_kernels({launch.region for launch in plan.launches})
+
+    def compile_ahead(self, keep_going: Callable[[], bool]) -> None:
+        """The Numba kernels every session reaches (predict's, eval's and validation's
+        losses), compiled now where they are not yet, each after `keep_going()` (a run
+        asked to stop leaves the rest for a later run)."""
+        if self.kernel_set == "fast":
+            from bob.kernels import fast
+
+            fast.compile_kernels(fast.SESSION_REGIONS, keep_going)
 
     def _decode(self, launch_index: int) -> dict[str, int | np.float32]:
         """What launch `launch_index`'s kernel reads from its parameter block."""

@@ -111,7 +111,8 @@ def _choose_cuda(arch: str, arena: str) -> BackendChoice:
         from .cuda import CudaBackend, cuda_available, describe_device
     except ImportError as error:
         raise BackendUnavailable(
-            f"the cuda backend needs cuda-bindings and NVRTC (pip install 'bob[cuda]'): {error}"
+            "the cuda backend needs cuda-bindings and NVRTC (pip install "
+            f"'bob-bigram[cuda]'): {error}"
         ) from None
     usable, device = cuda_available()  # NVRTC loads, the driver answers, a device exists
     if not usable:

@@ -39,8 +39,9 @@ def checkout_root() -> Path | None:
               help="Table size V (repeat for several). Default: 256 and 8192 on the GPU, "
                    "256 on the CPU.")
 @click.option("--updates", "-N", type=click.IntRange(1, MAX_UPDATES), default=None,
-              help="Updates per timing (per invocation for Bob). Default: on the GPU 1000 "
-                   "for V <= 1024 and 100 above (corpus mode: 20 past V = 16384); on the "
+              help="Updates per invocation, as bob train -N: Bob's rows time invocations of "
+                   "N updates, the other contenders loops of N updates. Default: on the GPU "
+                   "1000 for V <= 1024 and 100 above (corpus mode: 20 past V = 16384); on the "
                    "CPU 100 and 5.")
 @click.option("--repeats", "-r", type=click.IntRange(1, 1000), default=5, show_default=True,
               help="Timings per contender (after one warm-up); the median is reported.")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from bob.config import DISTRIBUTION
 from bob.errors import BobError, Interrupted, one_line
 from bob.host import stops
 
@@ -31,7 +32,7 @@ TRACEBACK_VARIABLE = "BOB_TRACEBACK"  # set (to 1): an internal error raises as 
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="bob")
+@click.version_option(package_name=DISTRIBUTION, prog_name="bob")
 def cli() -> None:
     """Bob: a byte-level bigram model whose device program is certified data."""
 

@@ -13,9 +13,17 @@ from bob.config import Hyper
 from bob.errors import BadInput
 from bob.program.bob import BobConfig, typical_pairs
 
-# One notation for several files everywhere: an option takes one file, and is repeated.
-REPEAT_TEXT = "repeat for several: --text a.txt --text b.txt"
-REPEAT_TOKENS = "repeat for several: --tokens a.bin --tokens b.bin"
+
+def repeat_hint(option: str, first: str, second: str) -> str:
+    """One notation for several files everywhere: an option takes one file, and is
+    repeated (the help of each option shows its own name)."""
+    return f"repeat for several: {option} {first} {option} {second}"
+
+
+REPEAT_TEXT = repeat_hint("--text", "a.txt", "b.txt")
+REPEAT_TOKENS = repeat_hint("--tokens", "a.bin", "b.bin")
+REPEAT_VAL_TEXT = repeat_hint("--val-text", "a.txt", "b.txt")
+REPEAT_VAL_TOKENS = repeat_hint("--val-tokens", "a.bin", "b.bin")
 # A command whose options take files keeps stray words, so that refuse_extra_arguments
 # can say how to give several files rather than click's "unexpected extra argument".
 FILE_OPTIONS = {"allow_extra_args": True}
@@ -146,15 +154,46 @@ def _check_hyperparameter(context: click.Context, parameter: click.Parameter,
     return value
 
 
+# What each of AdamW's hyperparameters does, for its option's help.
+HYPER_HELP = {
+    "lr": "AdamW's learning rate (the peak of a schedule: --warmup-steps, --lr-decay-steps).",
+    "beta1": "AdamW's decay of the first moment (the running mean of the gradient).",
+    "beta2": "AdamW's decay of the second moment (the running mean of its square).",
+    "eps": "Added to the root of the second moment before it divides the step.",
+    "weight_decay": "Decoupled weight decay: every update first scales the table by "
+                    "1 - lr * weight_decay.",
+}
+
+
 def hyper_options(function):
     """--lr, --beta1, --beta2, --eps, --weight-decay, each checked by Hyper's rule."""
     defaults = Hyper()
     options = [
         click.option(f"--{name.replace('_', '-')}", name, type=float,
                      default=getattr(defaults, name), show_default=True,
-                     callback=_check_hyperparameter)
+                     callback=_check_hyperparameter, help=HYPER_HELP[name])
         for name in config.HYPER_FIELDS
     ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def schedule_options(function):
+    """--warmup-steps, --lr-decay-steps, --min-lr: nanoGPT's learning-rate schedule
+    (`bob.config.Hyper.lr_at`), checked with the rest of the hyperparameters by Hyper."""
+    options = (
+        click.option("--warmup-steps", type=int, default=0, show_default=True, metavar="W",
+                     help="Raise the learning rate linearly over the first W updates of the "
+                          "run's whole count, as nanoGPT's warmup_iters: --lr * (t + 1) / "
+                          "(W + 1) for update t + 1."),
+        click.option("--lr-decay-steps", type=int, default=None, metavar="D",
+                     help="Then lower it along a cosine to --min-lr at update D (nanoGPT's "
+                          "lr_decay_iters; about --steps), and keep it there."),
+        click.option("--min-lr", type=float, default=None, metavar="LR",
+                     help="Where the cosine decay ends (default: --lr / 10, nanoGPT's "
+                          "ratio)."),
+    )
     for option in reversed(options):
         function = option(function)
     return function

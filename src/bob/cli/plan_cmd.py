@@ -60,7 +60,7 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
             regions = compiled_regions(arch)
         except ImportError as error:
             raise BackendUnavailable(
-                f"--arch needs NVRTC (pip install 'bob[cuda]'): {error}") from None
+                f"--arch needs NVRTC (pip install 'bob-bigram[cuda]'): {error}") from None
     # Bob's own kernels are placed for the nv backend's target unless --arch names another.
     target = TARGETS[arch or DEFAULT_TARGET]
     if kernels != DEFAULT_KERNELS:

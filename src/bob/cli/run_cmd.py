@@ -6,7 +6,6 @@ import json
 import math
 import os
 import sys
-import time
 
 import click
 from rich.console import Console
@@ -30,6 +29,8 @@ from .options import (
     KERNELS_OPTION,
     REPEAT_TEXT,
     REPEAT_TOKENS,
+    REPEAT_VAL_TEXT,
+    REPEAT_VAL_TOKENS,
     SCHEDULE_OPTION,
     SUBMISSION_OPTION,
     TABLES_OPTION,
@@ -38,9 +39,11 @@ from .options import (
     arch_option,
     hyper_options,
     refuse_extra_arguments,
+    schedule_options,
     tokenizer_option,
     vocab_option,
 )
+from .progress import Heartbeat, ProgressLog
 
 _ARCH = arch_option("Target of the nv-sim backend.")
 _CHECKPOINT = click.option("--checkpoint", "-c", default=api.DEFAULT_CHECKPOINT,
@@ -54,22 +57,24 @@ _TOKEN_DTYPE = click.option("--token-dtype", type=click.Choice(["uint16", "uint3
                                  "uint16 up to V=65536 (nanoGPT's train.bin), uint32 above.")
 
 
-def _data_options(function):
+def _data_options(tokens_v: str, vocab_help: str):
     """--tokens, --vocab, --counts, --tokenizer: corpus data beside --text (`bob count`
-    makes counts)."""
-    for option in reversed((
-        click.option("--tokens", "tokens", multiple=True, metavar="FILE",
-                     help=f"A token file (raw uint16/uint32 or .npy; {REPEAT_TOKENS}); "
-                          "needs --vocab or --tokenizer."),
-        vocab_option(help="V of the --tokens files (default: the --tokenizer's)."),
-        _TOKEN_DTYPE,
-        click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
-                     help="A counts file from `bob count`: no recount."),
-        tokenizer_option("The tokenizer of the --tokens files: their V (a --vocab that "
-                         "differs is refused)."),
-    )):
-        function = option(function)
-    return function
+    makes counts); `tokens_v` says where the V of --tokens files comes from."""
+    def decorate(function):
+        for option in reversed((
+            click.option("--tokens", "tokens", multiple=True, metavar="FILE",
+                         help=f"A token file (raw uint16/uint32 or .npy; {REPEAT_TOKENS}); "
+                              f"{tokens_v}."),
+            vocab_option(help=vocab_help),
+            _TOKEN_DTYPE,
+            click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
+                         help="A counts file from `bob count`: no recount."),
+            tokenizer_option("The tokenizer of the --tokens files: their V (a --vocab that "
+                             "differs is refused)."),
+        )):
+            function = option(function)
+        return function
+    return decorate
 
 
 def _shard_options(function):
@@ -142,7 +147,8 @@ def _byte_text(value: int) -> str:
 @ARENA_OPTION
 @click.option("--updates-per-invocation", "-N", type=click.IntRange(1, MAX_UPDATES),
               default=api.DEFAULT_UPDATES_PER_INVOCATION, show_default=True,
-              help="Updates in one plan; checkpoints are saved at an invocation's end.")
+              help="Updates per invocation: one plan runs N updates on the device before "
+                   "the host reads it back; checkpoints are saved at an invocation's end.")
 @click.option("--eval-every", type=click.IntRange(1), default=None, metavar="U",
               help="A progress line (train and validation loss, rate, ETA) every U updates "
                    "(default: every invocation); invocations end there.")
@@ -150,6 +156,7 @@ def _byte_text(value: int) -> str:
               help="Also save the checkpoint of the lowest validation loss seen at an eval "
                    "point, beside the checkpoint (bob.best.safetensors).")
 @hyper_options
+@schedule_options
 @click.option("--result", "result_path", type=click.Path(dir_okay=False),
               help="Write the last invocation's result record here.")
 @SCHEDULE_OPTION
@@ -158,13 +165,18 @@ def _byte_text(value: int) -> str:
 @TABLES_OPTION
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON summary on stdout (the table goes to stderr).")
-@_data_options
+@_data_options("needs --vocab or --tokenizer",
+               "V of the --tokens files (default: the --tokenizer's).")
 @click.option("--val-text", "--val", "val_texts", multiple=True, metavar="FILE",
-              help=f"Validation text ({REPEAT_TEXT}): its exact loss at every eval point.")
+              help=f"Validation text ({REPEAT_VAL_TEXT}): its exact loss at every eval point.")
 @click.option("--val-tokens", multiple=True, metavar="FILE",
-              help=f"Validation token file ({REPEAT_TOKENS}).")
+              help=f"Validation token file ({REPEAT_VAL_TOKENS}).")
 @click.option("--val-counts", type=click.Path(dir_okay=False),
               help="Validation counts file from `bob count`.")
+@click.option("--val-fraction", type=float, default=None, metavar="F",
+              help="Hold the last F of the training data out as validation (0.1: nanoGPT's "
+                   "90/10 split) and train on the rest; texts, token files and the built-in "
+                   "corpus (not a counts file).")
 @click.option("--save-every", "save_every_seconds", type=click.FloatRange(min=0, min_open=True),
               default=None, metavar="SECONDS",
               help="Save the checkpoint at the first invocation's end this long after the last "
@@ -175,26 +187,31 @@ def _byte_text(value: int) -> str:
                    "last save.")
 @_shard_options
 def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, backend, arch,
-          arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, result_path,
+          arena, updates_per_invocation, lr, beta1, beta2, eps, weight_decay, warmup_steps,
+          lr_decay_steps, min_lr, result_path,
           schedule, as_json, tokens, vocab, token_dtype, counts_file, tokenizer_path, val_texts,
-          val_tokens, val_counts, submission, save_every_seconds, save_every_updates,
-          eval_every, keep_best, shards, device_memory, workers, gpus, dask_address,
-          kernels, tables) -> None:
+          val_tokens, val_counts, val_fraction, submission, save_every_seconds,
+          save_every_updates, eval_every, keep_best, shards, device_memory, workers, gpus,
+          dask_address, kernels, tables) -> None:
     """Train the bigram table with AdamW: invocations of -N updates, a line every
     --eval-every updates, the checkpoint saved as --save-every/--save-every-updates say and
     at the end; the first Ctrl-C (or SIGTERM) finishes the invocation in flight and saves
     it, a second stops at once."""
     refuse_extra_arguments(click.get_current_context())
-    Hyper(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)  # checks them
+    stated = _stated_hyper(click.get_current_context(),
+                           dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                                weight_decay=weight_decay, warmup_steps=warmup_steps,
+                                lr_decay_steps=lr_decay_steps, min_lr=min_lr))
+    # Checked together now (a schedule against its lr); a resumed run's against the
+    # checkpoint's own when it starts.
+    Hyper(**{**dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay),
+             **({} if resume else stated)})
     if texts and input_record is not None:  # the API says it in its words; here in flags
         raise BadInput("give either --text files or an --input record, not both")
     if tokenizer_path is not None and not (tokens or counts_file or val_tokens):
         raise BadInput("--tokenizer gives the V of --tokens files; text trains on bytes "
                        "(V=256)")
     vocab = api.resolve_vocab(vocab, _tokenizer(tokenizer_path))
-    stated = _stated_hyper(click.get_current_context(),
-                           dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                                weight_decay=weight_decay))
     request = api.TrainRequest(
         texts=tuple(texts) or None, steps=steps, checkpoint=checkpoint, resume=resume,
         backend=backend, hyper_changes=stated, new_data=new_data,
@@ -202,6 +219,7 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
         overwrite=overwrite, arch=arch, arena=arena, result_path=result_path,
         schedule=schedule, data_spec=_spec(tokens, vocab, token_dtype, counts_file),
         val_spec=_spec(val_tokens, None, token_dtype, val_counts, val_texts),
+        val_fraction=val_fraction,
         submission=submission, save_every_seconds=save_every_seconds,
         save_every_updates=save_every_updates, eval_every=eval_every, keep_best=keep_best,
         shards=shards, device_memory=device_memory, workers=workers, gpus=gpus,
@@ -214,15 +232,16 @@ def train(texts, input_record, steps, checkpoint, resume, new_data, overwrite, b
                         TextColumn("{task.completed}/{task.total} updates"),
                         TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(),
                         console=errors, transient=True, disable=not errors.is_terminal)
-    with progress:
+    # At a terminal the bar moves; elsewhere a line at least every HEARTBEAT_SECONDS.
+    with progress, Heartbeat(errors, enabled=not errors.is_terminal) as heartbeat:
         task = progress.add_task("train", total=steps, loss="-")
-        log = ProgressLog(errors, request)  # above the bar at a terminal
+        log = ProgressLog(heartbeat, request)  # above the bar at a terminal
 
         def advance(invocation, done) -> None:
             progress.update(task, completed=done, loss=f"{invocation.loss:.4f}")
             log.line(invocation, done)
 
-        report = api.run_training(request, advance)
+        report = api.run_training(request, advance, log.announce)
     _table_console(errors if as_json else None).print(_train_table(report))
     if as_json:
         click.echo(json.dumps(report.to_json()))
@@ -236,47 +255,6 @@ def _stated_hyper(context: click.Context, values: dict[str, float]) -> dict[str,
             if context.get_parameter_source(name) is not ParameterSource.DEFAULT}
 
 
-class ProgressLog:
-    """A line at each eval point, as nanoGPT prints them:
-    `step 1200: train 2.4712, val 2.4981  (12.6 ms/update, ETA 0:42)`. The rate is the wall
-    time from the line before's invocation to this one's (`Invocation.finished`; the first:
-    from the first invocation's start) over the updates made in it, so the lines add up to
-    the run, saves and all; the ETA is that rate times the updates left."""
-
-    def __init__(self, console: Console, request: api.TrainRequest) -> None:
-        self.console = console
-        self.request = request
-        self.done = 0  # updates made at the last line
-        self.at: float | None = None  # perf_counter of the last line (or the first start)
-
-    def line(self, invocation, done: int) -> None:
-        if self.at is None:
-            self.at = invocation.began or time.perf_counter()
-        if not self.request.eval_point(done):
-            return
-        now = invocation.finished or time.perf_counter()
-        per_update = (now - self.at) / max(done - self.done, 1)
-        self.done, self.at = done, now
-        val = "" if invocation.validation is None else f", val {invocation.validation[1]:.4f}"
-        left = max(self.request.steps - done, 0) * per_update
-        self.console.print(f"step {invocation.state.step}: train {invocation.loss:.4f}{val}  "
-                           f"({_milliseconds(per_update)} ms/update, ETA {_clock(left)})",
-                           markup=False, highlight=False, soft_wrap=True)
-
-
-def _milliseconds(seconds: float) -> str:
-    """Three significant digits: 261, 12.6, 0.481."""
-    milliseconds = 1000 * seconds
-    return f"{milliseconds:.0f}" if milliseconds >= 1000 else f"{milliseconds:.3g}"
-
-
-def _clock(seconds: float) -> str:
-    """0:42, 12:05, 1:02:03."""
-    hours, rest = divmod(round(seconds), 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
 def _table_console(console: Console | None) -> Console:
     """stdout (or `console`), 100 columns wide when it is not a terminal."""
     console = console or Console()
@@ -286,8 +264,16 @@ def _table_console(console: Console | None) -> Console:
 
 
 def _hyper_text(hyper: Hyper) -> str:
-    return (f"lr {hyper.lr:g}, betas {hyper.beta1:g}/{hyper.beta2:g}, eps {hyper.eps:g}, "
-            f"weight decay {hyper.weight_decay:g}")
+    return (f"lr {hyper.lr:g}{_schedule_text(hyper)}, betas {hyper.beta1:g}/{hyper.beta2:g}, "
+            f"eps {hyper.eps:g}, weight decay {hyper.weight_decay:g}")
+
+
+def _schedule_text(hyper: Hyper) -> str:
+    """ (warmup 100, cosine to 0.01 at update 1000): the schedule, where one is set."""
+    parts = [f"warmup {hyper.warmup_steps}"] if hyper.warmup_steps else []
+    if hyper.lr_decay_steps is not None:
+        parts.append(f"cosine to {hyper.min_lr:g} at update {hyper.lr_decay_steps}")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _train_table(report: api.TrainReport) -> Table:
@@ -387,15 +373,22 @@ def _predict_ids(checkpoint, prompts, backend, as_json, tokenizer=None) -> None:
 
 # Between samples, as nanoGPT's sample.py prints them.
 SAMPLE_SEPARATOR = "-" * 15
+DEFAULT_LENGTH = 200  # symbols a sample draws, as nanoGPT's sample.py's max_new_tokens
+LINE_LENGTH = 1000  # with --lines, the most a sample draws per line asked for
 
 
 @click.command()
 @_CHECKPOINT
 @click.option("--prompt", "-p", help="Text to continue (a token model's with --tokenizer).")
 @click.option("--ids", "id_prompt", help='Token ids to continue, e.g. "464 3290 318".')
-@click.option("--length", "-n", type=click.IntRange(0, 10_000_000), default=200,
-              show_default=True, help="Symbols to generate: bytes, or token ids for a token "
-                                      "model.")
+@click.option("--length", "-n", type=click.IntRange(0, 10_000_000), default=None,
+              help="Symbols to generate: bytes, or token ids for a token model (default 200; "
+                   f"with --lines the most a sample draws, default {LINE_LENGTH} a line).")
+@click.option("--lines", type=click.IntRange(1, 100_000), default=None, metavar="K",
+              help="Print K whole lines a sample: stop at the K-th line's end (a newline; a "
+                   "token model's --stop symbol, or its --tokenizer's newline token).")
+@click.option("--stop", type=click.IntRange(0), default=None, metavar="ID",
+              help="With --lines: the symbol that ends a line (a byte value, or a token id).")
 @click.option("--temperature", "-t", type=click.FloatRange(0), default=0.8, show_default=True,
               help="0 is greedy; above 0 samples (0.8 as nanoGPT's sample.py).")
 @click.option("--top-k", "-k", type=click.IntRange(1), default=200, show_default=True,
@@ -419,27 +412,43 @@ SAMPLE_SEPARATOR = "-" * 15
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True,
               help="Print the prompt and the continuation as JSON (text and byte values).")
-def generate(checkpoint, prompt, id_prompt, length, temperature, top_k, seen_only, num_samples,
-             seed, tokenizer_path, raw, backend, as_json) -> None:
+def generate(checkpoint, prompt, id_prompt, length, lines, stop, temperature, top_k, seen_only,
+             num_samples, seed, tokenizer_path, raw, backend, as_json) -> None:
     """Continue a prompt (text, or --ids for token checkpoints) by sampling, as nanoGPT's
-    sample.py does (temperature 0.8, top-k 200), or greedily with -t 0."""
-    if (prompt is None) == (id_prompt is None):
-        raise click.UsageError("give --prompt text or --ids, one of them")
+    sample.py does (temperature 0.8, top-k 200), or greedily with -t 0. Without a prompt,
+    as makemore samples: a byte model from the start of a line, a token model from the
+    symbol its data starts with; --lines K prints K whole lines (K names of a names list)."""
+    if prompt is not None and id_prompt is not None:
+        raise click.UsageError("give --prompt text or --ids, not both")
     if raw and as_json:
         raise click.UsageError("--raw and --json are two ways to print: choose one")
     if raw and num_samples > 1:
         raise click.UsageError("--raw writes one sample unchanged: leave out --num-samples")
+    if stop is not None and lines is None:
+        raise click.UsageError("--stop ends the lines of --lines: give --lines K too")
+    if length is None:
+        length = DEFAULT_LENGTH if lines is None else LINE_LENGTH * lines
     tokenizer = _tokenizer(tokenizer_path)
     if tokenizer is not None:
         api.require_tokenizer(checkpoint, tokenizer)
-        given: bytes | list[int] = (tokenizer.encode(prompt) if prompt is not None
-                                    else _ids(id_prompt))
+    given: bytes | list[int]
+    prompted = prompt is not None or id_prompt is not None
+    if not prompted:
+        given = api.generation_start(checkpoint, tokenizer).shown
+    elif tokenizer is not None:
+        given = tokenizer.encode(prompt) if prompt is not None else _ids(id_prompt)
     else:
         given = os.fsencode(prompt) if prompt is not None else _ids(id_prompt)
-    samples = api.generate_samples(checkpoint, given, length, temperature, seed, backend,
-                                   top_k, seen_only, num_samples)
+    # No prompt: the generation's start (a prompt given empty is refused as before).
+    samples = api.generate_samples(checkpoint, given if prompted else None, length,
+                                   temperature, seed, backend, top_k, seen_only, num_samples,
+                                   lines, stop, tokenizer)
+    if lines is not None:
+        _say_short_samples(samples, lines, length, checkpoint, stop, tokenizer)
     form = "json" if as_json else "raw" if raw else "text"
     shown = [_sample_shown(given, more, tokenizer, form) for more in samples]
+    if lines is not None and form == "text":  # whole lines: the separator starts a line
+        shown = [text.removesuffix("\n") for text in shown]
     if as_json:
         click.echo(json.dumps(shown[0] if len(shown) == 1 else {"samples": shown}))
         return
@@ -451,6 +460,19 @@ def generate(checkpoint, prompt, id_prompt, length, temperature, top_k, seen_onl
         sys.stdout.buffer.flush()
         return
     sys.stdout.write(f"\n{SAMPLE_SEPARATOR}\n".join(shown) + "\n")
+
+
+def _say_short_samples(samples: list[list[int]], lines: int, length: int, checkpoint: str,
+                       stop: int | None, tokenizer: api.Tokenizer | None) -> None:
+    """A line on stderr for each sample that reached -n before its last line ended."""
+    from bob.host.inference import stop_symbol
+
+    ending = stop_symbol(checkpoint, stop, tokenizer)
+    for number, sample in enumerate(samples, start=1):
+        ended = sample.count(ending)
+        if ended < lines:
+            click.echo(f"(sample {number}: {ended} of {lines} lines ended within -n {length} "
+                       "symbols)", err=True)
 
 
 def _sample_shown(given: bytes | list[int], more: list[int], tokenizer: api.Tokenizer | None,
@@ -482,7 +504,8 @@ def _sample_shown(given: bytes | list[int], more: list[int], tokenizer: api.Toke
                    "model's with --tokenizer, encoded).")
 @BACKEND_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@_data_options
+@_data_options("their V is the checkpoint's", "V of the --tokens files: the checkpoint's "
+               "(given, it must agree).")
 def eval_(checkpoint, texts, backend, as_json, tokens, vocab, token_dtype, counts_file,
           tokenizer_path) -> None:
     """Loss of the model on data: nats per transition, bits per byte (per token for a token
@@ -515,7 +538,10 @@ def eval_(checkpoint, texts, backend, as_json, tokens, vocab, token_dtype, count
 @click.option("--counts", "counts_file", type=click.Path(dir_okay=False),
               help="The training counts file: its optimum on the loss curve.")
 @click.option("--json", "as_json", is_flag=True, help="List the files written as JSON.")
-def plot(checkpoint, out_dir, counts_file, as_json) -> None:
+@tokenizer_option("Token checkpoints: label the heat map with each token's text.")
+@click.option("--overwrite", is_flag=True, help="Replace loss.png and transitions.png where "
+                                                "they exist.")
+def plot(checkpoint, out_dir, counts_file, as_json, tokenizer_path, overwrite) -> None:
     """Draw the loss curve and the learned transition heat map as PNG (matplotlib): the
     map over the symbols the data uses, above V=512 the 64 most frequent (by --counts, else
     by the model's estimate)."""
@@ -525,19 +551,24 @@ def plot(checkpoint, out_dir, counts_file, as_json) -> None:
 
     stored = open_checkpoint(checkpoint)  # the header: rows are read as the map needs
     state = stored.state
+    tokenizer = _tokenizer(tokenizer_path)
+    if tokenizer is not None:
+        api.require_tokenizer(checkpoint, tokenizer)
     counted = None if counts_file is None else CountsFile.load(counts_file)
     if counted is not None:
         _require_training_counts(state, counted, counts_file)
     optimum = state.optimum if counted is None else counted.optimum
-    targets = {name: os.path.join(out_dir, name) for name in ("loss.png", "transitions.png")}
-    _check_plot_directory(out_dir, targets.values())
+    drawn = ("loss.png", "transitions.png") if state.history else ("transitions.png",)
+    targets = {name: os.path.join(out_dir, name) for name in drawn}
+    _check_plot_directory(out_dir, targets.values(), overwrite)
     read = api.checkpoint_files(stored) + ([] if counts_file is None
                                            else [(counts_file, "counts file")])
     for path in targets.values():
         require_apart(path, "PNG", read)
     figures = {"transitions.png": pictures.transitions_figure(
         lambda indices: stored.rows("parameters", indices), state.vocab,
-        None if counted is None else pictures.symbol_counts(counted.counts))}
+        None if counted is None else pictures.symbol_counts(counted.counts),
+        None if tokenizer is None else (lambda symbol: tokenizer.decode([symbol])))}
     if state.history:
         figures["loss.png"] = pictures.loss_figure(
             state.history, optimum, validation=validation_curve(state),
@@ -587,12 +618,15 @@ def validation_curve(state) -> list[tuple[int, float]]:
     return list(state.val_history)
 
 
-def _check_plot_directory(out_dir: str, targets) -> None:
-    """Before drawing: the directory can be made or used, and each target can be written."""
+def _check_plot_directory(out_dir: str, targets, overwrite: bool = False) -> None:
+    """Before drawing: the directory can be made or used, and each target can be written,
+    replacing an existing one only with --overwrite, as every other output."""
     check_output_directory(out_dir, "plots")
     if os.path.isdir(out_dir):
         for path in targets:
             check_output_file(path, "PNG")
+            if not overwrite and os.path.lexists(path):
+                raise BadInput(f"{path}: exists; pass --overwrite to replace it")
 
 
 @click.command(name="export")

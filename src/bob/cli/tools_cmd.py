@@ -42,11 +42,15 @@ def _backend_pair(text: str) -> tuple[str, str]:
 @vocab_option(256)
 @prompts_option(2)
 @click.option("--updates-per-invocation", "-N", type=click.IntRange(1, MAX_UPDATES), default=10,
-              show_default=True)
-@click.option("--steps", type=click.IntRange(0), default=25, show_default=True)
+              show_default=True,
+              help="Updates per invocation (as bob train -N): every tensor is compared after "
+                   "each invocation.")
+@click.option("--steps", type=click.IntRange(0), default=25, show_default=True,
+              help="AdamW updates in all, run as invocations of -N (the last one shorter).")
 @MODE_OPTION
 @arch_option("Target of nv-sim.")
-@click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
+              help="Seed of the random targets (or corpus) and prompts both backends run on.")
 @SCHEDULE_OPTION
 @submission_option(f"chained when either backend is {' or '.join(sorted(STREAM_BACKENDS))} (one "
                    f"plan serves both; {_IN_ORDER} run any policy's launches in order), else "
@@ -97,11 +101,11 @@ def doctor(as_json) -> None:
     for column in ("backend", "usable", "details"):
         table.add_column(column)
     for row in rows:
-        # escape: details such as "pip install 'bob[cuda]'" are text, not rich markup
+        # escape: details such as "pip install 'bob-bigram[cuda]'" are text, not rich markup
         table.add_row(row["backend"], "yes" if row["usable"] else "no", escape(row["details"]))
     console.print(table)
-    if not gpus:
-        console.print(escape(note), markup=False, highlight=False)
+    if not gpus:  # markup off: the note is printed as it is, nothing to escape
+        console.print(note, markup=False, highlight=False)
         return
     console.print(f"{note} (bob train --gpus numbers them so):", markup=False,
                   highlight=False)

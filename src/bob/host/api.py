@@ -30,6 +30,7 @@ from bob.host.inference import (
     generate,
     generate_ids,
     generate_samples,
+    generation_start,
     predict,
     predict_ids,
     require_tokenizer,
@@ -38,17 +39,20 @@ from bob.host.sharded_run import run_training
 from bob.host.training import (
     DEFAULT_CHECKPOINT,
     DEFAULT_UPDATES_PER_INVOCATION,
+    Announce,
     Progress,
+    TrainPlan,
     TrainReport,
     TrainRequest,
 )
 from bob.records.tokenizer import Tokenizer, load_tokenizer, resolve_vocab
 
 __all__ = [
-    "DEFAULT_CHECKPOINT", "DEFAULT_UPDATES_PER_INVOCATION", "CorpusSpec", "CountReport",
-    "EvalReport", "Progress", "Tokenizer", "TrainReport", "TrainRequest", "TrainingData",
-    "checkpoint_files", "count", "evaluate", "evaluate_symbols", "export", "generate",
-    "generate_ids", "generate_samples", "load_tokenizer", "predict", "predict_ids",
+    "DEFAULT_CHECKPOINT", "DEFAULT_UPDATES_PER_INVOCATION", "Announce", "CorpusSpec",
+    "CountReport", "EvalReport", "Progress", "Tokenizer", "TrainPlan", "TrainReport",
+    "TrainRequest", "TrainingData", "checkpoint_files",
+    "count", "evaluate", "evaluate_symbols", "export", "generate", "generate_ids",
+    "generate_samples", "generation_start", "load_tokenizer", "predict", "predict_ids",
     "require_tokenizer", "resolve_vocab", "run_training", "train", "training_data",
 ]
 

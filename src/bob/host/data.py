@@ -23,11 +23,12 @@ import numpy as np
 
 from bob.config import MAX_VOCAB
 from bob.errors import BadInput
-from bob.files import check_output_file, require_apart, require_named
+from bob.files import check_output_file, require_apart, require_named, stream_kind
 from bob.records import corpus, counting, sources
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Ranges, symbol_ranges
 from bob.records.countsfile import CountsFile
+from bob.records.data_sources import DataSources
 from bob.records.digest import weights_of
 
 
@@ -37,6 +38,17 @@ class TrainingData:
     counts: np.ndarray | None  # corpus mode: transition counts
     description: str
     known_optimum: float | None = None  # from a counts file or the counting engine
+    # How the data was given, for the checkpoint (--resume with no data reads it again).
+    sources: DataSources | None = None
+    # The held-out part's corpus record, where --val-fraction split the data.
+    validation: InputRecord | None = None
+    notes: tuple[str, ...] = ()  # said after the description: how the data was cut, reused
+
+    @property
+    def shown(self) -> str:
+        """The description with its notes, as the run's report names the data."""
+        return f"{self.description} ({'; '.join(self.notes)})" if self.notes else \
+            self.description
 
     @property
     def optimum(self) -> float | None:
@@ -103,11 +115,26 @@ def count_corpus(spec: CorpusSpec, workers: int | None = None,
         if spec.vocab is not None and spec.vocab != loaded.vocab:
             raise BadInput(f"{spec.counts}: V={loaded.vocab}, not --vocab {spec.vocab}")
         return loaded
+    return count_found(resolve_spec(spec), _spec_vocab(spec), workers, progress, dask,
+                       dask_workers)
+
+
+def _spec_vocab(spec: CorpusSpec) -> int:
     if spec.tokens and spec.vocab is None:
         raise BadInput("--tokens needs --vocab V (the tokenizer's vocabulary size)")
-    vocab = spec.vocab if spec.vocab is not None else corpus.BYTE_VOCAB
-    dtype = sources.token_dtype(vocab, spec.token_dtype) if spec.tokens else None
-    found = sources.resolve(spec.texts or spec.tokens, dtype)
+    return spec.vocab if spec.vocab is not None else corpus.BYTE_VOCAB
+
+
+def resolve_spec(spec: CorpusSpec) -> tuple[sources.Source, ...]:
+    """The files a spec's text or token inputs name, raw tokens read as V says."""
+    dtype = sources.token_dtype(_spec_vocab(spec), spec.token_dtype) if spec.tokens else None
+    return sources.resolve(spec.texts or spec.tokens, dtype)
+
+
+def count_found(found: Sequence[sources.Source], vocab: int, workers: int | None = None,
+                progress: counting.Progress | None = None, dask: str | None = None,
+                dask_workers: int = 2) -> CountsFile:
+    """Count resolved sources, as `count_corpus` counts a spec's."""
     streamed: dict[str, int] = {}  # a stream's size is known only once it has ended
     if dask is None:
         counts = counting.count_sources(found, vocab, workers, progress=progress,
@@ -168,37 +195,148 @@ def require_one_source(texts: Sequence[str] | None, input_record: str | None,
 
 def training_data(texts: Sequence[str] | None = None, input_record: str | None = None,
                   spec: CorpusSpec | None = None,
-                  admit: Callable[[int], None] | None = None) -> TrainingData:
+                  admit: Callable[[int], None] | None = None,
+                  val_fraction: float | None = None) -> TrainingData:
     """The training data: text files (corpus mode), an input record, or the built-in corpus.
 
     `admit(V)` runs once V is known, before the data is counted where it can be (token
     files name V) and before any record is built: a refusal there costs nothing.
+    `val_fraction` F holds the last F of the data out as validation (texts, token files,
+    the built-in corpus): the record is the rest's, `validation` the held-out part's.
     """
     require_one_source(texts, input_record, spec)
+    check_val_fraction(val_fraction)
     admit = admit or (lambda vocab: None)
-    if spec is not None and spec.given:
-        if spec.vocab is not None:
-            admit(spec.vocab)  # token files: refused before they are counted
+    if spec is None or not spec.given:
+        spec = CorpusSpec(texts=tuple(texts or ()))
+    if val_fraction is not None and (spec.counts or input_record is not None):
+        given = (f"a counts file ({spec.counts})" if spec.counts
+                 else f"an input record ({input_record})")
+        raise BadInput(f"--val-fraction holds out the end of a text or token sequence; "
+                       f"{given} keeps no order to cut: give the texts or token files, or "
+                       "validation data (--val-text, --val-tokens, --val-counts)")
+    if spec.counts:
         counted = count_corpus(spec)
         admit(counted.vocab)
-        record = corpus_record(counted, counted.name)
-        read_as = spec.tokens_read_as(counted.vocab)
-        description = counted.name if read_as is None else f"{counted.name} ({read_as})"
-        return TrainingData(record, None, description, known_optimum=counted.optimum)
+        return TrainingData(corpus_record(counted, counted.name), None, counted.name,
+                            known_optimum=counted.optimum,
+                            sources=DataSources("counts", (spec.counts,)))
     if input_record is not None:
+        streamed = stream_kind(input_record) is not None
         record = InputRecord.read(input_record)
-        return TrainingData(replace_prompts(record, ()), None, input_record)
-    if texts:
-        # The streamed, parallel engine: directories, globs and URLs work here too.
-        counted = count_corpus(CorpusSpec(texts=tuple(texts)))
-        admit(counted.vocab)
-        name = ", ".join("stdin" if t == sources.STDIN else t for t in texts)
-        record = corpus_record(counted, name)
-        return TrainingData(record, None, name, known_optimum=counted.optimum)
-    counts = corpus.counts_from_bytes(corpus.builtin_corpus(), "the built-in corpus")
-    description = "the built-in corpus (CPython's pydoc topics)"
-    record = InputRecord.corpus(corpus.weights(counts), (), source=description)
-    return TrainingData(record, counts, description)
+        return TrainingData(replace_prompts(record, ()), None, input_record,
+                            sources=DataSources("input", (input_record,), stream=streamed))
+    if spec.given:
+        return _sequence_data(spec, admit, val_fraction)
+    return _builtin_data(val_fraction)
+
+
+def _sequence_data(spec: CorpusSpec, admit: Callable[[int], None],
+                   val_fraction: float | None) -> TrainingData:
+    """Text or token files counted by the streamed, parallel engine (directories, globs
+    and URLs too), split where --val-fraction asks."""
+    vocab = _spec_vocab(spec)
+    if spec.tokens:
+        admit(vocab)  # token files: refused before they are counted
+    found = resolve_spec(spec)
+    given = spec.texts or spec.tokens
+    # Texts as given; token files as found (a directory's files), as a counts file names them.
+    names = ", ".join("stdin" if name == sources.STDIN else name
+                      for name in (given if spec.texts else (s.name for s in found)))
+    recorded = DataSources(
+        "tokens" if spec.tokens else "text", given, vocab if spec.tokens else None,
+        spec.token_dtype if spec.tokens else None, val_fraction,
+        next((token for token in map(sources.first_token, found) if token is not None),
+             None), stream=any(source.is_stream for source in found))
+    validation, notes = None, ()
+    if val_fraction is None:
+        counted = count_corpus(spec)  # as `bob count` counts it
+    else:
+        found, held_out = sources.split_tail(found, val_fraction)
+        _require_both_parts(found, held_out, val_fraction, names)
+        validation = corpus_record(count_found(held_out, vocab),
+                                   f"the last {percent(val_fraction)} of {names}")
+        notes = (held_out_note(val_fraction),)
+        counted = count_found(found, vocab)
+    admit(counted.vocab)
+    read_as = spec.tokens_read_as(vocab)
+    description = names if read_as is None else f"{names} ({read_as})"
+    return TrainingData(corpus_record(counted, names), None, description,
+                        known_optimum=counted.optimum, sources=recorded,
+                        validation=validation, notes=notes)
+
+
+def percent(fraction: float) -> str:
+    """0.1 as 10%, 0.005 as 0.5%."""
+    return f"{100 * fraction:.6g}%"
+
+
+def held_out_note(fraction: float) -> str:
+    """What --val-fraction did to the data, as the report's data row says it."""
+    return f"the first {percent(1 - fraction)}; the last {percent(fraction)} validates"
+
+
+BUILTIN_DESCRIPTION = "the built-in corpus (CPython's pydoc topics)"
+
+
+def _builtin_data(val_fraction: float | None) -> TrainingData:
+    """The built-in corpus (its bytes in memory), split where --val-fraction asks."""
+    text = corpus.builtin_corpus()
+    recorded = DataSources("builtin", val_fraction=val_fraction,
+                           first_symbol=text[0] if text else None)
+    validation, notes = None, ()
+    if val_fraction is not None:
+        cut = int(len(text) * (1.0 - val_fraction))
+        text, held_out = text[:cut], text[cut:]
+        if len(text) < 2 or len(held_out) < 2:
+            raise BadInput(f"--val-fraction {val_fraction:g} leaves {len(text)} bytes to train "
+                           f"on and {len(held_out)} to validate: each needs a pair")
+        validation = InputRecord.corpus(
+            corpus.weights(corpus.counts_from_bytes(held_out, "the built-in corpus")), (),
+            source=f"the last {percent(val_fraction)} of the built-in corpus")
+        notes = (held_out_note(val_fraction),)
+    counts = corpus.counts_from_bytes(text, "the built-in corpus")
+    record = InputRecord.corpus(corpus.weights(counts), (), source=BUILTIN_DESCRIPTION)
+    return TrainingData(record, counts, BUILTIN_DESCRIPTION, sources=recorded,
+                        validation=validation, notes=notes)
+
+
+def check_val_fraction(fraction: float | None) -> None:
+    """BadInput unless `fraction` is None or a number in (0, 1)."""
+    if fraction is None:
+        return
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not (
+            0 < fraction < 1):
+        raise BadInput(f"--val-fraction {fraction!r} is not a fraction in (0, 1): the last "
+                       "F of the data validates, the rest trains")
+
+
+def _require_both_parts(before: Sequence[sources.Source], after: Sequence[sources.Source],
+                        fraction: float, names: str) -> None:
+    """BadInput unless each side of the cut holds a pair of symbols."""
+    def pairs(part: Sequence[sources.Source]) -> int:
+        return sum(max(source.tokens - 1, 0) for source in part)
+
+    if not pairs(before) or not pairs(after):
+        unit = "byte" if all(s.dtype == "|u1" for s in (*before, *after)) else "token"
+        raise BadInput(f"{names}: --val-fraction {fraction:g} leaves "
+                       f"{sum(s.tokens for s in before)} {unit}s to train on and "
+                       f"{sum(s.tokens for s in after)} to validate: each needs a pair")
+
+
+def data_given_by(recorded: DataSources) -> tuple[tuple[str, ...] | None, str | None,
+                                                   CorpusSpec | None]:
+    """(texts, input record, spec) that give the data the sources recorded again."""
+    if recorded.kind == "text":
+        return recorded.paths, None, None
+    if recorded.kind == "input":
+        return None, recorded.paths[0], None
+    if recorded.kind == "counts":
+        return None, None, CorpusSpec(counts=recorded.paths[0])
+    if recorded.kind == "tokens":
+        return None, None, CorpusSpec(tokens=recorded.paths, vocab=recorded.vocab,
+                                      token_dtype=recorded.token_dtype or "uint16")
+    return None, None, None  # the built-in corpus
 
 
 def validation_record(spec: CorpusSpec | None, vocab: int) -> InputRecord | None:

@@ -31,6 +31,14 @@ def diagnose() -> list[dict]:
     return rows
 
 
+def _error_text(error: Exception) -> str:
+    """An error's message: a KeyError's own (its str() is the repr, in quotes), any other's
+    str(); a quote that belongs to the text (pip install 'bob-bigram[cuda]') stays."""
+    if isinstance(error, KeyError) and error.args:
+        return str(error.args[0])
+    return str(error)
+
+
 def list_gpus() -> tuple[list[dict], str]:
     """The GPUs the CUDA driver sees, numbered as --gpus and CUDA_VISIBLE_DEVICES number
     them ({gpu, name, arch, memory_bytes, multiprocessors}), and a line saying how many or
@@ -49,6 +57,6 @@ def list_gpus() -> tuple[list[dict], str]:
                           "memory_bytes": int(driver.call("cuDeviceTotalMem", device)),
                           "multiprocessors": info.multiprocessors})
     except Exception as error:  # no bindings, no driver, no device: say which, list none
-        text = str(error).strip("'\"").splitlines()
-        return [], f"no GPU listed: {text[0] if text else type(error).__name__}"
+        lines = _error_text(error).splitlines()
+        return [], f"no GPU listed: {lines[0] if lines else type(error).__name__}"
     return found, f"{count} GPU{'s' if count != 1 else ''} seen by the CUDA driver"

@@ -16,6 +16,7 @@ table. The checkpoint is never written.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -161,11 +162,13 @@ def seen_symbols(stored: CheckpointFile, seen_only: bool | None) -> np.ndarray |
 
 def _continue(rows: Rows, last: int, length: int, temperature: float, seed: int,
               top_k: int | None, allowed: np.ndarray | None = None,
-              first_position: int = 0) -> list[int]:
-    """`length` tokens after `last`: greedy, or sampled with `seed` (position by position,
-    as `sampling.generate` draws them, from `first_position` on), among the `allowed`
-    symbols where given."""
+              first_position: int = 0, stop: int | None = None,
+              lines: int | None = None) -> list[int]:
+    """`length` tokens after `last` (fewer with `lines`: up to the `lines`-th `stop`
+    symbol): greedy, or sampled with `seed` (position by position, as `sampling.generate`
+    draws them, from `first_position` on), among the `allowed` symbols where given."""
     out = []
+    ended = 0  # lines ended so far
     for position in range(first_position, first_position + length):
         logits, greedy = rows[last]
         if temperature == 0:
@@ -174,33 +177,110 @@ def _continue(rows: Rows, last: int, length: int, temperature: float, seed: int,
             last = sampling.sample_row(logits, temperature, sampling.uniform(seed, position),
                                        top_k, allowed)
         out.append(last)
+        if lines is not None and last == stop:
+            ended += 1
+            if ended == lines:
+                break
     return out
 
 
-def generate_samples(checkpoint: str, prompt: bytes | Sequence[int], length: int,
+LINE_END = 0x0A  # a byte model's line ends at a newline, and a line starts after one
+
+
+@dataclass(frozen=True)
+class GenerationStart:
+    """Where generation without a prompt starts: the symbols it shows before the
+    continuation, and the symbol the first draw continues."""
+
+    shown: bytes | list[int]
+    last: int
+
+
+def generation_start(checkpoint: str, tokenizer: Tokenizer | None = None) -> GenerationStart:
+    """Where `bob generate` starts without a prompt, as makemore samples a name from its
+    start token: a byte model at the start of a line (after a newline, shown as nothing);
+    a token model at the symbol its training data starts with (the checkpoint records it,
+    shown), else after its tokenizer's newline where that is one token."""
+    stored = open_checkpoint(checkpoint)
+    state = stored.state
+    if state.vocab == BYTE_VOCAB:
+        return GenerationStart(b"", LINE_END)
+    first = None if state.sources is None else state.sources.first_symbol
+    if first is not None and first < state.vocab:
+        return GenerationStart([first], first)
+    newline = line_end(tokenizer)
+    if newline is not None:
+        return GenerationStart([], newline)
+    raise BadInput(f"{checkpoint}: the checkpoint does not record a symbol its data starts "
+                   "with (trained from a counts file, or written before Bob kept it): give "
+                   "--prompt or --ids, or a --tokenizer that has a newline token")
+
+
+def line_end(tokenizer: Tokenizer | None) -> int | None:
+    """The token a line ends with for a token model: its tokenizer's newline, where that
+    is one token (a character-level meta.pkl's is), else None."""
+    if tokenizer is None:
+        return None
+    with contextlib.suppress(BadInput, ValueError, KeyError):
+        ids = tokenizer.encode("\n")
+        if len(ids) == 1:
+            return int(ids[0])
+    return None
+
+
+def stop_symbol(checkpoint: str, stop: int | None, tokenizer: Tokenizer | None = None) -> int:
+    """The symbol that ends a line for --lines: `stop` where given (checked against V),
+    a newline for a byte model, the tokenizer's newline token for a token model."""
+    vocab = open_checkpoint(checkpoint).state.vocab
+    if stop is not None:
+        if not 0 <= stop < vocab:
+            raise BadInput(f"--stop {stop} is not a symbol of this model: [0, V={vocab})")
+        return stop
+    found = LINE_END if vocab == BYTE_VOCAB else line_end(tokenizer)
+    if found is None:
+        raise BadInput(f"{checkpoint}: --lines ends a sample at its lines' ends: a token "
+                       "model needs --stop ID (or a --tokenizer with a newline token)")
+    return found
+
+
+def generate_samples(checkpoint: str, prompt: bytes | Sequence[int] | None, length: int,
                      temperature: float = 0.0, seed: int = 0, backend: str = "auto",
                      top_k: int | None = None, seen_only: bool | None = False,
-                     samples: int = 1) -> list[list[int]]:
-    """`samples` continuations of `prompt` (bytes for a byte table, else token ids), each
-    `length` symbols, from the rows of the checkpoint it visits (each read once).
+                     samples: int = 1, lines: int | None = None, stop: int | None = None,
+                     tokenizer: Tokenizer | None = None) -> list[list[int]]:
+    """`samples` continuations of `prompt` (bytes for a byte table, else token ids; None:
+    `generation_start`), each `length` symbols, from the rows of the checkpoint it visits
+    (each read once). With `lines` K, a sample ends at its K-th `stop` symbol
+    (`stop_symbol`), `length` being the most it draws.
 
-    Sample k draws the uniforms of positions k * length onwards: one seed's stream cut
-    into samples, so sample 0 is what one sample with that seed gives.
+    Sample k draws the uniforms after those of the samples before it (k * length on,
+    without `lines`): one seed's stream cut into samples, so sample 0 is what one sample
+    with that seed gives.
     """
     _check_sampling(length, temperature, top_k, samples)
+    if lines is not None and lines < 1:
+        raise BadInput(f"--lines must be at least 1, not {lines}")
     choose_backend(backend)  # a name it does not know is refused as everywhere
     stored = open_checkpoint(checkpoint)
-    if isinstance(prompt, bytes | bytearray):
+    if prompt is None:
+        last = generation_start(checkpoint, tokenizer).last
+    elif isinstance(prompt, bytes | bytearray):
         if not prompt:
             raise BadInput("the prompt must have at least one byte")
         _require_bytes(stored, checkpoint)
         last = prompt[-1]
     else:
         last = _require_tokens(stored, checkpoint, prompt)[-1]
+    ending = None if lines is None else stop_symbol(checkpoint, stop, tokenizer)
     allowed = seen_symbols(stored, seen_only)
     rows = Rows(stored)
-    return [_continue(rows, last, length, temperature, seed, top_k, allowed, k * length)
-            for k in range(samples)]
+    drawn: list[list[int]] = []
+    position = 0
+    for _ in range(samples):
+        drawn.append(_continue(rows, last, length, temperature, seed, top_k, allowed,
+                               position, ending, lines))
+        position += length if lines is None else len(drawn[-1])
+    return drawn
 
 
 def generate(checkpoint: str, prompt: bytes, length: int, temperature: float = 0.0,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bob.config import HYPER_FIELDS, Hyper
+from bob.config import HYPER_FIELDS, SCHEDULE_FIELDS, Hyper
 from bob.errors import BadInput
 from bob.files import atomic_write, check_output_file, reading
 from bob.host import inference, sampling
@@ -79,6 +79,12 @@ class TrainConfig:
     beta2: float | None = None
     eps: float | None = None
     weight_decay: float | None = None
+    # nanoGPT's learning-rate schedule (bob.config.Hyper.lr_at): a linear warmup over
+    # warmup_steps updates, a cosine decay to min_lr (None: lr / 10) at lr_decay_steps.
+    warmup_steps: int | None = None
+    lr_decay_steps: int | None = None
+    min_lr: float | None = None
+    val_fraction: float | None = None  # the last fraction of the data validates, as nanoGPT's
     out: str | None = None  # the checkpoint; None: a temporary file the model keeps
     resume: bool = False  # continue `out`'s run
     overwrite: bool = False  # start again over an existing `out`
@@ -88,15 +94,18 @@ class TrainConfig:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
             raise BadInput(f"steps must be an integer >= 0, not {self.steps!r}")
         stated = self.hyper_changes()
-        Hyper(**stated)  # checks each stated value by Hyper's rule
+        # Each stated value by Hyper's rule; a resumed run's schedule is checked against
+        # the checkpoint's own lr as it starts.
+        Hyper(**{name: value for name, value in stated.items()
+                 if not self.resume or name in HYPER_FIELDS})
         if self.resume and self.out is None:
             raise BadInput("resume continues a checkpoint: give it as out")
         if self.tokenizer is not None and not (self.tokens or self.counts or self.val_tokens):
             raise BadInput("tokenizer gives the V of token files; text trains on bytes (V=256)")
 
     def hyper_changes(self) -> dict[str, float]:
-        """The hyperparameters this configuration states."""
-        return {name: getattr(self, name) for name in HYPER_FIELDS
+        """The hyperparameters (and schedule) this configuration states."""
+        return {name: getattr(self, name) for name in (*HYPER_FIELDS, *SCHEDULE_FIELDS)
                 if getattr(self, name) is not None}
 
     def request(self, checkpoint: str, tokenizer: Tokenizer | None = None) -> TrainRequest:
@@ -111,7 +120,8 @@ class TrainConfig:
             texts=_names(self.text) or None, steps=self.steps, checkpoint=checkpoint,
             resume=self.resume, backend=self.backend, hyper_changes=self.hyper_changes(),
             overwrite=self.overwrite, data_spec=data if data.given else None,
-            val_spec=val if val.given else None, save_start=True)
+            val_spec=val if val.given else None, save_start=True,
+            val_fraction=self.val_fraction)
 
 
 def train(config: TrainConfig | None = None, progress: Progress | None = None) -> Model:
@@ -238,23 +248,40 @@ class Model:
         found = np.stack([sampling.probabilities(row, temperature) for row in rows])
         return found[0] if isinstance(prev, int | np.integer) else found
 
-    def generate(self, prompt: Symbols, n: int = 200, temperature: float = 0.8,
-                 top_k: int | None = 200, seed: int = 0, seen_only: bool | None = None,
-                 num_samples: int | None = None):
-        """The `n` symbols after `prompt`, sampled as nanoGPT's sample.py does (0.8, the 200
-        most likely; `temperature=0` is greedy), the same for a seed on every machine.
+    def generate(self, prompt: Symbols | None = None, n: int | None = None,
+                 temperature: float = 0.8, top_k: int | None = 200, seed: int = 0,
+                 seen_only: bool | None = None, num_samples: int | None = None,
+                 lines: int | None = None, stop: int | None = None):
+        """The `n` symbols after `prompt` (200; with `lines`, at most 1000 a line), sampled
+        as nanoGPT's sample.py does (0.8, the 200 most likely; `temperature=0` is greedy),
+        the same for a seed on every machine.
 
-        Text gives text (decoded), bytes bytes, ids a list of ids. `seen_only` draws only
-        symbols the training data has as a next symbol (None: on for a byte model trained
-        on text whose checkpoint records them). With `num_samples` K: a list of K samples,
-        as `bob generate --num-samples K` prints them.
+        Text gives text (decoded), bytes bytes, ids a list of ids. No prompt: as `bob
+        generate` with none, from the start of a line (a byte model) or the symbol the data
+        starts with (a token model, given back with what follows it): text where the model
+        has text, else ids. `lines` K ends a sample at its K-th line's end (a newline, the
+        tokenizer's newline token, or `stop`). `seen_only` draws only symbols the training
+        data has as a next symbol (None: on for a byte model trained on text whose
+        checkpoint records them). With `num_samples` K: a list of K samples, as `bob
+        generate --num-samples K` prints them.
         """
+        if n is None:
+            n = 200 if lines is None else 1000 * lines
+        if prompt is None:
+            start = inference.generation_start(self.path, self.tokenizer)
+            samples = inference.generate_samples(
+                self.path, None, n, temperature, seed, self.backend, top_k, seen_only,
+                1 if num_samples is None else num_samples, lines, stop, self.tokenizer)
+            whole = [[*start.shown, *more] for more in samples]
+            speaks = self.tokenizer is not None or self.vocab == BYTE_VOCAB
+            shown = [self.decode(ids) for ids in whole] if speaks else whole
+            return shown[0] if num_samples is None else shown
         ids = self.encode(prompt)
         given: bytes | list[int] = bytes(ids) if isinstance(prompt, bytes | bytearray) \
             or (isinstance(prompt, str) and self.tokenizer is None) else ids
         samples = inference.generate_samples(
             self.path, given, n, temperature, seed, self.backend, top_k, seen_only,
-            1 if num_samples is None else num_samples)
+            1 if num_samples is None else num_samples, lines, stop, self.tokenizer)
         if isinstance(prompt, str):
             shown = [self.decode(more) for more in samples]
         elif isinstance(prompt, bytes | bytearray):

@@ -36,7 +36,7 @@ def _figure_class() -> type[Figure]:
         from matplotlib.figure import Figure
     except ImportError as error:
         raise BackendUnavailable(
-            f"plots need matplotlib ({error}); pip install 'bob[plot]'") from None
+            f"plots need matplotlib ({error}); pip install 'bob-bigram[plot]'") from None
     return Figure
 
 
@@ -60,6 +60,8 @@ def loss_figure(training: Curve, optimum: float | None = None,
     first = training[0][0]
     trained = _after(training, first)
     validated = _after(validation, first)
+    if len(trained) < 2:  # one invocation: its start and its end, a line and not a dot
+        trained, validated = list(training), list(validation)
     _curves(loss_axes, trained, validated, lambda loss: loss if loss > 0 else math.nan)
     if optimum is not None and optimum > 0:  # an optimum of 0 has no place on a log scale
         loss_axes.axhline(optimum, color="tab:red", linestyle="--", label=OPTIMUM_LABEL)
@@ -93,7 +95,9 @@ def _after(points: Curve, first: int) -> list[tuple[int, float]]:
 
 def _readable_log_ticks(axes, values: Sequence[float]) -> None:
     """Plain numbers on a log axis that may span less than a decade (2.45 to 2.60), where
-    matplotlib's own log ticks would label nothing or write 2.5 x 10^0."""
+    matplotlib's own log ticks would label nothing or write 2.5 x 10^0: nice numbers from
+    one at or below the lowest value (the optimum, where it is drawn: so the optimum has
+    ticks on both sides) to one at or above the highest, the axis between them."""
     from matplotlib.ticker import MaxNLocator, NullLocator
 
     finite = [value for value in values if math.isfinite(value) and value > 0]
@@ -102,9 +106,17 @@ def _readable_log_ticks(axes, values: Sequence[float]) -> None:
     low, high = min(finite), max(finite)
     if high <= low:
         high = low * 1.01
-    ticks = [t for t in MaxNLocator(6).tick_values(low, high) if low <= t <= high] or [low]
+    found = [float(t) for t in MaxNLocator(6).tick_values(low, high)]
+    ticks = [t for t in found if t > 0 and low <= t <= high]
+    below = [t for t in found if 0 < t <= low]
+    above = [t for t in found if t >= high]
+    ticks = sorted({*(below[-1:]), *ticks, *(above[:1])}) or [low]
+    step = min((b - a for a, b in zip(ticks, ticks[1:], strict=False)), default=low)
+    decimals = max(0, math.ceil(-math.log10(step)) if step > 0 else 4)
+    ticks = [round(t, decimals) for t in ticks]  # where the labels say: 2.4, not 2.4000000004
     axes.yaxis.set_minor_locator(NullLocator())
-    axes.set_yticks(ticks, [f"{t:.4g}" for t in ticks])
+    axes.set_yticks(ticks, [f"{t:.{decimals}f}" for t in ticks])
+    axes.set_ylim(min(ticks[0], low), max(ticks[-1], high))
 
 
 def _curves(axes, training: Curve, validation: Curve, value) -> None:
@@ -136,6 +148,13 @@ FULL_MAP_MAX_VOCAB = 512  # up to this V the map shows every symbol the data use
 TOP_SYMBOLS = 64  # above it, the most frequent ones
 ROWS_READ_BYTES = 8 << 20  # a pass over the rows reads this much at a time
 LABELLED_SYMBOLS = 128  # every symbol labelled up to this many, else every k-th
+# The heat map's scale, at the PNG's 100 dpi: a cell of 0.2 in (20 px) a symbol, labels of
+# 10 pt (14 px) that fit one to a cell, whatever the count; at most 30 in a side.
+CELL_INCHES = 0.2
+TICK_POINTS = 10.0
+MAX_SIDE_INCHES = 30.0
+LABEL_CHARACTERS = 10  # a token's text is cut to this many characters on its tick
+COLOUR_SCALE = "square-root colour scale"  # PowerNorm(0.5): named on the colour bar
 
 
 @dataclass(frozen=True)
@@ -189,10 +208,14 @@ def choose_symbols(rows: Rows, vocab: int, frequency: np.ndarray | None = None) 
     return Selection(tuple(int(s) for s in used[order]), len(used), vocab, ranked_by)
 
 
-def symbol_label(symbol: int, vocab: int) -> str:
-    """A byte as a reader knows it ('a', ' ', '\\n', 0x9f); a token as its id."""
+def symbol_label(symbol: int, vocab: int, decode: Callable[[int], str] | None = None) -> str:
+    """A byte as a reader knows it ('a', ' ', '\\n', 0x9f); a token as its text where
+    `decode` gives it ('th', ' the', cut to LABEL_CHARACTERS), else as its id."""
     if vocab != 256:
-        return str(symbol)
+        if decode is None:
+            return str(symbol)
+        text = repr(decode(symbol))
+        return text if len(text) <= LABEL_CHARACTERS else text[:LABEL_CHARACTERS - 1] + "…"
     character = chr(symbol)
     if (character.isprintable() and symbol < 0x7F) or character in "\n\t\r":
         return repr(character)
@@ -200,9 +223,11 @@ def symbol_label(symbol: int, vocab: int) -> str:
 
 
 def transitions_figure(rows: Rows | np.ndarray, vocab: int | None = None,
-                       frequency: np.ndarray | None = None) -> Figure:
+                       frequency: np.ndarray | None = None,
+                       decode: Callable[[int], str] | None = None) -> Figure:
     """The learned P(next | previous) as a heat map with a colour bar, over the symbols
-    `choose_symbols` picks (only their rows are read: no V x V array on the host)."""
+    `choose_symbols` picks (only their rows are read: no V x V array on the host); a token
+    model's ticks show each token's text where `decode` (its tokenizer's) gives it."""
     if isinstance(rows, np.ndarray):
         vocab = len(rows)
         rows = table_rows(rows)
@@ -212,8 +237,15 @@ def transitions_figure(rows: Rows | np.ndarray, vocab: int | None = None,
     symbols = list(selection.symbols) or list(range(min(vocab, TOP_SYMBOLS)))
     probabilities = transition_probabilities(rows(symbols))[:, symbols]
     shown = len(symbols)
-    side = min(16.0, max(6.4, 3.0 + 0.1 * shown))
-    figure = _figure_class()(figsize=(side + 1.2, side), layout="constrained")
+    every = max(1, math.ceil(shown / LABELLED_SYMBOLS))
+    ticks = list(range(0, shown, every))
+    labels = [symbol_label(symbols[t], vocab, decode) for t in ticks]
+    # Cells that each hold a label's height, and room beside them for the longest label
+    # (a character is about 0.6 em wide; a token's text is longer than a byte's).
+    longest = max((len(label) for label in labels), default=1)
+    margin = 1.5 + longest * 0.6 * TICK_POINTS / 72
+    side = min(MAX_SIDE_INCHES, max(6.4, margin + CELL_INCHES * shown))
+    figure = _figure_class()(figsize=(side + 1.6, side), layout="constrained")
     axes = figure.add_subplot()
     # sqrt-scaled colours: most mass sits in a few cells, the rest would all look white
     from matplotlib.colors import PowerNorm
@@ -221,16 +253,16 @@ def transitions_figure(rows: Rows | np.ndarray, vocab: int | None = None,
     image = axes.imshow(probabilities, cmap="Blues", norm=PowerNorm(0.5, vmin=0, vmax=1),
                         interpolation="nearest", aspect="equal")
     unit = "byte" if vocab == 256 else "token"
-    axes.set(title=_transitions_title(selection, shown, unit), xlabel=f"next {unit}",
-             ylabel=f"previous {unit}")
-    every = max(1, math.ceil(shown / LABELLED_SYMBOLS))
-    ticks = list(range(0, shown, every))
-    labels = [symbol_label(symbols[t], vocab) for t in ticks]
-    size = 8 if len(ticks) <= 48 else 6
-    axes.set_xticks(ticks, labels, fontsize=size, rotation=90)
-    axes.set_yticks(ticks, labels, fontsize=size)
-    colour_bar = figure.colorbar(image, ax=axes)
-    colour_bar.set_label("P(next | previous)")
+    axes.set_title(_transitions_title(selection, shown, unit), fontsize=TICK_POINTS + 3)
+    axes.set_xlabel(f"next {unit}", fontsize=TICK_POINTS + 2)
+    axes.set_ylabel(f"previous {unit}", fontsize=TICK_POINTS + 2)
+    axes.set_xticks(ticks, labels, fontsize=TICK_POINTS, rotation=90)
+    axes.set_yticks(ticks, labels, fontsize=TICK_POINTS)
+    colour_bar = figure.colorbar(image, ax=axes, shrink=0.8)
+    # The scale is not linear: its ticks show where the colours sit.
+    colour_bar.set_ticks([0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0])
+    colour_bar.ax.tick_params(labelsize=TICK_POINTS)
+    colour_bar.set_label(f"P(next | previous), {COLOUR_SCALE}", fontsize=TICK_POINTS + 2)
     return figure
 
 

@@ -152,6 +152,13 @@ def _require_finite_loss(initial: float, final: float, step: int) -> None:
             " the last good checkpoint is kept (try a smaller --lr)")
 
 
+def _keep_compiling() -> bool:
+    """Between the kernels a backend compiles ahead: a stop that waited out a compilation
+    is raised now; a run asked to finish (its first signal) compiles no more."""
+    stops.raise_pending()
+    return stops.stop_requested() is None
+
+
 class Session:
     """A backend with the plans it has opened, reused across invocations."""
 
@@ -180,6 +187,7 @@ class Session:
             backend.between_kernels = stops.raise_pending  # past a compilation, at once
             self._open[config] = (plan, backend)
             stops.raise_pending()  # a stop that waited out the backend's imports
+            backend.compile_ahead(_keep_compiling)
             self._arenas[config] = _Arena()
         return self._open[config]
 

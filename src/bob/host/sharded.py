@@ -231,7 +231,7 @@ def _distributed():
     try:
         import distributed
     except ImportError:
-        raise BadInput("--workers, --gpus and --dask need Dask: pip install 'bob[dask]'") \
+        raise BadInput("--workers, --gpus and --dask need Dask: pip install 'bob-bigram[dask]'") \
             from None
     return distributed
 

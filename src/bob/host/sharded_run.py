@@ -16,7 +16,6 @@ from dataclasses import replace
 
 from bob.backends import choose_backend
 from bob.errors import BadInput
-from bob.host.data import training_data
 from bob.host.sharded import (
     DaskShards,
     in_turn,
@@ -26,12 +25,13 @@ from bob.host.sharded import (
     train_in_shards,
 )
 from bob.host.training import (
+    Announce,
     Progress,
     TrainReport,
     TrainRequest,
     _require_checkpoint_as_asked,
     _starting_point,
-    refuse_slow_cpu,
+    request_data,
     require_disk_room,
     run_one_piece,
 )
@@ -55,11 +55,13 @@ def shard_count(request: TrainRequest, vocab: int, mode: str, updates: int, targ
     return count
 
 
-def run_training(request: TrainRequest, progress: Progress | None = None) -> TrainReport:
+def run_training(request: TrainRequest, progress: Progress | None = None,
+                 announce: Announce | None = None) -> TrainReport:
     """Train as `request` asks: in row shards where it asks for them or resumes a sharded
-    checkpoint, else in one piece (`bob.host.training.run_one_piece`)."""
+    checkpoint, else in one piece (`bob.host.training.run_one_piece`, which announces its
+    plan before its backend starts)."""
     if not (request.asks_shards or (request.resume and is_sharded(request.checkpoint))):
-        return run_one_piece(request, progress)
+        return run_one_piece(request, progress, announce)
     if request.kernels == "own":  # a sharded checkpoint resumed: its shards run NVRTC's
         raise BadInput(f"{request.checkpoint} is sharded; row shards do not take --kernels own")
     begun = time.perf_counter()
@@ -74,8 +76,7 @@ def run_sharded_training(request: TrainRequest, progress: Progress | None = None
     if request.gpus is not None and backend == "auto":
         backend = "cuda"
     choice = choose_backend(backend, arch=request.arch, arena=request.arena)
-    data = training_data(request.texts, request.input_record, request.data_spec,
-                         admit=lambda vocab: refuse_slow_cpu(choice.name, vocab, request.steps))
+    data = request_data(request, choice.name, dense=True)
     record = data.record
     updates = min(request.updates_per_invocation, request.steps)
     with checkpoint_lock(request.checkpoint):
@@ -104,7 +105,7 @@ def run_sharded_training(request: TrainRequest, progress: Progress | None = None
                 runner.close()
     where = index_path(request.checkpoint)
     return TrainReport(
-        checkpoint=where, backend=choice.name, data=data.description, mode=record.mode,
+        checkpoint=where, backend=choice.name, data=data.shown, mode=record.mode,
         steps=request.steps, global_step=state.step,
         initial_loss=invocations[0].initial_loss, loss=invocations[-1].loss,
         optimum=data.optimum, history=state.history, last_result=invocations[-1].result,

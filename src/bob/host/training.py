@@ -49,6 +49,7 @@ from bob.config import (
     CHECKPOINT_TENSORS,
     DEFAULT_KERNELS,
     DEFAULT_TARGET,
+    SCHEDULE_FIELDS,
     SCHEDULES,
     SUBMISSION_CHOICES,
     TABLES_CHOICES,
@@ -62,6 +63,8 @@ from bob.host import stops
 from bob.host.data import (
     CorpusSpec,
     TrainingData,
+    check_val_fraction,
+    data_given_by,
     require_one_source,
     successor_ranges,
     training_data,
@@ -87,6 +90,7 @@ from bob.records.checkpoint import (
     ranges_mask,
     symbol_ranges,
 )
+from bob.records.data_sources import DataSources
 from bob.records.shards import (
     checkpoint_exists,
     index_path,
@@ -100,6 +104,7 @@ DEFAULT_CHECKPOINT = "bob.safetensors"
 DEFAULT_UPDATES_PER_INVOCATION = 100
 
 Progress = Callable[[Invocation, int], None]  # (the invocation, updates done so far)
+Announce = Callable[["TrainPlan"], None]  # what the run is about to do, once it is known
 # A checkpoint up to this size is saved after every invocation by default, its tables read
 # back beside the next one; a larger one is streamed from the arena when a save is due.
 SMALL_CHECKPOINT_BYTES = 256 << 20
@@ -130,6 +135,11 @@ class SavePolicy:
         return (self.every_invocation
                 or (self.every_updates is not None and done - saved_done >= self.every_updates)
                 or (self.every_seconds is not None and since_save >= self.every_seconds))
+
+
+KEEP_BEST_NEEDS_VALIDATION = (
+    "--keep-best keeps the checkpoint of the lowest validation loss: it needs validation "
+    "data (--val-fraction, --val-text, --val-tokens or --val-counts)")
 
 
 @dataclass(frozen=True)
@@ -193,6 +203,9 @@ class TrainRequest:
     # How the tables are held: "auto" (chosen from the data, bob.host.tables), "dense" or
     # "collapsed".
     tables: str = "auto"
+    # The last fraction of the training data held out as validation (nanoGPT's 90/10 split
+    # is 0.1): the run trains on the rest. Texts, token files and the built-in corpus.
+    val_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.texts is not None:  # any sequence of names, kept as a tuple
@@ -223,18 +236,25 @@ class TrainRequest:
                            f"{self.save_every_updates}")
         if self.eval_every is not None and self.eval_every < 1:
             raise BadInput(f"eval_every must be at least 1, not {self.eval_every}")
-        if self.keep_best and self.val_spec is None:
-            raise BadInput("--keep-best keeps the checkpoint of the lowest validation loss: "
-                           "it needs validation data (--val-text, --val-tokens or --val-counts)")
+        check_val_fraction(self.val_fraction)
+        if self.val_fraction is not None and self.val_spec is not None:
+            raise BadInput("--val-fraction holds the end of the training data out as "
+                           "validation; --val-text, --val-tokens and --val-counts name other "
+                           "data: choose one")
+        # A resumed run may validate on the part its recorded data held out: checked once
+        # the data is read (`require_validation`).
+        if self.keep_best and not self.validates and not self.resume:
+            raise BadInput(KEEP_BEST_NEEDS_VALIDATION)
         if self.resume and self.overwrite:
             raise BadInput("--resume continues the checkpoint, --overwrite starts again over "
                            "it: choose one")
         if self.new_data and not self.resume:
             raise BadInput("--new-data continues a checkpoint on other data: it needs --resume")
-        unknown = sorted(set(self.hyper_changes or ()) - set(HYPER_FIELDS))
+        unknown = sorted(set(self.hyper_changes or ()) - {*HYPER_FIELDS, *SCHEDULE_FIELDS})
         if unknown:
             raise BadInput(f"unknown hyperparameter {unknown[0]!r}; Bob's are "
-                           f"{', '.join(HYPER_FIELDS)}")
+                           f"{', '.join(HYPER_FIELDS)} (and the schedule's "
+                           f"{', '.join(SCHEDULE_FIELDS)})")
         # Every output is checked before any work, so a bad path costs nothing.
         if self.writes_checkpoint:
             check_output_file(self.checkpoint, "checkpoint")
@@ -296,6 +316,18 @@ class TrainRequest:
         return found
 
     @property
+    def validates(self) -> bool:
+        """Whether the request names validation data (a held-out fraction or files)."""
+        return self.val_spec is not None or self.val_fraction is not None
+
+    @property
+    def names_data(self) -> bool:
+        """Whether the request names its training data (else a resumed run reads the data
+        its checkpoint recorded, and a fresh one the built-in corpus)."""
+        return bool(self.texts) or self.input_record is not None or (
+            self.data_spec is not None and self.data_spec.given)
+
+    @property
     def asks_shards(self) -> bool:
         """Whether an option asks for row shards."""
         return any(value is not None for value in (self.shards, self.workers, self.gpus,
@@ -327,7 +359,7 @@ class TrainRequest:
         if not self.asks_shards:
             return
         refused = (("--schedule fused", self.schedule != "seed"),
-                   ("validation data", self.val_spec is not None),
+                   ("validation data", self.validates),
                    ("--keep-best", self.keep_best), ("--eval-every", self.eval_every is not None),
                    ("--save-every-seconds", self.save_every_seconds is not None),
                    ("--save-every-updates", self.save_every_updates is not None),
@@ -367,6 +399,40 @@ def best_checkpoint_path(checkpoint: str) -> str:
     (bob.safetensors: bob.best.safetensors)."""
     stem, extension = os.path.splitext(checkpoint)
     return f"{stem}.best{extension}"
+
+
+# Roughly what an update costs each backend, for the first invocation's estimate before
+# any is measured (the progress lines then measure the run): a fixed part (launches, the
+# host's work; 0.1 ms on the cpu at V = 256) and parameter-updates a second (the Numba
+# kernels make about 1e8 at V = 2048 on a 2-core machine; the GPUs' figure is well below
+# an H200's 1e11 at V = 8192, so as not to promise; nv-sim simulates every launch).
+ESTIMATED_UPDATE_SECONDS = {"cpu": 1e-4, "nv-sim": 1e-3, "cuda": 1e-5, "nv": 1e-5}
+ESTIMATED_PARAMETER_UPDATES_PER_SECOND = {"cpu": 1.0e8, "nv-sim": 2.0e7, "cuda": 2.0e10,
+                                          "nv": 2.0e10}
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What a run is about to do, known once its data and starting point are (before its
+    backend starts: compiling, the first invocation): `run_training`'s `announce` gets it."""
+
+    backend: str
+    vocab: int
+    mode: str
+    schedule: str
+    data: str  # the training data, as the report names it
+    first_step: int  # the update count the run starts from
+    steps: int  # updates this run makes
+    sizes: Sequence[int]  # each invocation's updates
+
+    @property
+    def estimate_seconds(self) -> float | None:
+        """The first invocation's wall time at the backend's nominal rate (None: unknown)."""
+        rate = ESTIMATED_PARAMETER_UPDATES_PER_SECOND.get(self.backend)
+        fixed = ESTIMATED_UPDATE_SECONDS.get(self.backend)
+        if rate is None or fixed is None or not self.sizes:
+            return None
+        return self.sizes[0] * (fixed + self.vocab * self.vocab / rate)
 
 
 @dataclass(frozen=True)
@@ -435,26 +501,24 @@ class TrainReport:
         }
 
 
-def run_one_piece(request: TrainRequest, progress: Progress | None = None) -> TrainReport:
+def run_one_piece(request: TrainRequest, progress: Progress | None = None,
+                  announce: Announce | None = None) -> TrainReport:
     """Train the whole table in one piece for `request.steps` updates, saving the
     checkpoint as `SavePolicy` says (`bob.host.sharded_run.run_training` sends a sharded
     request to the shards instead).
 
-    `progress(invocation, done)` runs after each invocation (the CLI advances its bar
-    there). One run holds CKPT.lock while it works; a second is refused.
+    `announce(plan)` runs once before the backend starts, `progress(invocation, done)`
+    after each invocation (the CLI says what the run does, and advances its bar, there).
+    One run holds CKPT.lock while it works; a second is refused.
     """
     begun = time.perf_counter()
     _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
     choice = choose_backend(request.backend, arch=request.arch, arena=request.arena,
                             kernels=request.kernels)
-    def admit(vocab: int) -> None:
-        """Before counting, only a run asked to hold dense tables is refused by V alone."""
-        if request.tables == "dense":
-            choose_tables("dense", vocab, 0)
-            refuse_slow_cpu(choice.name, vocab, request.steps)
-
-    data = training_data(request.texts, request.input_record, request.data_spec, admit=admit)
-    validation = validation_record(request.val_spec, data.record.vocab)
+    data = request_data(request, choice.name)
+    validation = data.validation or validation_record(request.val_spec, data.record.vocab)
+    if request.keep_best and validation is None:
+        raise BadInput(KEEP_BEST_NEEDS_VALIDATION)
     named = named_keys(data.record, validation)
     layout = choose_tables("dense" if request.kernels == "own" and request.tables == "auto"
                            else request.tables, data.record.vocab, named.size)
@@ -468,9 +532,61 @@ def run_one_piece(request: TrainRequest, progress: Progress | None = None) -> Tr
             require_disk_room(request.checkpoint, start.state.file_bytes
                               * (2 if request.keep_best else 1))
         report = _train_from(request, start, data, choice, progress, validation,
-                             earlier_best)
+                             earlier_best, announce)
     return replace(report, wall_seconds=time.perf_counter() - begun, tables=layout.tables,
                    tables_reason=layout.reason)
+
+
+def request_data(request: TrainRequest, backend: str, dense: bool = False) -> TrainingData:
+    """The data the request trains on: the data it names, or, resuming with none named,
+    the data its checkpoint recorded (`Segment.sources`), read again and held to the
+    checkpoint's digest; a checkpoint that records none trains on the built-in corpus."""
+    def admit(vocab: int) -> None:
+        """Before counting, only a run that holds dense tables is refused by V alone (row
+        shards, `dense`, or one asked for them)."""
+        if dense or request.tables == "dense":
+            choose_tables("dense", vocab, 0)
+            refuse_slow_cpu(backend, vocab, request.steps)
+
+    recorded = None
+    if request.resume and not request.names_data:
+        recorded = open_checkpoint(request.checkpoint).state.sources
+    if recorded is None:
+        return training_data(request.texts, request.input_record, request.data_spec, admit,
+                             request.val_fraction)
+    if request.new_data:
+        raise BadInput("--new-data continues the checkpoint on other data: name it (--text, "
+                       "--tokens, --counts or --input)")
+    return _recorded_data(request, recorded, admit)
+
+
+def _recorded_data(request: TrainRequest, recorded: DataSources,
+                   admit: Callable[[int], None]) -> TrainingData:
+    """The data a checkpoint recorded, read again: refused in one line where it is gone,
+    cannot be read again or has changed since."""
+    checkpoint, named = request.checkpoint, recorded.describe()
+    retrain = "name the data to train on (--text, --tokens, --counts or --input)"
+    if not recorded.rereadable:
+        raise BadInput(f"{checkpoint}: trained on {named}, which cannot be read again; "
+                       f"{retrain}")
+    for path in recorded.paths:
+        if "://" not in path and not any(c in path for c in "*?[") \
+                and not os.path.lexists(path):
+            raise BadInput(f"{checkpoint}: trained on {named}, and {path} is gone; {retrain}")
+    if request.val_fraction not in (None, recorded.val_fraction):
+        held = ("held none of it out" if recorded.val_fraction is None
+                else f"held out its last {recorded.val_fraction:g}")
+        raise BadInput(f"{checkpoint}: trained on {named} and {held}; --val-fraction "
+                       f"{request.val_fraction:g} trains on other data: {retrain}, with "
+                       "--new-data")
+    texts, input_record, spec = data_given_by(recorded)
+    data = training_data(texts, input_record, spec, admit, recorded.val_fraction)
+    expected = open_checkpoint(checkpoint).state.data_digest
+    if expected and not data.record.digest_matches(expected):
+        raise BadInput(f"{checkpoint}: trained on {named}, which has changed since (data "
+                       f"{_short(expected)} then, {_short(data.record.data_digest)} now); "
+                       f"{retrain}, with --new-data for other data")
+    return replace(data, notes=(*data.notes, "the checkpoint's data, unchanged"))
 
 
 def require_disk_room(path: str, size: int, what: str = "checkpoint") -> None:
@@ -520,7 +636,7 @@ def _starting_point(request: TrainRequest, data: TrainingData, tables: Tables = 
     if not request.resume:
         chosen = replace(request.hyper or Hyper(), **changes)
         state = TrainingState(record.vocab, 0, chosen, record.mode, digest,
-                              segments=(Segment(0, digest, chosen),),
+                              segments=(Segment(0, digest, chosen, data.sources),),
                               successors=successor_ranges(record), tables=tables)
         return starting_tables(tables, state, named)
     stored = open_checkpoint(checkpoint)
@@ -535,7 +651,8 @@ def _starting_point(request: TrainRequest, data: TrainingData, tables: Tables = 
                        f"({data.description}) is {_short(digest)}; pass --new-data to "
                        "continue on other data")
     chosen = replace(request.hyper or start.hyper, **changes)
-    return starting_tables(tables, _continued(start, record, chosen), named, stored)
+    return starting_tables(tables, _continued(start, record, chosen, data.sources), named,
+                           stored)
 
 
 def _earlier_best(request: TrainRequest) -> BestCheckpoint | None:
@@ -550,9 +667,22 @@ def _earlier_best(request: TrainRequest) -> BestCheckpoint | None:
                            "validation loss beats it, or --overwrite to start again")
         return None
     state = open_checkpoint(path).state
+    run = open_checkpoint(request.checkpoint).state
+    if not _same_run(state, run):
+        raise BadInput(f"{path}: another run's best checkpoint (its loss history is not "
+                       f"{request.checkpoint}'s); move it away to keep this run's best")
     if not state.val_history or state.val_history[-1][0] != state.step:
         return None  # no validation loss of its own: any eval point beats it
     return BestCheckpoint(path, state.step, state.val_history[-1][1])
+
+
+def _same_run(best: TrainingState, run: TrainingState) -> bool:
+    """Whether `best` is a state `run` passed through: no later, and the same loss history
+    before its own update (the best file adds its own update's point)."""
+    def before(state: TrainingState) -> list[tuple[int, float]]:
+        return [point for point in state.history if point[0] < best.step]
+
+    return best.step <= run.step and before(best) == before(run)
 
 
 def _short(digest: str) -> str:
@@ -560,17 +690,22 @@ def _short(digest: str) -> str:
     return digest.rsplit(":", 1)[-1][:12]
 
 
-def _continued(start: TrainingState, record: InputRecord, hyper: Hyper) -> TrainingState:
-    """`start` set to train on `record` with `hyper`, a new segment where either changed
-    (the same data named by an older form of its digest is the same data)."""
+def _continued(start: TrainingState, record: InputRecord, hyper: Hyper,
+               sources: DataSources | None = None) -> TrainingState:
+    """`start` set to train on `record` (given as `sources` say) with `hyper`, a new
+    segment where either changed (the same data named by an older form of its digest is
+    the same data); the same data given another way is recorded the way it was given
+    last, so that a later --resume reads it from there."""
     segments = start.segments or (Segment(0, start.data_digest, start.hyper),)
-    now = Segment(start.step, record.data_digest, hyper)
+    now = Segment(start.step, record.data_digest, hyper, sources)
     last = segments[-1]
     same_data = last.data_digest == now.data_digest or (
         bool(last.data_digest) and record.digest_matches(last.data_digest))
     if not (same_data and last.hyper == now.hyper):
         # A segment that never ran an update is replaced, not kept.
         segments = (*segments[:-1], now) if last.first_step == start.step else (*segments, now)
+    elif sources is not None and sources != last.sources:
+        segments = (*segments[:-1], replace(last, sources=sources))
     return replace(start, hyper=hyper, data_digest=record.data_digest, mode=record.mode,
                    segments=segments, successors=_successors(start, record, segments))
 
@@ -594,7 +729,8 @@ def _successors(start: TrainingState, record: InputRecord,
 def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                 choice: BackendChoice, progress: Progress | None,
                 validation: InputRecord | None,
-                earlier_best: BestCheckpoint | None = None) -> TrainReport:
+                earlier_best: BestCheckpoint | None = None,
+                announce: Announce | None = None) -> TrainReport:
     steps, checkpoint = request.steps, request.checkpoint
     record = data.record
     # The checkpoint's grain: its histories gain a point, and the save policy may save,
@@ -613,6 +749,9 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
     on_host = start.state.tables == "collapsed"
     streamed = not on_host and start.state.file_bytes > SMALL_CHECKPOINT_BYTES
     sizes = split_sizes(steps, config.updates)
+    if announce is not None and steps:
+        announce(TrainPlan(choice.name, record.vocab, record.mode, config.schedule,
+                           data.shown, start.state.step, steps, sizes))
     # The loss and validation histories so far, each extended by what an invocation adds
     # (only that is checked: a long run's history is not checked again at every step).
     history = History.of(start.state.history)
@@ -669,12 +808,25 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         best[0] = BestCheckpoint(request.best_checkpoint, state.step,
                                  invocation.validation[1], written=True)
 
+    # A new run owns the best file beside its checkpoint: an earlier run's is removed as
+    # this run first writes the checkpoint (not before: a run that fails first leaves the
+    # earlier run's two files as they were), unless this run has written its own there.
+    stale_best = [not request.resume]
+    best_saved = [False]  # this run wrote the best file
+
+    def saved_best() -> None:
+        best_saved[0] = True
+
     def wrote(state: TrainingState) -> None:
         kept[0] = state.step  # the interrupt message names the checkpoint on disk
         if checkpoint not in written:
             written.append(checkpoint)
             if request.overwrite:  # the one-piece file answers to the name now
                 remove_sharded(checkpoint)
+        if stale_best[0]:
+            stale_best[0] = False
+            if not best_saved[0]:
+                remove_stale_best(request.best_checkpoint)
 
     def stream_save(state: TrainingState) -> None:
         """The arena's tables (the last invocation's state) to the checkpoint, streamed."""
@@ -714,6 +866,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                     wrote(state)
                 if better is not None:
                     better.save(request.best_checkpoint)
+                    saved_best()
 
             if lowest:
                 chose_best(state, invocation)
@@ -729,6 +882,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                     best_state(state, invocation).save(
                         request.best_checkpoint, lambda sink, chunk: session.stream_tables(
                             state.step, sink, chunk), checked=True)
+                    saved_best()
                 chose_best(state, invocation)
         finals_done.append(done)
         if progress is not None:
@@ -806,13 +960,20 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         raise Interrupted(stopped, f"interrupted at update {finals[0].step}; checkpoint at "
                                    f"update {kept[0]} kept")
     return TrainReport(
-        checkpoint=checkpoint, backend=choice.name, data=data.description,
+        checkpoint=checkpoint, backend=choice.name, data=data.shown,
         mode=record.mode, steps=steps, global_step=start.state.step + steps,
         initial_loss=initial, loss=final, optimum=data.optimum, history=history,
         last_result=result, written=tuple(written), segments=start.state.segments,
         val_loss=val_history[-1][1] if val_history else None,
         val_history=val_history, best=best[0],
     )
+
+
+def remove_stale_best(path: str) -> None:
+    """Remove an earlier run's best checkpoint (the run holds the lock of the checkpoint
+    beside it); one already gone is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def zero_tables(table_bytes: int) -> TableDelivery:

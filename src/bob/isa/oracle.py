@@ -28,7 +28,7 @@ def tool_path(name: str) -> Path:
         import nvidia
     except ImportError:
         raise OracleMissing(f"{name}: no 'nvidia' package is installed "
-                            "(pip install 'bob[test]' brings the pinned wheels)") from None
+                            "(pip install 'bob-bigram[test]' brings the pinned wheels)") from None
     searched = []
     for root in getattr(nvidia, "__path__", []):
         for layout in _LAYOUTS:

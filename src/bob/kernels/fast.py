@@ -16,13 +16,13 @@ NumPy temporaries (about 30 passes over the table per update); here each
 element is loaded once per pass and stays in registers. The fused kernel keeps
 a row in the core's cache for all the updates of an invocation.
 
-Needs ``numba`` (``pip install 'bob[fast]'``); without it the CPU backend uses
+Needs ``numba`` (``pip install 'bob-bigram[fast]'``); without it the CPU backend uses
 the reference. The first call compiles (a few seconds, cached on disk after).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -523,22 +523,79 @@ COMPILED: dict[str, tuple[Any, ...]] = {
 }
 
 
+# The kernels any session reaches, whatever it trains with: the initial loss of predict's
+# forward invocation (hard targets) and of eval's (corpus), and the validation loss.
+SESSION_REGIONS = (sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS)
+
+
 def needs_compiling(regions: Iterable[str]) -> bool:
-    """Whether launching these kernels compiles one of them (seconds to tens of seconds):
-    not yet compiled in this process, and no fresh code of it in Numba's cache on disk (a
-    first run, or sources changed since)."""
-    functions = {function for region in set(regions) for function in COMPILED.get(region, ())}
-    return any(not function.signatures and not _cached_on_disk(function)
-               for function in functions)
+    """Whether a session launching these kernels compiles one (seconds to tens of seconds
+    each): one of them or of SESSION_REGIONS not yet compiled in this process, and no
+    fresh code of it in Numba's cache on disk (a first run, or sources changed since)."""
+    return bool(_uncompiled([*regions, *SESSION_REGIONS]))
+
+
+def compile_kernels(regions: Iterable[str],
+                    keep_going: Callable[[], bool] = lambda: True) -> None:
+    """Compile these kernels on tiny arrays, so that Numba's cache on disk holds them and
+    later processes load them; functions already compiled or cached are left alone
+    (loading costs time too). `keep_going()` runs before each: False stops there (the rest
+    wait for a later run)."""
+    calls = tiny_calls()
+    for function in _uncompiled(regions):
+        if not keep_going():
+            return
+        function(*calls[function])
+
+
+def _uncompiled(regions: Iterable[str]) -> list[Any]:
+    """The compiled functions of these kernels a call would compile."""
+    functions = dict.fromkeys(function for region in sorted(set(regions))
+                              for function in COMPILED.get(region, ()))
+    return [function for function in functions
+            if not function.signatures and not _cached_on_disk(function)]
+
+
+def tiny_calls() -> dict[Any, tuple]:
+    """Arguments for each compiled function, of the very types the kernels pass them
+    (memory.array's C-contiguous, aligned, writable views; float32 scalars; a bool), on a
+    2 x 2 table: Numba compiles by type, so the code is the one every V runs."""
+    vocab = 2
+    row = np.zeros(vocab, _F32)
+    targets = np.zeros(vocab, np.uint32)
+    steps = np.zeros((1, _ADAM_STRIDE), _F32)
+    one = _F32(1.0)
+
+    def table() -> np.ndarray:
+        return np.zeros((vocab, vocab), _F32)
+
+    return {
+        loss_gradient_hard_rows: (table(), targets, one, one, one, table(), row),
+        loss_gradient_corpus_rows: (table(), table(), one, one, table(), row),
+        loss_corpus_rows: (table(), table(), one, one, row),
+        adamw_update: (row, row.copy(), row.copy(), row.copy(), steps[0].copy()),
+        fused_hard_rows: (table(), table(), table(), targets, steps, one, one, one, True,
+                          table(), row),
+        fused_corpus_rows: (table(), table(), table(), table(), steps, one, one, True, table(),
+                            row),
+    }
+
+
+_FOUND_ON_DISK: set[Any] = set()  # found in Numba's cache once: not looked for again
 
 
 def _cached_on_disk(function: Any) -> bool:
     """Whether Numba's cache index for `function` lists code for these sources (Numba's
     own freshness test: the index is empty when missing, of another version or stale)."""
+    if function in _FOUND_ON_DISK:
+        return True
     try:
-        return bool(function._cache._cache_file._load_index())
+        found = bool(function._cache._cache_file._load_index())
     except Exception:  # noqa: BLE001 - Numba's internals moved: claim nothing
         return True
+    if found:
+        _FOUND_ON_DISK.add(function)
+    return found
 
 
 KERNELS: dict[str, ref.Kernel] = {

@@ -462,13 +462,14 @@ def _adam_values(hyper: Hyper, step: int) -> dict[str, float]:
         raise ValueError(f"AdamW steps count from 1, not {step}")
     correction1 = 1.0 - hyper.beta1**step
     correction2 = 1.0 - hyper.beta2**step
+    lr = hyper.lr_at(step)  # hyper.lr itself without a schedule
     return {
-        "decay": 1.0 - hyper.lr * hyper.weight_decay,
+        "decay": 1.0 - lr * hyper.weight_decay,
         "beta1": hyper.beta1,
         "one_minus_beta1": 1.0 - hyper.beta1,
         "beta2": hyper.beta2,
         "one_minus_beta2": 1.0 - hyper.beta2,
-        "step_size": hyper.lr * math.sqrt(correction2) / correction1,
+        "step_size": lr * math.sqrt(correction2) / correction1,
         "eps_hat": hyper.eps * math.sqrt(correction2),
     }
 
@@ -487,30 +488,50 @@ def adam_scalar_table(hyper: Hyper, first_step: int, updates: int) -> np.ndarray
     """The ``adam_scalars`` tensor: f32[updates][8], row k for global step first_step + k.
 
     Row k holds the values ``adam_scalars(hyper, first_step + k)`` gives, in the order
-    of ADAM_SCALAR_NAMES, then 0 (padding).
+    of ADAM_SCALAR_NAMES, then 0 (padding). With a learning-rate schedule the decay
+    column depends on the step too: 1 - lr_t * weight_decay, each formed in float64 from
+    `Hyper.lr_at` and rounded once, as `adam_scalars` forms it.
     """
     if updates == 0:
         return np.zeros((0, ADAM_SCALAR_STRIDE), np.float32)
     table = np.zeros((updates, ADAM_SCALAR_STRIDE), np.float32)
-    # The constant columns once, then the two that depend on the step.
+    # The constant columns once, then those that depend on the step.
     constants = np.array(tuple(_adam_values(hyper, first_step).values()), np.float64)
     with np.errstate(over="ignore"):  # a huge lr rounds to inf, as in adam_scalars
         table[:, :len(ADAM_SCALAR_NAMES)] = constants.astype(np.float32)
     steps = np.arange(first_step, first_step + updates, dtype=np.int64)
-    step_size, eps_hat = _step_columns(hyper, steps)
+    lr = learning_rates(hyper, steps)
+    step_size, eps_hat = _step_columns(hyper, steps, lr)
     table[:, ADAM_SCALAR_NAMES.index("step_size")] = step_size
     table[:, ADAM_SCALAR_NAMES.index("eps_hat")] = eps_hat
+    if hyper.scheduled:
+        with np.errstate(over="ignore"):
+            table[:, ADAM_SCALAR_NAMES.index("decay")] = (
+                1.0 - lr * hyper.weight_decay).astype(np.float32)
     return table
 
 
-def _exact_step_columns(hyper: Hyper, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """step_size and eps_hat as binary32 for each step: _adam_values' float64 expressions,
-    the powers Python's float ** int (C's pow), then rounded once."""
+def learning_rates(hyper: Hyper, steps: np.ndarray) -> float | np.ndarray:
+    """Each step's learning rate in float64: `Hyper.lr_at`, evaluated step by step in
+    Python's floats (its cosine is math.cos, as nanoGPT's), or hyper.lr alone where no
+    schedule changes it."""
+    if not hyper.scheduled:
+        return hyper.lr
+    return np.fromiter(map(hyper.lr_at, steps.tolist()), np.float64, steps.size)
+
+
+def _exact_step_columns(hyper: Hyper, steps: np.ndarray,
+                        lr: float | np.ndarray | None = None,
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """step_size and eps_hat as binary32 for each step (`lr` its learning rate: one, or
+    one a step; None: hyper.lr): _adam_values' float64 expressions, the powers Python's
+    float ** int (C's pow), then rounded once."""
+    lr = hyper.lr if lr is None else lr
     power1 = np.fromiter(map(hyper.beta1.__pow__, steps.tolist()), np.float64, steps.size)
     power2 = np.fromiter(map(hyper.beta2.__pow__, steps.tolist()), np.float64, steps.size)
     with np.errstate(over="ignore"):
         root = np.sqrt(1.0 - power2)
-        return ((hyper.lr * root / (1.0 - power1)).astype(np.float32),
+        return ((lr * root / (1.0 - power1)).astype(np.float32),
                 (hyper.eps * root).astype(np.float32))
 
 
@@ -536,7 +557,8 @@ def _powers(beta: float, exponents: np.ndarray) -> np.ndarray:
     return np.power(beta, np.minimum(exponents, float(last)))
 
 
-def _step_columns(hyper: Hyper, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _step_columns(hyper: Hyper, steps: np.ndarray, lr: float | np.ndarray | None = None,
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """_exact_step_columns' bits, fast: NumPy's powers, and C's pow again for the steps
     whose float64 value lies too close to a binary32 rounding boundary for the two powers'
     difference to be ruled out.
@@ -545,22 +567,26 @@ def _step_columns(hyper: Hyper, steps: np.ndarray) -> tuple[np.ndarray, np.ndarr
     a relative E 2^-52 p / (1 - p) of it; sqrt halves that, and the product and quotient
     add their own roundings (a few 2^-53) in either pipeline. Where the float64 result is
     farther from every rounding boundary of its binary32 than twice that bound, both
-    pipelines round to the same binary32.
+    pipelines round to the same binary32. A step's learning rate (`lr`, one a step under
+    a schedule) is the same float64 in both pipelines: it only scales, and the bound is
+    relative.
     """
+    lr = hyper.lr if lr is None else lr
     exponents = steps.astype(np.float64)
     power1, power2 = _powers(hyper.beta1, exponents), _powers(hyper.beta2, exponents)
     # One errstate for all (entering one costs microseconds): a huge lr overflows, and a
     # beta of 0 divides 0 by 1 - 0 harmlessly.
     with np.errstate(all="ignore"):
         root = np.sqrt(1.0 - power2)
-        columns64 = (hyper.lr * root / (1.0 - power1), hyper.eps * root)
+        columns64 = (lr * root / (1.0 - power1), hyper.eps * root)
         bound = (2.0 * POWER_ERROR_ULPS * 2.0**-52) * (power1 / (1.0 - power1)
                                                        + power2 / (1.0 - power2)) + 16 * 2.0**-53
         columns = tuple(column.astype(np.float32) for column in columns64)
         unsure = ~(_rounds_alike(columns64[0], columns[0], bound)
                    & _rounds_alike(columns64[1], columns[1], bound))
     if unsure.any():
-        exact = _exact_step_columns(hyper, steps[unsure])
+        exact = _exact_step_columns(hyper, steps[unsure],
+                                    lr[unsure] if isinstance(lr, np.ndarray) else lr)
         for column, again in zip(columns, exact, strict=True):
             column[unsure] = again
     return columns

@@ -10,6 +10,8 @@ string metadata:
     step            global AdamW update count (the next update is step + 1)
     mode            "hard" or "corpus"
     lr, beta1, beta2, eps, weight_decay   repr() of the floats: they round-trip
+    warmup_steps, lr_decay_steps, min_lr  optional: the learning-rate schedule
+                    (bob.config.Hyper.lr_at), present only where one is set
     data_digest     the training data's digest ("" before any training), either form of
                     bob.records.digest: "v2:" and the sha256 hex of a corpus's sparse
                     weights, or the legacy sha256 hex of the input record's table
@@ -18,7 +20,8 @@ string metadata:
     optimum         optional: repr() of the data's least reachable loss (corpus mode)
     segments        optional: JSON [{"first_step": s, "data_digest": d, "lr": ..., ...}, ...]:
                     from update s + 1 on, training used data d and those hyperparameters
-                    (absent in checkpoints written before Bob kept it)
+                    (absent in checkpoints written before Bob kept it); "sources", where
+                    known, says how the data was given (bob.records.data_sources)
     val_history     optional: JSON [[step, loss], ...], the validation loss after each invocation
     successors      optional: JSON [[first, last], ...], the symbols the training data has as
                     a next symbol, as inclusive ranges (absent where the data does not say:
@@ -55,6 +58,7 @@ from bob.config import (
     MAX_VOCAB,
     MIN_VOCAB,
     MODES,
+    SCHEDULE_FIELDS,
     TABLES,
     Hyper,
     Mode,
@@ -70,6 +74,7 @@ from bob.records.binary import (
     first_true,
     index_text,
 )
+from bob.records.data_sources import DataSources
 from bob.records.digest import DIGEST_FORMS, is_digest
 from bob.records.metadata import (
     MAX_INTEGER,
@@ -208,13 +213,45 @@ class Segment:
     first_step: int  # the checkpoint step the segment starts from
     data_digest: str  # the training data's digest (bob.records.digest)
     hyper: Hyper
+    # How the data was given (--resume with no data reads it again); None where unknown:
+    # checkpoints written before Bob kept it.
+    sources: DataSources | None = None
 
     def to_json(self) -> dict[str, object]:
         return {"first_step": self.first_step, "data_digest": self.data_digest,
-                **{name: float(getattr(self.hyper, name)) for name in HYPER_FIELDS}}
+                **{name: float(getattr(self.hyper, name)) for name in HYPER_FIELDS},
+                **schedule_fields(self.hyper),
+                **({"sources": self.sources.to_json()} if self.sources is not None else {})}
+
+
+def schedule_fields(hyper: Hyper) -> dict[str, int | float]:
+    """The learning-rate schedule's fields where one is set (none for a constant lr, so
+    such a checkpoint is written as before the schedule existed)."""
+    if not hyper.scheduled:
+        return {}
+    fields: dict[str, int | float] = {"warmup_steps": hyper.warmup_steps}
+    if hyper.lr_decay_steps is not None and hyper.min_lr is not None:
+        fields.update(lr_decay_steps=hyper.lr_decay_steps, min_lr=float(hyper.min_lr))
+    return fields
+
+
+def _schedule_from(values: dict[str, object], where: str) -> dict[str, object] | str:
+    """The schedule's fields of a JSON object or metadata (absent: none), checked for type;
+    Hyper checks the rest."""
+    found: dict[str, object] = {}
+    for name in SCHEDULE_FIELDS:
+        if name not in values:
+            continue
+        value = values[name]
+        whole = name != "min_lr"
+        if isinstance(value, bool) or not isinstance(value, Integral if whole else Real):
+            return f"{where}{name} {value!r} is not {'an integer' if whole else 'a number'}"
+        found[name] = int(value) if whole else float(value)  # type: ignore[arg-type]
+    return found
 
 
 _SEGMENT_KEYS = frozenset(("first_step", "data_digest", *HYPER_FIELDS))
+_SEGMENT_OPTIONAL_KEYS = frozenset(("sources", *SCHEDULE_FIELDS))
 
 
 def _segments_problem(segments: tuple[Segment, ...], step: int) -> str | None:
@@ -228,7 +265,9 @@ def _segments_problem(segments: tuple[Segment, ...], step: int) -> str | None:
         if first > step:
             return f"segment first_step {first} is beyond the checkpoint's step {step}"
         problem = _digest_problem(segment.data_digest) or (
-            None if isinstance(segment.hyper, Hyper) else "hyper is not a Hyper")
+            None if isinstance(segment.hyper, Hyper) else "hyper is not a Hyper") or (
+            None if segment.sources is None or isinstance(segment.sources, DataSources)
+            else "sources is not a DataSources")
         if problem:
             return f"segment at step {first}: {problem}"
         previous = first
@@ -237,20 +276,29 @@ def _segments_problem(segments: tuple[Segment, ...], step: int) -> str | None:
 
 def _segment_from_json(entry: object) -> Segment | str:
     """A Segment from its JSON object, or what is wrong with the object."""
-    if not isinstance(entry, dict) or set(entry) != _SEGMENT_KEYS:
-        return (f"segment {shown(entry)} is not an object with exactly "
-                f"{', '.join(sorted(_SEGMENT_KEYS))}")
+    if not isinstance(entry, dict) or not (
+            _SEGMENT_KEYS <= set(entry) <= _SEGMENT_KEYS | _SEGMENT_OPTIONAL_KEYS):
+        return (f"segment {shown(entry)} is not an object with {', '.join(sorted(_SEGMENT_KEYS))} "
+                f"(and optionally {', '.join(sorted(_SEGMENT_OPTIONAL_KEYS))})")
     first = entry["first_step"]
     if not isinstance(first, int) or isinstance(first, bool) or first < 0:
         return f"segment first_step {shown(first)} is not a non-negative integer"
     values = {name: entry[name] for name in HYPER_FIELDS}
     if not all(finite_number(v) for v in values.values()):
         return f"segment at step {first}: a hyperparameter is not a finite number"
+    schedule = _schedule_from(entry, f"segment at step {first}: ")
+    if isinstance(schedule, str):
+        return schedule
     try:  # a Hyper checks its own values
-        hyper = Hyper(**{k: float(v) for k, v in values.items()})
+        hyper = Hyper(**{k: float(v) for k, v in values.items()}, **schedule)
     except BadInput as error:
         return f"segment at step {first}: {error}"
-    return Segment(first, entry["data_digest"], hyper)
+    sources = None
+    if "sources" in entry:
+        sources = DataSources.from_json(entry["sources"])
+        if isinstance(sources, str):
+            return f"segment at step {first}: {sources}"
+    return Segment(first, entry["data_digest"], hyper, sources)
 
 
 # What a save's tables are handed to: (tensor, byte offset in it, bytes), in arena order.
@@ -351,6 +399,11 @@ class TrainingState:
         return 0 if self.tables == "dense" else 8 * (self.vocab + 1) + 4 * self.exceptions
 
     @property
+    def sources(self) -> DataSources | None:
+        """How the last segment's data was given (None where the checkpoint does not say)."""
+        return self.segments[-1].sources if self.segments else None
+
+    @property
     def file_bytes(self) -> int:
         """The checkpoint file's size: its header, three tables and any index."""
         return len(self.header()) + 3 * self.table_bytes + self.index_bytes
@@ -363,6 +416,7 @@ class TrainingState:
             "step": str(self.step),
             "mode": self.mode,
             **{name: repr(float(getattr(self.hyper, name))) for name in HYPER_FIELDS},
+            **{name: repr(value) for name, value in schedule_fields(self.hyper).items()},
             "data_digest": self.data_digest,
             "created_by": f"bob {bob_version()}",
             **({"history": json.dumps([list(p) for p in self.history])} if self.history else {}),
@@ -852,8 +906,17 @@ def _read_metadata(metadata: dict[str, str], source: str) -> TrainingState:
         raise BadInput(f"{source}: metadata mode {metadata['mode']!r} is not 'hard' or "
                        f"'corpus'")
     values = {name: read_number(metadata, name, source) for name in HYPER_FIELDS}
+    schedule: dict[str, object] = {}
+    if "warmup_steps" in metadata:
+        schedule["warmup_steps"] = read_integers(metadata, ("warmup_steps",),
+                                                 source)["warmup_steps"]
+    if "lr_decay_steps" in metadata:
+        schedule["lr_decay_steps"] = read_integers(metadata, ("lr_decay_steps",),
+                                                   source)["lr_decay_steps"]
+    if "min_lr" in metadata:
+        schedule["min_lr"] = read_number(metadata, "min_lr", source)
     try:
-        hyper = Hyper(**values)
+        hyper = Hyper(**values, **schedule)  # type: ignore[arg-type]
     except BadInput as problem:
         raise BadInput(f"{source}: metadata {problem}") from None
     problem = _digest_problem(metadata["data_digest"])

@@ -11,7 +11,7 @@ paths must be shared or remote (fsspec URLs). Dask retries a task whose worker
 died; a task that keeps failing ends the count with one line naming its file
 and byte range.
 
-Dask is the optional extra ``bob[dask]``; it is imported only here.
+Dask is the optional extra ``bob-bigram[dask]``; it is imported only here.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _distributed():
     try:
         import distributed
     except ImportError:
-        raise BadInput("--dask needs Dask: pip install 'bob[dask]'") from None
+        raise BadInput("--dask needs Dask: pip install 'bob-bigram[dask]'") from None
     return distributed
 
 

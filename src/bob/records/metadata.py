@@ -10,6 +10,7 @@ import importlib.metadata
 import re
 from collections.abc import Iterable
 
+from bob.config import DISTRIBUTION
 from bob.errors import BadInput
 
 PLAIN_INTEGER = re.compile(r"0|[1-9][0-9]*")  # plain decimal: no sign, spaces or underscores
@@ -21,7 +22,7 @@ MAX_INTEGER = 1 << 53
 def bob_version() -> str:
     """This Bob's version, for a file's created_by field."""
     try:
-        return importlib.metadata.version("bob")
+        return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
 

@@ -31,7 +31,7 @@ import stat
 import sys
 import tokenize
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -140,7 +140,7 @@ def _fsspec():
     try:
         import fsspec
     except ImportError:
-        raise BadInput("reading URLs needs fsspec: pip install 'bob[remote]'") from None
+        raise BadInput("reading URLs needs fsspec: pip install 'bob-bigram[remote]'") from None
     return fsspec
 
 
@@ -408,6 +408,45 @@ def _opened_stream(source: Source) -> Iterator[BinaryIO]:
         return
     with reading_input(source.name, "corpus file") as stream:
         yield stream
+
+
+def split_tail(sources: Sequence[Source], fraction: float,
+               ) -> tuple[tuple[Source, ...], tuple[Source, ...]]:
+    """The sources' tokens cut where the last `fraction` of all of them begins (at
+    int(total * (1 - fraction)), as nanoGPT's prepare scripts cut 90/10): the sources
+    before the cut and those after it, a file the cut falls in as one piece on each side
+    (the same file, its tokens counted from another offset or to another end), so no pair
+    crosses the cut, as none crosses a file boundary."""
+    for source in sources:
+        if source.is_stream:
+            raise BadInput(f"{source.name}: --val-fraction cuts the data where its last part "
+                           "begins, and a stream's length is known only at its end; give a "
+                           "file")
+    total = sum(source.tokens for source in sources)
+    cut = int(total * (1.0 - fraction))
+    before: list[Source] = []
+    after: list[Source] = []
+    first = 0  # tokens in the sources before this one
+    for source in sources:
+        here = min(max(cut - first, 0), source.tokens)  # this source's tokens before the cut
+        if here:
+            before.append(replace(source, size=source.offset + here * source.itemsize))
+        if here < source.tokens:
+            after.append(replace(source, offset=source.offset + here * source.itemsize))
+        first += source.tokens
+    return tuple(before), tuple(after)
+
+
+def first_token(source: Source) -> int | None:
+    """The source's first token, read again (None for a stream or an empty file)."""
+    if source.is_stream or source.tokens == 0:
+        return None
+    with open_binary(source.name) as file:
+        file.seek(source.offset)
+        data = file.read(source.itemsize)
+    if len(data) < source.itemsize:
+        return None
+    return int(np.frombuffer(data, source.dtype)[0])
 
 
 def split(sources: Sequence[Source], piece_tokens: int) -> list[Piece]:

@@ -168,7 +168,7 @@ def _plain_problem(value: object, depth: int = 0) -> str | None:
 def _tokenizers_json(name: str, data: bytes) -> Tokenizer:
     if importlib.util.find_spec("tokenizers") is None:
         raise BadInput(f"{name}: a tokenizers JSON file needs the tokenizers package, not "
-                       "installed here: pip install 'bob[tokens]'")
+                       "installed here: pip install 'bob-bigram[tokens]'")
     from tokenizers import Tokenizer as HuggingFaceTokenizer
 
     try:

@@ -49,7 +49,7 @@ def bindings():
         from cuda.bindings import driver
     except ImportError as error:
         raise BackendUnavailable(
-            f"cuda-bindings is not installed ({error}): pip install 'bob[cuda]'"
+            f"cuda-bindings is not installed ({error}): pip install 'bob-bigram[cuda]'"
         ) from error
     return driver
 

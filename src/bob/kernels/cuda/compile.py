@@ -91,7 +91,7 @@ def _nvrtc():
     except ImportError as error:
         raise NvrtcError(
             "import cuda.bindings.nvrtc", "ImportError",
-            f"{error}; install the CUDA extras: pip install 'bob[cuda]'",
+            f"{error}; install the CUDA extras: pip install 'bob-bigram[cuda]'",
         ) from error
     return nvrtc
 
