@@ -39,15 +39,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from bob.backends import BackendChoice, choose_backend, resolve_submission
-from bob.backends.registry import require_kernels
+from bob.backends import BackendChoice, choose_backend, resolve_schedule, resolve_submission
+from bob.backends.registry import ASKED_FOR, ScheduleChoice, require_kernels
 from bob.config import (
     ARENA_KINDS,
+    AUTO_SCHEDULE,
     AUTO_SUBMISSION,
     CHECKPOINT_TENSORS,
     DEFAULT_KERNELS,
     DEFAULT_TARGET,
-    SCHEDULES,
+    SCHEDULE_CHOICES,
     SUBMISSION_CHOICES,
     Hyper,
     require_choice,
@@ -145,7 +146,9 @@ class TrainRequest:
     arch: str = DEFAULT_TARGET  # the nv-sim backend's target (cuda reads its device's)
     arena: str = ARENA_KINDS[0]  # cuda, nv: device memory; "host": mapped system memory
     result_path: str | None = None  # where the last invocation's result record goes
-    schedule: str = "seed"  # the reference; "fused" leaves the same bytes, faster
+    # "seed" (the reference) or "fused" (the same bytes, faster); "auto": fused wherever
+    # Bob has fused kernels for the run, else seed (bob.backends.resolve_schedule).
+    schedule: str = AUTO_SCHEDULE
     hyper_changes: Mapping[str, float] | None = None  # the fields the user stated
     # A resumed run trains on the checkpoint's data unless the data changes on purpose (a
     # new segment records where).
@@ -193,7 +196,7 @@ class TrainRequest:
         if self.updates_per_invocation < 1:
             raise BadInput("updates_per_invocation must be at least 1, not "
                            f"{self.updates_per_invocation}")
-        require_choice("schedule", self.schedule, SCHEDULES)
+        require_choice("schedule", self.schedule, SCHEDULE_CHOICES)
         require_choice("submission", self.submission, SUBMISSION_CHOICES)
         require_kernels(self.kernels, self.schedule, (self.backend,))
         if self.save_every_seconds is not None and not (
@@ -264,7 +267,7 @@ class TrainRequest:
                            "start a cluster here: choose one")
         if not self.asks_shards:
             return
-        refused = (("--schedule fused", self.schedule != "seed"),
+        refused = (("--schedule fused", self.schedule == "fused"),
                    ("validation data", self.val_spec is not None),
                    ("--keep-best", self.keep_best), ("--eval-every", self.eval_every is not None),
                    ("--save-every-seconds", self.save_every_seconds is not None),
@@ -340,6 +343,8 @@ class TrainReport:
     # workers"); () for a one-piece run.
     shard_rows: tuple[tuple[int, int], ...] = ()
     shards_ran: str = ""
+    # The schedule the run's plans were built with, and why (auto's choice, or asked for).
+    schedule: ScheduleChoice = ScheduleChoice("seed", ASKED_FOR)
 
     @property
     def updates_per_second(self) -> float:
@@ -365,6 +370,7 @@ class TrainReport:
                 "best_val_loss": self.best.val_loss} if self.best is not None else {}),
             **({"shards": [list(rows) for rows in self.shard_rows],
                 "shards_ran": self.shards_ran} if self.shard_rows else {}),
+            **self.schedule.to_json(),
             "wall_seconds": self.wall_seconds, "updates_per_second": self.updates_per_second,
         }
 
@@ -517,9 +523,10 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
     # The checkpoint's grain: its histories gain a point, and the save policy may save,
     # every -N updates (and at the end), however often eval points end invocations.
     grain = request.updates_per_invocation
+    schedule = resolve_schedule(request.schedule, request.kernels)
     config = BobConfig(vocab=record.vocab, prompts=0,
                        updates=min(request.invocation_updates, max(steps, 1)),
-                       mode=record.mode, schedule=request.schedule,  # type: ignore[arg-type]
+                       mode=record.mode, schedule=schedule.schedule,
                        submission=resolve_submission(request.submission, choice.name),
                        pairs=record.pairs,
                        validation_pairs=0 if validation is None else validation.pairs)
@@ -711,7 +718,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         initial_loss=initial, loss=final, optimum=data.optimum, history=history,
         last_result=result, written=tuple(written), segments=start.state.segments,
         val_loss=val_history[-1][1] if val_history else None,
-        val_history=val_history, best=best[0],
+        val_history=val_history, best=best[0], schedule=schedule,
     )
 
 
