@@ -514,6 +514,20 @@ def _successors(start: TrainingState, record: InputRecord,
     return symbol_ranges(either)
 
 
+def run_config(request: TrainRequest, record: InputRecord, backend: str,
+               validation: InputRecord | None = None) -> tuple[BobConfig, ScheduleChoice]:
+    """The configuration of a one-piece run's invocations on `backend` (a resolved name),
+    its schedule and submission policy resolved, and why that schedule."""
+    schedule = resolve_schedule(request.schedule, request.kernels)
+    config = BobConfig(vocab=record.vocab, prompts=0,
+                       updates=min(request.invocation_updates, max(request.steps, 1)),
+                       mode=record.mode, schedule=schedule.schedule,
+                       submission=resolve_submission(request.submission, backend),
+                       pairs=record.pairs,
+                       validation_pairs=0 if validation is None else validation.pairs)
+    return config, schedule
+
+
 def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                 choice: BackendChoice, progress: Progress | None,
                 validation: InputRecord | None,
@@ -523,13 +537,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
     # The checkpoint's grain: its histories gain a point, and the save policy may save,
     # every -N updates (and at the end), however often eval points end invocations.
     grain = request.updates_per_invocation
-    schedule = resolve_schedule(request.schedule, request.kernels)
-    config = BobConfig(vocab=record.vocab, prompts=0,
-                       updates=min(request.invocation_updates, max(steps, 1)),
-                       mode=record.mode, schedule=schedule.schedule,
-                       submission=resolve_submission(request.submission, choice.name),
-                       pairs=record.pairs,
-                       validation_pairs=0 if validation is None else validation.pairs)
+    config, schedule = run_config(request, record, choice.name, validation)
     policy = SavePolicy.of(request, start.state.file_bytes)
     streamed = start.state.file_bytes > SMALL_CHECKPOINT_BYTES
     sizes = split_sizes(steps, config.updates)
