@@ -1,7 +1,8 @@
 """`--schedule auto`, `bob train`'s default: the fused schedule wherever Bob has fused
-kernels for the run, the seed schedule for row shards and Bob's own kernels, resolved by
-one function (bob.backends.resolve_schedule) that says why; the table, --json and `bob
-plan` say it. `--schedule seed` stays the reference and still runs.
+kernels for the run, the seed schedule for row shards, Bob's own kernels and the cpu
+backend (quicker to compile), resolved by one function (bob.backends.resolve_schedule)
+that says why; the table, --json and `bob plan` say it. `--schedule seed` stays the
+reference and still runs.
 
     .venv/bin/python -m pytest -q tests/test_schedule_auto.py
 """
@@ -15,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from bob import config
-from bob.backends import ScheduleChoice, resolve_schedule
+from bob.backends import BACKENDS, ScheduleChoice, resolve_schedule
 from bob.cli.main import cli, main
 from bob.errors import BadInput
 from bob.host import api
@@ -31,35 +32,48 @@ from conftest import contents, train_cpu
 FUSED = ScheduleChoice("fused", "auto: the seed schedule's bytes, faster")
 SEED_FOR_SHARDS = ScheduleChoice("seed", "auto: row shards run the seed schedule")
 SEED_FOR_OWN = ScheduleChoice("seed", "auto: Bob's own kernels are the seed schedule's")
+SEED_ON_CPU = ScheduleChoice("seed", "auto: on cpu, quicker to compile")
+GPU_BACKENDS = ("cuda", "nv")
 GPT2_VOCAB = 50257
 
 # -- the resolution ------------------------------------------------------------------------
 
 
-def test_auto_is_fused_and_says_why():
-    assert resolve_schedule("auto") == FUSED
+@pytest.mark.parametrize("backend", [*GPU_BACKENDS, "nv-sim"])
+def test_auto_is_fused_and_says_why(backend):
+    assert resolve_schedule("auto", backend) == FUSED
     assert FUSED.text == "fused (auto: the seed schedule's bytes, faster)"
     assert FUSED.to_json() == {"schedule": "fused",
                                "schedule_reason": "auto: the seed schedule's bytes, faster"}
 
 
-def test_auto_is_the_seed_schedule_where_there_are_no_fused_kernels():
-    assert resolve_schedule("auto", row_shards=True) == SEED_FOR_SHARDS
-    assert resolve_schedule("auto", "own") == SEED_FOR_OWN
-    assert resolve_schedule("auto", "own", row_shards=True) == SEED_FOR_SHARDS
+def test_auto_on_the_cpu_backend_is_the_seed_schedule_and_says_why():
+    assert resolve_schedule("auto", "cpu") == SEED_ON_CPU
+    assert SEED_ON_CPU.text == "seed (auto: on cpu, quicker to compile)"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_auto_is_the_seed_schedule_where_there_are_no_fused_kernels(backend):
+    assert resolve_schedule("auto", backend, row_shards=True) == SEED_FOR_SHARDS
+    assert resolve_schedule("auto", backend, "own") == SEED_FOR_OWN
+    assert resolve_schedule("auto", backend, "own", row_shards=True) == SEED_FOR_SHARDS
 
 
 @pytest.mark.parametrize("named", config.SCHEDULES)
 def test_a_schedule_asked_for_by_name_is_kept(named):
-    for kernels in config.KERNELS:
-        assert resolve_schedule(named, kernels) == ScheduleChoice(named, "asked for")
-    assert resolve_schedule(named, row_shards=True).schedule == named
+    for backend in BACKENDS:
+        for kernels in config.KERNELS:
+            assert resolve_schedule(named, backend, kernels) == \
+                ScheduleChoice(named, "asked for")
+        assert resolve_schedule(named, backend, row_shards=True).schedule == named
 
 
-def test_an_unknown_schedule_is_refused_in_one_line():
+def test_an_unknown_schedule_and_an_unresolved_backend_are_refused():
     with pytest.raises(BadInput, match=r"^schedule must be one of auto, seed, fused, not "
                                        r"'turbo'$"):
-        resolve_schedule("turbo")
+        resolve_schedule("turbo", "cuda")
+    with pytest.raises(ValueError, match="resolve the backend 'auto' before its schedule"):
+        resolve_schedule("auto", "auto")
 
 
 def test_a_plan_still_names_a_schedule_and_defaults_to_the_seed():
@@ -83,7 +97,7 @@ def _corpus(vocab: int) -> InputRecord:
 
 @pytest.mark.parametrize("vocab", [256, GPT2_VOCAB])
 @pytest.mark.parametrize("mode", ["hard", "corpus"])
-@pytest.mark.parametrize(("backend", "target"), [("cpu", SM86), ("cuda", SM90),
+@pytest.mark.parametrize(("backend", "target"), [("cuda", SM90), ("cuda", SM86),
                                                  ("nv", SM90), ("nv-sim", SM90)])
 def test_a_default_run_builds_the_fused_plan(tmp_path, vocab, mode, backend, target):
     request = TrainRequest(checkpoint=str(tmp_path / "c.safetensors"), backend=backend)
@@ -104,6 +118,12 @@ def test_the_seed_schedule_asked_for_builds_the_seed_plan(tmp_path):
     assert sum(launch.region == sig.ADAMW for launch in plan.launches) == bob_config.updates
 
 
+def test_a_default_run_on_the_cpu_builds_the_seed_plan(tmp_path):
+    request = TrainRequest(checkpoint=str(tmp_path / "c.safetensors"), backend="cpu")
+    bob_config, schedule = run_config(request, _corpus(256), "cpu")
+    assert schedule == SEED_ON_CPU and bob_config.schedule == "seed"
+
+
 def test_own_kernels_build_the_seed_plan(tmp_path):
     request = TrainRequest(checkpoint=str(tmp_path / "c.safetensors"), backend="nv",
                            kernels="own")
@@ -111,7 +131,7 @@ def test_own_kernels_build_the_seed_plan(tmp_path):
     assert schedule == SEED_FOR_OWN and bob_config.schedule == "seed"
 
 
-# -- a CPU run: auto gives the seed schedule's bytes and says which ran ------------------------
+# -- small runs on this CPU: auto gives the seed schedule's bytes and says which ran -----------
 
 
 @pytest.fixture
@@ -128,27 +148,51 @@ def built(monkeypatch) -> list[str]:
     return schedules
 
 
+def _train(capsys, built, checkpoint, *argv: str) -> tuple[dict, str, set[str]]:
+    """`bob train --json` in this process: its summary, its table (stderr) and the
+    schedules of the plans it built."""
+    built.clear()
+    assert main(["train", "-N", "4", "--steps", "12", "-c", str(checkpoint), "--json",
+                 *argv]) == 0
+    captured = capsys.readouterr()
+    return json.loads(captured.out), captured.err, set(built)
+
+
 def test_auto_runs_fused_and_writes_the_seed_schedule_s_checkpoint(tmp_path, text, built,
                                                                      capsys):
-    runs = {}
-    for name, asked in (("auto", []), ("seed", ["--schedule", "seed"])):
-        built.clear()
-        checkpoint = tmp_path / f"{name}.safetensors"
-        assert train_cpu("--text", str(text), "--steps", "12", "-c", str(checkpoint),
-                         "--json", *asked) == 0
-        captured = capsys.readouterr()
-        runs[name] = (json.loads(captured.out), captured.err, set(built))
-        runs[name][0]["bytes"] = checkpoint.read_bytes()
-    auto, seed = runs["auto"], runs["seed"]
-    assert auto[2] == {"fused"} and seed[2] == {"seed"}  # the explicit seed still runs
-    assert auto[0]["bytes"] == seed[0]["bytes"]
+    """nv-sim runs the plan's kernels on this CPU (the NumPy reference, from the command
+    stream's bytes): auto's fused run leaves the bytes of the seed schedule's run there and
+    on the cpu backend."""
+    runs = {name: _train(capsys, built, tmp_path / f"{name}.safetensors", "--text",
+                         str(text), *argv)
+            for name, argv in (("auto", ["--backend", "nv-sim"]),
+                               ("seed", ["--backend", "nv-sim", "--schedule", "seed"]),
+                               ("cpu", ["--backend", "cpu", "--schedule", "seed"]))}
+    auto, seed, cpu = runs["auto"], runs["seed"], runs["cpu"]
+    assert auto[2] == {"fused"} and seed[2] == cpu[2] == {"seed"}  # an explicit seed runs
+    checkpoints = {name: (tmp_path / f"{name}.safetensors").read_bytes() for name in runs}
+    assert checkpoints["auto"] == checkpoints["seed"] == checkpoints["cpu"]
     for key in ("loss", "initial_loss", "global_step", "optimum"):
-        assert auto[0][key] == seed[0][key]
+        assert auto[0][key] == seed[0][key] == cpu[0][key]
     assert (auto[0]["schedule"], auto[0]["schedule_reason"]) == \
         ("fused", "auto: the seed schedule's bytes, faster")
     assert (seed[0]["schedule"], seed[0]["schedule_reason"]) == ("seed", "asked for")
     assert _table_row(auto[1], "schedule") == "fused (auto: the seed schedule's bytes, faster)"
     assert _table_row(seed[1], "schedule") == "seed (asked for)"
+
+
+def test_auto_on_the_cpu_backend_runs_the_seed_schedule_and_says_why(tmp_path, text, built,
+                                                                      capsys):
+    summary, table, schedules = _train(capsys, built, tmp_path / "c.safetensors", "--text",
+                                       str(text), "--backend", "cpu")
+    assert schedules == {"seed"}
+    assert (summary["schedule"], summary["schedule_reason"]) == \
+        ("seed", "auto: on cpu, quicker to compile")
+    assert _table_row(table, "schedule") == "seed (auto: on cpu, quicker to compile)"
+    fused, _, schedules = _train(capsys, built, tmp_path / "f.safetensors", "--text",
+                                 str(text), "--backend", "cpu", "--schedule", "fused")
+    assert schedules == {"fused"} and fused["schedule_reason"] == "asked for"
+    assert (tmp_path / "c.safetensors").read_bytes() == (tmp_path / "f.safetensors").read_bytes()
 
 
 def test_a_resumed_auto_run_continues_the_seed_run_s_bytes(tmp_path, text, built, capsys):
@@ -159,19 +203,20 @@ def test_a_resumed_auto_run_continues_the_seed_run_s_bytes(tmp_path, text, built
                                      (mixed, "5", ["--resume"]),
                                      (alone, "10", ["--schedule", "seed"])):
         built.clear()
-        assert train_cpu("--text", str(text), "--steps", steps, "-c", str(checkpoint),
-                         *asked) == 0
+        assert main(["train", "--backend", "nv-sim", "-N", "5", "--text", str(text),
+                     "--steps", steps, "-c", str(checkpoint), *asked]) == 0
         ran.append(set(built))
     capsys.readouterr()
     assert ran == [{"seed"}, {"fused"}, {"seed"}]
     assert mixed.read_bytes() == alone.read_bytes()
 
 
-def test_the_api_trains_with_auto(tmp_path, text, built):
-    report = api.train([str(text)], steps=4, updates_per_invocation=2, backend="cpu",
+@pytest.mark.parametrize(("backend", "schedule"), [("nv-sim", FUSED), ("cpu", SEED_ON_CPU)])
+def test_the_api_trains_with_auto(tmp_path, text, built, backend, schedule):
+    report = api.train([str(text)], steps=4, updates_per_invocation=2, backend=backend,
                        checkpoint=str(tmp_path / "c.safetensors"))
-    assert report.schedule == FUSED and set(built) == {"fused"}
-    assert report.to_json()["schedule"] == "fused"
+    assert report.schedule == schedule and set(built) == {schedule.schedule}
+    assert report.to_json()["schedule"] == schedule.schedule
 
 
 def test_row_shards_run_the_seed_schedule_and_say_why(tmp_path, text, built, capsys):
@@ -218,14 +263,14 @@ def _table_row(output: str, label: str) -> str:
 
 
 @pytest.mark.parametrize(("argv", "trained"), [
-    ([], "fused (auto: the seed schedule's bytes, faster)"),
+    ([], "fused (auto: the seed schedule's bytes, faster)"),  # on nv, whose plan it shows
     (["--kernels", "own"], "seed (auto: Bob's own kernels are the seed schedule's)"),
     (["--shards", "2", "-V", "64"], "seed (auto: row shards run the seed schedule)"),
 ])
 def test_plan_shows_the_seed_program_and_names_train_s_schedule(argv, trained, capsys):
     assert main(["plan", "-N", "2", *argv]) == 0
     captured = capsys.readouterr()
-    note = f"schedule: seed shown (the reference); bob train runs {trained}"
+    note = f"schedule: seed shown (the reference); bob train on nv runs {trained}"
     assert note in captured.err.splitlines()
     assert "bob-adamw" in captured.out and "bob-fused-train" not in captured.out
 
@@ -239,7 +284,8 @@ def test_plan_with_a_schedule_or_json_adds_no_schedule_note(argv, capsys):
 def test_train_help_says_what_auto_resolves_to():
     result = CliRunner().invoke(cli, ["train", "--help"], terminal_width=400)
     text = " ".join(result.output.split())
-    assert "auto: fused, but seed for row shards and --kernels own" in text
+    assert ("auto: fused, but seed on cpu (quicker to compile there), for row shards and for "
+            "--kernels own") in text
     assert "[seed|fused|auto]" not in text and "[auto|seed|fused]" in text
     plan_help = " ".join(CliRunner().invoke(cli, ["plan", "--help"], terminal_width=400)
                          .output.split())

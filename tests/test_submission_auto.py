@@ -150,8 +150,8 @@ def test_a_checkpoint_resumes_across_policies(first, then, built, tmp_path, caps
 
 # Where --schedule is left out `bob plan` says, before the submission's note, which schedule
 # bob train runs (tests/test_schedule_auto.py).
-SCHEDULE_NOTE = ("schedule: seed shown (the reference); bob train runs fused (auto: the seed "
-                 "schedule's bytes, faster)\n")
+SCHEDULE_NOTE = ("schedule: seed shown (the reference); bob train on nv runs fused (auto: the "
+                 "seed schedule's bytes, faster)\n")
 CHAINED_NOTE = "submission: auto is chained (the nv backend's default)\n"
 
 

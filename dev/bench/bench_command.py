@@ -38,7 +38,7 @@ REPEATS = int(os.environ.get("REPEATS", "5"))
 def device_seconds_per_update(backend_name: str, vocab: int, updates: int) -> float:
     """The device program of one N-update invocation, per update (median of three)."""
     config = BobConfig(vocab=vocab, prompts=0, updates=updates, mode="hard",  # as bob train
-                       schedule=resolve_schedule("auto").schedule,
+                       schedule=resolve_schedule("auto", backend_name).schedule,
                        submission=resolve_submission("auto", backend_name))
     record = InputRecord.hard(bench_targets(vocab), (), source="bench targets")
     with Session(choose_backend(backend_name), Hyper()) as session:

@@ -3,7 +3,7 @@
     spec("nv").runs_command_stream          # True: chained plans by default
     choose_backend("auto")                  # cuda where a GPU is usable, else cpu
     resolve_submission("auto", "nv-sim")    # "chained"
-    resolve_schedule("auto").schedule       # "fused": the seed's bytes, faster
+    resolve_schedule("auto", "cuda").schedule   # "fused": the seed's bytes, faster
 
 A `BackendSpec` says how its backend is chosen for this machine (`choose`: what to build
 the plan for and how to open it, or `BackendUnavailable` saying why not) and the facts
@@ -90,6 +90,9 @@ class BackendSpec:
     # Why it launches no thread-block clusters, in one line ("": it launches them where its
     # target has them); `bob doctor` and `bob plan` say it.
     clusters_withheld: str = ""
+    # Why `--schedule auto` runs the seed schedule on it, in a few words ("": auto runs the
+    # fused schedule, the same bytes, faster); resolve_schedule says it.
+    seed_by_auto: str = ""
 
     @property
     def can_profile(self) -> bool:
@@ -173,7 +176,13 @@ def _choose_nv(arch: str, arena: str) -> BackendChoice:
 
 SPECS: tuple[BackendSpec, ...] = (
     BackendSpec("cpu", _choose_cpu, "the oracle: the reference kernels over one byte buffer",
-                auto_rank=1),
+                auto_rank=1,
+                # Once compiled, a small run takes as long with either schedule (it is mostly
+                # start-up; the fused kernel's updates are the faster), but the first run
+                # compiles the fused kernel into Numba's cache for far longer than the seed
+                # schedule's two, and a stop waits for a compile (docs/BENCHMARKS.md, "The
+                # schedules on the CPU").
+                seed_by_auto="on cpu, quicker to compile"),
     BackendSpec("cuda", _choose_cuda, "the CUDA driver API, an invocation as one CUDA graph",
                 on_gpu=True, uses_cuda_driver=True, auto_rank=0,
                 profile_method="cuEventRecord before and after every launch, each launched "
@@ -335,21 +344,20 @@ AUTO_SEED_FOR_SHARDS = "auto: row shards run the seed schedule"
 AUTO_SEED_FOR_OWN_KERNELS = "auto: Bob's own kernels are the seed schedule's"
 
 
-def resolve_schedule(requested: str, kernels: str = DEFAULT_KERNELS,
+def resolve_schedule(requested: str, backend: str, kernels: str = DEFAULT_KERNELS,
                      row_shards: bool = False) -> ScheduleChoice:
-    """The schedule a training run's plans are built with, and why.
+    """The schedule a training run on `backend` (a resolved name) builds its plans with,
+    and why.
 
     A schedule asked for by name is that schedule (whether the run takes it is checked
     where the run is: require_kernels, the row shards' refusals). "auto" is the fused
-    schedule wherever Bob has fused kernels for the run: every backend has them for
-    every V and mode of a one-piece plan, and they leave the seed schedule's bytes in
-    every tensor (tests/test_fused.py, and on the GPUs tests/test_fused_gpu.py). That
-    includes the cpu backend: its fused kernels run a row's updates in one pass, measured
-    faster there than the seed's two launches an update with Numba, more so as V grows,
-    and as fast with the NumPy reference; only the run that first compiles them into
-    Numba's cache on disk takes longer than the seed's would (docs/BENCHMARKS.md). It is
-    the seed schedule where there are no fused kernels: a row shard's plan (the seed's
-    program over its rows) and Bob's own machine code (the seed's regions only).
+    schedule wherever Bob has fused kernels for the run and they are the faster: every
+    backend has them for every V and mode of a one-piece plan, and they leave the seed
+    schedule's bytes in every tensor (tests/test_fused.py, and on the GPUs
+    tests/test_fused_gpu.py). It is the seed schedule where there are no fused kernels (a
+    row shard's plan is the seed's program over its rows; Bob's own machine code is the
+    seed's regions only), and on a backend whose spec says why not (`seed_by_auto`: the
+    cpu backend).
     """
     if requested in SCHEDULES:
         return ScheduleChoice(requested, ASKED_FOR)  # type: ignore[arg-type]
@@ -359,6 +367,11 @@ def resolve_schedule(requested: str, kernels: str = DEFAULT_KERNELS,
     require_choice("kernels", kernels, KERNELS)
     if kernels != DEFAULT_KERNELS:
         return ScheduleChoice("seed", AUTO_SEED_FOR_OWN_KERNELS)
+    if backend not in _BY_NAME:  # "auto" (the backend) must be resolved first
+        raise ValueError(f"resolve the backend {backend!r} before its schedule")
+    why = _BY_NAME[backend].seed_by_auto
+    if why:
+        return ScheduleChoice("seed", f"auto: {why}")
     return ScheduleChoice("fused", AUTO_FUSED)
 
 

@@ -40,8 +40,9 @@ TRAIN_SCHEDULE_OPTION = click.option(
     "--schedule", type=click.Choice(config.SCHEDULE_CHOICES), default=config.AUTO_SCHEDULE,
     show_default=True,
     help="seed: the seed's launches (the reference); fused: the fused kernel, the same bytes, "
-         "faster; auto: fused, but seed for row shards and --kernels own (which have no "
-         "fused kernels). The table and --json say which ran and why.")
+         "faster; auto: fused, but seed on cpu (quicker to compile there), for row "
+         "shards and for --kernels own (which have no fused kernels). The table and --json "
+         "say which ran and why.")
 
 
 _STREAM_BACKENDS = " and ".join(sorted(registry.STREAM_BACKENDS))

@@ -52,12 +52,14 @@ def cluster_note(plan: Plan) -> str | None:
 
 def schedule_note(kernels: str, row_shards: bool) -> str | None:
     """One line where --schedule was left out: the plan shown is the seed's (the
-    reference), and the schedule `bob train` would run with these options, and why."""
+    reference), and the schedule `bob train` would run on the stream backend with these
+    options, and why."""
     context = click.get_current_context()
     if context.get_parameter_source("schedule") is not ParameterSource.DEFAULT:
         return None
-    trained = resolve_schedule(AUTO_SCHEDULE, kernels, row_shards)
-    return f"schedule: seed shown (the reference); bob train runs {trained.text}"
+    trained = resolve_schedule(AUTO_SCHEDULE, STREAM_BACKEND, kernels, row_shards)
+    return (f"schedule: seed shown (the reference); bob train on {STREAM_BACKEND} runs "
+            f"{trained.text}")
 
 
 def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,

@@ -112,7 +112,8 @@ def run_sharded_training(request: TrainRequest, progress: Progress | None = None
         optimum=data.optimum, history=state.history, last_result=invocations[-1].result,
         written=(where,), segments=state.segments, shard_rows=tuple(boundaries),
         shards_ran=_where_shards_ran(request, runner),
-        schedule=resolve_schedule(request.schedule, request.kernels, row_shards=True))
+        schedule=resolve_schedule(request.schedule, choice.name, request.kernels,
+                                  row_shards=True))
 
 
 def _where_shards_ran(request: TrainRequest, runner: DaskShards | None) -> str:

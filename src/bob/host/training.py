@@ -518,7 +518,7 @@ def run_config(request: TrainRequest, record: InputRecord, backend: str,
                validation: InputRecord | None = None) -> tuple[BobConfig, ScheduleChoice]:
     """The configuration of a one-piece run's invocations on `backend` (a resolved name),
     its schedule and submission policy resolved, and why that schedule."""
-    schedule = resolve_schedule(request.schedule, request.kernels)
+    schedule = resolve_schedule(request.schedule, backend, request.kernels)
     config = BobConfig(vocab=record.vocab, prompts=0,
                        updates=min(request.invocation_updates, max(request.steps, 1)),
                        mode=record.mode, schedule=schedule.schedule,
