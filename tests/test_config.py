@@ -68,7 +68,7 @@ def test_the_cli_applies_the_same_rule(tmp_path: Path, capsys, flag: str, value:
     (lambda path: api.train(steps=1, checkpoint=path, backend="cpu", updates_per_invocation=0),
      "updates_per_invocation must be at least 1, not 0"),
     (lambda path: api.train(steps=1, checkpoint=path, backend="cpu", schedule="turbo"),
-     "schedule must be one of seed, fused, not 'turbo'"),
+     "schedule must be one of auto, seed, fused, not 'turbo'"),
     (lambda path: api.train(texts=["a.txt"], input_record="b.bob", checkpoint=path),
      "give either texts or an input_record, not both"),
 ])

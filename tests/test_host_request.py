@@ -20,7 +20,7 @@ TRAIN_KEYWORDS = (
     ("texts", None), ("steps", 1000), ("checkpoint", "bob.safetensors"), ("resume", False),
     ("backend", "auto"), ("hyper", None), ("updates_per_invocation", 100),
     ("input_record", None), ("overwrite", False), ("arch", DEFAULT_TARGET),
-    ("arena", ARENA_KINDS[0]), ("result_path", None), ("schedule", "seed"),
+    ("arena", ARENA_KINDS[0]), ("result_path", None), ("schedule", "auto"),
     ("hyper_changes", None), ("new_data", False), ("data_spec", None), ("val_spec", None),
     ("submission", AUTO_SUBMISSION),
     # Checkpoint periods (None: SavePolicy's default for the checkpoint's size).
@@ -54,7 +54,7 @@ def test_the_request_has_every_keyword_of_train_with_its_default():
 REFUSALS = [
     ({"steps": -1}, "steps must be >= 0, not -1"),
     ({"updates_per_invocation": 0}, "updates_per_invocation must be at least 1, not 0"),
-    ({"schedule": "turbo"}, "schedule must be one of seed, fused, not 'turbo'"),
+    ({"schedule": "turbo"}, "schedule must be one of auto, seed, fused, not 'turbo'"),
     ({"submission": "batched"},
      "submission must be one of auto, per-launch, chained, not 'batched'"),
     ({"eval_every": 0}, "eval_every must be at least 1, not 0"),

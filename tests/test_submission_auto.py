@@ -148,11 +148,17 @@ def test_a_checkpoint_resumes_across_policies(first, then, built, tmp_path, caps
 
 # -- bob plan: auto is the stream's policy, and says so ----------------------------------------
 
+# Where --schedule is left out `bob plan` says, before the submission's note, which schedule
+# bob train runs (tests/test_schedule_auto.py).
+SCHEDULE_NOTE = ("schedule: seed shown (the reference); bob train on nv runs fused (auto: the "
+                 "seed schedule's bytes, faster)\n")
+CHAINED_NOTE = "submission: auto is chained (the nv backend's default)\n"
+
 
 def test_plan_disasm_default_is_the_chained_stream_and_says_so(capsys):
     assert main(["plan", "-N", "2", "-P", "1", "--disasm"]) == 0
     captured = capsys.readouterr()
-    assert captured.err == "submission: auto is chained (the nv backend's default)\n"
+    assert captured.err == SCHEDULE_NOTE + CHAINED_NOTE
     plan = build_plan(BobConfig(prompts=1, updates=2, submission="chained"))
     assert "(chained submissions)" in captured.out
     assert captured.out.count("GPFIFO entry") == plan.submission_count + 1
@@ -162,10 +168,11 @@ def test_plan_emit_default_writes_the_chained_stream(tmp_path, capsys):
     out = tmp_path / "components"
     assert main(["plan", "-N", "2", "--emit", str(out)]) == 0
     captured = capsys.readouterr()
-    assert captured.err == "submission: auto is chained (the nv backend's default)\n"
+    assert captured.err == SCHEDULE_NOTE + CHAINED_NOTE
     assert json.loads((out / "index.json").read_text())["submission_policy"] == "chained"
-    assert main(["plan", "-N", "2", "--submission", "per-launch", "--emit", str(out)]) == 0
-    assert capsys.readouterr().err == ""  # a policy by name needs no note
+    assert main(["plan", "-N", "2", "--submission", "per-launch", "--schedule", "seed",
+                 "--emit", str(out)]) == 0
+    assert capsys.readouterr().err == ""  # a policy and a schedule by name need no note
     assert json.loads((out / "index.json").read_text())["submission_policy"] == "per-launch"
 
 
@@ -217,4 +224,4 @@ def test_the_plan_table_names_the_resolved_policy(capsys):
     assert main(["plan", "-N", "2"]) == 0
     captured = capsys.readouterr()
     assert "Submissions (chained)" in captured.out
-    assert captured.err == "submission: auto is chained (the nv backend's default)\n"
+    assert captured.err == SCHEDULE_NOTE + CHAINED_NOTE

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bob.backends import choose_backend, resolve_submission
+from bob.backends import choose_backend, resolve_schedule, resolve_submission
 from bob.config import Hyper
 from bob.host.session import Session
 from bob.program.bob import BobConfig
@@ -38,6 +38,7 @@ REPEATS = int(os.environ.get("REPEATS", "5"))
 def device_seconds_per_update(backend_name: str, vocab: int, updates: int) -> float:
     """The device program of one N-update invocation, per update (median of three)."""
     config = BobConfig(vocab=vocab, prompts=0, updates=updates, mode="hard",  # as bob train
+                       schedule=resolve_schedule("auto", backend_name).schedule,
                        submission=resolve_submission("auto", backend_name))
     record = InputRecord.hard(bench_targets(vocab), (), source="bench targets")
     with Session(choose_backend(backend_name), Hyper()) as session:

@@ -25,6 +25,11 @@ Mode = Literal["hard", "corpus"]
 MODES: tuple[Mode, ...] = ("hard", "corpus")  # a mode's index is its code in a record
 Schedule = Literal["seed", "fused"]
 SCHEDULES: tuple[Schedule, ...] = ("seed", "fused")
+# What `bob train` and the API ask for: a schedule, or "auto", the fused schedule wherever
+# Bob has fused kernels for the run, else the seed's (bob.backends.resolve_schedule). A plan
+# (BobConfig) always names one of SCHEDULES: auto is resolved before it is built.
+SCHEDULE_CHOICES: tuple[str, ...] = ("auto", *SCHEDULES)
+AUTO_SCHEDULE = "auto"
 # How a plan's launches reach the device. per-launch (the seed's, the reference):
 # every launch its own submission, dispatched by the pushbuffer, each with its own
 # semaphore release. chained: consecutive launches of one submission are linked in

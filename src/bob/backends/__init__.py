@@ -25,12 +25,14 @@ from .registry import (
     Availability,
     BackendChoice,
     BackendSpec,
+    ScheduleChoice,
     availability,
     choose_backend,
+    resolve_schedule,
     resolve_submission,
     spec,
 )
 
 __all__ = ["AUTO", "BACKENDS", "BACKEND_NAMES", "SPECS", "Availability", "Backend",
-           "BackendChoice", "BackendSpec", "ReadHandle", "availability", "choose_backend",
-           "resolve_submission", "spec"]
+           "BackendChoice", "BackendSpec", "ReadHandle", "ScheduleChoice", "availability",
+           "choose_backend", "resolve_schedule", "resolve_submission", "spec"]

@@ -3,6 +3,7 @@
     spec("nv").runs_command_stream          # True: chained plans by default
     choose_backend("auto")                  # cuda where a GPU is usable, else cpu
     resolve_submission("auto", "nv-sim")    # "chained"
+    resolve_schedule("auto", "cuda").schedule   # "fused": the seed's bytes, faster
 
 A `BackendSpec` says how its backend is chosen for this machine (`choose`: what to build
 the plan for and how to open it, or `BackendUnavailable` saying why not) and the facts
@@ -22,12 +23,16 @@ from typing import TYPE_CHECKING
 
 from bob.config import (
     ARENA_KINDS,
+    AUTO_SCHEDULE,
     DEFAULT_KERNELS,
     DEFAULT_SUBMISSION_POLICY,
     DEFAULT_TARGET,
     KERNELS,
+    SCHEDULE_CHOICES,
+    SCHEDULES,
     SUBMISSION_CHOICES,
     SUBMISSION_POLICIES,
+    Schedule,
     SubmissionPolicy,
     require_choice,
 )
@@ -85,6 +90,9 @@ class BackendSpec:
     # Why it launches no thread-block clusters, in one line ("": it launches them where its
     # target has them); `bob doctor` and `bob plan` say it.
     clusters_withheld: str = ""
+    # Why `--schedule auto` runs the seed schedule on it, in a few words ("": auto runs the
+    # fused schedule, the same bytes, faster); resolve_schedule says it.
+    seed_by_auto: str = ""
 
     @property
     def can_profile(self) -> bool:
@@ -169,7 +177,13 @@ def _choose_nv(arch: str, arena: str) -> BackendChoice:
 
 SPECS: tuple[BackendSpec, ...] = (
     BackendSpec("cpu", _choose_cpu, "the oracle: the reference kernels over one byte buffer",
-                auto_rank=1),
+                auto_rank=1,
+                # Once compiled, a small run takes as long with either schedule (it is mostly
+                # start-up; the fused kernel's updates are the faster), but the first run
+                # compiles the fused kernel into Numba's cache for far longer than the seed
+                # schedule's two, and a stop waits for a compile (docs/BENCHMARKS.md, "The
+                # schedules on the CPU").
+                seed_by_auto="on cpu, quicker to compile"),
     BackendSpec("cuda", _choose_cuda, "the CUDA driver API, an invocation as one CUDA graph",
                 on_gpu=True, uses_cuda_driver=True, auto_rank=0,
                 profile_method="cuEventRecord before and after every launch, each launched "
@@ -228,15 +242,16 @@ def _choose_auto(arch: str, arena: str) -> BackendChoice:
 def require_kernels(kernels: str, schedule: str, backends: tuple[str, ...]) -> None:
     """BadInput, one line, unless `kernels` can run on `backends` with `schedule`.
 
-    Bob's own kernels (``own``) are the seed schedule's, and they run where the plan's
-    code goes into Bob's command stream (OWN_KERNEL_BACKENDS); beside one of those, cpu
-    (which runs the NumPy reference, no machine code) may be the oracle of a check.
+    Bob's own kernels (``own``) are the seed schedule's (``auto`` resolves to it with
+    them: resolve_schedule), and they run where the plan's code goes into Bob's command
+    stream (OWN_KERNEL_BACKENDS); beside one of those, cpu (which runs the NumPy
+    reference, no machine code) may be the oracle of a check.
     """
     require_choice("kernels", kernels, KERNELS)
     if kernels == DEFAULT_KERNELS:
         return
     where = " and ".join(OWN_KERNEL_BACKENDS)
-    if schedule != "seed":
+    if schedule not in ("seed", AUTO_SCHEDULE):
         raise BadInput(f"--kernels own has the seed schedule's kernels only; the {schedule} "
                        "schedule's kernels are NVRTC's: use --schedule seed")
     if "cuda" in backends:
@@ -307,7 +322,62 @@ def resolve_submission(requested: str, *backends: str) -> SubmissionPolicy:
     return DEFAULT_SUBMISSION_POLICY
 
 
+@dataclass(frozen=True)
+class ScheduleChoice:
+    """The schedule a run's plans are built with, and why, in a few words."""
+
+    schedule: Schedule
+    reason: str  # "asked for", or auto's rule: "auto: ..."
+
+    @property
+    def text(self) -> str:
+        """As the run's table and `bob plan` say it: fused (auto: ...)."""
+        return f"{self.schedule} ({self.reason})"
+
+    def to_json(self) -> dict[str, str]:
+        return {"schedule": self.schedule, "schedule_reason": self.reason}
+
+
+# Why auto chose, as the run's table, its JSON and `bob plan` say it.
+ASKED_FOR = "asked for"
+AUTO_FUSED = "auto: the seed schedule's bytes, faster"
+AUTO_SEED_FOR_SHARDS = "auto: row shards run the seed schedule"
+AUTO_SEED_FOR_OWN_KERNELS = "auto: Bob's own kernels are the seed schedule's"
+
+
+def resolve_schedule(requested: str, backend: str, kernels: str = DEFAULT_KERNELS,
+                     row_shards: bool = False) -> ScheduleChoice:
+    """The schedule a training run on `backend` (a resolved name) builds its plans with,
+    and why.
+
+    A schedule asked for by name is that schedule (whether the run takes it is checked
+    where the run is: require_kernels, the row shards' refusals). "auto" is the fused
+    schedule wherever Bob has fused kernels for the run and they are the faster: every
+    backend has them for every V and mode of a one-piece plan, and they leave the seed
+    schedule's bytes in every tensor (tests/test_fused.py, and on the GPUs
+    tests/test_fused_gpu.py). It is the seed schedule where there are no fused kernels (a
+    row shard's plan is the seed's program over its rows; Bob's own machine code is the
+    seed's regions only), and on a backend whose spec says why not (`seed_by_auto`: the
+    cpu backend).
+    """
+    if requested in SCHEDULES:
+        return ScheduleChoice(requested, ASKED_FOR)  # type: ignore[arg-type]
+    require_choice("schedule", requested, SCHEDULE_CHOICES)
+    if row_shards:
+        return ScheduleChoice("seed", AUTO_SEED_FOR_SHARDS)
+    require_choice("kernels", kernels, KERNELS)
+    if kernels != DEFAULT_KERNELS:
+        return ScheduleChoice("seed", AUTO_SEED_FOR_OWN_KERNELS)
+    if backend not in _BY_NAME:  # "auto" (the backend) must be resolved first
+        raise ValueError(f"resolve the backend {backend!r} before its schedule")
+    why = _BY_NAME[backend].seed_by_auto
+    if why:
+        return ScheduleChoice("seed", f"auto: {why}")
+    return ScheduleChoice("fused", AUTO_FUSED)
+
+
 __all__ = ["AUTO", "AUTO_ORDER", "BACKENDS", "BACKEND_NAMES", "CUDA_DRIVER_NAMES",
            "OWN_KERNEL_BACKENDS", "PROFILED_BACKENDS", "SPECS", "STREAM_BACKENDS",
-           "Availability", "BackendChoice", "BackendSpec", "availability", "choose_backend",
-           "require_kernels", "resolve_submission", "spec"]
+           "Availability", "BackendChoice", "BackendSpec", "ScheduleChoice", "availability",
+           "choose_backend", "require_kernels", "resolve_schedule", "resolve_submission",
+           "spec"]

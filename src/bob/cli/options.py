@@ -43,6 +43,14 @@ SCHEDULE_OPTION = click.option(
     "--schedule", type=click.Choice(config.SCHEDULES), default=config.SCHEDULES[0],
     show_default=True,
     help="The seed's launches (the reference), or the fused kernel: the same bytes, faster.")
+# `bob train`'s: auto as registry.resolve_schedule resolves it, said in the run's table.
+TRAIN_SCHEDULE_OPTION = click.option(
+    "--schedule", type=click.Choice(config.SCHEDULE_CHOICES), default=config.AUTO_SCHEDULE,
+    show_default=True,
+    help="seed: the seed's launches (the reference); fused: the fused kernel, the same bytes, "
+         "faster; auto: fused, but seed on cpu (quicker to compile there), for row "
+         "shards and for --kernels own (which have no fused kernels). The table and --json "
+         "say which ran and why.")
 
 
 PLAN_TABLES_OPTION = click.option(

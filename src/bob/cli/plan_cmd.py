@@ -6,11 +6,24 @@ import json
 import sys
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.table import Table
 
-from bob.backends.registry import SPECS, require_kernels, resolve_submission, spec
-from bob.config import AUTO_SUBMISSION, DEFAULT_KERNELS, DEFAULT_TARGET, TARGET_NAMES
+from bob.backends.registry import (
+    SPECS,
+    require_kernels,
+    resolve_schedule,
+    resolve_submission,
+    spec,
+)
+from bob.config import (
+    AUTO_SCHEDULE,
+    AUTO_SUBMISSION,
+    DEFAULT_KERNELS,
+    DEFAULT_TARGET,
+    TARGET_NAMES,
+)
 from bob.errors import BackendUnavailable, BadInput
 from bob.files import check_output_directory, require_regular_file, write_directory
 from bob.kernels.cuda.regions import catalogue
@@ -42,6 +55,18 @@ def cluster_note(plan: Plan) -> str | None:
         return None
     return (f"clusters: the {STREAM_BACKEND} backend launches none ({withheld}); the cuda "
             "backend launches these")
+
+
+def schedule_note(kernels: str, row_shards: bool) -> str | None:
+    """One line where --schedule was left out: the plan shown is the seed's (the
+    reference), and the schedule `bob train` would run on the stream backend with these
+    options, and why."""
+    context = click.get_current_context()
+    if context.get_parameter_source("schedule") is not ParameterSource.DEFAULT:
+        return None
+    trained = resolve_schedule(AUTO_SCHEDULE, STREAM_BACKEND, kernels, row_shards)
+    return (f"schedule: seed shown (the reference); bob train on {STREAM_BACKEND} runs "
+            f"{trained.text}")
 
 
 def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
@@ -104,6 +129,9 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submi
             raise BadInput("--disasm and --emit show one plan's command stream; a shard's is "
                            "that of its rows: drop --shards and --device-memory")
         _shard_plans(vocab, updates, mode, schedule, arch, as_json, shards, device_memory)
+        note = None if as_json else schedule_note(kernels, row_shards=True)
+        if note:
+            click.echo(note, err=True)
         return
     if emit_dir:
         check_output_directory(emit_dir, "components")  # before the plan is built
@@ -128,10 +156,10 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submi
                 click.echo(_own_listing(the_plan))
     else:
         print_plan(Console(width=None if sys.stdout.isatty() else 160), the_plan, certificate)
-    note = cluster_note(the_plan)
-    if note:
-        click.echo(note, err=True)
-    click.echo(_tables_note(vocab, mode, tables), err=True)
+    for note in (cluster_note(the_plan), schedule_note(kernels, row_shards=False),
+                 _tables_note(vocab, mode, tables)):
+        if note:
+            click.echo(note, err=True)
     if submission == AUTO_SUBMISSION:  # on stderr, after the output: --emit lists paths
         click.echo(f"submission: auto is {policy} (the {STREAM_BACKEND} backend's default)",
                    err=True)

@@ -31,9 +31,9 @@ from .options import (
     REPEAT_TOKENS,
     REPEAT_VAL_TEXT,
     REPEAT_VAL_TOKENS,
-    SCHEDULE_OPTION,
     SUBMISSION_OPTION,
     TABLES_OPTION,
+    TRAIN_SCHEDULE_OPTION,
     ByteSize,
     GpuList,
     arch_option,
@@ -159,7 +159,7 @@ def _byte_text(value: int) -> str:
 @schedule_options
 @click.option("--result", "result_path", type=click.Path(dir_okay=False),
               help="Write the last invocation's result record here.")
-@SCHEDULE_OPTION
+@TRAIN_SCHEDULE_OPTION
 @SUBMISSION_OPTION
 @KERNELS_OPTION
 @TABLES_OPTION
@@ -302,6 +302,7 @@ def _train_table(report: api.TrainReport) -> Table:
         kept = "" if report.best.written else ", an earlier run's"
         table.add_row("best checkpoint", f"{report.best.path} (update {report.best.step}, "
                                          f"validation {report.best.val_loss:.6f}{kept})")
+    table.add_row("schedule", report.schedule.text)
     rate = f", {report.updates_per_second:,.1f} updates/s" if report.steps else ""
     table.add_row("wall time", f"{report.wall_seconds:.2f} s{rate}")
     if report.checkpoint in report.written:

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import replace
 
-from bob.backends import choose_backend
+from bob.backends import choose_backend, resolve_schedule
 from bob.errors import BadInput
 from bob.host.sharded import (
     DaskShards,
@@ -64,6 +64,9 @@ def run_training(request: TrainRequest, progress: Progress | None = None,
         return run_one_piece(request, progress, announce)
     if request.kernels == "own":  # a sharded checkpoint resumed: its shards run NVRTC's
         raise BadInput(f"{request.checkpoint} is sharded; row shards do not take --kernels own")
+    if request.schedule == "fused":  # a sharded checkpoint resumed: its shards run the seed's
+        raise BadInput(f"{request.checkpoint} is sharded; row shards do not take "
+                       "--schedule fused")
     begun = time.perf_counter()
     _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
     report = run_sharded_training(request, progress)
@@ -110,7 +113,9 @@ def run_sharded_training(request: TrainRequest, progress: Progress | None = None
         initial_loss=invocations[0].initial_loss, loss=invocations[-1].loss,
         optimum=data.optimum, history=state.history, last_result=invocations[-1].result,
         written=(where,), segments=state.segments, shard_rows=tuple(boundaries),
-        shards_ran=_where_shards_ran(request, runner))
+        shards_ran=_where_shards_ran(request, runner),
+        schedule=resolve_schedule(request.schedule, choice.name, request.kernels,
+                                  row_shards=True))
 
 
 def _replaced_one_piece(request: TrainRequest) -> str | None:

@@ -41,16 +41,17 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from bob.backends import BackendChoice, choose_backend, resolve_submission
-from bob.backends.registry import require_kernels
+from bob.backends import BackendChoice, choose_backend, resolve_schedule, resolve_submission
+from bob.backends.registry import ASKED_FOR, ScheduleChoice, require_kernels
 from bob.config import (
     ARENA_KINDS,
+    AUTO_SCHEDULE,
     AUTO_SUBMISSION,
     CHECKPOINT_TENSORS,
     DEFAULT_KERNELS,
     DEFAULT_TARGET,
+    SCHEDULE_CHOICES,
     SCHEDULE_FIELDS,
-    SCHEDULES,
     SUBMISSION_CHOICES,
     TABLES_CHOICES,
     Hyper,
@@ -166,7 +167,9 @@ class TrainRequest:
     arch: str = DEFAULT_TARGET  # the nv-sim backend's target (cuda reads its device's)
     arena: str = ARENA_KINDS[0]  # cuda, nv: device memory; "host": mapped system memory
     result_path: str | None = None  # where the last invocation's result record goes
-    schedule: str = "seed"  # the reference; "fused" leaves the same bytes, faster
+    # "seed" (the reference) or "fused" (the same bytes, faster); "auto": fused wherever
+    # Bob has fused kernels for the run, else seed (bob.backends.resolve_schedule).
+    schedule: str = AUTO_SCHEDULE
     hyper_changes: Mapping[str, float] | None = None  # the fields the user stated
     # A resumed run trains on the checkpoint's data unless the data changes on purpose (a
     # new segment records where).
@@ -220,7 +223,7 @@ class TrainRequest:
         if self.updates_per_invocation < 1:
             raise BadInput("updates_per_invocation must be at least 1, not "
                            f"{self.updates_per_invocation}")
-        require_choice("schedule", self.schedule, SCHEDULES)
+        require_choice("schedule", self.schedule, SCHEDULE_CHOICES)
         require_choice("tables", self.tables, TABLES_CHOICES)
         if self.tables == "collapsed" and self.kernels == "own":
             raise BadInput("--kernels own runs the dense tables' regions: Bob's own code has "
@@ -358,7 +361,7 @@ class TrainRequest:
                            "start a cluster here: choose one")
         if not self.asks_shards:
             return
-        refused = (("--schedule fused", self.schedule != "seed"),
+        refused = (("--schedule fused", self.schedule == "fused"),
                    ("validation data", self.validates),
                    ("--keep-best", self.keep_best), ("--eval-every", self.eval_every is not None),
                    ("--save-every-seconds", self.save_every_seconds is not None),
@@ -471,6 +474,8 @@ class TrainReport:
     # workers"); () for a one-piece run.
     shard_rows: tuple[tuple[int, int], ...] = ()
     shards_ran: str = ""
+    # The schedule the run's plans were built with, and why (auto's choice, or asked for).
+    schedule: ScheduleChoice = ScheduleChoice("seed", ASKED_FOR)
 
     @property
     def updates_per_second(self) -> float:
@@ -497,6 +502,7 @@ class TrainReport:
             **({"shards": [list(rows) for rows in self.shard_rows],
                 "shards_ran": self.shards_ran} if self.shard_rows else {}),
             "tables": self.tables, "tables_reason": self.tables_reason,
+            **self.schedule.to_json(),
             "wall_seconds": self.wall_seconds, "updates_per_second": self.updates_per_second,
         }
 
@@ -726,6 +732,24 @@ def _successors(start: TrainingState, record: InputRecord,
     return symbol_ranges(either)
 
 
+def run_config(request: TrainRequest, record: InputRecord, backend: str,
+               validation: InputRecord | None = None, start: TrainingState | None = None,
+               ) -> tuple[BobConfig, ScheduleChoice]:
+    """The configuration of a one-piece run's invocations on `backend` (a resolved name),
+    its schedule and submission policy resolved, and why that schedule; its tables those
+    of the starting point `start` (dense where none is given)."""
+    schedule = resolve_schedule(request.schedule, backend, request.kernels)
+    config = BobConfig(vocab=record.vocab, prompts=0,
+                       updates=min(request.invocation_updates, max(request.steps, 1)),
+                       mode=record.mode, schedule=schedule.schedule,
+                       submission=resolve_submission(request.submission, backend),
+                       pairs=record.pairs,
+                       validation_pairs=0 if validation is None else validation.pairs,
+                       **({} if start is None else {"tables": start.tables,
+                                                    "exceptions": start.exceptions}))
+    return config, schedule
+
+
 def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
                 choice: BackendChoice, progress: Progress | None,
                 validation: InputRecord | None,
@@ -736,13 +760,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
     # The checkpoint's grain: its histories gain a point, and the save policy may save,
     # every -N updates (and at the end), however often eval points end invocations.
     grain = request.updates_per_invocation
-    config = BobConfig(vocab=record.vocab, prompts=0,
-                       updates=min(request.invocation_updates, max(steps, 1)),
-                       mode=record.mode, schedule=request.schedule,  # type: ignore[arg-type]
-                       submission=resolve_submission(request.submission, choice.name),
-                       pairs=record.pairs,
-                       validation_pairs=0 if validation is None else validation.pairs,
-                       tables=start.state.tables, exceptions=start.state.exceptions)
+    config, schedule = run_config(request, record, choice.name, validation, start.state)
     policy = SavePolicy.of(request, start.state.file_bytes)
     # Collapsed tables are O(V + K) bytes: every invocation's come back to the host (a
     # save, a stop, the last shorter invocation start from them), never streamed.
@@ -965,7 +983,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
         initial_loss=initial, loss=final, optimum=data.optimum, history=history,
         last_result=result, written=tuple(written), segments=start.state.segments,
         val_loss=val_history[-1][1] if val_history else None,
-        val_history=val_history, best=best[0],
+        val_history=val_history, best=best[0], schedule=schedule,
     )
 
 

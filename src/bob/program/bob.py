@@ -12,7 +12,8 @@ validation pairs where validation runs on the device) the program is:
   validation the validation loss of the starting table (``bob-loss-corpus`` into
   ``validation_initial_loss``), then per prompt i: gather its logits row, then its
   greedy argmax;
-- the N training updates, by schedule:
+- the N training updates, by schedule (a configuration names one; a training run's
+  ``auto`` is resolved before, by ``bob.backends.resolve_schedule``):
 
   - ``seed`` (the default and the reference): per update k, AdamW with update
     k's scalars (in its parameter block), then loss-gradient into
