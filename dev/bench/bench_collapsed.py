@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=50257)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--backends", nargs="+", default=["cuda", "nv"])
+    parser.add_argument("--schedules", nargs="+", default=["fused", "seed"])
+    parser.add_argument("--skip-job", action="store_true", help="no whole-job processes")
     parser.add_argument("--skip-dense", action="store_true")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--torch-steps", type=int, default=None,
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     for backend in args.backends:
         for mode, record in records.items():
             additions, floor = floor_us(record, backend)
-            for schedule in ("fused", "seed"):
+            for schedule in args.schedules:
                 row = per_update(backend, record, schedule, args.steps if schedule == "fused"
                                  else max(1, args.steps // 10))
                 row.update(floor_us=floor, additions=additions)
@@ -196,9 +198,13 @@ def main(argv: list[str] | None = None) -> int:
             dense = dense_corpus_update(backend, records["corpus"], 10)
             results.setdefault("dense_corpus_us", {})[backend] = dense
             fused = next(r for r in results["updates"] if r["backend"] == backend
-                         and r["mode"] == "corpus" and r["schedule"] == "fused")
+                         and r["mode"] == "corpus" and r["schedule"] == args.schedules[0])
             print(f"{backend:5} dense fused corpus: {dense:,.1f} us/update; collapsed "
                   f"{dense / fused['us_per_update']:,.0f}x faster (target >= 250x)", flush=True)
+    if args.skip_job:
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+        return 0
     torch_steps = 0 if args.skip_torch else (args.torch_steps or args.steps)
     job = whole_job(directory, args.vocab, args.steps, args.backends[0], torch_steps)
     results["job"] = job

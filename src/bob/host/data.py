@@ -245,7 +245,7 @@ def _sequence_data(spec: CorpusSpec, admit: Callable[[int], None],
                       for name in (given if spec.texts else (s.name for s in found)))
     recorded = DataSources(
         "tokens" if spec.tokens else "text", given, vocab if spec.tokens else None,
-        spec.token_dtype if spec.tokens else None, val_fraction,
+        sources.token_dtype(vocab, spec.token_dtype) if spec.tokens else None, val_fraction,
         next((token for token in map(sources.first_token, found) if token is not None),
              None), stream=any(source.is_stream for source in found))
     validation, notes = None, ()
