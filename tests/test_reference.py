@@ -291,7 +291,7 @@ def test_argmax_equals_the_cuda_lanes_and_tree(v):
 
 # -- kernels over an arena: footprints --------------------------------------------------
 
-U32_POINTERS = {"prompt", "targets", "prediction"}
+U32_POINTERS = {"prompt", "targets", "prediction", "row_offsets", "columns", "lane_order"}
 U64_POINTERS = {"health", "keys"}
 
 
@@ -331,7 +331,9 @@ FUSED_REGIONS = (sig.FUSED_HARD, sig.FUSED_CORPUS, sig.FUSED_WIDE_HARD, sig.FUSE
                  sig.FUSED_TALL_HARD, sig.FUSED_TALL_CORPUS, sig.FUSED_STREAM_HARD,
                  sig.FUSED_STREAM_CORPUS, sig.FUSED_HELD_HARD, sig.FUSED_HELD_CORPUS,
                  sig.FUSED_CLUSTER_HARD, sig.FUSED_CLUSTER_CORPUS)
-FOOTPRINT_CASES = [(region, 1) for region in sig.SIGNATURES] + [
+# The dense regions (the collapsed tables' need a sound index: tests/test_collapsed.py).
+FOOTPRINT_CASES = [(region, 1) for region in sig.SIGNATURES
+                   if region not in sig.COLLAPSED_REGIONS] + [
     (region, 0) for region in FUSED_REGIONS]  # finish 0: no gradients, no loss
 
 
@@ -442,7 +444,10 @@ def test_gather_copies_bits_and_argmax_reads_the_row():
 
 
 def test_every_region_has_a_kernel():
-    assert set(ref.KERNELS) == set(sig.SIGNATURES) == set(sig.ENTRIES)
+    from bob.kernels.collapsed.reference import KERNELS as collapsed
+
+    assert set(ref.KERNELS) | set(collapsed) == set(sig.SIGNATURES) == set(sig.ENTRIES)
+    assert set(collapsed) == set(sig.COLLAPSED_REGIONS)
 
 
 # -- the CUDA source -------------------------------------------------------------------

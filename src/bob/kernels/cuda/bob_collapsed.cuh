@@ -424,12 +424,10 @@ static __device__ void each_row(const Index& ix, float* buffer, Work work) {
     }
 }
 
-#define COLLAPSED_INDEX const u32 *row_offsets, const u32 *columns, const u32 *lane_order
-#define COLLAPSED_SIZES u32 vocab, u32 exceptions, u32 classes, u32 offsets
-
 extern "C" __global__ void bob_collapsed_loss_gradient(
         const float* parameters, float* gradients, const u32* targets, float* loss,
-        COLLAPSED_INDEX, float log2e, float ln2, float inverse_rows, COLLAPSED_SIZES) {
+        const u32* row_offsets, const u32* columns, const u32* lane_order, float log2e, float ln2,
+        float inverse_rows, u32 vocab, u32 exceptions, u32 classes, u32 offsets) {
     wait_for_prerequisites();
     __shared__ float buffer[LANES];
     if (blockDim.x != LANES) __trap();
@@ -442,7 +440,8 @@ extern "C" __global__ void bob_collapsed_loss_gradient(
 
 extern "C" __global__ void bob_collapsed_loss_gradient_corpus(
         const float* parameters, float* gradients, const float* weights, float* loss,
-        COLLAPSED_INDEX, float log2e, float ln2, COLLAPSED_SIZES) {
+        const u32* row_offsets, const u32* columns, const u32* lane_order, float log2e, float ln2,
+        u32 vocab, u32 exceptions, u32 classes, u32 offsets) {
     wait_for_prerequisites();
     __shared__ float buffer[LANES];
     if (blockDim.x != LANES) __trap();
@@ -455,8 +454,9 @@ extern "C" __global__ void bob_collapsed_loss_gradient_corpus(
 
 // The corpus loss alone (validation): bob_collapsed_loss_gradient_corpus's row losses.
 extern "C" __global__ void bob_collapsed_loss_corpus(
-        const float* parameters, const float* weights, float* loss, COLLAPSED_INDEX,
-        float log2e, float ln2, COLLAPSED_SIZES) {
+        const float* parameters, const float* weights, float* loss, const u32* row_offsets, const
+        u32* columns, const u32* lane_order,
+        float log2e, float ln2, u32 vocab, u32 exceptions, u32 classes, u32 offsets) {
     wait_for_prerequisites();
     __shared__ float buffer[LANES];
     if (blockDim.x != LANES) __trap();
@@ -536,8 +536,10 @@ static __device__ void collapsed_fused(const Index& ix, float* buffer, float* pa
 
 extern "C" __global__ void bob_collapsed_fused_train(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
-        const u32* targets, float* loss, const float* adam_scalars, COLLAPSED_INDEX,
-        float log2e, float ln2, float inverse_rows, COLLAPSED_SIZES, u32 updates, u32 finish) {
+        const u32* targets, float* loss, const float* adam_scalars, const u32* row_offsets, const
+        u32* columns, const u32* lane_order,
+        float log2e, float ln2, float inverse_rows, u32 vocab, u32 exceptions, u32 classes, u32
+        offsets, u32 updates, u32 finish) {
     wait_for_prerequisites();
     __shared__ float buffer[LANES];
     if (blockDim.x != LANES) __trap();
@@ -549,8 +551,10 @@ extern "C" __global__ void bob_collapsed_fused_train(
 
 extern "C" __global__ void bob_collapsed_fused_train_corpus(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
-        const float* weights, float* loss, const float* adam_scalars, COLLAPSED_INDEX,
-        float log2e, float ln2, COLLAPSED_SIZES, u32 updates, u32 finish) {
+        const float* weights, float* loss, const float* adam_scalars, const u32* row_offsets, const
+        u32* columns, const u32* lane_order,
+        float log2e, float ln2, u32 vocab, u32 exceptions, u32 classes, u32 offsets, u32 updates,
+        u32 finish) {
     wait_for_prerequisites();
     __shared__ float buffer[LANES];
     if (blockDim.x != LANES) __trap();
@@ -563,8 +567,9 @@ extern "C" __global__ void bob_collapsed_fused_train_corpus(
 // logits = the expanded row prompt[0]: the rest's bits everywhere, then the exceptions'; a
 // prompt >= V (never admitted by the host) gives a row of NaN. One block.
 extern "C" __global__ void bob_collapsed_gather(
-        float* logits, const u32* prompt, const float* parameters, COLLAPSED_INDEX,
-        COLLAPSED_SIZES) {
+        float* logits, const u32* prompt, const float* parameters, const u32* row_offsets, const
+        u32* columns, const u32* lane_order,
+        u32 vocab, u32 exceptions, u32 classes, u32 offsets) {
     wait_for_prerequisites();
     const u32 r = prompt[0];
     u32* out = (u32*)logits;
@@ -583,7 +588,7 @@ extern "C" __global__ void bob_collapsed_gather(
 // slot. Grid-stride, a binary search in the key's row.
 extern "C" __global__ void bob_collapsed_scatter(
         float* weights, const u64* keys, const float* values, const u32* row_offsets,
-        const u32* columns, u32 count, COLLAPSED_SIZES) {
+        const u32* columns, u32 count, u32 vocab, u32 exceptions, u32 classes, u32 offsets) {
     wait_for_prerequisites();
     const Index ix{row_offsets, columns, nullptr, vocab};
     u32* slots = (u32*)weights;
