@@ -27,7 +27,7 @@ from bob.program.bob import (
     ADAM_SCALAR_STRIDE,
     ADAM_SCALARS_TENSOR,
     HELD_UPDATES_PER_LAUNCH,
-    MAX_VOCAB,
+    MAX_DENSE_VOCAB,
     BobConfig,
     build_plan,
     held_to_vocab,
@@ -49,7 +49,7 @@ def test_the_longest_held_corpus_row_is_what_the_targets_shared_memory_holds_who
     # sm_90: 227 KiB less the kernel's own 22608 bytes, in whole KiB, as floats
     assert held_to_vocab("corpus", SM90) == (232448 - 22608) // 1024 * 1024 // 4 == 52224
     assert held_to_vocab("corpus", SM86) == (101376 - 22608) // 1024 * 1024 // 4 == 19456
-    assert held_to_vocab("hard", SM90) == held_to_vocab("hard", SM86) == MAX_VOCAB
+    assert held_to_vocab("hard", SM90) == held_to_vocab("hard", SM86) == MAX_DENSE_VOCAB
 
 
 @pytest.mark.parametrize("vocab, mode, region", [
@@ -60,7 +60,7 @@ def test_the_longest_held_corpus_row_is_what_the_targets_shared_memory_holds_who
     (52224, "corpus", sig.FUSED_HELD_CORPUS),  # held whole in an sm_90 block
     (52228, "corpus", sig.FUSED_STREAM_CORPUS),  # past it, streamed
     (52228, "hard", sig.FUSED_HELD_HARD),  # hard: held in part, the rest streamed
-    (MAX_VOCAB, "hard", sig.FUSED_HELD_HARD),
+    (MAX_DENSE_VOCAB, "hard", sig.FUSED_HELD_HARD),
     (65536, "corpus", sig.FUSED_STREAM_CORPUS),
     (4100, "hard", sig.FUSED_STREAM_HARD),  # below the tall rows: streamed
     (8194, "hard", sig.FUSED_HELD_HARD),  # any V: a row of V % 4 != 0 from its 16-byte boundary

@@ -104,7 +104,7 @@ def test_no_host_allocation_reaches_a_table(tmp_path: Path, recording: None, cap
     checkpoint = tmp_path / "bob.safetensors"
     common = ["train", "--tokens", str(train), "--vocab", str(VOCAB), "--val-tokens", str(val),
               "--backend", "cpu", "-N", "2", "--save-every-updates", "2", "-c",
-              str(checkpoint)]
+              str(checkpoint), "--tables", "dense"]  # the dense tables' bounds
     assert main([*common, "--steps", "2"]) == 0  # counts the corpora; imports, caches
     fresh = peak_of([*common, "--steps", "6", "--overwrite"])
     state = open_checkpoint(checkpoint).state

@@ -35,6 +35,8 @@ TRAIN_KEYWORDS = (
     ("dask_address", None),
     # Whose machine code the seed's regions run (bob.kernels.own: "own").
     ("kernels", "nvrtc"),
+    # How the tables are held (bob.host.tables: chosen from the data).
+    ("tables", "auto"),
     # The last fraction of the training data held out as validation (None: none).
     ("val_fraction", None),
 )

@@ -165,15 +165,18 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submi
                    err=True)
 
 
-def _tables_note(vocab: int, mode: str, tables: str) -> str:
-    """Which tables this plan holds, and which `bob train` would hold on the typical data."""
+def _tables_note(vocab: int, mode: str, tables: str) -> str | None:
+    """Where `bob train` would hold the typical data's tables otherwise than this plan
+    does: which, and why (None where it holds them so)."""
     from bob.host.tables import choose_tables
     from bob.program.bob import typical_pairs
 
     named = typical_pairs(vocab) if mode == "corpus" else vocab
     chosen = choose_tables("auto", vocab, named)
-    return (f"tables: {tables}; bob train would hold them {chosen.tables} on data naming "
-            f"{named:,} cells ({chosen.reason})")
+    if chosen.tables == tables:
+        return None
+    return (f"tables: {tables} shown; bob train would hold them {chosen.tables} on data "
+            f"naming {named:,} cells ({chosen.reason})")
 
 
 def _own_listing(the_plan: Plan) -> str:

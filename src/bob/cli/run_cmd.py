@@ -561,11 +561,11 @@ def plot(checkpoint, out_dir, counts_file, as_json, tokenizer_path, overwrite) -
     optimum = state.optimum if counted is None else counted.optimum
     drawn = ("loss.png", "transitions.png") if state.history else ("transitions.png",)
     targets = {name: os.path.join(out_dir, name) for name in drawn}
-    _check_plot_directory(out_dir, targets.values(), overwrite)
     read = api.checkpoint_files(stored) + ([] if counts_file is None
                                            else [(counts_file, "counts file")])
-    for path in targets.values():
+    for path in targets.values():  # an input under an output's name: said first
         require_apart(path, "PNG", read)
+    _check_plot_directory(out_dir, targets.values(), overwrite)
     figures = {"transitions.png": pictures.transitions_figure(
         lambda indices: stored.rows("parameters", indices), state.vocab,
         None if counted is None else pictures.symbol_counts(counted.counts),

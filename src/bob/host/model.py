@@ -89,6 +89,9 @@ class TrainConfig:
     resume: bool = False  # continue `out`'s run
     overwrite: bool = False  # start again over an existing `out`
     backend: str = "auto"  # cuda where a GPU is usable, else cpu
+    # How the tables are held: "auto" (collapsed where the data names few of the V x V
+    # cells, and past V = 65536), "dense" or "collapsed" (bob.host.tables).
+    tables: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
@@ -121,7 +124,7 @@ class TrainConfig:
             resume=self.resume, backend=self.backend, hyper_changes=self.hyper_changes(),
             overwrite=self.overwrite, data_spec=data if data.given else None,
             val_spec=val if val.given else None, save_start=True,
-            val_fraction=self.val_fraction)
+            val_fraction=self.val_fraction, tables=self.tables)
 
 
 def train(config: TrainConfig | None = None, progress: Progress | None = None) -> Model:
