@@ -604,3 +604,52 @@ def test_rows_of_a_token_vocabulary_equal_the_reference() -> None:
                                                             scalars)
     assert_same_bits("corpus gradients", grad, want_grad)
     assert_same_bits("corpus loss", loss, want_loss)
+
+
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+@pytest.mark.parametrize("mode", ["hard", "corpus"])
+def test_the_tiny_calls_compile_the_code_every_collapsed_invocation_runs(schedule: str,
+                                                                         mode: str) -> None:
+    """The collapsed kernels' tiny calls are of the very types their launches pass: training,
+    validation and a forward invocation of collapsed tables add no signature (the CPU
+    backend's compile notice and its compiling ahead cover them)."""
+    from dataclasses import replace
+
+    from bob.backends import choose_backend
+    from bob.host.session import Session
+    from bob.host.tables import named_keys, starting_tables
+    from bob.kernels.sets import compiled_functions
+    from bob.program.bob import BobConfig
+    from bob.records.binary import InputRecord
+    from bob.records.checkpoint import TrainingState
+
+    calls = fast.tiny_calls()
+    assert set(calls) == {f for functions in fast.COMPILED.values() for f in functions}
+    assert set(fast.COMPILED) == set(sig.COLLAPSED_REGIONS) <= set(compiled_functions())
+    for function, arguments in calls.items():
+        function(*arguments)
+    before = {function: len(function.signatures) for function in calls}
+    rng = np.random.default_rng(5)
+    vocab = 64
+    if mode == "hard":
+        record = InputRecord.hard(rng.integers(0, vocab, vocab).astype(np.uint32), (1, 2))
+        validation = None
+    else:
+        keys = np.unique(rng.integers(0, vocab * vocab, 300))
+        record = InputRecord.sparse(vocab, keys, np.full(keys.size, 1 / keys.size, F32),
+                                    (1, 2))
+        held = np.unique(rng.integers(0, vocab * vocab, 50))
+        validation = InputRecord.sparse(vocab, held, np.full(held.size, 1 / held.size, F32))
+    state = TrainingState(vocab, 0, Hyper(), mode, "", tables="collapsed")
+    start = starting_tables("collapsed", state, named_keys(record, validation))
+    config = BobConfig(vocab=vocab, prompts=2, updates=3, mode=mode, schedule=schedule,
+                       pairs=record.pairs,
+                       validation_pairs=0 if validation is None else validation.pairs,
+                       tables="collapsed", exceptions=start.index.exceptions)
+    with Session(choose_backend("cpu")) as session:
+        trained = session.invoke(config, start, record, "train",
+                                 validation=validation).checkpoint
+        session.invoke(replace(config, updates=0), trained, record, "predict",
+                       validation=validation)
+        assert session.last_backend.kernel_set == "fast"
+    assert {function: len(function.signatures) for function in calls} == before

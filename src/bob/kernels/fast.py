@@ -531,7 +531,8 @@ SESSION_REGIONS = (sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS)
 def needs_compiling(regions: Iterable[str]) -> bool:
     """Whether a session launching these kernels compiles one (seconds to tens of seconds
     each): one of them or of SESSION_REGIONS not yet compiled in this process, and no
-    fresh code of it in Numba's cache on disk (a first run, or sources changed since)."""
+    fresh code of it in Numba's cache on disk (a first run, or sources changed since).
+    Either program's regions (`bob.kernels.sets.compiled_functions`)."""
     return bool(_uncompiled([*regions, *SESSION_REGIONS]))
 
 
@@ -541,7 +542,9 @@ def compile_kernels(regions: Iterable[str],
     later processes load them; functions already compiled or cached are left alone
     (loading costs time too). `keep_going()` runs before each: False stops there (the rest
     wait for a later run)."""
-    calls = tiny_calls()
+    from bob.kernels.sets import tiny_calls as every_tiny_call
+
+    calls = every_tiny_call()
     for function in _uncompiled(regions):
         if not keep_going():
             return
@@ -550,8 +553,11 @@ def compile_kernels(regions: Iterable[str],
 
 def _uncompiled(regions: Iterable[str]) -> list[Any]:
     """The compiled functions of these kernels a call would compile."""
+    from bob.kernels.sets import compiled_functions
+
+    compiled = compiled_functions()
     functions = dict.fromkeys(function for region in sorted(set(regions))
-                              for function in COMPILED.get(region, ()))
+                              for function in compiled.get(region, ()))
     return [function for function in functions
             if not function.signatures and not _cached_on_disk(function)]
 

@@ -24,3 +24,19 @@ def fast_kernels() -> dict[str, Kernel]:
     from bob.kernels.fast import KERNELS as dense
 
     return {**dense, **collapsed}
+
+
+def compiled_functions() -> dict[str, tuple]:
+    """The Numba functions each region's first launch compiles, both programs'."""
+    from bob.kernels import fast
+    from bob.kernels.collapsed import fast as collapsed
+
+    return {**fast.COMPILED, **collapsed.COMPILED}
+
+
+def tiny_calls() -> dict:
+    """Arguments of the kernels' own types for every compiled function, both programs'."""
+    from bob.kernels import fast
+    from bob.kernels.collapsed import fast as collapsed
+
+    return {**fast.tiny_calls(), **collapsed.tiny_calls()}

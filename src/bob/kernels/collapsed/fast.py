@@ -755,3 +755,52 @@ KERNELS: dict[str, dense_ref.Kernel] = {
     sig.COLLAPSED_SCATTER: scatter,
     sig.COLLAPSED_HEALTH: health,
 }
+
+
+# The compiled functions each region calls (what its first launch compiles, or loads from
+# Numba's cache on disk): bob.kernels.sets joins them to the dense kernels' for the CPU
+# backend's notice and its compilation ahead.
+COMPILED: dict[str, tuple] = {
+    sig.COLLAPSED_GATHER: (gather_row,),
+    sig.COLLAPSED_LOSS_HARD: (loss_gradient_hard_classes,),
+    sig.COLLAPSED_LOSS_CORPUS: (loss_gradient_corpus_classes,),
+    sig.COLLAPSED_LOSS_ONLY: (loss_corpus_classes,),
+    sig.COLLAPSED_FUSED_HARD: (fused_hard_classes,),
+    sig.COLLAPSED_FUSED_CORPUS: (fused_corpus_classes,),
+    sig.COLLAPSED_SCATTER: (scatter_pairs,),
+    sig.COLLAPSED_HEALTH: (non_finite_count,),
+}
+
+
+def tiny_calls() -> dict:
+    """Arguments for each compiled function, of the very types the kernels pass (the
+    arena's writable u32 and f32 views, float32 scalars, Python ints, a bool), on a 2 x 2
+    table with one exception a row: Numba compiles by type, so the code every V runs."""
+    vocab = 2
+    offsets = np.array([0, 1, 2], np.uint32)
+    columns = np.array([0, 1], np.uint32)
+    order = np.array([0, 1], np.uint32)
+    index = (vocab, offsets, columns, order)
+    one = _F32(1.0)
+    steps = np.zeros((1, _ADAM_STRIDE), _F32)
+
+    def classes() -> np.ndarray:
+        return np.zeros(vocab + 2, _F32)
+
+    rows, targets, weights = np.zeros(vocab, _F32), np.zeros(vocab, np.uint32), np.zeros(2, _F32)
+    return {
+        gather_row: (vocab, offsets, columns, classes().view(np.uint32), 0,
+                     rows.view(np.uint32)),
+        loss_gradient_hard_classes: (*index, classes(), targets, one, one, one, classes(),
+                                     rows.copy(), 1),
+        loss_gradient_corpus_classes: (*index, classes(), weights, one, one, classes(),
+                                       rows.copy(), 1),
+        loss_corpus_classes: (*index, classes(), weights, one, one, rows.copy(), 1),
+        fused_hard_classes: (*index, classes(), classes(), classes(), targets, steps, one, one,
+                             one, True, classes(), rows.copy(), 1),
+        fused_corpus_classes: (*index, classes(), classes(), classes(), weights, steps, one,
+                               one, True, classes(), rows.copy(), 1),
+        scatter_pairs: (vocab, offsets, columns, np.zeros(1, np.uint64),
+                        np.zeros(1, np.uint32), weights.view(np.uint32)),
+        non_finite_count: (classes().view(np.uint32),),
+    }
