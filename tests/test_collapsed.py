@@ -15,6 +15,7 @@ from bob.config import Hyper
 from bob.host.session import Session
 from bob.host.tables import choose_tables, starting_tables
 from bob.kernels import reference as ref
+from bob.kernels import signatures as sig
 from bob.kernels.arith import row_max, row_sum
 from bob.kernels.collapsed import reference as collapsed
 from bob.kernels.collapsed.runs import add_run, add_runs, lane_sums
@@ -487,3 +488,74 @@ def test_dense_tables_past_65536_and_their_export_are_refused_in_one_line(tmp_pa
     assert status == 2 and len(err.splitlines()) == 1, err
     assert "the dense parameters of V=65537 are 16 GiB" in err
     assert contents(tmp_path) == before
+
+
+@pytest.mark.parametrize("region", sorted(sig.COLLAPSED_REGIONS))
+@pytest.mark.parametrize("vocab", [256, 300])
+def test_collapsed_kernels_write_only_their_declared_footprints(region: str, vocab: int) -> None:
+    """Every pointer in its own span between poisoned gaps, a sound index: each kernel of
+    the reference (and the Numba set) writes nothing outside its write footprints."""
+    from bob.kernels.collapsed import fast
+    from bob.kernels.memory import Memory
+    from bob.plan.model import PointerParam, ScalarParam
+    from bob.program.bob import adam_scalar_table
+
+    rng = np.random.default_rng(vocab)
+    index = _random_index(rng, vocab, 0.02, full_rows=(1,))
+    pairs = index.keys()[::3]
+    values = {"vocab": vocab, "exceptions": index.exceptions, "classes": index.classes,
+              "offsets": vocab + 1, "updates": 2, "finish": 1, "count": pairs.size}
+    params = sig.SIGNATURES[region]
+    base, gap = 0x40000, 512
+    spans, address = {}, base + gap
+    for p in params:
+        if isinstance(p, PointerParam):
+            size = p.footprint.evaluate(values)
+            spans[p.name] = (address, size, p.access)
+            address += -(-(size + gap) // 256) * 256
+    for kernels in (collapsed.KERNELS, fast.KERNELS):
+        buffer = rng.integers(0, 256, address + gap - base, dtype=np.uint8)  # poison
+        memory = Memory(buffer, base)
+
+        def array(name: str, dtype: str, count: int, memory=memory) -> np.ndarray:
+            return memory.array(spans[name][0], dtype, count)
+
+        args: dict = {p.name: spans[p.name][0] for p in params if isinstance(p, PointerParam)}
+        args.update({p.name: values[p.name] if p.dtype == "u32" else np.float32(0.0)
+                     for p in params if isinstance(p, ScalarParam)})
+        scalars = ref.LossScalars.for_vocab(vocab)
+        for name in ("log2e", "ln2", "inverse_rows"):
+            if name in args:
+                args[name] = getattr(scalars, name)
+        for name, data in (("row_offsets", index.offsets.astype(np.uint32)),
+                           ("columns", index.columns), ("lane_order", index.lane_order())):
+            if name in spans:
+                array(name, "u32", data.size)[:] = data
+        for name in ("parameters", "first_moment", "second_moment"):
+            if name in spans and spans[name][2] != "write":
+                array(name, "f32", index.classes)[:] = np.abs(
+                    rng.standard_normal(index.classes))
+        if "targets" in spans:
+            array("targets", "u32", vocab)[:] = index.columns[index.offsets[:-1].clip(
+                max=index.exceptions - 1)]
+        if "weights" in spans and spans["weights"][2] == "read":
+            array("weights", "f32", index.exceptions)[:] = 1.0 / index.exceptions
+        if "adam_scalars" in spans:
+            array("adam_scalars", "f32", 16)[:] = adam_scalar_table(Hyper(), 3, 2).reshape(-1)
+        if "keys" in spans:
+            array("keys", "u64", pairs.size)[:] = pairs
+            array("values", "f32", pairs.size)[:] = 0.5
+        if "prompt" in spans:
+            array("prompt", "u32", 1)[:] = 3
+        if "health" in spans:
+            array("health", "u32", 6)[:] = 0
+        before = buffer.copy()
+        kernels[region](memory, args)
+        writable = np.zeros(buffer.size, bool)
+        for start, size, access in spans.values():
+            if access != "read":
+                writable[start - base:start - base + size] = True
+        changed = buffer != before
+        assert not (changed & ~writable).any(), (
+            f"{region} wrote outside its footprints at offset "
+            f"{np.flatnonzero(changed & ~writable)[0]:#x}")
