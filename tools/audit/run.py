@@ -56,7 +56,10 @@ TEXT = b"the cat sat on the mat; the rat ate the hat. " * 40
 REPORT = re.compile(r"bob: interrupted"
                     r"|bob: interrupted at update (\d+); no checkpoint written by this run"
                     r"|bob: interrupted at update (\d+); checkpoint at update (\d+) kept")
-PROGRESS = re.compile(r"step \d+: train \d|compiling the CPU kernels|$")
+# What a run prints before it can fail: its plan line, progress lines, the heartbeat, the
+# compile notice.
+PROGRESS = re.compile(r"plan: updates |step \d+: train \d|compiling the CPU kernels|\.\.\. \d+:"
+                      r"\d\d: |$")
 
 Setup = Callable[[Path], list[str]]  # makes the case's files in its directory; its argv
 
