@@ -132,7 +132,8 @@ class CpuBackend(HostArenaBackend):
         if self.kernel_set == "fast":
             from bob.kernels import fast
 
-            fast.compile_kernels(fast.SESSION_REGIONS, keep_going)
+            regions = {launch.region for launch in self.plan.launches}
+            fast.compile_kernels(fast.session_regions(regions), keep_going)
 
     def _decode(self, launch_index: int) -> dict[str, int | np.float32]:
         """What launch `launch_index`'s kernel reads from its parameter block."""

@@ -528,12 +528,25 @@ COMPILED: dict[str, tuple[Any, ...]] = {
 SESSION_REGIONS = (sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS)
 
 
+# The same for a session of collapsed tables: its forward invocations' losses and gather.
+COLLAPSED_SESSION_REGIONS = (sig.COLLAPSED_LOSS_HARD, sig.COLLAPSED_LOSS_CORPUS,
+                             sig.COLLAPSED_LOSS_ONLY, sig.COLLAPSED_GATHER)
+
+
+def session_regions(regions: Iterable[str]) -> tuple[str, ...]:
+    """The kernels any session reaches beside a plan of these regions: SESSION_REGIONS, and
+    COLLAPSED_SESSION_REGIONS where the plan holds collapsed tables."""
+    collapsed = any(region in sig.COLLAPSED_REGIONS for region in regions)
+    return (*SESSION_REGIONS, *(COLLAPSED_SESSION_REGIONS if collapsed else ()))
+
+
 def needs_compiling(regions: Iterable[str]) -> bool:
     """Whether a session launching these kernels compiles one (seconds to tens of seconds
-    each): one of them or of SESSION_REGIONS not yet compiled in this process, and no
-    fresh code of it in Numba's cache on disk (a first run, or sources changed since).
+    each): one of them or of their `session_regions` not yet compiled in this process, and
+    no fresh code of it in Numba's cache on disk (a first run, or sources changed since).
     Either program's regions (`bob.kernels.sets.compiled_functions`)."""
-    return bool(_uncompiled([*regions, *SESSION_REGIONS]))
+    regions = list(regions)
+    return bool(_uncompiled([*regions, *session_regions(regions)]))
 
 
 def compile_kernels(regions: Iterable[str],
