@@ -21,7 +21,7 @@ from bob.backends.cpu import CpuBackend, default_kernels  # noqa: E402
 from bob.host.check import compare_backends, random_record  # noqa: E402
 from bob.host.data import replace_prompts  # noqa: E402
 from bob.host.session import Session, split_updates  # noqa: E402
-from bob.kernels import arith, fast  # noqa: E402
+from bob.kernels import arith, fast, sets  # noqa: E402
 from bob.kernels import reference as ref  # noqa: E402
 from bob.kernels import signatures as sig  # noqa: E402
 from bob.kernels.sets import fast_kernels, reference_kernels
@@ -280,23 +280,23 @@ def test_compiling_ahead_stops_when_the_run_is_asked_to(monkeypatch) -> None:
     """A session's backend compiles its plan's kernels, then (compile_ahead) those every
     session reaches, one at a time while keep_going says so: a run asked to stop leaves
     the rest for a later run."""
-    assert set(fast.SESSION_REGIONS) == {sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS}
+    assert set(sets.SESSION_REGIONS) == {sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS}
     compiled: list[str] = []
     functions = [lambda name=name: compiled.append(name) for name in ("a", "b", "c")]
-    monkeypatch.setattr(fast, "_uncompiled", lambda regions: functions)
-    monkeypatch.setattr(fast, "tiny_calls", lambda: {f: () for f in functions})
+    monkeypatch.setattr(sets, "_uncompiled", lambda regions: functions)
+    monkeypatch.setattr(sets, "tiny_calls", lambda: {f: () for f in functions})
     answers = iter([True, True, False])
-    fast.compile_kernels(fast.SESSION_REGIONS, lambda: next(answers))
+    sets.compile_kernels(sets.SESSION_REGIONS, lambda: next(answers))
     assert compiled == ["a", "b"]
-    fast.compile_kernels(fast.SESSION_REGIONS)
+    sets.compile_kernels(sets.SESSION_REGIONS)
     assert compiled == ["a", "b", "a", "b", "c"]
 
 
 def test_a_cpu_session_compiles_ahead_what_every_session_reaches(monkeypatch) -> None:
     asked: list[tuple[str, ...]] = []
-    monkeypatch.setattr(fast, "compile_kernels",
+    monkeypatch.setattr(sets, "compile_kernels",
                         lambda regions, keep_going=None: asked.append(tuple(regions)))
     config = bob_config(vocab=16, prompts=1, updates=1, mode="hard")
     with Session(choose_backend("cpu")) as session:
         session.plan_for(config)
-    assert fast.SESSION_REGIONS in asked
+    assert sets.SESSION_REGIONS in asked

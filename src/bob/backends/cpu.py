@@ -73,11 +73,11 @@ def compile_kernels(regions: set[str]) -> None:
     (predict's, eval's and validation's losses too): `CpuBackend.compile_ahead` compiles
     those next, so that the commands after a first `bob train` compile nothing and say
     nothing. Later runs load them from Numba's cache on disk."""
-    from bob.kernels import fast
+    from bob.kernels import sets
 
-    if fast.needs_compiling(regions):
+    if sets.needs_compiling(regions):
         print(COMPILING_NOTICE, file=sys.stderr, flush=True)
-        fast.compile_kernels(regions)
+        sets.compile_kernels(regions)
 
 
 class HostArenaBackend(Backend):
@@ -130,10 +130,10 @@ class CpuBackend(HostArenaBackend):
         losses), compiled now where they are not yet, each after `keep_going()` (a run
         asked to stop leaves the rest for a later run)."""
         if self.kernel_set == "fast":
-            from bob.kernels import fast
+            from bob.kernels import sets
 
             regions = {launch.region for launch in self.plan.launches}
-            fast.compile_kernels(fast.session_regions(regions), keep_going)
+            sets.compile_kernels(sets.session_regions(regions), keep_going)
 
     def _decode(self, launch_index: int) -> dict[str, int | np.float32]:
         """What launch `launch_index`'s kernel reads from its parameter block."""
