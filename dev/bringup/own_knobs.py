@@ -42,19 +42,20 @@ def stalls(body):
 def fenced_image(name: str):
     """The image rebuilt with a barrier before and after every reduction tree."""
     from bob.kernels import own
+    from bob.kernels.own import seed
 
-    tree = own.tree
+    tree = seed.tree
 
     def fenced(s, *args, **kwargs):
         s.barrier()
         tree(s, *args, **kwargs)
         s.barrier()
 
-    own.tree = fenced
+    seed.tree = fenced
     try:
         return own.image(name, "sm_90")
     finally:
-        own.tree = tree
+        seed.tree = tree
 
 
 def main() -> None:

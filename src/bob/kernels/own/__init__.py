@@ -1,0 +1,42 @@
+"""Bob's own machine code for the plan's regions, written with ``bob.isa.builder``: no
+compiler, no cubin. ``asm`` holds what every kernel is written with; each module beside
+it holds one family of kernels and its ``BUILDERS`` (region -> a function of the target
+architecture that returns the image).
+
+    image(sig.GATHER, "sm_90")     # an Image: code, registers, shared bytes
+"""
+
+from __future__ import annotations
+
+from bob.isa.builder import Image
+from bob.kernels.own import seed
+from bob.kernels.own.asm import (  # noqa: F401 - the names the kernels' tests use
+    LANES,
+    TID_X,
+    Asm,
+    Scratch,
+    divide,
+    p,
+    r,
+    square_root,
+)
+from bob.kernels.own.seed import (  # noqa: F401
+    adamw,
+    greedy_argmax,
+    loss_gradient_corpus,
+    loss_gradient_hard,
+    row_gather,
+)
+
+# Every region Bob has its own machine code for, by the family that writes it.
+BUILDERS = {**seed.BUILDERS}
+
+
+def image(region: str, arch: str) -> Image:
+    """Bob's own image of `region` for `arch`."""
+    try:
+        build = BUILDERS[region]
+    except KeyError:
+        raise ValueError(f"Bob has no own machine code for {region!r}; it has "
+                         f"{', '.join(BUILDERS)}") from None
+    return build(arch)

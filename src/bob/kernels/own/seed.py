@@ -1,0 +1,337 @@
+"""The seed schedule's kernels in Bob's own machine code: row gather, the loss-gradient in
+both modes, AdamW and greedy argmax (the shapes and routines of ``bob.kernels.own.asm``)."""
+
+from __future__ import annotations
+
+from bob.isa.builder import Image
+from bob.isa.model import RZ, CBuf
+from bob.kernels import signatures as sig
+from bob.kernels.own.asm import (
+    DIVIDE_SCRATCH,
+    LANES,
+    NAN_BITS,
+    NEG_INF,
+    ONE,
+    SIGN,
+    SQRT_SCRATCH,
+    Asm,
+    Loop,
+    Scratch,
+    divide,
+    exp2,
+    log2,
+    p,
+    r,
+    row_address,
+    select_max,
+    square_root,
+    tree,
+)
+
+# Registers: R0 tid, R1 ctaid, R2 tid * 4, R3 the vocabulary; the rest per kernel.
+TID, CTAID, WORD, VOCAB = 0, 1, 2, 3
+
+
+def _start(s: Asm) -> None:
+    s.prologue(TID, CTAID, scratch=VOCAB)
+    s.shl(WORD, r(TID), 2)
+    s.op("LDC", r(VOCAB), CBuf(0, s.slots["vocab"], index=RZ))
+
+
+def row_gather(arch: str) -> Image:
+    """logits[j] = table[prompt[0] * V + j] as bits; a prompt >= V gives canonical NaNs."""
+    s = Asm(arch, sig.SIGNATURES[sig.GATHER])
+    _start(s)
+    row, base, j, value, source, out, address, scratch = 4, 5, 6, 7, 8, 10, 12, 14
+    s.pointer(address, "prompt")
+    s.ldg(row, address)
+    row_address(s, source, "table", row, VOCAB, scratch)
+    s.pointer(out, "logits")
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(1, "LT", r(j), r(VOCAB))
+        s.isetp(2, "LT", r(row), r(VOCAB), other=p(1))
+        s.mov(value, NAN_BITS)
+        s.wide(address, r(j), 4, source)
+        s.ldg(value, address, guard=p(2))
+        s.wide(address, r(j), 4, out)
+        s.stg(address, value, guard=p(1))
+    s.exit()
+    return s.image("bob_row_gather")
+
+
+def greedy_argmax(arch: str) -> Image:
+    """prediction[0] = the lowest j with row[j] maximal, NaN above every number: each
+    lane keeps its best (value, index) by `beats`, then the tree in shared memory."""
+    s = Asm(arch, sig.SIGNATURES[sig.ARGMAX])
+    _start(s)
+    base, j, value, best, best_index, source, address = 4, 5, 6, 7, 8, 10, 12
+    other, other_index = 14, 15
+    indices = 4 * LANES  # the indices' buffer, after the values'
+    s.pointer(source, "row")
+    s.mov(best, NEG_INF)
+    s.mov(best_index, 0xFFFFFFFF)  # loses to every element, even -inf
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(1, "LT", r(j), r(VOCAB))
+        s.mov(value, NEG_INF)
+        s.wide(address, r(j), 4, source)
+        s.ldg(value, address, guard=p(1))
+        s.sel(j, r(j), 0xFFFFFFFF, p(1))  # no element: never beats
+        _beats(s, value, j, best, best_index)
+    s.sts(WORD, 0, best)
+    s.sts(WORD, indices, best_index)
+    s.barrier()
+    step = LANES // 2
+    while step:
+        s.isetp(0, "LT", r(WORD), 4 * step)
+        s.mov(other, NEG_INF)
+        s.mov(other_index, 0xFFFFFFFF)
+        s.lds(other, WORD, 4 * step, guard=p(0))
+        s.lds(other_index, WORD, indices + 4 * step, guard=p(0))
+        s.lds(best, WORD, 0, guard=p(0))
+        s.lds(best_index, WORD, indices, guard=p(0))
+        _beats(s, other, other_index, best, best_index)
+        s.sts(WORD, 0, best, guard=p(0))
+        s.sts(WORD, indices, best_index, guard=p(0))
+        s.barrier()
+        step //= 2
+    s.isetp(0, "EQ", r(TID), 0)
+    s.isetp(0, "EQ", r(CTAID), 0, other=p(0))
+    s.pointer(address, "prediction")
+    s.stg(address, best_index, guard=p(0))
+    s.exit()
+    return s.image("bob_greedy_argmax", shared_bytes=8 * LANES)
+
+
+def _beats(s: Asm, value: int, index: int, best: int, best_index: int) -> None:
+    """(best, best_index) := (value, index) where it ranks above: NaN above every number,
+    equal values to the lower index. Clobbers P2..P5.
+
+    Two exclusive cases: with no NaN, value > best or (value == best and index lower)
+    (ordered comparisons are false with a NaN); with value a NaN, best a number or the
+    index lower."""
+    s.isetp(2, "LT", r(index), r(best_index))
+    s.fsetp(3, "NUM", r(best), r(best), combine="OR", other=p(2))
+    s.fsetp(3, "NAN", r(value), r(value), other=p(3))
+    s.fsetp(4, "EQ", r(value), r(best), other=p(2))
+    s.fsetp(4, "GT", r(value), r(best), combine="OR", other=p(4))
+    for case in (3, 4):
+        s.mov(best, r(value), guard=p(case))
+        s.mov(best_index, r(index), guard=p(case))
+
+
+def adamw(arch: str) -> Image:
+    """AdamW over rows x columns elements, grid-stride over a 64-bit index, in the specified
+    order: w *= decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+    w -= step (m / (sqrt v + eps)); each stored canonical."""
+    s = Asm(arch, sig.SIGNATURES[sig.ADAMW])
+    s.prologue(TID, CTAID, scratch=VOCAB)
+    count, stride, base, index = 4, 6, 8, 10  # 64-bit pairs
+    g, w, m, v, x, y = 12, 13, 14, 15, 16, 17
+    addresses = (18, 20, 22, 24)  # parameters, gradients, first and second moment
+    names = ("parameters", "gradients", "first_moment", "second_moment")
+    s.op("LDC", r(x), CBuf(0, s.slots["rows"], index=RZ))
+    s.op("LDC", r(y), CBuf(0, s.slots["columns"], index=RZ))
+    s.wide(count, r(x), r(y), RZ)
+    s.op("LDC", r(x), CBuf(0, 0xC, index=RZ))  # gridDim.x
+    s.wide(stride, r(x), LANES, RZ)
+    s.wide(base, r(CTAID), LANES, RZ)
+    top, end = s.fresh("loop"), s.fresh("done")
+    s.b.label(top)
+    s.isetp(6, "GE", r(base), r(count))
+    s.isetp_ex(6, "GE", r(base + 1), r(count + 1), p(6))
+    s.b.bra(end, guard=p(6))
+    s.wide(index, r(TID), 1, base)
+    s.isetp(5, "LT", r(index), r(count))
+    s.isetp_ex(5, "LT", r(index + 1), r(count + 1), p(5))
+    for address, name in zip(addresses, names, strict=True):
+        s.pointer(address, name)
+        s.wide(address, r(index), 4, address)
+        s.mad(address + 1, r(index + 1), 4, r(address + 1))
+    for value, address in zip((w, g, m, v), addresses, strict=True):
+        s.mov(value, 0)
+        s.ldg(value, address, guard=p(5))
+    s.fmul(w, r(w), s.param("decay"))
+    s.fmul(m, r(m), s.param("beta1"))
+    s.fmul(x, r(g), s.param("one_minus_beta1"))
+    s.fadd(m, r(m), r(x))
+    s.fmul(v, r(v), s.param("beta2"))
+    s.fmul(x, r(g), r(g))
+    s.fmul(x, r(x), s.param("one_minus_beta2"))
+    s.fadd(v, r(v), r(x))
+    square_root(s, x, v, Scratch(30, SQRT_SCRATCH))
+    s.fadd(x, r(x), s.param("eps_hat"))
+    s.fmul(y, r(m), s.param("step_size"))
+    divide(s, y, y, x, Scratch(30, DIVIDE_SCRATCH))
+    s.fadd(w, r(w), r(y, neg=True))
+    for value in (w, m, v):
+        s.canonical(value, 0)
+    s.isetp(5, "LT", r(index), r(count))  # again: the division took P5
+    s.isetp_ex(5, "LT", r(index + 1), r(count + 1), p(5))
+    for value, address in zip((w, m, v), (addresses[0], addresses[2], addresses[3]),
+                              strict=True):
+        s.stg(address, value, guard=p(5))
+    s.wide(base, r(stride), 1, base)
+    s.add(base + 1, r(base + 1), r(stride + 1))
+    s.b.bra(top)
+    s.b.label(end)
+    s.exit()
+    return s.image("bob_adamw")
+
+
+def _exponent(s: Asm, d: int, w: int, m: int) -> None:
+    """d := (w - m) * log2e: the softmax exponent in the log2 domain."""
+    s.fadd(d, r(w), r(m, neg=True))
+    s.fmul(d, r(d), s.param("log2e"))
+
+
+def _row_max(s: Asm, m: int, base: int, j: int, x: int, row: int, address: int,
+             scratch: Scratch) -> None:
+    """m := the row's max: lane l takes elements l, l + 256, ... from -inf, then the tree."""
+    held = scratch(0)
+    s.mov(held, NEG_INF)
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.mov(x, NEG_INF)
+        s.wide(address, r(j), 4, row)
+        s.ldg(x, address, guard=p(5))
+        select_max(s, held, x, 0)
+    tree(s, m, held, WORD, "max", Scratch(scratch.first + 1, 2))
+
+
+def _loss_start(s: Asm, rows: tuple[tuple[int, str], ...], scratch: int) -> None:
+    """Prologue, a block past the last row exits whole; each row address register pair."""
+    _start(s)
+    s.isetp(0, "GE", r(CTAID), r(VOCAB))
+    s.exit(guard=p(0))
+    for register, name in rows:
+        row_address(s, register, name, CTAID, VOCAB, scratch)
+
+
+def loss_gradient_hard(arch: str) -> Image:
+    """One block per row r: loss[r] = ln2 (log2(s) - z_t), gradients[r][j] = p_j / V and
+    (p_t - 1) / V at the target, p_j = e_j / s (reference.loss_gradient_hard_rows)."""
+    s = Asm(arch, sig.SIGNATURES[sig.LOSS_HARD])
+    w_row, g_row, address = 4, 6, 8
+    base, j, x, z, e, m, total, partial, target, value = 10, 11, 12, 13, 14, 15, 16, 17, 18, 19
+    _loss_start(s, ((w_row, "parameters"), (g_row, "gradients")), scratch=address)
+    s.pointer(address, "targets")
+    s.wide(address, r(CTAID), 4, address)
+    s.ldg(target, address)
+    _row_max(s, m, base, j, x, w_row, address, Scratch(24, 4))
+    s.mov(partial, 0)
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.mov(x, 0)
+        s.wide(address, r(j), 4, w_row)
+        s.ldg(x, address, guard=p(5))
+        _exponent(s, z, x, m)
+        exp2(s, e, z, Scratch(24, 5))
+        s.fadd(partial, r(partial), r(e), guard=p(5))
+    tree(s, total, partial, WORD, "sum", Scratch(24, 2))
+    # The loss, by lane 0: NaN for a target >= V (never admitted by the host).
+    log2(s, value, total, Scratch(30, 32))
+    s.isetp(5, "LT", r(target), r(VOCAB))
+    s.isetp(4, "EQ", r(TID), 0, other=p(5))
+    s.mov(x, 0)
+    s.wide(address, r(target), 4, w_row)
+    s.ldg(x, address, guard=p(4))
+    _exponent(s, z, x, m)
+    s.fadd(value, r(value), r(z, neg=True))
+    s.fmul(value, r(value), s.param("ln2"))
+    s.mov(value, NAN_BITS, guard=p(5, True))
+    s.canonical(value, 0)
+    s.isetp(4, "EQ", r(TID), 0)
+    s.pointer(address, "loss")
+    s.wide(address, r(CTAID), 4, address)
+    s.stg(address, value, guard=p(4))
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.mov(x, 0)
+        s.wide(address, r(j), 4, w_row)
+        s.ldg(x, address, guard=p(5))
+        _exponent(s, z, x, m)
+        exp2(s, e, z, Scratch(24, 5))
+        divide(s, e, e, total, Scratch(30, DIVIDE_SCRATCH))
+        s.isetp(4, "EQ", r(j), r(target))
+        s.fadd(e, r(e), ONE | SIGN, guard=p(4))
+        s.fmul(e, r(e), s.param("inverse_rows"))
+        s.canonical(e, 0)
+        s.wide(address, r(j), 4, g_row)
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.stg(address, e, guard=p(5))
+    s.exit()
+    return s.image("bob_loss_gradient_hard", shared_bytes=4 * LANES)
+
+
+def loss_gradient_corpus(arch: str) -> Image:
+    """One block per row r, weights T: loss[r] = ln2 sum_j T_j (L - z_j), L = log2(s), and
+    gradients[r][j] = rowsum(T) p_j - T_j (reference.loss_gradient_corpus_rows)."""
+    s = Asm(arch, sig.SIGNATURES[sig.LOSS_CORPUS])
+    w_row, g_row, t_row, address = 4, 6, 8, 10
+    base, j, x, z, e, m, total, partial, weight, weight_sum, big_l, partial_t = range(12, 24)
+    _loss_start(s, ((w_row, "parameters"), (g_row, "gradients"), (t_row, "weights")),
+                scratch=address)
+    _row_max(s, m, base, j, x, w_row, address, Scratch(24, 4))
+    s.mov(partial, 0)
+    s.mov(partial_t, 0)
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.mov(x, 0)
+        s.mov(weight, 0)
+        s.wide(address, r(j), 4, w_row)
+        s.ldg(x, address, guard=p(5))
+        s.wide(address, r(j), 4, t_row)
+        s.ldg(weight, address, guard=p(5))
+        _exponent(s, z, x, m)
+        exp2(s, e, z, Scratch(24, 5))
+        s.fadd(partial, r(partial), r(e), guard=p(5))
+        s.fadd(partial_t, r(partial_t), r(weight), guard=p(5))
+    tree(s, total, partial, WORD, "sum", Scratch(24, 2))
+    tree(s, weight_sum, partial_t, WORD, "sum", Scratch(24, 2))
+    log2(s, big_l, total, Scratch(30, 32))
+    s.mov(partial, 0)
+    with Loop(s, base, r(VOCAB)):
+        s.add(j, r(base), r(TID))
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.mov(x, 0)
+        s.mov(weight, 0)
+        s.wide(address, r(j), 4, w_row)
+        s.ldg(x, address, guard=p(5))
+        s.wide(address, r(j), 4, t_row)
+        s.ldg(weight, address, guard=p(5))
+        _exponent(s, z, x, m)
+        exp2(s, e, z, Scratch(24, 5))
+        divide(s, e, e, total, Scratch(30, DIVIDE_SCRATCH))
+        s.fadd(z, r(big_l), r(z, neg=True))
+        s.fmul(z, r(z), r(weight))
+        s.isetp(5, "LT", r(j), r(VOCAB))
+        s.fadd(partial, r(partial), r(z), guard=p(5))
+        s.fmul(e, r(weight_sum), r(e))
+        s.fadd(e, r(e), r(weight, neg=True))
+        s.canonical(e, 0)
+        s.wide(address, r(j), 4, g_row)
+        s.stg(address, e, guard=p(5))
+    tree(s, total, partial, WORD, "sum", Scratch(24, 2))
+    s.fmul(total, r(total), s.param("ln2"))
+    s.canonical(total, 0)
+    s.isetp(4, "EQ", r(TID), 0)
+    s.pointer(address, "loss")
+    s.wide(address, r(CTAID), 4, address)
+    s.stg(address, total, guard=p(4))
+    s.exit()
+    return s.image("bob_loss_gradient_corpus", shared_bytes=4 * LANES)
+
+
+BUILDERS = {
+    sig.GATHER: row_gather,
+    sig.LOSS_HARD: loss_gradient_hard,
+    sig.LOSS_CORPUS: loss_gradient_corpus,
+    sig.ADAMW: adamw,
+    sig.ARGMAX: greedy_argmax,
+}
