@@ -30,6 +30,14 @@ from bob.kernels.own.seed import (  # noqa: F401
 
 # Every region Bob has its own machine code for, by the family that writes it.
 BUILDERS = {**seed.BUILDERS}
+# The largest vocabulary a region's own code serves, where it has one (a register-resident
+# kernel holds a row of at most so many columns); a plan past it runs no own code there.
+VOCAB_LIMITS: dict[str, int] = {}
+
+
+def covers(region: str, vocab: int) -> bool:
+    """Whether Bob's own code runs `region` in a plan of vocabulary `vocab`."""
+    return region in BUILDERS and vocab <= VOCAB_LIMITS.get(region, vocab)
 
 
 def image(region: str, arch: str) -> Image:
