@@ -1,6 +1,7 @@
 """Bob's own seed kernels (bob.kernels.own) on the emulator against the NumPy reference,
 byte for byte, with edge inputs; their schedules pass bob.isa.check; their instructions
-print as nvdisasm prints them."""
+print as nvdisasm prints them. Every test runs on the code in each ordering of its
+straight runs (bob.isa.builder.ORDERINGS): as written, and list-scheduled."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from bob.isa import codec, oracle, table, text
+from bob.isa.builder import ORDERINGS, ordering
 from bob.isa.check import check
 from bob.kernels import own
 from bob.kernels import reference as ref
@@ -16,6 +18,13 @@ from isa_support import require_tool
 from own_support import run_region
 
 ARCHS = ("sm_90", "sm_86")
+
+
+@pytest.fixture(autouse=True, params=ORDERINGS)
+def code_order(request):
+    """Every image built in a test is built in this ordering."""
+    with ordering(request.param):
+        yield request.param
 
 
 def _bits(x: np.ndarray) -> np.ndarray:

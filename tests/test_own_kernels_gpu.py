@@ -25,6 +25,7 @@ from bob.config import Hyper
 from bob.errors import BackendUnavailable, RunFailure
 from bob.host.check import compare_backends, random_record
 from bob.host.session import Session, train
+from bob.isa.builder import ORDERINGS, ordering
 from bob.records.binary import InputRecord
 from bob.records.checkpoint import Checkpoint
 from conftest import bob_config
@@ -92,11 +93,14 @@ def assert_same(left, right, what: str) -> None:
         assert data == arena_b[name], f"{what}: tensor {name} differs after predicting"
 
 
+@pytest.mark.parametrize("order", ORDERINGS)
 @pytest.mark.parametrize("vocab", [256, 300, 2053])
-def test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes(vocab: int) -> None:
-    """Each region launched once (tests/own_launch.py: edges planted), its own image and
-    NVRTC's on nv, the reference on nv-sim: every output byte for byte. A fault or a
-    difference is recorded and the other regions still run, so one call names them all."""
+def test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes(vocab: int,
+                                                                      order: str) -> None:
+    """Each region launched once (tests/own_launch.py: edges planted), its own image (in
+    each ordering of its straight runs) and NVRTC's on nv, the reference on nv-sim: every
+    output byte for byte. A fault or a difference is recorded and the other regions still
+    run, so one call names them all."""
     from bob.backends.nv.rm.backend import NvBackend
     from bob.backends.nv.sim import NvSimBackend
     from bob.kernels.cuda.regions import compiled_regions
@@ -105,7 +109,9 @@ def test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes(vocab: i
     from own_launch import first_difference, inputs, one_launch_plan, run_alone
 
     opened("nv", "own")
-    own, nvrtc = own_regions(SM90), compiled_regions("sm_90")
+    with ordering(order):
+        own = own_regions(SM90)
+    nvrtc = compiled_regions("sm_90")
     failures = []
     for name in OWN_REGIONS:
         arrays = inputs(name, vocab)
@@ -119,7 +125,7 @@ def test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes(vocab: i
                 continue
             differences = [d for d in (first_difference(tensor, reference[tensor], got[tensor])
                                        for tensor in reference) if d]
-            print(f"alone V={vocab} {name} {who}: "
+            print(f"alone V={vocab} {name} {who} ({order}): "
                   f"{'; '.join(differences) or 'the reference bytes'}")
             failures += [f"{name} V={vocab} {who}: {d}" for d in differences]
     assert not failures, "\n".join(failures)
@@ -208,8 +214,9 @@ def test_an_own_session_compares_with_nvrtc_s_arena_each_invocation() -> None:
         assert compare_backends(own.last_backend, nvrtc.last_backend, 1) is None
 
 
+@pytest.mark.parametrize("order", ORDERINGS)
 @pytest.mark.parametrize(("vocab", "mode"), [(256, "hard"), (8192, "hard"), (8192, "corpus")])
-def test_own_kernels_time_beside_nvrtc_s(vocab: int, mode: str) -> None:
+def test_own_kernels_time_beside_nvrtc_s(vocab: int, mode: str, order: str) -> None:
     from bob.cli.profile_cmd import profiled_invocation, region_times
     from bob.program.bob import BobConfig
 
@@ -218,14 +225,15 @@ def test_own_kernels_time_beside_nvrtc_s(vocab: int, mode: str) -> None:
                        pairs=bob_config(vocab=vocab, mode=mode).pairs)
     rows = {}
     for kernels in ("nvrtc", "own"):
-        plan, times = profiled_invocation("nv", config, kernels=kernels)
+        with ordering(order):
+            plan, times = profiled_invocation("nv", config, kernels=kernels)
         rows[kernels] = {row.region: row for row in region_times(plan, times)}
     for region, theirs in rows["nvrtc"].items():
         mine = rows["own"][region]
         assert mine.launches == theirs.launches
-        print(f"profile V={vocab} {mode} {region}: {mine.launches} launches, own "
+        print(f"profile V={vocab} {mode} {order} {region}: {mine.launches} launches, own "
               f"{mine.mean_ns / 1000:.2f} us, nvrtc {theirs.mean_ns / 1000:.2f} us, "
               f"own/nvrtc {mine.mean_ns / theirs.mean_ns:.2f}")
     total = {k: sum(row.total_ns for row in r.values()) for k, r in rows.items()}
-    print(f"profile V={vocab} {mode} all: own {total['own'] / 1000:.1f} us, nvrtc "
+    print(f"profile V={vocab} {mode} {order} all: own {total['own'] / 1000:.1f} us, nvrtc "
           f"{total['nvrtc'] / 1000:.1f} us, own/nvrtc {total['own'] / total['nvrtc']:.2f}")

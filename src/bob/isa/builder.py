@@ -22,10 +22,16 @@ and every branch stall until all fixed-latency results are written, and the
 first instruction after a label waits on every scoreboard. Variable-latency
 instructions take a write scoreboard where they write a register and a read
 scoreboard where they read one, round robin over the six.
+
+Before that, with ``ordering("latency")``, ``bob.isa.order`` list-schedules each
+straight run so that independent instructions fill the latencies; the default,
+"written", keeps the order the kernel was written in.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from bob.isa import latency
@@ -35,6 +41,7 @@ from bob.isa.codec import encode
 from bob.isa.control import MAX_STALL, SCOREBOARDS, Control
 from bob.isa.fields import INSTRUCTION_BYTES, Table
 from bob.isa.model import PT, RZ, Instruction, Operand, Pred, Reg, Target
+from bob.isa.order import reorder
 
 ALL_BOARDS = (1 << SCOREBOARDS) - 1
 ALWAYS = Pred(PT)
@@ -51,6 +58,22 @@ MIN_REGISTERS = 16
 BRANCH_STALL = 5
 FETCH_BLOCK = 128  # bytes: ptxas pads every image to a multiple of this
 TAIL_CONTROL = Control(stall=0, yield_bit=False)  # the padding's controls, as ptxas's
+# How a builder orders each straight run before its controls are set: "written" (as the
+# kernel was written) or "latency" (bob.isa.order's list scheduler).
+ORDERINGS = ("written", "latency")
+_ordering = ["written"]
+
+
+@contextlib.contextmanager
+def ordering(name: str) -> Iterator[None]:
+    """Builders made inside order their code so (ORDERINGS); the one before after."""
+    if name not in ORDERINGS:
+        raise ValueError(f"unknown ordering {name!r}; choose one of {', '.join(ORDERINGS)}")
+    _ordering.append(name)
+    try:
+        yield
+    finally:
+        _ordering.pop()
 
 
 @dataclass(frozen=True)
@@ -102,6 +125,7 @@ class Builder:
         self.arch = arch
         self.table: Table = arch_table(arch)
         self.facts = ARCH_FACTS[arch]
+        self.ordering = _ordering[-1]
         self._items: list[Instruction | _Branch | str] = []
 
     def op(self, form: str, *operands: Operand, mods: tuple[str, ...] | str = (),
@@ -143,6 +167,8 @@ class Builder:
                     item = Instruction("BRA.PL", (item.predicate, Target(offset)), (),
                                        item.guard)
             resolved.append(item)
+        if self.ordering == "latency":
+            resolved = reorder(resolved, self.table, starts)
         return schedule(resolved, self.table, starts) + tail(len(resolved))
 
     def image(self, name: str, *, shared_bytes: int = 0) -> Image:
