@@ -119,6 +119,21 @@ def test_scatter_of_few_pairs(arch, count):
     run_scatter(arch, 37, keys, values, scatter_grid(count))
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_scatter_at_v_65536_compares_keys_with_2_to_the_32(arch):
+    """V x V = 2^32 wraps to 0 in 32 bits: the keys below it are written, those at or past
+    it are not. Only the table's first cells are placed (the keys name no other), so the
+    expectation is the dense assignment rather than the reference's V x V view."""
+    keys = np.array([2**32, 5, 2**32 + 5, 0, 2**64 - 1, 9], np.uint64)
+    values = np.array([1.0, -0.0, 2.0, 1e-45, 3.0, np.nan], np.float32)
+    arguments = {"table": np.zeros(16, np.uint32), "keys": keys, "values": values,
+                 "count": len(keys), "vocab": 65536}
+    got = run_region(own.image(sig.SCATTER, arch), sig.SCATTER, 1, arguments)
+    want = np.zeros(16, np.uint32)
+    want[[5, 0, 9]] = values.view(np.uint32)[[1, 3, 5]]
+    assert_same_bits("table", got["table"], want)
+
+
 # -- the loss alone --------------------------------------------------------------------------
 
 

@@ -28,7 +28,8 @@ NO_KEY = 0xFFFFFFFF  # both words of the key a lane without a pair holds: never 
 def scatter(arch: str) -> Image:
     """table[keys[i]] = values[i] as bits for every i < count whose key < V x V, grid-stride
     over a 64-bit index: V x V reaches 2^32 at V = 65536, so the key is compared in 64 bits.
-    Keys are distinct, so no two lanes write one cell."""
+    Keys are distinct, so no two lanes write one cell. As every own kernel, it traps
+    unless blockDim.x is 256 (the plan's block); the stride is gridDim.x * 256."""
     s = Asm(arch, sig.SIGNATURES[sig.SCATTER])
     s.prologue(TID, CTAID, scratch=2)
     x = 2
