@@ -1,4 +1,4 @@
-"""One launch of one seed region, on inputs with edges planted: the plan and its arguments.
+"""One launch of one own region, on inputs with edges planted: the plan and its arguments.
 
 A region's own image, NVRTC's and the reference (nv-sim runs it from the stream's bytes)
 each run the same one-launch plan; their output tensors must agree byte for byte. On a
@@ -24,7 +24,14 @@ from bob.plan.model import (
     TensorSpec,
 )
 from bob.plan.placement import SM90, place
-from bob.program.bob import LN2_BITS, LOG2E_BITS, adam_scalars, adamw_grid, inverse_rows_bits
+from bob.program.bob import (
+    LN2_BITS,
+    LOG2E_BITS,
+    adam_scalars,
+    adamw_grid,
+    inverse_rows_bits,
+    scatter_grid,
+)
 
 # Pointers whose elements are indices (u32); every other one holds binary32.
 INDEX_POINTERS = {"prompt", "targets", "prediction"}
@@ -34,11 +41,18 @@ EDGES = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0e38, -3.0e38, 1.0e-38],
                  np.float32)
 
 
+def pair_count(vocab: int) -> int:
+    """The scatter's pairs: a few a row, as a corpus gives."""
+    return 3 * vocab
+
+
 def grid_of(region: str, vocab: int) -> int:
-    if region in (sig.LOSS_HARD, sig.LOSS_CORPUS):
+    if region in (sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS):
         return vocab  # a block per row
     if region == sig.ADAMW:
         return adamw_grid(vocab * vocab)
+    if region == sig.SCATTER:
+        return scatter_grid(pair_count(vocab))
     return 1
 
 
@@ -46,14 +60,15 @@ def scalars(region: str, vocab: int) -> dict[str, Scalar]:
     values = {"vocab": Scalar.u32(vocab), "rows": Scalar.u32(vocab),
               "columns": Scalar.u32(vocab), "log2e": Scalar.f32_bits(LOG2E_BITS),
               "ln2": Scalar.f32_bits(LN2_BITS),
-              "inverse_rows": Scalar.f32_bits(inverse_rows_bits(vocab))}
+              "inverse_rows": Scalar.f32_bits(inverse_rows_bits(vocab)),
+              "count": Scalar.u32(pair_count(vocab))}
     values.update(adam_scalars(Hyper(), 3))
     return values
 
 
 def tensor_elements(param: PointerParam, region: str, vocab: int, grid: int | None = None,
                     ) -> int:
-    factors = {"vocab": vocab, "rows": vocab, "columns": vocab,
+    factors = {"vocab": vocab, "rows": vocab, "columns": vocab, "count": pair_count(vocab),
                "grid.x": grid_of(region, vocab) if grid is None else grid}
     return param.footprint.evaluate(factors) // 4
 
@@ -89,6 +104,9 @@ def inputs(region: str, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
         if param.name in INDEX_POINTERS:
             arrays[param.name] = rng.integers(0, vocab, count, dtype=np.uint32)
             continue
+        if param.name == "keys":
+            arrays[param.name] = scatter_keys(rng, vocab, count // 2).view(np.uint32)
+            continue
         values = rng.standard_normal(count, dtype=np.float32) * 4
         if param.name == "weights":
             values = np.abs(values) / vocab
@@ -109,6 +127,17 @@ def inputs(region: str, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
         arrays["row"][:] = 0.5
         arrays["row"][[vocab // 3, vocab // 2]] = 7.0  # two equal maxima: the lower wins
     return arrays
+
+
+def scatter_keys(rng: np.random.Generator, vocab: int, count: int) -> np.ndarray:
+    """`count` distinct u64 keys, shuffled: most in the V x V table, some past it (at
+    V x V, and at or above 2^32 with low words inside the table: never written)."""
+    cells = vocab * vocab
+    outside = np.array([cells, 2**32 - 1, 2**32, 2**32 + 5, 2**63, 2**64 - 1], np.uint64)
+    inside = rng.choice(cells, count - len(outside), replace=False).astype(np.uint64)
+    keys = np.concatenate([inside, outside])
+    rng.shuffle(keys)
+    return keys
 
 
 def run_alone(backend, arrays: dict[str, np.ndarray]) -> dict[str, bytes]:

@@ -12,7 +12,7 @@ its size), its schedule passes ``bob.isa.check``, and its registers and shared m
 fit the target. The plan and the certificate take the regions unchanged; the nv
 backend places the code in the program component and the register count and shared
 window in the QMD, as it does NVRTC's. Regions Bob has no own code for (the health
-check, the scatter, the loss alone, the fused kernels) stay NVRTC's.
+check, the fused kernels) stay NVRTC's.
 """
 
 from __future__ import annotations
