@@ -34,7 +34,7 @@ SEED_REGIONS = {sig.GATHER, sig.LOSS_HARD, sig.LOSS_CORPUS, sig.ADAMW, sig.ARGMA
 @pytest.mark.parametrize("target", [SM90, SM86], ids=lambda t: t.name)
 def test_the_seed_regions_carry_the_images_code_and_resources(target):
     regions = own_regions(target)
-    assert set(regions) == SEED_REGIONS == set(OWN_REGIONS)
+    assert set(regions) == set(OWN_REGIONS) and SEED_REGIONS <= set(OWN_REGIONS)
     for name, region in regions.items():
         image = own.image(name, target.name)
         assert region.code == image.code and len(region.code) % 16 == 0
@@ -65,7 +65,7 @@ def test_own_regions_declare_what_nvrtc_s_regions_declare():
     mixed = with_own_kernels(compiled, SM90)
     assert set(mixed) == set(compiled)
     for name in compiled:
-        assert mixed[name].code == (own.image(name, "sm_90").code if name in SEED_REGIONS
+        assert mixed[name].code == (own.image(name, "sm_90").code if name in OWN_REGIONS
                                     else compiled[name].code)
 
 
