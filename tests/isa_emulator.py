@@ -3,8 +3,9 @@
 It executes encoded bytes (each instruction decoded by ``bob.isa.codec``), one
 block at a time, warp by warp: 32 lanes, registers and predicates per lane,
 uniform registers per warp, shared memory per block, global memory as one
-byte array. A warp runs until it reaches BAR.SYNC or EXIT; the barrier opens
-when every warp of the block has reached it. Branches must be uniform over a
+byte array (a RED's 64-bit add applied lane by lane, as atomics). A warp runs
+until it reaches BAR.SYNC or EXIT; the barrier opens when every warp of the
+block has reached it. Branches must be uniform over a
 warp (Bob's kernels keep them so): a divergent one is an error here.
 
 Arithmetic is IEEE binary32 round-to-nearest-even, subnormals kept unless the
@@ -327,6 +328,9 @@ class Warp:
         if name in ("LDS", "STS"):
             self._shared(name, ops, mods, guard)
             return
+        if name.split(".")[0] in ("RED", "REDG") and "ADD" in name and ".64." in name:
+            self._reduce_add_u64(ops, guard)
+            return
         raise EmulatorError(f"{ins.form} is not modelled")
 
     def _combine(self, ops, mods, result, guard, psrc) -> None:
@@ -401,9 +405,24 @@ class Warp:
         self.write(ops[0], bits, guard)
 
     def _size(self, mods) -> int:
-        if mods & {"U8", "S8", "U16", "S16", "128"}:
+        if mods & {"U8", "S8", "U16", "S16"}:
             raise EmulatorError(f"access size {sorted(mods)} is not modelled")
-        return 8 if "64" in mods else 4
+        return 16 if "128" in mods else 8 if "64" in mods else 4
+
+    def _reduce_add_u64(self, ops, guard) -> None:
+        """An atomic 64-bit add per lane, lane by lane (lanes may share an address)."""
+        address_operand, data = ops
+        low = self.r[address_operand.base].astype(np.uint64)
+        high = self.r[address_operand.base + 1].astype(np.uint64)
+        addresses = (low | (high << np.uint64(32))) + np.uint64(address_operand.offset)
+        memory = self.launch.memory
+        for lane in np.nonzero(guard)[0]:
+            index = int(self.launch.global_index(addresses[lane:lane + 1], 8)[0])
+            value = 0 if data.index == RZ else \
+                int(self.r[data.index][lane]) | int(self.r[data.index + 1][lane]) << 32
+            held = int.from_bytes(memory[index:index + 8].tobytes(), "little")
+            total = (held + value) & ((1 << 64) - 1)
+            memory[index:index + 8] = np.frombuffer(total.to_bytes(8, "little"), np.uint8)
 
     def _global(self, name, ops, mods, guard) -> None:
         size = self._size(mods)
@@ -481,13 +500,11 @@ def _funnel(a: np.ndarray, shift: np.ndarray, c: np.ndarray, modifiers) -> np.nd
     if "W" in modifiers:
         raise EmulatorError("SHF.W is not modelled")
     s = np.minimum(shift.astype(np.int64), 32)
-    a64, c64 = a.astype(np.int64), c.astype(np.int64)
-    if kind == "S32":
-        c64 = c.view(np.int32).astype(np.int64)
-    value = (c64 << 32) | a64
+    # In Python integers: c << 32 of an unsigned c from 2^31 up does not fit an int64.
+    highs = c.view(np.int32) if kind == "S32" else c
     out = np.zeros(WARP, np.int64)
     for lane in range(WARP):
-        v, k = int(value[lane]), int(s[lane])
+        v, k = int(highs[lane]) << 32 | int(a[lane]), int(s[lane])
         shifted = (v << k) if direction == "L" else (v >> k)
         out[lane] = ((shifted >> 32) if high else shifted) & MASK32
     return out.astype(np.uint64)

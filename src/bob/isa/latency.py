@@ -48,7 +48,8 @@ WRITERS_BY_MNEMONIC = MappingProxyType({
     **dict.fromkeys(("UIADD3", "UIMAD.WIDE", "ULEA"), UNIFORM),
 })
 MEMORY_MNEMONICS = frozenset(("LDG.E", "STG.E", "LDS", "STS", "SHFL",
-                              "BAR.SYNC.DEFER_BLOCKING"))
+                              "BAR.SYNC.DEFER_BLOCKING", "RED.E.ADD.64.STRONG.GPU",
+                              "REDG.E.ADD.64.STRONG.GPU"))
 BARRIERS = frozenset(("BAR.SYNC.DEFER_BLOCKING",))
 
 # Registers: writer -> {reader: cycles}.

@@ -529,6 +529,27 @@ def stg() -> list[Form]:
                  variable=True)]
 
 
+# RED (REDG on sm_90): a reduction into global memory with no result. Its descriptor is 6
+# bits at 64..69 with bit 71 saying it is one (clear: [R.64+UR], an address offset).
+RED_DESC = Field("red_desc", bits(64, 6), "the uniform register holding the memory descriptor")
+RED_DESC_FORM = Field("red_desc_form", bits(71, 1), "the uniform register is a descriptor")
+ATOM_TYPE = Field("atom_type", bits(73, 4), "the operand type (2: unsigned 64-bit)")
+MEMORY_ORDER = Field("order", bits(77, 4), "ordering and scope (7: STRONG.GPU)")
+ATOM_OP = Field("atom_op", bits(87, 3), "the operation (0: ADD)")
+
+
+def red_add_u64(mnemonic: str) -> list[Form]:
+    """RED.E.ADD.64.STRONG.GPU [R.64], R: an atomic unsigned 64-bit add to global memory,
+    as ptxas writes atomicAdd on an unsigned long long whose result is unused (nvdisasm
+    names it REDG on sm_90, RED on sm_86)."""
+    address = Slot(Kind.GMEM, (("value", A), ("offset", MEM_OFFSET), ("desc", RED_DESC)),
+                   count=2)
+    return [form("RED.E.ADD.64", f"{mnemonic}.E.ADD.64.STRONG.GPU", 0x98E,
+                 [address, reg(B, count=2)], (),
+                 ((RED_DESC_FORM, 1), (MEM_WIDE, 1), (ATOM_TYPE, 2), (MEMORY_ORDER, 7),
+                  (EVICTION, 1), (ATOM_OP, 0), (DESC_BITS, 3)), variable=True)]
+
+
 SMEM_X4 = Field("x4", bits(78, 1), "the address register counts 4-byte words")
 
 

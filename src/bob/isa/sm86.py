@@ -37,7 +37,7 @@ FORMS = (
     *op.ffma(("RR", "IR", "UR", "CR", "RI", "RC", "RU")),
     *op.fmnmx("RIUC"),
     *op.frnd("RUC"), *op.f2i("RUC"), *op.mufu("RIUC"), *op.fchk("RUC"),
-    *op.ldg(), *op.stg(), *op.lds(), *op.sts(), *op.shfl(),
+    *op.ldg(), *op.stg(), *op.lds(), *op.sts(), *op.shfl(), *op.red_add_u64("RED"),
     *op.bar(), *op.bra(BRANCH_OFFSET), *op.exit_(), *op.nop(), *op.bssy(), *op.bsync(),
     *op.call(BRANCH_OFFSET), *op.ret(BRANCH_OFFSET), *op.bpt(), *op.plop3(), *op.redux(),
     *op.i2fp("RU"), *op.hfma2_mma(),

@@ -1,18 +1,21 @@
-"""Regions from Bob's own images: the seed kernels' machine code with no compiler and no cubin.
+"""Regions from Bob's own images: the kernels' machine code with no compiler and no cubin.
 
-    own_regions(SM90)                       # the seed's five regions, code from bob.kernels.own
-    with_own_kernels(compiled, SM90)        # NVRTC's regions with those five replaced
+    own_regions(SM90)                       # every region Bob has own code for
+    with_own_kernels(compiled, SM90)        # NVRTC's regions with those replaced
 
-``bob.kernels.own`` writes the seed kernels (row gather, the loss-gradient in both
-modes, AdamW, greedy argmax) with Bob's instruction builder. This module turns each
-image into the region the plan declares, after checking what NVRTC's regions are
-checked for (``bob.kernels.cuda.regions``): the image reads its arguments exactly
-where the plan's parameter block holds them (every parameter, at its offset, with
-its size), its schedule passes ``bob.isa.check``, and its registers and shared memory
-fit the target. The plan and the certificate take the regions unchanged; the nv
-backend places the code in the program component and the register count and shared
-window in the QMD, as it does NVRTC's. Regions Bob has no own code for (the health
-check, the fused kernels) stay NVRTC's.
+``bob.kernels.own`` writes the kernels (the seed schedule's, the scatter and the loss
+alone, the health check) with Bob's instruction builder. This module turns each image
+into the region the plan declares, after checking what NVRTC's regions are checked for
+(``bob.kernels.cuda.regions``): the image reads its arguments exactly where the plan's
+parameter block holds them (every parameter, at its offset, with its size), its
+schedule passes ``bob.isa.check``, and its registers and shared memory fit the target.
+The plan and the certificate take the regions unchanged; the nv backend places the code
+in the program component and the register count and shared window in the QMD, as it
+does NVRTC's. Regions Bob has no own code for (those not in
+``own.BUILDERS``, or past a region's ``own.VOCAB_LIMITS``) stay NVRTC's. The nv
+backend's snapshot copy kernels are no regions: ``bob.kernels.cuda.snapshot`` takes
+Bob's own (``own.copy``) where NVRTC is not installed, decoded and checked with this
+module's functions.
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ def own_region(name: str, target: Target) -> Region:
 
 
 def own_regions(target: Target) -> dict[str, Region]:
-    """The seed regions Bob has its own machine code for, for `target`."""
+    """The regions Bob has its own machine code for, for `target`."""
     return {name: own_region(name, target) for name in OWN_REGIONS}
 
 

@@ -12,6 +12,10 @@ no value, and no plan launches them. Each copies `count` units from `source` to
 `destination` with a grid-stride loop; ``bob_copy_16`` moves 16-byte units (both
 addresses 16-byte aligned), ``bob_copy_4`` 4-byte ones (every tensor is a whole
 number of 4-byte elements).
+
+NVRTC compiles them where it is installed; elsewhere (the nv backend needs no NVIDIA
+userspace but the kernel driver) they are Bob's own images (``bob.kernels.own.copy``),
+decoded and checked as the plan's own regions are, in the same ``Kernel`` shape.
 """
 
 from __future__ import annotations
@@ -21,8 +25,18 @@ from dataclasses import dataclass
 
 from bob.config import DEFAULT_TARGET
 from bob.errors import RunFailure
-from bob.kernels.cuda.compile import KernelSource, compile_source, normalize_arch
-from bob.kernels.cuda.cubin import Cubin, Kernel
+from bob.isa.builder import ARCH_FACTS
+from bob.kernels.cuda.compile import (
+    KernelSource,
+    NvrtcError,
+    compile_source,
+    normalize_arch,
+    nvrtc_version,
+)
+from bob.kernels.cuda.cubin import Cubin, Kernel, KernelParam
+from bob.kernels.own.copy import copy_image
+from bob.kernels.own_regions import check_schedule, decoded, parameter_reads
+from bob.plan.placement import TARGETS
 
 SOURCE_TEXT = r"""
 #define BOB_COPY_THREADS 256
@@ -62,6 +76,9 @@ PARAMETER_BYTES = 24  # source, destination, count: three 8-byte values
 UNITS = {"bob_copy_16": 16, "bob_copy_4": 4}  # entry -> the bytes one unit is
 
 
+NVRTC, OWN = "nvrtc", "own"  # who wrote a copy kernel's code
+
+
 @dataclass(frozen=True)
 class CopyKernel:
     """One entry of the image, with what its launch needs."""
@@ -69,6 +86,7 @@ class CopyKernel:
     entry: str
     unit: int  # bytes per unit copied
     kernel: Kernel
+    origin: str = NVRTC  # NVRTC's compiled code, or Bob's OWN image
 
 
 def check_copy_kernel(kernel: Kernel) -> None:
@@ -83,15 +101,61 @@ def check_copy_kernel(kernel: Kernel) -> None:
 
 @functools.cache
 def copy_kernels(arch: str = DEFAULT_TARGET) -> dict[str, CopyKernel]:
-    """The copy kernels for `arch`, compiled through the cubin cache and checked."""
+    """The copy kernels for `arch`: NVRTC's where NVRTC is installed and loads, else
+    Bob's own images."""
+    if nvrtc_problem() is not None:
+        return own_copy_kernels(arch)
+    return compiled_copy_kernels(arch)
+
+
+def nvrtc_problem() -> str | None:
+    """Why NVRTC cannot compile the copy kernels here (not installed, or its library does
+    not load), or None where it can."""
+    try:
+        nvrtc_version()
+    except NvrtcError as error:
+        return str(error)
+    return None
+
+
+def compiled_copy_kernels(arch: str = DEFAULT_TARGET) -> dict[str, CopyKernel]:
+    """The copy kernels for `arch` compiled by NVRTC through the cubin cache, checked."""
     image = compile_source(SOURCE, normalize_arch(arch)).image
     cubin = Cubin(image)
     found = {}
     for entry, unit in UNITS.items():
         kernel = cubin.kernel(entry)
         check_copy_kernel(kernel)
-        found[entry] = CopyKernel(entry, unit, kernel)
+        found[entry] = CopyKernel(entry, unit, kernel, NVRTC)
     return found
+
+
+def own_copy_kernels(arch: str = DEFAULT_TARGET) -> dict[str, CopyKernel]:
+    """The copy kernels for `arch` from Bob's own images (no compiler), checked."""
+    arch = normalize_arch(arch)
+    found = {}
+    for entry, unit in UNITS.items():
+        kernel = own_kernel(entry, arch)
+        check_copy_kernel(kernel)
+        found[entry] = CopyKernel(entry, unit, kernel, OWN)
+    return found
+
+
+def own_kernel(entry: str, arch: str) -> Kernel:
+    """Bob's own image of `entry` as the cubin reader describes a compiled kernel: its
+    parameters are the constant-bank reads its decoded code makes past the parameter
+    base (so ``check_copy_kernel`` checks what the code reads), its schedule checked."""
+    image = copy_image(entry, arch)
+    instructions = decoded(image)
+    check_schedule(entry, image)
+    base = TARGETS[arch].parameter_base
+    reads = sorted(parameter_reads(instructions, TARGETS[arch]).items())
+    params = tuple(KernelParam(ordinal, offset - base, size)
+                   for ordinal, (offset, size) in enumerate(reads))
+    reserved = ARCH_FACTS[arch].reserved_shared if image.shared_bytes else 0
+    return Kernel(entry, image.code, image.registers, image.shared_bytes, base,
+                  PARAMETER_BYTES, params, max_threads=(THREADS, 1, 1),
+                  reserved_shared_bytes=reserved)
 
 
 def choose(source: int, destination: int, size: int) -> str:
@@ -103,5 +167,6 @@ def choose(source: int, destination: int, size: int) -> str:
     return "bob_copy_16" if wide else "bob_copy_4"
 
 
-__all__ = ["PARAMETER_BYTES", "SOURCE", "THREADS", "CopyKernel", "check_copy_kernel", "choose",
-           "copy_kernels"]
+__all__ = ["NVRTC", "OWN", "PARAMETER_BYTES", "SOURCE", "THREADS", "CopyKernel",
+           "check_copy_kernel", "choose", "compiled_copy_kernels", "copy_kernels",
+           "nvrtc_problem", "own_copy_kernels"]

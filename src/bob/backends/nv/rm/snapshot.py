@@ -1,7 +1,8 @@
 """Bob's copy kernels on the compute channel: a read-back's snapshot in video memory.
 
-The kernels (``bob.kernels.cuda.snapshot``) live in one runtime block of video
-memory below every plan, beside the QMDs and constant banks of their launches::
+The kernels (``bob.kernels.cuda.snapshot``: NVRTC's where it is installed, else Bob's
+own images, in one shape) live in one runtime block of video memory below every plan,
+beside the QMDs and constant banks of their launches::
 
     KERNELS_VA + 0             bob_copy_16's code, then bob_copy_4's (CODE_STRIDE apart)
     KERNELS_VA + QMDS_OFFSET   one QMD per copy of a snapshot (MAX_COPIES at most)
