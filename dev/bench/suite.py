@@ -111,14 +111,16 @@ def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
         configs.append((f" {DEFAULT_SUBMISSION_POLICY}",
                         replace(seed, submission=DEFAULT_SUBMISSION_POLICY)))
     runs = [(choice, label, config) for label, config in configs]
-    if kernels != DEFAULT_KERNELS:  # Bob's own kernels beside NVRTC's: the seed's configs
+    if kernels != DEFAULT_KERNELS:  # Bob's own kernels beside NVRTC's: the configs they run
+        from bob.host.own_code import covers
+
         try:
             own = choose_backend("nv", kernels=kernels)
         except Exception as error:  # noqa: BLE001 - say why, and bench NVRTC's rows
             return [*nv_rows(vocab, updates, repeats, hyper, progress, submission, workload),
                     failed(f"bob nv {kernels} invocation", "bob", updates, error)]
         runs += [(own, f" {kernels}{label}", config)
-                 for label, config in configs if config.schedule == "seed"]
+                 for label, config in configs if covers(own, config)]
     rows: list[Row] = []
     for bob_choice, label, config in runs:
         progress(f"cuda V={vocab}: bob nv{label} ({updates} updates per invocation, "
