@@ -177,14 +177,26 @@ def _choose_nv(arch: str, arena: str) -> BackendChoice:
     except (ImportError, BobError) as error:
         # No NVRTC here: nv runs Bob's own machine code alone, and a plan needing a region
         # it has none for is refused before any work (bob.host.own_code).
-        from bob.kernels.own_regions import OWN_REGIONS, own_regions
+        from bob.kernels.own_regions import (
+            CUDA_EXTRA,
+            OWN_REGIONS,
+            own_regions,
+            seed_schedule_gaps,
+        )
 
+        gaps = seed_schedule_gaps()
+        refused = (f": a plan needing {', '.join(gaps)} is refused ({CUDA_EXTRA})"
+                   if gaps else "")
         return BackendChoice("nv", target, own_regions(target),
                              lambda plan: NvBackend(plan, arena=arena),
                              f"{device}; Bob's own machine code ({', '.join(OWN_REGIONS)}); "
-                             f"{_without_nvrtc(error)}", kernels="own", own_only=True)
+                             f"{_without_nvrtc(error)}{refused}", kernels="own",
+                             own_only=True)
+    from bob.kernels.own_regions import OWN_REGIONS
+
     return BackendChoice("nv", target, regions, lambda plan: NvBackend(plan, arena=arena),
-                         device)
+                         f"{device}; NVRTC's kernels (--kernels own: Bob's own "
+                         f"{', '.join(OWN_REGIONS)})")
 
 
 def _without_nvrtc(error: Exception) -> str:
@@ -256,6 +268,11 @@ def _choose_auto(arch: str, arena: str) -> BackendChoice:
         except BackendUnavailable as why:
             passed.append(str(why))
             continue
+        gaps = _own_gaps(choice)
+        if gaps:  # it would refuse runs the next one runs
+            passed.append(f"the {name} backend runs Bob's own machine code alone here (no "
+                          f"NVRTC), which has none for {', '.join(gaps)}")
+            continue
         if not passed:
             first = "a GPU is usable" if _BY_NAME[name].on_gpu else f"{name} is auto's first"
             return replace(choice, reason=first)
@@ -263,6 +280,16 @@ def _choose_auto(arch: str, arena: str) -> BackendChoice:
         ran = [f"{name}: {choice.reason}"] if _BY_NAME[name].on_gpu else []
         return replace(choice, reason="; ".join([*passed, *ran]))
     raise BackendUnavailable("no backend can run here: " + "; ".join(passed))
+
+
+def _own_gaps(choice: BackendChoice) -> tuple[str, ...]:
+    """For a choice of Bob's own code alone (nv without NVRTC): the seed schedule's regions
+    own code lacks, which would refuse runs that another backend runs; auto passes it by."""
+    if not choice.own_only:
+        return ()
+    from bob.kernels.own_regions import seed_schedule_gaps
+
+    return seed_schedule_gaps()
 
 
 def require_kernels(kernels: str, backends: tuple[str, ...]) -> None:

@@ -49,6 +49,10 @@ SHARED_REGIONS = frozenset({sig.HEALTH, sig.SCATTER, sig.LOSS_ONLY_CORPUS, sig.C
 FUSED_REGIONS = frozenset(name for name in sig.SIGNATURES if name.startswith("bob-fused-")) \
     | {sig.COLLAPSED_FUSED_HARD, sig.COLLAPSED_FUSED_CORPUS}
 CUDA_EXTRA = "pip install 'bob-bigram[cuda]'"
+# Every region of the seed schedule's one-piece dense plans, in either mode, validation
+# included: where own code runs all of them at every V, nv without NVRTC runs any such run.
+SEED_SCHEDULE_REGIONS = (sig.GATHER, sig.LOSS_HARD, sig.LOSS_CORPUS, sig.ADAMW, sig.ARGMAX,
+                         sig.HEALTH, sig.SCATTER, sig.LOSS_ONLY_CORPUS)
 
 
 def parameter_reads(instructions: list[Instruction], target: Target) -> dict[int, int]:
@@ -163,6 +167,13 @@ def coverage_refusal(names: Iterable[str], vocab: int, nvrtc: bool = True) -> st
                 f"{' or '.join(['--kernels nvrtc', *ways])}")
     return (f"nv runs Bob's own machine code here (NVRTC is not installed), and Bob has none "
             f"for {where}: {' or '.join([CUDA_EXTRA, *ways])}")
+
+
+def seed_schedule_gaps() -> tuple[str, ...]:
+    """The seed schedule's regions Bob's own code does not run at every V (none once it has
+    them all): what keeps `auto` from nv where NVRTC is not installed."""
+    return tuple(name for name in SEED_SCHEDULE_REGIONS
+                 if name not in own.BUILDERS or name in own.VOCAB_LIMITS)
 
 
 def collapsed_refusal() -> str | None:
