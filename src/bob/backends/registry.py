@@ -11,7 +11,8 @@ the other layers ask about it: the command line's choices, what `auto` tries, th
 of `bob doctor`, the backends `bob profile` times, and which backends get chained plans.
 Nothing here imports a backend's module until that backend is chosen, and whether a
 backend can run here is decided once, in its chooser: `choose_backend` opens one,
-`availability` reports on it.
+`availability` reports on it. A choice says whose machine code its regions carry
+(`BackendChoice.kernels`): nv where NVRTC is not installed carries Bob's own alone.
 """
 
 from __future__ import annotations

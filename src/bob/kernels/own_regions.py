@@ -1,11 +1,12 @@
-"""Regions from Bob's own images: the seed kernels' machine code with no compiler and no cubin.
+"""Regions from Bob's own images: machine code with no compiler and no cubin.
 
     own_regions(SM90)                       # every region Bob has own code for
     with_own_kernels(compiled, SM90)        # NVRTC's regions with those replaced
     coverage_refusal(names, 4096)           # None, or why a plan of these regions cannot run
 
-``bob.kernels.own`` writes the seed kernels (row gather, the loss-gradient in both
-modes, AdamW, greedy argmax) with Bob's instruction builder. This module turns each
+``bob.kernels.own`` writes kernels (its ``BUILDERS``: the seed schedule's row gather,
+loss-gradient in both modes, AdamW and greedy argmax, and every family added beside
+them) with Bob's instruction builder. This module turns each
 image into the region the plan declares, after checking what NVRTC's regions are
 checked for (``bob.kernels.cuda.regions``): the image reads its arguments exactly
 where the plan's parameter block holds them (every parameter, at its offset, with
@@ -128,12 +129,12 @@ def own_region(name: str, target: Target) -> Region:
 
 
 def own_regions(target: Target) -> dict[str, Region]:
-    """The seed regions Bob has its own machine code for, for `target`."""
+    """The regions Bob has its own machine code for, for `target`."""
     return {name: own_region(name, target) for name in OWN_REGIONS}
 
 
 def with_own_kernels(regions: Mapping[str, Region] | None, target: Target) -> dict[str, Region]:
-    """`regions` (NVRTC's, or none) with the seed's regions replaced by Bob's own."""
+    """`regions` (NVRTC's, or none) with those Bob has own code for replaced by it."""
     return {**(regions or {}), **own_regions(target)}
 
 
