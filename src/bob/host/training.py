@@ -50,6 +50,8 @@ from bob.config import (
     CHECKPOINT_TENSORS,
     DEFAULT_KERNELS,
     DEFAULT_TARGET,
+    MAX_DENSE_VOCAB,
+    MIN_VOCAB,
     SCHEDULE_CHOICES,
     SCHEDULE_FIELDS,
     SUBMISSION_CHOICES,
@@ -772,7 +774,11 @@ def _foreseen_config(request: TrainRequest, choice: BackendChoice) -> BobConfig 
     spec = request.data_spec
     if request.input_record is not None or (spec is not None and spec.counts):
         return None
+    if spec is not None and spec.tokens and spec.vocab is None:
+        return None  # refused where the data is read: token files need --vocab
     vocab = spec.vocab if spec is not None and spec.vocab is not None else BYTE_VOCAB
+    if not MIN_VOCAB <= vocab <= MAX_DENSE_VOCAB:
+        return None  # refused where the tables are chosen, in its own words
     config = BobConfig(vocab=vocab, prompts=0,
                        updates=min(request.invocation_updates, max(request.steps, 1)),
                        mode="corpus", submission=resolve_submission(request.submission,
