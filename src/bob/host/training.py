@@ -159,7 +159,7 @@ class TrainRequest:
     steps: int = 1000  # AdamW updates this run makes
     checkpoint: str = DEFAULT_CHECKPOINT
     resume: bool = False  # continue the checkpoint's run (its step, history, hyperparameters)
-    backend: str = "auto"  # cuda where a GPU is usable, else cpu
+    backend: str = "auto"  # cuda where a GPU is usable, else nv, else cpu
     # AdamW's hyperparameters in full; None: hyper_changes over the checkpoint's own on
     # resume, else over the defaults.
     hyper: Hyper | None = None
