@@ -40,16 +40,20 @@ def test_the_command_lines_choices_are_the_registrys():
 
 
 def test_auto_tries_the_ranked_backends_in_order_and_says_why_it_passed_one_over(monkeypatch):
-    assert registry.AUTO_ORDER == ("cuda", "cpu")
+    assert registry.AUTO_ORDER == ("cuda", "nv", "cpu")
 
-    def unusable(arch: str, arena: str):
-        raise BackendUnavailable("the cuda backend cannot run here: no GPU in this test")
+    def unusable(name: str):
+        def choose(arch: str, arena: str):
+            raise BackendUnavailable(f"the {name} backend cannot run here: no GPU in this test")
+        return choose
 
-    cuda = registry.spec("cuda")
-    monkeypatch.setitem(registry._BY_NAME, "cuda", replace(cuda, choose=unusable))
+    cuda, nv = registry.spec("cuda"), registry.spec("nv")
+    monkeypatch.setitem(registry._BY_NAME, "cuda", replace(cuda, choose=unusable("cuda")))
+    monkeypatch.setitem(registry._BY_NAME, "nv", replace(nv, choose=unusable("nv")))
     choice = registry.choose_backend("auto")
     assert (choice.name, choice.reason) == (
-        "cpu", "the cuda backend cannot run here: no GPU in this test")
+        "cpu", "the cuda backend cannot run here: no GPU in this test; the nv backend cannot "
+               "run here: no GPU in this test")
     assert registry.availability("auto").details == "picks cpu"
     cpu = registry.spec("cpu")
     monkeypatch.setitem(registry._BY_NAME, "cuda", replace(cuda, choose=cpu.choose))

@@ -122,9 +122,17 @@ def test_cpu_tables_have_no_nv_rows(asked):
                                             ("cpu", " fused", "fused", "per-launch")]
 
 
-def test_own_kernels_add_the_seed_rows_on_bob_s_machine_code(monkeypatch, asked):
+@pytest.mark.parametrize("fused_covered", [False, True])
+def test_own_kernels_add_the_rows_own_code_covers(monkeypatch, asked, fused_covered):
+    from bob.kernels import own as own_kernels
+    from bob.kernels import signatures as sig
+
+    if fused_covered:
+        monkeypatch.setitem(own_kernels.BUILDERS, sig.FUSED_HARD, own_kernels.BUILDERS[sig.ADAMW])
+    else:  # own code serves no V = 256 fused plan
+        monkeypatch.setitem(own_kernels.VOCAB_LIMITS, sig.FUSED_HARD, 128)
     kernels_asked = []
-    own = BackendChoice("nv", SM90, reason="a fake nv with Bob's own kernels")
+    own = BackendChoice("nv", SM90, reason="a fake nv with Bob's own kernels", kernels="own")
 
     def choose(name, **keywords):
         kernels_asked.append((name, keywords.get("kernels", "nvrtc")))
@@ -137,7 +145,9 @@ def test_own_kernels_add_the_seed_rows_on_bob_s_machine_code(monkeypatch, asked)
     assert [call[1:4] for call in asked if call[0] == "nv"] == [
         ("", "seed", "chained"), (" fused", "fused", "chained"),
         (" per-launch", "seed", "per-launch"),
-        (" own", "seed", "chained"), (" own per-launch", "seed", "per-launch")]
+        (" own", "seed", "chained"),
+        *([(" own fused", "fused", "chained")] if fused_covered else []),
+        (" own per-launch", "seed", "per-launch")]
     assert "bob nv own invocation" in [row.contender for row in table.rows]
 
 

@@ -97,10 +97,8 @@ REFUSALS = [
      "--kernels own runs on nv-sim and nv (Bob's command stream); the cuda backend loads "
      "NVRTC's cubin and stays on NVRTC's kernels"),
     ({"kernels": "own", "backend": "auto"},
-     "--kernels own runs on nv-sim and nv: name one with --backend (auto picks cuda or cpu)"),
-    ({"kernels": "own", "backend": "nv-sim", "schedule": "fused"},
-     "--kernels own has the seed schedule's kernels only; the fused schedule's kernels are "
-     "NVRTC's: use --schedule seed"),
+     "--kernels own runs on nv-sim and nv: name one with --backend (auto picks cuda, nv or "
+     "cpu)"),
     ({"kernels": "own", "backend": "nv-sim", "shards": 2},
      "row shards (--shards, --workers, --gpus, --device-memory, --dask) do not take "
      "--kernels own"),

@@ -1,5 +1,6 @@
-"""--kernels own|nvrtc on the command line: Bob's own machine code on nv and nv-sim, the seed
-schedule; every other combination refused in one line before any work, nothing written.
+"""--kernels own|nvrtc on the command line: Bob's own machine code on nv and nv-sim, for the
+plans it covers; every other combination refused in one line before any work, nothing
+written.
 
 nv-sim runs the reference kernels from the command stream's bytes, so these tests check the
 plumbing (the plan carries Bob's own code, the stream places it); the GPU runs the code
@@ -27,9 +28,10 @@ CUDA_REFUSED = ("bob: --kernels own runs on nv-sim and nv (Bob's command stream)
 CPU_REFUSED = ("bob: --kernels own runs on nv-sim and nv; the cpu backend runs the NumPy "
                "reference, no machine code")
 AUTO_REFUSED = ("bob: --kernels own runs on nv-sim and nv: name one with --backend (auto "
-                "picks cuda or cpu)")
-FUSED_REFUSED = ("bob: --kernels own has the seed schedule's kernels only; the fused "
-                 "schedule's kernels are NVRTC's: use --schedule seed")
+                "picks cuda, nv or cpu)")
+# V = 4096 runs the wide fused kernels, which Bob has no own code for.
+WIDE_REFUSED = ("bob: --kernels own: Bob has no own machine code for {} (V = 4096); use "
+                "--kernels nvrtc or --schedule seed")
 
 
 def test_nv_sim_with_own_kernels_places_bob_s_code():
@@ -96,14 +98,15 @@ def test_plan_without_own_kernels_disassembles_no_instructions(capsys):
     (["train", "--kernels", "own"], AUTO_REFUSED),
     (["train", "--kernels", "own", "--backend", "cuda"], CUDA_REFUSED),
     (["train", "--kernels", "own", "--backend", "cpu"], CPU_REFUSED),
-    (["train", "--kernels", "own", "--backend", "nv", "--schedule", "fused"], FUSED_REFUSED),
+    (["train", "--kernels", "own", "--backend", "nv-sim", "--schedule", "fused", "--tokens",
+      "a.txt", "--vocab", "4096"], WIDE_REFUSED.format("bob-fused-train-wide-corpus")),
     (["check", "--kernels", "own", "--backends", "cpu,cuda"], CUDA_REFUSED),
     (["check", "--kernels", "own", "--backends", "nv-sim,cuda"], CUDA_REFUSED),
     (["check", "--kernels", "own", "--backends", "cpu,cpu"], CPU_REFUSED),
-    (["check", "--kernels", "own", "--backends", "cpu,nv-sim", "--schedule", "fused"],
-     FUSED_REFUSED),
-    (["plan", "--kernels", "own", "--schedule", "fused", "--emit", "components"],
-     FUSED_REFUSED),
+    (["check", "--kernels", "own", "--backends", "cpu,nv-sim", "--schedule", "fused", "-V",
+      "4096"], WIDE_REFUSED.format("bob-fused-train-wide")),
+    (["plan", "--kernels", "own", "--schedule", "fused", "--emit", "components", "-V", "4096"],
+     WIDE_REFUSED.format("bob-fused-train-wide")),
     (["bench", "--kernels", "own", "--backend", "cpu", "--save", "bench.json"],
      "bob: --kernels own adds rows of Bob's own kernels beside the nv rows, which run beside "
      "cuda's table only: give --backend cuda"),
@@ -117,7 +120,9 @@ def test_a_refusal_is_one_line_before_any_work(argv, message, tmp_path: Path, mo
                                                capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a.txt").write_bytes(b"abc")
-    extra = ["--text", "a.txt", "-c", "m.safetensors"] if argv[0] == "train" else []
+    extra = ["-c", "m.safetensors"] if argv[0] == "train" else []
+    if argv[0] == "train" and "--tokens" not in argv:
+        extra += ["--text", "a.txt"]
     assert main([*argv, *extra]) == 2
     captured = capsys.readouterr()
     assert captured.err.strip().splitlines()[-1] == message

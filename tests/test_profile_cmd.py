@@ -100,9 +100,9 @@ def test_region_times_refuse_what_the_plan_does_not_have():
     (["-V", "1"], "bob: --vocab 1 is outside [2, 1048576]"),
     (["--kernels", "own"], "bob: --kernels own runs on nv-sim and nv (Bob's command stream); "
                            "the cuda backend loads NVRTC's cubin and stays on NVRTC's kernels"),
-    (["--backend", "nv", "--kernels", "own", "--schedule", "fused"],
-     "bob: --kernels own has the seed schedule's kernels only; the fused schedule's kernels "
-     "are NVRTC's: use --schedule seed"),
+    (["--backend", "nv", "--kernels", "own", "--schedule", "fused", "-V", "4096"],
+     "bob: --kernels own: Bob has no own machine code for bob-fused-train-wide (V = 4096); "
+     "use --kernels nvrtc or --schedule seed"),
     (["-V", "1048577"], "bob: --vocab 1048577 is outside [2, 1048576]: V=1048576 is the "
                         "largest table Bob trains"),
 ])

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from bob import config
-from bob.backends import BACKENDS, ScheduleChoice, resolve_schedule
+from bob.backends import BACKENDS, BackendChoice, ScheduleChoice, resolve_schedule
 from bob.cli.main import cli, main
 from bob.errors import BadInput
 from bob.host import api
@@ -31,7 +31,7 @@ from conftest import contents, train_cpu
 
 FUSED = ScheduleChoice("fused", "auto: the seed schedule's bytes, faster")
 SEED_FOR_SHARDS = ScheduleChoice("seed", "auto: row shards run the seed schedule")
-SEED_FOR_OWN = ScheduleChoice("seed", "auto: Bob's own kernels are the seed schedule's")
+SEED_FOR_OWN = ScheduleChoice("seed", "auto: Bob's own code has no fused kernel for the run")
 SEED_ON_CPU = ScheduleChoice("seed", "auto: on cpu, quicker to compile")
 GPU_BACKENDS = ("cuda", "nv")
 GPT2_VOCAB = 50257
@@ -57,6 +57,14 @@ def test_auto_is_the_seed_schedule_where_there_are_no_fused_kernels(backend):
     assert resolve_schedule("auto", backend, row_shards=True) == SEED_FOR_SHARDS
     assert resolve_schedule("auto", backend, "own") == SEED_FOR_OWN
     assert resolve_schedule("auto", backend, "own", row_shards=True) == SEED_FOR_SHARDS
+    assert resolve_schedule("auto", backend, "own", row_shards=True, own_fused=True) == \
+        SEED_FOR_SHARDS
+
+
+@pytest.mark.parametrize("backend", ["nv", "nv-sim"])
+def test_auto_with_own_code_is_fused_where_own_code_covers_the_fused_plan(backend):
+    assert resolve_schedule("auto", backend, "own", own_fused=True) == FUSED
+    assert resolve_schedule("auto", backend, "nvrtc", own_fused=False) == FUSED
 
 
 @pytest.mark.parametrize("named", config.SCHEDULES)
@@ -102,7 +110,7 @@ def _corpus(vocab: int) -> InputRecord:
 def test_a_default_run_builds_the_fused_plan(tmp_path, vocab, mode, backend, target):
     request = TrainRequest(checkpoint=str(tmp_path / "c.safetensors"), backend=backend)
     record = _hard(vocab) if mode == "hard" else _corpus(vocab)
-    bob_config, schedule = run_config(request, record, backend)
+    bob_config, schedule = run_config(request, record, BackendChoice(backend, target))
     assert schedule == FUSED and bob_config.schedule == "fused"
     plan = build_plan(bob_config, target)  # plain data: addresses, no arena
     assert certify(plan).holds
@@ -112,7 +120,7 @@ def test_a_default_run_builds_the_fused_plan(tmp_path, vocab, mode, backend, tar
 
 def test_the_seed_schedule_asked_for_builds_the_seed_plan(tmp_path):
     request = TrainRequest(checkpoint=str(tmp_path / "c.safetensors"), schedule="seed")
-    bob_config, schedule = run_config(request, _corpus(GPT2_VOCAB), "cuda")
+    bob_config, schedule = run_config(request, _corpus(GPT2_VOCAB), BackendChoice("cuda", SM90))
     assert schedule == ScheduleChoice("seed", "asked for") and bob_config.schedule == "seed"
     plan = build_plan(bob_config, SM90)
     assert sum(launch.region == sig.ADAMW for launch in plan.launches) == bob_config.updates
@@ -120,15 +128,31 @@ def test_the_seed_schedule_asked_for_builds_the_seed_plan(tmp_path):
 
 def test_a_default_run_on_the_cpu_builds_the_seed_plan(tmp_path):
     request = TrainRequest(checkpoint=str(tmp_path / "c.safetensors"), backend="cpu")
-    bob_config, schedule = run_config(request, _corpus(256), "cpu")
+    bob_config, schedule = run_config(request, _corpus(256), BackendChoice("cpu", SM86))
     assert schedule == SEED_ON_CPU and bob_config.schedule == "seed"
 
 
-def test_own_kernels_build_the_seed_plan(tmp_path):
+def test_own_kernels_build_the_seed_plan_where_own_code_has_no_fused_kernel(tmp_path):
     request = TrainRequest(checkpoint=str(tmp_path / "c.safetensors"), backend="nv",
                            kernels="own")
-    bob_config, schedule = run_config(request, _hard(256), "nv")
+    own_nv = BackendChoice("nv", SM90, kernels="own")
+    bob_config, schedule = run_config(request, _hard(4096), own_nv)  # the wide kernel: none
     assert schedule == SEED_FOR_OWN and bob_config.schedule == "seed"
+
+
+@pytest.mark.parametrize(("limit", "expected"), [(None, FUSED), (128, SEED_FOR_OWN)])
+def test_own_kernels_build_the_fused_plan_where_own_code_covers_it(tmp_path, monkeypatch,
+                                                                     limit, expected):
+    from bob.kernels import own
+
+    monkeypatch.setitem(own.BUILDERS, sig.FUSED_HARD, own.BUILDERS[sig.ADAMW])
+    if limit is not None:  # own code serves V <= limit only
+        monkeypatch.setitem(own.VOCAB_LIMITS, sig.FUSED_HARD, limit)
+    request = TrainRequest(checkpoint=str(tmp_path / "c.safetensors"), backend="nv",
+                           kernels="own")
+    bob_config, schedule = run_config(request, _hard(256), BackendChoice("nv", SM90,
+                                                                         kernels="own"))
+    assert schedule == expected and bob_config.schedule == expected.schedule
 
 
 # -- small runs on this CPU: auto gives the seed schedule's bytes and says which ran -----------
@@ -244,12 +268,16 @@ def test_a_resumed_sharded_checkpoint_refuses_the_fused_schedule(tmp_path, text,
                      "--resume") == 0  # auto: the seed schedule
 
 
-def test_own_kernels_on_nv_sim_run_the_seed_schedule_with_auto(tmp_path, text, built, capsys):
+def test_own_kernels_on_nv_sim_run_the_seed_schedule_with_auto(tmp_path, text, built, capsys,
+                                                              monkeypatch):
+    from bob.kernels import own
+
+    monkeypatch.setitem(own.VOCAB_LIMITS, sig.FUSED_CORPUS, 128)  # no own fused kernel at 256
     assert main(["train", "--text", str(text), "--backend", "nv-sim", "--kernels", "own",
                  "--steps", "2", "-N", "2", "-c", str(tmp_path / "c.safetensors")]) == 0
     assert set(built) == {"seed"}
     assert _table_row(capsys.readouterr().out, "schedule") == \
-        "seed (auto: Bob's own kernels are the seed schedule's)"
+        "seed (auto: Bob's own code has no fused kernel for the run)"
 
 
 def _table_row(output: str, label: str) -> str:
@@ -264,7 +292,8 @@ def _table_row(output: str, label: str) -> str:
 
 @pytest.mark.parametrize(("argv", "trained"), [
     ([], "fused (auto: the seed schedule's bytes, faster)"),  # on nv, whose plan it shows
-    (["--kernels", "own"], "seed (auto: Bob's own kernels are the seed schedule's)"),
+    (["--kernels", "own", "-V", "4096"],  # the wide fused kernel: Bob has no own code for it
+     "seed (auto: Bob's own code has no fused kernel for the run)"),
     (["--shards", "2", "-V", "64"], "seed (auto: row shards run the seed schedule)"),
 ])
 def test_plan_shows_the_seed_program_and_names_train_s_schedule(argv, trained, capsys):
@@ -285,7 +314,7 @@ def test_train_help_says_what_auto_resolves_to():
     result = CliRunner().invoke(cli, ["train", "--help"], terminal_width=400)
     text = " ".join(result.output.split())
     assert ("auto: fused, but seed on cpu (quicker to compile there), for row shards and for "
-            "--kernels own") in text
+            "--kernels own where Bob has no own fused kernel for the run") in text
     assert "[seed|fused|auto]" not in text and "[auto|seed|fused]" in text
     plan_help = " ".join(CliRunner().invoke(cli, ["plan", "--help"], terminal_width=400)
                          .output.split())

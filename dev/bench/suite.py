@@ -25,7 +25,7 @@ from bob.config import (
     Mode,
     require_choice,
 )
-from bob.errors import BadInput
+from bob.errors import BackendUnavailable, BadInput
 from bob.host.training import CPU_MAX_VOCAB
 from dev.bench.compute_floor import compute_floor_rows
 from dev.bench.measurement import (
@@ -111,14 +111,16 @@ def nv_rows(vocab: int, updates: int, repeats: int, hyper: Hyper,
         configs.append((f" {DEFAULT_SUBMISSION_POLICY}",
                         replace(seed, submission=DEFAULT_SUBMISSION_POLICY)))
     runs = [(choice, label, config) for label, config in configs]
-    if kernels != DEFAULT_KERNELS:  # Bob's own kernels beside NVRTC's: the seed's configs
+    if kernels != DEFAULT_KERNELS:  # Bob's own kernels beside NVRTC's: the configs they run
+        from bob.host.own_code import covers
+
         try:
             own = choose_backend("nv", kernels=kernels)
         except Exception as error:  # noqa: BLE001 - say why, and bench NVRTC's rows
             return [*nv_rows(vocab, updates, repeats, hyper, progress, submission, workload),
                     failed(f"bob nv {kernels} invocation", "bob", updates, error)]
         runs += [(own, f" {kernels}{label}", config)
-                 for label, config in configs if config.schedule == "seed"]
+                 for label, config in configs if covers(own, config)]
     rows: list[Row] = []
     for bob_choice, label, config in runs:
         progress(f"cuda V={vocab}: bob nv{label} ({updates} updates per invocation, "
@@ -207,13 +209,24 @@ def require_bench_kernels(kernels: str, backends: Sequence[str]) -> None:
                        "rows, which run beside cuda's table only: give --backend cuda")
 
 
+def _bench_choice(name: str) -> BackendChoice:
+    """Bob's backend for a table: `name`'s, where `auto` is cuda where usable, else cpu (the
+    tables are cuda's and the cpu's: nv runs in the cuda table's rows)."""
+    if name != "auto":
+        return choose_backend(name)
+    try:
+        return choose_backend("cuda")
+    except BackendUnavailable:
+        return choose_backend("cpu")
+
+
 def resolve_devices(backends: Sequence[str],
                     ) -> tuple[list[Device], dict[Device, BackendChoice]]:
     """The devices to bench and Bob's backend choice for each; `auto` as choose_backend."""
     choices: dict[Device, BackendChoice] = {}
     devices: list[Device] = []
     for name in backends or ("auto",):
-        choice = choose_backend(name)  # raises BackendUnavailable for an unusable cuda
+        choice = _bench_choice(name)  # raises BackendUnavailable for an unusable cuda
         device: Device = "cuda" if choice.name == "cuda" else "cpu"
         if device not in choices:
             choices[device] = choice

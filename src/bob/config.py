@@ -72,8 +72,9 @@ RESULT_TENSORS = ("initial_loss", "training_loss", "logit_rows", "predictions")
 TARGET_NAMES = ("sm_86", "sm_90")  # the parameter-block layouts a plan is placed for
 DEFAULT_TARGET = "sm_90"  # the nv-sim backend's default: the H200's architecture
 ARENA_KINDS = ("device", "host")  # cuda and nv: arena in device memory or mapped host memory
-# Whose machine code the seed's regions run: NVRTC's (compiled from bob_kernels.cu, the
-# default) or Bob's own (bob.kernels.own, encoded by bob.isa; nv and nv-sim, seed schedule).
+# Whose machine code the plan's regions run: NVRTC's (compiled from bob_kernels.cu, the
+# default) or Bob's own (bob.kernels.own, encoded by bob.isa; nv and nv-sim, the plans it
+# covers: bob.kernels.own_regions.coverage_refusal).
 KERNELS = ("nvrtc", "own")
 DEFAULT_KERNELS = "nvrtc"
 # The backends' names, and which of them run Bob's command stream, are the backend

@@ -6,7 +6,8 @@
   simulator that reads nothing but those bytes and the arena.
 - ``nv``: the same bytes submitted to an NVIDIA GPU through the kernel
   driver, without the CUDA runtime.
-- ``auto``: ``cuda`` where a GPU is usable, else ``cpu``.
+- ``auto``: ``cuda`` where a GPU is usable, else ``nv`` (Bob's own machine code where
+  NVRTC is not installed), else ``cpu``.
 
 Every backend implements ``base.Backend``; ``registry`` holds one spec per backend, from
 which every list of backends is derived. A backend decides the target (parameter block

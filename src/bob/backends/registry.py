@@ -1,7 +1,7 @@
 """The one registry of Bob's backends: a spec each, and every list of them derived here.
 
     spec("nv").runs_command_stream          # True: chained plans by default
-    choose_backend("auto")                  # cuda where a GPU is usable, else cpu
+    choose_backend("auto")                  # cuda where usable, else nv, else cpu
     resolve_submission("auto", "nv-sim")    # "chained"
     resolve_schedule("auto", "cuda").schedule   # "fused": the seed's bytes, faster
 
@@ -11,7 +11,8 @@ the other layers ask about it: the command line's choices, what `auto` tries, th
 of `bob doctor`, the backends `bob profile` times, and which backends get chained plans.
 Nothing here imports a backend's module until that backend is chosen, and whether a
 backend can run here is decided once, in its chooser: `choose_backend` opens one,
-`availability` reports on it.
+`availability` reports on it. A choice says whose machine code its regions carry
+(`BackendChoice.kernels`): nv where NVRTC is not installed carries Bob's own alone.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from bob.config import (
     ARENA_KINDS,
-    AUTO_SCHEDULE,
     DEFAULT_KERNELS,
     DEFAULT_SUBMISSION_POLICY,
     DEFAULT_TARGET,
@@ -54,6 +54,13 @@ class BackendChoice:
     regions: Mapping[str, Region] | None = field(default=None, compare=False)
     opener: Callable[[CertifiedPlan], Backend] | None = field(default=None, compare=False)
     reason: str = ""  # what it runs on; for `auto`, why it was chosen
+    # Whose machine code the regions carry: "nvrtc" (NVRTC's, or none for the backends that
+    # run no machine code), or "own": Bob's where it has it (--kernels own, or nv where
+    # NVRTC is not installed). A plan is then held to own code's coverage before any work.
+    kernels: str = DEFAULT_KERNELS
+    # The regions are Bob's own and nothing else (nv where NVRTC is not installed or
+    # fails): a plan needing a region Bob has no code for cannot run.
+    own_only: bool = False
 
     def open(self, plan: CertifiedPlan) -> Backend:
         assert self.opener is not None
@@ -161,23 +168,50 @@ def _choose_nv(arch: str, arena: str) -> BackendChoice:
     usable, device = nv_available()
     if not usable:
         raise BackendUnavailable(f"the nv backend cannot run here: {device}")
+    target = TARGETS[SUBMITTED_TARGET]
+    if _BY_NAME["nv"].clusters_withheld:
+        target = target.without_clusters()
     try:
         from bob.kernels.cuda.regions import compiled_regions
 
         regions = compiled_regions(SUBMITTED_TARGET)
     except (ImportError, BobError) as error:
-        raise BackendUnavailable(f"the nv backend needs Bob's kernels compiled for "
-                                 f"{SUBMITTED_TARGET} (NVRTC): {error}") from None
-    target = TARGETS[SUBMITTED_TARGET]
-    if _BY_NAME["nv"].clusters_withheld:
-        target = target.without_clusters()
+        # No NVRTC here: nv runs Bob's own machine code alone, and a plan needing a region
+        # it has none for is refused before any work (bob.host.own_code).
+        from bob.kernels.own_regions import (
+            CUDA_EXTRA,
+            OWN_REGIONS,
+            own_regions,
+            seed_schedule_gaps,
+        )
+
+        gaps = seed_schedule_gaps()
+        refused = (f": a plan needing {', '.join(gaps)} is refused ({CUDA_EXTRA})"
+                   if gaps else "")
+        return BackendChoice("nv", target, own_regions(target),
+                             lambda plan: NvBackend(plan, arena=arena),
+                             f"{device}; Bob's own machine code ({', '.join(OWN_REGIONS)}); "
+                             f"{_without_nvrtc(error)}{refused}", kernels="own",
+                             own_only=True)
+    from bob.kernels.own_regions import OWN_REGIONS
+
     return BackendChoice("nv", target, regions, lambda plan: NvBackend(plan, arena=arena),
-                         device)
+                         f"{device}; NVRTC's kernels (--kernels own: Bob's own "
+                         f"{', '.join(OWN_REGIONS)})")
+
+
+def _without_nvrtc(error: Exception) -> str:
+    """Why NVRTC's kernels are not there, in a few words: not installed, or how it failed."""
+    from bob.errors import reason_of
+
+    missing = isinstance(error, ImportError) or getattr(error, "status", "") == "ImportError" \
+        or getattr(error, "call", "") == "nvrtcVersion"  # the library itself did not load
+    return "NVRTC is not installed" if missing else f"NVRTC failed: {reason_of(error)}"
 
 
 SPECS: tuple[BackendSpec, ...] = (
     BackendSpec("cpu", _choose_cpu, "the oracle: the reference kernels over one byte buffer",
-                auto_rank=1,
+                auto_rank=2,
                 # Once compiled, a small run takes as long with either schedule (it is mostly
                 # start-up; the fused kernel's updates are the faster), but the first run
                 # compiles the fused kernel into Numba's cache for far longer than the seed
@@ -193,7 +227,8 @@ SPECS: tuple[BackendSpec, ...] = (
                 runs_command_stream=True),
     BackendSpec("nv", _choose_nv,
                 "Bob's command stream on a Hopper GPU through the kernel driver",
-                on_gpu=True, runs_command_stream=True,
+                # After cuda: where the CUDA wheels are not installed it runs Bob's own code.
+                on_gpu=True, runs_command_stream=True, auto_rank=1,
                 profile_method="timestamped semaphore releases (wait for idle) before and "
                                "after every launch, one launch per submission"),
 )
@@ -234,32 +269,49 @@ def _choose_auto(arch: str, arena: str) -> BackendChoice:
         except BackendUnavailable as why:
             passed.append(str(why))
             continue
-        first = "a GPU is usable" if _BY_NAME[name].on_gpu else f"{name} is auto's first"
-        return replace(choice, reason="; ".join(passed) or first)
+        gaps = _own_gaps(choice)
+        if gaps:  # it would refuse runs the next one runs
+            passed.append(f"the {name} backend runs Bob's own machine code alone here (no "
+                          f"NVRTC), which has none for {', '.join(gaps)}")
+            continue
+        if not passed:
+            first = "a GPU is usable" if _BY_NAME[name].on_gpu else f"{name} is auto's first"
+            return replace(choice, reason=first)
+        # Past the first, a GPU backend says what it runs on (nv: whose machine code).
+        ran = [f"{name}: {choice.reason}"] if _BY_NAME[name].on_gpu else []
+        return replace(choice, reason="; ".join([*passed, *ran]))
     raise BackendUnavailable("no backend can run here: " + "; ".join(passed))
 
 
-def require_kernels(kernels: str, schedule: str, backends: tuple[str, ...]) -> None:
-    """BadInput, one line, unless `kernels` can run on `backends` with `schedule`.
+def _own_gaps(choice: BackendChoice) -> tuple[str, ...]:
+    """For a choice of Bob's own code alone (nv without NVRTC): the seed schedule's regions
+    own code lacks, which would refuse runs that another backend runs; auto passes it by."""
+    if not choice.own_only:
+        return ()
+    from bob.kernels.own_regions import seed_schedule_gaps
 
-    Bob's own kernels (``own``) are the seed schedule's (``auto`` resolves to it with
-    them: resolve_schedule), and they run where the plan's code goes into Bob's command
-    stream (OWN_KERNEL_BACKENDS); beside one of those, cpu (which runs the NumPy
-    reference, no machine code) may be the oracle of a check.
+    return seed_schedule_gaps()
+
+
+def require_kernels(kernels: str, backends: tuple[str, ...]) -> None:
+    """BadInput, one line, unless `kernels` can run on `backends`.
+
+    Bob's own kernels (``own``) run where the plan's code goes into Bob's command stream
+    (OWN_KERNEL_BACKENDS); beside one of those, cpu (which runs the NumPy reference, no
+    machine code) may be the oracle of a check. Which plans they run (the regions Bob has
+    own code for, at the plan's V) is checked where the plan is known, before any work
+    (bob.host.own_code).
     """
     require_choice("kernels", kernels, KERNELS)
     if kernels == DEFAULT_KERNELS:
         return
     where = " and ".join(OWN_KERNEL_BACKENDS)
-    if schedule not in ("seed", AUTO_SCHEDULE):
-        raise BadInput(f"--kernels own has the seed schedule's kernels only; the {schedule} "
-                       "schedule's kernels are NVRTC's: use --schedule seed")
     if "cuda" in backends:
         raise BadInput(f"--kernels own runs on {where} (Bob's command stream); the cuda "
                        "backend loads NVRTC's cubin and stays on NVRTC's kernels")
     if AUTO in backends:
         raise BadInput(f"--kernels own runs on {where}: name one with --backend (auto picks "
-                       "cuda or cpu)")
+                       f"{', '.join(AUTO_ORDER[:-1])} or {AUTO_ORDER[-1]})")
     if not any(name in OWN_KERNEL_BACKENDS for name in backends):
         raise BadInput(f"--kernels own runs on {where}; the cpu backend runs the NumPy "
                        "reference, no machine code")
@@ -268,7 +320,8 @@ def require_kernels(kernels: str, schedule: str, backends: tuple[str, ...]) -> N
 def choose_backend(name: str, arch: str = DEFAULT_TARGET, arena: str = ARENA_KINDS[0],
                    kernels: str = DEFAULT_KERNELS) -> BackendChoice:
     """Resolve a backend name (``auto`` included) for this machine; with ``kernels="own"``
-    (nv and nv-sim) the seed's regions carry Bob's own machine code."""
+    (nv and nv-sim) the regions Bob has own code for carry it (nv without NVRTC carries
+    Bob's alone, whatever `kernels` says)."""
     from bob.plan.placement import TARGETS
 
     from .base import require_arena_kind
@@ -278,17 +331,17 @@ def choose_backend(name: str, arch: str = DEFAULT_TARGET, arena: str = ARENA_KIN
     if arch not in TARGETS:
         raise BadInput(f"unknown architecture {arch!r}; choose one of {', '.join(TARGETS)}")
     require_arena_kind(arena)
-    require_kernels(kernels, "seed", (name,))
+    require_kernels(kernels, (name,))
     if name == AUTO:
         return _choose_auto(arch, arena)
     choice = _BY_NAME[name].choose(arch, arena)
-    if kernels == DEFAULT_KERNELS:
+    if kernels == DEFAULT_KERNELS or choice.own_only:  # own_only: Bob's already, and said
         return choice
     from bob.kernels.own_regions import OWN_REGIONS, with_own_kernels
 
     return replace(choice, regions=with_own_kernels(choice.regions, choice.target),
                    reason=f"{choice.reason}; Bob's own machine code for "
-                          f"{', '.join(OWN_REGIONS)}")
+                          f"{', '.join(OWN_REGIONS)}", kernels=kernels)
 
 
 def availability(name: str) -> Availability:
@@ -342,11 +395,11 @@ class ScheduleChoice:
 ASKED_FOR = "asked for"
 AUTO_FUSED = "auto: the seed schedule's bytes, faster"
 AUTO_SEED_FOR_SHARDS = "auto: row shards run the seed schedule"
-AUTO_SEED_FOR_OWN_KERNELS = "auto: Bob's own kernels are the seed schedule's"
+AUTO_SEED_FOR_OWN_KERNELS = "auto: Bob's own code has no fused kernel for the run"
 
 
 def resolve_schedule(requested: str, backend: str, kernels: str = DEFAULT_KERNELS,
-                     row_shards: bool = False) -> ScheduleChoice:
+                     row_shards: bool = False, own_fused: bool = False) -> ScheduleChoice:
     """The schedule a training run on `backend` (a resolved name) builds its plans with,
     and why.
 
@@ -356,9 +409,10 @@ def resolve_schedule(requested: str, backend: str, kernels: str = DEFAULT_KERNEL
     backend has them for every V and mode of a one-piece plan, and they leave the seed
     schedule's bytes in every tensor (tests/test_fused.py, and on the GPUs
     tests/test_fused_gpu.py). It is the seed schedule where there are no fused kernels (a
-    row shard's plan is the seed's program over its rows; Bob's own machine code is the
-    seed's regions only), and on a backend whose spec says why not (`seed_by_auto`: the
-    cpu backend).
+    row shard's plan is the seed's program over its rows; with Bob's own machine code,
+    ``kernels="own"``, unless `own_fused` says own code covers the run's fused plan:
+    bob.host.own_code.schedule_for), and on a backend whose spec says why not
+    (`seed_by_auto`: the cpu backend).
     """
     if requested in SCHEDULES:
         return ScheduleChoice(requested, ASKED_FOR)  # type: ignore[arg-type]
@@ -366,7 +420,7 @@ def resolve_schedule(requested: str, backend: str, kernels: str = DEFAULT_KERNEL
     if row_shards:
         return ScheduleChoice("seed", AUTO_SEED_FOR_SHARDS)
     require_choice("kernels", kernels, KERNELS)
-    if kernels != DEFAULT_KERNELS:
+    if kernels != DEFAULT_KERNELS and not own_fused:
         return ScheduleChoice("seed", AUTO_SEED_FOR_OWN_KERNELS)
     if backend not in _BY_NAME:  # "auto" (the backend) must be resolved first
         raise ValueError(f"resolve the backend {backend!r} before its schedule")

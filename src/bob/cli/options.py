@@ -49,8 +49,8 @@ TRAIN_SCHEDULE_OPTION = click.option(
     show_default=True,
     help="seed: the seed's launches (the reference); fused: the fused kernel, the same bytes, "
          "faster; auto: fused, but seed on cpu (quicker to compile there), for row "
-         "shards and for --kernels own (which have no fused kernels). The table and --json "
-         "say which ran and why.")
+         "shards and for --kernels own where Bob has no own fused kernel for the run. The "
+         "table and --json say which ran and why.")
 
 
 PLAN_TABLES_OPTION = click.option(
@@ -67,9 +67,9 @@ _STREAM_BACKENDS = " and ".join(sorted(registry.STREAM_BACKENDS))
 KERNELS_OPTION = click.option(
     "--kernels", type=click.Choice(config.KERNELS), default=config.DEFAULT_KERNELS,
     show_default=True,
-    help="Whose machine code the seed's regions run: NVRTC's, or Bob's own (encoded by "
-         f"Bob; {' and '.join(registry.OWN_KERNEL_BACKENDS)}, seed schedule; cuda stays on "
-         "NVRTC).")
+    help="Whose machine code the plan's regions run: NVRTC's, or Bob's own (encoded by "
+         f"Bob; {' and '.join(registry.OWN_KERNEL_BACKENDS)}, the plans it covers; cuda stays "
+         "on NVRTC).")
 
 
 def submission_option(auto: str = f"chained on {_STREAM_BACKENDS} (the backends that run "

@@ -31,6 +31,7 @@ from bob.plan import SM86, TARGETS
 from bob.plan import certify as certify_plan
 from bob.plan.jsonio import dumps, read_plan
 from bob.plan.model import Plan
+from bob.program.bob import BobConfig
 from bob.program.plans import build_plan
 
 from .options import (
@@ -57,14 +58,22 @@ def cluster_note(plan: Plan) -> str | None:
             "backend launches these")
 
 
-def schedule_note(kernels: str, row_shards: bool) -> str | None:
+def schedule_note(kernels: str, row_shards: bool, config: BobConfig | None = None,
+                  ) -> str | None:
     """One line where --schedule was left out: the plan shown is the seed's (the
     reference), and the schedule `bob train` would run on the stream backend with these
-    options, and why."""
+    options (`config`'s, with Bob's own code), and why."""
     context = click.get_current_context()
     if context.get_parameter_source("schedule") is not ParameterSource.DEFAULT:
         return None
-    trained = resolve_schedule(AUTO_SCHEDULE, STREAM_BACKEND, kernels, row_shards)
+    if kernels != DEFAULT_KERNELS and config is not None and not row_shards:
+        from bob.backends.registry import BackendChoice
+        from bob.host.own_code import schedule_for
+
+        stream = BackendChoice(STREAM_BACKEND, TARGETS[DEFAULT_TARGET], kernels=kernels)
+        trained = schedule_for(AUTO_SCHEDULE, stream, config)
+    else:
+        trained = resolve_schedule(AUTO_SCHEDULE, STREAM_BACKEND, kernels, row_shards)
     return (f"schedule: seed shown (the reference); bob train on {STREAM_BACKEND} runs "
             f"{trained.text}")
 
@@ -73,10 +82,20 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
               arch: str | None, submission: str = "per-launch",
               kernels: str = DEFAULT_KERNELS, tables: str = "dense") -> Plan:
     if tables == "collapsed" and kernels != DEFAULT_KERNELS:
-        raise BadInput("--kernels own has no collapsed tables' regions: use --tables dense")
+        from bob.host.own_code import collapsed_refusal
+
+        refused = collapsed_refusal()
+        if refused:
+            raise BadInput(refused)
     config = config_from(vocab, prompts, updates, mode, schedule, submission, tables)
     if arch is None and kernels == DEFAULT_KERNELS:
         return build_plan(config)
+    # Bob's own kernels are placed for the nv backend's target unless --arch names another.
+    target = TARGETS[arch or DEFAULT_TARGET]
+    if kernels != DEFAULT_KERNELS:
+        from bob.host.own_code import require_own_plan
+
+        require_own_plan(kernels, config, target)  # before NVRTC compiles anything
     regions = None
     if arch is not None:
         from bob.kernels.cuda.regions import compiled_regions  # NVRTC: only when asked
@@ -86,8 +105,6 @@ def _bob_plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str,
         except ImportError as error:
             raise BackendUnavailable(
                 f"--arch needs NVRTC (pip install 'bob-bigram[cuda]'): {error}") from None
-    # Bob's own kernels are placed for the nv backend's target unless --arch names another.
-    target = TARGETS[arch or DEFAULT_TARGET]
     if kernels != DEFAULT_KERNELS:
         from bob.kernels.own_regions import with_own_kernels
 
@@ -118,7 +135,7 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submi
          arch: str | None, kernels: str, tables: str, as_json: bool, disasm: bool,
          emit_dir: str | None, shards: int | None, device_memory: int | None) -> None:
     """Show Bob's device program: arena, regions, launches, submissions, sizes."""
-    require_kernels(kernels, schedule, (STREAM_BACKEND,))  # the plan the nv backend runs
+    require_kernels(kernels, (STREAM_BACKEND,))  # the plan the nv backend runs
     if shards is not None or device_memory is not None:
         if kernels != DEFAULT_KERNELS:
             raise BadInput("row shards (--shards, --device-memory) do not take --kernels own")
@@ -156,7 +173,8 @@ def plan(vocab: int, prompts: int, updates: int, mode: str, schedule: str, submi
                 click.echo(_own_listing(the_plan))
     else:
         print_plan(Console(width=None if sys.stdout.isatty() else 160), the_plan, certificate)
-    for note in (cluster_note(the_plan), schedule_note(kernels, row_shards=False),
+    shown = config_from(vocab, prompts, updates, mode, "seed", policy, tables)
+    for note in (cluster_note(the_plan), schedule_note(kernels, False, shown),
                  _tables_note(vocab, mode, tables)):
         if note:
             click.echo(note, err=True)

@@ -107,10 +107,12 @@ def profiled_invocation(backend_name: str, bob_config, hyper: Hyper = Hyper(),
                         ) -> tuple[Plan, list[tuple[int, int]]]:
     """One training invocation, then its submissions again, every launch timed: the plan
     and (launch index, device ns) per launch run."""
+    from bob.host.own_code import require_covered
     from bob.host.session import Session
 
-    require_kernels(kernels, bob_config.schedule, (backend_name,))
+    require_kernels(kernels, (backend_name,))
     choice = choose_backend(backend_name, kernels=kernels)
+    require_covered(choice, bob_config)  # Bob's own code runs the plan, before any work
     opener = choice.opener
     assert opener is not None
 
@@ -160,11 +162,15 @@ def profile(backend_name, vocab, updates, mode, schedule, submission, kernels, a
     bob profile --backend cuda --schedule fused --json
     bob profile --backend nv --kernels own
     """
-    require_kernels(kernels, schedule, (backend_name,))  # before any work
+    require_kernels(kernels, (backend_name,))  # before any work
     if backend_name == "nv" and submission != "per-launch":
         raise BadInput("profiling on nv times one launch per submission: use --submission "
                        "per-launch (chained submissions cannot be bracketed launch by launch)")
+    from bob.host.own_code import require_own_plan
+    from bob.plan.placement import TARGETS
+
     bob_config = config_from(vocab, 0, updates, mode, schedule, submission)
+    require_own_plan(kernels, bob_config, TARGETS[config.DEFAULT_TARGET])  # before any work
     plan, times = profiled_invocation(backend_name, bob_config, kernels=kernels)
     result = {**report(backend_name, plan, times), "kernels": kernels}
     if as_json:

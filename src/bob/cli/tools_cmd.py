@@ -62,11 +62,14 @@ def check(backends, vocab, prompts, updates_per_invocation, steps, mode, arch, s
     """Run the same invocations on two backends; report the first byte that differs
     (--kernels own: the nv or nv-sim of the pair runs Bob's own kernels)."""
     from bob.host.check import differential_check
+    from bob.host.own_code import require_own_plan
+    from bob.plan.placement import TARGETS
 
     pair = _backend_pair(backends)
-    require_kernels(kernels, schedule, pair)  # before any work
+    require_kernels(kernels, pair)  # before any work
     config = config_from(vocab, prompts, updates_per_invocation, mode, schedule,
                          resolve_submission(submission, *pair))
+    require_own_plan(kernels, config, TARGETS[arch])  # the plan, before any work
     report = differential_check(pair, config, steps, seed=seed, arch=arch, kernels=kernels)
     if as_json:
         click.echo(json.dumps({

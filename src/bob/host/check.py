@@ -13,6 +13,7 @@ import numpy as np
 from bob.backends import Backend, choose_backend
 from bob.backends.registry import OWN_KERNEL_BACKENDS, require_kernels
 from bob.config import DEFAULT_KERNELS, DEFAULT_TARGET
+from bob.host import own_code
 from bob.host.session import Session, split_updates
 from bob.plan.model import Plan
 from bob.program.bob import CORPUS_TENSORS, HEALTH_TENSOR, TENSOR_NAMES, BobConfig, Hyper
@@ -108,12 +109,15 @@ def differential_check(backend_names: tuple[str, str], config: BobConfig, steps:
     """Train `steps` updates in invocations of `config.updates` on both backends; with
     ``kernels="own"`` the nv or nv-sim among them runs Bob's own kernels (the other may be
     cpu, the oracle)."""
-    require_kernels(kernels, config.schedule, backend_names)
+    require_kernels(kernels, backend_names)
+    choices = [choose_backend(name, arch=arch, arena=arena,
+                              kernels=kernels if name in OWN_KERNEL_BACKENDS
+                              else DEFAULT_KERNELS)
+               for name, arena in zip(backend_names, arenas, strict=True)]
+    for choice in choices:  # Bob's own code runs the plan (nv without NVRTC too)
+        own_code.require_covered(choice, config)
     record = random_record(config, seed)
-    sessions = [Session(choose_backend(name, arch=arch, arena=arena,
-                                       kernels=kernels if name in OWN_KERNEL_BACKENDS
-                                       else DEFAULT_KERNELS), hyper)
-                for name, arena in zip(backend_names, arenas, strict=True)]
+    sessions = [Session(choice, hyper) for choice in choices]
     states = [Checkpoint.zeros(config.vocab, hyper, config.mode)] * 2
     compared = bytes_compared = 0
     try:

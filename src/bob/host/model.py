@@ -88,7 +88,7 @@ class TrainConfig:
     out: str | None = None  # the checkpoint; None: a temporary file the model keeps
     resume: bool = False  # continue `out`'s run
     overwrite: bool = False  # start again over an existing `out`
-    backend: str = "auto"  # cuda where a GPU is usable, else cpu
+    backend: str = "auto"  # cuda where a GPU is usable, else nv, else cpu
     # How the tables are held: "auto" (collapsed where the data names few of the V x V
     # cells, and past V = 65536), "dense" or "collapsed" (bob.host.tables).
     tables: str = "auto"

@@ -45,7 +45,7 @@ from bob.backends import Backend, BackendChoice
 from bob.backends.base import ReadHandle
 from bob.config import CHECKPOINT_TENSORS
 from bob.errors import RunFailure
-from bob.host import stops
+from bob.host import own_code, stops
 from bob.plan.certificate import require_certified
 from bob.plan.model import Plan
 from bob.program.bob import BobConfig, Hyper, adam_scalar_table
@@ -182,6 +182,10 @@ class Session:
         if config not in self._open:
             plan = build_plan(config, self.choice.target, self.hyper,
                               compiled=self.choice.regions)
+            # Bob's own code: a region it has none for would launch no code (callers hold
+            # their plans to this before any work; this is the backstop).
+            own_code.require_regions_covered(
+                self.choice, (placed.name for placed in plan.placed_regions), config.vocab)
             certified = require_certified(plan)  # once: the backend takes it as certified
             backend = self.choice.open(certified)
             backend.between_kernels = stops.raise_pending  # past a compilation, at once

@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from bob.backends import BackendChoice, choose_backend, resolve_schedule, resolve_submission
+from bob.backends import BackendChoice, choose_backend, resolve_submission
 from bob.backends.registry import ASKED_FOR, ScheduleChoice, require_kernels
 from bob.config import (
     ARENA_KINDS,
@@ -50,6 +50,8 @@ from bob.config import (
     CHECKPOINT_TENSORS,
     DEFAULT_KERNELS,
     DEFAULT_TARGET,
+    MAX_DENSE_VOCAB,
+    MIN_VOCAB,
     SCHEDULE_CHOICES,
     SCHEDULE_FIELDS,
     SUBMISSION_CHOICES,
@@ -60,7 +62,7 @@ from bob.config import (
 )
 from bob.errors import BadInput, Interrupted, size_text
 from bob.files import check_output_file, require_apart, write_target
-from bob.host import stops
+from bob.host import own_code, stops
 from bob.host.data import (
     CorpusSpec,
     TrainingData,
@@ -91,6 +93,7 @@ from bob.records.checkpoint import (
     ranges_mask,
     symbol_ranges,
 )
+from bob.records.corpus import BYTE_VOCAB
 from bob.records.data_sources import DataSources
 from bob.records.shards import (
     checkpoint_exists,
@@ -156,7 +159,7 @@ class TrainRequest:
     steps: int = 1000  # AdamW updates this run makes
     checkpoint: str = DEFAULT_CHECKPOINT
     resume: bool = False  # continue the checkpoint's run (its step, history, hyperparameters)
-    backend: str = "auto"  # cuda where a GPU is usable, else cpu
+    backend: str = "auto"  # cuda where a GPU is usable, else nv, else cpu
     # AdamW's hyperparameters in full; None: hyper_changes over the checkpoint's own on
     # resume, else over the defaults.
     hyper: Hyper | None = None
@@ -200,8 +203,8 @@ class TrainRequest:
     gpus: tuple[int, ...] | None = None  # side by side, a Dask worker per GPU listed
     device_memory: int | None = None  # bytes a shard's arena may take: K follows from it
     dask_address: str | None = None  # side by side on the Dask scheduler at this address
-    # Whose machine code the seed's regions run: "nvrtc", or "own" (Bob's, bob.kernels.own:
-    # nv and nv-sim, seed schedule, the table in one piece).
+    # Whose machine code the plan's regions run: "nvrtc", or "own" (Bob's, bob.kernels.own:
+    # nv and nv-sim, the table in one piece, the plans own code covers: bob.host.own_code).
     kernels: str = DEFAULT_KERNELS
     # How the tables are held: "auto" (chosen from the data, bob.host.tables), "dense" or
     # "collapsed".
@@ -225,11 +228,12 @@ class TrainRequest:
                            f"{self.updates_per_invocation}")
         require_choice("schedule", self.schedule, SCHEDULE_CHOICES)
         require_choice("tables", self.tables, TABLES_CHOICES)
-        if self.tables == "collapsed" and self.kernels == "own":
-            raise BadInput("--kernels own runs the dense tables' regions: Bob's own code has "
-                           "no collapsed kernels; use --tables dense or --kernels nvrtc")
         require_choice("submission", self.submission, SUBMISSION_CHOICES)
-        require_kernels(self.kernels, self.schedule, (self.backend,))
+        require_kernels(self.kernels, (self.backend,))
+        if self.tables == "collapsed" and self.kernels == "own":
+            refused = own_code.collapsed_refusal()
+            if refused:
+                raise BadInput(refused)
         if self.save_every_seconds is not None and not (
                 math.isfinite(self.save_every_seconds) and self.save_every_seconds > 0):
             raise BadInput(f"save_every_seconds must be a positive number, not "
@@ -521,13 +525,22 @@ def run_one_piece(request: TrainRequest, progress: Progress | None = None,
     _require_checkpoint_as_asked(request)  # before the data, which may take hours to count
     choice = choose_backend(request.backend, arch=request.arch, arena=request.arena,
                             kernels=request.kernels)
+    foreseen = _foreseen_config(request, choice)
+    if foreseen is not None:  # the data's V and mode are known before it is read
+        own_code.require_covered(choice, foreseen)
     data = request_data(request, choice.name)
     validation = data.validation or validation_record(request.val_spec, data.record.vocab)
     if request.keep_best and validation is None:
         raise BadInput(KEEP_BEST_NEEDS_VALIDATION)
     named = named_keys(data.record, validation)
-    layout = choose_tables("dense" if request.kernels == "own" and request.tables == "auto"
-                           else request.tables, data.record.vocab, named.size)
+    own_dense = choice.kernels == "own" and request.tables == "auto" \
+        and own_code.collapsed_refusal() is not None  # own code has no collapsed kernels
+    layout = choose_tables("dense" if own_dense else request.tables, data.record.vocab,
+                           named.size)
+    if choice.kernels == "own":  # the plan as the data makes it, before anything is written
+        config, _ = run_config(request, data.record, choice, validation,
+                               tables=layout.tables)
+        own_code.require_covered(choice, config)
     refuse_slow_cpu(choice.name, data.record.vocab, request.steps, layout.tables, named.size)
     lock = (checkpoint_lock(request.checkpoint) if request.writes_checkpoint
             else contextlib.nullcontext())
@@ -732,22 +745,48 @@ def _successors(start: TrainingState, record: InputRecord,
     return symbol_ranges(either)
 
 
-def run_config(request: TrainRequest, record: InputRecord, backend: str,
+def run_config(request: TrainRequest, record: InputRecord, choice: BackendChoice,
                validation: InputRecord | None = None, start: TrainingState | None = None,
-               ) -> tuple[BobConfig, ScheduleChoice]:
-    """The configuration of a one-piece run's invocations on `backend` (a resolved name),
+               tables: str | None = None) -> tuple[BobConfig, ScheduleChoice]:
+    """The configuration of a one-piece run's invocations on `choice` (a resolved backend),
     its schedule and submission policy resolved, and why that schedule; its tables those
-    of the starting point `start` (dense where none is given)."""
-    schedule = resolve_schedule(request.schedule, backend, request.kernels)
+    of the starting point `start` (else `tables`, else dense)."""
+    held = ({"tables": start.tables, "exceptions": start.exceptions} if start is not None
+            else {"tables": tables} if tables is not None else {})
     config = BobConfig(vocab=record.vocab, prompts=0,
                        updates=min(request.invocation_updates, max(request.steps, 1)),
-                       mode=record.mode, schedule=schedule.schedule,
-                       submission=resolve_submission(request.submission, backend),
+                       mode=record.mode, schedule="seed",
+                       submission=resolve_submission(request.submission, choice.name),
                        pairs=record.pairs,
                        validation_pairs=0 if validation is None else validation.pairs,
-                       **({} if start is None else {"tables": start.tables,
-                                                    "exceptions": start.exceptions}))
-    return config, schedule
+                       **held)  # type: ignore[arg-type]
+    schedule = own_code.schedule_for(request.schedule, choice, config)
+    return replace(config, schedule=schedule.schedule), schedule
+
+
+def _foreseen_config(request: TrainRequest, choice: BackendChoice) -> BobConfig | None:
+    """The configuration of the run's plan (its schedule resolved) where it follows from the
+    request alone, its data unread: texts, token files or the built-in corpus (corpus mode,
+    V from the request); None for the data whose V or mode only the data says, or where the
+    choice runs NVRTC's code (nothing to hold before the data)."""
+    if choice.kernels != "own" or (request.resume and not request.names_data):
+        return None
+    spec = request.data_spec
+    if request.input_record is not None or (spec is not None and spec.counts):
+        return None
+    if spec is not None and spec.tokens and spec.vocab is None:
+        return None  # refused where the data is read: token files need --vocab
+    vocab = spec.vocab if spec is not None and spec.vocab is not None else BYTE_VOCAB
+    if not MIN_VOCAB <= vocab <= MAX_DENSE_VOCAB:
+        return None  # refused where the tables are chosen, in its own words
+    config = BobConfig(vocab=vocab, prompts=0,
+                       updates=min(request.invocation_updates, max(request.steps, 1)),
+                       mode="corpus", submission=resolve_submission(request.submission,
+                                                                    choice.name),
+                       pairs=1, validation_pairs=int(request.validates),
+                       tables="collapsed" if request.tables == "collapsed" else "dense")
+    return replace(config,
+                   schedule=own_code.schedule_for(request.schedule, choice, config).schedule)
 
 
 def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
@@ -760,7 +799,7 @@ def _train_from(request: TrainRequest, start: StartingPoint, data: TrainingData,
     # The checkpoint's grain: its histories gain a point, and the save policy may save,
     # every -N updates (and at the end), however often eval points end invocations.
     grain = request.updates_per_invocation
-    config, schedule = run_config(request, record, choice.name, validation, start.state)
+    config, schedule = run_config(request, record, choice, validation, start.state)
     policy = SavePolicy.of(request, start.state.file_bytes)
     # Collapsed tables are O(V + K) bytes: every invocation's come back to the host (a
     # save, a stop, the last shorter invocation start from them), never streamed.

@@ -1,26 +1,32 @@
-"""Regions from Bob's own images: the kernels' machine code with no compiler and no cubin.
+"""Regions from Bob's own images: machine code with no compiler and no cubin.
 
     own_regions(SM90)                       # every region Bob has own code for
     with_own_kernels(compiled, SM90)        # NVRTC's regions with those replaced
+    coverage_refusal(names, 4096)           # None, or why a plan of these regions cannot run
 
-``bob.kernels.own`` writes the kernels (the seed schedule's, the scatter and the loss
-alone, the health check) with Bob's instruction builder. This module turns each image
-into the region the plan declares, after checking what NVRTC's regions are checked for
-(``bob.kernels.cuda.regions``): the image reads its arguments exactly where the plan's
-parameter block holds them (every parameter, at its offset, with its size), its
-schedule passes ``bob.isa.check``, and its registers and shared memory fit the target.
-The plan and the certificate take the regions unchanged; the nv backend places the code
-in the program component and the register count and shared window in the QMD, as it
-does NVRTC's. Regions Bob has no own code for (those not in
-``own.BUILDERS``, or past a region's ``own.VOCAB_LIMITS``) stay NVRTC's. The nv
-backend's snapshot copy kernels are no regions: ``bob.kernels.cuda.snapshot`` takes
-Bob's own (``own.copy``) where NVRTC is not installed, decoded and checked with this
-module's functions.
+``bob.kernels.own`` writes kernels (its ``BUILDERS``: the seed schedule's row gather,
+loss-gradient in both modes, AdamW and greedy argmax, the scatter and the loss alone,
+the health check, and every family added beside them) with Bob's instruction builder.
+This module turns each image into the region the plan declares, after checking what
+NVRTC's regions are checked for (``bob.kernels.cuda.regions``): the image reads its
+arguments exactly where the plan's parameter block holds them (every parameter, at its
+offset, with its size), its schedule passes ``bob.isa.check``, and its registers and
+shared memory fit the target. The plan and the certificate take the regions unchanged;
+the nv backend places the code in the program component and the register count and
+shared window in the QMD, as it does NVRTC's. The nv backend's snapshot copy kernels are
+no regions: ``bob.kernels.cuda.snapshot`` takes Bob's own (``own.copy``) where NVRTC is
+not installed, decoded and checked with this module's functions.
+
+Which plans own code runs (``coverage_refusal``): the schedule's own kernels (the gather,
+the loss-gradient, AdamW or the fused kernel, the argmax) must all be Bob's; the regions
+every plan holds beside them (the health check, the scatter, the loss alone) are Bob's
+where it has them and NVRTC's where not, while NVRTC is installed. Without NVRTC every
+region must be Bob's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from bob.errors import RunFailure
 from bob.isa import table
@@ -36,6 +42,20 @@ from bob.plan.placement import argument_slots
 OWN_REGIONS = tuple(own.BUILDERS)  # the regions Bob has its own machine code for
 MAX_REGISTERS = 255  # per thread, what a QMD's register count allows
 WIDE_LOAD = "64"  # LDC.64 / ULDC.64: a constant-bank read of 8 bytes
+# The regions a plan holds beside its schedule's kernels, in either table layout: where Bob
+# has no own code for one, NVRTC's runs it (when NVRTC is installed). One Bob has code for
+# is Bob's at every V (the regions go by name), so it must serve the plan's V.
+SHARED_REGIONS = frozenset({sig.HEALTH, sig.SCATTER, sig.LOSS_ONLY_CORPUS, sig.COLLAPSED_HEALTH,
+                            sig.COLLAPSED_SCATTER, sig.COLLAPSED_LOSS_ONLY})
+# The fused schedule's training regions (--schedule seed has none of them), and the
+# collapsed tables' (--tables dense has none): a refusal of those alone says so.
+FUSED_REGIONS = frozenset(name for name in sig.SIGNATURES if name.startswith("bob-fused-")) \
+    | {sig.COLLAPSED_FUSED_HARD, sig.COLLAPSED_FUSED_CORPUS}
+CUDA_EXTRA = "pip install 'bob-bigram[cuda]'"
+# Every region of the seed schedule's one-piece dense plans, in either mode, validation
+# included: where own code runs all of them at every V, nv without NVRTC runs any such run.
+SEED_SCHEDULE_REGIONS = (sig.GATHER, sig.LOSS_HARD, sig.LOSS_CORPUS, sig.ADAMW, sig.ARGMAX,
+                         sig.HEALTH, sig.SCATTER, sig.LOSS_ONLY_CORPUS)
 
 
 def parameter_reads(instructions: list[Instruction], target: Target) -> dict[int, int]:
@@ -116,8 +136,58 @@ def own_regions(target: Target) -> dict[str, Region]:
 
 
 def with_own_kernels(regions: Mapping[str, Region] | None, target: Target) -> dict[str, Region]:
-    """`regions` (NVRTC's, or none) with the seed's regions replaced by Bob's own."""
+    """`regions` (NVRTC's, or none) with those Bob has own code for replaced by it."""
     return {**(regions or {}), **own_regions(target)}
+
+
+def uncovered(names: Iterable[str], vocab: int) -> tuple[str, ...]:
+    """The regions among `names` (once each, in their order) that Bob's own code does not run
+    at vocabulary `vocab` (bob.kernels.own.covers)."""
+    return tuple(name for name in dict.fromkeys(names) if not own.covers(name, vocab))
+
+
+def needs_own_code(name: str, nvrtc: bool) -> bool:
+    """Whether a plan's region `name` must be Bob's own code: every region without NVRTC;
+    with it, all but a shared region Bob has no code for (NVRTC's runs that one)."""
+    return not nvrtc or name not in SHARED_REGIONS or name in own.BUILDERS
+
+
+def coverage_refusal(names: Iterable[str], vocab: int, nvrtc: bool = True) -> str | None:
+    """None where Bob's own code runs a plan of the regions `names` at vocabulary `vocab`,
+    else the one line that refuses it, naming the regions: with NVRTC installed for the
+    shared regions (`--kernels own`), or without it (nv where NVRTC is not installed)."""
+    missing = uncovered((name for name in names if needs_own_code(name, nvrtc)), vocab)
+    if not missing:
+        return None
+    ways = []
+    if all(name in FUSED_REGIONS for name in missing):
+        ways.append("--schedule seed")
+    if all(name in sig.COLLAPSED_REGIONS for name in missing):
+        ways.append("--tables dense")
+    where = f"{', '.join(missing)} (V = {vocab})"
+    if nvrtc:
+        return (f"--kernels own: Bob has no own machine code for {where}; use "
+                f"{' or '.join(['--kernels nvrtc', *ways])}")
+    return (f"nv runs Bob's own machine code here (NVRTC is not installed), and Bob has none "
+            f"for {where}: {' or '.join([CUDA_EXTRA, *ways])}")
+
+
+def seed_schedule_gaps() -> tuple[str, ...]:
+    """The seed schedule's regions Bob's own code does not run at every V (none once it has
+    them all): what keeps `auto` from nv where NVRTC is not installed."""
+    return tuple(name for name in SEED_SCHEDULE_REGIONS
+                 if name not in own.BUILDERS or name in own.VOCAB_LIMITS)
+
+
+def collapsed_refusal() -> str | None:
+    """None where Bob's own code has the collapsed tables' kernels (their plans are then held
+    to coverage_refusal like any), else the line that refuses --tables collapsed with it."""
+    missing = [name for name in sig.COLLAPSED_REGIONS
+               if needs_own_code(name, nvrtc=True) and name not in own.BUILDERS]
+    if not missing:
+        return None
+    return (f"--kernels own: Bob has no own machine code for the collapsed tables' regions "
+            f"({', '.join(missing)}); use --kernels nvrtc or --tables dense")
 
 
 def own_listing(target: Target, names: tuple[str, ...] = OWN_REGIONS) -> str:
