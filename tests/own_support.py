@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from bob.isa.builder import ORDERINGS, ordering
 from bob.kernels.own import LANES, Asm, Scratch, divide, p, r, square_root
 from bob.plan.model import Footprint, PointerParam, ScalarParam
 from isa_emulator import Arena, Launch, constants
+
+
+@pytest.fixture(params=ORDERINGS)
+def code_order(request):
+    """Every image built in a test is built in this ordering of its straight runs (a test
+    module takes it for all its tests: `pytestmark = pytest.mark.usefixtures(...)`)."""
+    with ordering(request.param):
+        yield request.param
+
 
 ELEMENTWISE = (
     PointerParam("out", Footprint(4, ("count",)), "write"),

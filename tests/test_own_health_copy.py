@@ -29,9 +29,11 @@ from bob.plan.placement import SM86, SM90
 from conftest import needs_nvrtc
 from isa_emulator import Arena, Launch, constants
 from isa_support import require_tool
-from own_support import run_region
+from own_support import code_order, run_region  # noqa: F401 - the fixture
 
 ARCHS = ("sm_90", "sm_86")
+# Every test on the code in each ordering of its straight runs (bob.isa.builder).
+pytestmark = pytest.mark.usefixtures("code_order")
 LANES = 256
 # What ptxas writes for atomicAdd(&health[i], unsigned long long) with its result unused
 # (NVRTC, sm_90 and sm_86 alike): RED(G).E.ADD.64.STRONG.GPU desc[UR4][R2.64], R4.

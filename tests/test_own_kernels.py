@@ -9,22 +9,16 @@ import numpy as np
 import pytest
 
 from bob.isa import codec, oracle, table, text
-from bob.isa.builder import ORDERINGS, ordering
 from bob.isa.check import check
 from bob.kernels import own
 from bob.kernels import reference as ref
 from bob.kernels import signatures as sig
 from isa_support import require_tool
-from own_support import run_region
+from own_support import code_order, run_region  # noqa: F401 - the fixture
 
 ARCHS = ("sm_90", "sm_86")
 
-
-@pytest.fixture(autouse=True, params=ORDERINGS)
-def code_order(request):
-    """Every image built in a test is built in this ordering."""
-    with ordering(request.param):
-        yield request.param
+pytestmark = pytest.mark.usefixtures("code_order")
 
 
 def _bits(x: np.ndarray) -> np.ndarray:

@@ -21,9 +21,11 @@ from bob.plan.placement import TARGETS
 from bob.program.bob import scatter_grid
 from conftest import assert_same_bits
 from isa_support import require_tool
-from own_support import run_region
+from own_support import code_order, run_region  # noqa: F401 - the fixture
 
 ARCHS = ("sm_90", "sm_86")
+# Every test on the code in each ordering of its straight runs (bob.isa.builder).
+pytestmark = pytest.mark.usefixtures("code_order")
 CANONICAL_NAN = 0x7FFFFFFF
 # Bits a copy must keep: NaN payloads (quiet and signalling, both signs), -0, subnormals,
 # infinities.

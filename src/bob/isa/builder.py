@@ -168,7 +168,8 @@ class Builder:
                                        item.guard)
             resolved.append(item)
         if self.ordering == "latency":
-            resolved = reorder(resolved, self.table, starts)
+            resolved = reorder(resolved, self.table, starts,
+                               cost=lambda order: stall_cycles(order, self.table, starts))
         return schedule(resolved, self.table, starts) + tail(len(resolved))
 
     def image(self, name: str, *, shared_bytes: int = 0) -> Image:
@@ -182,6 +183,16 @@ class Builder:
         shared = shared_bytes + (self.facts.reserved_shared if shared_bytes else 0)
         return Image(name, self.arch, code, registers, shared, int(uses_barrier),
                      tuple(instructions))
+
+
+def stall_cycles(instructions: list[Instruction], table: Table,
+                 block_starts: set[int] | frozenset[int] = frozenset()) -> float:
+    """The fixed stalls `schedule` gives this order, summed (inf where it cannot)."""
+    try:
+        scheduled = schedule(instructions, table, block_starts)
+    except ValueError:
+        return float("inf")
+    return float(sum(instruction.control.stall for instruction in scheduled))
 
 
 def tail(count: int) -> list[Instruction]:

@@ -17,10 +17,14 @@ Order is kept wherever it could matter:
   they are, and nothing crosses them or a label.
 
 What the reordered code computes is what the written order computes, instruction for
-instruction; ``schedule`` then sets its controls and ``bob.isa.check`` proves them.
+instruction; ``schedule`` then sets its controls and ``bob.isa.check`` proves them. The
+builder keeps a run's new order only where the program's fixed stalls, as ``schedule``
+sets them, come out fewer (``reorder``'s `cost`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from bob.isa import latency
 from bob.isa.check import Effects, effects
@@ -109,22 +113,46 @@ def _run(instructions: list[Instruction], table: Table) -> list[Instruction]:
     return [instructions[i] for i in order]
 
 
-def reorder(instructions: list[Instruction], table: Table,
-            block_starts: set[int] | frozenset[int] = frozenset()) -> list[Instruction]:
-    """`instructions` with each straight run list-scheduled; every fence (branch, EXIT,
-    barrier, unknown instruction) and every block start keeps its index, so resolved
-    branch offsets and labels stay true."""
-    result: list[Instruction] = []
-    run: list[Instruction] = []
+def runs(instructions: list[Instruction], table: Table,
+         block_starts: set[int] | frozenset[int] = frozenset()) -> list[tuple[int, int]]:
+    """The straight runs as (first, end) index pairs: split at every block start and
+    around every fence (branch, EXIT, barrier, unknown instruction)."""
+    spans: list[tuple[int, int]] = []
+    first = 0
     for index, instruction in enumerate(instructions):
-        if index in block_starts:
-            result += _run(run, table)
-            run = []
+        if index in block_starts and index > first:
+            spans.append((first, index))
+            first = index
         if _is_fence(instruction, table, effects(instruction, table)):
-            result += _run(run, table)
-            run = []
-            result.append(instruction)
-        else:
-            run.append(instruction)
-    result += _run(run, table)
+            if index > first:
+                spans.append((first, index))
+            first = index + 1
+    if len(instructions) > first:
+        spans.append((first, len(instructions)))
+    return spans
+
+
+def reorder(instructions: list[Instruction], table: Table,
+            block_starts: set[int] | frozenset[int] = frozenset(),
+            cost: Callable[[list[Instruction]], float] | None = None) -> list[Instruction]:
+    """`instructions` with each straight run list-scheduled; every fence and every block
+    start keeps its index, so resolved branch offsets and labels stay true.
+
+    With `cost` (of a whole program: lower is better), a run takes its new order only
+    where the program costs less with it than without: the list scheduler's estimate of
+    the machine is coarser than the controls' own, and a run it would slow stays as it
+    was. The result never costs more than the written order."""
+    result = list(instructions)
+    best = cost(result) if cost else 0.0
+    for first, end in runs(instructions, table, block_starts):
+        ordered = _run(result[first:end], table)
+        if ordered == result[first:end]:
+            continue
+        candidate = result[:first] + ordered + result[end:]
+        if cost is None:
+            result = candidate
+            continue
+        price = cost(candidate)
+        if price < best:
+            result, best = candidate, price
     return result
