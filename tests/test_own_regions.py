@@ -34,7 +34,7 @@ SEED_REGIONS = {sig.GATHER, sig.LOSS_HARD, sig.LOSS_CORPUS, sig.ADAMW, sig.ARGMA
 @pytest.mark.parametrize("target", [SM90, SM86], ids=lambda t: t.name)
 def test_the_seed_regions_carry_the_images_code_and_resources(target):
     regions = own_regions(target)
-    assert set(regions) == SEED_REGIONS == set(OWN_REGIONS)
+    assert set(regions) == set(OWN_REGIONS) and SEED_REGIONS <= set(OWN_REGIONS)
     for name, region in regions.items():
         image = own.image(name, target.name)
         assert region.code == image.code and len(region.code) % 16 == 0

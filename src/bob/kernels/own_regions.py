@@ -1,10 +1,11 @@
 """Regions from Bob's own images: the seed kernels' machine code with no compiler and no cubin.
 
-    own_regions(SM90)                       # the seed's five regions, code from bob.kernels.own
-    with_own_kernels(compiled, SM90)        # NVRTC's regions with those five replaced
+    own_regions(SM90)                       # the regions with code from bob.kernels.own
+    with_own_kernels(compiled, SM90)        # NVRTC's regions with those replaced
 
 ``bob.kernels.own`` writes the seed kernels (row gather, the loss-gradient in both
-modes, AdamW, greedy argmax) with Bob's instruction builder. This module turns each
+modes, AdamW, greedy argmax) and the fused schedule's register-resident kernel in both
+modes (V <= 1024) with Bob's instruction builder. This module turns each
 image into the region the plan declares, after checking what NVRTC's regions are
 checked for (``bob.kernels.cuda.regions``): the image reads its arguments exactly
 where the plan's parameter block holds them (every parameter, at its offset, with
@@ -12,7 +13,9 @@ its size), its schedule passes ``bob.isa.check``, and its registers and shared m
 fit the target. The plan and the certificate take the regions unchanged; the nv
 backend places the code in the program component and the register count and shared
 window in the QMD, as it does NVRTC's. Regions Bob has no own code for (the health
-check, the scatter, the loss alone, the fused kernels) stay NVRTC's.
+check, the scatter, the loss alone, the other fused kernels: wide, tall, stream, held,
+cluster) stay NVRTC's; the resident kernel's own code serves no plan past V = 1024
+(``own.covers``), its image trapping there.
 """
 
 from __future__ import annotations

@@ -1,0 +1,271 @@
+"""The fused schedule's register-resident kernel in Bob's own machine code, both modes
+(bob-fused-train and -corpus, ARITHMETIC.md "bob-fused-train"), for rows of at most
+RESIDENT_VOCAB columns.
+
+One block per row runs `updates` updates of its row: the row's loss-gradient from the
+current parameters (the operations and order of ``seed.loss_gradient_hard``/``_corpus``),
+then AdamW with update k's scalars (row k of adam_scalars, the order of ``seed.adamw``).
+Lane l holds elements l + 256 i (slot i < RESIDENT_SLOTS) of w, m, v (and the corpus
+weights) in registers for all the updates: the row is read once and written once. With
+`finish`, the final row's loss and gradient are stored. A vocabulary past RESIDENT_VOCAB
+(the region name serves larger ones with NVRTC's code) traps, uniformly over the block.
+
+Slots wholly past V are skipped by a uniform branch (256 i >= V); a lane's element past V
+in a slot that is not is computed but never reduced or stored (its predicate is off).
+Values kept between updates are not canonicalized (stores are): no result depends on a
+NaN's payload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bob.isa.builder import Image
+from bob.isa.model import RZ, CBuf, Imm
+from bob.kernels import signatures as sig
+from bob.kernels.own.asm import (
+    DIVIDE_SCRATCH,
+    LANES,
+    NAN_BITS,
+    NEG_INF,
+    ONE,
+    SIGN,
+    SQRT_SCRATCH,
+    Asm,
+    Scratch,
+    divide,
+    exp2,
+    log2,
+    p,
+    r,
+    row_address,
+    square_root,
+    tree,
+)
+from bob.kernels.own.seed import _exponent  # z = (w - max) log2e, as the seed computes it
+
+RESIDENT_SLOTS = 4  # row elements a lane holds in registers
+RESIDENT_VOCAB = RESIDENT_SLOTS * LANES  # the longest row the kernel serves
+ADAM_STRIDE = 8  # floats per row of adam_scalars: 7 scalars and padding
+SLOT_BYTES = 4 * LANES  # from one slot's element of a lane to the next
+
+# Registers. R0 tid, R1 ctaid, R2 tid * 4, R3 V; lane addresses (row base + 4 tid) of w, m
+# and v; the rest as named. The AdamW scalars' registers hold the finish's values after the
+# last update.
+TID, CTAID, WORD, VOCAB = 0, 1, 2, 3
+W_LANE, M_LANE, V_LANE, ADDRESS = 4, 6, 8, 10  # 64-bit pairs
+UPDATE, TARGET, WEIGHT_SUM, ROW_MAX, ROW_SUM, PARTIAL, X, G = range(12, 20)
+W, M, V, E, T = (20 + RESIDENT_SLOTS * n for n in range(5))  # slot i: W + i, ...
+ADAM = 40  # decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat
+DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, STEP_SIZE, EPS_HAT = range(ADAM, ADAM + 7)
+Y = 47
+BIG_L, LOSS_ADDRESS = ADAM, ADAM + 2  # at the finish
+SCRATCH = 48  # the routines' scratch (log2's 32 the most)
+INSIDE = 5  # the predicate of "this lane's element of the slot is in the row"
+
+
+def _inside(s: Asm, slot: int, pred: int = INSIDE, other: int | None = None) -> None:
+    """pred := tid + 256 slot < V (and `other`); X holds the column j."""
+    s.add(X, r(TID), LANES * slot)
+    s.isetp(pred, "LT", r(X), r(VOCAB), **({} if other is None else {"other": p(other)}))
+
+
+def _lane_address(s: Asm, d: int, name: str) -> None:
+    """d:d+1 := the address of this lane's slot-0 element of the block's row of `name`."""
+    row_address(s, d, name, CTAID, VOCAB, SCRATCH)
+    s.wide(d, r(TID), 4, d)
+
+
+def _slots(s: Asm, body: Callable[[int], None]) -> None:
+    """body(i) for every slot with an element in the row: slot i > 0 is skipped, with
+    the ones after it, by a uniform branch when 256 i >= V."""
+    end = s.fresh("slots_done")
+    for slot in range(RESIDENT_SLOTS):
+        if slot:
+            s.isetp(6, "LE", r(VOCAB), LANES * slot)
+            s.b.bra(end, guard=p(6))
+        body(slot)
+    s.b.label(end)
+
+
+def _exponentials(s: Asm) -> None:
+    """ROW_MAX := the row max of w; E + i := exp2((w_i - max) log2e); ROW_SUM := their row
+    sum (ARITHMETIC.md's lanes and tree: lane l takes its slots in order)."""
+    s.mov(PARTIAL, NEG_INF)
+    for slot in range(RESIDENT_SLOTS):
+        _inside(s, slot)
+        s.fsetp(4, "GT", r(W + slot), r(PARTIAL), other=p(INSIDE))  # select_max, in the row
+        s.fsel(PARTIAL, r(W + slot), r(PARTIAL), p(4))
+    tree(s, ROW_MAX, PARTIAL, WORD, "max", Scratch(SCRATCH, 2))
+    s.mov(PARTIAL, 0)
+
+    def exponential(slot: int) -> None:
+        _exponent(s, G, W + slot, ROW_MAX)
+        exp2(s, E + slot, G, Scratch(SCRATCH, 5))
+        _inside(s, slot)
+        s.fadd(PARTIAL, r(PARTIAL), r(E + slot), guard=p(INSIDE))
+
+    _slots(s, exponential)
+    tree(s, ROW_SUM, PARTIAL, WORD, "sum", Scratch(SCRATCH, 2))
+
+
+def _gradient(s: Asm, corpus: bool, slot: int) -> None:
+    """G := the element's gradient from p = e / s: hard p (1/V), (p - 1) (1/V) at the
+    target; corpus rowsum(T) p - T. Clobbers P0..P5."""
+    divide(s, G, E + slot, ROW_SUM, Scratch(SCRATCH, DIVIDE_SCRATCH))
+    if corpus:
+        s.fmul(G, r(WEIGHT_SUM), r(G))
+        s.fadd(G, r(G), r(T + slot, neg=True))
+    else:
+        s.add(X, r(TID), LANES * slot)
+        s.isetp(4, "EQ", r(X), r(TARGET))
+        s.fadd(G, r(G), ONE | SIGN, guard=p(4))
+        s.fmul(G, r(G), s.param("inverse_rows"))
+
+
+def _adamw(s: Asm, slot: int) -> None:
+    """AdamW on the slot's element with gradient G, in seed.adamw's order."""
+    w, m, v = W + slot, M + slot, V + slot
+    s.fmul(w, r(w), r(DECAY))
+    s.fmul(m, r(m), r(BETA1))
+    s.fmul(X, r(G), r(ONE_MINUS_BETA1))
+    s.fadd(m, r(m), r(X))
+    s.fmul(v, r(v), r(BETA2))
+    s.fmul(X, r(G), r(G))
+    s.fmul(X, r(X), r(ONE_MINUS_BETA2))
+    s.fadd(v, r(v), r(X))
+    square_root(s, X, v, Scratch(SCRATCH, SQRT_SCRATCH))
+    s.fadd(X, r(X), r(EPS_HAT))
+    s.fmul(Y, r(m), r(STEP_SIZE))
+    divide(s, Y, Y, X, Scratch(SCRATCH, DIVIDE_SCRATCH))
+    s.fadd(w, r(w), r(Y, neg=True))
+
+
+def _fused(arch: str, corpus: bool) -> Image:
+    region = sig.FUSED_CORPUS if corpus else sig.FUSED_HARD
+    s = Asm(arch, sig.SIGNATURES[region])
+    s.prologue(TID, CTAID, scratch=VOCAB)
+    s.shl(WORD, r(TID), 2)
+    s.op("LDC", r(VOCAB), CBuf(0, s.slots["vocab"], index=RZ))
+    # A longer row is not this kernel's: every lane traps (the branch is uniform).
+    served = s.fresh("vocab_served")
+    s.isetp(0, "LE", r(VOCAB), RESIDENT_VOCAB)
+    s.b.bra(served, guard=p(0))
+    s.op("BPT.TRAP", Imm(1))
+    s.b.label(served)
+    s.isetp(0, "GE", r(CTAID), r(VOCAB))
+    s.exit(guard=p(0))  # a block past the last row, whole
+    for lane, name in ((W_LANE, "parameters"), (M_LANE, "first_moment"),
+                       (V_LANE, "second_moment")):
+        _lane_address(s, lane, name)
+
+    # The row into registers, every load in flight together (past V: zeros).
+    if corpus:
+        _lane_address(s, ADDRESS, "weights")
+    else:
+        s.pointer(ADDRESS, "targets")
+        s.wide(ADDRESS, r(CTAID), 4, ADDRESS)
+        s.ldg(TARGET, ADDRESS)
+    for slot in range(RESIDENT_SLOTS):
+        _inside(s, slot, pred=slot)
+    loaded = ((W, W_LANE), (M, M_LANE), (V, V_LANE)) + (((T, ADDRESS),) if corpus else ())
+    for slot in range(RESIDENT_SLOTS):
+        for first, lane in loaded:
+            s.mov(first + slot, 0)
+            s.ldg(first + slot, lane, guard=p(slot), offset=SLOT_BYTES * slot)
+    if corpus:
+        s.mov(PARTIAL, 0)
+        for slot in range(RESIDENT_SLOTS):
+            s.fadd(PARTIAL, r(PARTIAL), r(T + slot), guard=p(slot))
+        tree(s, WEIGHT_SUM, PARTIAL, WORD, "sum", Scratch(SCRATCH, 2))
+
+    # The updates: k = 0 .. updates - 1, each with row k of adam_scalars.
+    top, updated = s.fresh("update"), s.fresh("updated")
+    s.mov(UPDATE, 0)
+    s.b.label(top)
+    s.isetp(6, "GE", r(UPDATE), s.param("updates"))
+    s.b.bra(updated, guard=p(6))
+    s.pointer(ADDRESS, "adam_scalars")
+    s.wide(ADDRESS, r(UPDATE), 4 * ADAM_STRIDE, ADDRESS)
+    for index in range(7):
+        s.ldg(ADAM + index, ADDRESS, offset=4 * index)
+    _exponentials(s)
+
+    def update(slot: int) -> None:
+        _gradient(s, corpus, slot)
+        _adamw(s, slot)
+
+    _slots(s, update)
+    s.add(UPDATE, r(UPDATE), 1)
+    s.b.bra(top)
+    s.b.label(updated)
+
+    # The finish: the final row's gradient and loss.
+    finished = s.fresh("finished")
+    s.mov(X, s.param("finish"))
+    s.isetp(6, "EQ", r(X), 0)
+    s.b.bra(finished, guard=p(6))
+    _exponentials(s)
+    log2(s, BIG_L, ROW_SUM, Scratch(SCRATCH, 32))
+    _lane_address(s, ADDRESS, "gradients")
+    s.pointer(LOSS_ADDRESS, "loss")
+    s.wide(LOSS_ADDRESS, r(CTAID), 4, LOSS_ADDRESS)
+    s.mov(PARTIAL, 0)
+
+    def finish(slot: int) -> None:
+        _gradient(s, corpus, slot)
+        s.canonical(G, 0)
+        _inside(s, slot)
+        s.stg(ADDRESS, G, guard=p(INSIDE), offset=SLOT_BYTES * slot)
+        _exponent(s, G, W + slot, ROW_MAX)
+        s.fadd(G, r(BIG_L), r(G, neg=True))  # L - z
+        if corpus:
+            s.fmul(G, r(G), r(T + slot))
+            s.fadd(PARTIAL, r(PARTIAL), r(G), guard=p(INSIDE))
+        else:  # the lane holding the target stores the row's loss
+            s.fmul(G, r(G), s.param("ln2"))
+            s.canonical(G, 0)
+            s.isetp(4, "EQ", r(X), r(TARGET), other=p(INSIDE))
+            s.stg(LOSS_ADDRESS, G, guard=p(4))
+
+    _slots(s, finish)
+    if corpus:
+        tree(s, G, PARTIAL, WORD, "sum", Scratch(SCRATCH, 2))
+        s.fmul(G, r(G), s.param("ln2"))
+        s.canonical(G, 0)
+        s.isetp(4, "EQ", r(TID), 0)
+    else:  # a target >= V (never admitted): lane 0 stores NaN
+        s.mov(G, NAN_BITS)
+        s.isetp(4, "GE", r(TARGET), r(VOCAB))
+        s.isetp(4, "EQ", r(TID), 0, other=p(4))
+    s.stg(LOSS_ADDRESS, G, guard=p(4))
+    s.b.label(finished)
+
+    # The row back, once, canonical.
+    for slot in range(RESIDENT_SLOTS):
+        _inside(s, slot, pred=slot)
+    for slot in range(RESIDENT_SLOTS):
+        for first, lane in ((W, W_LANE), (M, M_LANE), (V, V_LANE)):
+            s.canonical(first + slot, 4)
+            s.stg(lane, first + slot, guard=p(slot), offset=SLOT_BYTES * slot)
+    s.exit()
+    return s.image(sig.ENTRIES[region], shared_bytes=4 * LANES)
+
+
+def fused_train_hard(arch: str) -> Image:
+    """bob-fused-train for V <= RESIDENT_VOCAB: the row's hard-target gradient (seed
+    loss_gradient_hard's operations) then AdamW, `updates` times; the final loss and
+    gradient with `finish`."""
+    return _fused(arch, corpus=False)
+
+
+def fused_train_corpus(arch: str) -> Image:
+    """bob-fused-train-corpus for V <= RESIDENT_VOCAB: as fused_train_hard with the
+    corpus gradient (seed loss_gradient_corpus's operations) and loss."""
+    return _fused(arch, corpus=True)
+
+
+BUILDERS = {
+    sig.FUSED_HARD: fused_train_hard,
+    sig.FUSED_CORPUS: fused_train_corpus,
+}
