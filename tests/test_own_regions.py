@@ -65,7 +65,7 @@ def test_own_regions_declare_what_nvrtc_s_regions_declare():
     mixed = with_own_kernels(compiled, SM90)
     assert set(mixed) == set(compiled)
     for name in compiled:
-        assert mixed[name].code == (own.image(name, "sm_90").code if name in SEED_REGIONS
+        assert mixed[name].code == (own.image(name, "sm_90").code if name in OWN_REGIONS
                                     else compiled[name].code)
 
 

@@ -38,7 +38,6 @@ from bob.kernels.own.asm import (
     log2,
     p,
     r,
-    row_address,
     square_root,
     tree,
 )
@@ -71,9 +70,11 @@ def _inside(s: Asm, slot: int, pred: int = INSIDE, other: int | None = None) -> 
 
 
 def _lane_address(s: Asm, d: int, name: str) -> None:
-    """d:d+1 := the address of this lane's slot-0 element of the block's row of `name`."""
-    row_address(s, d, name, CTAID, VOCAB, SCRATCH)
-    s.wide(d, r(TID), 4, d)
+    """d:d+1 := the address of this lane's slot-0 element of the block's row of `name`:
+    the pointer + 4 (row V + tid), whose index fits 32 bits (V <= RESIDENT_VOCAB)."""
+    s.mad(SCRATCH, r(CTAID), r(VOCAB), r(TID))
+    s.pointer(d, name)
+    s.wide(d, r(SCRATCH), 4, d)
 
 
 def _slots(s: Asm, body: Callable[[int], None]) -> None:
@@ -170,8 +171,10 @@ def _fused(arch: str, corpus: bool) -> Image:
         _inside(s, slot, pred=slot)
     loaded = ((W, W_LANE), (M, M_LANE), (V, V_LANE)) + (((T, ADDRESS),) if corpus else ())
     for slot in range(RESIDENT_SLOTS):
-        for first, lane in loaded:
+        for first, _ in loaded:
             s.mov(first + slot, 0)
+    for slot in range(RESIDENT_SLOTS):
+        for first, lane in loaded:
             s.ldg(first + slot, lane, guard=p(slot), offset=SLOT_BYTES * slot)
     if corpus:
         s.mov(PARTIAL, 0)
