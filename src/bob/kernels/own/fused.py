@@ -19,12 +19,12 @@ NaN's payload.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from bob.isa.builder import Image
 from bob.isa.model import RZ, CBuf, Imm
 from bob.kernels import signatures as sig
 from bob.kernels.own.asm import (
-    DIVIDE_SCRATCH,
     LANES,
     NAN_BITS,
     NEG_INF,
@@ -47,20 +47,41 @@ RESIDENT_SLOTS = 4  # row elements a lane holds in registers
 RESIDENT_VOCAB = RESIDENT_SLOTS * LANES  # the longest row the kernel serves
 ADAM_STRIDE = 8  # floats per row of adam_scalars: 7 scalars and padding
 SLOT_BYTES = 4 * LANES  # from one slot's element of a lane to the next
+# Of its scratch, divide takes t(0..17) and log2 8 more (Scratch refuses a routine that
+# asks past its count): taking no more keeps both kernels at 64 registers.
+DIVIDE_REGISTERS = 18
+LOG2_REGISTERS = 8 + DIVIDE_REGISTERS
 
-# Registers. R0 tid, R1 ctaid, R2 tid * 4, R3 V; lane addresses (row base + 4 tid) of w, m
-# and v; the rest as named. The AdamW scalars' registers hold the finish's values after the
-# last update.
+# Registers. R0 tid, R1 ctaid, R2 tid * 4, R3 V; an address pair; the rest as named, then
+# the slots' registers (slot i of w in W + i, ...) and the mode's AdamW scalars and
+# scratch (_Layout). Lane addresses are made when needed from the pointers.
 TID, CTAID, WORD, VOCAB = 0, 1, 2, 3
-W_LANE, M_LANE, V_LANE, ADDRESS = 4, 6, 8, 10  # 64-bit pairs
-UPDATE, TARGET, WEIGHT_SUM, ROW_MAX, ROW_SUM, PARTIAL, X, G = range(12, 20)
-W, M, V, E, T = (20 + RESIDENT_SLOTS * n for n in range(5))  # slot i: W + i, ...
-ADAM = 40  # decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat
-DECAY, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, STEP_SIZE, EPS_HAT = range(ADAM, ADAM + 7)
-Y = 47
-BIG_L, LOSS_ADDRESS = ADAM, ADAM + 2  # at the finish
-SCRATCH = 48  # the routines' scratch (log2's 32 the most)
+ADDRESS = 4  # a 64-bit pair
+UPDATE, ROW_DATUM, ROW_MAX, ROW_SUM, PARTIAL, X, G, Y = range(6, 14)
+TARGET = WEIGHT_SUM = ROW_DATUM  # the hard target, or the corpus weights' row sum
+BIG_L = UPDATE  # log2 of the final row sum, at the finish
+W, M, V, E, T = (14 + RESIDENT_SLOTS * n for n in range(5))  # T: the corpus weights
 INSIDE = 5  # the predicate of "this lane's element of the slot is in the row"
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The registers past the slots', which the corpus weights' slots move up."""
+
+    corpus: bool
+
+    @property
+    def adam(self) -> int:
+        """decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat; at
+        the finish the loss address pair, then log2's scratch."""
+        return T + (RESIDENT_SLOTS if self.corpus else 0)
+
+    @property
+    def scratch(self) -> int:
+        return self.adam + 8  # even: the routines' pairs are aligned
+
+    def divide(self) -> Scratch:
+        return Scratch(self.scratch, DIVIDE_REGISTERS)
 
 
 def _inside(s: Asm, slot: int, pred: int = INSIDE, other: int | None = None) -> None:
@@ -71,10 +92,11 @@ def _inside(s: Asm, slot: int, pred: int = INSIDE, other: int | None = None) -> 
 
 def _lane_address(s: Asm, d: int, name: str) -> None:
     """d:d+1 := the address of this lane's slot-0 element of the block's row of `name`:
-    the pointer + 4 (row V + tid), whose index fits 32 bits (V <= RESIDENT_VOCAB)."""
-    s.mad(SCRATCH, r(CTAID), r(VOCAB), r(TID))
+    the pointer + 4 (row V + tid), whose index fits 32 bits (V <= RESIDENT_VOCAB).
+    Clobbers X."""
+    s.mad(X, r(CTAID), r(VOCAB), r(TID))
     s.pointer(d, name)
-    s.wide(d, r(SCRATCH), 4, d)
+    s.wide(d, r(X), 4, d)
 
 
 def _slots(s: Asm, body: Callable[[int], None]) -> None:
@@ -89,7 +111,7 @@ def _slots(s: Asm, body: Callable[[int], None]) -> None:
     s.b.label(end)
 
 
-def _exponentials(s: Asm) -> None:
+def _exponentials(s: Asm, k: _Layout) -> None:
     """ROW_MAX := the row max of w; E + i := exp2((w_i - max) log2e); ROW_SUM := their row
     sum (ARITHMETIC.md's lanes and tree: lane l takes its slots in order)."""
     s.mov(PARTIAL, NEG_INF)
@@ -97,24 +119,24 @@ def _exponentials(s: Asm) -> None:
         _inside(s, slot)
         s.fsetp(4, "GT", r(W + slot), r(PARTIAL), other=p(INSIDE))  # select_max, in the row
         s.fsel(PARTIAL, r(W + slot), r(PARTIAL), p(4))
-    tree(s, ROW_MAX, PARTIAL, WORD, "max", Scratch(SCRATCH, 2))
+    tree(s, ROW_MAX, PARTIAL, WORD, "max", Scratch(k.scratch, 2))
     s.mov(PARTIAL, 0)
 
     def exponential(slot: int) -> None:
         _exponent(s, G, W + slot, ROW_MAX)
-        exp2(s, E + slot, G, Scratch(SCRATCH, 5))
+        exp2(s, E + slot, G, Scratch(k.scratch, 5))
         _inside(s, slot)
         s.fadd(PARTIAL, r(PARTIAL), r(E + slot), guard=p(INSIDE))
 
     _slots(s, exponential)
-    tree(s, ROW_SUM, PARTIAL, WORD, "sum", Scratch(SCRATCH, 2))
+    tree(s, ROW_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, 2))
 
 
-def _gradient(s: Asm, corpus: bool, slot: int) -> None:
+def _gradient(s: Asm, k: _Layout, slot: int) -> None:
     """G := the element's gradient from p = e / s: hard p (1/V), (p - 1) (1/V) at the
     target; corpus rowsum(T) p - T. Clobbers P0..P5."""
-    divide(s, G, E + slot, ROW_SUM, Scratch(SCRATCH, DIVIDE_SCRATCH))
-    if corpus:
+    divide(s, G, E + slot, ROW_SUM, k.divide())
+    if k.corpus:
         s.fmul(G, r(WEIGHT_SUM), r(G))
         s.fadd(G, r(G), r(T + slot, neg=True))
     else:
@@ -124,26 +146,95 @@ def _gradient(s: Asm, corpus: bool, slot: int) -> None:
         s.fmul(G, r(G), s.param("inverse_rows"))
 
 
-def _adamw(s: Asm, slot: int) -> None:
+def _adamw(s: Asm, k: _Layout, slot: int) -> None:
     """AdamW on the slot's element with gradient G, in seed.adamw's order."""
     w, m, v = W + slot, M + slot, V + slot
-    s.fmul(w, r(w), r(DECAY))
-    s.fmul(m, r(m), r(BETA1))
-    s.fmul(X, r(G), r(ONE_MINUS_BETA1))
+    decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat = (
+        k.adam + i for i in range(7))
+    s.fmul(w, r(w), r(decay))
+    s.fmul(m, r(m), r(beta1))
+    s.fmul(X, r(G), r(one_minus_beta1))
     s.fadd(m, r(m), r(X))
-    s.fmul(v, r(v), r(BETA2))
+    s.fmul(v, r(v), r(beta2))
     s.fmul(X, r(G), r(G))
-    s.fmul(X, r(X), r(ONE_MINUS_BETA2))
+    s.fmul(X, r(X), r(one_minus_beta2))
     s.fadd(v, r(v), r(X))
-    square_root(s, X, v, Scratch(SCRATCH, SQRT_SCRATCH))
-    s.fadd(X, r(X), r(EPS_HAT))
-    s.fmul(Y, r(m), r(STEP_SIZE))
-    divide(s, Y, Y, X, Scratch(SCRATCH, DIVIDE_SCRATCH))
+    square_root(s, X, v, Scratch(k.scratch, SQRT_SCRATCH))
+    s.fadd(X, r(X), r(eps_hat))
+    s.fmul(Y, r(m), r(step_size))
+    divide(s, Y, Y, X, k.divide())
     s.fadd(w, r(w), r(Y, neg=True))
+
+
+def _load_row(s: Asm, k: _Layout) -> None:
+    """The block's row into the slots' registers (past V: zeros), every load in flight
+    together; the hard target, or the corpus weights' row sum."""
+    names = ("parameters", "first_moment", "second_moment", "weights")
+    arrays = (W, M, V, T)[:4 if k.corpus else 3]
+    lanes = tuple(k.scratch + 2 * n for n in range(len(arrays)))  # address pairs
+    for lane, name in zip(lanes, names, strict=False):
+        _lane_address(s, lane, name)
+    if not k.corpus:
+        s.pointer(ADDRESS, "targets")
+        s.wide(ADDRESS, r(CTAID), 4, ADDRESS)
+        s.ldg(TARGET, ADDRESS)
+    for slot in range(RESIDENT_SLOTS):
+        _inside(s, slot, pred=slot)
+    for slot in range(RESIDENT_SLOTS):
+        for first in arrays:
+            s.mov(first + slot, 0)
+    for slot in range(RESIDENT_SLOTS):
+        for first, lane in zip(arrays, lanes, strict=True):
+            s.ldg(first + slot, lane, guard=p(slot), offset=SLOT_BYTES * slot)
+    if k.corpus:
+        s.mov(PARTIAL, 0)
+        for slot in range(RESIDENT_SLOTS):
+            s.fadd(PARTIAL, r(PARTIAL), r(T + slot), guard=p(slot))
+        tree(s, WEIGHT_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, 2))
+
+
+def _finish(s: Asm, k: _Layout) -> None:
+    """The final row's gradient into gradients[row] and its loss into loss[row]."""
+    _exponentials(s, k)
+    log2(s, BIG_L, ROW_SUM, Scratch(k.adam, LOG2_REGISTERS))
+    _lane_address(s, ADDRESS, "gradients")
+    loss = k.adam  # past log2, before divide's scratch
+    s.pointer(loss, "loss")
+    s.wide(loss, r(CTAID), 4, loss)
+    s.mov(PARTIAL, 0)
+
+    def element(slot: int) -> None:
+        _gradient(s, k, slot)
+        s.canonical(G, 0)
+        _inside(s, slot)
+        s.stg(ADDRESS, G, guard=p(INSIDE), offset=SLOT_BYTES * slot)
+        _exponent(s, G, W + slot, ROW_MAX)
+        s.fadd(G, r(BIG_L), r(G, neg=True))  # L - z
+        if k.corpus:
+            s.fmul(G, r(G), r(T + slot))
+            s.fadd(PARTIAL, r(PARTIAL), r(G), guard=p(INSIDE))
+        else:  # the lane holding the target stores the row's loss
+            s.fmul(G, r(G), s.param("ln2"))
+            s.canonical(G, 0)
+            s.isetp(4, "EQ", r(X), r(TARGET), other=p(INSIDE))
+            s.stg(loss, G, guard=p(4))
+
+    _slots(s, element)
+    if k.corpus:
+        tree(s, G, PARTIAL, WORD, "sum", Scratch(k.scratch, 2))
+        s.fmul(G, r(G), s.param("ln2"))
+        s.canonical(G, 0)
+        s.isetp(4, "EQ", r(TID), 0)
+    else:  # a target >= V (never admitted): lane 0 stores NaN
+        s.mov(G, NAN_BITS)
+        s.isetp(4, "GE", r(TARGET), r(VOCAB))
+        s.isetp(4, "EQ", r(TID), 0, other=p(4))
+    s.stg(loss, G, guard=p(4))
 
 
 def _fused(arch: str, corpus: bool) -> Image:
     region = sig.FUSED_CORPUS if corpus else sig.FUSED_HARD
+    k = _Layout(corpus)
     s = Asm(arch, sig.SIGNATURES[region])
     s.prologue(TID, CTAID, scratch=VOCAB)
     s.shl(WORD, r(TID), 2)
@@ -156,31 +247,7 @@ def _fused(arch: str, corpus: bool) -> Image:
     s.b.label(served)
     s.isetp(0, "GE", r(CTAID), r(VOCAB))
     s.exit(guard=p(0))  # a block past the last row, whole
-    for lane, name in ((W_LANE, "parameters"), (M_LANE, "first_moment"),
-                       (V_LANE, "second_moment")):
-        _lane_address(s, lane, name)
-
-    # The row into registers, every load in flight together (past V: zeros).
-    if corpus:
-        _lane_address(s, ADDRESS, "weights")
-    else:
-        s.pointer(ADDRESS, "targets")
-        s.wide(ADDRESS, r(CTAID), 4, ADDRESS)
-        s.ldg(TARGET, ADDRESS)
-    for slot in range(RESIDENT_SLOTS):
-        _inside(s, slot, pred=slot)
-    loaded = ((W, W_LANE), (M, M_LANE), (V, V_LANE)) + (((T, ADDRESS),) if corpus else ())
-    for slot in range(RESIDENT_SLOTS):
-        for first, _ in loaded:
-            s.mov(first + slot, 0)
-    for slot in range(RESIDENT_SLOTS):
-        for first, lane in loaded:
-            s.ldg(first + slot, lane, guard=p(slot), offset=SLOT_BYTES * slot)
-    if corpus:
-        s.mov(PARTIAL, 0)
-        for slot in range(RESIDENT_SLOTS):
-            s.fadd(PARTIAL, r(PARTIAL), r(T + slot), guard=p(slot))
-        tree(s, WEIGHT_SUM, PARTIAL, WORD, "sum", Scratch(SCRATCH, 2))
+    _load_row(s, k)
 
     # The updates: k = 0 .. updates - 1, each with row k of adam_scalars.
     top, updated = s.fresh("update"), s.fresh("updated")
@@ -191,66 +258,33 @@ def _fused(arch: str, corpus: bool) -> Image:
     s.pointer(ADDRESS, "adam_scalars")
     s.wide(ADDRESS, r(UPDATE), 4 * ADAM_STRIDE, ADDRESS)
     for index in range(7):
-        s.ldg(ADAM + index, ADDRESS, offset=4 * index)
-    _exponentials(s)
+        s.ldg(k.adam + index, ADDRESS, offset=4 * index)
+    _exponentials(s, k)
 
     def update(slot: int) -> None:
-        _gradient(s, corpus, slot)
-        _adamw(s, slot)
+        _gradient(s, k, slot)
+        _adamw(s, k, slot)
 
     _slots(s, update)
     s.add(UPDATE, r(UPDATE), 1)
     s.b.bra(top)
     s.b.label(updated)
 
-    # The finish: the final row's gradient and loss.
     finished = s.fresh("finished")
     s.mov(X, s.param("finish"))
     s.isetp(6, "EQ", r(X), 0)
     s.b.bra(finished, guard=p(6))
-    _exponentials(s)
-    log2(s, BIG_L, ROW_SUM, Scratch(SCRATCH, 32))
-    _lane_address(s, ADDRESS, "gradients")
-    s.pointer(LOSS_ADDRESS, "loss")
-    s.wide(LOSS_ADDRESS, r(CTAID), 4, LOSS_ADDRESS)
-    s.mov(PARTIAL, 0)
-
-    def finish(slot: int) -> None:
-        _gradient(s, corpus, slot)
-        s.canonical(G, 0)
-        _inside(s, slot)
-        s.stg(ADDRESS, G, guard=p(INSIDE), offset=SLOT_BYTES * slot)
-        _exponent(s, G, W + slot, ROW_MAX)
-        s.fadd(G, r(BIG_L), r(G, neg=True))  # L - z
-        if corpus:
-            s.fmul(G, r(G), r(T + slot))
-            s.fadd(PARTIAL, r(PARTIAL), r(G), guard=p(INSIDE))
-        else:  # the lane holding the target stores the row's loss
-            s.fmul(G, r(G), s.param("ln2"))
-            s.canonical(G, 0)
-            s.isetp(4, "EQ", r(X), r(TARGET), other=p(INSIDE))
-            s.stg(LOSS_ADDRESS, G, guard=p(4))
-
-    _slots(s, finish)
-    if corpus:
-        tree(s, G, PARTIAL, WORD, "sum", Scratch(SCRATCH, 2))
-        s.fmul(G, r(G), s.param("ln2"))
-        s.canonical(G, 0)
-        s.isetp(4, "EQ", r(TID), 0)
-    else:  # a target >= V (never admitted): lane 0 stores NaN
-        s.mov(G, NAN_BITS)
-        s.isetp(4, "GE", r(TARGET), r(VOCAB))
-        s.isetp(4, "EQ", r(TID), 0, other=p(4))
-    s.stg(LOSS_ADDRESS, G, guard=p(4))
+    _finish(s, k)
     s.b.label(finished)
 
     # The row back, once, canonical.
     for slot in range(RESIDENT_SLOTS):
         _inside(s, slot, pred=slot)
-    for slot in range(RESIDENT_SLOTS):
-        for first, lane in ((W, W_LANE), (M, M_LANE), (V, V_LANE)):
+    for first, name in ((W, "parameters"), (M, "first_moment"), (V, "second_moment")):
+        _lane_address(s, ADDRESS, name)
+        for slot in range(RESIDENT_SLOTS):
             s.canonical(first + slot, 4)
-            s.stg(lane, first + slot, guard=p(slot), offset=SLOT_BYTES * slot)
+            s.stg(ADDRESS, first + slot, guard=p(slot), offset=SLOT_BYTES * slot)
     s.exit()
     return s.image(sig.ENTRIES[region], shared_bytes=4 * LANES)
 
