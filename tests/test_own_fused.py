@@ -161,9 +161,11 @@ def test_fused_train_matches_the_reference(arch, corpus, vocab, finish):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("corpus", (False, True), ids=("hard", "corpus"))
-def test_fused_train_at_the_resident_limit(arch, corpus):
+@pytest.mark.parametrize("finish", (1, 0))
+def test_fused_train_at_the_resident_limit(arch, corpus, finish):
     vocab = fused.RESIDENT_VOCAB
-    _run(arch, corpus, vocab, updates=3, finish=1, rows=(0, 1, 6, 7, vocab - 1))
+    rows = (3, 4, 6, vocab // 2 + 1, vocab - 1) if finish else (5, vocab - 1)
+    _run(arch, corpus, vocab, updates=3, finish=finish, rows=rows)
 
 
 @pytest.mark.parametrize("corpus", (False, True), ids=("hard", "corpus"))
@@ -190,6 +192,21 @@ def test_a_longer_row_traps(arch, region, vocab):
         run_region(own.image(region, arch), region, vocab, arguments, blocks=(0,))
 
 
+@pytest.mark.parametrize("region", REGIONS)
+def test_a_block_past_the_last_row_stores_nothing(region):
+    vocab = 37
+    table = np.arange(vocab * vocab, dtype=np.float32).reshape(vocab, vocab)
+    arguments = dict(parameters=table, first_moment=table, second_moment=table,
+                     gradients=table, loss=table[0], adam_scalars=_steps(1), weights=table,
+                     targets=np.zeros(vocab, np.uint32), log2e=1.0, ln2=1.0, inverse_rows=1.0,
+                     vocab=vocab, updates=1, finish=1)
+    out = run_region(own.image(region, "sm_90"), region, vocab + 2, arguments,
+                     blocks=(vocab, vocab + 1))
+    for name in ("parameters", "first_moment", "second_moment", "gradients"):
+        assert (out[name].reshape(vocab, vocab) == table).all(), name
+    assert (out["loss"] == table[0]).all()
+
+
 def test_the_limit_is_the_registry_s():
     for region in REGIONS:
         assert own.VOCAB_LIMITS[region] == fused.RESIDENT_VOCAB == 1024
@@ -204,3 +221,4 @@ def test_own_region_accepts_the_images(target, region):
     image = own.image(region, target.name)
     assert built.code == image.code and built.entry == declared.entry == image.name
     assert built.params == declared.params and built.registers == image.registers
+    assert image.registers <= 64  # four blocks of 256 an SM, as NVRTC's launch bounds ask

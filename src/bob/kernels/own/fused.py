@@ -13,7 +13,8 @@ weights) in registers for all the updates: the row is read once and written once
 Slots wholly past V are skipped by a uniform branch (256 i >= V); a lane's element past V
 in a slot that is not is computed but never reduced or stored (its predicate is off).
 Values kept between updates are not canonicalized (stores are): no result depends on a
-NaN's payload.
+NaN's payload. Each kernel takes 64 registers a thread, so four blocks share an SM, as
+the CUDA kernel's launch bounds ask.
 """
 
 from __future__ import annotations
