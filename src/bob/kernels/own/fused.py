@@ -74,7 +74,7 @@ class _Layout:
     @property
     def adam(self) -> int:
         """decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat; at
-        the finish the loss address pair, then log2's scratch."""
+        the finish log2's scratch, then (made after log2) the loss address pair."""
         return T + (RESIDENT_SLOTS if self.corpus else 0)
 
     @property
@@ -85,10 +85,10 @@ class _Layout:
         return Scratch(self.scratch, DIVIDE_REGISTERS)
 
 
-def _inside(s: Asm, slot: int, pred: int = INSIDE, other: int | None = None) -> None:
-    """pred := tid + 256 slot < V (and `other`); X holds the column j."""
+def _inside(s: Asm, slot: int, pred: int = INSIDE) -> None:
+    """pred := tid + 256 slot < V; X holds the column j."""
     s.add(X, r(TID), LANES * slot)
-    s.isetp(pred, "LT", r(X), r(VOCAB), **({} if other is None else {"other": p(other)}))
+    s.isetp(pred, "LT", r(X), r(VOCAB))
 
 
 def _lane_address(s: Asm, d: int, name: str) -> None:
