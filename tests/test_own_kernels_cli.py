@@ -73,8 +73,9 @@ def test_train_with_own_kernels_on_nv_sim_writes_nvrtc_s_checkpoint(tmp_path, ca
 def test_plan_disasm_lists_bob_s_own_instructions(capsys):
     assert main(["plan", "--kernels", "own", "-N", "1", "-P", "1", "--disasm"]) == 0
     out = capsys.readouterr().out
-    corpus_only = ("bob-loss-gradient-corpus", "bob-scatter", "bob-loss-corpus")
-    hard = tuple(name for name in OWN_REGIONS if name not in corpus_only)
+    # bob plan shows the seed schedule: its hard plan places these, and health
+    hard = (*(name for name in OWN_REGIONS if name in own.seed.BUILDERS
+              and name != "bob-loss-gradient-corpus"), "bob-health")
     assert out.endswith(own_listing(SM90, hard) + "\n")
     assert "QMD V04_00 at" in out  # the command stream first, for sm_90
     assert out.count("EXIT ;") >= len(hard)

@@ -314,8 +314,7 @@ def test_own_kernels_on_nv_sim_give_the_cpu_backend_s_bytes_on_the_seed_schedule
 
 def test_own_kernels_where_own_code_covers_the_fused_plan_run_it_with_auto(
         tmp_path, text, capsys, monkeypatch):
-    monkeypatch.setitem(own.BUILDERS, sig.FUSED_CORPUS, own.BUILDERS[sig.ADAMW])
-    monkeypatch.setitem(own.VOCAB_LIMITS, sig.FUSED_CORPUS, 1024)
+    assert own.covers(sig.FUSED_CORPUS, 256)  # the register-resident kernel's own code
     cpu, _ = _train(tmp_path, text, "cpu", "--schedule", "seed")
     capsys.readouterr()
     fused, _ = _train(tmp_path, text, "nv-sim", "--kernels", "own")
@@ -332,8 +331,8 @@ def test_own_kernels_where_own_code_covers_the_fused_plan_run_it_with_auto(
 
 
 def test_check_and_plan_with_own_code_take_the_fused_schedule_where_it_covers(
-        monkeypatch, capsys):
-    monkeypatch.setitem(own.BUILDERS, sig.FUSED_HARD, own.BUILDERS[sig.ADAMW])
+        capsys):
+    assert own.covers(sig.FUSED_HARD, 64)
     assert main(["check", "--backends", "nv-sim,cpu", "--kernels", "own", "--schedule",
                  "fused", "-V", "64", "--steps", "2", "-N", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["identical"] is True

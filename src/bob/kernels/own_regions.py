@@ -5,8 +5,10 @@
     coverage_refusal(names, 4096)           # None, or why a plan of these regions cannot run
 
 ``bob.kernels.own`` writes kernels (its ``BUILDERS``: the seed schedule's row gather,
-loss-gradient in both modes, AdamW and greedy argmax, the scatter and the loss alone,
-the health check, and every family added beside them) with Bob's instruction builder.
+loss-gradient in both modes, AdamW and greedy argmax, the fused schedule's
+register-resident kernel in both modes (V <= 1024: ``own.VOCAB_LIMITS``, its image
+trapping past it), the scatter and the loss alone, the health check, and every family
+added beside them) with Bob's instruction builder.
 This module turns each image into the region the plan declares, after checking what
 NVRTC's regions are checked for (``bob.kernels.cuda.regions``): the image reads its
 arguments exactly where the plan's parameter block holds them (every parameter, at its

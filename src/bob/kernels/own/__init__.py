@@ -9,7 +9,8 @@ architecture that returns the image).
 from __future__ import annotations
 
 from bob.isa.builder import Image
-from bob.kernels.own import health, seed, sparse
+from bob.kernels import signatures as sig
+from bob.kernels.own import fused, health, seed, sparse
 from bob.kernels.own.asm import (  # noqa: F401 - the names the kernels' tests use
     LANES,
     TID_X,
@@ -29,10 +30,11 @@ from bob.kernels.own.seed import (  # noqa: F401
 )
 
 # Every region Bob has its own machine code for, by the family that writes it.
-BUILDERS = {**seed.BUILDERS, **sparse.BUILDERS, **health.BUILDERS}
+BUILDERS = {**seed.BUILDERS, **fused.BUILDERS, **sparse.BUILDERS, **health.BUILDERS}
 # The largest vocabulary a region's own code serves, where it has one (a register-resident
 # kernel holds a row of at most so many columns); a plan past it runs no own code there.
-VOCAB_LIMITS: dict[str, int] = {}
+VOCAB_LIMITS: dict[str, int] = {sig.FUSED_HARD: fused.RESIDENT_VOCAB,
+                                 sig.FUSED_CORPUS: fused.RESIDENT_VOCAB}
 
 
 def covers(region: str, vocab: int) -> bool:

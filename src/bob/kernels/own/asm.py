@@ -199,11 +199,11 @@ class Asm:
         self.mov(x, NAN_BITS, guard=p(scratch_pred))
 
     # -- memory -------------------------------------------------------------------------
-    def ldg(self, d: int, address: int, guard: Pred = PTP) -> None:
-        self.op("LDG.E", r(d), GMem(address, 0, DESC), guard=guard)
+    def ldg(self, d: int, address: int, guard: Pred = PTP, offset: int = 0) -> None:
+        self.op("LDG.E", r(d), GMem(address, offset, DESC), guard=guard)
 
-    def stg(self, address: int, value: int, guard: Pred = PTP) -> None:
-        self.op("STG.E", GMem(address, 0, DESC), r(value), guard=guard)
+    def stg(self, address: int, value: int, guard: Pred = PTP, offset: int = 0) -> None:
+        self.op("STG.E", GMem(address, offset, DESC), r(value), guard=guard)
 
     def lds(self, d: int, base: int, offset: int, guard: Pred = PTP) -> None:
         self.op("LDS", r(d), SMem(base, self.facts.shared_base + offset), guard=guard)

@@ -1,0 +1,309 @@
+"""The fused schedule's register-resident kernel in Bob's own machine code, both modes
+(bob-fused-train and -corpus, ARITHMETIC.md "bob-fused-train"), for rows of at most
+RESIDENT_VOCAB columns.
+
+One block per row runs `updates` updates of its row: the row's loss-gradient from the
+current parameters (the operations and order of ``seed.loss_gradient_hard``/``_corpus``),
+then AdamW with update k's scalars (row k of adam_scalars, the order of ``seed.adamw``).
+Lane l holds elements l + 256 i (slot i < RESIDENT_SLOTS) of w, m, v (and the corpus
+weights) in registers for all the updates: the row is read once and written once. With
+`finish`, the final row's loss and gradient are stored. A vocabulary past RESIDENT_VOCAB
+(the region name serves larger ones with NVRTC's code) traps, uniformly over the block.
+
+Slots wholly past V are skipped by a uniform branch (256 i >= V); a lane's element past V
+in a slot that is not is computed but never reduced or stored (its predicate is off).
+Values kept between updates are not canonicalized (stores are): no result depends on a
+NaN's payload. Each kernel takes 64 registers a thread, so four blocks share an SM, as
+the CUDA kernel's launch bounds ask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bob.isa.builder import Image
+from bob.isa.model import RZ, CBuf, Imm
+from bob.kernels import signatures as sig
+from bob.kernels.own.asm import (
+    LANES,
+    NAN_BITS,
+    NEG_INF,
+    ONE,
+    SIGN,
+    SQRT_SCRATCH,
+    Asm,
+    Scratch,
+    divide,
+    exp2,
+    log2,
+    p,
+    r,
+    square_root,
+    tree,
+)
+from bob.kernels.own.seed import _exponent  # z = (w - max) log2e, as the seed computes it
+
+RESIDENT_SLOTS = 4  # row elements a lane holds in registers
+RESIDENT_VOCAB = RESIDENT_SLOTS * LANES  # the longest row the kernel serves
+ADAM_STRIDE = 8  # floats per row of adam_scalars: 7 scalars and padding
+SLOT_BYTES = 4 * LANES  # from one slot's element of a lane to the next
+# Of its scratch, divide takes t(0..17) and log2 8 more (Scratch refuses a routine that
+# asks past its count): taking no more keeps both kernels at 64 registers.
+DIVIDE_REGISTERS = 18
+LOG2_REGISTERS = 8 + DIVIDE_REGISTERS
+
+# Registers. R0 tid, R1 ctaid, R2 tid * 4, R3 V; an address pair; the rest as named, then
+# the slots' registers (slot i of w in W + i, ...) and the mode's AdamW scalars and
+# scratch (_Layout). Lane addresses are made when needed from the pointers.
+TID, CTAID, WORD, VOCAB = 0, 1, 2, 3
+ADDRESS = 4  # a 64-bit pair
+UPDATE, ROW_DATUM, ROW_MAX, ROW_SUM, PARTIAL, X, G, Y = range(6, 14)
+TARGET = WEIGHT_SUM = ROW_DATUM  # the hard target, or the corpus weights' row sum
+BIG_L = UPDATE  # log2 of the final row sum, at the finish
+W, M, V, E, T = (14 + RESIDENT_SLOTS * n for n in range(5))  # T: the corpus weights
+INSIDE = 5  # the predicate of "this lane's element of the slot is in the row"
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The registers past the slots', which the corpus weights' slots move up."""
+
+    corpus: bool
+
+    @property
+    def adam(self) -> int:
+        """decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat; at
+        the finish log2's scratch, then (made after log2) the loss address pair."""
+        return T + (RESIDENT_SLOTS if self.corpus else 0)
+
+    @property
+    def scratch(self) -> int:
+        return self.adam + 8  # even: the routines' pairs are aligned
+
+    def divide(self) -> Scratch:
+        return Scratch(self.scratch, DIVIDE_REGISTERS)
+
+
+def _inside(s: Asm, slot: int, pred: int = INSIDE) -> None:
+    """pred := tid + 256 slot < V; X holds the column j."""
+    s.add(X, r(TID), LANES * slot)
+    s.isetp(pred, "LT", r(X), r(VOCAB))
+
+
+def _lane_address(s: Asm, d: int, name: str) -> None:
+    """d:d+1 := the address of this lane's slot-0 element of the block's row of `name`:
+    the pointer + 4 (row V + tid), whose index fits 32 bits (V <= RESIDENT_VOCAB).
+    Clobbers X."""
+    s.mad(X, r(CTAID), r(VOCAB), r(TID))
+    s.pointer(d, name)
+    s.wide(d, r(X), 4, d)
+
+
+def _slots(s: Asm, body: Callable[[int], None]) -> None:
+    """body(i) for every slot with an element in the row: slot i > 0 is skipped, with
+    the ones after it, by a uniform branch when 256 i >= V."""
+    end = s.fresh("slots_done")
+    for slot in range(RESIDENT_SLOTS):
+        if slot:
+            s.isetp(6, "LE", r(VOCAB), LANES * slot)
+            s.b.bra(end, guard=p(6))
+        body(slot)
+    s.b.label(end)
+
+
+def _exponentials(s: Asm, k: _Layout) -> None:
+    """ROW_MAX := the row max of w; E + i := exp2((w_i - max) log2e); ROW_SUM := their row
+    sum (ARITHMETIC.md's lanes and tree: lane l takes its slots in order)."""
+    s.mov(PARTIAL, NEG_INF)
+    for slot in range(RESIDENT_SLOTS):
+        _inside(s, slot)
+        s.fsetp(4, "GT", r(W + slot), r(PARTIAL), other=p(INSIDE))  # select_max, in the row
+        s.fsel(PARTIAL, r(W + slot), r(PARTIAL), p(4))
+    tree(s, ROW_MAX, PARTIAL, WORD, "max", Scratch(k.scratch, 2))
+    s.mov(PARTIAL, 0)
+
+    def exponential(slot: int) -> None:
+        _exponent(s, G, W + slot, ROW_MAX)
+        exp2(s, E + slot, G, Scratch(k.scratch, 5))
+        _inside(s, slot)
+        s.fadd(PARTIAL, r(PARTIAL), r(E + slot), guard=p(INSIDE))
+
+    _slots(s, exponential)
+    tree(s, ROW_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, 2))
+
+
+def _gradient(s: Asm, k: _Layout, slot: int) -> None:
+    """G := the element's gradient from p = e / s: hard p (1/V), (p - 1) (1/V) at the
+    target; corpus rowsum(T) p - T. Clobbers P0..P5."""
+    divide(s, G, E + slot, ROW_SUM, k.divide())
+    if k.corpus:
+        s.fmul(G, r(WEIGHT_SUM), r(G))
+        s.fadd(G, r(G), r(T + slot, neg=True))
+    else:
+        s.add(X, r(TID), LANES * slot)
+        s.isetp(4, "EQ", r(X), r(TARGET))
+        s.fadd(G, r(G), ONE | SIGN, guard=p(4))
+        s.fmul(G, r(G), s.param("inverse_rows"))
+
+
+def _adamw(s: Asm, k: _Layout, slot: int) -> None:
+    """AdamW on the slot's element with gradient G, in seed.adamw's order."""
+    w, m, v = W + slot, M + slot, V + slot
+    decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat = (
+        k.adam + i for i in range(7))
+    s.fmul(w, r(w), r(decay))
+    s.fmul(m, r(m), r(beta1))
+    s.fmul(X, r(G), r(one_minus_beta1))
+    s.fadd(m, r(m), r(X))
+    s.fmul(v, r(v), r(beta2))
+    s.fmul(X, r(G), r(G))
+    s.fmul(X, r(X), r(one_minus_beta2))
+    s.fadd(v, r(v), r(X))
+    square_root(s, X, v, Scratch(k.scratch, SQRT_SCRATCH))
+    s.fadd(X, r(X), r(eps_hat))
+    s.fmul(Y, r(m), r(step_size))
+    divide(s, Y, Y, X, k.divide())
+    s.fadd(w, r(w), r(Y, neg=True))
+
+
+def _load_row(s: Asm, k: _Layout) -> None:
+    """The block's row into the slots' registers (past V: zeros), every load in flight
+    together; the hard target, or the corpus weights' row sum."""
+    names = ("parameters", "first_moment", "second_moment", "weights")
+    arrays = (W, M, V, T)[:4 if k.corpus else 3]
+    lanes = tuple(k.scratch + 2 * n for n in range(len(arrays)))  # address pairs
+    for lane, name in zip(lanes, names, strict=False):
+        _lane_address(s, lane, name)
+    if not k.corpus:
+        s.pointer(ADDRESS, "targets")
+        s.wide(ADDRESS, r(CTAID), 4, ADDRESS)
+        s.ldg(TARGET, ADDRESS)
+    for slot in range(RESIDENT_SLOTS):
+        _inside(s, slot, pred=slot)
+    for slot in range(RESIDENT_SLOTS):
+        for first in arrays:
+            s.mov(first + slot, 0)
+    for slot in range(RESIDENT_SLOTS):
+        for first, lane in zip(arrays, lanes, strict=True):
+            s.ldg(first + slot, lane, guard=p(slot), offset=SLOT_BYTES * slot)
+    if k.corpus:
+        s.mov(PARTIAL, 0)
+        for slot in range(RESIDENT_SLOTS):
+            s.fadd(PARTIAL, r(PARTIAL), r(T + slot), guard=p(slot))
+        tree(s, WEIGHT_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, 2))
+
+
+def _finish(s: Asm, k: _Layout) -> None:
+    """The final row's gradient into gradients[row] and its loss into loss[row]."""
+    _exponentials(s, k)
+    log2(s, BIG_L, ROW_SUM, Scratch(k.adam, LOG2_REGISTERS))
+    _lane_address(s, ADDRESS, "gradients")
+    loss = k.adam  # past log2, before divide's scratch
+    s.pointer(loss, "loss")
+    s.wide(loss, r(CTAID), 4, loss)
+    s.mov(PARTIAL, 0)
+
+    def element(slot: int) -> None:
+        _gradient(s, k, slot)
+        s.canonical(G, 0)
+        _inside(s, slot)
+        s.stg(ADDRESS, G, guard=p(INSIDE), offset=SLOT_BYTES * slot)
+        _exponent(s, G, W + slot, ROW_MAX)
+        s.fadd(G, r(BIG_L), r(G, neg=True))  # L - z
+        if k.corpus:
+            s.fmul(G, r(G), r(T + slot))
+            s.fadd(PARTIAL, r(PARTIAL), r(G), guard=p(INSIDE))
+        else:  # the lane holding the target stores the row's loss
+            s.fmul(G, r(G), s.param("ln2"))
+            s.canonical(G, 0)
+            s.isetp(4, "EQ", r(X), r(TARGET), other=p(INSIDE))
+            s.stg(loss, G, guard=p(4))
+
+    _slots(s, element)
+    if k.corpus:
+        tree(s, G, PARTIAL, WORD, "sum", Scratch(k.scratch, 2))
+        s.fmul(G, r(G), s.param("ln2"))
+        s.canonical(G, 0)
+        s.isetp(4, "EQ", r(TID), 0)
+    else:  # a target >= V (never admitted): lane 0 stores NaN
+        s.mov(G, NAN_BITS)
+        s.isetp(4, "GE", r(TARGET), r(VOCAB))
+        s.isetp(4, "EQ", r(TID), 0, other=p(4))
+    s.stg(loss, G, guard=p(4))
+
+
+def _fused(arch: str, corpus: bool) -> Image:
+    region = sig.FUSED_CORPUS if corpus else sig.FUSED_HARD
+    k = _Layout(corpus)
+    s = Asm(arch, sig.SIGNATURES[region])
+    s.prologue(TID, CTAID, scratch=VOCAB)
+    s.shl(WORD, r(TID), 2)
+    s.op("LDC", r(VOCAB), CBuf(0, s.slots["vocab"], index=RZ))
+    # A longer row is not this kernel's: every lane traps (the branch is uniform).
+    served = s.fresh("vocab_served")
+    s.isetp(0, "LE", r(VOCAB), RESIDENT_VOCAB)
+    s.b.bra(served, guard=p(0))
+    s.op("BPT.TRAP", Imm(1))
+    s.b.label(served)
+    s.isetp(0, "GE", r(CTAID), r(VOCAB))
+    s.exit(guard=p(0))  # a block past the last row, whole
+    _load_row(s, k)
+
+    # The updates: k = 0 .. updates - 1, each with row k of adam_scalars.
+    top, updated = s.fresh("update"), s.fresh("updated")
+    s.mov(UPDATE, 0)
+    s.b.label(top)
+    s.isetp(6, "GE", r(UPDATE), s.param("updates"))
+    s.b.bra(updated, guard=p(6))
+    s.pointer(ADDRESS, "adam_scalars")
+    s.wide(ADDRESS, r(UPDATE), 4 * ADAM_STRIDE, ADDRESS)
+    for index in range(7):
+        s.ldg(k.adam + index, ADDRESS, offset=4 * index)
+    _exponentials(s, k)
+
+    def update(slot: int) -> None:
+        _gradient(s, k, slot)
+        _adamw(s, k, slot)
+
+    _slots(s, update)
+    s.add(UPDATE, r(UPDATE), 1)
+    s.b.bra(top)
+    s.b.label(updated)
+
+    finished = s.fresh("finished")
+    s.mov(X, s.param("finish"))
+    s.isetp(6, "EQ", r(X), 0)
+    s.b.bra(finished, guard=p(6))
+    _finish(s, k)
+    s.b.label(finished)
+
+    # The row back, once, canonical.
+    for slot in range(RESIDENT_SLOTS):
+        _inside(s, slot, pred=slot)
+    for first, name in ((W, "parameters"), (M, "first_moment"), (V, "second_moment")):
+        _lane_address(s, ADDRESS, name)
+        for slot in range(RESIDENT_SLOTS):
+            s.canonical(first + slot, 4)
+            s.stg(ADDRESS, first + slot, guard=p(slot), offset=SLOT_BYTES * slot)
+    s.exit()
+    return s.image(sig.ENTRIES[region], shared_bytes=4 * LANES)
+
+
+def fused_train_hard(arch: str) -> Image:
+    """bob-fused-train for V <= RESIDENT_VOCAB: the row's hard-target gradient (seed
+    loss_gradient_hard's operations) then AdamW, `updates` times; the final loss and
+    gradient with `finish`."""
+    return _fused(arch, corpus=False)
+
+
+def fused_train_corpus(arch: str) -> Image:
+    """bob-fused-train-corpus for V <= RESIDENT_VOCAB: as fused_train_hard with the
+    corpus gradient (seed loss_gradient_corpus's operations) and loss."""
+    return _fused(arch, corpus=True)
+
+
+BUILDERS = {
+    sig.FUSED_HARD: fused_train_hard,
+    sig.FUSED_CORPUS: fused_train_corpus,
+}
