@@ -27,6 +27,7 @@ from bob.plan.placement import SM90, place
 from bob.program.bob import (
     LN2_BITS,
     LOG2E_BITS,
+    adam_scalar_table,
     adam_scalars,
     adamw_grid,
     inverse_rows_bits,
@@ -41,13 +42,17 @@ EDGES = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0e38, -3.0e38, 1.0e-38],
                  np.float32)
 
 
+FUSED_UPDATES = 3  # the fused kernels' updates in the one launch, the loss stored after
+FUSED = (sig.FUSED_HARD, sig.FUSED_CORPUS)
+
+
 def pair_count(vocab: int) -> int:
     """The scatter's pairs: a few a row, as a corpus gives."""
     return 3 * vocab
 
 
 def grid_of(region: str, vocab: int) -> int:
-    if region in (sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS):
+    if region in (sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS, *FUSED):
         return vocab  # a block per row
     if region == sig.ADAMW:
         return adamw_grid(vocab * vocab)
@@ -61,7 +66,8 @@ def scalars(region: str, vocab: int) -> dict[str, Scalar]:
               "columns": Scalar.u32(vocab), "log2e": Scalar.f32_bits(LOG2E_BITS),
               "ln2": Scalar.f32_bits(LN2_BITS),
               "inverse_rows": Scalar.f32_bits(inverse_rows_bits(vocab)),
-              "count": Scalar.u32(pair_count(vocab))}
+              "count": Scalar.u32(pair_count(vocab)), "updates": Scalar.u32(FUSED_UPDATES),
+              "finish": Scalar.u32(1)}
     values.update(adam_scalars(Hyper(), 3))
     return values
 
@@ -69,7 +75,8 @@ def scalars(region: str, vocab: int) -> dict[str, Scalar]:
 def tensor_elements(param: PointerParam, region: str, vocab: int, grid: int | None = None,
                     ) -> int:
     factors = {"vocab": vocab, "rows": vocab, "columns": vocab, "count": pair_count(vocab),
-               "grid.x": grid_of(region, vocab) if grid is None else grid}
+               "grid.x": grid_of(region, vocab) if grid is None else grid,
+               "updates": FUSED_UPDATES, "finish": 1}
     return param.footprint.evaluate(factors) // 4
 
 
@@ -106,6 +113,9 @@ def inputs(region: str, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
             continue
         if param.name == "keys":
             arrays[param.name] = scatter_keys(rng, vocab, count // 2).view(np.uint32)
+            continue
+        if param.name == "adam_scalars":  # updates 1, 2, 3 of the default hyperparameters
+            arrays[param.name] = adam_scalar_table(Hyper(), 1, FUSED_UPDATES).reshape(-1)
             continue
         values = rng.standard_normal(count, dtype=np.float32) * 4
         if param.name == "weights":
