@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# What has not yet run on a GPU, most needed first, each step under its own time limit,
+# within one 30-minute device session:
+#   bash tools/gpu_pending.sh OUTDIR
+# the collapsed tables on cuda and nv against the CPU (smoke tier), Bob's own kernels
+# alone against NVRTC's and the reference in both orderings and their timing, a run with
+# no CUDA wheel (nv on Bob's own code) against cuda's bytes, then the collapsed and the
+# huge-vocabulary benchmarks. Every step's output is OUTDIR/<step>.log; a summary last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-out}
+mkdir -p "$out"
+export PYTHONPATH=src:.:tests PYTHONUNBUFFERED=1
+summary=()
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  echo "== $name (at most ${limit}s)"
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  tail -5 "$out/$name.log"
+  summary+=("$name: exit $rc after $((SECONDS - start))s")
+}
+
+step doctor 60 python3 -m bob doctor
+step collapsed-smoke 300 python3 -m pytest -q -s -m "gpu and smoke" -p no:cacheprovider \
+  tests/test_collapsed_gpu.py
+step own-alone 300 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+  "tests/test_own_kernels_gpu.py::test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes"
+step own-timing 240 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+  "tests/test_own_kernels_gpu.py::test_own_kernels_time_beside_nvrtc_s"
+
+# nv with no CUDA wheel against cuda: the same checkpoint bytes on the built-in corpus
+# (V = 256), both schedules (the fused one is Bob's resident kernel there).
+no_wheels() {
+  local ok=0
+  for schedule in seed fused; do
+    python3 -m bob train --backend cuda --schedule "$schedule" --steps 20 -N 10 \
+      --overwrite -c "$out/cuda-$schedule.safetensors" || ok=1
+    python3 -m dev.bringup.no_wheels train --backend nv --schedule "$schedule" --steps 20 \
+      -N 10 --overwrite -c "$out/nv-own-$schedule.safetensors" || ok=1
+    if cmp -s "$out/cuda-$schedule.safetensors" "$out/nv-own-$schedule.safetensors"; then
+      echo "no-wheels $schedule: the same bytes as cuda"
+    else
+      echo "no-wheels $schedule: DIFFERENT from cuda"; ok=1
+    fi
+  done
+  return $ok
+}
+step no-wheels 240 no_wheels
+
+step bench-collapsed 420 python3 -m dev.bench.bench_collapsed /tmp/bob-tok --steps 1000 \
+  --torch-steps 30 --json "$out/bench-collapsed.json"
+step bench-huge 480 python3 -m dev.bench.bench_huge /tmp/bob-huge --json "$out/bench-huge.json"
+rm -rf /tmp/bob-tok /tmp/bob-huge "$out"/*.safetensors
+
+echo; echo "== summary"; printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
