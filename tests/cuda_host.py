@@ -5,8 +5,8 @@ double of the GPU: tests/cuda_host.h says what it models and what it does not).
     choice = host_cuda_choice()                  # the cpu backend's choice on those kernels
 
 The kernel source is bob_kernels.cu with the files it includes, less the kernels that
-need what the host cannot model (the tall, held and cluster kernels: named barriers of
-part of a block, asynchronous copies, thread-block clusters); its few lines of inline
+need what the host cannot model (the held and cluster kernels: asynchronous copies into
+shared memory, thread-block clusters); its few lines of inline
 PTX are replaced by the functions of cuda_host.h. Each region's kernel is called through
 a wrapper that takes the launch's grid and block and its arguments as words, so the
 pointers are the arena's own bytes: what a kernel writes lands in the backend's arena.
@@ -39,13 +39,14 @@ SOURCE_DIRECTORY = Path(sig.__file__).resolve().parent / "cuda"
 HEADER = HERE / "cuda_host.h"
 # Kernels the host does not model, with why; their regions are left out.
 LEFT_OUT = {
-    "bob_tall.cuh": "part-of-block named barriers",
     "bob_held.cuh": "asynchronous copies into shared memory",
     "bob_cluster.cuh": "thread-block clusters and distributed shared memory",
 }
-LEFT_OUT_REGIONS = frozenset((sig.FUSED_TALL_HARD, sig.FUSED_TALL_CORPUS, sig.FUSED_HELD_HARD,
-                              sig.FUSED_HELD_CORPUS, sig.FUSED_CLUSTER_HARD,
-                              sig.FUSED_CLUSTER_CORPUS))
+LEFT_OUT_REGIONS = frozenset((sig.FUSED_HELD_HARD, sig.FUSED_HELD_CORPUS,
+                              sig.FUSED_CLUSTER_HARD, sig.FUSED_CLUSTER_CORPUS))
+# The namespaces the source declares kernels in (extern "C" keeps their symbols' names).
+NAMESPACES = {**dict.fromkeys(sig.COLLAPSED_REGIONS, "collapsed"),
+              sig.FUSED_TALL_HARD: "tall_hard", sig.FUSED_TALL_CORPUS: "tall_corpus"}
 # The source's inline PTX, and what computes the same on the host.
 PTX = {
     'asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(b));': "r0 = bob_host_rcp_approx_ftz(b);",
@@ -97,8 +98,8 @@ def host_source() -> str:
     wrappers = []
     for name in regions():
         entry = sig.declared_region(name).entry
-        if name in sig.COLLAPSED_REGIONS:  # bob_collapsed.cuh's namespace
-            entry = f"collapsed::{entry}"
+        if name in NAMESPACES:
+            entry = f"{NAMESPACES[name]}::{entry}"
         arguments = ", ".join(
             f"cuda_host_pointer{{a[{i}]}}" if isinstance(param, PointerParam)
             else f"cuda_host_word{{a[{i}]}}"

@@ -64,10 +64,12 @@ def test_dense_invocations_give_the_cpu_s_bytes(schedule: str, mode: str, vocab:
 
 
 @pytest.mark.parametrize(("mode", "vocab", "region"), [
-    ("hard", 4097, sig.FUSED_HARD), ("corpus", 4100, sig.FUSED_STREAM_CORPUS)])
+    ("hard", 4097, sig.FUSED_HARD), ("corpus", 4100, sig.FUSED_STREAM_CORPUS),
+    ("hard", 4700, sig.FUSED_TALL_HARD), ("corpus", 5200, sig.FUSED_TALL_CORPUS)])
 def test_long_rows_give_the_cpu_s_bytes(mode: str, vocab: int, region: str) -> None:
     """Past the wide kernel's rows: the fused kernel's path through global memory (V =
-    4097) and the streamed kernel on quads (V % 4 == 0)."""
+    4097), the streamed kernel on quads (V % 4 == 0), and the tall kernels (a block of
+    1024 threads a hard row, 512 a corpus row)."""
     config = bob_config(vocab=vocab, prompts=1, updates=2, mode=mode, schedule="fused")
     record = random_record(config, vocab)
     ran = _same_every_invocation(config, [Checkpoint.zeros(vocab, Hyper(), mode)] * 2,
@@ -112,7 +114,8 @@ def test_collapsed_invocations_give_the_cpu_s_bytes(schedule: str, mode: str, vo
 def test_the_host_build_runs_every_region_but_the_ones_it_cannot_model() -> None:
     left_out = set(sig.SIGNATURES) - set(cuda_host.regions())
     assert left_out == set(cuda_host.LEFT_OUT_REGIONS)
-    assert all(name.startswith("bob-fused-train-") for name in left_out)
+    assert all(name.startswith(("bob-fused-train-held", "bob-fused-train-cluster"))
+               for name in left_out)
 
 
 def test_a_kernel_that_never_reaches_its_barrier_is_reported_not_hung(tmp_path) -> None:
