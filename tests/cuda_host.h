@@ -8,7 +8,8 @@
 // exchange the source writes happens as written. Arithmetic is binary32 on SSE with no
 // contraction (-ffp-contract=off): __fadd_rn and friends are IEEE operations, as on the
 // device. The PTX the source writes inline (rcp/rsqrt approximations, an FTZ multiply, a
-// counted barrier) is replaced by the functions below before compiling.
+// counted barrier, the dynamic shared size, cp.async's copies, made at once) is replaced
+// by the functions below, or plain copies, before compiling (tests/cuda_host.py's PTX).
 #pragma once
 
 #include <cmath>
@@ -145,6 +146,7 @@ struct Launch {
     std::vector<unsigned long long> warp_generation;
     std::function<void()> body;
     std::vector<char> stacks;  // every thread's stack, made once per launch
+    std::vector<float4> dynamic_shared;  // the launch's dynamic shared memory, per block
 };
 
 inline Launch* launch = nullptr;
@@ -268,8 +270,10 @@ inline void run_block() {
     }
 }
 
-inline void run(dim3 grid, dim3 block, std::function<void()> body) {
+inline void run(dim3 grid, dim3 block, unsigned int dynamic_shared_bytes,
+                std::function<void()> body) {
     Launch state;
+    state.dynamic_shared.assign((dynamic_shared_bytes + 15) / 16, float4{});
 #if !defined(__x86_64__)
     scheduler_context = &state.scheduler;
 #endif
@@ -323,6 +327,11 @@ inline int __syncthreads_and(int predicate) {
 }
 inline void __syncwarp(unsigned int = 0xFFFFFFFFu) { cuda_host::warp_barrier(); }
 inline void bob_host_counted_barrier(unsigned int count) { cuda_host::barrier(count); }
+inline void* bob_host_dynamic_shared() { return cuda_host::launch->dynamic_shared.data(); }
+inline unsigned int bob_host_dynamic_shared_bytes() {
+    return (unsigned int)(16 * cuda_host::launch->dynamic_shared.size());
+}
+inline size_t __cvta_generic_to_shared(const void* p) { return (size_t)p; }
 
 [[noreturn]] inline void __trap() {
     std::fprintf(stderr, "cuda_host: __trap() in block %u thread %u\n", blockIdx.x, threadIdx.x);

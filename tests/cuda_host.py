@@ -5,10 +5,10 @@ double of the GPU: tests/cuda_host.h says what it models and what it does not).
     choice = host_cuda_choice()                  # the cpu backend's choice on those kernels
 
 The kernel source is bob_kernels.cu with the files it includes, less the kernels that
-need what the host cannot model (the held and cluster kernels: asynchronous copies into
-shared memory, thread-block clusters); its few lines of inline
-PTX are replaced by the functions of cuda_host.h. Each region's kernel is called through
-a wrapper that takes the launch's grid and block and its arguments as words, so the
+need what the host cannot model (the cluster kernels: thread-block clusters); its few
+lines of inline PTX are replaced by what computes the same on the host (cuda_host.h). Each
+region's kernel is called through a wrapper that takes the launch's grid, block and
+dynamic shared bytes and its arguments as words, so the
 pointers are the arena's own bytes: what a kernel writes lands in the backend's arena.
 The library is built once per source by the host's C++ compiler (g++), into a cache
 directory; `unavailable()` says why it cannot be where it cannot.
@@ -39,11 +39,9 @@ SOURCE_DIRECTORY = Path(sig.__file__).resolve().parent / "cuda"
 HEADER = HERE / "cuda_host.h"
 # Kernels the host does not model, with why; their regions are left out.
 LEFT_OUT = {
-    "bob_held.cuh": "asynchronous copies into shared memory",
     "bob_cluster.cuh": "thread-block clusters and distributed shared memory",
 }
-LEFT_OUT_REGIONS = frozenset((sig.FUSED_HELD_HARD, sig.FUSED_HELD_CORPUS,
-                              sig.FUSED_CLUSTER_HARD, sig.FUSED_CLUSTER_CORPUS))
+LEFT_OUT_REGIONS = frozenset((sig.FUSED_CLUSTER_HARD, sig.FUSED_CLUSTER_CORPUS))
 # The namespaces the source declares kernels in (extern "C" keeps their symbols' names).
 NAMESPACES = {**dict.fromkeys(sig.COLLAPSED_REGIONS, "collapsed"),
               sig.FUSED_TALL_HARD: "tall_hard", sig.FUSED_TALL_CORPUS: "tall_corpus"}
@@ -56,7 +54,21 @@ PTX = {
     'asm("mul.rn.ftz.f32 %0, %1, 0f3F000000;" : "=f"(h) : "f"(r));':
         "h = bob_host_mul_ftz(r, 0.5f);",
     'asm volatile("bar.sync 0, %0;" ::"n"(T) : "memory");': "bob_host_counted_barrier(T);",
+    # The held kernels: the launch's dynamic shared memory, and cp.async's copies made at
+    # once (one order a GPU may take: they land before the wait that reads them).
+    'asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));':
+        "bytes = bob_host_dynamic_shared_bytes();",
+    'asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(address), "l"(from)\n'
+    '                 : "memory");': "std::memcpy(to, from, 16);",
+    'asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" : : "r"(address + 4u * c),\n'
+    '                         "l"(at + p + c) : "memory");':
+        "std::memcpy((char*)to + 4u * c, at + p + c, 4);",
+    'asm volatile("cp.async.wait_all;" : : : "memory");': "",
+    "extern __shared__ float4 held_row[];":
+        "float4* held_row = (float4*)bob_host_dynamic_shared();",
 }
+# Inline PTX under `#if __CUDA_ARCH__`, which the host's compiler never sees.
+UNDER_CUDA_ARCH = ("griddepcontrol.wait", "cp.async.bulk.prefetch.L2")
 COMPILER_FLAGS = ("-std=c++17", "-O1", "-ffp-contract=off", "-fno-fast-math", "-fPIC",
                   "-shared", "-w")
 
@@ -92,7 +104,7 @@ def host_source() -> str:
             raise RuntimeError(f"the kernel source no longer holds {ptx!r}: update PTX")
         text = text.replace(ptx, host)
     left = [line for line in text.splitlines() if re.search(r"\basm\b", line)
-            and "griddepcontrol" not in line]  # that one is under __CUDA_ARCH__
+            and not any(guarded in line for guarded in UNDER_CUDA_ARCH)]
     if left:
         raise RuntimeError(f"inline PTX the host build does not replace: {left}")
     wrappers = []
@@ -106,8 +118,8 @@ def host_source() -> str:
             for i, param in enumerate(sig.SIGNATURES[name]))
         wrappers.append(
             f'extern "C" void host_{entry.split("::")[-1]}'
-            f"(unsigned int grid, unsigned int block, void** a) "
-            f"{{ cuda_host::run(dim3{{grid, 1, 1}}, dim3{{block, 1, 1}}, [&] {{ "
+            f"(unsigned int grid, unsigned int block, unsigned int shared, void** a) "
+            f"{{ cuda_host::run(dim3{{grid, 1, 1}}, dim3{{block, 1, 1}}, shared, [&] {{ "
             f"{entry}({arguments}); }}); }}")
     return "\n".join([
         '#include "cuda_host.h"',
@@ -150,9 +162,11 @@ def library() -> ctypes.CDLL:
 
 def host_kernel(region: str):
     """Region `region`'s CUDA kernel as a CpuBackend kernel: (memory, args) -> None, with
-    the grid and block the launch gave (args "grid.x", "block.x")."""
+    the grid, block and dynamic shared bytes the launch gave (args "grid.x", "block.x",
+    "shared.dynamic")."""
     function = getattr(library(), f"host_{sig.declared_region(region).entry}")
-    function.argtypes = (ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p))
+    function.argtypes = (ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                         ctypes.POINTER(ctypes.c_void_p))
     function.restype = None
     params = sig.SIGNATURES[region]
 
@@ -168,7 +182,8 @@ def host_kernel(region: str):
                 bits = np.float32(value).view(np.uint32) if param.dtype == "f32" else value
                 words[i] = np.uint32(int(bits))
                 slots[i] = words.ctypes.data + 4 * i
-        function(int(args["grid.x"]), int(args["block.x"]), slots)
+        function(int(args["grid.x"]), int(args["block.x"]), int(args.get("shared.dynamic", 0)),
+                 slots)
 
     return run
 
@@ -185,7 +200,9 @@ class HostCudaBackend(CpuBackend):
 
     def _decode(self, launch_index: int) -> dict:
         args = super()._decode(launch_index)
-        args["block.x"] = self.plan.launches[launch_index].block.x
+        launch = self.plan.launches[launch_index]
+        args["block.x"] = launch.block.x
+        args["shared.dynamic"] = self.plan.region(launch.region).dynamic_shared_bytes
         return args
 
 
