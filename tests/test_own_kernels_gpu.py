@@ -134,17 +134,20 @@ def test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes(vocab: i
 
 
 @pytest.mark.smoke
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
 @pytest.mark.parametrize(("mode", "vocab"), [
     ("hard", 256), ("corpus", 300)])
-def test_check_nv_cpu_with_own_kernels_agrees(mode: str, vocab: int, capsys) -> None:
+def test_check_nv_cpu_with_own_kernels_agrees(mode: str, vocab: int, schedule: str,
+                                              capsys) -> None:
     from bob.cli.main import main
 
     opened("nv", "own")
     status = main(["check", "--backends", "nv,cpu", "--kernels", "own", "-V", str(vocab),
-                   "--mode", mode, "--steps", "5", "-N", "2", "--json"])
+                   "--mode", mode, "--schedule", schedule, "--steps", "5", "-N", "2",
+                   "--json"])
     captured = capsys.readouterr()
     with capsys.disabled():
-        print(f"check nv,cpu --kernels own {mode} V={vocab}: exit {status}: "
+        print(f"check nv,cpu --kernels own {mode} {schedule} V={vocab}: exit {status}: "
               f"{captured.out.strip() or captured.err.strip()}")
     assert status == 0, captured.err
     assert json.loads(captured.out)["identical"] is True
