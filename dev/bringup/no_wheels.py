@@ -11,6 +11,8 @@ which of those modules were loaded (none, if the claim holds) on stderr at the e
 from __future__ import annotations
 
 import importlib.abc
+import os
+import runpy
 import sys
 
 REFUSED = ("cuda", "nvidia")
@@ -26,17 +28,32 @@ class NoCudaWheels(importlib.abc.MetaPathFinder):
         return None
 
 
-def main() -> int:
-    sys.meta_path.insert(0, NoCudaWheels())
-    from bob.cli.main import main as bob_main
+def report() -> None:
+    loaded = sorted(name for name in sys.modules if name.split(".")[0] in REFUSED)
+    print(f"no_wheels: CUDA wheel modules loaded: {', '.join(loaded) or 'none'}",
+          file=sys.stderr, flush=True)
 
+
+def main() -> int:
+    """Run `python -m bob` with this process's arguments, the wheels refused: the command
+    as a program (runpy), as a shell would start it. `bob` ends with os._exit, so the
+    report goes out just before it."""
+    sys.meta_path.insert(0, NoCudaWheels())
+    sys.argv = ["bob", *sys.argv[1:]]
+    exit_now = os._exit
+
+    def reporting_exit(code: int) -> None:
+        report()
+        exit_now(code)
+
+    os._exit = reporting_exit
     try:
-        status = bob_main(sys.argv[1:])
-    finally:
-        loaded = sorted(name for name in sys.modules if name.split(".")[0] in REFUSED)
-        print(f"no_wheels: CUDA wheel modules loaded: {', '.join(loaded) or 'none'}",
-              file=sys.stderr)
-    return int(status or 0)
+        runpy.run_module("bob", run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        report()
+        return stop.code if isinstance(stop.code, int) else 1
+    report()
+    return 0
 
 
 if __name__ == "__main__":
