@@ -166,6 +166,36 @@ def test_the_scatter_writes_exactly_the_exceptions_keys(arch, grid):
     assert (got != SENTINEL).sum() == len(hits)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_scatter_searches_full_and_long_rows(arch):
+    """A row whose every column is an exception, one with all but one (the search's
+    longest ranges: bit_length(V) rounds needed), and pairs on every column of both."""
+    vocab = 700
+    rng = np.random.default_rng(7)
+    full = [3 * vocab + c for c in range(vocab)]
+    gap = int(rng.integers(vocab))
+    almost = [5 * vocab + c for c in range(vocab) if c != gap]
+    index = _index(vocab, full + almost + [vocab * vocab - 1])
+    keys = np.array(full + [5 * vocab + c for c in range(vocab)], np.uint64)
+    keys = keys[rng.permutation(keys.size)]
+    values = _values(rng, keys.size)
+    want = _scatter_reference(index, keys, values)
+    got = _scatter(arch, index, keys, values, 3)
+    assert (got == want).all(), np.flatnonzero(got != want)[:5]
+    assert (got[:-1] != SENTINEL).all() and got[-1] == SENTINEL
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_scatter_of_no_pairs_or_into_no_exceptions_writes_nothing(arch):
+    index = _index(50, [7, 60, 2499])
+    assert (_scatter(arch, index, np.zeros(0, np.uint64), np.zeros(0, np.float32), 1)
+            == SENTINEL).all()
+    keys = np.arange(0, 2500, 7, dtype=np.uint64)
+    got = _scatter(arch, ClassIndex.empty(50), keys, _values(np.random.default_rng(0),
+                                                             keys.size), 1)
+    assert (got == SENTINEL).all()
+
+
 def _edge_keys(vocab: int) -> tuple[list[int], list[int]]:
     """Rows near 0 and near V - 1 (and around 2^32 where V x V passes it): as exceptions
     the keys r V + c for c in {0, 1, V - 1}; as pairs those and their neighbours, which
