@@ -92,12 +92,14 @@ def scalars(region: str, vocab: int) -> dict[str, Scalar]:
               "count": Scalar.u32(pair_count(vocab)), "updates": Scalar.u32(FUSED_UPDATES),
               "finish": Scalar.u32(1)}
     values.update(adam_scalars(Hyper(), 3))
-    values.update({name: Scalar.u32(size) for name, size in index_sizes(vocab).items()})
+    values.update({name: Scalar.u32(size) for name, size in index_sizes(region, vocab).items()})
     return values
 
 
-def index_sizes(vocab: int) -> dict[str, int]:
-    """The collapsed regions' size arguments for class_index(vocab)."""
+def index_sizes(region: str, vocab: int) -> dict[str, int]:
+    """A collapsed region's size arguments for class_index(vocab) (none for the others)."""
+    if region not in sig.COLLAPSED_REGIONS:
+        return {}
     index = class_index(vocab)
     return {"exceptions": index.exceptions, "classes": index.classes, "offsets": vocab + 1}
 
@@ -106,7 +108,7 @@ def tensor_elements(param: PointerParam, region: str, vocab: int, grid: int | No
                     ) -> int:
     factors = {"vocab": vocab, "rows": vocab, "columns": vocab, "count": pair_count(vocab),
                "grid.x": grid_of(region, vocab) if grid is None else grid,
-               "updates": FUSED_UPDATES, "finish": 1, **index_sizes(vocab)}
+               "updates": FUSED_UPDATES, "finish": 1, **index_sizes(region, vocab)}
     return param.footprint.evaluate(factors) // 4
 
 
