@@ -7,6 +7,8 @@ GPU this names the region that differs, and the first element, at a launch's cos
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 
 from bob.config import Hyper
@@ -30,12 +32,15 @@ from bob.program.bob import (
     adam_scalar_table,
     adam_scalars,
     adamw_grid,
+    health_grid,
     inverse_rows_bits,
     scatter_grid,
 )
+from bob.records.collapsed import ClassIndex
 
 # Pointers whose elements are indices (u32); every other one holds binary32.
-INDEX_POINTERS = {"prompt", "targets", "prediction"}
+CLASS_INDEX = ("row_offsets", "columns", "lane_order")  # a collapsed table's index
+INDEX_POINTERS = {"prompt", "targets", "prediction", *CLASS_INDEX}
 SUBNORMALS = np.array([0x00000001, 0x00000003, 0x007FFFFF, 0x80000002, 0x80400000],
                       np.uint32).view(np.float32)
 EDGES = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0e38, -3.0e38, 1.0e-38],
@@ -51,13 +56,31 @@ def pair_count(vocab: int) -> int:
     return 3 * vocab
 
 
+@cache
+def class_index(vocab: int) -> ClassIndex:
+    """The collapsed regions' sound index at `vocab`: row 0 with no exceptions, row 1 (the
+    prompt's) with most of its columns, row 2 with every one, the last row with its first
+    and last columns, and a few columns in every other third row."""
+    rng = np.random.default_rng(vocab)
+    keys = [vocab + c for c in rng.choice(vocab, vocab - vocab // 4, replace=False)]
+    keys += [2 * vocab + c for c in range(vocab)]
+    for row in range(3, vocab - 1, 3):
+        keys += [row * vocab + c for c in rng.choice(vocab, 3, replace=False)]
+    keys += [(vocab - 1) * vocab, vocab * vocab - 1]
+    index = ClassIndex.from_keys(vocab, np.unique(np.array(keys, np.int64)))
+    assert index.problem() is None
+    return index
+
+
 def grid_of(region: str, vocab: int) -> int:
     if region in (sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS, *FUSED):
         return vocab  # a block per row
     if region == sig.ADAMW:
         return adamw_grid(vocab * vocab)
-    if region == sig.SCATTER:
+    if region in (sig.SCATTER, sig.COLLAPSED_SCATTER):
         return scatter_grid(pair_count(vocab))
+    if region == sig.COLLAPSED_HEALTH:
+        return health_grid(class_index(vocab).classes)
     return 1
 
 
@@ -69,14 +92,23 @@ def scalars(region: str, vocab: int) -> dict[str, Scalar]:
               "count": Scalar.u32(pair_count(vocab)), "updates": Scalar.u32(FUSED_UPDATES),
               "finish": Scalar.u32(1)}
     values.update(adam_scalars(Hyper(), 3))
+    values.update({name: Scalar.u32(size) for name, size in index_sizes(region, vocab).items()})
     return values
+
+
+def index_sizes(region: str, vocab: int) -> dict[str, int]:
+    """A collapsed region's size arguments for class_index(vocab) (none for the others)."""
+    if region not in sig.COLLAPSED_REGIONS:
+        return {}
+    index = class_index(vocab)
+    return {"exceptions": index.exceptions, "classes": index.classes, "offsets": vocab + 1}
 
 
 def tensor_elements(param: PointerParam, region: str, vocab: int, grid: int | None = None,
                     ) -> int:
     factors = {"vocab": vocab, "rows": vocab, "columns": vocab, "count": pair_count(vocab),
                "grid.x": grid_of(region, vocab) if grid is None else grid,
-               "updates": FUSED_UPDATES, "finish": 1}
+               "updates": FUSED_UPDATES, "finish": 1, **index_sizes(region, vocab)}
     return param.footprint.evaluate(factors) // 4
 
 
@@ -108,11 +140,19 @@ def inputs(region: str, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
         if not isinstance(param, PointerParam):
             continue
         count = tensor_elements(param, region, vocab)
+        if param.name in CLASS_INDEX:
+            index = class_index(vocab)
+            arrays[param.name] = {"row_offsets": index.device_offsets(),
+                                  "columns": index.columns,
+                                  "lane_order": index.lane_order()}[param.name]
+            continue
         if param.name in INDEX_POINTERS:
             arrays[param.name] = rng.integers(0, vocab, count, dtype=np.uint32)
             continue
         if param.name == "keys":
-            arrays[param.name] = scatter_keys(rng, vocab, count // 2).view(np.uint32)
+            keys = (collapsed_scatter_keys(rng, vocab, count // 2)
+                    if region == sig.COLLAPSED_SCATTER else scatter_keys(rng, vocab, count // 2))
+            arrays[param.name] = keys.view(np.uint32)
             continue
         if param.name == "adam_scalars":  # updates 1, 2, 3 of the default hyperparameters
             arrays[param.name] = adam_scalar_table(Hyper(), 1, FUSED_UPDATES).reshape(-1)
@@ -146,6 +186,20 @@ def scatter_keys(rng: np.random.Generator, vocab: int, count: int) -> np.ndarray
     outside = np.array([cells, 2**32 - 1, 2**32, 2**32 + 5, 2**63, 2**64 - 1], np.uint64)
     inside = rng.choice(cells, count - len(outside), replace=False).astype(np.uint64)
     keys = np.concatenate([inside, outside])
+    rng.shuffle(keys)
+    return keys
+
+
+def collapsed_scatter_keys(rng: np.random.Generator, vocab: int, count: int) -> np.ndarray:
+    """`count` distinct u64 keys, shuffled: half of them exceptions of class_index(vocab)
+    (where it has so many), the rest cells that are none and scatter_keys' keys past the
+    table."""
+    exceptions = class_index(vocab).keys()
+    hits = rng.choice(exceptions, min(count // 2, exceptions.size), replace=False)
+    others = scatter_keys(rng, vocab, count)
+    others = others[~np.isin(others, exceptions.astype(np.uint64))]
+    keys = np.concatenate([hits.astype(np.uint64), others[:count - hits.size]])
+    assert keys.size == count
     rng.shuffle(keys)
     return keys
 

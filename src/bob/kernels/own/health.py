@@ -11,9 +11,13 @@ ones, tested on the bits: (x & 0x7F800000) + 0x00800000 has bit 31 set exactly t
 Each lane counts in 64 bits, a block adds its lanes' counts in a 64-bit tree in shared
 memory, and lanes 0..2 add the block's totals to health with one 64-bit atomic each
 (RED.E.ADD.64), only where a total is not zero (a healthy table costs no atomics).
+``count_non_finite`` writes it over any element count: the collapsed tables' check
+(``collapsed_io``) counts over their V + K classes with the same code.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from bob.isa.builder import Image
 from bob.isa.model import RZ, CBuf, GMem, SMem
@@ -58,11 +62,24 @@ def _count_quad(s: Asm, count: int, quad: int) -> None:
 
 
 def health(arch: str) -> Image:
-    s = Asm(arch, sig.SIGNATURES[sig.HEALTH])
+    return count_non_finite(arch, sig.HEALTH, "bob_health", _table_cells)
+
+
+def _table_cells(s: Asm) -> None:
+    """COUNT:COUNT+1 := V x V, the dense tables' elements (64 bits)."""
+    s.op("LDC", r(X), CBuf(0, s.slots["vocab"], index=RZ))
+    s.wide(COUNT, r(X), r(X), RZ)
+
+
+def count_non_finite(arch: str, region: str, entry: str, elements: Callable[[Asm], None],
+                     ) -> Image:
+    """The health check of `region` (its tables and health named as bob-health's), over
+    as many elements of each table as `elements` leaves in COUNT:COUNT+1 (it may clobber
+    X)."""
+    s = Asm(arch, sig.SIGNATURES[region])
     s.prologue(TID, CTAID, scratch=X)
     names = sig.HEALTH_COUNTS
-    s.op("LDC", r(X), CBuf(0, s.slots["vocab"], index=RZ))
-    s.wide(COUNT, r(X), r(X), RZ)  # V x V elements, 64 bits
+    elements(s)
     # quads = count / 4, a 64-bit shift right by 2 from the two words.
     s.shr(QUADS, r(COUNT), 2)
     s.shl(X, r(COUNT + 1), 30)
@@ -127,7 +144,7 @@ def health(arch: str) -> Image:
     s.wide(ADDRESSES[0], r(TID), 8, ADDRESSES[0])
     s.op("RED.E.ADD.64", GMem(ADDRESSES[0], 0, DESC), r(total), guard=p(2))
     s.exit()
-    return s.image("bob_health", shared_bytes=len(names) * TABLE_BYTES)
+    return s.image(entry, shared_bytes=len(names) * TABLE_BYTES)
 
 
 def _smem(s: Asm, base: int, offset: int) -> SMem:
