@@ -113,6 +113,24 @@ def test_collapsed_invocations_give_the_cpu_s_bytes(schedule: str, mode: str, vo
     assert ran & set(sig.COLLAPSED_REGIONS) and bool(ran & fused) == (schedule == "fused")
 
 
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+def test_a_token_vocabulary_s_collapsed_invocations_give_the_cpu_s_bytes(schedule: str) -> None:
+    """V = 50257, a Zipf-like token stream of 200k tokens (72,595 distinct pairs in 14,367
+    rows of one to 4,660 exceptions, the other rows none): two invocations, every class."""
+    vocab = 50257
+    rng = np.random.default_rng(vocab)
+    tokens = np.minimum(rng.zipf(1.2, 200_000) - 1, vocab - 1).astype(np.int64)
+    keys, counts = np.unique(tokens[:-1] * vocab + tokens[1:], return_counts=True)
+    record = InputRecord.sparse(vocab, keys.astype(np.uint64),
+                                (counts / counts.sum()).astype(F32), prompts=[1, 5])
+    index = ClassIndex.from_keys(vocab, keys)
+    state = CollapsedCheckpoint.zeros(TrainingState(vocab, 0, Hyper(), "corpus", ""), index)
+    config = bob_config(vocab=vocab, prompts=2, updates=2, mode="corpus", schedule=schedule,
+                        pairs=record.pairs, tables="collapsed", exceptions=index.exceptions)
+    ran = _same_every_invocation(config, [state, state], record)
+    assert sig.COLLAPSED_LOSS_CORPUS in ran
+
+
 def test_the_host_build_runs_every_region_but_the_ones_it_cannot_model() -> None:
     left_out = set(sig.SIGNATURES) - set(cuda_host.regions())
     assert left_out == set(cuda_host.LEFT_OUT_REGIONS)
