@@ -18,14 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bob.isa.builder import Image
-from bob.isa.model import RZ, CBuf, Imm
-from bob.kernels import signatures as sig
+from bob.isa.model import RZ, Imm
 from bob.kernels.own.asm import (
     LANES,
-    MIN_NORMAL,
-    NAN_BITS,
-    NEG_INF,
     ONE,
     POS_INF,
     PTP,
@@ -33,12 +28,8 @@ from bob.kernels.own.asm import (
     SIGN,
     Asm,
     Scratch,
-    exp2,
-    log2,
     p,
     r,
-    select_max,
-    tree,
 )
 
 FLAGS = 4 * LANES  # the votes' three words, after the trees' buffer
