@@ -33,9 +33,12 @@ from bob.program.bob import (
     inverse_rows_bits,
     scatter_grid,
 )
+from bob.program.collapsed import row_grid
+from bob.records.collapsed import ClassIndex
 
 # Pointers whose elements are indices (u32); every other one holds binary32.
-INDEX_POINTERS = {"prompt", "targets", "prediction"}
+INDEX_POINTERS = {"prompt", "targets", "prediction", "row_offsets", "columns", "lane_order"}
+COLLAPSED_INDEX = ("row_offsets", "columns", "lane_order")
 SUBNORMALS = np.array([0x00000001, 0x00000003, 0x007FFFFF, 0x80000002, 0x80400000],
                       np.uint32).view(np.float32)
 EDGES = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0e38, -3.0e38, 1.0e-38],
@@ -51,7 +54,29 @@ def pair_count(vocab: int) -> int:
     return 3 * vocab
 
 
+def collapsed_index(vocab: int) -> ClassIndex:
+    """A sound class index for the collapsed regions: rows with no exception, one, a few,
+    every column (a rest standing for none) and all but one."""
+    rng = np.random.default_rng(vocab)
+    keys = []
+    for row in range(vocab):
+        kind = row % 5
+        columns = (np.zeros(0, np.int64) if kind == 0 else rng.choice(vocab, 1) if kind == 1
+                   else rng.choice(vocab, min(vocab, 6), replace=False) if kind == 2
+                   else np.arange(vocab) if kind == 3
+                   else np.delete(np.arange(vocab), rng.integers(vocab)))
+        keys.append(row * vocab + np.unique(columns))
+    return ClassIndex.from_keys(vocab, np.concatenate(keys))
+
+
+def collapsed_sizes(vocab: int) -> dict[str, int]:
+    index = collapsed_index(vocab)
+    return {"exceptions": index.exceptions, "classes": index.classes, "offsets": vocab + 1}
+
+
 def grid_of(region: str, vocab: int) -> int:
+    if region in sig.COLLAPSED_REGIONS:
+        return row_grid(vocab)
     if region in (sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS, *FUSED):
         return vocab  # a block per row
     if region == sig.ADAMW:
@@ -69,6 +94,8 @@ def scalars(region: str, vocab: int) -> dict[str, Scalar]:
               "count": Scalar.u32(pair_count(vocab)), "updates": Scalar.u32(FUSED_UPDATES),
               "finish": Scalar.u32(1)}
     values.update(adam_scalars(Hyper(), 3))
+    if region in sig.COLLAPSED_REGIONS:
+        values.update({name: Scalar.u32(size) for name, size in collapsed_sizes(vocab).items()})
     return values
 
 
@@ -77,6 +104,8 @@ def tensor_elements(param: PointerParam, region: str, vocab: int, grid: int | No
     factors = {"vocab": vocab, "rows": vocab, "columns": vocab, "count": pair_count(vocab),
                "grid.x": grid_of(region, vocab) if grid is None else grid,
                "updates": FUSED_UPDATES, "finish": 1}
+    if region in sig.COLLAPSED_REGIONS:
+        factors.update(collapsed_sizes(vocab))
     return param.footprint.evaluate(factors) // 4
 
 
@@ -108,6 +137,12 @@ def inputs(region: str, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
         if not isinstance(param, PointerParam):
             continue
         count = tensor_elements(param, region, vocab)
+        if param.name in COLLAPSED_INDEX:
+            index = collapsed_index(vocab)
+            arrays[param.name] = {"row_offsets": index.device_offsets(),
+                                  "columns": index.columns,
+                                  "lane_order": index.lane_order()}[param.name]
+            continue
         if param.name in INDEX_POINTERS:
             arrays[param.name] = rng.integers(0, vocab, count, dtype=np.uint32)
             continue
