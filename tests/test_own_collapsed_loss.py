@@ -151,7 +151,8 @@ def collapsed_table(vocab: int, seed: int = 0):
     """A sound class index and its parameters and weights, row r of kind r % KINDS with
     edges planted: a zero maximum of both signs (the rest -0 or +0, a zero of the other
     sign among the exceptions, everything else negative), subnormals, a NaN, infinities,
-    a weightless row, a rest that ties with an exception."""
+    weightless rows (the shortcut's, one with a class past 2^125, one whose rest stands
+    for no column), a rest that ties with an exception."""
     from bob.records.collapsed import ClassIndex
 
     rng = np.random.default_rng(seed)
@@ -176,8 +177,13 @@ def collapsed_table(vocab: int, seed: int = 0):
             w[vocab + first] = np.uint32(0x00000003).view(np.float32)
             w[vocab + last - 1] = np.float32(np.nan)
             w[row] = np.uint32(0x80400000).view(np.float32)
-        if kind == 7:  # weightless
+        if kind == 7:  # weightless, moderate or (every other one) one class past 2^125
             weights[first:last] = np.where(np.arange(last - first) % 2, -0.0, 0.0)
+            if row % 20 == 17 and last > first:
+                w[vocab + first] = np.float32(1e38)
+        if kind == 3 and row % 20 == 13:  # weightless, its rest standing for no column
+            weights[first:last] = 0.0
+            w[row] = np.float32(3e38)
         if kind == 8 and last > first:  # the rest ties with an exception, +-inf
             w[row] = w[vocab + first]
             weights[first] = np.float32(np.inf) if row % 20 == 8 else weights[first]
@@ -317,3 +323,75 @@ def test_collapsed_loss_instructions_print_as_nvdisasm_prints_them(arch):
             assert text.render(instruction, forms, index * 16) == want, (image.name, index)
             raw = image.code[index * 16:index * 16 + 16]
             assert codec.encode(codec.decode(raw, forms), forms) == raw
+
+
+def targets_of(index, seed: int) -> np.ndarray:
+    """Each row's target: mostly one of its exceptions, else a column that is none (the
+    rest's: a NaN loss) or one past V."""
+    rng = np.random.default_rng(seed)
+    vocab = index.vocab
+    targets = rng.integers(0, vocab, vocab).astype(np.uint32)
+    for row in range(vocab):
+        first, last = int(index.offsets[row]), int(index.offsets[row + 1])
+        if last > first and row % 3:
+            targets[row] = index.columns[rng.integers(first, last)]
+    targets[vocab // 2] = vocab + 7
+    return targets
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("vocab", [37, 300])
+def test_loss_gradient_hard_matches_reference(arch, vocab):
+    from bob.kernels.collapsed.reference import RowClasses, loss_gradient_hard_classes
+    from bob.kernels.reference import LossScalars
+
+    index, w, _ = collapsed_table(vocab, seed=vocab + 2)
+    targets = targets_of(index, vocab)
+    inverse_rows = np.float32(1.0) / np.float32(vocab)
+    loss, grad = loss_gradient_hard_classes(RowClasses.of(vocab, index.offsets, index.columns),
+                                            w, targets, LossScalars(LOG2E, LN2, inverse_rows))
+    sentinel = 0x7FBADBAD
+    arguments = {"parameters": w, "gradients": np.full(index.classes, sentinel, np.uint32),
+                 "targets": targets, "loss": np.full(vocab, sentinel, np.uint32),
+                 **device_index(index), "log2e": LOG2E, "ln2": LN2,
+                 "inverse_rows": inverse_rows, **sizes(index)}
+    got = run_region(own.image(sig.COLLAPSED_LOSS_HARD, arch), sig.COLLAPSED_LOSS_HARD,
+                     -(-vocab // 8), arguments, blocks=blocks_of(vocab))
+    compare_rows(index, got, loss, grad, sentinel)
+
+
+def compare_rows(index, got: dict, loss: np.ndarray, grad: np.ndarray, sentinel: int) -> None:
+    """The rows run give the reference's loss and every class's gradient, bit for bit;
+    the others are untouched."""
+    vocab = index.vocab
+    rows = rows_of(vocab)
+    ran = np.zeros(vocab, bool)
+    ran[rows] = True
+    bad = [(int(row), hex(got["loss"][row]), hex(loss.view(np.uint32)[row])) for row in rows
+           if got["loss"][row] != loss.view(np.uint32)[row]]
+    assert not bad, bad
+    class_ran = np.concatenate([ran, np.repeat(ran, np.diff(index.offsets))])
+    g, want = got["gradients"].view(np.uint32), grad.view(np.uint32)
+    wrong = np.flatnonzero(class_ran & (g != want))
+    assert wrong.size == 0, [(int(c), hex(g[c]), hex(want[c])) for c in wrong[:6]]
+    assert (g[~class_ran] == sentinel).all()
+    assert (got["loss"].view(np.uint32)[~ran] == sentinel).all()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("vocab", [37, 300])
+def test_loss_gradient_corpus_matches_reference(arch, vocab):
+    from bob.kernels.collapsed.reference import RowClasses, loss_gradient_corpus_classes
+    from bob.kernels.reference import LossScalars
+
+    index, w, weights = collapsed_table(vocab, seed=vocab + 3)
+    loss, grad = loss_gradient_corpus_classes(
+        RowClasses.of(vocab, index.offsets, index.columns), w, weights,
+        LossScalars(LOG2E, LN2))
+    sentinel = 0x7FBADBAD
+    arguments = {"parameters": w, "gradients": np.full(index.classes, sentinel, np.uint32),
+                 "weights": weights, "loss": np.full(vocab, sentinel, np.uint32),
+                 **device_index(index), "log2e": LOG2E, "ln2": LN2, **sizes(index)}
+    got = run_region(own.image(sig.COLLAPSED_LOSS_CORPUS, arch), sig.COLLAPSED_LOSS_CORPUS,
+                     -(-vocab // 8), arguments, blocks=blocks_of(vocab))
+    compare_rows(index, got, loss, grad, sentinel)

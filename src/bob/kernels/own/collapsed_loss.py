@@ -22,7 +22,9 @@ from bob.isa.builder import Image
 from bob.isa.model import RZ, CBuf, Imm
 from bob.kernels import signatures as sig
 from bob.kernels.own.asm import (
+    DIVIDE_SCRATCH,
     LANES,
+    NAN_BITS,
     NEG_INF,
     ONE,
     POS_INF,
@@ -31,6 +33,7 @@ from bob.kernels.own.asm import (
     SIGN,
     Asm,
     Scratch,
+    divide,
     exp2,
     log2,
     p,
@@ -256,6 +259,7 @@ ACC, X, N, K, NEXT, I, POS, V, TMP, TMP2 = 22, 23, 24, 25, 26, 27, 28, 29, 30, 3
 W_PTR, ORDER_PTR, COLUMNS_PTR, OFFSETS_PTR, DATA_PTR, G_PTR, LOSS_PTR = 32, 34, 36, 38, 40, 42, 44
 ADDRESS = 46
 HELD, LOW, HIGH, MIDDLE, NEGATIVE, POSITIVE, COLUMN, Z_REST, TARGET, FLAG = range(48, 58)
+REST_E, WEIGHT_SUM = 58, 59
 RUN_SCRATCH = Scratch(60, ADD_RUN_SCRATCH)
 ROUTINE = 80  # exp2, log2, divide, tree: from here
 NO_COLUMN = 0xFFFFFFFF
@@ -537,11 +541,11 @@ def _exponent(s: Asm, d: int, w: int) -> None:
 
 
 def _row_sums(s: Asm, row: Row) -> None:
-    """SUM := the row's sum of exponentials, Z_REST := the rest's exponent."""
-    row.chains()
+    """After row.chains(): M, SUM := the row's sum of exponentials, Z_REST := the rest's
+    exponent, REST_E its exponential."""
     row.class_max()
     _exponent(s, Z_REST, REST_W)
-    exp2(s, REST_TERM, Z_REST, Scratch(ROUTINE, 5))
+    exp2(s, REST_E, Z_REST, Scratch(ROUTINE, 5))
 
     def exponential(d: int, pred: int) -> None:
         s.mov(X, 0)
@@ -550,7 +554,7 @@ def _row_sums(s: Asm, row: Row) -> None:
         _exponent(s, TMP, X)
         exp2(s, d, TMP, Scratch(ROUTINE, 5))
 
-    row.class_sum(SUM, REST_TERM, exponential)
+    row.class_sum(SUM, REST_E, exponential)
 
 
 def _store_lane0(s: Asm, pointer: int, index: int, value: int) -> None:
@@ -636,6 +640,7 @@ def loss_corpus(arch: str) -> Image:
     def run_row(next_row: str) -> None:
         row.start()
         _weightless(s, row, next_row, gradients=False)
+        row.chains()
         _row_sums(s, row)
         _corpus_loss(s, row)
 
@@ -643,6 +648,146 @@ def loss_corpus(arch: str) -> Image:
     return s.image("bob_collapsed_loss_corpus", shared_bytes=SHARED_BYTES)
 
 
+def _divide(s: Asm, d: int, a: int, b: int) -> None:
+    divide(s, d, a, b, Scratch(ROUTINE, DIVIDE_SCRATCH))
+
+
+def _exception_exponential(s: Asm, row: Row, d: int, pred: int) -> None:
+    """d := exp2((w[V + I] - M) log2e), w loaded under P`pred`."""
+    s.mov(X, 0)
+    row.class_address(I)
+    s.ldg(X, ADDRESS, guard=p(pred))
+    _exponent(s, TMP, X)
+    exp2(s, d, TMP, Scratch(ROUTINE, 5))
+
+
+def _find_exception(s: Asm, row: Row) -> None:
+    """TARGET := the exception of (ROW, targets[ROW]), NO_COLUMN where the target is none
+    (or >= V): a binary search over the row's sorted columns."""
+    row.load(COLUMN, DATA_PTR, ROW)
+    s.mov(TARGET, NO_COLUMN)
+    s.mov(LOW, r(FIRST))
+    s.mov(HIGH, r(LAST))
+    s.isetp(0, "GE", r(COLUMN), r(VOCAB))
+    s.mov(HIGH, r(LOW), guard=p(0))
+
+    def body() -> None:
+        s.isetp(0, "LT", r(LOW), r(HIGH))
+        s.op("IADD3.RRRR", r(MIDDLE), r(HIGH), r(LOW, neg=True), RZR)
+        s.shr(MIDDLE, r(MIDDLE), 1)
+        s.add(MIDDLE, r(MIDDLE), r(LOW))
+        row.load(TMP, COLUMNS_PTR, MIDDLE, guard=0)
+        s.isetp(1, "EQ", r(TMP), r(COLUMN), other=p(0))
+        s.mov(TARGET, r(MIDDLE), guard=p(1))
+        s.mov(HIGH, r(LOW), guard=p(1))  # found: done
+        s.isetp(2, "LT", r(TMP), r(COLUMN), other=p(0))
+        s.add(LOW, r(MIDDLE), 1, guard=p(2))
+        s.isetp(3, "GT", r(TMP), r(COLUMN), other=p(0))
+        s.mov(HIGH, r(MIDDLE), guard=p(3))
+
+    while_any(s, row.vote, lambda pred: s.isetp(pred, "LT", r(LOW), r(HIGH)), body)
+
+
+def loss_gradient_hard(arch: str) -> Image:
+    """Row losses and every class's gradient, hard targets, of a collapsed table
+    (bob_collapsed_loss_gradient's hard_row): loss[r] = ln2 (log2(s) - z_t), NaN where the
+    target is no exception of the row; gradient p / V, (p_t - 1) / V at the target."""
+    s = Asm(arch, sig.SIGNATURES[sig.COLLAPSED_LOSS_HARD])
+    vote = _kernel_start(s, ((DATA_PTR, "targets"), (LOSS_PTR, "loss"),
+                             (G_PTR, "gradients")))
+    row = Row(s, vote)
+
+    def run_row(next_row: str) -> None:
+        row.start()
+        _find_exception(s, row)
+        row.chains()
+        _row_sums(s, row)
+        _divide(s, TOTAL, REST_E, SUM)
+        s.fmul(TOTAL, r(TOTAL), s.param("inverse_rows"))
+        s.canonical(TOTAL, 0)
+        _store_lane0(s, G_PTR, ROW, TOTAL)
+        log2(s, BIG_L, SUM, Scratch(ROUTINE, 32))
+        s.isetp(1, "NE", r(TARGET), NO_COLUMN)
+        s.mov(X, 0)
+        row.class_address(TARGET)
+        s.ldg(X, ADDRESS, guard=p(1))
+        _exponent(s, TMP, X)
+        s.fadd(TOTAL, r(BIG_L), r(TMP, neg=True))
+        s.fmul(TOTAL, r(TOTAL), s.param("ln2"))
+        s.mov(TOTAL, NAN_BITS, guard=p(1, True))
+        s.canonical(TOTAL, 0)
+        _store_lane0(s, LOSS_PTR, ROW, TOTAL)
+
+        def gradient(pred: int) -> None:
+            _exception_exponential(s, row, V, pred)
+            _divide(s, V, V, SUM)
+            s.isetp(0, "EQ", r(I), r(TARGET))
+            s.fadd(V, r(V), ONE | SIGN, guard=p(0))
+            s.fmul(V, r(V), s.param("inverse_rows"))
+            s.canonical(V, 0)
+            s.add(TMP2, r(VOCAB), r(I))
+            s.wide(ADDRESS, r(TMP2), 4, G_PTR)
+            s.add(TMP, r(K), r(TID))
+            s.isetp(5, "LT", r(TMP), r(COUNT))  # P5 again: the division took it
+            s.stg(ADDRESS, V, guard=p(5))
+
+        row.each_exception(gradient)
+
+    _each_row(s, run_row)
+    return s.image("bob_collapsed_loss_gradient", shared_bytes=SHARED_BYTES)
+
+
+def loss_gradient_corpus(arch: str) -> Image:
+    """Row losses and every class's gradient against the exceptions' corpus weights
+    (bob_collapsed_loss_gradient_corpus's corpus_row): the gradient (e / s) W - T, W the
+    row's weight sum in the order of section 6, the rest's weight 0."""
+    s = Asm(arch, sig.SIGNATURES[sig.COLLAPSED_LOSS_CORPUS])
+    vote = _kernel_start(s, ((DATA_PTR, "weights"), (LOSS_PTR, "loss"),
+                             (G_PTR, "gradients")))
+    row = Row(s, vote)
+
+    def run_row(next_row: str) -> None:
+        row.start()
+        _weightless(s, row, next_row, gradients=True)
+        row.chains()
+
+        def weight(d: int, pred: int) -> None:
+            s.mov(d, 0)
+            row.load(d, DATA_PTR, I, guard=pred)
+
+        s.mov(TMP, 0)
+        s.mov(WEIGHT_SUM, 0)
+        row.class_sum(WEIGHT_SUM, TMP, weight)
+        _row_sums(s, row)
+        _corpus_loss(s, row)
+        _divide(s, TOTAL, REST_E, SUM)
+        s.fmul(TOTAL, r(TOTAL), r(WEIGHT_SUM))
+        s.fadd(TOTAL, r(TOTAL), SIGN)  # - 0, the rest's weight
+        s.canonical(TOTAL, 0)
+        _store_lane0(s, G_PTR, ROW, TOTAL)
+
+        def gradient(pred: int) -> None:
+            _exception_exponential(s, row, V, pred)
+            _divide(s, V, V, SUM)
+            s.add(TMP, r(K), r(TID))
+            s.isetp(5, "LT", r(TMP), r(COUNT))  # P5 again: the division took it
+            s.mov(X, 0)
+            row.load(X, DATA_PTR, I, guard=5)
+            s.fmul(V, r(V), r(WEIGHT_SUM))
+            s.fadd(V, r(V), r(X, neg=True))
+            s.canonical(V, 0)
+            s.add(TMP2, r(VOCAB), r(I))
+            s.wide(ADDRESS, r(TMP2), 4, G_PTR)
+            s.stg(ADDRESS, V, guard=p(5))
+
+        row.each_exception(gradient)
+
+    _each_row(s, run_row)
+    return s.image("bob_collapsed_loss_gradient_corpus", shared_bytes=SHARED_BYTES)
+
+
 BUILDERS = {
     sig.COLLAPSED_LOSS_ONLY: loss_corpus,
+    sig.COLLAPSED_LOSS_HARD: loss_gradient_hard,
+    sig.COLLAPSED_LOSS_CORPUS: loss_gradient_corpus,
 }
