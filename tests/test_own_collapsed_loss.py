@@ -360,11 +360,12 @@ def test_loss_gradient_hard_matches_reference(arch, vocab):
     compare_rows(index, got, loss, grad, sentinel)
 
 
-def compare_rows(index, got: dict, loss: np.ndarray, grad: np.ndarray, sentinel: int) -> None:
-    """The rows run give the reference's loss and every class's gradient, bit for bit;
-    the others are untouched."""
+def compare_rows(index, got: dict, loss: np.ndarray, grad: np.ndarray, sentinel: int,
+                 rows: np.ndarray | None = None) -> None:
+    """The rows run (rows_of's unless given) give the reference's loss and every class's
+    gradient, bit for bit; the others are untouched."""
     vocab = index.vocab
-    rows = rows_of(vocab)
+    rows = rows_of(vocab) if rows is None else rows
     ran = np.zeros(vocab, bool)
     ran[rows] = True
     bad = [(int(row), hex(got["loss"][row]), hex(loss.view(np.uint32)[row])) for row in rows
@@ -395,3 +396,25 @@ def test_loss_gradient_corpus_matches_reference(arch, vocab):
     got = run_region(own.image(sig.COLLAPSED_LOSS_CORPUS, arch), sig.COLLAPSED_LOSS_CORPUS,
                      -(-vocab // 8), arguments, blocks=blocks_of(vocab))
     compare_rows(index, got, loss, grad, sentinel)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_several_exceptions_a_lane(arch):
+    """V = 700: chains of three columns, rows with two and three exceptions a lane (the
+    runs between and after them), a block's rows."""
+    from bob.kernels.collapsed.reference import RowClasses, loss_gradient_corpus_classes
+    from bob.kernels.reference import LossScalars
+
+    vocab = 700
+    index, w, weights = collapsed_table(vocab, seed=11)
+    assert (np.bincount(index.columns[index.offsets[3]:index.offsets[4]] % LANES) == 3).any()
+    loss, grad = loss_gradient_corpus_classes(
+        RowClasses.of(vocab, index.offsets, index.columns), w, weights,
+        LossScalars(LOG2E, LN2))
+    sentinel = 0x7FBADBAD
+    arguments = {"parameters": w, "gradients": np.full(index.classes, sentinel, np.uint32),
+                 "weights": weights, "loss": np.full(vocab, sentinel, np.uint32),
+                 **device_index(index), "log2e": LOG2E, "ln2": LN2, **sizes(index)}
+    got = run_region(own.image(sig.COLLAPSED_LOSS_CORPUS, arch), sig.COLLAPSED_LOSS_CORPUS,
+                     -(-vocab // 8), arguments, blocks=(0,))
+    compare_rows(index, got, loss, grad, sentinel, rows=np.arange(8))

@@ -296,7 +296,7 @@ class Row:
 
     def each_exception(self, body: Callable[[int], None]) -> None:
         """body(pred) for exception I = FIRST + tid, FIRST + tid + 256, ... < LAST, P`pred`
-        where the lane has one (a uniform loop over the block). body may clobber P0..P4."""
+        where the lane has one (a uniform loop over the block). body may clobber P0..P5."""
         s = self.s
         top, end = s.fresh("each"), s.fresh("each_done")
         s.mov(K, 0)
