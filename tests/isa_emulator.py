@@ -488,8 +488,14 @@ def _read_words(memory: np.ndarray, index: np.ndarray) -> np.ndarray:
 
 
 def _write_words(memory: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
-    if len(np.unique(index)) != len(index):
-        raise EmulatorError("two lanes store to one word at once")
+    # Lanes storing one word at once: hardware keeps one lane's bits, so only equal bits
+    # (a flag every voting lane sets) give a defined word.
+    unique, first = np.unique(index, return_index=True)
+    if len(unique) != len(index):
+        values = np.ascontiguousarray(values, U32)
+        if (values != values[first[np.searchsorted(unique, index)]]).any():
+            raise EmulatorError("two lanes store different bits to one word at once")
+        index, values = unique, values[first]
     places = index[:, None] + np.arange(4)
     memory[places] = np.ascontiguousarray(values, U32).view(np.uint8).reshape(-1, 4)
 

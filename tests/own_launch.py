@@ -36,6 +36,7 @@ from bob.program.bob import (
     inverse_rows_bits,
     scatter_grid,
 )
+from bob.program.collapsed import row_grid
 from bob.records.collapsed import ClassIndex
 
 # Pointers whose elements are indices (u32); every other one holds binary32.
@@ -73,6 +74,8 @@ def class_index(vocab: int) -> ClassIndex:
 
 
 def grid_of(region: str, vocab: int) -> int:
+    if region in sig.COLLAPSED_REGIONS:
+        return row_grid(vocab)
     if region in (sig.LOSS_HARD, sig.LOSS_CORPUS, sig.LOSS_ONLY_CORPUS, *FUSED):
         return vocab  # a block per row
     if region == sig.ADAMW:

@@ -235,7 +235,7 @@ def test_a_shared_region_bob_has_code_for_must_serve_the_plan_s_v(monkeypatch):
 def test_the_collapsed_refusal_follows_own_code(monkeypatch):
     missing = [name for name in sig.COLLAPSED_REGIONS
                if name not in regions_module.SHARED_REGIONS and name not in own.BUILDERS]
-    assert missing  # the collapsed loss and fused kernels are NVRTC's
+    assert missing  # the collapsed fused kernels have no own code yet
     assert regions_module.collapsed_refusal() == (
         f"--kernels own: Bob has no own machine code for the collapsed tables' regions "
         f"({', '.join(missing)}); use --kernels nvrtc or --tables dense")
