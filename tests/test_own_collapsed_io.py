@@ -297,11 +297,12 @@ def test_each_region_passes_own_regions_checks(target, name):
     assert own.covers(name, MAX_VOCAB)
 
 
-def test_a_collapsed_plan_still_needs_nvrtc_s_loss_kernels():
-    """The gather, scatter and health check are Bob's; the collapsed loss and fused kernels
-    are not, so a collapsed plan is not covered by own code alone."""
-    names = [sig.COLLAPSED_GATHER, sig.COLLAPSED_LOSS_HARD, sig.ARGMAX, sig.ADAMW,
-             sig.COLLAPSED_HEALTH]
-    refusal = coverage_refusal(names, 4096)
-    assert refusal is not None and sig.COLLAPSED_LOSS_HARD in refusal
+def test_a_collapsed_seed_plan_is_bob_s_own_and_a_fused_one_still_nvrtc_s():
+    """The gather, scatter and health check here, the loss kernels beside them: a collapsed
+    plan on the seed schedule is covered by own code; the collapsed fused kernels are not."""
+    seed = [sig.COLLAPSED_GATHER, sig.COLLAPSED_LOSS_HARD, sig.ARGMAX, sig.ADAMW,
+            sig.COLLAPSED_HEALTH, sig.COLLAPSED_SCATTER]
+    assert coverage_refusal(seed, 4096) is None
+    refusal = coverage_refusal([*seed[:1], sig.COLLAPSED_FUSED_HARD], 4096)
+    assert refusal is not None and sig.COLLAPSED_FUSED_HARD in refusal
     assert all(name not in refusal for name in (sig.COLLAPSED_GATHER, sig.COLLAPSED_HEALTH))

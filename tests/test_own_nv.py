@@ -233,15 +233,20 @@ def test_a_shared_region_bob_has_code_for_must_serve_the_plan_s_v(monkeypatch):
 
 
 def test_the_collapsed_refusal_follows_own_code(monkeypatch):
-    missing = [name for name in sig.COLLAPSED_REGIONS
-               if name not in regions_module.SHARED_REGIONS and name not in own.BUILDERS]
-    assert missing  # the collapsed fused kernels have no own code yet
+    """Bob has the collapsed seed schedule's kernels: --tables collapsed is refused for none
+    of them, and a fused collapsed plan is refused naming its kernel (auto takes seed)."""
+    seed_schedule = [name for name in sig.COLLAPSED_REGIONS
+                     if name not in regions_module.SHARED_REGIONS
+                     and name not in regions_module.COLLAPSED_FUSED]
+    assert seed_schedule and all(name in own.BUILDERS for name in seed_schedule)
+    assert regions_module.collapsed_refusal() is None
+    fused = regions_module.coverage_refusal(
+        [sig.COLLAPSED_FUSED_CORPUS, sig.COLLAPSED_GATHER, sig.ARGMAX], 4096)
+    assert fused is not None and sig.COLLAPSED_FUSED_CORPUS in fused
+    monkeypatch.delitem(own.BUILDERS, sig.COLLAPSED_LOSS_HARD)
     assert regions_module.collapsed_refusal() == (
         f"--kernels own: Bob has no own machine code for the collapsed tables' regions "
-        f"({', '.join(missing)}); use --kernels nvrtc or --tables dense")
-    for name in missing:
-        monkeypatch.setitem(own.BUILDERS, name, own.BUILDERS[sig.ADAMW])
-    assert regions_module.collapsed_refusal() is None
+        f"({sig.COLLAPSED_LOSS_HARD}); use --kernels nvrtc or --tables dense")
 
 
 def test_a_session_on_own_code_alone_refuses_a_plan_before_opening_a_backend(monkeypatch):
@@ -341,3 +346,16 @@ def test_check_and_plan_with_own_code_take_the_fused_schedule_where_it_covers(
     assert main(["plan", "--kernels", "own", "-N", "2"]) == 0
     assert ("schedule: seed shown (the reference); bob train on nv runs fused (auto: the "
             "seed schedule's bytes, faster)") in capsys.readouterr().err.splitlines()
+
+
+def test_collapsed_tables_run_on_own_code_on_the_seed_schedule(tmp_path, text, capsys):
+    """Bob has the collapsed seed schedule's kernels: --tables collapsed with --kernels own
+    runs it (auto takes seed, Bob having no collapsed fused kernel), the cpu's bytes."""
+    cpu, _ = _train(tmp_path, text, "cpu", "--schedule", "seed", "--tables", "collapsed")
+    capsys.readouterr()
+    own_bytes, _ = _train(tmp_path, text, "nv-sim", "--kernels", "own", "--tables",
+                          "collapsed")
+    report = json.loads(capsys.readouterr().out)
+    assert (report["tables"], report["schedule"], report["schedule_reason"]) == (
+        "collapsed", "seed", "auto: Bob's own code has no fused kernel for the run")
+    assert own_bytes == cpu

@@ -534,7 +534,7 @@ def run_one_piece(request: TrainRequest, progress: Progress | None = None,
         raise BadInput(KEEP_BEST_NEEDS_VALIDATION)
     named = named_keys(data.record, validation)
     own_dense = choice.kernels == "own" and request.tables == "auto" \
-        and own_code.collapsed_refusal() is not None  # own code has no collapsed kernels
+        and own_code.collapsed_refusal() is not None  # own code lacks the collapsed seed kernels
     layout = choose_tables("dense" if own_dense else request.tables, data.record.vocab,
                            named.size)
     if choice.kernels == "own":  # the plan as the data makes it, before anything is written

@@ -181,11 +181,18 @@ def seed_schedule_gaps() -> tuple[str, ...]:
                  if name not in own.BUILDERS or name in own.VOCAB_LIMITS)
 
 
+# The collapsed tables' fused kernels: a collapsed plan on the seed schedule needs none.
+COLLAPSED_FUSED = (sig.COLLAPSED_FUSED_HARD, sig.COLLAPSED_FUSED_CORPUS)
+
+
 def collapsed_refusal() -> str | None:
-    """None where Bob's own code has the collapsed tables' kernels (their plans are then held
-    to coverage_refusal like any), else the line that refuses --tables collapsed with it."""
+    """None where Bob's own code has the collapsed tables' seed schedule (every collapsed
+    plan is then held to coverage_refusal like any: a fused one Bob has no kernel for is
+    refused naming it, and `--schedule auto` takes the seed schedule), else the line that
+    refuses --tables collapsed with it."""
     missing = [name for name in sig.COLLAPSED_REGIONS
-               if needs_own_code(name, nvrtc=True) and name not in own.BUILDERS]
+               if name not in COLLAPSED_FUSED and needs_own_code(name, nvrtc=True)
+               and name not in own.BUILDERS]
     if not missing:
         return None
     return (f"--kernels own: Bob has no own machine code for the collapsed tables' regions "
