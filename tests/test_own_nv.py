@@ -297,11 +297,20 @@ def test_a_plan_outside_coverage_is_refused_once_the_data_says_its_v(tmp_path, c
     record = tmp_path / "r.bob"
     InputRecord.hard(np.arange(1, 4097, dtype=np.uint32) % 4096).write(record)
     before = contents(tmp_path)
-    assert main(["train", "--input", str(record), "--backend", "nv-sim", "--kernels", "own",
-                 "--schedule", "fused", "--steps", "2", "-c",
-                 str(tmp_path / "c.safetensors"), "--result", str(tmp_path / "out.bob")]) == 2
+    argv = ["train", "--input", str(record), "--backend", "nv-sim", "--kernels", "own",
+            "--schedule", "fused", "--steps", "2", "-c", str(tmp_path / "c.safetensors"),
+            "--result", str(tmp_path / "out.bob")]
+    assert main([*argv, "--tables", "dense"]) == 2
     captured = capsys.readouterr()
     assert captured.err == _wide_refusal("bob-fused-train-wide")
+    assert captured.out == "" and contents(tmp_path) == before
+    # the data names 4096 of 4096^2 cells: auto holds collapsed tables, whose fused kernel
+    # Bob has no own code for
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == ("bob: --kernels own: Bob has no own machine code for "
+                            "bob-collapsed-fused-train (V = 4096); use --kernels nvrtc or "
+                            "--schedule seed or --tables dense\n")
     assert captured.out == "" and contents(tmp_path) == before
 
 
