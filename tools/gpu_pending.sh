@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # What has not yet run on a GPU, most needed first, each step under its own time limit,
 # within one 30-minute device session:
-#   bash tools/gpu_pending.sh OUTDIR
+#   bash tools/gpu_pending.sh OUTDIR [STEP...]
 # the collapsed tables on cuda and nv against the CPU (smoke tier), Bob's own kernels
 # alone against NVRTC's and the reference in both orderings and their timing, a run with
 # no CUDA wheel (nv on Bob's own code) against cuda's bytes, then the collapsed and the
 # huge-vocabulary benchmarks. Every step's output is OUTDIR/<step>.log; a summary last.
+# STEPs name the steps to run (all where none is named), so that they can be spread over
+# several device calls of at most 10 minutes each. BOB_TOKENS names a directory holding a
+# token corpus (train.bin, val.bin) for bench-collapsed, copied rather than made again.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-out}
+shift || true
+wanted=" $* "
 mkdir -p "$out"
-export PYTHONPATH=src:.:tests PYTHONUNBUFFERED=1
+export PYTHONPATH=src:.:tests${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 summary=()
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
+  if [ "$wanted" != "  " ] && [[ "$wanted" != *" $name "* ]]; then return; fi
   echo "== $name (at most ${limit}s)"
   local start=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
@@ -47,8 +53,11 @@ no_wheels() {
   done
   return $ok
 }
-step no-wheels 240 no_wheels
+export out PYTHONPATH
+export -f no_wheels
+step no-wheels 240 bash -c no_wheels
 
+if [ -n "${BOB_TOKENS:-}" ]; then mkdir -p /tmp/bob-tok && cp "$BOB_TOKENS"/*.bin /tmp/bob-tok/; fi
 step bench-collapsed 420 python3 -m dev.bench.bench_collapsed /tmp/bob-tok --steps 1000 \
   --torch-steps 30 --json "$out/bench-collapsed.json"
 step bench-huge 480 python3 -m dev.bench.bench_huge /tmp/bob-huge --json "$out/bench-huge.json"
