@@ -405,6 +405,20 @@ static __device__ void loss_row(const Team& team, const Index& ix, const Row& ro
     }
 }
 
+// The work of one row for each_row, as functors with a member template rather than generic
+// lambdas: NVRTC 13.0 takes a generic lambda in a kernel for a host function.
+struct LossOfRow {
+    const Index& ix;
+    const float* parameters;
+    float* gradients;
+    float* loss;
+    const LossArgs& a;
+    template <class Team>
+    __device__ void operator()(const Team& team, const Row& row) const {
+        loss_row(team, ix, row, parameters, gradients, loss, a);
+    }
+};
+
 // The rows of block b: its light rows a warp each, then its heavy rows the whole block, one
 // after another (the condition is the same in every thread, so the barriers are uniform).
 template <class Work>
@@ -433,9 +447,7 @@ extern "C" __global__ void bob_collapsed_loss_gradient(
     if (blockDim.x != LANES) __trap();
     const Index ix{row_offsets, columns, lane_order, vocab};
     const LossArgs a{targets, nullptr, log2e, ln2, inverse_rows};
-    each_row(ix, buffer, [&](const auto& team, const Row& row) {
-        loss_row(team, ix, row, parameters, gradients, loss, a);
-    });
+    each_row(ix, buffer, LossOfRow{ix, parameters, gradients, loss, a});
 }
 
 extern "C" __global__ void bob_collapsed_loss_gradient_corpus(
@@ -447,9 +459,7 @@ extern "C" __global__ void bob_collapsed_loss_gradient_corpus(
     if (blockDim.x != LANES) __trap();
     const Index ix{row_offsets, columns, lane_order, vocab};
     const LossArgs a{nullptr, weights, log2e, ln2, 0.0f};
-    each_row(ix, buffer, [&](const auto& team, const Row& row) {
-        loss_row(team, ix, row, parameters, gradients, loss, a);
-    });
+    each_row(ix, buffer, LossOfRow{ix, parameters, gradients, loss, a});
 }
 
 // The corpus loss alone (validation): bob_collapsed_loss_gradient_corpus's row losses.
@@ -462,9 +472,7 @@ extern "C" __global__ void bob_collapsed_loss_corpus(
     if (blockDim.x != LANES) __trap();
     const Index ix{row_offsets, columns, lane_order, vocab};
     const LossArgs a{nullptr, weights, log2e, ln2, 0.0f};
-    each_row(ix, buffer, [&](const auto& team, const Row& row) {
-        loss_row(team, ix, row, parameters, nullptr, loss, a);
-    });
+    each_row(ix, buffer, LossOfRow{ix, parameters, nullptr, loss, a});
 }
 
 // AdamW on every class of a row (bob_adamw's operations), with update k's scalars.
@@ -522,16 +530,34 @@ static __device__ void fused_row(const Team& team, const Index& ix, const Row& r
     }
 }
 
+// fused_row for each_row (a functor, as LossOfRow is).
+template <bool CORPUS>
+struct FusedRows {
+    const Index& ix;
+    float* parameters;
+    float* first_moment;
+    float* second_moment;
+    float* gradients;
+    float* loss;
+    const float* adam_scalars;
+    const LossArgs& a;
+    u32 updates;
+    u32 finish;
+    template <class Team>
+    __device__ void operator()(const Team& team, const Row& row) const {
+        fused_row<CORPUS>(team, ix, row, parameters, first_moment, second_moment, gradients,
+                          loss, adam_scalars, a, updates, finish);
+    }
+};
+
 // Every row's updates, a row's all before the next's (rows are independent).
 template <bool CORPUS>
 static __device__ void collapsed_fused(const Index& ix, float* buffer, float* parameters,
                                        float* first_moment, float* second_moment,
                                        float* gradients, float* loss, const float* adam_scalars,
                                        const LossArgs& a, u32 updates, u32 finish) {
-    each_row(ix, buffer, [&](const auto& team, const Row& row) {
-        fused_row<CORPUS>(team, ix, row, parameters, first_moment, second_moment, gradients,
-                          loss, adam_scalars, a, updates, finish);
-    });
+    each_row(ix, buffer, FusedRows<CORPUS>{ix, parameters, first_moment, second_moment,
+                                           gradients, loss, adam_scalars, a, updates, finish});
 }
 
 extern "C" __global__ void bob_collapsed_fused_train(
