@@ -60,6 +60,12 @@ step no-wheels 240 bash -c no_wheels
 if [ -n "${BOB_TOKENS:-}" ]; then mkdir -p /tmp/bob-tok && cp "$BOB_TOKENS"/*.bin /tmp/bob-tok/; fi
 step bench-collapsed 420 python3 -m dev.bench.bench_collapsed /tmp/bob-tok --steps 1000 \
   --torch-steps 30 --json "$out/bench-collapsed.json"
+# Where the collapsed corpus update's time goes: Nsight Compute's reading of the fused
+# kernel's first launch on the token corpus (100 updates).
+step ncu-collapsed 180 ncu -k regex:bob_collapsed_fused_train_corpus -c 1 \
+  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+  --section SchedulerStats python3 -m dev.bench.bench_collapsed /tmp/bob-tok --backends cuda \
+  --schedules fused --skip-job --skip-dense --skip-torch --steps 10
 step bench-huge 480 python3 -m dev.bench.bench_huge /tmp/bob-huge --json "$out/bench-huge.json"
 rm -rf /tmp/bob-tok /tmp/bob-huge "$out"/*.safetensors
 

@@ -93,6 +93,7 @@ def dense_corpus_update(backend: str, record: InputRecord, steps: int) -> float:
     with Session(choose_backend(backend)) as session:
         start = StartingPoint.fresh(vocab, Hyper(), "corpus")  # cleared on the device
         for updates in (1, 1 + steps):
+            session.release()  # one dense arena at a time: two need more than a GPU holds
             config = BobConfig(vocab=vocab, prompts=0, updates=updates, mode="corpus",
                                schedule="fused", pairs=record.pairs)
             running = session.begin(config, start, record, "train", tables=False)

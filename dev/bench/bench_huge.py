@@ -42,7 +42,8 @@ def zipf_ids(count: int, vocab: int, seed: int) -> np.ndarray:
 
 
 def bob(directory: Path, *words: object) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["src", "."])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["src", ".", os.environ.get(
+        "PYTHONPATH", "")])}
     run = run_process([sys.executable, "-m", "bob", *map(str, words)], env=env)
     found = {"command": " ".join(map(str, words[:2])), "seconds": run.seconds,
              "peak_rss_bytes": run.peak_rss_bytes, "status": run.returncode}
