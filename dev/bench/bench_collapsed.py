@@ -64,6 +64,26 @@ def corpus_records(counted: CountsFile) -> dict[str, InputRecord]:
     return {"corpus": corpus, "hard": InputRecord.hard(targets)}
 
 
+def token_records(directory: Path, vocab: int) -> tuple[CountsFile, dict[str, InputRecord]]:
+    """The corpus in `directory` counted by `bob count` (made first where it is missing),
+    and its two records."""
+    if not (directory / "train.bin").exists():
+        from dev.bench.token_corpus import write_token_corpus
+
+        print(write_token_corpus(directory, vocab), flush=True)
+    counts = directory / "train.counts"
+    run_process([sys.executable, "-m", "bob", "count", "--tokens", directory / "train.bin",
+                 "--vocab", str(vocab), "-o", counts, "--overwrite"], env=bob_env()).checked()
+    counted = CountsFile.load(counts)
+    return counted, corpus_records(counted)
+
+
+def bob_env() -> dict[str, str]:
+    """The environment of a `bob` process: this checkout's sources first."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        ["src", ".", os.environ.get("PYTHONPATH", "")])}
+
+
 def per_update(backend: str, record: InputRecord, schedule: str, steps: int) -> dict:
     """Device time per update of collapsed tables through the plan (a difference of two
     invocations), and the tables' classes."""
@@ -122,8 +142,7 @@ def floor_us(record: InputRecord, backend: str) -> tuple[float, float]:
 def whole_job(directory: Path, vocab: int, steps: int, backend: str,
               torch_steps: int) -> dict:
     """`bob train` from tokens to checkpoint as a process, less start-up; PyTorch eager."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["src", ".", os.environ.get(
-        "PYTHONPATH", "")])}
+    env = bob_env()
     python = sys.executable
     startup = run_process([python, "-m", "bob", "--help"], env=env).checked().seconds
     checkpoint = directory / "collapsed.safetensors"
@@ -169,16 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     directory = args.directory
-    if not (directory / "train.bin").exists():
-        from dev.bench.token_corpus import write_token_corpus
-
-        print(write_token_corpus(directory, args.vocab), flush=True)
-    counts = directory / "train.counts"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["src", "."])}
-    run_process([sys.executable, "-m", "bob", "count", "--tokens", directory / "train.bin",
-                 "--vocab", str(args.vocab), "-o", counts, "--overwrite"], env=env).checked()
-    counted = CountsFile.load(counts)
-    records = corpus_records(counted)
+    counted, records = token_records(directory, args.vocab)
     print(f"V={args.vocab}: {counted.transitions:,} transitions, K={records['corpus'].pairs:,} "
           f"pairs over {np.unique(records['corpus'].named_keys() // args.vocab).size:,} rows",
           flush=True)

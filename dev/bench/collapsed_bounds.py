@@ -1,0 +1,89 @@
+"""The collapsed kernels under launch bounds: registers and local bytes, and on a GPU the
+device time per update beside the shipped build, in one process.
+
+    PYTHONPATH=src:. python3 -m dev.bench.collapsed_bounds DIR [--blocks 3 4] [--static]
+
+DIR holds a token corpus (train.bin, val.bin; bench_collapsed makes one). A variant caps
+the collapsed loss-gradient and fused kernels at LANES threads and B resident blocks per
+SM (`__launch_bounds__(LANES, B)`), so that the compiler keeps each thread within
+65536 / (LANES x B) registers; more warps then hide the latency of the rows' serial sums.
+A variant that spills is refused by the image reader (Bob's launches have no local
+memory). `--static` compiles and prints the registers alone, without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import bob.kernels.cuda.regions as cuda_regions
+from bob.kernels.cuda.compile import KernelSource, compile_source, shipped_source
+from bob.kernels.cuda.cubin import Cubin
+
+KERNELS = ("bob_collapsed_loss_gradient", "bob_collapsed_loss_gradient_corpus",
+           "bob_collapsed_fused_train", "bob_collapsed_fused_train_corpus")
+HEADER = "bob_collapsed.cuh"
+
+
+def bounded_source(blocks: int | None) -> KernelSource:
+    """The shipped source, its collapsed training kernels under __launch_bounds__."""
+    source = shipped_source()
+    if blocks is None:
+        return source
+    headers = []
+    for name, text in source.headers:
+        if name == HEADER:
+            for kernel in KERNELS:
+                text, found = re.subn(
+                    rf'extern "C" __global__ void {kernel}\(',
+                    f'extern "C" __global__ void __launch_bounds__(LANES, {blocks}) {kernel}(',
+                    text)
+                if found != 1:
+                    raise SystemExit(f"{kernel}: {found} declarations in {HEADER}")
+        headers.append((name, text))
+    return KernelSource(source.name, source.text, tuple(headers))
+
+
+def resources(blocks: int | None) -> str:
+    image = compile_source(bounded_source(blocks), "sm_90").image
+    kernels = Cubin(image).kernels()
+    return ", ".join(
+        f"{name.removeprefix('bob_collapsed_')} {kernel.registers} regs"
+        + (f" +{kernel.frame_bytes} B local" if kernel.frame_bytes else "")
+        for name, kernel in ((name, kernels[name]) for name in KERNELS))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--blocks", type=int, nargs="+", default=[3, 4])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--static", action="store_true")
+    args = parser.parse_args(argv)
+    variants: list[int | None] = [None, *args.blocks]
+    for blocks in variants:
+        print(f"bounds {blocks or 'none'}: {resources(blocks)}", flush=True)
+    if args.static:
+        return 0
+    from dev.bench.bench_collapsed import per_update, token_records
+
+    records = token_records(args.directory, 50257)[1]
+    shipped = cuda_regions.shipped_source
+    base: dict[tuple[str, str], float] = {}
+    try:
+        for blocks in variants:
+            cuda_regions.shipped_source = lambda b=blocks: bounded_source(b)
+            for mode in ("corpus", "hard"):
+                for schedule in ("fused", "seed"):
+                    us = per_update("cuda", records[mode], schedule, args.steps)["us_per_update"]
+                    ratio = us / base.setdefault((mode, schedule), us)
+                    print(f"bounds {blocks or 'none'} {mode:6} {schedule:5}: {us:8.2f} us/update,"
+                          f" {ratio:.3f}x the shipped build", flush=True)
+    finally:
+        cuda_regions.shipped_source = shipped
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
