@@ -17,13 +17,17 @@ import argparse
 import re
 from pathlib import Path
 
+import numpy as np
+
 import bob.kernels.cuda.regions as cuda_regions
 from bob.kernels.cuda.compile import KernelSource, compile_source, shipped_source
 from bob.kernels.cuda.cubin import Cubin
+from bob.records.binary import InputRecord
 
 KERNELS = ("bob_collapsed_loss_gradient", "bob_collapsed_loss_gradient_corpus",
            "bob_collapsed_fused_train", "bob_collapsed_fused_train_corpus")
 HEADER = "bob_collapsed.cuh"
+HEAVY_EXCEPTIONS = 96  # the CUDA source's: a row of more exceptions is a block's
 
 
 def bounded_source(blocks: int | None) -> KernelSource:
@@ -57,9 +61,11 @@ def resources(blocks: int | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", type=Path)
-    parser.add_argument("--blocks", type=int, nargs="+", default=[3, 4])
+    parser.add_argument("--blocks", type=int, nargs="*", default=[3, 4])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--static", action="store_true")
+    parser.add_argument("--split", action="store_true",
+                        help="also time the corpus's heavy rows and its light rows apart")
     args = parser.parse_args(argv)
     variants: list[int | None] = [None, *args.blocks]
     for blocks in variants:
@@ -82,7 +88,28 @@ def main(argv: list[str] | None = None) -> int:
                           f" {ratio:.3f}x the shipped build", flush=True)
     finally:
         cuda_regions.shipped_source = shipped
+    if args.split:
+        for part, record in split_rows(records["corpus"]).items():
+            us = per_update("cuda", record, "fused", args.steps)["us_per_update"]
+            print(f"shipped corpus fused, {part}: {us:8.2f} us/update", flush=True)
     return 0
+
+
+def split_rows(record: InputRecord) -> dict[str, InputRecord]:
+    """The corpus record's rows of more than HEAVY_EXCEPTIONS pairs (a block each on the
+    GPU) and the others (a warp each), as two records of the same V."""
+    vocab = record.vocab
+    rows = record.keys // vocab
+    counts = np.bincount(rows.astype(np.int64), minlength=vocab)
+    heavy = counts[rows.astype(np.int64)] > HEAVY_EXCEPTIONS
+    parts = {}
+    for name, keep in ((f"{int((counts > HEAVY_EXCEPTIONS).sum())} heavy rows", heavy),
+                       (f"{int(((counts > 0) & (counts <= HEAVY_EXCEPTIONS)).sum())} light rows",
+                        ~heavy)):
+        values = record.values[keep]
+        parts[name] = InputRecord.sparse(vocab, record.keys[keep],
+                                         (values / values.sum()).astype(np.float32))
+    return parts
 
 
 if __name__ == "__main__":
