@@ -39,12 +39,13 @@ def opened(name: str):
 
 def corpus_record(rng: np.random.Generator, vocab: int, pairs: int, heavy_rows: int = 3,
                   prompts=(1, 0)) -> InputRecord:
-    """Zipf-like successors, a few rows naming hundreds of columns (block rows)."""
+    """Zipf-like successors, a few rows naming hundreds of columns (block rows): the first
+    rows, and the last, which is not its light rows' block's."""
     rows = np.minimum(rng.zipf(1.3, pairs) - 1, vocab - 1)
     columns = rng.integers(0, vocab, pairs)
     keys = [rows * vocab + columns]
-    for r in range(heavy_rows):
-        keys.append(r * vocab + rng.choice(vocab, min(vocab, 150 + 40 * r), replace=False))
+    for k, r in enumerate([*range(heavy_rows - 1), vocab - 1][:heavy_rows]):
+        keys.append(r * vocab + rng.choice(vocab, min(vocab, 150 + 40 * k), replace=False))
     keys = np.unique(np.concatenate(keys))
     values = rng.random(keys.size)
     return InputRecord.sparse(vocab, keys, (values / values.sum()).astype(np.float32), prompts)

@@ -80,8 +80,9 @@ def test_long_rows_give_the_cpu_s_bytes(mode: str, vocab: int, region: str) -> N
 
 
 def _collapsed_case(mode: str, vocab: int, heavy_row: int, seed: int):
-    """Random data with one row of `heavy_row` columns (a block of its own on the GPU past
-    96 exceptions), rows with none, and a target per row in hard mode."""
+    """Random data with two rows of `heavy_row` columns (a block each on the GPU past 96
+    exceptions: row 7, and the last row, which is not its light rows' block's), rows with
+    none, and a target per row in hard mode."""
     rng = np.random.default_rng(seed)
     if mode == "hard":
         targets = rng.integers(0, vocab, vocab).astype(np.uint32)
@@ -89,8 +90,9 @@ def _collapsed_case(mode: str, vocab: int, heavy_row: int, seed: int):
         keys = np.arange(vocab, dtype=np.int64) * vocab + targets
     else:
         keys = np.unique(rng.integers(0, vocab * vocab, 3 * vocab))
-        heavy = 7 * vocab + rng.choice(vocab, heavy_row, replace=False)
-        keys = np.unique(np.concatenate([keys, heavy]))
+        heavy = [r * vocab + rng.choice(vocab, heavy_row, replace=False)
+                 for r in (7, vocab - 1)]
+        keys = np.unique(np.concatenate([keys, *heavy]))
         keys = keys[keys // vocab != 11]  # a row the data never names
         values = rng.random(keys.size)
         record = InputRecord.sparse(vocab, keys.astype(np.uint64),

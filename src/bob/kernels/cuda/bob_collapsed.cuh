@@ -14,7 +14,7 @@
 // with no exception holds the sum of its chain's rest values, the others runs of the rest
 // between their exceptions, each run summed exactly by add_run; then the tree of section
 // 6. exp2, the gradient and AdamW run once per class. Rows are independent: the light
-// rows of a block run first, a warp each, then its heavy rows, one after another.
+// rows of a block run first, a warp each, then its heavy rows (see each_row).
 
 namespace collapsed {  // the kernels' C names are unchanged: extern "C" ignores it
 
@@ -419,18 +419,20 @@ struct LossOfRow {
     }
 };
 
-// The rows of block b: its light rows a warp each, then its heavy rows the whole block, one
-// after another (the condition is the same in every thread, so the barriers are uniform).
+// The rows of block b: the light ones of rows 8b .. 8b + 7, a warp each (neighbours, whose
+// costs are alike), then the heavy ones of rows b, b + G, b + 2G, ... (G blocks), the whole
+// block, one after another: a token corpus's heavy rows are its frequent, low ids, which
+// taken side by side would queue in a few blocks. The condition is the same in every
+// thread, so the barriers are uniform.
 template <class Work>
 static __device__ void each_row(const Index& ix, float* buffer, Work work) {
-    const u32 first = blockIdx.x * ROWS_PER_BLOCK;
-    const u32 mine = first + threadIdx.x / WARP;
+    const u32 mine = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
     if (mine < ix.vocab) {
         const Row row = row_of(ix, mine);
         if (row.count() <= HEAVY_EXCEPTIONS) work(WarpTeam{}, row);
     }
-    for (u32 k = 0; k < ROWS_PER_BLOCK && first + k < ix.vocab; ++k) {
-        const Row row = row_of(ix, first + k);
+    for (u32 r = blockIdx.x; r < ix.vocab; r += gridDim.x) {
+        const Row row = row_of(ix, r);
         if (row.count() > HEAVY_EXCEPTIONS) {
             __syncthreads();
             work(BlockTeam{buffer}, row);
