@@ -19,6 +19,9 @@
 namespace collapsed {  // the kernels' C names are unchanged: extern "C" ignores it
 
 #define HEAVY_EXCEPTIONS 96u
+// The training kernels at four blocks of LANES an SM (64 registers a thread, none spilled):
+// a row's sums are serial chains, whose latency more resident warps hide.
+#define COLLAPSED_BOUNDS __launch_bounds__(LANES, 4)
 #define ROWS_PER_BLOCK (LANES / WARP)
 #define NO_COLUMN 0xFFFFFFFFu
 #define MANTISSA 0x007FFFFFu
@@ -440,7 +443,7 @@ static __device__ void each_row(const Index& ix, float* buffer, Work work) {
     }
 }
 
-extern "C" __global__ void bob_collapsed_loss_gradient(
+extern "C" __global__ COLLAPSED_BOUNDS void bob_collapsed_loss_gradient(
         const float* parameters, float* gradients, const u32* targets, float* loss,
         const u32* row_offsets, const u32* columns, const u32* lane_order, float log2e, float ln2,
         float inverse_rows, u32 vocab, u32 exceptions, u32 classes, u32 offsets) {
@@ -452,7 +455,7 @@ extern "C" __global__ void bob_collapsed_loss_gradient(
     each_row(ix, buffer, LossOfRow{ix, parameters, gradients, loss, a});
 }
 
-extern "C" __global__ void bob_collapsed_loss_gradient_corpus(
+extern "C" __global__ COLLAPSED_BOUNDS void bob_collapsed_loss_gradient_corpus(
         const float* parameters, float* gradients, const float* weights, float* loss,
         const u32* row_offsets, const u32* columns, const u32* lane_order, float log2e, float ln2,
         u32 vocab, u32 exceptions, u32 classes, u32 offsets) {
@@ -562,7 +565,7 @@ static __device__ void collapsed_fused(const Index& ix, float* buffer, float* pa
                                            gradients, loss, adam_scalars, a, updates, finish});
 }
 
-extern "C" __global__ void bob_collapsed_fused_train(
+extern "C" __global__ COLLAPSED_BOUNDS void bob_collapsed_fused_train(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
         const u32* targets, float* loss, const float* adam_scalars, const u32* row_offsets, const
         u32* columns, const u32* lane_order,
@@ -577,7 +580,7 @@ extern "C" __global__ void bob_collapsed_fused_train(
                            adam_scalars, a, updates, finish);
 }
 
-extern "C" __global__ void bob_collapsed_fused_train_corpus(
+extern "C" __global__ COLLAPSED_BOUNDS void bob_collapsed_fused_train_corpus(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
         const float* weights, float* loss, const float* adam_scalars, const u32* row_offsets, const
         u32* columns, const u32* lane_order,
