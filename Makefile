@@ -28,6 +28,10 @@ $(TEST_STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install -q -e '.[cuda,fast,plot,test,dask,remote,tokens]'
 	# CPU PyTorch, for the tests that compare with torch.optim.AdamW only
 	$(BIN)/python -m pip install -q torch==2.13.0
+	# NVRTC 13.0, the [cuda] extra's floor, beside the environment: the kernels compile
+	# with it too (tests/test_nvrtc_floor.py)
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/nvrtc-13.0 \
+		nvidia-cuda-nvrtc==13.0.88
 	touch $(TEST_STAMP)
 
 setup: $(TEST_STAMP)

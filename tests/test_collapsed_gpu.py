@@ -154,3 +154,32 @@ def test_a_gpt2_sized_vocabulary_trains_to_the_cpu_s_bytes(schedule: str, mode: 
     config = BobConfig(vocab=vocab, prompts=2, updates=3, mode=mode, schedule=schedule,
                        pairs=record.pairs, tables="collapsed", exceptions=index.exceptions)
     run_both("cuda", config, start, record, 6)
+
+
+def past_dense_case(vocab: int, mode: str, schedule: str):
+    """A vocabulary no dense table holds: V = 200019 hard (a target a row) or V = 262144
+    corpus (a Zipf-like stream's pairs: most rows unnamed, a few of thousands of columns)."""
+    rng = np.random.default_rng(vocab)
+    if mode == "hard":
+        record = hard_record(rng, vocab)
+    else:
+        tokens = np.minimum(rng.zipf(1.2, 400_000) - 1, vocab - 1).astype(np.int64)
+        keys, counts = np.unique(tokens[:-1] * vocab + tokens[1:], return_counts=True)
+        record = InputRecord.sparse(vocab, keys.astype(np.uint64),
+                                    (counts / counts.sum()).astype(np.float32), (1, 0))
+    index = ClassIndex.from_keys(vocab, record.named_keys())
+    start = start_table(rng, mode, index)
+    config = BobConfig(vocab=vocab, prompts=2, updates=2, mode=mode, schedule=schedule,
+                       pairs=record.pairs, tables="collapsed", exceptions=index.exceptions)
+    return config, start, record
+
+
+@pytest.mark.parametrize(("vocab", "mode"), [(200019, "hard"), (262144, "corpus")])
+@pytest.mark.parametrize("schedule", ["seed", "fused"])
+@pytest.mark.parametrize("backend", ["cuda", "nv"])
+def test_vocabularies_past_the_dense_tables_train_to_the_cpu_s_bytes(
+        backend: str, schedule: str, vocab: int, mode: str) -> None:
+    """Past V = 65536 (keys past 2^32): the whole arena is O(K + V), so every tensor is
+    compared, not sampled rows, after two invocations and a prediction."""
+    config, start, record = past_dense_case(vocab, mode, schedule)
+    run_both(backend, config, start, record, 4)
