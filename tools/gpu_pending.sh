@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# What has not yet run on a GPU, most needed first, each step under its own time limit,
-# within one 30-minute device session:
+# The GPU checks and benches of the collapsed tables and Bob's own kernels, most needed
+# first, each step under its own time limit, within one 30-minute device session:
 #   bash tools/gpu_pending.sh OUTDIR [STEP...]
-# the collapsed tables on cuda and nv against the CPU (smoke tier), Bob's own kernels
-# alone against NVRTC's and the reference in both orderings and their timing, a run with
-# no CUDA wheel (nv on Bob's own code) against cuda's bytes, then the collapsed and the
-# huge-vocabulary benchmarks. Every step's output is OUTDIR/<step>.log; a summary last.
+# the collapsed tables on cuda and nv against the CPU (smoke tier, then past the dense
+# tables), Bob's own kernels alone against NVRTC's and the reference in both orderings and
+# their timing, a run with no CUDA wheel (nv on Bob's own code) against cuda's bytes, then
+# the collapsed and the huge-vocabulary benchmarks. Every step's output is
+# OUTDIR/<step>.log; a summary last.
 # STEPs name the steps to run (all where none is named), so that they can be spread over
 # several device calls of at most 10 minutes each. BOB_TOKENS names a directory holding a
 # token corpus (train.bin, val.bin) for bench-collapsed, copied rather than made again.
@@ -31,6 +32,8 @@ step() {  # step NAME SECONDS COMMAND...
 step doctor 60 python3 -m bob doctor
 step collapsed-smoke 300 python3 -m pytest -q -s -m "gpu and smoke" -p no:cacheprovider \
   tests/test_collapsed_gpu.py
+step collapsed-past-dense 300 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+  tests/test_collapsed_gpu.py -k past_the_dense_tables
 step own-alone 300 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
   "tests/test_own_kernels_gpu.py::test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes"
 step own-timing 240 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
