@@ -14,11 +14,14 @@
 // with no exception holds the sum of its chain's rest values, the others runs of the rest
 // between their exceptions, each run summed exactly by add_run; then the tree of section
 // 6. exp2, the gradient and AdamW run once per class. Rows are independent: the light
-// rows of a block run first, a warp each, then its heavy rows, one after another.
+// rows of a block run first, a warp each, then its heavy rows (see each_row).
 
 namespace collapsed {  // the kernels' C names are unchanged: extern "C" ignores it
 
 #define HEAVY_EXCEPTIONS 96u
+// The training kernels at four blocks of LANES an SM (64 registers a thread, none spilled):
+// a row's sums are serial chains, whose latency more resident warps hide.
+#define COLLAPSED_BOUNDS __launch_bounds__(LANES, 4)
 #define ROWS_PER_BLOCK (LANES / WARP)
 #define NO_COLUMN 0xFFFFFFFFu
 #define MANTISSA 0x007FFFFFu
@@ -405,18 +408,34 @@ static __device__ void loss_row(const Team& team, const Index& ix, const Row& ro
     }
 }
 
-// The rows of block b: its light rows a warp each, then its heavy rows the whole block, one
-// after another (the condition is the same in every thread, so the barriers are uniform).
+// The work of one row for each_row, as functors with a member template rather than generic
+// lambdas: NVRTC 13.0 takes a generic lambda in a kernel for a host function.
+struct LossOfRow {
+    const Index& ix;
+    const float* parameters;
+    float* gradients;
+    float* loss;
+    const LossArgs& a;
+    template <class Team>
+    __device__ void operator()(const Team& team, const Row& row) const {
+        loss_row(team, ix, row, parameters, gradients, loss, a);
+    }
+};
+
+// The rows of block b: the light ones of rows 8b .. 8b + 7, a warp each (neighbours, whose
+// costs are alike), then the heavy ones of rows b, b + G, b + 2G, ... (G blocks), the whole
+// block, one after another: a token corpus's heavy rows are its frequent, low ids, which
+// taken side by side would queue in a few blocks. The condition is the same in every
+// thread, so the barriers are uniform.
 template <class Work>
 static __device__ void each_row(const Index& ix, float* buffer, Work work) {
-    const u32 first = blockIdx.x * ROWS_PER_BLOCK;
-    const u32 mine = first + threadIdx.x / WARP;
+    const u32 mine = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
     if (mine < ix.vocab) {
         const Row row = row_of(ix, mine);
         if (row.count() <= HEAVY_EXCEPTIONS) work(WarpTeam{}, row);
     }
-    for (u32 k = 0; k < ROWS_PER_BLOCK && first + k < ix.vocab; ++k) {
-        const Row row = row_of(ix, first + k);
+    for (u32 r = blockIdx.x; r < ix.vocab; r += gridDim.x) {
+        const Row row = row_of(ix, r);
         if (row.count() > HEAVY_EXCEPTIONS) {
             __syncthreads();
             work(BlockTeam{buffer}, row);
@@ -424,7 +443,7 @@ static __device__ void each_row(const Index& ix, float* buffer, Work work) {
     }
 }
 
-extern "C" __global__ void bob_collapsed_loss_gradient(
+extern "C" __global__ COLLAPSED_BOUNDS void bob_collapsed_loss_gradient(
         const float* parameters, float* gradients, const u32* targets, float* loss,
         const u32* row_offsets, const u32* columns, const u32* lane_order, float log2e, float ln2,
         float inverse_rows, u32 vocab, u32 exceptions, u32 classes, u32 offsets) {
@@ -433,12 +452,10 @@ extern "C" __global__ void bob_collapsed_loss_gradient(
     if (blockDim.x != LANES) __trap();
     const Index ix{row_offsets, columns, lane_order, vocab};
     const LossArgs a{targets, nullptr, log2e, ln2, inverse_rows};
-    each_row(ix, buffer, [&](const auto& team, const Row& row) {
-        loss_row(team, ix, row, parameters, gradients, loss, a);
-    });
+    each_row(ix, buffer, LossOfRow{ix, parameters, gradients, loss, a});
 }
 
-extern "C" __global__ void bob_collapsed_loss_gradient_corpus(
+extern "C" __global__ COLLAPSED_BOUNDS void bob_collapsed_loss_gradient_corpus(
         const float* parameters, float* gradients, const float* weights, float* loss,
         const u32* row_offsets, const u32* columns, const u32* lane_order, float log2e, float ln2,
         u32 vocab, u32 exceptions, u32 classes, u32 offsets) {
@@ -447,9 +464,7 @@ extern "C" __global__ void bob_collapsed_loss_gradient_corpus(
     if (blockDim.x != LANES) __trap();
     const Index ix{row_offsets, columns, lane_order, vocab};
     const LossArgs a{nullptr, weights, log2e, ln2, 0.0f};
-    each_row(ix, buffer, [&](const auto& team, const Row& row) {
-        loss_row(team, ix, row, parameters, gradients, loss, a);
-    });
+    each_row(ix, buffer, LossOfRow{ix, parameters, gradients, loss, a});
 }
 
 // The corpus loss alone (validation): bob_collapsed_loss_gradient_corpus's row losses.
@@ -462,9 +477,7 @@ extern "C" __global__ void bob_collapsed_loss_corpus(
     if (blockDim.x != LANES) __trap();
     const Index ix{row_offsets, columns, lane_order, vocab};
     const LossArgs a{nullptr, weights, log2e, ln2, 0.0f};
-    each_row(ix, buffer, [&](const auto& team, const Row& row) {
-        loss_row(team, ix, row, parameters, nullptr, loss, a);
-    });
+    each_row(ix, buffer, LossOfRow{ix, parameters, nullptr, loss, a});
 }
 
 // AdamW on every class of a row (bob_adamw's operations), with update k's scalars.
@@ -522,19 +535,37 @@ static __device__ void fused_row(const Team& team, const Index& ix, const Row& r
     }
 }
 
+// fused_row for each_row (a functor, as LossOfRow is).
+template <bool CORPUS>
+struct FusedRows {
+    const Index& ix;
+    float* parameters;
+    float* first_moment;
+    float* second_moment;
+    float* gradients;
+    float* loss;
+    const float* adam_scalars;
+    const LossArgs& a;
+    u32 updates;
+    u32 finish;
+    template <class Team>
+    __device__ void operator()(const Team& team, const Row& row) const {
+        fused_row<CORPUS>(team, ix, row, parameters, first_moment, second_moment, gradients,
+                          loss, adam_scalars, a, updates, finish);
+    }
+};
+
 // Every row's updates, a row's all before the next's (rows are independent).
 template <bool CORPUS>
 static __device__ void collapsed_fused(const Index& ix, float* buffer, float* parameters,
                                        float* first_moment, float* second_moment,
                                        float* gradients, float* loss, const float* adam_scalars,
                                        const LossArgs& a, u32 updates, u32 finish) {
-    each_row(ix, buffer, [&](const auto& team, const Row& row) {
-        fused_row<CORPUS>(team, ix, row, parameters, first_moment, second_moment, gradients,
-                          loss, adam_scalars, a, updates, finish);
-    });
+    each_row(ix, buffer, FusedRows<CORPUS>{ix, parameters, first_moment, second_moment,
+                                           gradients, loss, adam_scalars, a, updates, finish});
 }
 
-extern "C" __global__ void bob_collapsed_fused_train(
+extern "C" __global__ COLLAPSED_BOUNDS void bob_collapsed_fused_train(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
         const u32* targets, float* loss, const float* adam_scalars, const u32* row_offsets, const
         u32* columns, const u32* lane_order,
@@ -549,7 +580,7 @@ extern "C" __global__ void bob_collapsed_fused_train(
                            adam_scalars, a, updates, finish);
 }
 
-extern "C" __global__ void bob_collapsed_fused_train_corpus(
+extern "C" __global__ COLLAPSED_BOUNDS void bob_collapsed_fused_train_corpus(
         float* parameters, float* first_moment, float* second_moment, float* gradients,
         const float* weights, float* loss, const float* adam_scalars, const u32* row_offsets, const
         u32* columns, const u32* lane_order,
