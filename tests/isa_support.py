@@ -13,6 +13,23 @@ ARCHS = ("sm_90", "sm_86")
 SEED_KERNELS = ("bob_row_gather", "bob_loss_gradient_hard", "bob_adamw", "bob_greedy_argmax")
 
 
+def assert_printed_as_nvdisasm_prints(images, arch: str) -> None:
+    """Each image's instructions render as the pinned nvdisasm prints them, and each
+    instruction's bytes decode and encode back to themselves."""
+    from bob.isa import codec, table, text
+
+    require_tool("nvdisasm")
+    forms = table(arch)
+    for image in images:
+        printed = oracle.nvdisasm_raw(image.code, arch)
+        assert len(printed) == len(image.instructions)
+        for index, (instruction, want) in enumerate(zip(image.instructions, printed,
+                                                        strict=True)):
+            assert text.render(instruction, forms, index * 16) == want, (image.name, index)
+            raw = image.code[index * 16:index * 16 + 16]
+            assert codec.encode(codec.decode(raw, forms), forms) == raw
+
+
 def require_tool(name: str) -> None:
     """Skip (printing why) where the pinned wheel's tool is missing or does not run."""
     try:

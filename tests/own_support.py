@@ -19,6 +19,23 @@ def code_order(request):
         yield request.param
 
 
+def assert_checked_and_placed(region: str, arch: str) -> None:
+    """The own image of `region` passes the schedule checker, and own_region takes it (its
+    parameter reads, schedule and resources) as the region Bob runs."""
+    from bob.isa import table
+    from bob.isa.check import check
+    from bob.kernels import own
+    from bob.kernels import signatures as sig
+    from bob.kernels.own_regions import OWN_REGIONS, own_region
+    from bob.plan.placement import TARGETS
+
+    image = own.image(region, arch)
+    assert check(image.code, table(arch)) == []
+    placed = own_region(region, TARGETS[arch])
+    assert placed.code == image.code and placed.entry == sig.declared_region(region).entry
+    assert region in OWN_REGIONS
+
+
 ELEMENTWISE = (
     PointerParam("out", Footprint(4, ("count",)), "write"),
     PointerParam("a", Footprint(4, ("count",)), "read"),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bob.config import MAX_VOCAB
-from bob.isa import codec, oracle, table, text
+from bob.isa import table
 from bob.isa.check import check
 from bob.kernels import own
 from bob.kernels import reference as ref
@@ -19,7 +19,7 @@ from bob.kernels.collapsed.reference import RowClasses, scatter_classes
 from bob.kernels.own_regions import OWN_REGIONS, coverage_refusal, own_region
 from bob.plan.placement import SM86, SM90
 from bob.records.collapsed import ClassIndex
-from isa_support import require_tool
+from isa_support import assert_printed_as_nvdisasm_prints
 from own_support import code_order, run_region  # noqa: F401 - the fixture
 
 ARCHS = ("sm_90", "sm_86")
@@ -273,17 +273,7 @@ def test_the_schedules_pass_the_checker(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_instruction_prints_as_nvdisasm_prints_it(arch):
-    require_tool("nvdisasm")
-    forms = table(arch)
-    for name in REGIONS:
-        image = own.image(name, arch)
-        printed = oracle.nvdisasm_raw(image.code, arch)
-        assert len(printed) == len(image.instructions)
-        for index, (instruction, want) in enumerate(zip(image.instructions, printed,
-                                                        strict=True)):
-            assert text.render(instruction, forms, index * 16) == want, (name, index)
-            raw = image.code[index * 16:index * 16 + 16]
-            assert codec.encode(codec.decode(raw, forms), forms) == raw
+    assert_printed_as_nvdisasm_prints([own.image(name, arch) for name in REGIONS], arch)
 
 
 @pytest.mark.parametrize("target", [SM90, SM86], ids=lambda t: t.name)

@@ -10,20 +10,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bob.isa import codec, oracle, table, text
 from bob.isa.builder import ARCH_FACTS
-from bob.isa.check import check
 from bob.kernels import own
 from bob.kernels import signatures as sig
 from bob.kernels.collapsed import runs
 from bob.kernels.own import collapsed_loss as cl
 from bob.kernels.own.asm import LANES, Asm, Scratch, p, r
-from bob.kernels.own_regions import OWN_REGIONS, own_region
 from bob.plan.model import Footprint, PointerParam, ScalarParam
-from bob.plan.placement import TARGETS
 from isa_emulator import Arena, Launch, constants
-from isa_support import require_tool
-from own_support import code_order, run_region  # noqa: F401 - the fixture
+from isa_support import assert_printed_as_nvdisasm_prints
+from own_support import (  # noqa: F401 - the fixture
+    assert_checked_and_placed,
+    code_order,
+    run_region,
+)
 
 ARCHS = ("sm_90", "sm_86")
 pytestmark = pytest.mark.usefixtures("code_order")
@@ -303,26 +303,14 @@ def test_loss_corpus_does_not_depend_on_mufu_s_last_bits(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("region", sorted(cl.BUILDERS))
 def test_schedule_passes_the_checker_and_own_region_takes_it(arch, region):
-    image = own.image(region, arch)
-    assert check(image.code, table(arch)) == []
-    placed = own_region(region, TARGETS[arch])  # parameter reads, schedule, resources
-    assert placed.code == image.code and placed.entry == sig.declared_region(region).entry
-    assert region in OWN_REGIONS
+    assert_checked_and_placed(region, arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_collapsed_loss_instructions_print_as_nvdisasm_prints_them(arch):
-    require_tool("nvdisasm")
-    forms = table(arch)
-    for image in [own.image(region, arch) for region in sorted(cl.BUILDERS)] + [
-            add_run_image(arch)]:
-        printed = oracle.nvdisasm_raw(image.code, arch)
-        assert len(printed) == len(image.instructions)
-        for index, (instruction, want) in enumerate(zip(image.instructions, printed,
-                                                        strict=True)):
-            assert text.render(instruction, forms, index * 16) == want, (image.name, index)
-            raw = image.code[index * 16:index * 16 + 16]
-            assert codec.encode(codec.decode(raw, forms), forms) == raw
+    assert_printed_as_nvdisasm_prints(
+        [own.image(region, arch) for region in sorted(cl.BUILDERS)] + [add_run_image(arch)],
+        arch)
 
 
 def targets_of(index, seed: int) -> np.ndarray:
@@ -379,13 +367,12 @@ def compare_rows(index, got: dict, loss: np.ndarray, grad: np.ndarray, sentinel:
     assert (got["loss"].view(np.uint32)[~ran] == sentinel).all()
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("vocab", [37, 300])
-def test_loss_gradient_corpus_matches_reference(arch, vocab):
+def check_loss_gradient_corpus(arch, index, w, weights, blocks, **rows) -> None:
+    """The own corpus loss-gradient on `blocks` against the reference's classes."""
     from bob.kernels.collapsed.reference import RowClasses, loss_gradient_corpus_classes
     from bob.kernels.reference import LossScalars
 
-    index, w, weights = collapsed_table(vocab, seed=vocab + 3)
+    vocab = index.vocab
     loss, grad = loss_gradient_corpus_classes(
         RowClasses.of(vocab, index.offsets, index.columns), w, weights,
         LossScalars(LOG2E, LN2))
@@ -394,27 +381,21 @@ def test_loss_gradient_corpus_matches_reference(arch, vocab):
                  "weights": weights, "loss": np.full(vocab, sentinel, np.uint32),
                  **device_index(index), "log2e": LOG2E, "ln2": LN2, **sizes(index)}
     got = run_region(own.image(sig.COLLAPSED_LOSS_CORPUS, arch), sig.COLLAPSED_LOSS_CORPUS,
-                     -(-vocab // 8), arguments, blocks=blocks_of(vocab))
-    compare_rows(index, got, loss, grad, sentinel)
+                     -(-vocab // 8), arguments, blocks=blocks)
+    compare_rows(index, got, loss, grad, sentinel, **rows)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("vocab", [37, 300])
+def test_loss_gradient_corpus_matches_reference(arch, vocab):
+    index, w, weights = collapsed_table(vocab, seed=vocab + 3)
+    check_loss_gradient_corpus(arch, index, w, weights, blocks_of(vocab))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_several_exceptions_a_lane(arch):
     """V = 700: chains of three columns, rows with two and three exceptions a lane (the
     runs between and after them), a block's rows."""
-    from bob.kernels.collapsed.reference import RowClasses, loss_gradient_corpus_classes
-    from bob.kernels.reference import LossScalars
-
-    vocab = 700
-    index, w, weights = collapsed_table(vocab, seed=11)
+    index, w, weights = collapsed_table(700, seed=11)
     assert (np.bincount(index.columns[index.offsets[3]:index.offsets[4]] % LANES) == 3).any()
-    loss, grad = loss_gradient_corpus_classes(
-        RowClasses.of(vocab, index.offsets, index.columns), w, weights,
-        LossScalars(LOG2E, LN2))
-    sentinel = 0x7FBADBAD
-    arguments = {"parameters": w, "gradients": np.full(index.classes, sentinel, np.uint32),
-                 "weights": weights, "loss": np.full(vocab, sentinel, np.uint32),
-                 **device_index(index), "log2e": LOG2E, "ln2": LN2, **sizes(index)}
-    got = run_region(own.image(sig.COLLAPSED_LOSS_CORPUS, arch), sig.COLLAPSED_LOSS_CORPUS,
-                     -(-vocab // 8), arguments, blocks=(0,))
-    compare_rows(index, got, loss, grad, sentinel, rows=np.arange(8))
+    check_loss_gradient_corpus(arch, index, w, weights, (0,), rows=np.arange(8))

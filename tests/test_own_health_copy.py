@@ -28,7 +28,7 @@ from bob.kernels.own_regions import OWN_REGIONS, own_region
 from bob.plan.placement import SM86, SM90
 from conftest import needs_nvrtc
 from isa_emulator import Arena, Launch, constants
-from isa_support import require_tool
+from isa_support import assert_printed_as_nvdisasm_prints
 from own_support import code_order, run_region  # noqa: F401 - the fixture
 
 ARCHS = ("sm_90", "sm_86")
@@ -175,16 +175,7 @@ def test_the_schedules_pass_the_checker(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_instruction_prints_as_nvdisasm_prints_it(arch):
-    require_tool("nvdisasm")
-    forms = table(arch)
-    for image in _images(arch):
-        printed = oracle.nvdisasm_raw(image.code, arch)
-        assert len(printed) == len(image.instructions)
-        for index, (instruction, want) in enumerate(zip(image.instructions, printed,
-                                                        strict=True)):
-            assert text.render(instruction, forms, index * 16) == want, (image.name, index)
-            raw = image.code[index * 16:index * 16 + 16]
-            assert codec.encode(codec.decode(raw, forms), forms) == raw
+    assert_printed_as_nvdisasm_prints(_images(arch), arch)
     assert any(line.startswith("@P2 " + PRINTED_RED[arch].split()[0])
                for line in oracle.nvdisasm_raw(own.image(sig.HEALTH, arch).code, arch))
 

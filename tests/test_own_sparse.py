@@ -8,20 +8,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bob.isa import codec, oracle, table, text
-from bob.isa.check import check
 from bob.kernels import own
 from bob.kernels import reference as ref
 from bob.kernels import signatures as sig
 from bob.kernels.memory import Memory
 from bob.kernels.own import sparse
-from bob.kernels.own_regions import OWN_REGIONS, own_region
 from bob.plan.model import PointerParam
-from bob.plan.placement import TARGETS
 from bob.program.bob import scatter_grid
 from conftest import assert_same_bits
-from isa_support import require_tool
-from own_support import code_order, run_region  # noqa: F401 - the fixture
+from isa_support import assert_printed_as_nvdisasm_prints
+from own_support import (  # noqa: F401 - the fixture
+    assert_checked_and_placed,
+    code_order,
+    run_region,
+)
 
 ARCHS = ("sm_90", "sm_86")
 # Every test on the code in each ordering of its straight runs (bob.isa.builder).
@@ -207,23 +207,10 @@ def test_loss_alone_does_not_depend_on_mufu_s_last_bits(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("region", sorted(sparse.BUILDERS))
 def test_schedule_passes_the_checker_and_own_region_takes_it(arch, region):
-    image = own.image(region, arch)
-    assert check(image.code, table(arch)) == []
-    placed = own_region(region, TARGETS[arch])  # parameter reads, schedule, resources
-    assert placed.code == image.code and placed.entry == sig.declared_region(region).entry
-    assert region in OWN_REGIONS
+    assert_checked_and_placed(region, arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_sparse_instructions_print_as_nvdisasm_prints_them(arch):
-    require_tool("nvdisasm")
-    forms = table(arch)
-    for region in sorted(sparse.BUILDERS):
-        image = own.image(region, arch)
-        printed = oracle.nvdisasm_raw(image.code, arch)
-        assert len(printed) == len(image.instructions)
-        for index, (instruction, want) in enumerate(zip(image.instructions, printed,
-                                                        strict=True)):
-            assert text.render(instruction, forms, index * 16) == want, (region, index)
-            raw = image.code[index * 16:index * 16 + 16]
-            assert codec.encode(codec.decode(raw, forms), forms) == raw
+    assert_printed_as_nvdisasm_prints(
+        [own.image(region, arch) for region in sorted(sparse.BUILDERS)], arch)

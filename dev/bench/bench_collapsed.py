@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ from bob.records.binary import InputRecord
 from bob.records.checkpoint import StartingPoint, TrainingState
 from bob.records.countsfile import CountsFile
 from bob.records.digest import weights_of
-from dev.bench.processes import run_process
+from dev.bench.processes import bob_env, run_process
 
 FIRST = 100  # updates of the first invocation of each pair: its fixed costs cancel
 
@@ -76,12 +75,6 @@ def token_records(directory: Path, vocab: int) -> tuple[CountsFile, dict[str, In
                  "--vocab", str(vocab), "-o", counts, "--overwrite"], env=bob_env()).checked()
     counted = CountsFile.load(counts)
     return counted, corpus_records(counted)
-
-
-def bob_env() -> dict[str, str]:
-    """The environment of a `bob` process: this checkout's sources first."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(
-        ["src", ".", os.environ.get("PYTHONPATH", "")])}
 
 
 def per_update(backend: str, record: InputRecord, schedule: str, steps: int) -> dict:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from bob.records.binary import InputRecord
-from dev.bench.processes import run_process
+from dev.bench.processes import bob_env, run_process
 
 CORPUS_VOCAB = 262144
 HARD_VOCAB = 200019
@@ -42,9 +41,7 @@ def zipf_ids(count: int, vocab: int, seed: int) -> np.ndarray:
 
 
 def bob(directory: Path, *words: object) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(["src", ".", os.environ.get(
-        "PYTHONPATH", "")])}
-    run = run_process([sys.executable, "-m", "bob", *map(str, words)], env=env)
+    run = run_process([sys.executable, "-m", "bob", *map(str, words)], env=bob_env())
     found = {"command": " ".join(map(str, words[:2])), "seconds": run.seconds,
              "peak_rss_bytes": run.peak_rss_bytes, "status": run.returncode}
     if run.returncode != 0:

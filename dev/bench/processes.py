@@ -65,6 +65,13 @@ class ProcessRun:
 
 
 @functools.cache
+def bob_env() -> dict[str, str]:
+    """The environment of a `bob` process run from a checkout: its sources first, then
+    whatever PYTHONPATH the bench was given (packages carried beside it)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        ["src", ".", os.environ.get("PYTHONPATH", "")])}
+
+
 def gnu_time() -> str | None:
     """/usr/bin/time when it is GNU time (it understands -v and -o)."""
     if not os.access(GNU_TIME, os.X_OK):
