@@ -5,8 +5,8 @@ block at a time, warp by warp: 32 lanes, registers and predicates per lane,
 uniform registers per warp, shared memory per block, global memory as one
 byte array (a RED's 64-bit add applied lane by lane, as atomics). A warp runs
 until it reaches BAR.SYNC or EXIT; the barrier opens when every warp of the
-block has reached it. Branches must be uniform over a
-warp (Bob's kernels keep them so): a divergent one is an error here.
+block has reached it. Branches must be uniform over a warp (Bob's kernels keep
+them so, a VOTE's verdict being one way): a divergent one is an error here.
 
 Arithmetic is IEEE binary32 round-to-nearest-even, subnormals kept unless the
 instruction says FTZ. FFMA is fused: the product is exact in binary64, the sum
@@ -223,6 +223,17 @@ class Warp:
             self.at_barrier = True
             return
         if name in ("NOP", "ACQBULK"):
+            return
+        if name == "VOTE":
+            if not guard.all():
+                raise EmulatorError("a predicated VOTE (its active lanes are not modelled)")
+            held = self.pred(ops[2])
+            ballot = int(np.sum(held.astype(np.uint64) << np.arange(WARP, dtype=np.uint64)))
+            mode = ins.modifiers[0]
+            verdict = {"ALL": held.all(), "ANY": held.any(),
+                       "EQ": held.all() or not held.any()}[mode]
+            self.write(ops[0], np.full(WARP, ballot, U32), guard)
+            self.write_pred(ops[1], np.full(WARP, verdict), guard)
             return
         if name == "S2R":
             special = ops[1].index

@@ -7,6 +7,12 @@ import pytest
 
 from bob.isa.builder import ORDERINGS, ordering
 from bob.kernels.own import LANES, Asm, Scratch, divide, p, r, square_root
+from bob.kernels.own.asm import (
+    DIVIDE_REGISTERS,
+    SQRT_SCRATCH,
+    _divide_fast,
+    _square_root_fast,
+)
 from bob.plan.model import Footprint, PointerParam, ScalarParam
 from isa_emulator import Arena, Launch, constants
 
@@ -44,8 +50,9 @@ ELEMENTWISE = (
 )
 
 
-def elementwise(arch: str, operation: str):
-    """out[i] = a[i] / b[i] ("divide") or sqrt(a[i]) ("sqrt"), one element per thread."""
+def elementwise(arch: str, operation: str, nudge: int | None = None):
+    """out[i] = a[i] / b[i] ("divide") or sqrt(a[i]) ("sqrt"), one element per thread;
+    with a `nudge`, by the fast sequence alone, its candidate moved so many ulps."""
     s = Asm(arch, ELEMENTWISE)
     tid, ctaid, i, addr, x, y = 0, 1, 2, 4, 6, 7
     s.prologue(tid, ctaid, scratch=3)
@@ -58,17 +65,30 @@ def elementwise(arch: str, operation: str):
         s.pointer(8, "b")
         s.wide(addr, r(i), 4, 8)
         s.ldg(y, addr, guard=p(6))
-        divide(s, x, x, y, Scratch(10, 18))
+        if nudge is None:
+            divide(s, x, x, y, Scratch(10, DIVIDE_REGISTERS))
+        else:
+            _divide_fast(s, 30, x, y, Scratch(10, DIVIDE_REGISTERS), nudge)
+            s.mov(x, r(30))
+    elif nudge is None:
+        square_root(s, x, x, Scratch(10, SQRT_SCRATCH))
     else:
-        square_root(s, x, x, Scratch(10, 14))
+        _square_root_fast(s, 30, x, Scratch(10, SQRT_SCRATCH), nudge)
+        s.mov(x, r(30))
     s.pointer(8, "out")
     s.wide(addr, r(i), 4, 8)
     s.stg(addr, x, guard=p(6))
     s.exit()
-    return s.image(f"test_{operation}")
+    return s.image(f"test_{operation}" if nudge is None else f"test_{operation}_{nudge}")
 
 
 def run_elementwise(image, a: np.ndarray, b: np.ndarray | None = None, perturb: int = 0):
+    return run_elementwise_counted(image, a, b, perturb)[0]
+
+
+def run_elementwise_counted(image, a: np.ndarray, b: np.ndarray | None = None,
+                            perturb: int = 0) -> tuple[np.ndarray, int]:
+    """run_elementwise's results and the warp instructions the emulator executed."""
     count = len(a)
     arena = Arena()
     out = arena.put(np.zeros(count, np.uint32))
@@ -81,8 +101,10 @@ def run_elementwise(image, a: np.ndarray, b: np.ndarray | None = None, perturb: 
     bank = constants(facts.parameter_base, facts.descriptor_offset, LANES, grid,
                      [("u64", out), ("u64", pa), ("u64", pb), ("u32", count)])
     memory = arena.memory()
-    Launch(image.code, image.arch, bank, memory, arena.base, grid=grid, perturb=perturb).run()
-    return Arena.read(memory, arena.base, out, np.uint32, count)
+    launch = Launch(image.code, image.arch, bank, memory, arena.base, grid=grid,
+                    perturb=perturb)
+    launch.run()
+    return Arena.read(memory, arena.base, out, np.uint32, count), launch.steps
 
 
 def run_region(image, region: str, grid: int, arguments: dict, perturb: int = 0,

@@ -100,7 +100,7 @@ def test_adamw(arch, perturb):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("vocab", (37, 256))
+@pytest.mark.parametrize("vocab", (37, 256, 1300))  # 1300: a second trip, partly past V
 def test_loss_gradient_hard(arch, vocab):
     rng = np.random.default_rng(4)
     table_ = _table(rng, vocab)
@@ -121,7 +121,7 @@ def test_loss_gradient_hard(arch, vocab):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("vocab", (37, 256))
+@pytest.mark.parametrize("vocab", (37, 256, 1300))
 def test_loss_gradient_corpus(arch, vocab):
     rng = np.random.default_rng(5)
     table_ = _table(rng, vocab)

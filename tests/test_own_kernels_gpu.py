@@ -94,7 +94,7 @@ def assert_same(left, right, what: str) -> None:
 
 
 @pytest.mark.parametrize("order", ORDERINGS)
-@pytest.mark.parametrize("vocab", [256, 300, 2053])
+@pytest.mark.parametrize("vocab", [256, 300, 2053, 8192])
 def test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes(vocab: int,
                                                                       order: str) -> None:
     """Each region launched once (tests/own_launch.py: edges planted), its own image (in
@@ -220,14 +220,19 @@ def test_an_own_session_compares_with_nvrtc_s_arena_each_invocation() -> None:
 
 
 @pytest.mark.parametrize("order", ORDERINGS)
-@pytest.mark.parametrize(("vocab", "mode"), [(256, "hard"), (8192, "hard"), (8192, "corpus")])
-def test_own_kernels_time_beside_nvrtc_s(vocab: int, mode: str, order: str) -> None:
+@pytest.mark.parametrize(("vocab", "mode", "schedule"), [
+    (256, "hard", "seed"), (256, "corpus", "seed"), (1024, "hard", "seed"),
+    (1024, "corpus", "seed"), (8192, "hard", "seed"), (8192, "corpus", "seed"),
+    (256, "hard", "fused"), (1024, "corpus", "fused")])
+def test_own_kernels_time_beside_nvrtc_s(vocab: int, mode: str, schedule: str,
+                                         order: str) -> None:
     from bob.cli.profile_cmd import profiled_invocation, region_times
     from bob.program.bob import BobConfig
 
     opened("nv", "own")
     config = BobConfig(vocab=vocab, prompts=0, updates=20, mode=mode,  # type: ignore[arg-type]
-                       pairs=bob_config(vocab=vocab, mode=mode).pairs)
+                       pairs=bob_config(vocab=vocab, mode=mode).pairs,
+                       schedule=schedule)  # type: ignore[arg-type]
     rows = {}
     for kernels in ("nvrtc", "own"):
         with ordering(order):
@@ -236,9 +241,9 @@ def test_own_kernels_time_beside_nvrtc_s(vocab: int, mode: str, order: str) -> N
     for region, theirs in rows["nvrtc"].items():
         mine = rows["own"][region]
         assert mine.launches == theirs.launches
-        print(f"profile V={vocab} {mode} {order} {region}: {mine.launches} launches, own "
+        print(f"profile V={vocab} {mode} {schedule} {order} {region}: {mine.launches} launches, own "
               f"{mine.mean_ns / 1000:.2f} us, nvrtc {theirs.mean_ns / 1000:.2f} us, "
               f"own/nvrtc {mine.mean_ns / theirs.mean_ns:.2f}")
     total = {k: sum(row.total_ns for row in r.values()) for k, r in rows.items()}
-    print(f"profile V={vocab} {mode} {order} all: own {total['own'] / 1000:.1f} us, nvrtc "
+    print(f"profile V={vocab} {mode} {schedule} {order} all: own {total['own'] / 1000:.1f} us, nvrtc "
           f"{total['nvrtc'] / 1000:.1f} us, own/nvrtc {total['own'] / total['nvrtc']:.2f}")

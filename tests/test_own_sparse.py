@@ -162,7 +162,7 @@ def loss_inputs(rng: np.random.Generator, vocab: int) -> tuple[np.ndarray, np.nd
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("vocab", [37, 256, 300])
+@pytest.mark.parametrize("vocab", [37, 256, 300, 1300])  # 1300: a second trip, partly past V
 def test_loss_alone_is_the_reference_s_loss(arch, vocab):
     """Rows with edges, the last row, a middle one, and a block past the last row (the
     grid is the loss's footprint: its word stays as it was)."""

@@ -40,25 +40,51 @@ step own-timing 240 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
   "tests/test_own_kernels_gpu.py::test_own_kernels_time_beside_nvrtc_s"
 
 # nv with no CUDA wheel against cuda: the same checkpoint bytes on the built-in corpus
-# (V = 256), both schedules (the fused one is Bob's resident kernel there).
+# (V = 256), both schedules (the fused one is Bob's resident kernel there), with
+# validation; then eval and generate on nv with no wheel against cuda's output; then, where
+# BOB_TOKENS names a token corpus, a token vocabulary (its collapsed tables, seed schedule).
 no_wheels() {
-  local ok=0
+  local ok=0 nowheel="python3 -m dev.bringup.no_wheels"
+  same() {  # same WHAT FILE_A FILE_B
+    if cmp -s "$2" "$3"; then echo "no-wheels $1: the same bytes as cuda"
+    else echo "no-wheels $1: DIFFERENT from cuda"; ok=1; fi
+  }
   for schedule in seed fused; do
     python3 -m bob train --backend cuda --schedule "$schedule" --steps 20 -N 10 \
-      --overwrite -c "$out/cuda-$schedule.safetensors" || ok=1
-    python3 -m dev.bringup.no_wheels train --backend nv --schedule "$schedule" --steps 20 \
-      -N 10 --overwrite -c "$out/nv-own-$schedule.safetensors" || ok=1
-    if cmp -s "$out/cuda-$schedule.safetensors" "$out/nv-own-$schedule.safetensors"; then
-      echo "no-wheels $schedule: the same bytes as cuda"
-    else
-      echo "no-wheels $schedule: DIFFERENT from cuda"; ok=1
-    fi
+      --val-text README.md --overwrite -c "$out/cuda-$schedule.safetensors" || ok=1
+    $nowheel train --backend nv --schedule "$schedule" --steps 20 -N 10 \
+      --val-text README.md --overwrite -c "$out/nv-own-$schedule.safetensors" || ok=1
+    same "train $schedule" "$out/cuda-$schedule.safetensors" "$out/nv-own-$schedule.safetensors"
   done
+  python3 -m bob eval --backend cuda --text README.md -c "$out/cuda-seed.safetensors" \
+    --json > "$out/eval-cuda.json" || ok=1
+  $nowheel eval --backend nv --text README.md -c "$out/cuda-seed.safetensors" --json \
+    > "$out/eval-nv.json" || ok=1
+  same eval "$out/eval-cuda.json" "$out/eval-nv.json"
+  python3 -m bob generate --backend cuda -c "$out/cuda-seed.safetensors" -t 0 -n 200 \
+    -p "The " > "$out/generate-cuda.txt" || ok=1
+  $nowheel generate --backend nv -c "$out/cuda-seed.safetensors" -t 0 -n 200 -p "The " \
+    > "$out/generate-nv.txt" || ok=1
+  same "generate" "$out/generate-cuda.txt" "$out/generate-nv.txt"
+  if [ -n "${BOB_TOKENS:-}" ]; then
+    for backend in cuda nv; do
+      local run="python3 -m bob"; [ $backend = nv ] && run=$nowheel
+      $run count --tokens "$BOB_TOKENS/train.bin" -V 50257 -o "$out/counts-$backend.bob" || ok=1
+      $run train --backend $backend --tokens "$BOB_TOKENS/train.bin" \
+        --val-tokens "$BOB_TOKENS/val.bin" --schedule seed --steps 30 -N 10 --overwrite \
+        -c "$out/tok-$backend.safetensors" || ok=1
+      $run generate --backend $backend -c "$out/tok-$backend.safetensors" --ids "464 3290" \
+        -t 0 -n 50 > "$out/tok-generate-$backend.txt" || ok=1
+    done
+    same "count (tokens)" "$out/counts-cuda.bob" "$out/counts-nv.bob"
+    same "train (tokens, collapsed)" "$out/tok-cuda.safetensors" "$out/tok-nv.safetensors"
+    same "generate (tokens)" "$out/tok-generate-cuda.txt" "$out/tok-generate-nv.txt"
+  fi
   return $ok
 }
 export out PYTHONPATH
 export -f no_wheels
-step no-wheels 240 bash -c no_wheels
+step no-wheels 420 bash -c no_wheels
 
 if [ -n "${BOB_TOKENS:-}" ]; then mkdir -p /tmp/bob-tok && cp "$BOB_TOKENS"/*.bin /tmp/bob-tok/; fi
 step bench-collapsed 420 python3 -m dev.bench.bench_collapsed /tmp/bob-tok --steps 1000 \
@@ -70,6 +96,6 @@ step ncu-collapsed 180 ncu -k regex:bob_collapsed_fused_train_corpus -c 1 \
   --section SchedulerStats python3 -m dev.bench.bench_collapsed /tmp/bob-tok --backends cuda \
   --schedules fused --skip-job --skip-dense --skip-torch --steps 10
 step bench-huge 480 python3 -m dev.bench.bench_huge /tmp/bob-huge --json "$out/bench-huge.json"
-rm -rf /tmp/bob-tok /tmp/bob-huge "$out"/*.safetensors
+rm -rf /tmp/bob-tok /tmp/bob-huge "$out"/*.safetensors "$out"/*.bob
 
 echo; echo "== summary"; printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

@@ -383,6 +383,17 @@ PLOP3_LUT = Field("plut", (Bits(64, 3), Bits(72, 5)), "the truth table of the fi
 PLOP3_LUT2 = Field("plut2", bits(16, 8), "the truth table of the second result")
 
 
+VOTE_MODE = Field("vote", bits(72, 2), "what the predicate result says of the lanes")
+
+
+def vote() -> list[Form]:
+    """VOTE.mode R, P, Q: R := the ballot of Q over the warp's active lanes (RZ: none, not
+    printed), P := whether all (ALL), any (ANY) or all or none (EQ) of them hold Q. The
+    same in every lane: a branch guarded by P is uniform over the warp."""
+    return [form("VOTE", "VOTE", 0x806, [dst(), pdst(PDST), pred(PSRC, PSRC_NOT)],
+                 (modifier(VOTE_MODE, ALL=0, ANY=1, EQ=2),))]
+
+
 def plop3() -> list[Form]:
     """PLOP3.LUT P, Q, a, b, c, lut, lut2: two logic functions of three predicates."""
     return [form("PLOP3.LUT", "PLOP3.LUT", 0x81C,

@@ -40,6 +40,7 @@ FORMS = (
     *op.ldg(), *op.stg(), *op.lds(), *op.sts(), *op.shfl(), *op.red_add_u64("RED"),
     *op.bar(), *op.bra(BRANCH_OFFSET), *op.exit_(), *op.nop(), *op.bssy(), *op.bsync(),
     *op.call(BRANCH_OFFSET), *op.ret(BRANCH_OFFSET), *op.bpt(), *op.plop3(), *op.redux(),
+    *op.vote(),
     *op.i2fp("RU"), *op.hfma2_mma(),
 )
 

@@ -42,6 +42,7 @@ FORMS = (
     *op.ldg(), *op.stg(), *op.lds(), *op.sts(), *op.shfl(), *op.red_add_u64("REDG"),
     *op.bar(), *op.bra(BRANCH_OFFSET), *op.exit_(), *op.nop(), *op.bssy(), *op.bsync(),
     *op.call(BRANCH_OFFSET), *op.ret(BRANCH_OFFSET), *op.bpt(), *op.plop3(), *op.redux(),
+    *op.vote(),
     *op.i2fp("RU"), *op.hfma2_mma(),
     # griddepcontrol.wait: wait until the grid this launch depends on has finished.
     *op.viadd("RIU"),

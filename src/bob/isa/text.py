@@ -199,6 +199,7 @@ def render(instruction: Instruction, table: Table, pc: int = 0) -> str:
              if not (form.mnemonic in HIDES_PT_RESULT and slot.written
                      and isinstance(operand, Pred) and operand.index == PT)
              and not (form.mnemonic == "BRA" and operand == Pred(PT))
+             and not (form.mnemonic == "VOTE" and slot.written and operand == Reg(RZ))
              and not (form.mnemonic == "BPT.TRAP" and operand == Imm(0))]
     operands = ", ".join(operand_text(slot, operand, instruction.control.reuse, pc, table)
                          for slot, operand in shown)

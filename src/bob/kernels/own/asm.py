@@ -12,10 +12,14 @@ theirs. Shapes chosen for simple, provable code rather than speed:
   level per barrier (lane l < s combines lane l + s), so the order is the
   specified one by construction.
 - Division and square root are correctly rounded for every binary32 input by
-  their own construction (``divide``, ``square_root``): operands are scaled
-  exactly into [1, 2) (or [1, 4)), a Newton sequence from MUFU gives a
-  candidate within one ulp, and an exact test against the rounding midpoints
-  fixes the last bit, so the result does not depend on MUFU's last bits.
+  their own construction (``divide``, ``square_root``): a Newton sequence from
+  MUFU gives a candidate within one ulp, and an exact test against the rounding
+  midpoints fixes the last bit, so the result does not depend on MUFU's last
+  bits. Where every lane of a warp has operands in a range where each step is
+  exact without scaling (ordinary values), that is all; where one lane does
+  not, the warp goes the whole way: operands scaled exactly into [1, 2) (or
+  [1, 4)), subnormal results rounded once, special values. The choice is one
+  VOTE.ANY a warp, so the branch never diverges.
 - ``exp2``'s round-to-integer is the 1.5 * 2^23 addition (exact for the
   clamped range, ties to even), which also gives k from the sum's bits.
 
@@ -263,8 +267,15 @@ class Scratch:
         return self.first + i
 
 
+DIVIDE_REGISTERS = 19  # what divide clobbers: t(0..18)
 DIVIDE_SCRATCH = 22
-SQRT_SCRATCH = 14
+SQRT_SCRATCH = 15
+# The fast range's edges, as biased exponents (docs/ISA.md, "Bob's own seed kernels"):
+# inside them every step of the unscaled sequences is exact or correctly rounded.
+DIVIDE_FAST_A = (27, 254)  # |a|, or a zero
+DIVIDE_FAST_B = (2, 252)  # |b|
+DIVIDE_FAST_SPREAD = (-101, 126)  # exponent(a) - exponent(b)
+SQRT_FAST_LOW = 27 << 23  # x in [2^-100, max float], or +0
 
 
 def _normalize(s: Asm, x: int, magnitude: int, mantissa: int, exponent: int, pred: int) -> None:
@@ -292,7 +303,86 @@ Asm.fmul_guarded = _fmul_guarded  # type: ignore[attr-defined]
 
 def divide(s: Asm, d: int, a: int, b: int, t: Scratch) -> None:
     """d := a / b correctly rounded (IEEE round to nearest even, subnormals kept), for
-    every binary32 a and b. Clobbers the scratch registers and P0..P5; d may be a or b.
+    every binary32 a and b. Clobbers t(0..18) and P0..P5; d may be a or b.
+
+    The fast sequence (``_divide_fast``) where every lane of the warp has operands in its
+    range, else the exact one (``_divide_exact``) for the whole warp."""
+    quotient, routine = t(18), Scratch(t.first, 18)
+    _divide_fast(s, quotient, a, b, routine)
+    _unless_every_lane_fast(s, lambda: _divide_exact(s, quotient, a, b, routine))
+    s.mov(d, r(quotient))
+
+
+def _unless_every_lane_fast(s: Asm, exact) -> None:
+    """exact() for the whole warp where some lane has P0 (its operands outside the fast
+    range): one VOTE.ANY, so the branch is the same in every lane of the warp."""
+    done = s.fresh("fast")
+    s.op("VOTE", RZR, p(1), p(0), mods="ANY")
+    s.b.bra(done, guard=p(1, True))
+    exact()
+    s.b.label(done)
+
+
+def _divide_fast(s: Asm, d: int, a: int, b: int, t: Scratch, nudge: int = 0) -> None:
+    """d := a / b where P0 is clear: |a| = 0 or of biased exponent in DIVIDE_FAST_A, |b|
+    in DIVIDE_FAST_B, their exponents' difference in DIVIDE_FAST_SPREAD. Clobbers
+    t(0..9) and P0..P4; d must be none of a, b.
+
+    There the quotient and its half ulp are normal and the remainder |a| - q|b| and the
+    midpoint distances are exact (their lowest bits stay above 2^-149), so the test of
+    ``_divide_exact`` applies unscaled; a tie cannot occur (a normal quotient of 24-bit
+    significands is never a 25-bit midpoint), so no parity test either. `nudge` moves the
+    candidate by so many ulps before the test (the tests' way to show the test corrects
+    it wherever it starts within one ulp).
+    """
+    x, y, ea, eb, rcp, e, q, rem, hu, hd = (t(i) for i in range(10))
+    s.logic(x, r(a), 0x7FFFFFFF, RZR, AND_AB)
+    s.logic(y, r(b), 0x7FFFFFFF, RZR, AND_AB)
+    s.shr(ea, r(x), 23)
+    s.shr(eb, r(y), 23)
+    # P0: outside the range (unsigned compares of exponent - low against high - low).
+    low, high = DIVIDE_FAST_A
+    s.add(e, r(ea), -low)
+    s.isetp(0, "GT", r(e), high - low)
+    low, high = DIVIDE_FAST_SPREAD
+    s.op("IADD3.RRIR", r(e), r(ea), imm(-low), r(eb, neg=True))
+    s.isetp(0, "GT", r(e), high - low, combine="OR", other=p(0))
+    s.isetp(0, "NE", r(x), 0, other=p(0))  # a zero dividend is in range
+    low, high = DIVIDE_FAST_B
+    s.add(e, r(eb), -low)
+    s.isetp(0, "GT", r(e), high - low, combine="OR", other=p(0))
+    # The candidate: a Newton step on MUFU.RCP, the quotient and one correction.
+    s.op("MUFU.R", r(rcp), r(y), mods="RCP")
+    s.ffma(e, r(y, neg=True), r(rcp), ONE)
+    s.ffma(rcp, r(rcp), r(e), r(rcp))
+    s.fmul(q, r(x), r(rcp))
+    s.ffma(rem, r(y, neg=True), r(q), r(x))
+    s.ffma(q, r(rcp), r(rem), r(q))
+    if nudge:
+        s.add(q, r(q), nudge)
+    # The exact remainder against half an ulp of q times |b| (a quarter below a power of
+    # two, where the ulp below is half).
+    s.ffma(rem, r(q, neg=True), r(y), r(x))
+    s.logic(hu, r(q), POS_INF, RZR, AND_AB)
+    s.add(hu, r(hu), -(24 << 23))  # 2^(E - 24)
+    s.fmul(hu, r(y), r(hu))
+    s.logic(e, r(q), 0x007FFFFF, RZR, AND_AB)
+    s.isetp(1, "EQ", r(e), 0)
+    s.fmul(hd, r(hu), HALF)
+    s.fsel(hd, r(hd), r(hu), p(1))
+    s.fsetp(2, "GT", r(rem), r(hu))
+    s.fsetp(3, "LT", r(rem), r(hd, neg=True))
+    s.add(q, r(q), 1, guard=p(2))
+    s.add(q, r(q), -1, guard=p(3))
+    s.isetp(4, "EQ", r(x), 0)
+    s.sel(q, RZR, r(q), p(4))
+    s.logic(e, r(a), SIGN, r(b), XOR_AC_AND_B)
+    s.logic(d, r(q), r(e), RZR, OR_AB)
+
+
+def _divide_exact(s: Asm, d: int, a: int, b: int, t: Scratch) -> None:
+    """d := a / b correctly rounded for every binary32 a and b. Clobbers t(0..17) and
+    P0..P5; d may be a or b.
 
     |a| = A 2^ea, |b| = B 2^eb with A, B in [1, 2) (exact scaling). q = A / B rounded to
     24 bits: a Newton sequence from MUFU.RCP gives a candidate within one ulp; the exact
@@ -388,8 +478,57 @@ def divide(s: Asm, d: int, a: int, b: int, t: Scratch) -> None:
 
 
 def square_root(s: Asm, d: int, x: int, t: Scratch) -> None:
-    """d := sqrt(x) correctly rounded for every binary32 x. Clobbers the scratch
-    registers and P0..P2; d may be x.
+    """d := sqrt(x) correctly rounded for every binary32 x. Clobbers t(0..14) and P0..P4;
+    d may be x.
+
+    The fast sequence (``_square_root_fast``) where every lane of the warp has x in its
+    range, else the exact one (``_square_root_exact``) for the whole warp."""
+    root, routine = t(14), Scratch(t.first, 14)
+    _square_root_fast(s, root, x, routine)
+    _unless_every_lane_fast(s, lambda: _square_root_exact(s, root, x, routine))
+    s.mov(d, r(root))
+
+
+def _square_root_fast(s: Asm, d: int, x: int, t: Scratch, nudge: int = 0) -> None:
+    """d := sqrt(x) where P0 is clear: x = +0 or in [2^-100, max float]. Clobbers
+    t(0..5) and P0..P4; d must not be x.
+
+    With y the candidate and u its ulp, x and y^2 are whole multiples of u^2 there, so the
+    residual r = x - y^2 is k u^2 and exact near the midpoints: y is right when
+    -yu < r <= yu (-yu/2 < r where y is a power of two and the ulp below is half), one
+    ulp up past the upper bound and one down past the lower. yu is exact (2^-149 divides
+    it for x >= 2^-100). `nudge`: as ``_divide_fast``'s.
+    """
+    y0, y, h, rem, u, w = (t(i) for i in range(6))
+    s.add(w, r(x), -SQRT_FAST_LOW)
+    s.isetp(0, "GT", r(w), 0x7F7FFFFF - SQRT_FAST_LOW)  # negative numbers too
+    s.isetp(0, "NE", r(x), 0, other=p(0))
+    s.op("MUFU.R", r(y0), r(x), mods="RSQ")
+    s.fmul(y, r(x), r(y0))
+    s.fmul(h, r(y0), HALF)
+    s.ffma(rem, r(y, neg=True), r(y), r(x))
+    s.ffma(y, r(rem), r(h), r(y))
+    if nudge:
+        s.add(y, r(y), nudge)
+    s.ffma(rem, r(y, neg=True), r(y), r(x))
+    s.logic(u, r(y), POS_INF, RZR, AND_AB)
+    s.add(u, r(u), -(23 << 23))  # the ulp of y
+    s.fmul(u, r(y), r(u))  # yu, exact
+    s.logic(w, r(y), 0x007FFFFF, RZR, AND_AB)
+    s.isetp(1, "EQ", r(w), 0)
+    s.fmul(h, r(u), HALF)
+    s.fsel(h, r(h), r(u), p(1))
+    s.fsetp(2, "GT", r(rem), r(u))
+    s.fsetp(3, "LE", r(rem), r(h, neg=True))
+    s.add(y, r(y), 1, guard=p(2))
+    s.add(y, r(y), -1, guard=p(3))
+    s.isetp(4, "EQ", r(x), 0)
+    s.sel(d, RZR, r(y), p(4))
+
+
+def _square_root_exact(s: Asm, d: int, x: int, t: Scratch) -> None:
+    """d := sqrt(x) correctly rounded for every binary32 x. Clobbers t(0..13) and
+    P0..P2; d may be x.
 
     x = M 4^k with M in [1, 4) (subnormals scaled by 2^24 first, exactly); MUFU.RSQ and
     one correction by the residual give a candidate y within one ulp of sqrt(M), kept in
@@ -552,10 +691,11 @@ def tree(s: Asm, d: int, value: int, word: int, kind: str, t: Scratch, offset: i
 
 
 class Loop:
-    """A loop over the block's elements base, base + 256, ... < bound: uniform branches."""
+    """A loop over the block's elements base, base + step, ... < bound (step 256: one
+    element a lane a trip; UNROLL * 256 for ``Trip``'s): uniform branches."""
 
-    def __init__(self, s: Asm, base: int, bound: int | CBuf):
-        self.s, self.base, self.bound = s, base, bound
+    def __init__(self, s: Asm, base: int, bound: int | CBuf, step: int = LANES):
+        self.s, self.base, self.bound, self.step = s, base, bound, step
         self.top, self.end = s.fresh("loop"), s.fresh("done")
 
     def __enter__(self) -> Loop:
@@ -569,9 +709,45 @@ class Loop:
     def __exit__(self, *exc) -> None:
         if exc[0] is None:
             s = self.s
-            s.add(self.base, r(self.base), LANES)
+            s.add(self.base, r(self.base), self.step)
             s.b.bra(self.top)
             s.b.label(self.end)
+
+
+UNROLL = 4  # a row loop's elements a lane a trip: their loads in flight together
+TRIP_GUARDS = (2, 3, 4, 5)  # the predicates of a trip's elements (exp2 takes P0, Loop P6)
+
+
+@dataclass(frozen=True)
+class Trip:
+    """A row loop's trip of UNROLL elements a lane: element k is column j + 256 k, with j
+    = base + tid; `left` holds V - j, so element k is in the row where left > 256 k.
+    Loads come first, all in flight at once; the elements are then taken in k order,
+    so a lane's running sum or max meets them in the order of the one-element loop."""
+
+    s: Asm
+    tid: int
+    j: int
+    left: int
+
+    def start(self, base: int, vocab: int) -> None:
+        """j, left and every element's guard (TRIP_GUARDS)."""
+        s = self.s
+        s.add(self.j, r(base), r(self.tid))
+        s.op("IADD3.RRRR", r(self.left), r(vocab), r(self.j, neg=True), RZR)
+        for k, guard in enumerate(TRIP_GUARDS):
+            self.inside(k, guard)
+
+    def inside(self, k: int, pred: int) -> None:
+        """P`pred` := element k is in the row (again, after a routine took the guards)."""
+        self.s.isetp(pred, "GT", r(self.left), LANES * k, signed=True)
+
+    def load(self, values: tuple[int, ...], address: int, default: int) -> None:
+        """values[k] := the trip's element k from the row at `address` (that of element
+        0), `default` where it is past the row."""
+        for k, value in enumerate(values):
+            self.s.mov(value, default)
+            self.s.ldg(value, address, guard=p(TRIP_GUARDS[k]), offset=4 * LANES * k)
 
 
 def row_address(s: Asm, d: int, pointer: str, row: int, columns: int, scratch: int) -> None:

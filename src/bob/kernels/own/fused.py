@@ -26,6 +26,7 @@ from bob.isa.builder import Image
 from bob.isa.model import RZ, CBuf, Imm
 from bob.kernels import signatures as sig
 from bob.kernels.own.asm import (
+    DIVIDE_REGISTERS,
     LANES,
     NAN_BITS,
     NEG_INF,
@@ -48,9 +49,8 @@ RESIDENT_SLOTS = 4  # row elements a lane holds in registers
 RESIDENT_VOCAB = RESIDENT_SLOTS * LANES  # the longest row the kernel serves
 ADAM_STRIDE = 8  # floats per row of adam_scalars: 7 scalars and padding
 SLOT_BYTES = 4 * LANES  # from one slot's element of a lane to the next
-# Of its scratch, divide takes t(0..17) and log2 8 more (Scratch refuses a routine that
-# asks past its count): taking no more keeps both kernels at 64 registers.
-DIVIDE_REGISTERS = 18
+# Of its scratch, divide takes DIVIDE_REGISTERS and log2 8 more (Scratch refuses a routine
+# that asks past its count): taking no more keeps both kernels at 64 registers.
 LOG2_REGISTERS = 8 + DIVIDE_REGISTERS
 
 # Registers. R0 tid, R1 ctaid, R2 tid * 4, R3 V; an address pair; the rest as named, then

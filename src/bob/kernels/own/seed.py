@@ -12,11 +12,15 @@ from bob.kernels.own.asm import (
     NAN_BITS,
     NEG_INF,
     ONE,
+    RZR,
     SIGN,
     SQRT_SCRATCH,
+    TRIP_GUARDS,
+    UNROLL,
     Asm,
     Loop,
     Scratch,
+    Trip,
     divide,
     exp2,
     log2,
@@ -186,18 +190,18 @@ def _exponent(s: Asm, d: int, w: int, m: int) -> None:
     s.fmul(d, r(d), s.param("log2e"))
 
 
-def _row_max(s: Asm, m: int, base: int, j: int, x: int, row: int, address: int,
-             scratch: Scratch) -> None:
-    """m := the row's max: lane l takes elements l, l + 256, ... from -inf, then the tree."""
+def _row_max(s: Asm, m: int, base: int, trip: Trip, values: tuple[int, ...], row: int,
+             address: int, scratch: Scratch) -> None:
+    """m := the row's max: lane l takes elements l, l + 256, ... from -inf, UNROLL a trip,
+    then the tree."""
     held = scratch(0)
     s.mov(held, NEG_INF)
-    with Loop(s, base, r(VOCAB)):
-        s.add(j, r(base), r(TID))
-        s.isetp(5, "LT", r(j), r(VOCAB))
-        s.mov(x, NEG_INF)
-        s.wide(address, r(j), 4, row)
-        s.ldg(x, address, guard=p(5))
-        select_max(s, held, x, 0)
+    with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
+        trip.start(base, VOCAB)
+        s.wide(address, r(trip.j), 4, row)
+        trip.load(values, address, NEG_INF)
+        for value in values:
+            select_max(s, held, value, 0)
     tree(s, m, held, WORD, "max", Scratch(scratch.first + 1, 2))
 
 
@@ -210,27 +214,41 @@ def _loss_start(s: Asm, rows: tuple[tuple[int, str], ...], scratch: int) -> None
         row_address(s, register, name, CTAID, VOCAB, scratch)
 
 
+def _exp_sums(s: Asm, base: int, trip: Trip, values: tuple[int, ...], m: int, z: int, e: int,
+              partial: int, w_row: int, address: int,
+              weights: tuple[int, ...] = (), partial_t: int = 0, t_row: int = 0) -> None:
+    """partial := the lane's sum of exp2((w - m) log2e) over its elements, in their order;
+    with `weights`, partial_t := the lane's sum of the weights row's."""
+    with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
+        trip.start(base, VOCAB)
+        s.wide(address, r(trip.j), 4, w_row)
+        trip.load(values, address, 0)
+        if weights:
+            s.wide(address, r(trip.j), 4, t_row)
+            trip.load(weights, address, 0)
+        for k, value in enumerate(values):
+            _exponent(s, z, value, m)
+            exp2(s, e, z, Scratch(24, 5))
+            s.fadd(partial, r(partial), r(e), guard=p(TRIP_GUARDS[k]))
+            if weights:
+                s.fadd(partial_t, r(partial_t), r(weights[k]), guard=p(TRIP_GUARDS[k]))
+
+
 def loss_gradient_hard(arch: str) -> Image:
     """One block per row r: loss[r] = ln2 (log2(s) - z_t), gradients[r][j] = p_j / V and
     (p_t - 1) / V at the target, p_j = e_j / s (reference.loss_gradient_hard_rows)."""
     s = Asm(arch, sig.SIGNATURES[sig.LOSS_HARD])
     w_row, g_row, address = 4, 6, 8
     base, j, x, z, e, m, total, partial, target, value = 10, 11, 12, 13, 14, 15, 16, 17, 18, 19
+    values, left, to_target, store = (x, 20, 21, 22), 23, 29, 52
+    trip = Trip(s, TID, j, left)
     _loss_start(s, ((w_row, "parameters"), (g_row, "gradients")), scratch=address)
     s.pointer(address, "targets")
     s.wide(address, r(CTAID), 4, address)
     s.ldg(target, address)
-    _row_max(s, m, base, j, x, w_row, address, Scratch(24, 4))
+    _row_max(s, m, base, trip, values, w_row, address, Scratch(24, 4))
     s.mov(partial, 0)
-    with Loop(s, base, r(VOCAB)):
-        s.add(j, r(base), r(TID))
-        s.isetp(5, "LT", r(j), r(VOCAB))
-        s.mov(x, 0)
-        s.wide(address, r(j), 4, w_row)
-        s.ldg(x, address, guard=p(5))
-        _exponent(s, z, x, m)
-        exp2(s, e, z, Scratch(24, 5))
-        s.fadd(partial, r(partial), r(e), guard=p(5))
+    _exp_sums(s, base, trip, values, m, z, e, partial, w_row, address)
     tree(s, total, partial, WORD, "sum", Scratch(24, 2))
     # The loss, by lane 0: NaN for a target >= V (never admitted by the host).
     log2(s, value, total, Scratch(30, 32))
@@ -248,22 +266,22 @@ def loss_gradient_hard(arch: str) -> Image:
     s.pointer(address, "loss")
     s.wide(address, r(CTAID), 4, address)
     s.stg(address, value, guard=p(4))
-    with Loop(s, base, r(VOCAB)):
-        s.add(j, r(base), r(TID))
-        s.isetp(5, "LT", r(j), r(VOCAB))
-        s.mov(x, 0)
+    with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
+        trip.start(base, VOCAB)
         s.wide(address, r(j), 4, w_row)
-        s.ldg(x, address, guard=p(5))
-        _exponent(s, z, x, m)
-        exp2(s, e, z, Scratch(24, 5))
-        divide(s, e, e, total, Scratch(30, DIVIDE_SCRATCH))
-        s.isetp(4, "EQ", r(j), r(target))
-        s.fadd(e, r(e), ONE | SIGN, guard=p(4))
-        s.fmul(e, r(e), s.param("inverse_rows"))
-        s.canonical(e, 0)
-        s.wide(address, r(j), 4, g_row)
-        s.isetp(5, "LT", r(j), r(VOCAB))
-        s.stg(address, e, guard=p(5))
+        trip.load(values, address, 0)
+        s.wide(store, r(j), 4, g_row)
+        s.op("IADD3.RRRR", r(to_target), r(target), r(j, neg=True), RZR)
+        for k, value_k in enumerate(values):
+            _exponent(s, z, value_k, m)
+            exp2(s, e, z, Scratch(24, 5))
+            divide(s, e, e, total, Scratch(30, DIVIDE_SCRATCH))
+            s.isetp(4, "EQ", r(to_target), LANES * k)  # column j + 256 k is the target
+            s.fadd(e, r(e), ONE | SIGN, guard=p(4))
+            s.fmul(e, r(e), s.param("inverse_rows"))
+            s.canonical(e, 0)
+            trip.inside(k, 5)
+            s.stg(store, e, guard=p(5), offset=4 * LANES * k)
     s.exit()
     return s.image("bob_loss_gradient_hard", shared_bytes=4 * LANES)
 
@@ -274,49 +292,39 @@ def loss_gradient_corpus(arch: str) -> Image:
     s = Asm(arch, sig.SIGNATURES[sig.LOSS_CORPUS])
     w_row, g_row, t_row, address = 4, 6, 8, 10
     base, j, x, z, e, m, total, partial, weight, weight_sum, big_l, partial_t = range(12, 24)
+    values, weights = (x, 29, 52, 53), (weight, 54, 55, 56)
+    left, store = 57, 58
+    trip = Trip(s, TID, j, left)
     _loss_start(s, ((w_row, "parameters"), (g_row, "gradients"), (t_row, "weights")),
                 scratch=address)
-    _row_max(s, m, base, j, x, w_row, address, Scratch(24, 4))
+    _row_max(s, m, base, trip, values, w_row, address, Scratch(24, 4))
     s.mov(partial, 0)
     s.mov(partial_t, 0)
-    with Loop(s, base, r(VOCAB)):
-        s.add(j, r(base), r(TID))
-        s.isetp(5, "LT", r(j), r(VOCAB))
-        s.mov(x, 0)
-        s.mov(weight, 0)
-        s.wide(address, r(j), 4, w_row)
-        s.ldg(x, address, guard=p(5))
-        s.wide(address, r(j), 4, t_row)
-        s.ldg(weight, address, guard=p(5))
-        _exponent(s, z, x, m)
-        exp2(s, e, z, Scratch(24, 5))
-        s.fadd(partial, r(partial), r(e), guard=p(5))
-        s.fadd(partial_t, r(partial_t), r(weight), guard=p(5))
+    _exp_sums(s, base, trip, values, m, z, e, partial, w_row, address, weights, partial_t,
+              t_row)
     tree(s, total, partial, WORD, "sum", Scratch(24, 2))
     tree(s, weight_sum, partial_t, WORD, "sum", Scratch(24, 2))
     log2(s, big_l, total, Scratch(30, 32))
     s.mov(partial, 0)
-    with Loop(s, base, r(VOCAB)):
-        s.add(j, r(base), r(TID))
-        s.isetp(5, "LT", r(j), r(VOCAB))
-        s.mov(x, 0)
-        s.mov(weight, 0)
+    with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
+        trip.start(base, VOCAB)
         s.wide(address, r(j), 4, w_row)
-        s.ldg(x, address, guard=p(5))
+        trip.load(values, address, 0)
         s.wide(address, r(j), 4, t_row)
-        s.ldg(weight, address, guard=p(5))
-        _exponent(s, z, x, m)
-        exp2(s, e, z, Scratch(24, 5))
-        divide(s, e, e, total, Scratch(30, DIVIDE_SCRATCH))
-        s.fadd(z, r(big_l), r(z, neg=True))
-        s.fmul(z, r(z), r(weight))
-        s.isetp(5, "LT", r(j), r(VOCAB))
-        s.fadd(partial, r(partial), r(z), guard=p(5))
-        s.fmul(e, r(weight_sum), r(e))
-        s.fadd(e, r(e), r(weight, neg=True))
-        s.canonical(e, 0)
-        s.wide(address, r(j), 4, g_row)
-        s.stg(address, e, guard=p(5))
+        trip.load(weights, address, 0)
+        s.wide(store, r(j), 4, g_row)
+        for k, (value_k, weight_k) in enumerate(zip(values, weights, strict=True)):
+            _exponent(s, z, value_k, m)
+            exp2(s, e, z, Scratch(24, 5))
+            divide(s, e, e, total, Scratch(30, DIVIDE_SCRATCH))
+            s.fadd(z, r(big_l), r(z, neg=True))
+            s.fmul(z, r(z), r(weight_k))
+            trip.inside(k, 5)
+            s.fadd(partial, r(partial), r(z), guard=p(5))
+            s.fmul(e, r(weight_sum), r(e))
+            s.fadd(e, r(e), r(weight_k, neg=True))
+            s.canonical(e, 0)
+            s.stg(store, e, guard=p(5), offset=4 * LANES * k)
     tree(s, total, partial, WORD, "sum", Scratch(24, 2))
     s.fmul(total, r(total), s.param("ln2"))
     s.canonical(total, 0)

@@ -10,16 +10,27 @@ from bob.kernels import signatures as sig
 from bob.kernels.own.asm import (
     DESC,
     LANES,
+    TRIP_GUARDS,
+    UNROLL,
     Asm,
     Loop,
     Scratch,
-    exp2,
+    Trip,
     log2,
     p,
     r,
     tree,
 )
-from bob.kernels.own.seed import CTAID, TID, VOCAB, WORD, _exponent, _loss_start, _row_max
+from bob.kernels.own.seed import (
+    CTAID,
+    TID,
+    VOCAB,
+    WORD,
+    _exp_sums,
+    _exponent,
+    _loss_start,
+    _row_max,
+)
 
 GRID_X = 0xC  # gridDim.x in constant bank 0
 NO_KEY = 0xFFFFFFFF  # both words of the key a lane without a pair holds: never < V x V
@@ -82,34 +93,27 @@ def loss_corpus(arch: str) -> Image:
     s = Asm(arch, sig.SIGNATURES[sig.LOSS_ONLY_CORPUS])
     w_row, t_row, address = 4, 6, 8
     base, j, x, z, e, m, total, partial, weight, big_l = range(10, 20)
+    # The loops' registers past 29 are log2's scratch, which no loop overlaps.
+    values, weights, left = (x, 20, 21, 22), (weight, 23, 29, 30), 31
+    trip = Trip(s, TID, j, left)
     _loss_start(s, ((w_row, "parameters"), (t_row, "weights")), scratch=address)
-    _row_max(s, m, base, j, x, w_row, address, Scratch(24, 4))
+    _row_max(s, m, base, trip, values, w_row, address, Scratch(24, 4))
     s.mov(partial, 0)
-    with Loop(s, base, r(VOCAB)):
-        s.add(j, r(base), r(TID))
-        s.isetp(5, "LT", r(j), r(VOCAB))
-        s.mov(x, 0)
-        s.wide(address, r(j), 4, w_row)
-        s.ldg(x, address, guard=p(5))
-        _exponent(s, z, x, m)
-        exp2(s, e, z, Scratch(24, 5))
-        s.fadd(partial, r(partial), r(e), guard=p(5))
+    _exp_sums(s, base, trip, values, m, z, e, partial, w_row, address)
     tree(s, total, partial, WORD, "sum", Scratch(24, 2))
     log2(s, big_l, total, Scratch(30, 32))
     s.mov(partial, 0)
-    with Loop(s, base, r(VOCAB)):
-        s.add(j, r(base), r(TID))
-        s.isetp(5, "LT", r(j), r(VOCAB))
-        s.mov(x, 0)
-        s.mov(weight, 0)
+    with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
+        trip.start(base, VOCAB)
         s.wide(address, r(j), 4, w_row)
-        s.ldg(x, address, guard=p(5))
+        trip.load(values, address, 0)
         s.wide(address, r(j), 4, t_row)
-        s.ldg(weight, address, guard=p(5))
-        _exponent(s, z, x, m)
-        s.fadd(z, r(big_l), r(z, neg=True))
-        s.fmul(z, r(z), r(weight))
-        s.fadd(partial, r(partial), r(z), guard=p(5))
+        trip.load(weights, address, 0)
+        for k, (value_k, weight_k) in enumerate(zip(values, weights, strict=True)):
+            _exponent(s, z, value_k, m)
+            s.fadd(z, r(big_l), r(z, neg=True))
+            s.fmul(z, r(z), r(weight_k))
+            s.fadd(partial, r(partial), r(z), guard=p(TRIP_GUARDS[k]))
     tree(s, total, partial, WORD, "sum", Scratch(24, 2))
     s.fmul(total, r(total), s.param("ln2"))
     s.canonical(total, 0)
