@@ -34,9 +34,9 @@ step collapsed-smoke 300 python3 -m pytest -q -s -m "gpu and smoke" -p no:cachep
   tests/test_collapsed_gpu.py
 step collapsed-past-dense 300 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
   tests/test_collapsed_gpu.py -k past_the_dense_tables
-step own-alone 300 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+step own-alone 420 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
   "tests/test_own_kernels_gpu.py::test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes"
-step own-timing 240 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+step own-timing 400 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
   "tests/test_own_kernels_gpu.py::test_own_kernels_time_beside_nvrtc_s"
 
 # nv with no CUDA wheel against cuda: the same checkpoint bytes on the built-in corpus
