@@ -2,7 +2,8 @@
 
 It executes encoded bytes (each instruction decoded by ``bob.isa.codec``), one
 block at a time, warp by warp: 32 lanes, registers and predicates per lane,
-uniform registers per warp, shared memory per block, global memory as one
+uniform registers per warp (SHFL and VOTE read a warp's lanes), shared memory per
+block, global memory as one
 byte array (a RED's 64-bit add applied lane by lane, as atomics). A warp runs
 until it reaches BAR.SYNC or EXIT; the barrier opens when every warp of the
 block has reached it. Branches must be uniform over a warp (Bob's kernels keep
@@ -224,6 +225,9 @@ class Warp:
             return
         if name in ("NOP", "ACQBULK"):
             return
+        if name == "SHFL":
+            self._shuffle(ins, ops, guard)
+            return
         if name == "VOTE":
             if not guard.all():
                 raise EmulatorError("a predicated VOTE (its active lanes are not modelled)")
@@ -414,6 +418,20 @@ class Warp:
             moved = (bits.astype(np.int64) + self.launch.perturb).astype(U32)
             bits = np.where(finite, moved, bits)
         self.write(ops[0], bits, guard)
+
+    def _shuffle(self, ins, ops, guard) -> None:
+        """SHFL over the whole warp (clamp 0x1f, no segments): lane t reads lane src(t),
+        its own value where src(t) is outside the warp (the predicate result false)."""
+        if not guard.all() or not (self.reg(ops[4]) == 0x1F).all():
+            raise EmulatorError("SHFL under a guard or with segments is not modelled")
+        value, lane = self.reg(ops[2]), self.reg(ops[3]).astype(np.int64)
+        t = np.arange(WARP, dtype=np.int64)
+        source = {"IDX": lane & (WARP - 1), "DOWN": t + lane, "UP": t - lane,
+                  "BFLY": t ^ lane}[ins.modifiers[0]]
+        inside = (source >= 0) & (source < WARP)
+        out = np.where(inside, value[np.clip(source, 0, WARP - 1)], value)
+        self.write(ops[1], out, guard)
+        self.write_pred(ops[0], inside, guard)
 
     def _size(self, mods) -> int:
         if mods & {"U8", "S8", "U16", "S16"}:

@@ -241,9 +241,9 @@ def test_own_kernels_time_beside_nvrtc_s(vocab: int, mode: str, schedule: str,
     for region, theirs in rows["nvrtc"].items():
         mine = rows["own"][region]
         assert mine.launches == theirs.launches
-        print(f"profile V={vocab} {mode} {schedule} {order} {region}: {mine.launches} launches, own "
-              f"{mine.mean_ns / 1000:.2f} us, nvrtc {theirs.mean_ns / 1000:.2f} us, "
+        print(f"profile V={vocab} {mode} {schedule} {order} {region}: {mine.launches} "
+              f"launches, own {mine.mean_ns / 1000:.2f} us, nvrtc {theirs.mean_ns / 1000:.2f} us, "
               f"own/nvrtc {mine.mean_ns / theirs.mean_ns:.2f}")
     total = {k: sum(row.total_ns for row in r.values()) for k, r in rows.items()}
-    print(f"profile V={vocab} {mode} {schedule} {order} all: own {total['own'] / 1000:.1f} us, nvrtc "
-          f"{total['nvrtc'] / 1000:.1f} us, own/nvrtc {total['own'] / total['nvrtc']:.2f}")
+    print(f"profile V={vocab} {mode} {schedule} {order} all: own {total['own'] / 1000:.1f} us, "
+          f"nvrtc {total['nvrtc'] / 1000:.1f} us, own/nvrtc {total['own'] / total['nvrtc']:.2f}")

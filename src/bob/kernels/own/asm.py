@@ -28,6 +28,7 @@ Register and predicate use is explicit; the routines document what they clobber.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from bob.isa.builder import Builder, Image
@@ -665,28 +666,50 @@ def select_max(s: Asm, held: int, newcomer: int, pred: int) -> None:
     s.fsel(held, r(newcomer), r(held), p(pred))
 
 
+TREE_SCRATCH = 4
+WARP = 32
+FULL_CLAMP = 0x1F  # SHFL's segment mask and clamp for a whole warp
+
+
 def tree(s: Asm, d: int, value: int, word: int, kind: str, t: Scratch, offset: int = 0) -> None:
     """d := the 256-lane tree of ARITHMETIC.md over each lane's `value` ("sum" or "max"):
-    for s = 128, 64, ..., 1, lane l < s combines lane l + s into itself, in shared
-    memory at `offset` (1 KiB), one barrier a level. `word` holds tid * 4. Every lane
-    gets the result, and the buffer may be written again at once. Clobbers t(0..1), P0,
-    P1."""
-    mine, theirs = t(0), t(1)
+    for s = 128, 64, ..., 1, lane l < s combines lane l + s into itself. After one
+    barrier every warp runs the whole tree itself from shared memory at `offset` (1 KiB):
+    lane t reads partials t + 32 i (i < 8), so levels 128, 64 and 32 combine values it
+    holds, and levels 16 .. 1 are SHFL.DOWN (lane t < s takes lane t + s); lane 0's
+    result goes to every lane. `word` holds tid * 4. The buffer may be written again at
+    once (a second barrier). Clobbers t(0..3), P0."""
+    a, b, lane_word, x = t(0), t(1), t(2), t(3)
+
+    def combine(held: int, incoming: int) -> None:
+        if kind == "sum":
+            s.fadd(held, r(held), r(incoming))
+        else:
+            select_max(s, held, incoming, 0)
+
+    def level(d: int, i: int, j: int) -> None:
+        """d := partial i (t + 32 i) combined with partial j; clobbers b."""
+        s.lds(d, lane_word, offset + 4 * WARP * i)
+        s.lds(b, lane_word, offset + 4 * WARP * j)
+        combine(d, b)
+
     s.sts(word, offset, value)
     s.barrier()
-    step = LANES // 2
+    s.logic(lane_word, r(word), 4 * (WARP - 1), RZR, AND_AB)
+    level(x, 0, 4)  # s = 128: a_i = op(a_i, a_{i + 4}) ...
+    level(a, 2, 6)
+    combine(x, a)  # ... s = 64: a_0 = op(a_0, a_2)
+    level(a, 1, 5)
+    s.mov(d, r(a))  # a_1, while a takes a_3
+    level(a, 3, 7)
+    combine(d, a)  # a_1 = op(a_1, a_3)
+    combine(x, d)  # s = 32
+    step = WARP // 2
     while step:
-        s.isetp(0, "LT", r(word), 4 * step)
-        s.lds(mine, word, offset, guard=p(0))
-        s.lds(theirs, word, offset + 4 * step, guard=p(0))
-        if kind == "sum":
-            s.fadd(mine, r(mine), r(theirs))
-        else:
-            select_max(s, mine, theirs, 1)
-        s.sts(word, offset, mine, guard=p(0))
-        s.barrier()
+        s.op("SHFL.PRRII", PTP, r(a), r(x), Imm(step), Imm(FULL_CLAMP), mods="DOWN")
+        combine(x, a)
         step //= 2
-    s.lds(d, RZ, offset)
+    s.op("SHFL.PRRII", PTP, r(d), r(x), Imm(0), Imm(FULL_CLAMP), mods="IDX")
     s.barrier()
 
 
@@ -729,14 +752,27 @@ class Trip:
     tid: int
     j: int
     left: int
+    rest: int  # V - base: the same in every lane
 
     def start(self, base: int, vocab: int) -> None:
-        """j, left and every element's guard (TRIP_GUARDS)."""
+        """j, left, rest and every element's guard (TRIP_GUARDS)."""
         s = self.s
         s.add(self.j, r(base), r(self.tid))
         s.op("IADD3.RRRR", r(self.left), r(vocab), r(self.j, neg=True), RZR)
+        s.op("IADD3.RRRR", r(self.rest), r(vocab), r(base, neg=True), RZR)
         for k, guard in enumerate(TRIP_GUARDS):
             self.inside(k, guard)
+
+    def each(self) -> Iterator[int]:
+        """k for each element of the trip in order, the ones past the row for every lane
+        (the row's last trip) skipped by a uniform branch."""
+        s, end = self.s, self.s.fresh("trip_done")
+        for k in range(UNROLL):
+            if k:
+                s.isetp(6, "LE", r(self.rest), LANES * k, signed=True)
+                s.b.bra(end, guard=p(6))
+            yield k
+        s.b.label(end)
 
     def inside(self, k: int, pred: int) -> None:
         """P`pred` := element k is in the row (again, after a routine took the guards)."""

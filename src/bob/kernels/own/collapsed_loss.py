@@ -31,6 +31,7 @@ from bob.kernels.own.asm import (
     PTP,
     RZR,
     SIGN,
+    TREE_SCRATCH,
     Asm,
     Scratch,
     divide,
@@ -369,7 +370,7 @@ class Row:
             select_max(s, HELD, X, 1)
 
         self.each_exception(largest)
-        tree(s, M, HELD, WORD, "max", Scratch(ROUTINE, 2))
+        tree(s, M, HELD, WORD, "max", Scratch(ROUTINE, TREE_SCRATCH))
         done = s.fresh("max_done")
         s.fsetp(0, "NE", r(M), RZR)
         s.b.bra(done, guard=p(0))
@@ -463,7 +464,7 @@ class Row:
         self.rest_present(1)
         s.fsetp(1, "EQ", r(REST_W), RZR, other=p(1))
         s.mov(HELD, r(REST_W), guard=_and(s, 0, 1))
-        tree(s, M, HELD, WORD, "max", Scratch(ROUTINE, 2))
+        tree(s, M, HELD, WORD, "max", Scratch(ROUTINE, TREE_SCRATCH))
 
     def class_sum(self, dest: int, rest: int, value: Callable[[int, int], None]) -> None:
         """dest := the expanded row's sum in the order of section 6, `rest` at every
@@ -493,7 +494,7 @@ class Row:
         while_any(s, self.vote, lambda pred: s.isetp(pred, "LT", r(K), r(END)), body)
         s.op("IADD3.RRRR", r(N), r(LENGTH), r(NEXT, neg=True), RZR)
         add_run(s, self.vote, ACC, rest, N, RUN_SCRATCH)
-        tree(s, dest, ACC, WORD, "sum", Scratch(ROUTINE, 2))
+        tree(s, dest, ACC, WORD, "sum", Scratch(ROUTINE, TREE_SCRATCH))
 
 
 def _and(s: Asm, a: int, b: int) -> object:

@@ -33,6 +33,7 @@ from bob.kernels.own.asm import (
     ONE,
     SIGN,
     SQRT_SCRATCH,
+    TREE_SCRATCH,
     Asm,
     Scratch,
     divide,
@@ -120,7 +121,7 @@ def _exponentials(s: Asm, k: _Layout) -> None:
         _inside(s, slot)
         s.fsetp(4, "GT", r(W + slot), r(PARTIAL), other=p(INSIDE))  # select_max, in the row
         s.fsel(PARTIAL, r(W + slot), r(PARTIAL), p(4))
-    tree(s, ROW_MAX, PARTIAL, WORD, "max", Scratch(k.scratch, 2))
+    tree(s, ROW_MAX, PARTIAL, WORD, "max", Scratch(k.scratch, TREE_SCRATCH))
     s.mov(PARTIAL, 0)
 
     def exponential(slot: int) -> None:
@@ -130,7 +131,7 @@ def _exponentials(s: Asm, k: _Layout) -> None:
         s.fadd(PARTIAL, r(PARTIAL), r(E + slot), guard=p(INSIDE))
 
     _slots(s, exponential)
-    tree(s, ROW_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, 2))
+    tree(s, ROW_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, TREE_SCRATCH))
 
 
 def _gradient(s: Asm, k: _Layout, slot: int) -> None:
@@ -191,7 +192,7 @@ def _load_row(s: Asm, k: _Layout) -> None:
         s.mov(PARTIAL, 0)
         for slot in range(RESIDENT_SLOTS):
             s.fadd(PARTIAL, r(PARTIAL), r(T + slot), guard=p(slot))
-        tree(s, WEIGHT_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, 2))
+        tree(s, WEIGHT_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, TREE_SCRATCH))
 
 
 def _finish(s: Asm, k: _Layout) -> None:
@@ -222,7 +223,7 @@ def _finish(s: Asm, k: _Layout) -> None:
 
     _slots(s, element)
     if k.corpus:
-        tree(s, G, PARTIAL, WORD, "sum", Scratch(k.scratch, 2))
+        tree(s, G, PARTIAL, WORD, "sum", Scratch(k.scratch, TREE_SCRATCH))
         s.fmul(G, r(G), s.param("ln2"))
         s.canonical(G, 0)
         s.isetp(4, "EQ", r(TID), 0)

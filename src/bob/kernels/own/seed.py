@@ -15,6 +15,7 @@ from bob.kernels.own.asm import (
     RZR,
     SIGN,
     SQRT_SCRATCH,
+    TREE_SCRATCH,
     TRIP_GUARDS,
     UNROLL,
     Asm,
@@ -202,7 +203,7 @@ def _row_max(s: Asm, m: int, base: int, trip: Trip, values: tuple[int, ...], row
         trip.load(values, address, NEG_INF)
         for value in values:
             select_max(s, held, value, 0)
-    tree(s, m, held, WORD, "max", Scratch(scratch.first + 1, 2))
+    tree(s, m, held, WORD, "max", Scratch(scratch.first + 1, TREE_SCRATCH))
 
 
 def _loss_start(s: Asm, rows: tuple[tuple[int, str], ...], scratch: int) -> None:
@@ -226,8 +227,8 @@ def _exp_sums(s: Asm, base: int, trip: Trip, values: tuple[int, ...], m: int, z:
         if weights:
             s.wide(address, r(trip.j), 4, t_row)
             trip.load(weights, address, 0)
-        for k, value in enumerate(values):
-            _exponent(s, z, value, m)
+        for k in trip.each():
+            _exponent(s, z, values[k], m)
             exp2(s, e, z, Scratch(24, 5))
             s.fadd(partial, r(partial), r(e), guard=p(TRIP_GUARDS[k]))
             if weights:
@@ -240,8 +241,8 @@ def loss_gradient_hard(arch: str) -> Image:
     s = Asm(arch, sig.SIGNATURES[sig.LOSS_HARD])
     w_row, g_row, address = 4, 6, 8
     base, j, x, z, e, m, total, partial, target, value = 10, 11, 12, 13, 14, 15, 16, 17, 18, 19
-    values, left, to_target, store = (x, 20, 21, 22), 23, 29, 52
-    trip = Trip(s, TID, j, left)
+    values, left, to_target, store, rest = (x, 20, 21, 22), 23, 29, 52, 54
+    trip = Trip(s, TID, j, left, rest)
     _loss_start(s, ((w_row, "parameters"), (g_row, "gradients")), scratch=address)
     s.pointer(address, "targets")
     s.wide(address, r(CTAID), 4, address)
@@ -249,7 +250,7 @@ def loss_gradient_hard(arch: str) -> Image:
     _row_max(s, m, base, trip, values, w_row, address, Scratch(24, 4))
     s.mov(partial, 0)
     _exp_sums(s, base, trip, values, m, z, e, partial, w_row, address)
-    tree(s, total, partial, WORD, "sum", Scratch(24, 2))
+    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH))
     # The loss, by lane 0: NaN for a target >= V (never admitted by the host).
     log2(s, value, total, Scratch(30, 32))
     s.isetp(5, "LT", r(target), r(VOCAB))
@@ -272,8 +273,8 @@ def loss_gradient_hard(arch: str) -> Image:
         trip.load(values, address, 0)
         s.wide(store, r(j), 4, g_row)
         s.op("IADD3.RRRR", r(to_target), r(target), r(j, neg=True), RZR)
-        for k, value_k in enumerate(values):
-            _exponent(s, z, value_k, m)
+        for k in trip.each():
+            _exponent(s, z, values[k], m)
             exp2(s, e, z, Scratch(24, 5))
             divide(s, e, e, total, Scratch(30, DIVIDE_SCRATCH))
             s.isetp(4, "EQ", r(to_target), LANES * k)  # column j + 256 k is the target
@@ -293,8 +294,8 @@ def loss_gradient_corpus(arch: str) -> Image:
     w_row, g_row, t_row, address = 4, 6, 8, 10
     base, j, x, z, e, m, total, partial, weight, weight_sum, big_l, partial_t = range(12, 24)
     values, weights = (x, 29, 52, 53), (weight, 54, 55, 56)
-    left, store = 57, 58
-    trip = Trip(s, TID, j, left)
+    left, store, rest = 57, 58, 60
+    trip = Trip(s, TID, j, left, rest)
     _loss_start(s, ((w_row, "parameters"), (g_row, "gradients"), (t_row, "weights")),
                 scratch=address)
     _row_max(s, m, base, trip, values, w_row, address, Scratch(24, 4))
@@ -302,8 +303,8 @@ def loss_gradient_corpus(arch: str) -> Image:
     s.mov(partial_t, 0)
     _exp_sums(s, base, trip, values, m, z, e, partial, w_row, address, weights, partial_t,
               t_row)
-    tree(s, total, partial, WORD, "sum", Scratch(24, 2))
-    tree(s, weight_sum, partial_t, WORD, "sum", Scratch(24, 2))
+    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH))
+    tree(s, weight_sum, partial_t, WORD, "sum", Scratch(24, TREE_SCRATCH))
     log2(s, big_l, total, Scratch(30, 32))
     s.mov(partial, 0)
     with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
@@ -313,8 +314,9 @@ def loss_gradient_corpus(arch: str) -> Image:
         s.wide(address, r(j), 4, t_row)
         trip.load(weights, address, 0)
         s.wide(store, r(j), 4, g_row)
-        for k, (value_k, weight_k) in enumerate(zip(values, weights, strict=True)):
-            _exponent(s, z, value_k, m)
+        for k in trip.each():
+            weight_k = weights[k]
+            _exponent(s, z, values[k], m)
             exp2(s, e, z, Scratch(24, 5))
             divide(s, e, e, total, Scratch(30, DIVIDE_SCRATCH))
             s.fadd(z, r(big_l), r(z, neg=True))
@@ -325,7 +327,7 @@ def loss_gradient_corpus(arch: str) -> Image:
             s.fadd(e, r(e), r(weight_k, neg=True))
             s.canonical(e, 0)
             s.stg(store, e, guard=p(5), offset=4 * LANES * k)
-    tree(s, total, partial, WORD, "sum", Scratch(24, 2))
+    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH))
     s.fmul(total, r(total), s.param("ln2"))
     s.canonical(total, 0)
     s.isetp(4, "EQ", r(TID), 0)

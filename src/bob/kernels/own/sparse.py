@@ -10,6 +10,7 @@ from bob.kernels import signatures as sig
 from bob.kernels.own.asm import (
     DESC,
     LANES,
+    TREE_SCRATCH,
     TRIP_GUARDS,
     UNROLL,
     Asm,
@@ -94,13 +95,13 @@ def loss_corpus(arch: str) -> Image:
     w_row, t_row, address = 4, 6, 8
     base, j, x, z, e, m, total, partial, weight, big_l = range(10, 20)
     # The loops' registers past 29 are log2's scratch, which no loop overlaps.
-    values, weights, left = (x, 20, 21, 22), (weight, 23, 29, 30), 31
-    trip = Trip(s, TID, j, left)
+    values, weights, left, rest = (x, 20, 21, 22), (weight, 23, 29, 30), 31, 32
+    trip = Trip(s, TID, j, left, rest)
     _loss_start(s, ((w_row, "parameters"), (t_row, "weights")), scratch=address)
     _row_max(s, m, base, trip, values, w_row, address, Scratch(24, 4))
     s.mov(partial, 0)
     _exp_sums(s, base, trip, values, m, z, e, partial, w_row, address)
-    tree(s, total, partial, WORD, "sum", Scratch(24, 2))
+    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH))
     log2(s, big_l, total, Scratch(30, 32))
     s.mov(partial, 0)
     with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
@@ -109,12 +110,12 @@ def loss_corpus(arch: str) -> Image:
         trip.load(values, address, 0)
         s.wide(address, r(j), 4, t_row)
         trip.load(weights, address, 0)
-        for k, (value_k, weight_k) in enumerate(zip(values, weights, strict=True)):
-            _exponent(s, z, value_k, m)
+        for k in trip.each():
+            _exponent(s, z, values[k], m)
             s.fadd(z, r(big_l), r(z, neg=True))
-            s.fmul(z, r(z), r(weight_k))
+            s.fmul(z, r(z), r(weights[k]))
             s.fadd(partial, r(partial), r(z), guard=p(TRIP_GUARDS[k]))
-    tree(s, total, partial, WORD, "sum", Scratch(24, 2))
+    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH))
     s.fmul(total, r(total), s.param("ln2"))
     s.canonical(total, 0)
     s.isetp(4, "EQ", r(TID), 0)
