@@ -126,57 +126,72 @@ def _beats(s: Asm, value: int, index: int, best: int, best_index: int) -> None:
         s.mov(best_index, r(index), guard=p(case))
 
 
+ADAMW_ELEMENTS = 2  # elements a lane a trip: base + tid and 256 past it, loads together
+
+
 def adamw(arch: str) -> Image:
     """AdamW over rows x columns elements, grid-stride over a 64-bit index, in the specified
     order: w *= decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-    w -= step (m / (sqrt v + eps)); each stored canonical."""
+    w -= step (m / (sqrt v + eps)); each stored canonical. A block takes 512 consecutive
+    elements a trip, lane l elements l and l + 256: all eight loads in flight at once."""
     s = Asm(arch, sig.SIGNATURES[sig.ADAMW])
     s.prologue(TID, CTAID, scratch=VOCAB)
-    count, stride, base, index = 4, 6, 8, 10  # 64-bit pairs
-    g, w, m, v, x, y = 12, 13, 14, 15, 16, 17
+    count, stride, base, index, second = 4, 6, 8, 10, 26  # 64-bit pairs
+    x, y, apart = 16, 17, VOCAB
     addresses = (18, 20, 22, 24)  # parameters, gradients, first and second moment
     names = ("parameters", "gradients", "first_moment", "second_moment")
+    elements = ((12, 13, 14, 15), (28, 29, 52, 53))  # (g, w, m, v) of each element
+    inside = (5, 4)  # the predicates of "the element is < count"
+    span = ADAMW_ELEMENTS * LANES
     s.op("LDC", r(x), CBuf(0, s.slots["rows"], index=RZ))
     s.op("LDC", r(y), CBuf(0, s.slots["columns"], index=RZ))
     s.wide(count, r(x), r(y), RZ)
     s.op("LDC", r(x), CBuf(0, 0xC, index=RZ))  # gridDim.x
-    s.wide(stride, r(x), LANES, RZ)
-    s.wide(base, r(CTAID), LANES, RZ)
+    s.wide(stride, r(x), span, RZ)
+    s.wide(base, r(CTAID), span, RZ)
+    s.mov(apart, LANES)
     top, end = s.fresh("loop"), s.fresh("done")
     s.b.label(top)
     s.isetp(6, "GE", r(base), r(count))
     s.isetp_ex(6, "GE", r(base + 1), r(count + 1), p(6))
     s.b.bra(end, guard=p(6))
     s.wide(index, r(TID), 1, base)
-    s.isetp(5, "LT", r(index), r(count))
-    s.isetp_ex(5, "LT", r(index + 1), r(count + 1), p(5))
+    s.wide(second, r(apart), 1, index)
+
+    def guard_elements() -> None:
+        for pair, pred in zip((index, second), inside, strict=True):
+            s.isetp(pred, "LT", r(pair), r(count))
+            s.isetp_ex(pred, "LT", r(pair + 1), r(count + 1), p(pred))
+
+    guard_elements()
     for address, name in zip(addresses, names, strict=True):
         s.pointer(address, name)
         s.wide(address, r(index), 4, address)
         s.mad(address + 1, r(index + 1), 4, r(address + 1))
-    for value, address in zip((w, g, m, v), addresses, strict=True):
-        s.mov(value, 0)
-        s.ldg(value, address, guard=p(5))
-    s.fmul(w, r(w), s.param("decay"))
-    s.fmul(m, r(m), s.param("beta1"))
-    s.fmul(x, r(g), s.param("one_minus_beta1"))
-    s.fadd(m, r(m), r(x))
-    s.fmul(v, r(v), s.param("beta2"))
-    s.fmul(x, r(g), r(g))
-    s.fmul(x, r(x), s.param("one_minus_beta2"))
-    s.fadd(v, r(v), r(x))
-    square_root(s, x, v, Scratch(30, SQRT_SCRATCH))
-    s.fadd(x, r(x), s.param("eps_hat"))
-    s.fmul(y, r(m), s.param("step_size"))
-    divide(s, y, y, x, Scratch(30, DIVIDE_SCRATCH))
-    s.fadd(w, r(w), r(y, neg=True))
-    for value in (w, m, v):
-        s.canonical(value, 0)
-    s.isetp(5, "LT", r(index), r(count))  # again: the division took P5
-    s.isetp_ex(5, "LT", r(index + 1), r(count + 1), p(5))
-    for value, address in zip((w, m, v), (addresses[0], addresses[2], addresses[3]),
-                              strict=True):
-        s.stg(address, value, guard=p(5))
+    for k, (g, w, m, v) in enumerate(elements):
+        for value, address in zip((w, g, m, v), addresses, strict=True):
+            s.mov(value, 0)
+            s.ldg(value, address, guard=p(inside[k]), offset=4 * LANES * k)
+    for k, (g, w, m, v) in enumerate(elements):
+        s.fmul(w, r(w), s.param("decay"))
+        s.fmul(m, r(m), s.param("beta1"))
+        s.fmul(x, r(g), s.param("one_minus_beta1"))
+        s.fadd(m, r(m), r(x))
+        s.fmul(v, r(v), s.param("beta2"))
+        s.fmul(x, r(g), r(g))
+        s.fmul(x, r(x), s.param("one_minus_beta2"))
+        s.fadd(v, r(v), r(x))
+        square_root(s, x, v, Scratch(30, SQRT_SCRATCH))
+        s.fadd(x, r(x), s.param("eps_hat"))
+        s.fmul(y, r(m), s.param("step_size"))
+        divide(s, y, y, x, Scratch(30, DIVIDE_SCRATCH))
+        s.fadd(w, r(w), r(y, neg=True))
+        for value in (w, m, v):
+            s.canonical(value, 0)
+        guard_elements()  # again: the division took the predicates
+        for value, address in zip((w, m, v), (addresses[0], addresses[2], addresses[3]),
+                                  strict=True):
+            s.stg(address, value, guard=p(inside[k]), offset=4 * LANES * k)
     s.wide(base, r(stride), 1, base)
     s.add(base + 1, r(base + 1), r(stride + 1))
     s.b.bra(top)
