@@ -136,3 +136,29 @@ def run_region(image, region: str, grid: int, arguments: dict, perturb: int = 0,
            shared_bytes=image.shared_bytes, perturb=perturb, blocks=blocks).run()
     return {name: Arena.read(memory, arena.base, address, dtype, size)
             for name, (address, dtype, size) in placed.items()}
+
+
+def reference(region: str, arguments: dict, grid: int) -> dict[str, np.ndarray]:
+    """Run the NumPy reference kernel of `region` over copies of `arguments`' arrays, in one
+    arena as a plan places them; every pointer's array afterwards, by name."""
+    from bob.kernels import reference as ref
+    from bob.kernels import signatures as sig
+    from bob.kernels.collapsed import reference as collapsed
+    from bob.kernels.memory import Memory
+
+    pointers = [param.name for param in sig.SIGNATURES[region]
+                if isinstance(param, PointerParam)]
+    arrays = {name: np.ascontiguousarray(arguments[name]) for name in pointers}
+    base, offsets, end = 0x10_0000_0000, {}, 0
+    for name in pointers:
+        offsets[name] = end
+        end += -(-arrays[name].nbytes // 256) * 256
+    buffer = np.zeros(max(end, 1), np.uint8)
+    views = {name: buffer[offsets[name]:offsets[name] + arrays[name].nbytes]
+             .view(arrays[name].dtype).reshape(arrays[name].shape) for name in pointers}
+    for name in pointers:
+        views[name][...] = arrays[name]
+    args = {**{name: value for name, value in arguments.items() if name not in pointers},
+            **{name: base + offsets[name] for name in pointers}, "grid.x": grid}
+    {**ref.KERNELS, **collapsed.KERNELS}[region](Memory(buffer, base), args)
+    return {name: view.copy() for name, view in views.items()}

@@ -22,6 +22,7 @@ from isa_support import assert_printed_as_nvdisasm_prints
 from own_support import (  # noqa: F401 - the fixture
     assert_checked_and_placed,
     code_order,
+    reference,
     run_region,
 )
 
@@ -399,3 +400,58 @@ def test_several_exceptions_a_lane(arch):
     index, w, weights = collapsed_table(700, seed=11)
     assert (np.bincount(index.columns[index.offsets[3]:index.offsets[4]] % LANES) == 3).any()
     check_loss_gradient_corpus(arch, index, w, weights, (0,), rows=np.arange(8))
+
+
+# -- the fused kernels -------------------------------------------------------------------------
+
+FUSED = {False: sig.COLLAPSED_FUSED_HARD, True: sig.COLLAPSED_FUSED_CORPUS}
+
+
+def adam_steps(updates: int) -> np.ndarray:
+    """adam_scalars: each update's decay, beta1, 1 - beta1, beta2, 1 - beta2, step size and
+    eps_hat (a bias-corrected schedule, as the host writes it), and the padding."""
+    steps = np.zeros((updates, 8), np.float32)
+    for k in range(updates):
+        t = k + 1
+        steps[k, :7] = [1 - 1e-3 * 0.1, 0.9, 0.1, 0.999, 0.001,
+                        0.1 * np.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t),
+                        1e-8 * np.sqrt(1 - 0.999 ** t)]
+    return steps
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("corpus", [False, True])
+@pytest.mark.parametrize("finish", [0, 1])
+def test_fused_matches_the_reference_update_by_update(arch, corpus, finish):
+    """Two updates of every row at V = 37 (each kind of row, edges planted, moments with
+    zeros and a subnormal, a NaN and a negative second moment), then with `finish` the
+    loss and gradients of the result: every class's w, m, v and gradient and every loss
+    word, bit for bit; without it the loss words stay as they were."""
+    vocab, updates = 37, 2
+    index, w, weights = collapsed_table(vocab, seed=41 + corpus)
+    rng = np.random.default_rng(42)
+    m = (rng.standard_normal(index.classes) * 1e-3).astype(np.float32)
+    v = (np.abs(rng.standard_normal(index.classes)) * 1e-6).astype(np.float32)
+    m[:4], v[:4] = [0.0, -0.0, 1e-40, np.nan], [0.0, 1e-44, -1.0, 0.0]
+    sentinel = 0x7FBADBAD
+    region = FUSED[corpus]
+    arguments = {"parameters": w, "first_moment": m, "second_moment": v,
+                 "gradients": np.full(index.classes, sentinel, np.uint32),
+                 "loss": np.full(vocab, sentinel, np.uint32),
+                 "adam_scalars": adam_steps(updates), **device_index(index),
+                 "log2e": LOG2E, "ln2": LN2, **sizes(index), "updates": updates,
+                 "finish": finish}
+    if corpus:
+        arguments["weights"] = weights
+    else:
+        arguments["targets"] = targets_of(index, vocab)
+        arguments["inverse_rows"] = np.float32(1.0) / np.float32(vocab)
+    grid = -(-vocab // 8)
+    got = run_region(own.image(region, arch), region, grid, arguments)
+    want = reference(region, arguments, grid)
+    for name in ("parameters", "first_moment", "second_moment", "gradients", "loss"):
+        mine, theirs = got[name].view(np.uint32), want[name].view(np.uint32)
+        wrong = np.flatnonzero(mine != theirs)
+        assert wrong.size == 0, (name, [(int(c), hex(mine[c]), hex(theirs[c]))
+                                        for c in wrong[:6]])
+    assert (got["loss"].view(np.uint32) == sentinel).all() != bool(finish)

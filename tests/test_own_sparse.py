@@ -11,15 +11,14 @@ import pytest
 from bob.kernels import own
 from bob.kernels import reference as ref
 from bob.kernels import signatures as sig
-from bob.kernels.memory import Memory
 from bob.kernels.own import sparse
-from bob.plan.model import PointerParam
 from bob.program.bob import scatter_grid
 from conftest import assert_same_bits
 from isa_support import assert_printed_as_nvdisasm_prints
 from own_support import (  # noqa: F401 - the fixture
     assert_checked_and_placed,
     code_order,
+    reference,
     run_region,
 )
 
@@ -31,27 +30,6 @@ CANONICAL_NAN = 0x7FFFFFFF
 # infinities.
 EDGE_BITS = np.array([0x7FC00001, 0x7F800001, 0xFFFFFFFF, 0xFFC12345, 0x80000000, 0x00000001,
                       0x807FFFFF, 0x00400000, 0x7F800000, 0xFF800000], np.uint32)
-
-
-def reference(region: str, arguments: dict, grid: int) -> dict[str, np.ndarray]:
-    """Run the NumPy reference kernel of `region` over copies of `arguments`' arrays, in one
-    arena as a plan places them; every pointer's array afterwards, by name."""
-    pointers = [param.name for param in sig.SIGNATURES[region]
-                if isinstance(param, PointerParam)]
-    arrays = {name: np.ascontiguousarray(arguments[name]) for name in pointers}
-    base, offsets, end = 0x10_0000_0000, {}, 0
-    for name in pointers:
-        offsets[name] = end
-        end += -(-arrays[name].nbytes // 256) * 256
-    buffer = np.zeros(max(end, 1), np.uint8)
-    views = {name: buffer[offsets[name]:offsets[name] + arrays[name].nbytes]
-             .view(arrays[name].dtype).reshape(arrays[name].shape) for name in pointers}
-    for name in pointers:
-        views[name][...] = arrays[name]
-    args = {**{name: value for name, value in arguments.items() if name not in pointers},
-            **{name: base + offsets[name] for name in pointers}, "grid.x": grid}
-    ref.KERNELS[region](Memory(buffer, base), args)
-    return {name: view.copy() for name, view in views.items()}
 
 
 # -- the scatter -----------------------------------------------------------------------------

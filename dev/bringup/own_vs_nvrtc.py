@@ -6,7 +6,10 @@
 For each region Bob has own code for: the instructions of each image (less ptxas's
 padding after the last EXIT), its registers and shared bytes, and its loops (the bodies
 of backward branches, innermost first) with their instruction counts, global loads,
-multi-function ops and the sum of the stall counts in their control bits. The stall sum
+multi-function ops and the sum of the stall counts in their control bits, along the way a
+warp takes where every lane's operands are ordinary (own division and square root skip
+their exact sequence there: the instructions a VOTE-guarded branch jumps over are left
+out). The stall sum
 is a lower bound on a loop iteration's issue cycles for one warp: scoreboard waits come
 on top, and other warps hide them. The loops' stall cycles per global load in them put
 the two side by side whatever each unrolls (a row element is read by one load): where
@@ -61,6 +64,7 @@ def read(code: bytes, registers: int, shared_bytes: int, arch: str) -> Reading:
     while end and (text[end - 1] in PADDING or BRANCH.fullmatch(text[end - 1] or "")
                    and int(BRANCH.fullmatch(text[end - 1]).group(1), 16) == 16 * (end - 1)):
         end -= 1
+    exact = exact_ways(text[:end])
     loops = []
     for index, line in enumerate(text[:end]):
         found = BRANCH.search(line)
@@ -69,14 +73,27 @@ def read(code: bytes, registers: int, shared_bytes: int, arch: str) -> Reading:
         target = int(found.group(1), 16) // 16
         if target > index:
             continue
-        body = text[target:index + 1]
+        taken = [k for k in range(target, index + 1) if k not in exact]
+        body = [text[k] for k in taken]
         loops.append(Loop(target, index, len(body),
                           sum(each.split()[0].lstrip("@!P0123456789T ").startswith("LDG")
                               or " LDG" in each for each in body),
                           sum("MUFU" in each for each in body),
-                          sum(stalls[target:index + 1])))
+                          sum(stalls[k] for k in taken)))
     inner = sorted(loops, key=lambda loop: loop.instructions)
     return Reading(end, registers, shared_bytes, tuple(inner))
+
+
+def exact_ways(text: list[str]) -> set[int]:
+    """The instructions a warp whose lanes all take the fast way skips: those between a
+    forward branch right after a VOTE (own division and square root) and its target."""
+    skipped: set[int] = set()
+    for index in range(len(text) - 1):
+        found = BRANCH.search(text[index + 1])
+        if text[index].startswith("VOTE") and found:
+            target = int(found.group(1), 16) // 16
+            skipped.update(range(index + 2, max(target, index + 2)))
+    return skipped
 
 
 def stalls_per_load(reading: Reading) -> float | None:

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from bob.isa.builder import Image
 from bob.kernels import signatures as sig
-from bob.kernels.own import collapsed_io, collapsed_loss, fused, health, seed, sparse
+from bob.kernels.own import (
+    collapsed_fused,
+    collapsed_io,
+    collapsed_loss,
+    fused,
+    health,
+    seed,
+    sparse,
+)
 from bob.kernels.own.asm import (  # noqa: F401 - the names the kernels' tests use
     LANES,
     TID_X,
@@ -31,7 +39,7 @@ from bob.kernels.own.seed import (  # noqa: F401
 
 # Every region Bob has its own machine code for, by the family that writes it.
 BUILDERS = {**seed.BUILDERS, **fused.BUILDERS, **sparse.BUILDERS, **health.BUILDERS,
-            **collapsed_io.BUILDERS, **collapsed_loss.BUILDERS}
+            **collapsed_io.BUILDERS, **collapsed_loss.BUILDERS, **collapsed_fused.BUILDERS}
 # The largest vocabulary a region's own code serves, where it has one (a register-resident
 # kernel holds a row of at most so many columns); a plan past it runs no own code there.
 VOCAB_LIMITS: dict[str, int] = {sig.FUSED_HARD: fused.RESIDENT_VOCAB,

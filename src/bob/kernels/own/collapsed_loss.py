@@ -587,10 +587,11 @@ def _corpus_loss(s: Asm, row: Row) -> None:
     _store_lane0(s, LOSS_PTR, ROW, TOTAL)
 
 
-def _weightless(s: Asm, row: Row, skip: str, gradients: bool) -> None:
+def _weightless(s: Asm, row: Row, skip: str, gradients: bool, loss: bool = True) -> None:
     """The weightless-row shortcut (bob_collapsed.cuh's corpus_row): where every exception's
     weight is a zero, the rest stands for some column and every class's |w| <= 2^125, the
-    loss (and every gradient) is +0: stored, then on to `skip`."""
+    loss (where `loss`) and every gradient (where `gradients`) is +0: stored, then on to
+    `skip`."""
     s.mov(FLAG, 0)
     s.mov(TMP, r(REST_W))
     s.logic(TMP, r(TMP), 0x7FFFFFFF, RZR, 0xC0)
@@ -617,7 +618,8 @@ def _weightless(s: Asm, row: Row, skip: str, gradients: bool) -> None:
     s.b.bra(keep, guard=p(0))
     s.b.bra(keep, guard=p(1, True))
     s.mov(TOTAL, 0)
-    _store_lane0(s, LOSS_PTR, ROW, TOTAL)
+    if loss:
+        _store_lane0(s, LOSS_PTR, ROW, TOTAL)
     if gradients:
         _store_lane0(s, G_PTR, ROW, TOTAL)
 
@@ -689,24 +691,18 @@ def _find_exception(s: Asm, row: Row) -> None:
     while_any(s, row.vote, lambda pred: s.isetp(pred, "LT", r(LOW), r(HIGH)), body)
 
 
-def loss_gradient_hard(arch: str) -> Image:
-    """Row losses and every class's gradient, hard targets, of a collapsed table
-    (bob_collapsed_loss_gradient's hard_row): loss[r] = ln2 (log2(s) - z_t), NaN where the
-    target is no exception of the row; gradient p / V, (p_t - 1) / V at the target."""
-    s = Asm(arch, sig.SIGNATURES[sig.COLLAPSED_LOSS_HARD])
-    vote = _kernel_start(s, ((DATA_PTR, "targets"), (LOSS_PTR, "loss"),
-                             (G_PTR, "gradients")))
-    row = Row(s, vote)
-
-    def run_row(next_row: str) -> None:
-        row.start()
-        _find_exception(s, row)
-        row.chains()
-        _row_sums(s, row)
-        _divide(s, TOTAL, REST_E, SUM)
-        s.fmul(TOTAL, r(TOTAL), s.param("inverse_rows"))
-        s.canonical(TOTAL, 0)
-        _store_lane0(s, G_PTR, ROW, TOTAL)
+def hard_row(s: Asm, row: Row, loss: bool) -> None:
+    """Row ROW's gradient of every class, and (where `loss`) its loss, hard targets
+    (bob_collapsed.cuh's hard_row)."""
+    row.start()
+    _find_exception(s, row)
+    row.chains()
+    _row_sums(s, row)
+    _divide(s, TOTAL, REST_E, SUM)
+    s.fmul(TOTAL, r(TOTAL), s.param("inverse_rows"))
+    s.canonical(TOTAL, 0)
+    _store_lane0(s, G_PTR, ROW, TOTAL)
+    if loss:
         log2(s, BIG_L, SUM, Scratch(ROUTINE, 32))
         s.isetp(1, "NE", r(TARGET), NO_COLUMN)
         s.mov(X, 0)
@@ -719,22 +715,73 @@ def loss_gradient_hard(arch: str) -> Image:
         s.canonical(TOTAL, 0)
         _store_lane0(s, LOSS_PTR, ROW, TOTAL)
 
-        def gradient(pred: int) -> None:
-            _exception_exponential(s, row, V, pred)
-            _divide(s, V, V, SUM)
-            s.isetp(0, "EQ", r(I), r(TARGET))
-            s.fadd(V, r(V), ONE | SIGN, guard=p(0))
-            s.fmul(V, r(V), s.param("inverse_rows"))
-            s.canonical(V, 0)
-            s.add(TMP2, r(VOCAB), r(I))
-            s.wide(ADDRESS, r(TMP2), 4, G_PTR)
-            s.add(TMP, r(K), r(TID))
-            s.isetp(5, "LT", r(TMP), r(COUNT))  # P5 again: the division took it
-            s.stg(ADDRESS, V, guard=p(5))
+    def gradient(pred: int) -> None:
+        _exception_exponential(s, row, V, pred)
+        _divide(s, V, V, SUM)
+        s.isetp(0, "EQ", r(I), r(TARGET))
+        s.fadd(V, r(V), ONE | SIGN, guard=p(0))
+        s.fmul(V, r(V), s.param("inverse_rows"))
+        s.canonical(V, 0)
+        s.add(TMP2, r(VOCAB), r(I))
+        s.wide(ADDRESS, r(TMP2), 4, G_PTR)
+        s.add(TMP, r(K), r(TID))
+        s.isetp(5, "LT", r(TMP), r(COUNT))  # P5 again: the division took it
+        s.stg(ADDRESS, V, guard=p(5))
 
-        row.each_exception(gradient)
+    row.each_exception(gradient)
 
-    _each_row(s, run_row)
+
+def corpus_row(s: Asm, row: Row, skip: str, loss: bool) -> None:
+    """Row ROW's gradient of every class against the exceptions' corpus weights, and
+    (where `loss`) its loss (bob_collapsed.cuh's corpus_row): the gradient (e / s) W - T,
+    W the row's weight sum in the order of section 6, the rest's weight 0. A weightless
+    row stores its zeros and goes on to `skip`."""
+    row.start()
+    _weightless(s, row, skip, gradients=True, loss=loss)
+    row.chains()
+
+    def weight(d: int, pred: int) -> None:
+        s.mov(d, 0)
+        row.load(d, DATA_PTR, I, guard=pred)
+
+    s.mov(TMP, 0)
+    s.mov(WEIGHT_SUM, 0)
+    row.class_sum(WEIGHT_SUM, TMP, weight)
+    _row_sums(s, row)
+    if loss:
+        _corpus_loss(s, row)
+    _divide(s, TOTAL, REST_E, SUM)
+    s.fmul(TOTAL, r(TOTAL), r(WEIGHT_SUM))
+    s.fadd(TOTAL, r(TOTAL), SIGN)  # - 0, the rest's weight
+    s.canonical(TOTAL, 0)
+    _store_lane0(s, G_PTR, ROW, TOTAL)
+
+    def gradient(pred: int) -> None:
+        _exception_exponential(s, row, V, pred)
+        _divide(s, V, V, SUM)
+        s.add(TMP, r(K), r(TID))
+        s.isetp(5, "LT", r(TMP), r(COUNT))  # P5 again: the division took it
+        s.mov(X, 0)
+        row.load(X, DATA_PTR, I, guard=5)
+        s.fmul(V, r(V), r(WEIGHT_SUM))
+        s.fadd(V, r(V), r(X, neg=True))
+        s.canonical(V, 0)
+        s.add(TMP2, r(VOCAB), r(I))
+        s.wide(ADDRESS, r(TMP2), 4, G_PTR)
+        s.stg(ADDRESS, V, guard=p(5))
+
+    row.each_exception(gradient)
+
+
+def loss_gradient_hard(arch: str) -> Image:
+    """Row losses and every class's gradient, hard targets, of a collapsed table
+    (bob_collapsed_loss_gradient's hard_row): loss[r] = ln2 (log2(s) - z_t), NaN where the
+    target is no exception of the row; gradient p / V, (p_t - 1) / V at the target."""
+    s = Asm(arch, sig.SIGNATURES[sig.COLLAPSED_LOSS_HARD])
+    vote = _kernel_start(s, ((DATA_PTR, "targets"), (LOSS_PTR, "loss"),
+                             (G_PTR, "gradients")))
+    row = Row(s, vote)
+    _each_row(s, lambda next_row: hard_row(s, row, loss=True))
     return s.image("bob_collapsed_loss_gradient", shared_bytes=SHARED_BYTES)
 
 
@@ -746,44 +793,7 @@ def loss_gradient_corpus(arch: str) -> Image:
     vote = _kernel_start(s, ((DATA_PTR, "weights"), (LOSS_PTR, "loss"),
                              (G_PTR, "gradients")))
     row = Row(s, vote)
-
-    def run_row(next_row: str) -> None:
-        row.start()
-        _weightless(s, row, next_row, gradients=True)
-        row.chains()
-
-        def weight(d: int, pred: int) -> None:
-            s.mov(d, 0)
-            row.load(d, DATA_PTR, I, guard=pred)
-
-        s.mov(TMP, 0)
-        s.mov(WEIGHT_SUM, 0)
-        row.class_sum(WEIGHT_SUM, TMP, weight)
-        _row_sums(s, row)
-        _corpus_loss(s, row)
-        _divide(s, TOTAL, REST_E, SUM)
-        s.fmul(TOTAL, r(TOTAL), r(WEIGHT_SUM))
-        s.fadd(TOTAL, r(TOTAL), SIGN)  # - 0, the rest's weight
-        s.canonical(TOTAL, 0)
-        _store_lane0(s, G_PTR, ROW, TOTAL)
-
-        def gradient(pred: int) -> None:
-            _exception_exponential(s, row, V, pred)
-            _divide(s, V, V, SUM)
-            s.add(TMP, r(K), r(TID))
-            s.isetp(5, "LT", r(TMP), r(COUNT))  # P5 again: the division took it
-            s.mov(X, 0)
-            row.load(X, DATA_PTR, I, guard=5)
-            s.fmul(V, r(V), r(WEIGHT_SUM))
-            s.fadd(V, r(V), r(X, neg=True))
-            s.canonical(V, 0)
-            s.add(TMP2, r(VOCAB), r(I))
-            s.wide(ADDRESS, r(TMP2), 4, G_PTR)
-            s.stg(ADDRESS, V, guard=p(5))
-
-        row.each_exception(gradient)
-
-    _each_row(s, run_row)
+    _each_row(s, lambda next_row: corpus_row(s, row, next_row, loss=True))
     return s.image("bob_collapsed_loss_gradient_corpus", shared_bytes=SHARED_BYTES)
 
 
