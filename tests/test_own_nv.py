@@ -233,20 +233,17 @@ def test_a_shared_region_bob_has_code_for_must_serve_the_plan_s_v(monkeypatch):
 
 
 def test_the_collapsed_refusal_follows_own_code(monkeypatch):
-    """Bob has the collapsed seed schedule's kernels: --tables collapsed is refused for none
-    of them, and a fused collapsed plan is refused naming its kernel (auto takes seed)."""
-    seed_schedule = [name for name in sig.COLLAPSED_REGIONS
-                     if name not in regions_module.SHARED_REGIONS
-                     and name not in regions_module.COLLAPSED_FUSED]
-    assert seed_schedule and all(name in own.BUILDERS for name in seed_schedule)
+    """Bob has every collapsed kernel, the fused ones included: --tables collapsed is refused
+    for none of them; without its fused kernel a fused collapsed plan is refused naming it
+    (and auto takes seed)."""
+    assert all(name in own.BUILDERS for name in sig.COLLAPSED_REGIONS)
     assert regions_module.collapsed_refusal() is None
-    fused = regions_module.coverage_refusal(
-        [sig.COLLAPSED_FUSED_CORPUS, sig.COLLAPSED_GATHER, sig.ARGMAX], 4096)
+    plan = [sig.COLLAPSED_FUSED_CORPUS, sig.COLLAPSED_GATHER, sig.ARGMAX]
+    assert regions_module.coverage_refusal(plan, 4096) is None
+    monkeypatch.delitem(own.BUILDERS, sig.COLLAPSED_FUSED_CORPUS)
+    assert regions_module.collapsed_refusal() is None
+    fused = regions_module.coverage_refusal(plan, 4096)
     assert fused is not None and sig.COLLAPSED_FUSED_CORPUS in fused
-    monkeypatch.delitem(own.BUILDERS, sig.COLLAPSED_LOSS_HARD)
-    assert regions_module.collapsed_refusal() == (
-        f"--kernels own: Bob has no own machine code for the collapsed tables' regions "
-        f"({sig.COLLAPSED_LOSS_HARD}); use --kernels nvrtc or --tables dense")
 
 
 def test_a_session_on_own_code_alone_refuses_a_plan_before_opening_a_backend(monkeypatch):
@@ -293,7 +290,8 @@ def test_a_plan_outside_coverage_is_refused_before_its_data_is_read(tmp_path, ca
     assert captured.out == "" and contents(tmp_path) == before  # no checkpoint, no lock
 
 
-def test_a_plan_outside_coverage_is_refused_once_the_data_says_its_v(tmp_path, capsys):
+def test_a_plan_outside_coverage_is_refused_once_the_data_says_its_v(tmp_path, capsys,
+                                                                     monkeypatch):
     record = tmp_path / "r.bob"
     InputRecord.hard(np.arange(1, 4097, dtype=np.uint32) % 4096).write(record)
     before = contents(tmp_path)
@@ -304,8 +302,10 @@ def test_a_plan_outside_coverage_is_refused_once_the_data_says_its_v(tmp_path, c
     captured = capsys.readouterr()
     assert captured.err == _wide_refusal("bob-fused-train-wide")
     assert captured.out == "" and contents(tmp_path) == before
-    # the data names 4096 of 4096^2 cells: auto holds collapsed tables, whose fused kernel
-    # Bob has no own code for
+    # the data names 4096 of 4096^2 cells: auto holds collapsed tables; without Bob's own
+    # collapsed fused kernel, that plan is refused too
+    monkeypatch.delitem(own.BUILDERS, sig.COLLAPSED_FUSED_HARD)
+    monkeypatch.setattr(regions_module, "OWN_REGIONS", tuple(own.BUILDERS))
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.err == ("bob: --kernels own: Bob has no own machine code for "
@@ -357,14 +357,17 @@ def test_check_and_plan_with_own_code_take_the_fused_schedule_where_it_covers(
             "seed schedule's bytes, faster)") in capsys.readouterr().err.splitlines()
 
 
-def test_collapsed_tables_run_on_own_code_on_the_seed_schedule(tmp_path, text, capsys):
-    """Bob has the collapsed seed schedule's kernels: --tables collapsed with --kernels own
-    runs it (auto takes seed, Bob having no collapsed fused kernel), the cpu's bytes."""
+def test_collapsed_tables_run_on_own_code_on_both_schedules(tmp_path, text, capsys):
+    """Bob has the collapsed tables' kernels of both schedules: --tables collapsed with
+    --kernels own runs fused under auto and seed when asked, the cpu's bytes both ways."""
     cpu, _ = _train(tmp_path, text, "cpu", "--schedule", "seed", "--tables", "collapsed")
     capsys.readouterr()
-    own_bytes, _ = _train(tmp_path, text, "nv-sim", "--kernels", "own", "--tables",
-                          "collapsed")
+    fused, _ = _train(tmp_path, text, "nv-sim", "--kernels", "own", "--tables", "collapsed")
     report = json.loads(capsys.readouterr().out)
     assert (report["tables"], report["schedule"], report["schedule_reason"]) == (
-        "collapsed", "seed", "auto: Bob's own code has no fused kernel for the run")
-    assert own_bytes == cpu
+        "collapsed", "fused", "auto: the seed schedule's bytes, faster")
+    assert fused == cpu
+    seed, _ = _train(tmp_path, text, "nv-sim", "--kernels", "own", "--tables", "collapsed",
+                     "--schedule", "seed", "--overwrite")
+    assert json.loads(capsys.readouterr().out)["schedule"] == "seed"
+    assert seed == cpu
