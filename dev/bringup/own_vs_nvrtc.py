@@ -9,8 +9,8 @@ of backward branches, innermost first) with their instruction counts, global loa
 multi-function ops and the sum of the stall counts in their control bits, along the way a
 warp takes where every lane's operands are ordinary (own division and square root skip
 their exact sequence there: the instructions a VOTE-guarded branch jumps over are left
-out). The stall sum
-is a lower bound on a loop iteration's issue cycles for one warp: scoreboard waits come
+out; NVRTC's images are read whole, their slow paths being calls outside the loops). The
+stall sum is a lower bound on a loop iteration's issue cycles for one warp: scoreboard waits come
 on top, and other warps hide them. The loops' stall cycles per global load in them put
 the two side by side whatever each unrolls (a row element is read by one load): where
 own code spends more fixed stalls per element than ptxas's, a scheduler change can pay;
@@ -57,14 +57,15 @@ def stalls_of(code: bytes) -> list[int]:
             for i in range(0, len(code), 16)]
 
 
-def read(code: bytes, registers: int, shared_bytes: int, arch: str) -> Reading:
+def read(code: bytes, registers: int, shared_bytes: int, arch: str,
+         fast_way: bool = False) -> Reading:
     text = oracle.nvdisasm_raw(code, arch)
     stalls = stalls_of(code)
     end = len(text)
     while end and (text[end - 1] in PADDING or BRANCH.fullmatch(text[end - 1] or "")
                    and int(BRANCH.fullmatch(text[end - 1]).group(1), 16) == 16 * (end - 1)):
         end -= 1
-    exact = exact_ways(text[:end])
+    exact = exact_ways(text[:end]) if fast_way else set()
     loops = []
     for index, line in enumerate(text[:end]):
         found = BRANCH.search(line)
@@ -85,14 +86,20 @@ def read(code: bytes, registers: int, shared_bytes: int, arch: str) -> Reading:
 
 
 def exact_ways(text: list[str]) -> set[int]:
-    """The instructions a warp whose lanes all take the fast way skips: those between a
-    forward branch right after a VOTE (own division and square root) and its target."""
+    """The instructions a warp whose lanes all take the fast way skips: those between the
+    branch a VOTE's verdict guards (own division and square root: the first branch after
+    the VOTE, however the straight run was ordered) and its target."""
     skipped: set[int] = set()
-    for index in range(len(text) - 1):
-        found = BRANCH.search(text[index + 1])
-        if text[index].startswith("VOTE") and found:
-            target = int(found.group(1), 16) // 16
-            skipped.update(range(index + 2, max(target, index + 2)))
+    for index, line in enumerate(text):
+        verdict = re.match(r"VOTE\.ANY (P\d),", line)
+        if verdict is None:
+            continue
+        branch = next((k for k in range(index + 1, len(text)) if BRANCH.search(text[k])),
+                      None)
+        if branch is None or not text[branch].startswith(f"@!{verdict.group(1)} "):
+            continue
+        target = int(BRANCH.search(text[branch]).group(1), 16) // 16
+        skipped.update(range(branch + 1, max(target, branch + 1)))
     return skipped
 
 
@@ -108,7 +115,7 @@ def own_reading(region: str, arch: str, order: str = "written") -> Reading:
 
     with ordering(order):
         image = own.image(region, arch)
-    return read(image.code, image.registers, image.shared_bytes, arch)
+    return read(image.code, image.registers, image.shared_bytes, arch, fast_way=True)
 
 
 def nvrtc_reading(region: str, arch: str) -> Reading:
