@@ -287,12 +287,13 @@ def test_each_region_passes_own_regions_checks(target, name):
     assert own.covers(name, MAX_VOCAB)
 
 
-def test_a_collapsed_seed_plan_is_bob_s_own_and_a_fused_one_still_nvrtc_s():
-    """The gather, scatter and health check here, the loss kernels beside them: a collapsed
-    plan on the seed schedule is covered by own code; the collapsed fused kernels are not."""
+def test_collapsed_plans_of_both_schedules_are_bob_s_own():
+    """The gather, scatter and health check here, the loss and fused kernels beside them: a
+    collapsed plan on either schedule is covered by own code."""
     seed = [sig.COLLAPSED_GATHER, sig.COLLAPSED_LOSS_HARD, sig.ARGMAX, sig.ADAMW,
             sig.COLLAPSED_HEALTH, sig.COLLAPSED_SCATTER]
     assert coverage_refusal(seed, 4096) is None
-    refusal = coverage_refusal([*seed[:1], sig.COLLAPSED_FUSED_HARD], 4096)
-    assert refusal is not None and sig.COLLAPSED_FUSED_HARD in refusal
-    assert all(name not in refusal for name in (sig.COLLAPSED_GATHER, sig.COLLAPSED_HEALTH))
+    fused = [sig.COLLAPSED_GATHER, sig.COLLAPSED_FUSED_CORPUS, sig.ARGMAX,
+             sig.COLLAPSED_HEALTH, sig.COLLAPSED_SCATTER, sig.COLLAPSED_LOSS_ONLY]
+    assert coverage_refusal(fused, 4096) is None
+    assert coverage_refusal(fused, 4096, nvrtc=False) is None
