@@ -302,6 +302,20 @@ def _fmul_guarded(self: Asm, d: int, a: Reg, b: int, guard: Pred) -> None:
 Asm.fmul_guarded = _fmul_guarded  # type: ignore[attr-defined]
 
 
+def _midpoint_distances(s: Asm, up: int, down: int, q: int, scale: int, shift: int,
+                        w: int) -> None:
+    """up := 2^(E - shift) * scale, E the exponent of q (exact in the callers' ranges);
+    down := up, halved where q is a power of two (the ulp below it is half). Clobbers w,
+    P1."""
+    s.logic(up, r(q), POS_INF, RZR, AND_AB)
+    s.add(up, r(up), -(shift << 23))
+    s.fmul(up, r(scale), r(up))
+    s.logic(w, r(q), 0x007FFFFF, RZR, AND_AB)
+    s.isetp(1, "EQ", r(w), 0)
+    s.fmul(down, r(up), HALF)
+    s.fsel(down, r(down), r(up), p(1))
+
+
 def divide(s: Asm, d: int, a: int, b: int, t: Scratch) -> None:
     """d := a / b correctly rounded (IEEE round to nearest even, subnormals kept), for
     every binary32 a and b. Clobbers t(0..18) and P0..P5; d may be a or b.
@@ -364,13 +378,7 @@ def _divide_fast(s: Asm, d: int, a: int, b: int, t: Scratch, nudge: int = 0) -> 
     # The exact remainder against half an ulp of q times |b| (a quarter below a power of
     # two, where the ulp below is half).
     s.ffma(rem, r(q, neg=True), r(y), r(x))
-    s.logic(hu, r(q), POS_INF, RZR, AND_AB)
-    s.add(hu, r(hu), -(24 << 23))  # 2^(E - 24)
-    s.fmul(hu, r(y), r(hu))
-    s.logic(e, r(q), 0x007FFFFF, RZR, AND_AB)
-    s.isetp(1, "EQ", r(e), 0)
-    s.fmul(hd, r(hu), HALF)
-    s.fsel(hd, r(hd), r(hu), p(1))
+    _midpoint_distances(s, hu, hd, q, y, 24, e)  # 2^(E - 24) = half an ulp of q
     s.fsetp(2, "GT", r(rem), r(hu))
     s.fsetp(3, "LT", r(rem), r(hd, neg=True))
     s.add(q, r(q), 1, guard=p(2))
@@ -412,13 +420,7 @@ def _divide_exact(s: Asm, d: int, a: int, b: int, t: Scratch) -> None:
     s.ffma(q, r(r0), r(rem), r(q))
     # The exact remainder and the midpoints: q +- ulp/2 scaled by B.
     s.ffma(rem, r(q, neg=True), r(big_b), r(big_a))
-    s.logic(hu, r(q), POS_INF, RZR, AND_AB)
-    s.add(hu, r(hu), -(24 << 23))  # 2^(E - 24): half an ulp of q
-    s.fmul(hu, r(big_b), r(hu))  # exact
-    s.logic(w1, r(q), 0x007FFFFF, RZR, AND_AB)
-    s.isetp(1, "EQ", r(w1), 0)  # q a power of two: the ulp below is half
-    s.fmul(hd, r(hu), HALF)
-    s.fsel(hd, r(hd), r(hu), p(1))
+    _midpoint_distances(s, hu, hd, q, big_b, 24, w1)  # half an ulp of q, times B
     s.logic(w1, r(q), 1, RZR, AND_AB)
     s.isetp(3, "NE", r(w1), 0)  # q odd
     s.fsetp(2, "EQ", r(rem), r(hu), other=p(3))
@@ -512,13 +514,7 @@ def _square_root_fast(s: Asm, d: int, x: int, t: Scratch, nudge: int = 0) -> Non
     if nudge:
         s.add(y, r(y), nudge)
     s.ffma(rem, r(y, neg=True), r(y), r(x))
-    s.logic(u, r(y), POS_INF, RZR, AND_AB)
-    s.add(u, r(u), -(23 << 23))  # the ulp of y
-    s.fmul(u, r(y), r(u))  # yu, exact
-    s.logic(w, r(y), 0x007FFFFF, RZR, AND_AB)
-    s.isetp(1, "EQ", r(w), 0)
-    s.fmul(h, r(u), HALF)
-    s.fsel(h, r(h), r(u), p(1))
+    _midpoint_distances(s, u, h, y, y, 23, w)  # yu (u the ulp of y), exact
     s.fsetp(2, "GT", r(rem), r(u))
     s.fsetp(3, "LE", r(rem), r(h, neg=True))
     s.add(y, r(y), 1, guard=p(2))
@@ -590,6 +586,34 @@ def _square_root_exact(s: Asm, d: int, x: int, t: Scratch) -> None:
     s.isetp(0, "EQ", r(w), 0, combine="OR", other=p(0))
     s.mov(y, r(x), guard=p(0))
     s.mov(d, r(y))
+
+
+# AdamW's scalars, by their parameter names, in adamw_step's order.
+ADAM_SCALARS = ("decay", "beta1", "one_minus_beta1", "beta2", "one_minus_beta2", "step_size",
+                "eps_hat")
+
+
+def adamw_step(s: Asm, w: int, m: int, v: int, g: int, x: int, y: int,
+               scalars: tuple[CBuf | Reg, ...], t: Scratch) -> None:
+    """AdamW on one element in ARITHMETIC.md's order: w *= decay; m = b1 m + (1-b1) g;
+    v = b2 v + (1-b2) g^2; w -= step (m / (sqrt v + eps)). `scalars`: decay, beta1,
+    one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat (parameters or
+    registers). Clobbers x, y, t (the division's scratch, DIVIDE_REGISTERS at least) and
+    P0..P5."""
+    decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat = scalars
+    s.fmul(w, r(w), decay)
+    s.fmul(m, r(m), beta1)
+    s.fmul(x, r(g), one_minus_beta1)
+    s.fadd(m, r(m), r(x))
+    s.fmul(v, r(v), beta2)
+    s.fmul(x, r(g), r(g))
+    s.fmul(x, r(x), one_minus_beta2)
+    s.fadd(v, r(v), r(x))
+    square_root(s, x, v, Scratch(t.first, SQRT_SCRATCH))
+    s.fadd(x, r(x), eps_hat)
+    s.fmul(y, r(m), step_size)
+    divide(s, y, y, x, t)
+    s.fadd(w, r(w), r(y, neg=True))
 
 
 # -- exp2, log2, reductions ----------------------------------------------------------------

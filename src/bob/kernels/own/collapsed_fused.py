@@ -19,13 +19,11 @@ from bob.isa.model import RZ, CBuf
 from bob.kernels import signatures as sig
 from bob.kernels.own.asm import (
     DIVIDE_SCRATCH,
-    SQRT_SCRATCH,
     Asm,
     Scratch,
-    divide,
+    adamw_step,
     p,
     r,
-    square_root,
 )
 from bob.kernels.own.collapsed_loss import (
     ADDRESS,
@@ -47,12 +45,12 @@ from bob.kernels.own.collapsed_loss import (
 )
 from bob.kernels.own.collapsed_loss import I as EXCEPTION  # noqa: N811 - the exception
 from bob.kernels.own.collapsed_loss import K as EACH_K
+from bob.kernels.own.fused import ADAM_STRIDE
 
-ADAM_STRIDE = 8  # floats per row of adam_scalars: 7 scalars and padding
 # Registers past the loss kernels' (which end at ROUTINE + 32): the update counter. The
 # AdamW phase takes the add_run scratch (60 .. 79), idle then.
 UPDATE = ROUTINE + 32
-SCALARS = 60  # decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat
+SCALARS = 60  # adamw_step's seven scalars, in its order
 G, W, M, V, X, Y = range(67, 73)
 CLASS = 73
 M_PTR, V_PTR, ADAM_PTR = 74, 76, 78  # pairs
@@ -61,26 +59,13 @@ M_PTR, V_PTR, ADAM_PTR = 74, 76, 78  # pairs
 def _adamw_class(s: Asm, guard: int, again) -> None:
     """AdamW on class CLASS under P`guard`, in seed.adamw's order, with the update's
     SCALARS; `again()` sets P`guard` again after the division took it."""
-    decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat = (
-        SCALARS + i for i in range(7))
     arrays = ((W, W_PTR), (G, G_PTR), (M, M_PTR), (V, V_PTR))
     for value, pointer in arrays:
         s.mov(value, 0)
         s.wide(ADDRESS, r(CLASS), 4, pointer)
         s.ldg(value, ADDRESS, guard=p(guard))
-    s.fmul(W, r(W), r(decay))
-    s.fmul(M, r(M), r(beta1))
-    s.fmul(X, r(G), r(one_minus_beta1))
-    s.fadd(M, r(M), r(X))
-    s.fmul(V, r(V), r(beta2))
-    s.fmul(X, r(G), r(G))
-    s.fmul(X, r(X), r(one_minus_beta2))
-    s.fadd(V, r(V), r(X))
-    square_root(s, X, V, Scratch(ROUTINE, SQRT_SCRATCH))
-    s.fadd(X, r(X), r(eps_hat))
-    s.fmul(Y, r(M), r(step_size))
-    divide(s, Y, Y, X, Scratch(ROUTINE, DIVIDE_SCRATCH))
-    s.fadd(W, r(W), r(Y, neg=True))
+    adamw_step(s, W, M, V, G, X, Y, tuple(r(SCALARS + i) for i in range(7)),
+               Scratch(ROUTINE, DIVIDE_SCRATCH))
     for value in (W, M, V):
         s.canonical(value, 0)
     again()

@@ -32,16 +32,15 @@ from bob.kernels.own.asm import (
     NEG_INF,
     ONE,
     SIGN,
-    SQRT_SCRATCH,
     TREE_SCRATCH,
     Asm,
     Scratch,
+    adamw_step,
     divide,
     exp2,
     log2,
     p,
     r,
-    square_root,
     tree,
 )
 from bob.kernels.own.seed import _exponent  # z = (w - max) log2e, as the seed computes it
@@ -150,22 +149,8 @@ def _gradient(s: Asm, k: _Layout, slot: int) -> None:
 
 def _adamw(s: Asm, k: _Layout, slot: int) -> None:
     """AdamW on the slot's element with gradient G, in seed.adamw's order."""
-    w, m, v = W + slot, M + slot, V + slot
-    decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat = (
-        k.adam + i for i in range(7))
-    s.fmul(w, r(w), r(decay))
-    s.fmul(m, r(m), r(beta1))
-    s.fmul(X, r(G), r(one_minus_beta1))
-    s.fadd(m, r(m), r(X))
-    s.fmul(v, r(v), r(beta2))
-    s.fmul(X, r(G), r(G))
-    s.fmul(X, r(X), r(one_minus_beta2))
-    s.fadd(v, r(v), r(X))
-    square_root(s, X, v, Scratch(k.scratch, SQRT_SCRATCH))
-    s.fadd(X, r(X), r(eps_hat))
-    s.fmul(Y, r(m), r(step_size))
-    divide(s, Y, Y, X, k.divide())
-    s.fadd(w, r(w), r(Y, neg=True))
+    adamw_step(s, W + slot, M + slot, V + slot, G, X, Y,
+               tuple(r(k.adam + i) for i in range(7)), k.divide())
 
 
 def _load_row(s: Asm, k: _Layout) -> None:

@@ -7,6 +7,7 @@ from bob.isa.builder import Image
 from bob.isa.model import RZ, CBuf
 from bob.kernels import signatures as sig
 from bob.kernels.own.asm import (
+    ADAM_SCALARS,
     DIVIDE_SCRATCH,
     LANES,
     NAN_BITS,
@@ -14,7 +15,6 @@ from bob.kernels.own.asm import (
     ONE,
     RZR,
     SIGN,
-    SQRT_SCRATCH,
     TREE_SCRATCH,
     TRIP_GUARDS,
     UNROLL,
@@ -22,6 +22,7 @@ from bob.kernels.own.asm import (
     Loop,
     Scratch,
     Trip,
+    adamw_step,
     divide,
     exp2,
     log2,
@@ -29,7 +30,6 @@ from bob.kernels.own.asm import (
     r,
     row_address,
     select_max,
-    square_root,
     tree,
 )
 
@@ -143,6 +143,7 @@ def adamw(arch: str) -> Image:
     elements = ((12, 13, 14, 15), (28, 29, 52, 53))  # (g, w, m, v) of each element
     inside = (5, 4)  # the predicates of "the element is < count"
     span = ADAMW_ELEMENTS * LANES
+    scalars = tuple(s.param(name) for name in ADAM_SCALARS)
     s.op("LDC", r(x), CBuf(0, s.slots["rows"], index=RZ))
     s.op("LDC", r(y), CBuf(0, s.slots["columns"], index=RZ))
     s.wide(count, r(x), r(y), RZ)
@@ -173,19 +174,7 @@ def adamw(arch: str) -> Image:
             s.mov(value, 0)
             s.ldg(value, address, guard=p(inside[k]), offset=4 * LANES * k)
     for k, (g, w, m, v) in enumerate(elements):
-        s.fmul(w, r(w), s.param("decay"))
-        s.fmul(m, r(m), s.param("beta1"))
-        s.fmul(x, r(g), s.param("one_minus_beta1"))
-        s.fadd(m, r(m), r(x))
-        s.fmul(v, r(v), s.param("beta2"))
-        s.fmul(x, r(g), r(g))
-        s.fmul(x, r(x), s.param("one_minus_beta2"))
-        s.fadd(v, r(v), r(x))
-        square_root(s, x, v, Scratch(30, SQRT_SCRATCH))
-        s.fadd(x, r(x), s.param("eps_hat"))
-        s.fmul(y, r(m), s.param("step_size"))
-        divide(s, y, y, x, Scratch(30, DIVIDE_SCRATCH))
-        s.fadd(w, r(w), r(y, neg=True))
+        adamw_step(s, w, m, v, g, x, y, scalars, Scratch(30, DIVIDE_SCRATCH))
         for value in (w, m, v):
             s.canonical(value, 0)
         guard_elements()  # again: the division took the predicates
