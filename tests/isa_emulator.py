@@ -6,8 +6,11 @@ uniform registers per warp (SHFL and VOTE read a warp's lanes), shared memory pe
 block, global memory as one
 byte array (a RED's 64-bit add applied lane by lane, as atomics). A warp runs
 until it reaches BAR.SYNC or EXIT; the barrier opens when every warp of the
-block has reached it. Branches must be uniform over a warp (Bob's kernels keep
-them so, a VOTE's verdict being one way): a divergent one is an error here.
+block has reached it. Between two barriers a shared word one warp writes may be
+neither read nor written by another (unless it writes the same value): such a race
+is an error, whatever order the warps would run in. Branches must be uniform over a
+warp (Bob's kernels keep them so, a VOTE's verdict being one way): a divergent one
+is an error here.
 
 Arithmetic is IEEE binary32 round-to-nearest-even, subnormals kept unless the
 instruction says FTZ. FFMA is fused: the product is exact in binary64, the sum
@@ -99,6 +102,7 @@ class Launch:
         if self.block % WARP:
             raise EmulatorError("blocks are whole warps here")
         shared = np.zeros(max(self.shared_bytes, 4), np.uint8)
+        self.races = SharedRaces(len(shared) // 4)
         warps = [Warp(self, ctaid, w, shared) for w in range(self.block // WARP)]
         while True:
             for warp in warps:
@@ -111,6 +115,7 @@ class Launch:
                 raise EmulatorError("some warps exited while others wait at a barrier")
             for warp in live:
                 warp.at_barrier = False
+            self.races.clear()
 
     def constant(self, offset: int, size: int = 4) -> int:
         if offset + size > len(self.constants):
@@ -491,14 +496,46 @@ class Warp:
         if (index < 0).any() or (index + size > len(self.shared)).any() or (index % size).any():
             raise EmulatorError(f"shared access at {int(index[0]):#x} outside the window")
         words = size // 4
+        warp = int(self.tid[0]) // WARP
         if name == "LDS":
             for w in range(words):
+                self.launch.races.read(warp, (index + 4 * w) // 4)
                 value = np.zeros(WARP, U32)
                 value[lanes] = _read_words(self.shared, index + 4 * w)
                 self.write(Reg(ops[0].index + w), value, guard)
         else:
             for w in range(words):
-                _write_words(self.shared, index + 4 * w, self.r[ops[1].index + w][lanes])
+                values = self.r[ops[1].index + w][lanes]
+                self.launch.races.write(warp, (index + 4 * w) // 4,
+                                        _read_words(self.shared, index + 4 * w) == values)
+                _write_words(self.shared, index + 4 * w, values)
+
+
+class SharedRaces:
+    """Which warps read and wrote each shared word since the last barrier."""
+
+    def __init__(self, words: int):
+        self.writer = np.full(words, -1, np.int64)
+        self.readers = np.zeros(words, np.uint64)
+
+    def clear(self) -> None:
+        self.writer[:] = -1
+        self.readers[:] = 0
+
+    def read(self, warp: int, words: np.ndarray) -> None:
+        writer = self.writer[words]
+        if ((writer >= 0) & (writer != warp)).any():
+            raise EmulatorError(f"shared race: warp {warp} reads a word another warp wrote "
+                                f"since the last barrier")
+        self.readers[words] |= np.uint64(1 << warp)
+
+    def write(self, warp: int, words: np.ndarray, unchanged: np.ndarray) -> None:
+        others = self.readers[words] & ~np.uint64(1 << warp)
+        writer = self.writer[words]
+        if (others != 0).any() or ((writer >= 0) & (writer != warp) & ~unchanged).any():
+            raise EmulatorError(f"shared race: warp {warp} writes a word another warp used "
+                                f"since the last barrier")
+        self.writer[words] = warp
 
 
 def _next(operand):

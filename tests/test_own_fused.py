@@ -175,6 +175,14 @@ def test_fused_train_one_update_and_none(corpus):
 
 
 @pytest.mark.parametrize("corpus", (False, True), ids=("hard", "corpus"))
+def test_fused_train_reads_every_update_s_scalars_across_staged_chunks(corpus):
+    # Past two chunks of staged adam_scalars rows: the chunk in shared memory is filled
+    # three times, the last partly (its lanes past the launch's rows load nothing).
+    updates = 2 * fused.CHUNK_UPDATES + 5
+    _run("sm_90", corpus, 37, updates=updates, finish=1, rows=(0, 3, 36), seed=13)
+
+
+@pytest.mark.parametrize("corpus", (False, True), ids=("hard", "corpus"))
 def test_fused_train_does_not_depend_on_mufu_s_last_bits(corpus):
     _run("sm_90", corpus, 256, updates=2, finish=1, rows=(0, 5, 6, 7, 200), perturb=2)
 

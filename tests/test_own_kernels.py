@@ -120,6 +120,27 @@ def test_loss_gradient_hard(arch, vocab):
     assert (got == _bits(grad).reshape(vocab, vocab)[rows_]).all()
 
 
+def test_a_tree_s_buffer_written_again_before_a_barrier_is_a_race(monkeypatch):
+    # The loss kernels' trees need no closing barrier only because they take two buffers
+    # in turn: on one buffer, a warp's next partial overwrites the max tree's partials
+    # before the other warps read them, which the emulator refuses.
+    from bob.kernels.own import seed
+    from isa_emulator import EmulatorError
+
+    vocab = 37
+    table_ = _table(np.random.default_rng(4), vocab)
+    scalars = ref.LossScalars.for_vocab(vocab)
+    arguments = dict(parameters=table_, gradients=np.zeros_like(table_),
+                     targets=np.zeros(vocab, np.uint32), loss=np.zeros(vocab, np.float32),
+                     log2e=scalars.log2e, ln2=scalars.ln2,
+                     inverse_rows=scalars.inverse_rows, vocab=vocab)
+    run_region(seed.loss_gradient_hard("sm_90"), sig.LOSS_HARD, vocab, arguments, blocks=(0,))
+    monkeypatch.setattr(seed, "SECOND_TREE", 0)
+    with pytest.raises(EmulatorError, match="^shared race: warp 1 reads a word another warp wrote"):
+        run_region(seed.loss_gradient_hard("sm_90"), sig.LOSS_HARD, vocab, arguments,
+                   blocks=(0,))
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("vocab", (37, 256, 1300))
 def test_loss_gradient_corpus(arch, vocab):

@@ -695,14 +695,21 @@ WARP = 32
 FULL_CLAMP = 0x1F  # SHFL's segment mask and clamp for a whole warp
 
 
-def tree(s: Asm, d: int, value: int, word: int, kind: str, t: Scratch, offset: int = 0) -> None:
+TREE_BYTES = 4 * LANES  # a tree's buffer in shared memory
+
+
+def tree(s: Asm, d: int, value: int, word: int, kind: str, t: Scratch, offset: int = 0,
+         closing_barrier: bool = True) -> None:
     """d := the 256-lane tree of ARITHMETIC.md over each lane's `value` ("sum" or "max"):
     for s = 128, 64, ..., 1, lane l < s combines lane l + s into itself. After one
-    barrier every warp runs the whole tree itself from shared memory at `offset` (1 KiB):
-    lane t reads partials t + 32 i (i < 8), so levels 128, 64 and 32 combine values it
-    holds, and levels 16 .. 1 are SHFL.DOWN (lane t < s takes lane t + s); lane 0's
-    result goes to every lane. `word` holds tid * 4. The buffer may be written again at
-    once (a second barrier). Clobbers t(0..3), P0."""
+    barrier every warp runs the whole tree itself from shared memory at `offset`
+    (TREE_BYTES): lane t reads partials t + 32 i (i < 8), so levels 128, 64 and 32
+    combine values it holds, and levels 16 .. 1 are SHFL.DOWN (lane t < s takes lane
+    t + s); lane 0's result goes to every lane. `word` holds tid * 4. With
+    `closing_barrier` a second barrier lets the buffer be written again at once; without
+    it the caller writes the buffer again only past another barrier (consecutive trees
+    on two buffers in turn: a lane writes one only after the other tree's barrier, which
+    every lane reaches after its reads of the first). Clobbers t(0..3), P0."""
     a, b, lane_word, x = t(0), t(1), t(2), t(3)
 
     def combine(held: int, incoming: int) -> None:
@@ -734,7 +741,8 @@ def tree(s: Asm, d: int, value: int, word: int, kind: str, t: Scratch, offset: i
         combine(x, a)
         step //= 2
     s.op("SHFL.PRRII", PTP, r(d), r(x), Imm(0), Imm(FULL_CLAMP), mods="IDX")
-    s.barrier()
+    if closing_barrier:
+        s.barrier()
 
 
 class Loop:

@@ -15,6 +15,12 @@ in a slot that is not is computed but never reduced or stored (its predicate is 
 Values kept between updates are not canonicalized (stores are): no result depends on a
 NaN's payload. Each kernel takes 64 registers a thread, so four blocks share an SM, as
 the CUDA kernel's launch bounds ask.
+
+The block's trees take two shared buffers in turn, so none needs a closing barrier. The
+rows of adam_scalars reach the block a chunk of CHUNK_UPDATES at a time, staged in shared
+memory (each lane one float of the chunk, loaded into a register one chunk ahead): an
+update reads its scalars from shared memory between its two trees' barriers, and the
+block waits on global memory for them once a launch, not once an update.
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ from bob.isa.builder import Image
 from bob.isa.model import RZ, CBuf, Imm
 from bob.kernels import signatures as sig
 from bob.kernels.own.asm import (
+    AND_AB,
     DIVIDE_REGISTERS,
     LANES,
     NAN_BITS,
     NEG_INF,
     ONE,
+    RZR,
     SIGN,
+    TREE_BYTES,
     TREE_SCRATCH,
     Asm,
     Scratch,
@@ -49,6 +58,13 @@ RESIDENT_SLOTS = 4  # row elements a lane holds in registers
 RESIDENT_VOCAB = RESIDENT_SLOTS * LANES  # the longest row the kernel serves
 ADAM_STRIDE = 8  # floats per row of adam_scalars: 7 scalars and padding
 SLOT_BYTES = 4 * LANES  # from one slot's element of a lane to the next
+# Shared memory: the two tree buffers, then a chunk of staged adam_scalars rows. An update
+# reads its row between its two trees' barriers, so a lane staging the next chunk (past
+# the second barrier of the chunk's last update) never overwrites a row a warp still reads.
+SECOND_TREE = TREE_BYTES
+SCALARS_AT = 2 * TREE_BYTES
+CHUNK_UPDATES = LANES // ADAM_STRIDE  # rows of adam_scalars a chunk: a float a lane
+SHARED_BYTES = SCALARS_AT + 4 * LANES
 # Of its scratch, divide takes DIVIDE_REGISTERS and log2 8 more (Scratch refuses a routine
 # that asks past its count): taking no more keeps both kernels at 64 registers.
 LOG2_REGISTERS = 8 + DIVIDE_REGISTERS
@@ -76,6 +92,12 @@ class _Layout:
         """decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, eps_hat; at
         the finish log2's scratch, then (made after log2) the loss address pair."""
         return T + (RESIDENT_SLOTS if self.corpus else 0)
+
+    @property
+    def ahead(self) -> int:
+        """The lane's float of the next chunk of adam_scalars, in flight (the eighth
+        register of the scalars')."""
+        return self.adam + 7
 
     @property
     def scratch(self) -> int:
@@ -112,15 +134,19 @@ def _slots(s: Asm, body: Callable[[int], None]) -> None:
     s.b.label(end)
 
 
-def _exponentials(s: Asm, k: _Layout) -> None:
+def _exponentials(s: Asm, k: _Layout, after_max: Callable[[], None] | None = None) -> None:
     """ROW_MAX := the row max of w; E + i := exp2((w_i - max) log2e); ROW_SUM := their row
-    sum (ARITHMETIC.md's lanes and tree: lane l takes its slots in order)."""
+    sum (ARITHMETIC.md's lanes and tree: lane l takes its slots in order). The max's tree
+    is the first buffer's, the sum's the second's; `after_max` runs past the first."""
     s.mov(PARTIAL, NEG_INF)
     for slot in range(RESIDENT_SLOTS):
         _inside(s, slot)
         s.fsetp(4, "GT", r(W + slot), r(PARTIAL), other=p(INSIDE))  # select_max, in the row
         s.fsel(PARTIAL, r(W + slot), r(PARTIAL), p(4))
-    tree(s, ROW_MAX, PARTIAL, WORD, "max", Scratch(k.scratch, TREE_SCRATCH))
+    tree(s, ROW_MAX, PARTIAL, WORD, "max", Scratch(k.scratch, TREE_SCRATCH),
+         closing_barrier=False)
+    if after_max:
+        after_max()
     s.mov(PARTIAL, 0)
 
     def exponential(slot: int) -> None:
@@ -130,7 +156,8 @@ def _exponentials(s: Asm, k: _Layout) -> None:
         s.fadd(PARTIAL, r(PARTIAL), r(E + slot), guard=p(INSIDE))
 
     _slots(s, exponential)
-    tree(s, ROW_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, TREE_SCRATCH))
+    tree(s, ROW_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, TREE_SCRATCH), SECOND_TREE,
+         closing_barrier=False)
 
 
 def _gradient(s: Asm, k: _Layout, slot: int) -> None:
@@ -177,7 +204,49 @@ def _load_row(s: Asm, k: _Layout) -> None:
         s.mov(PARTIAL, 0)
         for slot in range(RESIDENT_SLOTS):
             s.fadd(PARTIAL, r(PARTIAL), r(T + slot), guard=p(slot))
-        tree(s, WEIGHT_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, TREE_SCRATCH))
+        tree(s, WEIGHT_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, TREE_SCRATCH),
+             SECOND_TREE, closing_barrier=False)  # the first update's max takes the first
+
+
+def _load_chunk(s: Asm, k: _Layout, ahead: int) -> None:
+    """k.ahead := this lane's float of the chunk of adam_scalars that opens at update
+    UPDATE + `ahead`, where it is inside the rows of the launch's updates. Clobbers X, Y,
+    ADDRESS, P6."""
+    s.add(X, r(UPDATE), ahead)
+    s.lea(X, r(X), r(TID), 3)  # the float's index: its row times ADAM_STRIDE plus tid
+    s.mov(Y, s.param("updates"))
+    s.shl(Y, r(Y), 3)
+    s.isetp(6, "LT", r(X), r(Y))
+    s.pointer(ADDRESS, "adam_scalars")
+    s.wide(ADDRESS, r(X), 4, ADDRESS)
+    s.ldg(k.ahead, ADDRESS, guard=p(6))
+
+
+def _stage_chunk(s: Asm, k: _Layout) -> None:
+    """At an update that opens a chunk (UPDATE % CHUNK_UPDATES == 0, uniform), the lane's
+    float of it into shared memory, and the next chunk's float loaded."""
+    staged = s.fresh("staged")
+    s.logic(X, r(UPDATE), CHUNK_UPDATES - 1, RZR, AND_AB)
+    s.isetp(6, "NE", r(X), 0)
+    s.b.bra(staged, guard=p(6))
+    s.sts(WORD, SCALARS_AT, k.ahead)
+    _load_chunk(s, k, CHUNK_UPDATES)
+    s.b.label(staged)
+
+
+def _chunk_row(s: Asm, d: int) -> None:
+    """d := the byte offset of update UPDATE's row within the staged chunk: UPDATE %
+    CHUNK_UPDATES rows of ADAM_STRIDE floats."""
+    s.logic(d, r(UPDATE), CHUNK_UPDATES - 1, RZR, AND_AB)
+    s.shl(d, r(d), 5)  # 4 ADAM_STRIDE bytes a row
+
+
+def _read_scalars(s: Asm, k: _Layout) -> None:
+    """The update's seven AdamW scalars from its staged row (past a barrier since the
+    staging)."""
+    _chunk_row(s, X)
+    for index in range(7):
+        s.lds(k.adam + index, X, SCALARS_AT + 4 * index)
 
 
 def _finish(s: Asm, k: _Layout) -> None:
@@ -207,8 +276,9 @@ def _finish(s: Asm, k: _Layout) -> None:
             s.stg(loss, G, guard=p(4))
 
     _slots(s, element)
-    if k.corpus:
-        tree(s, G, PARTIAL, WORD, "sum", Scratch(k.scratch, TREE_SCRATCH))
+    if k.corpus:  # past the sum's tree, the first buffer's turn
+        tree(s, G, PARTIAL, WORD, "sum", Scratch(k.scratch, TREE_SCRATCH),
+             closing_barrier=False)
         s.fmul(G, r(G), s.param("ln2"))
         s.canonical(G, 0)
         s.isetp(4, "EQ", r(TID), 0)
@@ -234,19 +304,17 @@ def _fused(arch: str, corpus: bool) -> Image:
     s.b.label(served)
     s.isetp(0, "GE", r(CTAID), r(VOCAB))
     s.exit(guard=p(0))  # a block past the last row, whole
+    s.mov(UPDATE, 0)
+    _load_chunk(s, k, 0)  # the first chunk, in flight with the row
     _load_row(s, k)
 
     # The updates: k = 0 .. updates - 1, each with row k of adam_scalars.
     top, updated = s.fresh("update"), s.fresh("updated")
-    s.mov(UPDATE, 0)
     s.b.label(top)
     s.isetp(6, "GE", r(UPDATE), s.param("updates"))
     s.b.bra(updated, guard=p(6))
-    s.pointer(ADDRESS, "adam_scalars")
-    s.wide(ADDRESS, r(UPDATE), 4 * ADAM_STRIDE, ADDRESS)
-    for index in range(7):
-        s.ldg(k.adam + index, ADDRESS, offset=4 * index)
-    _exponentials(s, k)
+    _stage_chunk(s, k)
+    _exponentials(s, k, after_max=lambda: _read_scalars(s, k))
 
     def update(slot: int) -> None:
         _gradient(s, k, slot)
@@ -273,7 +341,7 @@ def _fused(arch: str, corpus: bool) -> Image:
             s.canonical(first + slot, 4)
             s.stg(ADDRESS, first + slot, guard=p(slot), offset=SLOT_BYTES * slot)
     s.exit()
-    return s.image(sig.ENTRIES[region], shared_bytes=4 * LANES)
+    return s.image(sig.ENTRIES[region], shared_bytes=SHARED_BYTES)
 
 
 def fused_train_hard(arch: str) -> Image:

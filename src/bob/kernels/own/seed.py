@@ -15,6 +15,7 @@ from bob.kernels.own.asm import (
     ONE,
     RZR,
     SIGN,
+    TREE_BYTES,
     TREE_SCRATCH,
     TRIP_GUARDS,
     UNROLL,
@@ -35,6 +36,9 @@ from bob.kernels.own.asm import (
 
 # Registers: R0 tid, R1 ctaid, R2 tid * 4, R3 the vocabulary; the rest per kernel.
 TID, CTAID, WORD, VOCAB = 0, 1, 2, 3
+# The loss kernels' trees take two buffers in turn, so that none needs a closing barrier.
+SECOND_TREE = TREE_BYTES  # the second buffer's offset
+TWO_TREES = 2 * TREE_BYTES
 
 
 def _start(s: Asm) -> None:
@@ -198,7 +202,8 @@ def _exponent(s: Asm, d: int, w: int, m: int) -> None:
 def _row_max(s: Asm, m: int, base: int, trip: Trip, values: tuple[int, ...], row: int,
              address: int, scratch: Scratch) -> None:
     """m := the row's max: lane l takes elements l, l + 256, ... from -inf, UNROLL a trip,
-    then the tree."""
+    then the tree in the first tree buffer, with no closing barrier: the next tree takes
+    the second (SECOND_TREE)."""
     held = scratch(0)
     s.mov(held, NEG_INF)
     with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
@@ -207,7 +212,8 @@ def _row_max(s: Asm, m: int, base: int, trip: Trip, values: tuple[int, ...], row
         trip.load(values, address, NEG_INF)
         for value in values:
             select_max(s, held, value, 0)
-    tree(s, m, held, WORD, "max", Scratch(scratch.first + 1, TREE_SCRATCH))
+    tree(s, m, held, WORD, "max", Scratch(scratch.first + 1, TREE_SCRATCH),
+         closing_barrier=False)
 
 
 def _loss_start(s: Asm, rows: tuple[tuple[int, str], ...], scratch: int) -> None:
@@ -252,25 +258,28 @@ def loss_gradient_hard(arch: str) -> Image:
     s.wide(address, r(CTAID), 4, address)
     s.ldg(target, address)
     _row_max(s, m, base, trip, values, w_row, address, Scratch(24, 4))
-    s.mov(partial, 0)
-    _exp_sums(s, base, trip, values, m, z, e, partial, w_row, address)
-    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH))
-    # The loss, by lane 0: NaN for a target >= V (never admitted by the host).
-    log2(s, value, total, Scratch(30, 32))
+    # The loss, by lane 0 (NaN for a target >= V, never admitted by the host): its w[t]
+    # read now, in flight through the sums and the tree, the target long arrived.
     s.isetp(5, "LT", r(target), r(VOCAB))
     s.isetp(4, "EQ", r(TID), 0, other=p(5))
-    s.mov(x, 0)
+    s.mov(value, 0)
     s.wide(address, r(target), 4, w_row)
-    s.ldg(x, address, guard=p(4))
-    _exponent(s, z, x, m)
-    s.fadd(value, r(value), r(z, neg=True))
-    s.fmul(value, r(value), s.param("ln2"))
-    s.mov(value, NAN_BITS, guard=p(5, True))
-    s.canonical(value, 0)
+    s.ldg(value, address, guard=p(4))
+    s.mov(partial, 0)
+    _exp_sums(s, base, trip, values, m, z, e, partial, w_row, address)
+    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH), SECOND_TREE,
+         closing_barrier=False)
+    log2(s, e, total, Scratch(30, 32))
+    _exponent(s, z, value, m)
+    s.fadd(e, r(e), r(z, neg=True))
+    s.fmul(e, r(e), s.param("ln2"))
+    s.isetp(5, "LT", r(target), r(VOCAB))
+    s.mov(e, NAN_BITS, guard=p(5, True))
+    s.canonical(e, 0)
     s.isetp(4, "EQ", r(TID), 0)
     s.pointer(address, "loss")
     s.wide(address, r(CTAID), 4, address)
-    s.stg(address, value, guard=p(4))
+    s.stg(address, e, guard=p(4))
     with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
         trip.start(base, VOCAB)
         s.wide(address, r(j), 4, w_row)
@@ -288,7 +297,7 @@ def loss_gradient_hard(arch: str) -> Image:
             trip.inside(k, 5)
             s.stg(store, e, guard=p(5), offset=4 * LANES * k)
     s.exit()
-    return s.image("bob_loss_gradient_hard", shared_bytes=4 * LANES)
+    return s.image("bob_loss_gradient_hard", shared_bytes=TWO_TREES)
 
 
 def loss_gradient_corpus(arch: str) -> Image:
@@ -307,8 +316,10 @@ def loss_gradient_corpus(arch: str) -> Image:
     s.mov(partial_t, 0)
     _exp_sums(s, base, trip, values, m, z, e, partial, w_row, address, weights, partial_t,
               t_row)
-    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH))
-    tree(s, weight_sum, partial_t, WORD, "sum", Scratch(24, TREE_SCRATCH))
+    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH), SECOND_TREE,
+         closing_barrier=False)
+    tree(s, weight_sum, partial_t, WORD, "sum", Scratch(24, TREE_SCRATCH),
+         closing_barrier=False)
     log2(s, big_l, total, Scratch(30, 32))
     s.mov(partial, 0)
     with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
@@ -331,7 +342,8 @@ def loss_gradient_corpus(arch: str) -> Image:
             s.fadd(e, r(e), r(weight_k, neg=True))
             s.canonical(e, 0)
             s.stg(store, e, guard=p(5), offset=4 * LANES * k)
-    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH))
+    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH), SECOND_TREE,
+         closing_barrier=False)
     s.fmul(total, r(total), s.param("ln2"))
     s.canonical(total, 0)
     s.isetp(4, "EQ", r(TID), 0)
@@ -339,7 +351,7 @@ def loss_gradient_corpus(arch: str) -> Image:
     s.wide(address, r(CTAID), 4, address)
     s.stg(address, total, guard=p(4))
     s.exit()
-    return s.image("bob_loss_gradient_corpus", shared_bytes=4 * LANES)
+    return s.image("bob_loss_gradient_corpus", shared_bytes=TWO_TREES)
 
 
 BUILDERS = {

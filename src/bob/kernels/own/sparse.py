@@ -24,7 +24,9 @@ from bob.kernels.own.asm import (
 )
 from bob.kernels.own.seed import (
     CTAID,
+    SECOND_TREE,
     TID,
+    TWO_TREES,
     VOCAB,
     WORD,
     _exp_sums,
@@ -101,7 +103,8 @@ def loss_corpus(arch: str) -> Image:
     _row_max(s, m, base, trip, values, w_row, address, Scratch(24, 4))
     s.mov(partial, 0)
     _exp_sums(s, base, trip, values, m, z, e, partial, w_row, address)
-    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH))
+    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH), SECOND_TREE,
+         closing_barrier=False)
     log2(s, big_l, total, Scratch(30, 32))
     s.mov(partial, 0)
     with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
@@ -115,7 +118,7 @@ def loss_corpus(arch: str) -> Image:
             s.fadd(z, r(big_l), r(z, neg=True))
             s.fmul(z, r(z), r(weights[k]))
             s.fadd(partial, r(partial), r(z), guard=p(TRIP_GUARDS[k]))
-    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH))
+    tree(s, total, partial, WORD, "sum", Scratch(24, TREE_SCRATCH), closing_barrier=False)
     s.fmul(total, r(total), s.param("ln2"))
     s.canonical(total, 0)
     s.isetp(4, "EQ", r(TID), 0)
@@ -123,7 +126,7 @@ def loss_corpus(arch: str) -> Image:
     s.wide(address, r(CTAID), 4, address)
     s.stg(address, total, guard=p(4))
     s.exit()
-    return s.image("bob_loss_corpus", shared_bytes=4 * LANES)
+    return s.image("bob_loss_corpus", shared_bytes=TWO_TREES)
 
 
 BUILDERS = {
