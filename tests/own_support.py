@@ -10,8 +10,11 @@ from bob.kernels.own import LANES, Asm, Scratch, divide, p, r, square_root
 from bob.kernels.own.asm import (
     DIVIDE_REGISTERS,
     SQRT_SCRATCH,
+    Reciprocal,
     _divide_fast,
     _square_root_fast,
+    divide_by,
+    reciprocal,
 )
 from bob.plan.model import Footprint, PointerParam, ScalarParam
 from isa_emulator import Arena, Launch, constants
@@ -51,8 +54,9 @@ ELEMENTWISE = (
 
 
 def elementwise(arch: str, operation: str, nudge: int | None = None):
-    """out[i] = a[i] / b[i] ("divide") or sqrt(a[i]) ("sqrt"), one element per thread;
-    with a `nudge`, by the fast sequence alone, its candidate moved so many ulps."""
+    """out[i] = a[i] / b[i] ("divide"; "divide_by": by b[i]'s reciprocal() first) or
+    sqrt(a[i]) ("sqrt"), one element per thread; with a `nudge`, by the fast sequence
+    alone, its candidate moved so many ulps."""
     s = Asm(arch, ELEMENTWISE)
     tid, ctaid, i, addr, x, y = 0, 1, 2, 4, 6, 7
     s.prologue(tid, ctaid, scratch=3)
@@ -70,6 +74,13 @@ def elementwise(arch: str, operation: str, nudge: int | None = None):
         else:
             _divide_fast(s, 30, x, y, Scratch(10, DIVIDE_REGISTERS), nudge)
             s.mov(x, r(30))
+    elif operation == "divide_by":  # by each lane's divisor, prepared first
+        s.pointer(8, "b")
+        s.wide(addr, r(i), 4, 8)
+        s.ldg(y, addr, guard=p(6))
+        prepared = Reciprocal(y, 40, 41)
+        reciprocal(s, prepared, Scratch(10, DIVIDE_REGISTERS))
+        divide_by(s, x, x, prepared, Scratch(10, DIVIDE_REGISTERS))
     elif nudge is None:
         square_root(s, x, x, Scratch(10, SQRT_SCRATCH))
     else:

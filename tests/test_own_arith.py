@@ -59,9 +59,13 @@ def _near_subnormal_midpoints(rng: np.random.Generator, n: int):
     return a[keep], b[keep], (shift - (shift - result_exponent))[keep]
 
 
+DIVISIONS = ("divide", "divide_by")  # b's reciprocal made by each lane, then the division
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-def test_division_is_correctly_rounded_for_every_operand_class(arch):
-    image = elementwise(arch, "divide")
+@pytest.mark.parametrize("operation", DIVISIONS)
+def test_division_is_correctly_rounded_for_every_operand_class(arch, operation):
+    image = elementwise(arch, operation)
     assert check(image.code, table(arch)) == []
     rng = np.random.default_rng(11)
     n = 1 << 13
@@ -88,7 +92,8 @@ def test_division_is_correctly_rounded_for_every_operand_class(arch):
                                            hex(got[k]), hex(want[k])) for k in wrong[:5]])
 
 
-def test_division_rounds_subnormal_quotients_once():
+@pytest.mark.parametrize("operation", DIVISIONS)
+def test_division_rounds_subnormal_quotients_once(operation):
     a, b, exponent = _near_subnormal_midpoints(np.random.default_rng(12), 1 << 13)
     with np.errstate(all="ignore"):
         want = _bits(a / b)
@@ -97,7 +102,7 @@ def test_division_rounds_subnormal_quotients_once():
             np.float32)  # the quotient's 24 bits, scaled into the normal range exactly
         double_rounded = _bits((q.astype(np.float64) * np.exp2(exponent)).astype(np.float32))
     assert (double_rounded != want).sum() > 100
-    image = elementwise("sm_90", "divide")
+    image = elementwise("sm_90", operation)
     for perturb in PERTURBATIONS:
         got = run_elementwise(image, a, b, perturb)
         assert (got == want).all(), perturb
@@ -182,8 +187,10 @@ def _whole_warps(*arrays: np.ndarray) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_division_in_the_fast_range_is_correctly_rounded_without_the_exact_sequence(arch):
-    image = elementwise(arch, "divide")
+@pytest.mark.parametrize("operation", DIVISIONS)
+def test_division_in_the_fast_range_is_correctly_rounded_without_the_exact_sequence(
+        arch, operation):
+    image = elementwise(arch, operation)
     a, b = _whole_warps(*_fast_divisions(np.random.default_rng(21), 1 << 13))
     assert len(a) > 4000
     with np.errstate(all="ignore"):

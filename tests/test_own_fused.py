@@ -175,11 +175,12 @@ def test_fused_train_one_update_and_none(corpus):
 
 
 @pytest.mark.parametrize("corpus", (False, True), ids=("hard", "corpus"))
-def test_fused_train_reads_every_update_s_scalars_across_staged_chunks(corpus):
+@pytest.mark.parametrize("vocab", (37, 300))  # a lane's one element, and two
+def test_fused_train_reads_every_update_s_scalars_across_staged_chunks(corpus, vocab):
     # Past two chunks of staged adam_scalars rows: the chunk in shared memory is filled
     # three times, the last partly (its lanes past the launch's rows load nothing).
     updates = 2 * fused.CHUNK_UPDATES + 5
-    _run("sm_90", corpus, 37, updates=updates, finish=1, rows=(0, 3, 36), seed=13)
+    _run("sm_90", corpus, vocab, updates=updates, finish=1, rows=(0, 3, vocab - 1), seed=13)
 
 
 @pytest.mark.parametrize("corpus", (False, True), ids=("hard", "corpus"))

@@ -5,7 +5,8 @@
 # the collapsed tables on cuda and nv against the CPU (smoke tier, then past the dense
 # tables), Bob's own kernels alone against NVRTC's and the reference in both orderings and
 # their timing, a run with no CUDA wheel (nv on Bob's own code) against cuda's bytes, then
-# the collapsed and the huge-vocabulary benchmarks. Every step's output is
+# the collapsed and the huge-vocabulary benchmarks (BOB_VARIANTS: saved own builds timed
+# side by side, dev/bringup/own_variants.py). Every step's output is
 # OUTDIR/<step>.log; a summary last.
 # STEPs name the steps to run (all where none is named), so that they can be spread over
 # several device calls of at most 10 minutes each. BOB_TOKENS names a directory holding a
@@ -38,6 +39,11 @@ step own-alone 420 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
   "tests/test_own_kernels_gpu.py::test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes"
 step own-timing 400 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
   "tests/test_own_kernels_gpu.py::test_own_kernels_time_beside_nvrtc_s"
+# Saved builds of the own images (dev/bringup/own_variants.py save LABEL DIR, one a commit)
+# timed side by side against NVRTC's, where BOB_VARIANTS names their directory.
+if [ -n "${BOB_VARIANTS:-}" ]; then
+  step own-variants 300 python3 -m dev.bringup.own_variants time "$BOB_VARIANTS"/*.pickle
+fi
 
 # nv with no CUDA wheel against cuda: the same checkpoint bytes on the built-in corpus
 # (V = 256), both schedules (the fused one is Bob's resident kernel there), with
@@ -46,7 +52,8 @@ step own-timing 400 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
 no_wheels() {
   local ok=0 nowheel="python3 -m dev.bringup.no_wheels"
   same() {  # same WHAT FILE_A FILE_B
-    if cmp -s "$2" "$3"; then echo "no-wheels $1: the same bytes as cuda"
+    if [ ! -s "$2" ] || [ ! -s "$3" ]; then echo "no-wheels $1: NOT WRITTEN"; ok=1
+    elif cmp -s "$2" "$3"; then echo "no-wheels $1: the same bytes as cuda"
     else echo "no-wheels $1: DIFFERENT from cuda"; ok=1; fi
   }
   for schedule in seed fused; do
@@ -70,7 +77,7 @@ no_wheels() {
     for backend in cuda nv; do
       local run="python3 -m bob"; [ $backend = nv ] && run=$nowheel
       $run count --tokens "$BOB_TOKENS/train.bin" -V 50257 -o "$out/counts-$backend.bob" || ok=1
-      $run train --backend $backend --tokens "$BOB_TOKENS/train.bin" \
+      $run train --backend $backend --tokens "$BOB_TOKENS/train.bin" -V 50257 \
         --val-tokens "$BOB_TOKENS/val.bin" --schedule seed --steps 30 -N 10 --overwrite \
         -c "$out/tok-$backend.safetensors" || ok=1
       $run generate --backend $backend -c "$out/tok-$backend.safetensors" --ids "464 3290" \

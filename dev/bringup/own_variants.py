@@ -29,7 +29,7 @@ def save(label: str, folder: Path) -> Path:
     from bob.kernels import own
 
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
-                            text=True, check=False).stdout.strip()
+                            text=True, check=False).stdout.strip() or "not a git checkout"
     images = {name: own.image(name, ARCH) for name in own.BUILDERS}
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{label}.pickle"
@@ -37,6 +37,11 @@ def save(label: str, folder: Path) -> Path:
                                                  "images": images})))
     print(f"{path}: {len(images)} images of {commit}")
     return path
+
+
+def load(path: Path) -> dict:
+    """A saved build: its label, the commit it was saved from and its images by region."""
+    return pickle.loads(lzma.decompress(path.read_bytes()))
 
 
 def times(case: str, kernels: str, images: dict | None) -> dict[str, float]:
@@ -67,7 +72,7 @@ def times(case: str, kernels: str, images: dict | None) -> dict[str, float]:
 
 
 def time_builds(paths: list[Path], cases: list[str], rounds: int) -> None:
-    builds = [pickle.loads(lzma.decompress(path.read_bytes())) for path in paths]
+    builds = [load(path) for path in paths]
     for build in builds:
         print(f"build {build['label']}: {build['commit']}")
     for case in cases:

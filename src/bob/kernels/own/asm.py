@@ -57,6 +57,7 @@ HALF = 0x3F000000
 AND_AB = 0xC0
 OR_AB = 0xFC
 XOR_AC_AND_B = 0x48  # (a ^ c) & b
+AND_AB_XOR_C = 0x6A  # (a & b) ^ c
 OR_AC = 0xFA
 
 
@@ -387,6 +388,74 @@ def _divide_fast(s: Asm, d: int, a: int, b: int, t: Scratch, nudge: int = 0) -> 
     s.sel(q, RZR, r(q), p(4))
     s.logic(e, r(a), SIGN, r(b), XOR_AC_AND_B)
     s.logic(d, r(q), r(e), RZR, OR_AB)
+
+
+@dataclass(frozen=True)
+class Reciprocal:
+    """A divisor many divisions share (a row's sum), prepared once by ``reciprocal``:
+    registers holding y = 1/b correctly rounded, and |b|'s biased exponent where it is in
+    DIVIDE_FAST_B (else OUTSIDE_DIVIDE_FAST_B, which no dividend's fast range admits)."""
+
+    divisor: int
+    y: int
+    exponent: int
+
+
+OUTSIDE_DIVIDE_FAST_B = 0x40000000  # a divisor exponent past every range check
+
+
+def reciprocal(s: Asm, prepared: Reciprocal, t: Scratch) -> None:
+    """prepared.y := 1 / b by ``divide`` (correctly rounded, every b) and
+    prepared.exponent as its docstring says. Clobbers t (DIVIDE_REGISTERS) and P0..P5."""
+    b, y, e = prepared.divisor, prepared.y, prepared.exponent
+    s.mov(y, ONE)
+    divide(s, y, y, b, t)
+    low, high = DIVIDE_FAST_B
+    s.logic(e, r(b), 0x7FFFFFFF, RZR, AND_AB)
+    s.shr(e, r(e), 23)
+    s.add(t(0), r(e), -low)
+    s.isetp(0, "GT", r(t(0)), high - low)
+    s.mov(e, OUTSIDE_DIVIDE_FAST_B, guard=p(0))
+
+
+def divide_by(s: Asm, d: int, a: int, prepared: Reciprocal, t: Scratch) -> None:
+    """d := a / b correctly rounded for every binary32 a, b the prepared divisor (its
+    reciprocal() made before). Clobbers t(0..18) and P0..P5; d may be a.
+
+    Where every lane of the warp has operands in ``_divide_fast``'s range: q = a y, one
+    correction by the exact remainder, and nothing else (``_divide_by_fast``); else the
+    exact sequence for the whole warp, as ``divide``."""
+    quotient, routine = t(18), Scratch(t.first, 18)
+    _divide_by_fast(s, quotient, a, prepared, routine)
+    _unless_every_lane_fast(s, lambda: _divide_exact(s, quotient, a, prepared.divisor,
+                                                     routine))
+    s.mov(d, r(quotient))
+
+
+def _divide_by_fast(s: Asm, d: int, a: int, prepared: Reciprocal, t: Scratch) -> None:
+    """d := a / b where P0 is clear (the operands in ``_divide_fast``'s range), from y =
+    RN(1/b): q0 = RN(|a| y), r = |a| - q0 b (exact: q0 is within an ulp and nothing
+    underflows there), d = RN(q0 + r y) with a's sign given to it. Markstein's theorem:
+    with y within half an ulp of 1/b and q0 within an ulp of |a|/b, RN(q0 + r y) is
+    the correctly rounded quotient (neither under- nor overflowing, as the range
+    ensures). Its sign is b's (y's) already; a zero dividend gives a zero of the right
+    sign. Clobbers t(0..3) and P0; d must not be a."""
+    b, y, eb = prepared.divisor, prepared.y, prepared.exponent
+    x, ea, e, q = (t(i) for i in range(4))
+    s.logic(x, r(a), 0x7FFFFFFF, RZR, AND_AB)
+    s.shr(ea, r(x), 23)
+    low, high = DIVIDE_FAST_A
+    s.add(e, r(ea), -low)
+    s.isetp(0, "GT", r(e), high - low)
+    low, high = DIVIDE_FAST_SPREAD
+    s.op("IADD3.RRIR", r(e), r(ea), imm(-low), r(eb, neg=True))
+    s.isetp(0, "GT", r(e), high - low, combine="OR", other=p(0))
+    s.isetp(0, "NE", r(x), 0, other=p(0))  # a zero dividend is in range ...
+    s.isetp(0, "GT", r(eb), DIVIDE_FAST_B[1], combine="OR", other=p(0))  # ... if b is
+    s.fmul(q, r(x), r(y))
+    s.ffma(e, r(q, neg=True), r(b), r(x))
+    s.ffma(q, r(e), r(y), r(q))
+    s.logic(d, r(a), SIGN, r(q), AND_AB_XOR_C)
 
 
 def _divide_exact(s: Asm, d: int, a: int, b: int, t: Scratch) -> None:

@@ -43,13 +43,16 @@ from bob.kernels.own.asm import (
     TREE_BYTES,
     TREE_SCRATCH,
     Asm,
+    Reciprocal,
     Scratch,
     adamw_step,
     divide,
+    divide_by,
     exp2,
     log2,
     p,
     r,
+    reciprocal,
     tree,
 )
 from bob.kernels.own.seed import _exponent  # z = (w - max) log2e, as the seed computes it
@@ -79,6 +82,9 @@ TARGET = WEIGHT_SUM = ROW_DATUM  # the hard target, or the corpus weights' row s
 BIG_L = UPDATE  # log2 of the final row sum, at the finish
 W, M, V, E, T = (14 + RESIDENT_SLOTS * n for n in range(5))  # T: the corpus weights
 INSIDE = 5  # the predicate of "this lane's element of the slot is in the row"
+# The row sum's reciprocal for an update's divisions, in the address pair's registers:
+# nothing else of the update uses them between the sum's tree and the next staging.
+SUM_RECIPROCAL = Reciprocal(ROW_SUM, ADDRESS, ADDRESS + 1)
 
 
 @dataclass(frozen=True)
@@ -160,10 +166,14 @@ def _exponentials(s: Asm, k: _Layout, after_max: Callable[[], None] | None = Non
          closing_barrier=False)
 
 
-def _gradient(s: Asm, k: _Layout, slot: int) -> None:
-    """G := the element's gradient from p = e / s: hard p (1/V), (p - 1) (1/V) at the
-    target; corpus rowsum(T) p - T. Clobbers P0..P5."""
-    divide(s, G, E + slot, ROW_SUM, k.divide())
+def _gradient(s: Asm, k: _Layout, slot: int, by_reciprocal: bool = False) -> None:
+    """G := the element's gradient from p = e / s (by the row sum's prepared reciprocal,
+    SUM_RECIPROCAL, where `by_reciprocal`): hard p (1/V), (p - 1) (1/V) at the target;
+    corpus rowsum(T) p - T. Clobbers P0..P5."""
+    if by_reciprocal:
+        divide_by(s, G, E + slot, SUM_RECIPROCAL, k.divide())
+    else:
+        divide(s, G, E + slot, ROW_SUM, k.divide())
     if k.corpus:
         s.fmul(G, r(WEIGHT_SUM), r(G))
         s.fadd(G, r(G), r(T + slot, neg=True))
@@ -289,6 +299,28 @@ def _finish(s: Asm, k: _Layout) -> None:
     s.stg(loss, G, guard=p(4))
 
 
+def _updates(s: Asm, k: _Layout, by_reciprocal: bool) -> None:
+    """The updates UPDATE .. updates - 1, each with its row of adam_scalars: the row's
+    exponentials and sum, then each element's gradient and AdamW."""
+    top, done = s.fresh("update"), s.fresh("updates_done")
+    s.b.label(top)
+    s.isetp(6, "GE", r(UPDATE), s.param("updates"))
+    s.b.bra(done, guard=p(6))
+    _stage_chunk(s, k)
+    _exponentials(s, k, after_max=lambda: _read_scalars(s, k))
+    if by_reciprocal:
+        reciprocal(s, SUM_RECIPROCAL, k.divide())
+
+    def update(slot: int) -> None:
+        _gradient(s, k, slot, by_reciprocal)
+        _adamw(s, k, slot)
+
+    _slots(s, update)
+    s.add(UPDATE, r(UPDATE), 1)
+    s.b.bra(top)
+    s.b.label(done)
+
+
 def _fused(arch: str, corpus: bool) -> Image:
     region = sig.FUSED_CORPUS if corpus else sig.FUSED_HARD
     k = _Layout(corpus)
@@ -307,22 +339,15 @@ def _fused(arch: str, corpus: bool) -> Image:
     s.mov(UPDATE, 0)
     _load_chunk(s, k, 0)  # the first chunk, in flight with the row
     _load_row(s, k)
-
-    # The updates: k = 0 .. updates - 1, each with row k of adam_scalars.
-    top, updated = s.fresh("update"), s.fresh("updated")
-    s.b.label(top)
-    s.isetp(6, "GE", r(UPDATE), s.param("updates"))
-    s.b.bra(updated, guard=p(6))
-    _stage_chunk(s, k)
-    _exponentials(s, k, after_max=lambda: _read_scalars(s, k))
-
-    def update(slot: int) -> None:
-        _gradient(s, k, slot)
-        _adamw(s, k, slot)
-
-    _slots(s, update)
-    s.add(UPDATE, r(UPDATE), 1)
-    s.b.bra(top)
+    # A lane holding one element (V <= 256) divides by the row sum directly; one holding
+    # more prepares the sum's reciprocal once an update (the branch is uniform).
+    one_slot, updated = s.fresh("one_slot"), s.fresh("updated")
+    s.isetp(6, "LE", r(VOCAB), LANES)
+    s.b.bra(one_slot, guard=p(6))
+    _updates(s, k, by_reciprocal=True)
+    s.b.bra(updated)
+    s.b.label(one_slot)
+    _updates(s, k, by_reciprocal=False)
     s.b.label(updated)
 
     finished = s.fresh("finished")

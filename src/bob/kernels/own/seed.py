@@ -8,6 +8,7 @@ from bob.isa.model import RZ, CBuf
 from bob.kernels import signatures as sig
 from bob.kernels.own.asm import (
     ADAM_SCALARS,
+    DIVIDE_REGISTERS,
     DIVIDE_SCRATCH,
     LANES,
     NAN_BITS,
@@ -21,14 +22,16 @@ from bob.kernels.own.asm import (
     UNROLL,
     Asm,
     Loop,
+    Reciprocal,
     Scratch,
     Trip,
     adamw_step,
-    divide,
+    divide_by,
     exp2,
     log2,
     p,
     r,
+    reciprocal,
     row_address,
     select_max,
     tree,
@@ -280,6 +283,8 @@ def loss_gradient_hard(arch: str) -> Image:
     s.pointer(address, "loss")
     s.wide(address, r(CTAID), 4, address)
     s.stg(address, e, guard=p(4))
+    sum_reciprocal = Reciprocal(total, 55, 56)  # past the loop's registers
+    reciprocal(s, sum_reciprocal, Scratch(30, DIVIDE_REGISTERS))
     with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
         trip.start(base, VOCAB)
         s.wide(address, r(j), 4, w_row)
@@ -289,7 +294,7 @@ def loss_gradient_hard(arch: str) -> Image:
         for k in trip.each():
             _exponent(s, z, values[k], m)
             exp2(s, e, z, Scratch(24, 5))
-            divide(s, e, e, total, Scratch(30, DIVIDE_SCRATCH))
+            divide_by(s, e, e, sum_reciprocal, Scratch(30, DIVIDE_SCRATCH))
             s.isetp(4, "EQ", r(to_target), LANES * k)  # column j + 256 k is the target
             s.fadd(e, r(e), ONE | SIGN, guard=p(4))
             s.fmul(e, r(e), s.param("inverse_rows"))
@@ -321,6 +326,8 @@ def loss_gradient_corpus(arch: str) -> Image:
     tree(s, weight_sum, partial_t, WORD, "sum", Scratch(24, TREE_SCRATCH),
          closing_barrier=False)
     log2(s, big_l, total, Scratch(30, 32))
+    sum_reciprocal = Reciprocal(total, 49, 50)  # past the division's, below the loop's
+    reciprocal(s, sum_reciprocal, Scratch(30, DIVIDE_REGISTERS))
     s.mov(partial, 0)
     with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
         trip.start(base, VOCAB)
@@ -333,7 +340,7 @@ def loss_gradient_corpus(arch: str) -> Image:
             weight_k = weights[k]
             _exponent(s, z, values[k], m)
             exp2(s, e, z, Scratch(24, 5))
-            divide(s, e, e, total, Scratch(30, DIVIDE_SCRATCH))
+            divide_by(s, e, e, sum_reciprocal, Scratch(30, DIVIDE_REGISTERS))
             s.fadd(z, r(big_l), r(z, neg=True))
             s.fmul(z, r(z), r(weight_k))
             trip.inside(k, 5)

@@ -1,0 +1,19 @@
+"""dev/bringup/own_variants.py keeps every own image of a tree for timing on a GPU later:
+a saved build holds the images this tree builds, byte for byte."""
+
+from __future__ import annotations
+
+from bob.kernels import own
+from dev.bringup import own_variants
+
+
+def test_a_saved_build_holds_every_own_image_of_the_tree(tmp_path):
+    path = own_variants.save("here", tmp_path)
+    assert path == tmp_path / "here.pickle"
+    build = own_variants.load(path)
+    assert build["label"] == "here" and build["commit"]
+    assert set(build["images"]) == set(own.BUILDERS)
+    for name, image in build["images"].items():
+        built = own.image(name, own_variants.ARCH)
+        assert (image.code, image.registers, image.shared_bytes) == \
+            (built.code, built.registers, built.shared_bytes), name
