@@ -214,7 +214,7 @@ def test_cuda_profile_counts_equal_the_plans(cuda_arch, schedule):
 
 
 def _check_profile_counts(backend: str, schedule: str) -> None:
-    from bob.cli.profile_cmd import profiled_invocation, region_times
+    from bob.host.profiling import profiled_invocation, region_times
     from bob.program.bob import BobConfig
 
     config = BobConfig(vocab=256, prompts=0, updates=100, schedule=schedule)  # type: ignore[arg-type]

@@ -226,7 +226,7 @@ def test_an_own_session_compares_with_nvrtc_s_arena_each_invocation() -> None:
     (256, "hard", "fused"), (1024, "corpus", "fused")])
 def test_own_kernels_time_beside_nvrtc_s(vocab: int, mode: str, schedule: str,
                                          order: str) -> None:
-    from bob.cli.profile_cmd import profiled_invocation, region_times
+    from bob.host.profiling import profiled_invocation, region_times
     from bob.program.bob import BobConfig
 
     opened("nv", "own")

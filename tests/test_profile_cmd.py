@@ -11,6 +11,7 @@ from bob.backends.cpu import CpuBackend
 from bob.cli import profile_cmd
 from bob.cli.main import main
 from bob.errors import BackendUnavailable, RunFailure
+from bob.host import profiling
 from bob.plan.placement import SM86
 from bob.program.bob import BobConfig, build_plan
 
@@ -33,7 +34,7 @@ def _fake_backend(monkeypatch, backend_class=TimedCpu):
         chosen.append(name if kernels == "nvrtc" else f"{name} ({kernels})")
         return BackendChoice(name, SM86, None, backend_class, "a fake timed backend")
 
-    monkeypatch.setattr(profile_cmd, "choose_backend", choose)
+    monkeypatch.setattr(profiling, "choose_backend", choose)
     return chosen
 
 
@@ -128,7 +129,7 @@ def test_an_unavailable_backend_is_one_line_and_exit_1(monkeypatch, capsys):
     def unavailable(name: str, kernels: str = "nvrtc"):
         raise BackendUnavailable(f"the {name} backend cannot run here: no GPU")
 
-    monkeypatch.setattr(profile_cmd, "choose_backend", unavailable)
+    monkeypatch.setattr(profiling, "choose_backend", unavailable)
     assert main(["profile", "--backend", "nv"]) == 1
     err = capsys.readouterr().err
     assert err == "bob: the nv backend cannot run here: no GPU\n"

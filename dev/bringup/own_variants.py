@@ -46,7 +46,7 @@ def load(path: Path) -> dict:
 
 def times(case: str, kernels: str, images: dict | None) -> dict[str, float]:
     """Region -> mean device µs of one profiled invocation of `case`."""
-    from bob.cli.profile_cmd import profiled_invocation, region_times
+    from bob.host.profiling import profiled_invocation, region_times
     from bob.kernels import own
     from bob.program.bob import BobConfig
     from conftest import bob_config
