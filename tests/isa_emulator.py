@@ -409,8 +409,8 @@ class Warp:
 
     def _mufu(self, ins, ops, guard) -> None:
         function = ins.modifiers[0]
-        x = _f(_ftz(self.fval(ops[1]))).astype(np.float64)
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):  # a signalling NaN's widening is "invalid"
+            x = _f(_ftz(self.fval(ops[1]))).astype(np.float64)
             if function == "RCP":
                 out = (1.0 / x).astype(np.float32)
             elif function == "RSQ":

@@ -162,9 +162,9 @@ def _fast_divisions(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.nd
     # few 2^-24 of a midpoint of the quotient's grid.
     near = rng.random(n) < 0.4
     midpoint = (rng.integers(1 << 24, 1 << 25, n) | 1) / float(1 << 24)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # past binary32's range: dropped just below
         tilted = (b.astype(np.float64) * midpoint * np.exp2(spread.astype(np.float64)))
-    tilted = tilted.astype(np.float32)
+        tilted = tilted.astype(np.float32)
     usable = near & np.isfinite(tilted) & (tilted != 0)
     a = np.where(usable, tilted, a).astype(np.float32)
     a[rng.random(n) < 0.05] = 0.0
