@@ -339,6 +339,19 @@ def _unless_every_lane_fast(s: Asm, exact) -> None:
     s.b.label(done)
 
 
+def _dividend_outside(s: Asm, x: int, ea: int, eb: int, e: int) -> None:
+    """P0 := the dividend |a| (in x, its biased exponent in ea) outside DIVIDE_FAST_A or
+    the exponents' difference from eb outside DIVIDE_FAST_SPREAD, a zero dividend inside
+    (unsigned compares of exponent - low against high - low). Clobbers e."""
+    low, high = DIVIDE_FAST_A
+    s.add(e, r(ea), -low)
+    s.isetp(0, "GT", r(e), high - low)
+    low, high = DIVIDE_FAST_SPREAD
+    s.op("IADD3.RRIR", r(e), r(ea), imm(-low), r(eb, neg=True))
+    s.isetp(0, "GT", r(e), high - low, combine="OR", other=p(0))
+    s.isetp(0, "NE", r(x), 0, other=p(0))  # a zero dividend is in range
+
+
 def _divide_fast(s: Asm, d: int, a: int, b: int, t: Scratch, nudge: int = 0) -> None:
     """d := a / b where P0 is clear: |a| = 0 or of biased exponent in DIVIDE_FAST_A, |b|
     in DIVIDE_FAST_B, their exponents' difference in DIVIDE_FAST_SPREAD. Clobbers
@@ -356,14 +369,7 @@ def _divide_fast(s: Asm, d: int, a: int, b: int, t: Scratch, nudge: int = 0) -> 
     s.logic(y, r(b), 0x7FFFFFFF, RZR, AND_AB)
     s.shr(ea, r(x), 23)
     s.shr(eb, r(y), 23)
-    # P0: outside the range (unsigned compares of exponent - low against high - low).
-    low, high = DIVIDE_FAST_A
-    s.add(e, r(ea), -low)
-    s.isetp(0, "GT", r(e), high - low)
-    low, high = DIVIDE_FAST_SPREAD
-    s.op("IADD3.RRIR", r(e), r(ea), imm(-low), r(eb, neg=True))
-    s.isetp(0, "GT", r(e), high - low, combine="OR", other=p(0))
-    s.isetp(0, "NE", r(x), 0, other=p(0))  # a zero dividend is in range
+    _dividend_outside(s, x, ea, eb, e)
     low, high = DIVIDE_FAST_B
     s.add(e, r(eb), -low)
     s.isetp(0, "GT", r(e), high - low, combine="OR", other=p(0))
@@ -444,14 +450,8 @@ def _divide_by_fast(s: Asm, d: int, a: int, prepared: Reciprocal, t: Scratch) ->
     x, ea, e, q = (t(i) for i in range(4))
     s.logic(x, r(a), 0x7FFFFFFF, RZR, AND_AB)
     s.shr(ea, r(x), 23)
-    low, high = DIVIDE_FAST_A
-    s.add(e, r(ea), -low)
-    s.isetp(0, "GT", r(e), high - low)
-    low, high = DIVIDE_FAST_SPREAD
-    s.op("IADD3.RRIR", r(e), r(ea), imm(-low), r(eb, neg=True))
-    s.isetp(0, "GT", r(e), high - low, combine="OR", other=p(0))
-    s.isetp(0, "NE", r(x), 0, other=p(0))  # a zero dividend is in range ...
-    s.isetp(0, "GT", r(eb), DIVIDE_FAST_B[1], combine="OR", other=p(0))  # ... if b is
+    _dividend_outside(s, x, ea, eb, e)
+    s.isetp(0, "GT", r(eb), DIVIDE_FAST_B[1], combine="OR", other=p(0))  # b too
     s.fmul(q, r(x), r(y))
     s.ffma(e, r(q, neg=True), r(b), r(x))
     s.ffma(q, r(e), r(y), r(q))
