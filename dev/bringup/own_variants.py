@@ -66,8 +66,9 @@ def times(case: str, kernels: str, images: dict | None) -> dict[str, float]:
     finally:
         own.BUILDERS.clear()
         own.BUILDERS.update(saved)
-    rows = {row.region: row.mean_ns / 1000 for row in region_times(plan, launches)}
-    rows["all"] = sum(row.total_ns for row in region_times(plan, launches)) / 1000
+    regions = region_times(plan, launches)
+    rows = {row.region: row.mean_ns / 1000 for row in regions}
+    rows["all"] = sum(row.total_ns for row in regions) / 1000
     return rows
 
 
