@@ -64,7 +64,8 @@ def choices(slot: Slot) -> list:
     if kind is Kind.UPRED:
         return [UPred(0), UPred(PT, True)]
     if kind is Kind.IMM:
-        return [Imm(_fits(slot, v)) for v in (1, 0x1F, 0xFFFFFFFF, 0x80000000, 0x7FFFFFFF)]
+        values = [_fits(slot, v) for v in (1, 0x1F, 0xFFFFFFFF, 0x80000000, 0x7FFFFFFF)]
+        return [Imm(v) for v in values if v or slot.style != "n"]  # "n": never zero
     if kind is Kind.FIMM:
         return [Imm(v) for v in FLOATS]
     if kind is Kind.CBUF:

@@ -229,6 +229,8 @@ def _write_operand(form: Form, position: int, slot: Slot, operand: Operand, word
         word = _set_flag(form, position, slot, "not", operand.inverted, word)
         return value_field.write(word, operand.index)
     if isinstance(operand, Imm):
+        if slot.style == "n" and operand.value == 0:
+            raise EncodeError(f"{form.name} operand {position} is never zero")
         return value_field.write(word, operand.value)
     if isinstance(operand, CBuf):
         index = slot.get("index")

@@ -117,7 +117,8 @@ class Slot:
     descriptor), "offset" (an address offset). `reuse` is the operand-reuse
     bit (0..3) of the register port the operand is read through; `count` is how
     many consecutive registers it covers (2 for a 64-bit value); `style` says how
-    an immediate prints: "u" unsigned hex, "s" signed hex, "f" a binary32.
+    an immediate prints: "u" unsigned hex, "s" signed hex, "f" a binary32, "n" unsigned
+    hex never zero (a zero there is another form's encoding).
     """
 
     kind: Kind

@@ -612,11 +612,17 @@ def shfl() -> list[Form]:
 # -- control ----------------------------------------------------------------------------
 BAR_ID = Field("barrier", bits(54, 4), "the barrier")
 BAR_DEFER = Field("defer", bits(80, 1), "DEFER_BLOCKING (set by ptxas on every bar.sync)")
+BAR_THREADS = Field("threads", bits(42, 12), "the threads the barrier waits for (0: the block)")
 
 
 def bar() -> list[Form]:
+    """BAR.SYNC id, and BAR.SYNC id, threads: a barrier of part of the block (bar.sync
+    id, n), the threads a nonzero count (zero is the first form)."""
     return [form("BAR.SYNC.I", "BAR.SYNC.DEFER_BLOCKING", 0xB1D, [imm(BAR_ID)], (),
-                 ((BAR_DEFER, 1),), variable=True)]
+                 ((BAR_DEFER, 1),), variable=True),
+            form("BAR.SYNC.II", "BAR.SYNC.DEFER_BLOCKING", 0xB1D,
+                 [imm(BAR_ID), imm(BAR_THREADS, style="n")], (), ((BAR_DEFER, 1),),
+                 variable=True)]
 
 
 BRANCH_PSRC = ((PSRC, 7),)
