@@ -1,16 +1,16 @@
 """A CPU emulator of the instruction subset Bob's own kernels use: a test double.
 
-It executes encoded bytes (each instruction decoded by ``bob.isa.codec``), one block at
-a time, warp by warp: 32 lanes, registers and predicates per lane, uniform registers per
-warp (SHFL and VOTE read a warp's lanes), shared memory per block, global memory as one
-byte array (a RED's 64-bit add applied lane by lane, as atomics). A warp runs until it
-reaches BAR.SYNC or EXIT; the barrier opens when every warp of the block has reached it,
-or with a thread count, when the warps still running are exactly that many threads and
-all have reached it (the others having exited). Between two barriers a shared word one
-warp writes may be neither read nor written by another (unless it writes the same
-value): such a race is an error, whatever order the warps would run in. Branches must be
-uniform over a warp (Bob's kernels keep them so, a VOTE's verdict being one way): a
-divergent one is an error here.
+It executes encoded bytes (each instruction decoded by ``bob.isa.codec``), one
+block at a time, warp by warp: 32 lanes, registers and predicates per lane,
+uniform registers per warp (SHFL and VOTE read a warp's lanes), shared memory per
+block, global memory as one
+byte array (a RED's 64-bit add applied lane by lane, as atomics). A warp runs
+until it reaches BAR.SYNC or EXIT; the barrier opens when every warp of the
+block has reached it. Between two barriers a shared word one warp writes may be
+neither read nor written by another (unless it writes the same value): such a race
+is an error, whatever order the warps would run in. Branches must be uniform over a
+warp (Bob's kernels keep them so, a VOTE's verdict being one way): a divergent one
+is an error here.
 
 Arithmetic is IEEE binary32 round-to-nearest-even, subnormals kept unless the
 instruction says FTZ. FFMA is fused: the product is exact in binary64, the sum
@@ -111,15 +111,8 @@ class Launch:
             live = [w for w in warps if not w.exited]
             if not live:
                 return
-            counts = {w.barrier_threads for w in live}
-            if len(counts) != 1:
-                raise EmulatorError(f"warps wait at barriers of different counts {counts}")
-            threads = counts.pop()
-            if threads is None and len(live) != len(warps):
+            if len(live) != len(warps):
                 raise EmulatorError("some warps exited while others wait at a barrier")
-            if threads is not None and threads != WARP * len(live):
-                raise EmulatorError(f"a barrier of {threads} threads reached by "
-                                    f"{WARP * len(live)}")
             for warp in live:
                 warp.at_barrier = False
             self.races.clear()
@@ -153,7 +146,6 @@ class Warp:
         self.pc = 0
         self.exited = False
         self.at_barrier = False
-        self.barrier_threads: int | None = None  # the count of the barrier it waits at
 
     # -- operands -------------------------------------------------------------------------
     def reg(self, operand) -> np.ndarray:
@@ -235,7 +227,6 @@ class Warp:
             if not guard.all():
                 raise EmulatorError("a predicated barrier")
             self.at_barrier = True
-            self.barrier_threads = ops[1].value if len(ops) == 2 else None
             return
         if name in ("NOP", "ACQBULK"):
             return
@@ -262,20 +253,6 @@ class Warp:
             else:
                 raise EmulatorError(f"special register {special:#x}")
             self.write(ops[0], value, guard)
-            return
-        if name == "REDUX":
-            if not guard.all():
-                raise EmulatorError("a predicated REDUX (its active lanes are not modelled)")
-            value = self.reg(ops[1]).astype(np.int64)
-            signed = "S32" in mods
-            if signed:
-                value = np.where(value >= 1 << 31, value - (1 << 32), value)
-            reduce = {"MAX": np.max, "MIN": np.min, "SUM": np.sum,
-                      "AND": np.bitwise_and.reduce, "OR": np.bitwise_or.reduce,
-                      "XOR": np.bitwise_xor.reduce}
-            operation = next((m for m in ins.modifiers if m in reduce), "AND")
-            if ops[0].index != URZ:
-                self.ur[ops[0].index] = int(reduce[operation](value)) & MASK32
             return
         if name == "ULDC":
             size = 8 if "64" in mods else 4

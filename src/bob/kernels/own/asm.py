@@ -99,13 +99,11 @@ class Asm:
         self.b.op(*args, **kwargs)
 
     # -- moves and integers -------------------------------------------------------------
-    def mov(self, d: int, value: int | Reg | UReg | CBuf, guard: Pred = PTP) -> None:
+    def mov(self, d: int, value: int | Reg | CBuf, guard: Pred = PTP) -> None:
         if isinstance(value, int):
             self.op("MOV.I", r(d), imm(value), guard=guard)
         elif isinstance(value, CBuf):
             self.op("MOV.C", r(d), value, guard=guard)
-        elif isinstance(value, UReg):
-            self.op("MOV.U", r(d), value, guard=guard)
         else:
             self.op("MOV.R", r(d), value, guard=guard)
 
@@ -219,13 +217,8 @@ class Asm:
     def sts(self, base: int, offset: int, value: int, guard: Pred = PTP) -> None:
         self.op("STS", SMem(base, self.facts.shared_base + offset), r(value), guard=guard)
 
-    def barrier(self, threads: int | None = None) -> None:
-        """Barrier 0 of the whole block, or of its first `threads` threads (the others
-        having exited)."""
-        if threads is None:
-            self.op("BAR.SYNC.I", Imm(0))
-        else:
-            self.op("BAR.SYNC.II", Imm(0), Imm(threads))
+    def barrier(self) -> None:
+        self.op("BAR.SYNC.I", Imm(0))
 
     def prologue(self, tid: int, ctaid: int | None, scratch: int) -> None:
         """The descriptor in UR4:UR5, tid (and ctaid); trap unless blockDim.x is 256
@@ -819,104 +812,6 @@ def tree(s: Asm, d: int, value: int, word: int, kind: str, t: Scratch, offset: i
     s.op("SHFL.PRRII", PTP, r(d), r(x), Imm(0), Imm(FULL_CLAMP), mods="IDX")
     if closing_barrier:
         s.barrier()
-
-
-NARROW_LANES = 128  # the threads of a narrow tree, each holding two of its lanes
-
-
-def narrow_tree(s: Asm, d: int, values: tuple[int, int], word: int, kind: str, t: Scratch,
-                offset: int = 0) -> None:
-    """d := the 256-lane tree of ARITHMETIC.md run by NARROW_LANES threads (the block's
-    others exited), thread t holding lanes t (values[0]) and t + 128 (values[1]): level
-    128 combines them in registers; after one barrier of those threads every warp reads
-    its lane's partials of the four warps from shared memory at `offset` (levels 64 and
-    32), then levels 16 .. 1 are shuffles. A sum's are SHFL.BFLY: lane l takes lane l ^ s,
-    which for l < s is the tree's operand, and for l >= s gives lane l - s's sum with its
-    operands swapped, the same bits (binary32 addition commutes), so every lane ends
-    with the tree's result. A max's are SHFL.DOWN and lane 0's broadcast, as ``tree``'s.
-    The buffer is written again only past another barrier, as ``tree`` without its
-    closing barrier. `word` holds tid * 4. Clobbers t(0..3), P0."""
-    a, b, lane_word, x = t(0), t(1), t(2), t(3)
-
-    def combine(held: int, incoming: int) -> None:
-        if kind == "sum":
-            s.fadd(held, r(held), r(incoming))
-        else:
-            select_max(s, held, incoming, 0)
-
-    def level(d: int, i: int, j: int) -> None:
-        """d := warp i's partial of the lane combined with warp j's; clobbers b."""
-        s.lds(d, lane_word, offset + 4 * WARP * i)
-        s.lds(b, lane_word, offset + 4 * WARP * j)
-        combine(d, b)
-
-    s.mov(x, r(values[0]))
-    combine(x, values[1])  # s = 128
-    s.sts(word, offset, x)
-    s.barrier(NARROW_LANES)
-    s.logic(lane_word, r(word), 4 * (WARP - 1), RZR, AND_AB)
-    level(x, 0, 2)  # s = 64
-    level(a, 1, 3)
-    combine(x, a)  # s = 32
-    step = WARP // 2
-    while step:
-        mode = "BFLY" if kind == "sum" else "DOWN"
-        s.op("SHFL.PRRII", PTP, r(a), r(x), Imm(step), Imm(FULL_CLAMP), mods=mode)
-        combine(x, a)
-        step //= 2
-    if kind == "sum":
-        s.mov(d, r(x))
-    else:
-        s.op("SHFL.PRRII", PTP, r(d), r(x), Imm(0), Imm(FULL_CLAMP), mods="IDX")
-
-
-XOR_AB = 0x3C
-ROW_KEY = 8  # the uniform register of a warp's largest order key
-
-
-def order_key(s: Asm, d: int, x: int, pred: int) -> None:
-    """d := x's order key: its bits as a signed integer, a negative's other bits flipped,
-    so that keys order as the floats they are (-0 below +0; x not a NaN). The map is its
-    own inverse. Clobbers P`pred`; d must not be x."""
-    s.isetp(pred, "GT", r(x), -1, signed=True)
-    s.logic(d, r(x), 0x7FFFFFFF, RZR, XOR_AB)
-    s.sel(d, r(x), r(d), p(pred))
-
-
-def _key_max(s: Asm, held: int, incoming: int, pred: int) -> None:
-    """held := the larger of two order keys (signed)."""
-    s.isetp(pred, "GT", r(incoming), r(held), signed=True)
-    s.sel(held, r(incoming), r(held), p(pred))
-
-
-def narrow_max(s: Asm, d: int, values: tuple[int, int], word: int, t: Scratch,
-               offset: int = 0) -> None:
-    """d := the largest of a narrow row's partials (as ``narrow_tree``'s; none a NaN: a
-    partial skips them), which is the 256-lane max tree's result but for the sign of a
-    zero, which the tree's order decides and this does not: +0 where both zeros are
-    among the partials. A caller takes it only where that sign changes no bits (the
-    fused kernel subtracts the max from w, where -0 and +0 give the same bits but in
-    a zero difference, which exp2 and the loss's L - z map alike). The largest order
-    key of each warp (REDUX.MAX) goes to shared memory at `offset`, one barrier of the
-    narrow threads, and every thread takes the largest of the four. Clobbers t(0..3),
-    P0."""
-    a, b, x, y = t(0), t(1), t(2), t(3)
-    order_key(s, a, values[0], 0)
-    order_key(s, b, values[1], 0)
-    _key_max(s, a, b, 0)
-    s.op("REDUX", UReg(ROW_KEY), r(a), mods=("MAX", "S32"))
-    s.shr(x, r(word), 5)  # tid / 8: the warp's index times 4, once masked
-    s.logic(x, r(x), 4 * (NARROW_LANES // WARP - 1), RZR, AND_AB)
-    s.logic(y, r(word), 4 * (WARP - 1), RZR, AND_AB)
-    s.isetp(0, "EQ", r(y), 0)  # the warp's lane 0
-    s.mov(a, UReg(ROW_KEY))
-    s.sts(x, offset, a, guard=p(0))
-    s.barrier(NARROW_LANES)
-    s.lds(a, RZ, offset)
-    for warp in range(1, NARROW_LANES // WARP):
-        s.lds(b, RZ, offset + 4 * warp)
-        _key_max(s, a, b, 0)
-    order_key(s, d, a, 0)
 
 
 class Loop:

@@ -5,30 +5,22 @@ RESIDENT_VOCAB columns.
 One block per row runs `updates` updates of its row: the row's loss-gradient from the
 current parameters (the operations and order of ``seed.loss_gradient_hard``/``_corpus``),
 then AdamW with update k's scalars (row k of adam_scalars, the order of ``seed.adamw``).
-A thread holds its elements (slot i < RESIDENT_SLOTS) of w, m, v (and the corpus
+Lane l holds elements l + 256 i (slot i < RESIDENT_SLOTS) of w, m, v (and the corpus
 weights) in registers for all the updates: the row is read once and written once. With
 `finish`, the final row's loss and gradient are stored. A vocabulary past RESIDENT_VOCAB
 (the region name serves larger ones with NVRTC's code) traps, uniformly over the block.
 
-A row of at most 256 columns runs on the block's first NARROW_LANES threads (the others
-exit at once), thread t holding elements t and t + 128, as NVRTC's small-row path does:
-the trees' first level is in registers and the rest is one barrier of those threads
-and four warps' partials (``narrow_tree``). Longer rows take every thread, lane l
-holding elements l + 256 i. The two shapes are one code (``_Shape``), chosen by a
-uniform branch on V.
-
-Slots wholly past V are skipped by a uniform branch (stride i >= V); a lane's element past
-V in a slot that is not is computed but never reduced or stored (its predicate is off).
+Slots wholly past V are skipped by a uniform branch (256 i >= V); a lane's element past V
+in a slot that is not is computed but never reduced or stored (its predicate is off).
 Values kept between updates are not canonicalized (stores are): no result depends on a
 NaN's payload. Each kernel takes 64 registers a thread, so four blocks share an SM, as
 the CUDA kernel's launch bounds ask.
 
 The block's trees take two shared buffers in turn, so none needs a closing barrier. The
-rows of adam_scalars reach the block a chunk at a time (a row an eighth of the threads),
-staged in shared memory (each thread one float of the chunk, loaded into a register one
-chunk ahead): an update reads its scalars from shared memory between its two trees'
-barriers, and the block waits on global memory for them once a launch, not once an
-update.
+rows of adam_scalars reach the block a chunk of CHUNK_UPDATES at a time, staged in shared
+memory (each lane one float of the chunk, loaded into a register one chunk ahead): an
+update reads its scalars from shared memory between its two trees' barriers, and the
+block waits on global memory for them once a launch, not once an update.
 """
 
 from __future__ import annotations
@@ -44,7 +36,6 @@ from bob.kernels.own.asm import (
     DIVIDE_REGISTERS,
     LANES,
     NAN_BITS,
-    NARROW_LANES,
     NEG_INF,
     ONE,
     RZR,
@@ -59,8 +50,6 @@ from bob.kernels.own.asm import (
     divide_by,
     exp2,
     log2,
-    narrow_max,
-    narrow_tree,
     p,
     r,
     reciprocal,
@@ -68,15 +57,16 @@ from bob.kernels.own.asm import (
 )
 from bob.kernels.own.seed import _exponent  # z = (w - max) log2e, as the seed computes it
 
-RESIDENT_SLOTS = 4  # row elements a thread holds in registers
+RESIDENT_SLOTS = 4  # row elements a lane holds in registers
 RESIDENT_VOCAB = RESIDENT_SLOTS * LANES  # the longest row the kernel serves
-NARROW_VOCAB = LANES  # the longest row the block's first NARROW_LANES threads run
 ADAM_STRIDE = 8  # floats per row of adam_scalars: 7 scalars and padding
+SLOT_BYTES = 4 * LANES  # from one slot's element of a lane to the next
 # Shared memory: the two tree buffers, then a chunk of staged adam_scalars rows. An update
 # reads its row between its two trees' barriers, so a lane staging the next chunk (past
 # the second barrier of the chunk's last update) never overwrites a row a warp still reads.
 SECOND_TREE = TREE_BYTES
 SCALARS_AT = 2 * TREE_BYTES
+CHUNK_UPDATES = LANES // ADAM_STRIDE  # rows of adam_scalars a chunk: a float a lane
 SHARED_BYTES = SCALARS_AT + 4 * LANES
 # Of its scratch, divide takes DIVIDE_REGISTERS and log2 8 more (Scratch refuses a routine
 # that asks past its count): taking no more keeps both kernels at 64 registers.
@@ -91,9 +81,6 @@ UPDATE, ROW_DATUM, ROW_MAX, ROW_SUM, PARTIAL, X, G, Y = range(6, 14)
 TARGET = WEIGHT_SUM = ROW_DATUM  # the hard target, or the corpus weights' row sum
 BIG_L = UPDATE  # log2 of the final row sum, at the finish
 W, M, V, E, T = (14 + RESIDENT_SLOTS * n for n in range(5))  # T: the corpus weights
-# A narrow tree's second partial (tree lanes t + 128): the last slot's exponential
-# register, which a narrow row (two slots) never uses.
-UPPER = E + RESIDENT_SLOTS - 1
 INSIDE = 5  # the predicate of "this lane's element of the slot is in the row"
 # The row sum's reciprocal for an update's divisions, in the address pair's registers:
 # nothing else of the update uses them between the sum's tree and the next staging.
@@ -102,30 +89,9 @@ SUM_RECIPROCAL = Reciprocal(ROW_SUM, ADDRESS, ADDRESS + 1)
 
 @dataclass(frozen=True)
 class _Layout:
-    """The row's shape on the threads (`lanes` of them, each holding `slots` elements
-    `lanes` apart) and the registers past the slots', which the corpus weights' slots
-    move up."""
+    """The registers past the slots', which the corpus weights' slots move up."""
 
     corpus: bool
-    lanes: int = LANES
-
-    @property
-    def narrow(self) -> bool:
-        return self.lanes == NARROW_LANES
-
-    @property
-    def slots(self) -> int:
-        return RESIDENT_VOCAB // LANES if not self.narrow else NARROW_VOCAB // self.lanes
-
-    @property
-    def slot_bytes(self) -> int:
-        """From one slot's element of a thread to the next."""
-        return 4 * self.lanes
-
-    @property
-    def chunk_updates(self) -> int:
-        """Rows of adam_scalars a staged chunk: a float a thread."""
-        return self.lanes // ADAM_STRIDE
 
     @property
     def adam(self) -> int:
@@ -147,13 +113,9 @@ class _Layout:
         return Scratch(self.scratch, DIVIDE_REGISTERS)
 
 
-CHUNK_UPDATES = _Layout(False).chunk_updates  # a chunk of the 256-thread shape
-NARROW_CHUNK_UPDATES = _Layout(False, NARROW_LANES).chunk_updates
-
-
-def _inside(s: Asm, k: _Layout, slot: int, pred: int = INSIDE) -> None:
-    """pred := the thread's element of the slot is in the row; X holds its column j."""
-    s.add(X, r(TID), k.lanes * slot)
+def _inside(s: Asm, slot: int, pred: int = INSIDE) -> None:
+    """pred := tid + 256 slot < V; X holds the column j."""
+    s.add(X, r(TID), LANES * slot)
     s.isetp(pred, "LT", r(X), r(VOCAB))
 
 
@@ -166,67 +128,42 @@ def _lane_address(s: Asm, d: int, name: str) -> None:
     s.wide(d, r(X), 4, d)
 
 
-def _slots(s: Asm, k: _Layout, body: Callable[[int], None]) -> None:
+def _slots(s: Asm, body: Callable[[int], None]) -> None:
     """body(i) for every slot with an element in the row: slot i > 0 is skipped, with
-    the ones after it, by a uniform branch when lanes i >= V."""
+    the ones after it, by a uniform branch when 256 i >= V."""
     end = s.fresh("slots_done")
-    for slot in range(k.slots):
+    for slot in range(RESIDENT_SLOTS):
         if slot:
-            s.isetp(6, "LE", r(VOCAB), k.lanes * slot)
+            s.isetp(6, "LE", r(VOCAB), LANES * slot)
             s.b.bra(end, guard=p(6))
         body(slot)
     s.b.label(end)
-
-
-def _tree(s: Asm, k: _Layout, d: int, kind: str, offset: int) -> None:
-    """d := the row's tree over the thread's partials: PARTIAL (256 threads), or PARTIAL
-    and UPPER (a narrow row's lanes t and t + 128). No closing barrier: trees alternate
-    between the two buffers."""
-    scratch = Scratch(k.scratch, TREE_SCRATCH)
-    if k.narrow and kind == "max":
-        narrow_max(s, d, (PARTIAL, UPPER), WORD, scratch, offset)
-    elif k.narrow:
-        narrow_tree(s, d, (PARTIAL, UPPER), WORD, kind, scratch, offset)
-    else:
-        tree(s, d, PARTIAL, WORD, kind, scratch, offset, closing_barrier=False)
-
-
-def _partial(k: _Layout, slot: int) -> int:
-    """The register of the slot's tree lane partial: 256 threads fold every slot into
-    PARTIAL; a narrow row's slot 1 is tree lane t + 128, its own partial."""
-    return UPPER if k.narrow and slot == 1 else PARTIAL
-
-
-def _clear_partials(s: Asm, k: _Layout, value: int) -> None:
-    s.mov(PARTIAL, value)
-    if k.narrow:
-        s.mov(UPPER, value)
 
 
 def _exponentials(s: Asm, k: _Layout, after_max: Callable[[], None] | None = None) -> None:
     """ROW_MAX := the row max of w; E + i := exp2((w_i - max) log2e); ROW_SUM := their row
     sum (ARITHMETIC.md's lanes and tree: lane l takes its slots in order). The max's tree
     is the first buffer's, the sum's the second's; `after_max` runs past the first."""
-    _clear_partials(s, k, NEG_INF)
-    for slot in range(k.slots):
-        _inside(s, k, slot)
-        held = _partial(k, slot)
-        s.fsetp(4, "GT", r(W + slot), r(held), other=p(INSIDE))  # select_max, in the row
-        s.fsel(held, r(W + slot), r(held), p(4))
-    _tree(s, k, ROW_MAX, "max", 0)
+    s.mov(PARTIAL, NEG_INF)
+    for slot in range(RESIDENT_SLOTS):
+        _inside(s, slot)
+        s.fsetp(4, "GT", r(W + slot), r(PARTIAL), other=p(INSIDE))  # select_max, in the row
+        s.fsel(PARTIAL, r(W + slot), r(PARTIAL), p(4))
+    tree(s, ROW_MAX, PARTIAL, WORD, "max", Scratch(k.scratch, TREE_SCRATCH),
+         closing_barrier=False)
     if after_max:
         after_max()
-    _clear_partials(s, k, 0)
+    s.mov(PARTIAL, 0)
 
     def exponential(slot: int) -> None:
         _exponent(s, G, W + slot, ROW_MAX)
         exp2(s, E + slot, G, Scratch(k.scratch, 5))
-        _inside(s, k, slot)
-        held = _partial(k, slot)
-        s.fadd(held, r(held), r(E + slot), guard=p(INSIDE))
+        _inside(s, slot)
+        s.fadd(PARTIAL, r(PARTIAL), r(E + slot), guard=p(INSIDE))
 
-    _slots(s, k, exponential)
-    _tree(s, k, ROW_SUM, "sum", SECOND_TREE)
+    _slots(s, exponential)
+    tree(s, ROW_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, TREE_SCRATCH), SECOND_TREE,
+         closing_barrier=False)
 
 
 def _gradient(s: Asm, k: _Layout, slot: int, by_reciprocal: bool = False) -> None:
@@ -241,7 +178,7 @@ def _gradient(s: Asm, k: _Layout, slot: int, by_reciprocal: bool = False) -> Non
         s.fmul(G, r(WEIGHT_SUM), r(G))
         s.fadd(G, r(G), r(T + slot, neg=True))
     else:
-        s.add(X, r(TID), k.lanes * slot)
+        s.add(X, r(TID), LANES * slot)
         s.isetp(4, "EQ", r(X), r(TARGET))
         s.fadd(G, r(G), ONE | SIGN, guard=p(4))
         s.fmul(G, r(G), s.param("inverse_rows"))
@@ -265,21 +202,20 @@ def _load_row(s: Asm, k: _Layout) -> None:
         s.pointer(ADDRESS, "targets")
         s.wide(ADDRESS, r(CTAID), 4, ADDRESS)
         s.ldg(TARGET, ADDRESS)
-    for slot in range(k.slots):
-        _inside(s, k, slot, pred=slot)
-    for slot in range(k.slots):
+    for slot in range(RESIDENT_SLOTS):
+        _inside(s, slot, pred=slot)
+    for slot in range(RESIDENT_SLOTS):
         for first in arrays:
             s.mov(first + slot, 0)
-    for slot in range(k.slots):
+    for slot in range(RESIDENT_SLOTS):
         for first, lane in zip(arrays, lanes, strict=True):
-            s.ldg(first + slot, lane, guard=p(slot), offset=k.slot_bytes * slot)
+            s.ldg(first + slot, lane, guard=p(slot), offset=SLOT_BYTES * slot)
     if k.corpus:
-        _clear_partials(s, k, 0)
-        for slot in range(k.slots):
-            held = _partial(k, slot)
-            s.fadd(held, r(held), r(T + slot), guard=p(slot))
-        # the first update's max takes the first buffer
-        _tree(s, k, WEIGHT_SUM, "sum", SECOND_TREE)
+        s.mov(PARTIAL, 0)
+        for slot in range(RESIDENT_SLOTS):
+            s.fadd(PARTIAL, r(PARTIAL), r(T + slot), guard=p(slot))
+        tree(s, WEIGHT_SUM, PARTIAL, WORD, "sum", Scratch(k.scratch, TREE_SCRATCH),
+             SECOND_TREE, closing_barrier=False)  # the first update's max takes the first
 
 
 def _load_chunk(s: Asm, k: _Layout, ahead: int) -> None:
@@ -297,28 +233,28 @@ def _load_chunk(s: Asm, k: _Layout, ahead: int) -> None:
 
 
 def _stage_chunk(s: Asm, k: _Layout) -> None:
-    """At an update that opens a chunk (UPDATE % chunk_updates == 0, uniform), the lane's
+    """At an update that opens a chunk (UPDATE % CHUNK_UPDATES == 0, uniform), the lane's
     float of it into shared memory, and the next chunk's float loaded."""
     staged = s.fresh("staged")
-    s.logic(X, r(UPDATE), k.chunk_updates - 1, RZR, AND_AB)
+    s.logic(X, r(UPDATE), CHUNK_UPDATES - 1, RZR, AND_AB)
     s.isetp(6, "NE", r(X), 0)
     s.b.bra(staged, guard=p(6))
     s.sts(WORD, SCALARS_AT, k.ahead)
-    _load_chunk(s, k, k.chunk_updates)
+    _load_chunk(s, k, CHUNK_UPDATES)
     s.b.label(staged)
 
 
-def _chunk_row(s: Asm, k: _Layout, d: int) -> None:
+def _chunk_row(s: Asm, d: int) -> None:
     """d := the byte offset of update UPDATE's row within the staged chunk: UPDATE %
-    chunk_updates rows of ADAM_STRIDE floats."""
-    s.logic(d, r(UPDATE), k.chunk_updates - 1, RZR, AND_AB)
+    CHUNK_UPDATES rows of ADAM_STRIDE floats."""
+    s.logic(d, r(UPDATE), CHUNK_UPDATES - 1, RZR, AND_AB)
     s.shl(d, r(d), 5)  # 4 ADAM_STRIDE bytes a row
 
 
 def _read_scalars(s: Asm, k: _Layout) -> None:
     """The update's seven AdamW scalars from its staged row (past a barrier since the
     staging)."""
-    _chunk_row(s, k, X)
+    _chunk_row(s, X)
     for index in range(7):
         s.lds(k.adam + index, X, SCALARS_AT + 4 * index)
 
@@ -331,28 +267,28 @@ def _finish(s: Asm, k: _Layout) -> None:
     loss = k.adam  # past log2, before divide's scratch
     s.pointer(loss, "loss")
     s.wide(loss, r(CTAID), 4, loss)
-    _clear_partials(s, k, 0)
+    s.mov(PARTIAL, 0)
 
     def element(slot: int) -> None:
         _gradient(s, k, slot)
         s.canonical(G, 0)
-        _inside(s, k, slot)
-        s.stg(ADDRESS, G, guard=p(INSIDE), offset=k.slot_bytes * slot)
+        _inside(s, slot)
+        s.stg(ADDRESS, G, guard=p(INSIDE), offset=SLOT_BYTES * slot)
         _exponent(s, G, W + slot, ROW_MAX)
         s.fadd(G, r(BIG_L), r(G, neg=True))  # L - z
         if k.corpus:
             s.fmul(G, r(G), r(T + slot))
-            held = _partial(k, slot)
-            s.fadd(held, r(held), r(G), guard=p(INSIDE))
+            s.fadd(PARTIAL, r(PARTIAL), r(G), guard=p(INSIDE))
         else:  # the lane holding the target stores the row's loss
             s.fmul(G, r(G), s.param("ln2"))
             s.canonical(G, 0)
             s.isetp(4, "EQ", r(X), r(TARGET), other=p(INSIDE))
             s.stg(loss, G, guard=p(4))
 
-    _slots(s, k, element)
+    _slots(s, element)
     if k.corpus:  # past the sum's tree, the first buffer's turn
-        _tree(s, k, G, "sum", 0)
+        tree(s, G, PARTIAL, WORD, "sum", Scratch(k.scratch, TREE_SCRATCH),
+             closing_barrier=False)
         s.fmul(G, r(G), s.param("ln2"))
         s.canonical(G, 0)
         s.isetp(4, "EQ", r(TID), 0)
@@ -379,39 +315,15 @@ def _updates(s: Asm, k: _Layout, by_reciprocal: bool) -> None:
         _gradient(s, k, slot, by_reciprocal)
         _adamw(s, k, slot)
 
-    _slots(s, k, update)
+    _slots(s, update)
     s.add(UPDATE, r(UPDATE), 1)
     s.b.bra(top)
     s.b.label(done)
 
 
-def _row(s: Asm, k: _Layout, by_reciprocal: bool) -> None:
-    """The block's row in the shape k: loaded, its updates, the finish, stored."""
-    s.mov(UPDATE, 0)
-    _load_chunk(s, k, 0)  # the first chunk, in flight with the row
-    _load_row(s, k)
-    _updates(s, k, by_reciprocal)
-
-    finished = s.fresh("finished")
-    s.mov(X, s.param("finish"))
-    s.isetp(6, "EQ", r(X), 0)
-    s.b.bra(finished, guard=p(6))
-    _finish(s, k)
-    s.b.label(finished)
-
-    # The row back, once, canonical.
-    for slot in range(k.slots):
-        _inside(s, k, slot, pred=slot)
-    for first, name in ((W, "parameters"), (M, "first_moment"), (V, "second_moment")):
-        _lane_address(s, ADDRESS, name)
-        for slot in range(k.slots):
-            s.canonical(first + slot, 4)
-            s.stg(ADDRESS, first + slot, guard=p(slot), offset=k.slot_bytes * slot)
-    s.exit()
-
-
 def _fused(arch: str, corpus: bool) -> Image:
     region = sig.FUSED_CORPUS if corpus else sig.FUSED_HARD
+    k = _Layout(corpus)
     s = Asm(arch, sig.SIGNATURES[region])
     s.prologue(TID, CTAID, scratch=VOCAB)
     s.shl(WORD, r(TID), 2)
@@ -424,17 +336,36 @@ def _fused(arch: str, corpus: bool) -> Image:
     s.b.label(served)
     s.isetp(0, "GE", r(CTAID), r(VOCAB))
     s.exit(guard=p(0))  # a block past the last row, whole
-    # A row of at most NARROW_VOCAB runs on the first NARROW_LANES threads, the rest
-    # leaving before any barrier; a longer one on every thread, which prepares the row
-    # sum's reciprocal once an update for its four divisions a thread.
-    narrow = s.fresh("narrow")
-    s.isetp(6, "LE", r(VOCAB), NARROW_VOCAB)
-    s.b.bra(narrow, guard=p(6))
-    _row(s, _Layout(corpus), by_reciprocal=True)
-    s.b.label(narrow)
-    s.isetp(0, "GE", r(TID), NARROW_LANES)
-    s.exit(guard=p(0))  # warps 4 .. 7, whole
-    _row(s, _Layout(corpus, NARROW_LANES), by_reciprocal=False)
+    s.mov(UPDATE, 0)
+    _load_chunk(s, k, 0)  # the first chunk, in flight with the row
+    _load_row(s, k)
+    # A lane holding one element (V <= 256) divides by the row sum directly; one holding
+    # more prepares the sum's reciprocal once an update (the branch is uniform).
+    one_slot, updated = s.fresh("one_slot"), s.fresh("updated")
+    s.isetp(6, "LE", r(VOCAB), LANES)
+    s.b.bra(one_slot, guard=p(6))
+    _updates(s, k, by_reciprocal=True)
+    s.b.bra(updated)
+    s.b.label(one_slot)
+    _updates(s, k, by_reciprocal=False)
+    s.b.label(updated)
+
+    finished = s.fresh("finished")
+    s.mov(X, s.param("finish"))
+    s.isetp(6, "EQ", r(X), 0)
+    s.b.bra(finished, guard=p(6))
+    _finish(s, k)
+    s.b.label(finished)
+
+    # The row back, once, canonical.
+    for slot in range(RESIDENT_SLOTS):
+        _inside(s, slot, pred=slot)
+    for first, name in ((W, "parameters"), (M, "first_moment"), (V, "second_moment")):
+        _lane_address(s, ADDRESS, name)
+        for slot in range(RESIDENT_SLOTS):
+            s.canonical(first + slot, 4)
+            s.stg(ADDRESS, first + slot, guard=p(slot), offset=SLOT_BYTES * slot)
+    s.exit()
     return s.image(sig.ENTRIES[region], shared_bytes=SHARED_BYTES)
 
 
