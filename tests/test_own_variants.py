@@ -4,6 +4,7 @@ a saved build holds the images this tree builds, byte for byte."""
 from __future__ import annotations
 
 from bob.kernels import own
+from bob.kernels import signatures as sig
 from dev.bringup import own_variants
 
 
@@ -17,3 +18,13 @@ def test_a_saved_build_holds_every_own_image_of_the_tree(tmp_path):
         built = own.image(name, own_variants.ARCH)
         assert (image.code, image.registers, image.shared_bytes) == \
             (built.code, built.registers, built.shared_bytes), name
+
+
+def test_a_build_saved_in_the_latency_ordering_holds_that_ordering_s_images(tmp_path):
+    from bob.isa.builder import ordering
+
+    build = own_variants.load(own_variants.save("reordered", tmp_path, "latency"))
+    with ordering("latency"):
+        reordered = own.image(sig.LOSS_HARD, own_variants.ARCH)
+    assert build["images"][sig.LOSS_HARD].code == reordered.code
+    assert reordered.code != own.image(sig.LOSS_HARD, own_variants.ARCH).code

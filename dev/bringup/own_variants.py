@@ -1,6 +1,6 @@
 """Own images of several builds timed side by side on nv, in one process, against NVRTC's.
 
-    PYTHONPATH=src:.:tests python3 -m dev.bringup.own_variants save LABEL DIR   # any machine
+    PYTHONPATH=src:.:tests python3 -m dev.bringup.own_variants save LABEL DIR [--ordering latency]
     PYTHONPATH=src:.:tests python3 -m dev.bringup.own_variants time DIR/*.pickle [--case ...]
 
 `save` builds every own image of this tree for sm_90 and keeps them in DIR/LABEL.pickle (xz), so
@@ -25,12 +25,14 @@ CASES = ("256:hard:seed", "256:corpus:seed", "1024:hard:seed", "1024:corpus:seed
          "1024:hard:fused", "1024:corpus:fused")
 
 
-def save(label: str, folder: Path) -> Path:
+def save(label: str, folder: Path, order: str = "written") -> Path:
+    from bob.isa.builder import ordering
     from bob.kernels import own
 
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
                             text=True, check=False).stdout.strip() or "not a git checkout"
-    images = {name: own.image(name, ARCH) for name in own.BUILDERS}
+    with ordering(order):
+        images = {name: own.image(name, ARCH) for name in own.BUILDERS}
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{label}.pickle"
     path.write_bytes(lzma.compress(pickle.dumps({"label": label, "commit": commit,
@@ -98,13 +100,14 @@ def main() -> None:
     saving = commands.add_parser("save")
     saving.add_argument("label")
     saving.add_argument("folder", type=Path)
+    saving.add_argument("--ordering", default="written", help="the builders' ordering")
     timing = commands.add_parser("time")
     timing.add_argument("builds", type=Path, nargs="+")
     timing.add_argument("--case", action="append", help=f"V:mode:schedule (all of {CASES})")
     timing.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     if args.command == "save":
-        save(args.label, args.folder)
+        save(args.label, args.folder, args.ordering)
     else:
         time_builds(args.builds, args.case or list(CASES), args.rounds)
 

@@ -8,9 +8,11 @@ here over 16-byte quads of the tables (LDG.E.128; the signature makes them 16-by
 aligned), each lane's quad under a predicate; the last V x V mod 4 elements go one each
 to the first lanes of block 0. An element is non-finite where its exponent bits are all
 ones, tested on the bits: (x & 0x7F800000) + 0x00800000 has bit 31 set exactly then.
-Each lane counts in 64 bits, a block adds its lanes' counts in a 64-bit tree in shared
-memory, and lanes 0..2 add the block's totals to health with one 64-bit atomic each
-(RED.E.ADD.64), only where a total is not zero (a healthy table costs no atomics).
+Each lane counts in 64 bits; each warp adds its lanes' counts by shuffles (SHFL.DOWN of
+both words, lane 0 ending with the warp's total), lane 0 of each warp puts it in shared
+memory, and after one barrier lanes 0..2 add the eight warps' totals of their table and
+add it to health with one 64-bit atomic each (RED.E.ADD.64), only where it is not zero
+(a healthy table costs no atomics).
 ``count_non_finite`` writes it over any element count: the collapsed tables' check
 (``collapsed_io``) counts over their V + K classes with the same code.
 """
@@ -20,20 +22,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bob.isa.builder import Image
-from bob.isa.model import RZ, CBuf, GMem, SMem
+from bob.isa.model import RZ, CBuf, GMem, Imm, SMem
 from bob.kernels import signatures as sig
-from bob.kernels.own.asm import DESC, LANES, POS_INF, Asm, p, r
+from bob.kernels.own.asm import DESC, FULL_CLAMP, LANES, POS_INF, PTP, WARP, Asm, p, r
 
 EXPONENT = POS_INF  # the exponent bits of a binary32
 CARRY_TO_SIGN = 0x00800000  # added to the exponent bits: bit 31 set where they are all ones
-TABLE_BYTES = 8 * LANES  # one table's 64-bit lane counts in shared memory
+WARPS = LANES // WARP
+TABLE_BYTES = 8 * WARPS  # one table's 64-bit warp totals in shared memory
 
 # Registers: 64-bit values in aligned pairs, the loaded quads in aligned fours.
 TID, CTAID, X = 0, 1, 2
 COUNT, QUADS, STRIDE, BASE, INDEX = 4, 6, 8, 10, 12
 BAD = (14, 16, 18)  # each table's 64-bit count, per lane
 ADDRESSES = (20, 22, 24)
-WORD = 26  # tid * 8: the lane's place in a table's shared counts
+WORD = 26  # the warp's place in a table's shared totals: (tid / 32) * 8
 QUAD_REGISTERS = (28, 32, 36)
 FLAGS = 40  # 40..43: a quad's four flags
 SUM = 44
@@ -129,14 +132,17 @@ def count_non_finite(arch: str, region: str, entry: str, elements: Callable[[Asm
         s.ldg(quad, address, guard=p(5))
         _flag(s, FLAGS, quad)
         _add_wide(s, bad, FLAGS)
-    _block_totals(s)
-    # Lanes 0..2: health[tid] += the block's total of table tid, where it is not zero.
+    _warp_totals(s)
+    # Lanes 0..2: health[tid] += the block's total of table tid (its warps' totals), where
+    # it is not zero.
     total = MINE[0]
-    s.shl(X, r(TID), 11)  # tid * TABLE_BYTES
+    s.shl(X, r(TID), 6)  # tid * TABLE_BYTES
     s.isetp(4, "LT", r(TID), len(names))
     s.mov(total, 0)
     s.mov(total + 1, 0)
-    s.op("LDS", r(total), _smem(s, X, 0), mods="64", guard=p(4))
+    for warp in range(WARPS):
+        s.op("LDS", r(THEIRS[0]), _smem(s, X, 8 * warp), mods="64", guard=p(4))
+        _add_pair(s, total, THEIRS[0], guard=p(4))
     s.isetp(1, "NE", r(total), 0)
     s.isetp_ex(1, "NE", r(total + 1), r(RZ), p(1))
     s.isetp(2, "LT", r(TID), len(names), other=p(1))
@@ -151,27 +157,33 @@ def _smem(s: Asm, base: int, offset: int) -> SMem:
     return SMem(base, s.facts.shared_base + offset)
 
 
-def _block_totals(s: Asm) -> None:
-    """Each table's lane counts summed into its shared slot 0: for step 128, 64, ..., 1,
-    lane l < step adds lane l + step's count to its own, a barrier a level."""
-    s.shl(WORD, r(TID), 3)
-    for t, bad in enumerate(BAD):
-        s.op("STS", _smem(s, WORD, t * TABLE_BYTES), r(bad), mods="64")
-    s.barrier()
-    step = LANES // 2
+def _add_pair(s: Asm, total: int, value: int, guard=PTP) -> None:
+    """total:total+1 += value:value+1 (64 bits)."""
+    s.op("IMAD.WIDE.RRIR", r(total), r(value), Imm(1), r(total), mods="U32", guard=guard)
+    s.add(total + 1, r(total + 1), r(value + 1), guard=guard)
+
+
+def _warp_totals(s: Asm) -> None:
+    """Each table's lane counts summed over the warp into lane 0 (SHFL.DOWN of both words,
+    16 .. 1: lane l adds lane l + step's, the lanes past the warp adding their own, which
+    lane 0's total never takes), which stores it in the table's slot of the warp; one
+    barrier."""
+    step = WARP // 2
     while step:
-        s.isetp(0, "LT", r(WORD), 8 * step)
-        for t in range(len(BAD)):
-            s.op("LDS", r(MINE[t]), _smem(s, WORD, t * TABLE_BYTES), mods="64", guard=p(0))
-            s.op("LDS", r(THEIRS[t]), _smem(s, WORD, t * TABLE_BYTES + 8 * step), mods="64",
-                 guard=p(0))
-        for t in range(len(BAD)):
-            s.wide(MINE[t], r(THEIRS[t]), 1, MINE[t])
-            s.add(MINE[t] + 1, r(MINE[t] + 1), r(THEIRS[t] + 1))
-        for t in range(len(BAD)):
-            s.op("STS", _smem(s, WORD, t * TABLE_BYTES), r(MINE[t]), mods="64", guard=p(0))
-        s.barrier()
+        for t, bad in enumerate(BAD):
+            for word in range(2):
+                s.op("SHFL.PRRII", PTP, r(THEIRS[t] + word), r(bad + word), Imm(step),
+                     Imm(FULL_CLAMP), mods="DOWN")
+        for t, bad in enumerate(BAD):
+            _add_pair(s, bad, THEIRS[t])
         step //= 2
+    s.shr(WORD, r(TID), 5)
+    s.shl(WORD, r(WORD), 3)
+    s.logic(X, r(TID), WARP - 1, r(RZ), 0xC0)  # a & b: the lane
+    s.isetp(0, "EQ", r(X), 0)
+    for t, bad in enumerate(BAD):
+        s.op("STS", _smem(s, WORD, t * TABLE_BYTES), r(bad), mods="64", guard=p(0))
+    s.barrier()
 
 
 BUILDERS = {sig.HEALTH: health}
