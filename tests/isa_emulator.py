@@ -254,6 +254,19 @@ class Warp:
                 raise EmulatorError(f"special register {special:#x}")
             self.write(ops[0], value, guard)
             return
+        if name == "REDUX":
+            if not guard.all():
+                raise EmulatorError("a predicated REDUX (its active lanes are not modelled)")
+            value = self.reg(ops[1]).astype(np.int64)
+            if "S32" in mods:
+                value = np.where(value >= 1 << 31, value - (1 << 32), value)
+            reduce = {"MAX": np.max, "MIN": np.min, "SUM": np.sum,
+                      "AND": np.bitwise_and.reduce, "OR": np.bitwise_or.reduce,
+                      "XOR": np.bitwise_xor.reduce}
+            operation = next((m for m in ins.modifiers if m in reduce), "AND")
+            if ops[0].index != URZ:
+                self.ur[ops[0].index] = int(reduce[operation](value)) & MASK32
+            return
         if name == "ULDC":
             size = 8 if "64" in mods else 4
             value = self.launch.constant(ops[1].offset, size)

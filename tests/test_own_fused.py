@@ -39,8 +39,8 @@ def _same(name: str, got: np.ndarray, want: np.ndarray) -> None:
 def _tables(rng, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Parameters and both moments with edge values planted in rows 0 .. 7. A NaN or +inf
     anywhere in a row makes the whole row NaN within an update or two (rows 0, 1, 2, 7);
-    rows 3 .. 6 keep theirs: zeros of both signs, subnormals, -inf parameters from an
-    infinite first moment."""
+    rows 3 .. 6 keep theirs: zeros of both signs (row 3's max a zero whose sign the
+    tree's order decides), subnormals, -inf parameters from an infinite first moment."""
     w = (rng.standard_normal((vocab, vocab)) * 3).astype(np.float32)
     m = (rng.standard_normal((vocab, vocab)) * 1e-2).astype(np.float32)
     v = (np.abs(rng.standard_normal((vocab, vocab))) * 1e-4).astype(np.float32)
@@ -51,6 +51,7 @@ def _tables(rng, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     w[2, 5] = np.inf
     w[3, :] = 0.0
     w[3, 7::2] = -0.0
+    w[3, 0] = -0.0  # the tree's max is -0 (lane 0 keeps its own on ties), the largest +0
     m[3, ::3] = -0.0
     v[3, ::5] = 0.0
     w[4, 2] = 1e-42

@@ -34,6 +34,7 @@ def _table(rng, vocab: int) -> np.ndarray:
     t[2, 5] = np.inf
     t[3, :] = 0.0
     t[3, 7] = -0.0
+    t[3, 0] = -0.0  # the tree's max is -0 (lane 0 keeps its own on ties), the largest +0
     t[4, 2] = 1e-42
     t[5, :] = 1e-40  # subnormal row
     return t

@@ -8,9 +8,10 @@ theirs. Shapes chosen for simple, provable code rather than speed:
 - Every branch is uniform over the block: loops run over a block-wide base
   index and each lane's element is guarded by a predicate, so no warp ever
   diverges and no reconvergence barrier is needed.
-- Reductions are the 256-lane tree of ARITHMETIC.md in shared memory, one
-  level per barrier (lane l < s combines lane l + s), so the order is the
-  specified one by construction.
+- Reductions are the 256-lane tree of ARITHMETIC.md (lane l < s combines lane
+  l + s), so the order is the specified one by construction; a row max that
+  feeds only w - max is the largest order key instead (``keyed_max``), which
+  differs from the tree's only in the sign of a zero that no such use sees.
 - Division and square root are correctly rounded for every binary32 input by
   their own construction (``divide``, ``square_root``): a Newton sequence from
   MUFU gives a candidate within one ulp, and an exact test against the rounding
@@ -99,11 +100,13 @@ class Asm:
         self.b.op(*args, **kwargs)
 
     # -- moves and integers -------------------------------------------------------------
-    def mov(self, d: int, value: int | Reg | CBuf, guard: Pred = PTP) -> None:
+    def mov(self, d: int, value: int | Reg | UReg | CBuf, guard: Pred = PTP) -> None:
         if isinstance(value, int):
             self.op("MOV.I", r(d), imm(value), guard=guard)
         elif isinstance(value, CBuf):
             self.op("MOV.C", r(d), value, guard=guard)
+        elif isinstance(value, UReg):
+            self.op("MOV.U", r(d), value, guard=guard)
         else:
             self.op("MOV.R", r(d), value, guard=guard)
 
@@ -812,6 +815,47 @@ def tree(s: Asm, d: int, value: int, word: int, kind: str, t: Scratch, offset: i
     s.op("SHFL.PRRII", PTP, r(d), r(x), Imm(0), Imm(FULL_CLAMP), mods="IDX")
     if closing_barrier:
         s.barrier()
+
+
+XOR_AB = 0x3C
+WARP_KEY = 8  # the uniform register of a warp's largest order key
+
+
+def order_key(s: Asm, d: int, x: int, pred: int) -> None:
+    """d := x's order key: its bits as a signed integer, a negative's other bits flipped,
+    so that keys order as the floats they are (-0 below +0; x not a NaN). The map is its
+    own inverse. Clobbers P`pred`; d must not be x."""
+    s.isetp(pred, "GT", r(x), -1, signed=True)
+    s.logic(d, r(x), 0x7FFFFFFF, RZR, XOR_AB)
+    s.sel(d, r(x), r(d), p(pred))
+
+
+def keyed_max(s: Asm, d: int, value: int, word: int, t: Scratch, offset: int = 0) -> None:
+    """d := the largest of the lanes' `value`s (none a NaN: a lane's max skips them).
+    That is the 256-lane max tree's result but for the sign of a zero, which the tree's
+    order decides and this does not (+0 where both zeros are among the values): the
+    kernels take it only for w - max, where -0 and +0 give the same bits but in a zero
+    difference, which exp2 and the loss's L - z map alike. Each warp's largest order key
+    (REDUX.MAX) goes to shared memory at `offset` (a word a warp), one barrier, and every
+    lane takes the largest of the eight: no shuffle chain. `word` holds tid * 4; the
+    buffer is written again only past another barrier, as ``tree`` without its closing
+    barrier. Clobbers t(0..3), P0."""
+    a, b, x, y = t(0), t(1), t(2), t(3)
+    order_key(s, a, value, 0)
+    s.op("REDUX", UReg(WARP_KEY), r(a), mods=("MAX", "S32"))
+    s.shr(x, r(word), 5)  # tid / 8: the warp's index times 4, once masked
+    s.logic(x, r(x), 4 * (LANES // WARP - 1), RZR, AND_AB)
+    s.logic(y, r(word), 4 * (WARP - 1), RZR, AND_AB)
+    s.isetp(0, "EQ", r(y), 0)  # the warp's lane 0
+    s.mov(a, UReg(WARP_KEY))
+    s.sts(x, offset, a, guard=p(0))
+    s.barrier()
+    s.lds(a, RZ, offset)
+    for warp in range(1, LANES // WARP):
+        s.lds(b, RZ, offset + 4 * warp)
+        s.isetp(0, "GT", r(b), r(a), signed=True)
+        s.sel(a, r(b), r(a), p(0))
+    order_key(s, d, a, 0)
 
 
 class Loop:

@@ -49,6 +49,7 @@ from bob.kernels.own.asm import (
     divide,
     divide_by,
     exp2,
+    keyed_max,
     log2,
     p,
     r,
@@ -141,16 +142,16 @@ def _slots(s: Asm, body: Callable[[int], None]) -> None:
 
 
 def _exponentials(s: Asm, k: _Layout, after_max: Callable[[], None] | None = None) -> None:
-    """ROW_MAX := the row max of w; E + i := exp2((w_i - max) log2e); ROW_SUM := their row
-    sum (ARITHMETIC.md's lanes and tree: lane l takes its slots in order). The max's tree
-    is the first buffer's, the sum's the second's; `after_max` runs past the first."""
+    """ROW_MAX := the row max of w (by order keys: ``keyed_max``); E + i := exp2((w_i -
+    max) log2e); ROW_SUM := their row sum (ARITHMETIC.md's lanes and tree: lane l takes
+    its slots in order). The max takes the first buffer, the sum's tree the second;
+    `after_max` runs past the first's barrier."""
     s.mov(PARTIAL, NEG_INF)
     for slot in range(RESIDENT_SLOTS):
         _inside(s, slot)
         s.fsetp(4, "GT", r(W + slot), r(PARTIAL), other=p(INSIDE))  # select_max, in the row
         s.fsel(PARTIAL, r(W + slot), r(PARTIAL), p(4))
-    tree(s, ROW_MAX, PARTIAL, WORD, "max", Scratch(k.scratch, TREE_SCRATCH),
-         closing_barrier=False)
+    keyed_max(s, ROW_MAX, PARTIAL, WORD, Scratch(k.scratch, TREE_SCRATCH))
     if after_max:
         after_max()
     s.mov(PARTIAL, 0)

@@ -28,6 +28,7 @@ from bob.kernels.own.asm import (
     adamw_step,
     divide_by,
     exp2,
+    keyed_max,
     log2,
     p,
     r,
@@ -205,8 +206,8 @@ def _exponent(s: Asm, d: int, w: int, m: int) -> None:
 def _row_max(s: Asm, m: int, base: int, trip: Trip, values: tuple[int, ...], row: int,
              address: int, scratch: Scratch) -> None:
     """m := the row's max: lane l takes elements l, l + 256, ... from -inf, UNROLL a trip,
-    then the tree in the first tree buffer, with no closing barrier: the next tree takes
-    the second (SECOND_TREE)."""
+    then the block's largest by order keys (``keyed_max``) in the first tree buffer, with
+    no closing barrier: the next tree takes the second (SECOND_TREE)."""
     held = scratch(0)
     s.mov(held, NEG_INF)
     with Loop(s, base, r(VOCAB), step=UNROLL * LANES):
@@ -215,8 +216,7 @@ def _row_max(s: Asm, m: int, base: int, trip: Trip, values: tuple[int, ...], row
         trip.load(values, address, NEG_INF)
         for value in values:
             select_max(s, held, value, 0)
-    tree(s, m, held, WORD, "max", Scratch(scratch.first + 1, TREE_SCRATCH),
-         closing_barrier=False)
+    keyed_max(s, m, held, WORD, Scratch(scratch.first + 1, TREE_SCRATCH))
 
 
 def _loss_start(s: Asm, rows: tuple[tuple[int, str], ...], scratch: int) -> None:
