@@ -40,9 +40,12 @@ step own-alone 420 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
 step own-timing 400 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
   "tests/test_own_kernels_gpu.py::test_own_kernels_time_beside_nvrtc_s"
 # Saved builds of the own images (dev/bringup/own_variants.py save LABEL DIR, one a commit)
-# timed side by side against NVRTC's, where BOB_VARIANTS names their directory.
+# timed side by side against NVRTC's, where BOB_VARIANTS names their directory (every
+# build in it) or the builds' files, separated by spaces.
 if [ -n "${BOB_VARIANTS:-}" ]; then
-  step own-variants 300 python3 -m dev.bringup.own_variants time "$BOB_VARIANTS"/*.pickle
+  if [ -d "$BOB_VARIANTS" ]; then builds=("$BOB_VARIANTS"/*.pickle)
+  else read -ra builds <<<"$BOB_VARIANTS"; fi
+  step own-variants 300 python3 -m dev.bringup.own_variants time "${builds[@]}"
 fi
 
 # nv with no CUDA wheel against cuda: the same checkpoint bytes on the built-in corpus
