@@ -99,3 +99,30 @@ def test_checked_code_still_decodes():
     code = _code("sm_90", "bob_adamw")
     bad = _with_control(code, 3, stall=1)
     assert codec.decode(bad[48:64], table("sm_90")).control.stall == 1
+
+
+def test_rejects_a_vote_read_sooner_than_a_guard_s():
+    """A VOTE reads its predicate at dispatch, as a guard does: ptxas stalls 13 cycles
+    between a compare and the VOTE that reads what it wrote, and an own VOTE 5 cycles after
+    its ISETP took the predicate before it on an H100. Shortened to 5, the checker says so
+    (ptxas's sm_90 code has such pairs; its sm_86 code puts other work between them)."""
+    arch = "sm_90"
+    forms = table(arch)
+    cubin = Cubin(kernel_image(arch))
+    planted = 0
+    for entry in cubin.entries():
+        code = cubin.kernel(entry).code
+        steps = check._steps(code, forms)
+        for index, step in enumerate(steps[:-1]):
+            following = steps[index + 1]
+            if (following.instruction is None or step.instruction is None
+                    or forms.form(following.instruction.form).mnemonic != "VOTE"
+                    or forms.form(step.instruction.form).mnemonic != "ISETP"
+                    or not step.effects.writes & following.effects.reads):
+                continue
+            assert step.control.stall >= 13, (entry, hex(step.pc))
+            bad = _with_control(code, index, stall=5)
+            rules = {h.rule for h in check.check(bad, forms) if h.pc == following.pc}
+            assert "fixed-latency" in rules, f"{entry}: VOTE at 0x{following.pc:x} not caught"
+            planted += 1
+    assert planted, "no ISETP directly followed by the VOTE that reads its predicate"

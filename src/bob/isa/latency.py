@@ -4,7 +4,9 @@ Volta and later GPUs do not interlock fixed-latency results, and the wait depend
 both ends: which pipe wrote the value and which reads it. A predicate that guards an
 instruction, or that a variable-latency instruction reads, is read at dispatch: 13
 cycles after an ISETP, where the next ISETP may combine it after 4 (ptxas's code stalls
-13 between an ISETP and the branch or EXIT it guards). An address that a load or store
+13 between an ISETP and the branch or EXIT it guards, and between a compare and the VOTE
+that reads its predicate: a VOTE 5 cycles after the ISETP it read took the predicate
+before it, on an H100). An address that a load or store
 reads from an IMAD.WIDE's upper half needs 5.
 
 The figures are Mesa NAK's register-scheduling tables for Ampere
@@ -144,7 +146,7 @@ def reader_class(mnemonic: str, variable: bool, uniform: bool) -> str:
     if uniform:
         return UNIFORM
     if variable or mnemonic in ("BRA", "EXIT", "RET.REL.NODEC", "CALL.REL.NOINC",
-                                "BPT.TRAP", "BSSY", "BSYNC"):
+                                "BPT.TRAP", "BSSY", "BSYNC", "VOTE"):
         return MEMORY if mnemonic in MEMORY_MNEMONICS else DECOUPLED
     found = WRITERS_BY_MNEMONIC.get(mnemonic, EITHER)
     return EITHER if found in (EITHER, UNIFORM, UNIFORM_LOAD) else found
