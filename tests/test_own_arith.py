@@ -177,7 +177,10 @@ def _divide_in_fast_range(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     eb = (b.view(np.uint32) >> 23 & 0xFF).astype(np.int64)
     zero = (a.view(np.uint32) & 0x7FFFFFFF) == 0
     in_a = (DIVIDE_FAST_A[0] <= ea) & (ea <= DIVIDE_FAST_A[1])
-    in_spread = (DIVIDE_FAST_SPREAD[0] <= ea - eb) & (ea - eb <= DIVIDE_FAST_SPREAD[1])
+    spread = ((a.view(np.uint32) & 0x7FFFFFFF).astype(np.int64)
+              - (b.view(np.uint32) & 0x7FFFFFFF).astype(np.int64))
+    in_spread = ((DIVIDE_FAST_SPREAD[0] << 23 <= spread)
+                 & (spread <= DIVIDE_FAST_SPREAD[1] << 23))
     return (zero | (in_a & in_spread)) & (DIVIDE_FAST_B[0] <= eb) & (eb <= DIVIDE_FAST_B[1])
 
 
@@ -269,6 +272,12 @@ def test_the_fast_division_s_midpoint_test_corrects_a_candidate_one_ulp_off(nudg
     image = elementwise("sm_90", "divide", nudge=nudge)
     a, b = _exact_quotients(np.random.default_rng(23), 1 << 12)
     assert _divide_in_fast_range(a, b).all()
+    # And quotients within a few 2^-24 of a midpoint, the fast range's edges among them,
+    # where the neighbours' remainders decide (a zero dividend's candidate, 0, has no
+    # neighbour within an ulp: left out).
+    near_a, near_b = _fast_divisions(np.random.default_rng(25), 1 << 13)
+    keep = near_a != 0
+    a, b = np.concatenate([a, near_a[keep]]), np.concatenate([b, near_b[keep]])
     want = _bits(a / b)
     assert (run_elementwise(image, a, b) == want).all()
 
@@ -284,6 +293,11 @@ def test_the_fast_square_root_s_midpoint_test_corrects_a_candidate_one_ulp_off(n
     # Just below a power of four: the root rounds down to 2^E - ulp/2, a quarter of the
     # ulp above lies the midpoint (the threshold below a power of two).
     below = (np.exp2(2.0 * rng.integers(-45, 60, 256)) * (1 - 2.0 ** -24)).astype(np.float32)
-    x = np.concatenate([x, below])
+    # Squares of 25-bit midpoints, rounded, and their neighbours: roots within a few
+    # 2^-25 of a midpoint, where the neighbours' residuals decide.
+    middle = (rng.integers(1 << 24, 1 << 25, 2048) | 1).astype(np.float64) / (1 << 24)
+    near = (middle ** 2 * np.exp2(2.0 * rng.integers(-49, 63, 2048))).astype(np.float32)
+    near = (near.view(np.uint32).astype(np.int64)[:, None] + np.arange(-1, 2)).ravel()
+    x = np.concatenate([x, below, near.astype(np.uint32).view(np.float32)])
     want = _bits(np.sqrt(x))
     assert (run_elementwise(image, x, None) == want).all()

@@ -35,8 +35,16 @@ step collapsed-smoke 300 python3 -m pytest -q -s -m "gpu and smoke" -p no:cachep
   tests/test_collapsed_gpu.py
 step collapsed-past-dense 300 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
   tests/test_collapsed_gpu.py -k past_the_dense_tables
-step own-alone 420 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
-  "tests/test_own_kernels_gpu.py::test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes"
+# Every own region alone, a step a vocabulary (both orderings): on an H100 V = 256 takes
+# about 110 s, V = 300 about 200, the larger ones longer (own-alone-V; own-alone: all).
+alone="tests/test_own_kernels_gpu.py::test_each_own_region_alone_leaves_nvrtc_s_and_the_reference_s_bytes"
+if [[ "$wanted" == *" own-alone "* ]]; then
+  wanted="$wanted own-alone-256 own-alone-300 own-alone-2053 own-alone-8192 "
+fi
+for vocab in 256 300 2053 8192; do
+  step "own-alone-$vocab" 500 python3 -m pytest -q -s -m gpu -p no:cacheprovider "$alone" \
+    -k "$vocab"
+done
 step own-timing 400 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
   "tests/test_own_kernels_gpu.py::test_own_kernels_time_beside_nvrtc_s"
 # Saved builds of the own images (dev/bringup/own_variants.py save LABEL DIR, one a commit)

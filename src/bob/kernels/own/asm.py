@@ -46,6 +46,7 @@ NAN_BITS = 0x7FFFFFFF  # the canonical NaN every kernel stores
 POS_INF = 0x7F800000
 NEG_INF = 0xFF800000
 SIGN = 0x80000000
+MANTISSA = 0x007FFFFF
 ONE = 0x3F800000
 TWO_POW_24 = 0x4B800000
 ROUND_MAGIC = 0x4B400000  # 1.5 * 2^23
@@ -279,7 +280,8 @@ SQRT_SCRATCH = 15
 # inside them every step of the unscaled sequences is exact or correctly rounded.
 DIVIDE_FAST_A = (27, 254)  # |a|, or a zero
 DIVIDE_FAST_B = (2, 252)  # |b|
-DIVIDE_FAST_SPREAD = (-101, 126)  # exponent(a) - exponent(b)
+# |a|'s bits less |b|'s, in units of 2^23: within it the exponents' difference is too.
+DIVIDE_FAST_SPREAD = (-101, 126)
 SQRT_FAST_LOW = 27 << 23  # x in [2^-100, max float], or +0
 
 
@@ -342,59 +344,72 @@ def _unless_every_lane_fast(s: Asm, exact) -> None:
     s.b.label(done)
 
 
-def _dividend_outside(s: Asm, x: int, ea: int, eb: int, e: int) -> None:
-    """P0 := the dividend |a| (in x, its biased exponent in ea) outside DIVIDE_FAST_A or
-    the exponents' difference from eb outside DIVIDE_FAST_SPREAD, a zero dividend inside
-    (unsigned compares of exponent - low against high - low). Clobbers e."""
+def _dividend_outside(s: Asm, x: int, y: int, e: int) -> None:
+    """P0 := the dividend |a| (its bits in x) outside DIVIDE_FAST_A, or its bits less
+    those of |b| (in y) outside DIVIDE_FAST_SPREAD; a zero dividend inside. Each range
+    is one unsigned compare of the bits less the low edge against the width. Clobbers
+    e."""
     low, high = DIVIDE_FAST_A
-    s.add(e, r(ea), -low)
-    s.isetp(0, "GT", r(e), high - low)
+    s.add(e, r(x), -(low << 23))
+    s.isetp(0, "GT", r(e), (high - low) << 23 | MANTISSA)
     low, high = DIVIDE_FAST_SPREAD
-    s.op("IADD3.RRIR", r(e), r(ea), imm(-low), r(eb, neg=True))
-    s.isetp(0, "GT", r(e), high - low, combine="OR", other=p(0))
+    s.op("IADD3.RRIR", r(e), r(x), imm(-(low << 23)), r(y, neg=True))
+    s.isetp(0, "GT", r(e), (high - low) << 23, combine="OR", other=p(0))
     s.isetp(0, "NE", r(x), 0, other=p(0))  # a zero dividend is in range
 
 
-def _divide_fast(s: Asm, d: int, a: int, b: int, t: Scratch, nudge: int = 0) -> None:
-    """d := a / b where P0 is clear: |a| = 0 or of biased exponent in DIVIDE_FAST_A, |b|
-    in DIVIDE_FAST_B, their exponents' difference in DIVIDE_FAST_SPREAD. Clobbers
-    t(0..9) and P0..P4; d must be none of a, b.
+def _divisor_outside(s: Asm, y: int, e: int) -> None:
+    """P0 |= |b| (its bits in y) outside DIVIDE_FAST_B. Clobbers e."""
+    low, high = DIVIDE_FAST_B
+    s.add(e, r(y), -(low << 23))
+    s.isetp(0, "GT", r(e), (high - low) << 23 | MANTISSA, combine="OR", other=p(0))
 
-    There the quotient and its half ulp are normal and the remainder |a| - q|b| and the
-    midpoint distances are exact (their lowest bits stay above 2^-149), so the test of
-    ``_divide_exact`` applies unscaled; a tie cannot occur (a normal quotient of 24-bit
-    significands is never a 25-bit midpoint), so no parity test either. `nudge` moves the
-    candidate by so many ulps before the test (the tests' way to show the test corrects
-    it wherever it starts within one ulp).
+
+def _divide_fast(s: Asm, d: int, a: int, b: int, t: Scratch, nudge: int = 0) -> None:
+    """d := a / b where P0 is clear: |a| = 0 or in DIVIDE_FAST_A, |b| in DIVIDE_FAST_B,
+    their bits' difference in DIVIDE_FAST_SPREAD. Clobbers t(0..8) and P0, P2, P3; d may
+    be a or b.
+
+    The candidate q (a Newton step on MUFU.RCP, the quotient and one correction) is within
+    an ulp of Q = |a| / |b|. With x = |a|, y = |b| and g the product of the ulps of q and
+    y, x, q y and qu y (qu = q + ulp, its upper neighbour) are whole multiples of g, and
+    qd y (qd its lower neighbour) of g / 2; the range keeps g / 2 above 2^-149 and every
+    neighbour normal. Q lies past the midpoint of q and qu exactly where
+    r + ru > 0 (r = x - q y, ru = x - qu y = r - (qu - q) y), and past that of q and qd
+    where r + rd < 0; a normal quotient of 24-bit significands is never on a midpoint, so
+    neither sum is zero and no tie rule is needed. r is exact (below 2^24 g, |r| < ulp(q)
+    y). ru or rd rounds only where it reaches 2^24 g (rd 2^23 g below a power of two), by
+    at most g (g / 2); there its sum with r is at least 2g (2^23 g) from zero, so each
+    compare's outcome is the exact one. A zero dividend gives q = 0, which neither
+    compare moves (ru is -0 or negative, rd a NaN). `nudge` moves the candidate by so many
+    ulps before the test (the tests' way to show the test corrects it wherever it starts
+    within one ulp).
     """
-    x, y, ea, eb, rcp, e, q, rem, hu, hd = (t(i) for i in range(10))
+    x, y, rcp, e, q, rem, up, down, rem_up = (t(i) for i in range(9))
+    rem_down = rcp
     s.logic(x, r(a), 0x7FFFFFFF, RZR, AND_AB)
     s.logic(y, r(b), 0x7FFFFFFF, RZR, AND_AB)
-    s.shr(ea, r(x), 23)
-    s.shr(eb, r(y), 23)
-    _dividend_outside(s, x, ea, eb, e)
-    low, high = DIVIDE_FAST_B
-    s.add(e, r(eb), -low)
-    s.isetp(0, "GT", r(e), high - low, combine="OR", other=p(0))
+    _dividend_outside(s, x, y, e)
+    _divisor_outside(s, y, e)
     # The candidate: a Newton step on MUFU.RCP, the quotient and one correction.
     s.op("MUFU.R", r(rcp), r(y), mods="RCP")
     s.ffma(e, r(y, neg=True), r(rcp), ONE)
     s.ffma(rcp, r(rcp), r(e), r(rcp))
     s.fmul(q, r(x), r(rcp))
-    s.ffma(rem, r(y, neg=True), r(q), r(x))
-    s.ffma(q, r(rcp), r(rem), r(q))
+    s.ffma(e, r(y, neg=True), r(q), r(x))
+    s.ffma(q, r(rcp), r(e), r(q))
     if nudge:
         s.add(q, r(q), nudge)
-    # The exact remainder against half an ulp of q times |b| (a quarter below a power of
-    # two, where the ulp below is half).
+    # The exact remainders of q and of its neighbours; the nearest of the three.
+    s.add(up, r(q), 1)
+    s.add(down, r(q), -1)
     s.ffma(rem, r(q, neg=True), r(y), r(x))
-    _midpoint_distances(s, hu, hd, q, y, 24, e)  # 2^(E - 24) = half an ulp of q
-    s.fsetp(2, "GT", r(rem), r(hu))
-    s.fsetp(3, "LT", r(rem), r(hd, neg=True))
-    s.add(q, r(q), 1, guard=p(2))
-    s.add(q, r(q), -1, guard=p(3))
-    s.isetp(4, "EQ", r(x), 0)
-    s.sel(q, RZR, r(q), p(4))
+    s.ffma(rem_up, r(up, neg=True), r(y), r(x))
+    s.ffma(rem_down, r(down, neg=True), r(y), r(x))
+    s.fsetp(2, "GT", r(rem), r(rem_up, neg=True))
+    s.fsetp(3, "LT", r(rem), r(rem_down, neg=True))
+    s.sel(q, r(up), r(q), p(2))
+    s.sel(q, r(down), r(q), p(3))
     s.logic(e, r(a), SIGN, r(b), XOR_AC_AND_B)
     s.logic(d, r(q), r(e), RZR, OR_AB)
 
@@ -402,28 +417,27 @@ def _divide_fast(s: Asm, d: int, a: int, b: int, t: Scratch, nudge: int = 0) -> 
 @dataclass(frozen=True)
 class Reciprocal:
     """A divisor many divisions share (a row's sum), prepared once by ``reciprocal``:
-    registers holding y = 1/b correctly rounded, and |b|'s biased exponent where it is in
-    DIVIDE_FAST_B (else OUTSIDE_DIVIDE_FAST_B, which no dividend's fast range admits)."""
+    registers holding y = 1/b correctly rounded, and |b|'s bits where |b| is in
+    DIVIDE_FAST_B (else OUTSIDE_DIVIDE_FAST_B, past its every bound)."""
 
     divisor: int
     y: int
-    exponent: int
+    magnitude: int
 
 
-OUTSIDE_DIVIDE_FAST_B = 0x40000000  # a divisor exponent past every range check
+OUTSIDE_DIVIDE_FAST_B = 0xFFFFFFFF  # a divisor's bits past every range check
 
 
 def reciprocal(s: Asm, prepared: Reciprocal, t: Scratch) -> None:
     """prepared.y := 1 / b by ``divide`` (correctly rounded, every b) and
-    prepared.exponent as its docstring says. Clobbers t (DIVIDE_REGISTERS) and P0..P5."""
-    b, y, e = prepared.divisor, prepared.y, prepared.exponent
+    prepared.magnitude as its docstring says. Clobbers t (DIVIDE_REGISTERS) and P0..P5."""
+    b, y, e = prepared.divisor, prepared.y, prepared.magnitude
     s.mov(y, ONE)
     divide(s, y, y, b, t)
-    low, high = DIVIDE_FAST_B
     s.logic(e, r(b), 0x7FFFFFFF, RZR, AND_AB)
-    s.shr(e, r(e), 23)
-    s.add(t(0), r(e), -low)
-    s.isetp(0, "GT", r(t(0)), high - low)
+    low, high = DIVIDE_FAST_B
+    s.add(t(0), r(e), -(low << 23))
+    s.isetp(0, "GT", r(t(0)), (high - low) << 23 | MANTISSA)
     s.mov(e, OUTSIDE_DIVIDE_FAST_B, guard=p(0))
 
 
@@ -448,13 +462,13 @@ def _divide_by_fast(s: Asm, d: int, a: int, prepared: Reciprocal, t: Scratch) ->
     with y within half an ulp of 1/b and q0 within an ulp of |a|/b, RN(q0 + r y) is
     the correctly rounded quotient (neither under- nor overflowing, as the range
     ensures). Its sign is b's (y's) already; a zero dividend gives a zero of the right
-    sign. Clobbers t(0..3) and P0; d must not be a."""
-    b, y, eb = prepared.divisor, prepared.y, prepared.exponent
-    x, ea, e, q = (t(i) for i in range(4))
+    sign. Clobbers t(0..2) and P0; d must not be a."""
+    b, y, magnitude = prepared.divisor, prepared.y, prepared.magnitude
+    x, e, q = (t(i) for i in range(3))
     s.logic(x, r(a), 0x7FFFFFFF, RZR, AND_AB)
-    s.shr(ea, r(x), 23)
-    _dividend_outside(s, x, ea, eb, e)
-    s.isetp(0, "GT", r(eb), DIVIDE_FAST_B[1], combine="OR", other=p(0))  # b too
+    _dividend_outside(s, x, magnitude, e)
+    s.isetp(0, "GT", r(magnitude), DIVIDE_FAST_B[1] << 23 | MANTISSA, combine="OR",
+            other=p(0))  # b too
     s.fmul(q, r(x), r(y))
     s.ffma(e, r(q, neg=True), r(b), r(x))
     s.ffma(q, r(e), r(y), r(q))
@@ -566,31 +580,40 @@ def square_root(s: Asm, d: int, x: int, t: Scratch) -> None:
 
 def _square_root_fast(s: Asm, d: int, x: int, t: Scratch, nudge: int = 0) -> None:
     """d := sqrt(x) where P0 is clear: x = +0 or in [2^-100, max float]. Clobbers
-    t(0..5) and P0..P4; d must not be x.
+    t(0..6) and P0, P2..P4; d must not be x.
 
-    With y the candidate and u its ulp, x and y^2 are whole multiples of u^2 there, so the
-    residual r = x - y^2 is k u^2 and exact near the midpoints: y is right when
-    -yu < r <= yu (-yu/2 < r where y is a power of two and the ulp below is half), one
-    ulp up past the upper bound and one down past the lower. yu is exact (2^-149 divides
-    it for x >= 2^-100). `nudge`: as ``_divide_fast``'s.
+    The candidate y (MUFU.RSQ and one correction) is within an ulp u of sqrt(x). There x
+    and y^2 are whole multiples of u^2, the squares of y's neighbours yu = y + u and
+    yd = y - u (u / 2 where y is a power of two) of u^2 / 4, all above 2^-149. With r, ru,
+    rd the residuals x - y^2, x - yu^2, x - yd^2: x - ((y + yu) / 2)^2 = (r + ru) / 2 +
+    u^2 / 4 and r + ru = 2r - (2Y + 1) u^2 (Y = y / u) is an odd multiple of u^2, so the
+    root lies past the upper midpoint exactly where r + ru > 0; likewise past the lower one
+    exactly where r + rd < 0 (never zero either). Near a midpoint the residuals are below
+    2^24 u^2 and exact; where one rounds, the two compared values are more than an ulp
+    apart, so rounding, monotone and odd, keeps each compare's outcome. `nudge`: as
+    ``_divide_fast``'s.
     """
-    y0, y, h, rem, u, w = (t(i) for i in range(6))
+    half, y, rem, up, down, rem_up, w = (t(i) for i in range(7))
+    rem_down = half
     s.add(w, r(x), -SQRT_FAST_LOW)
     s.isetp(0, "GT", r(w), 0x7F7FFFFF - SQRT_FAST_LOW)  # negative numbers too
     s.isetp(0, "NE", r(x), 0, other=p(0))
-    s.op("MUFU.R", r(y0), r(x), mods="RSQ")
-    s.fmul(y, r(x), r(y0))
-    s.fmul(h, r(y0), HALF)
+    s.op("MUFU.R", r(half), r(x), mods="RSQ")
+    s.fmul(y, r(x), r(half))
+    s.fmul(half, r(half), HALF)
     s.ffma(rem, r(y, neg=True), r(y), r(x))
-    s.ffma(y, r(rem), r(h), r(y))
+    s.ffma(y, r(rem), r(half), r(y))
     if nudge:
         s.add(y, r(y), nudge)
+    s.add(up, r(y), 1)
+    s.add(down, r(y), -1)
     s.ffma(rem, r(y, neg=True), r(y), r(x))
-    _midpoint_distances(s, u, h, y, y, 23, w)  # yu (u the ulp of y), exact
-    s.fsetp(2, "GT", r(rem), r(u))
-    s.fsetp(3, "LE", r(rem), r(h, neg=True))
-    s.add(y, r(y), 1, guard=p(2))
-    s.add(y, r(y), -1, guard=p(3))
+    s.ffma(rem_up, r(up, neg=True), r(up), r(x))
+    s.ffma(rem_down, r(down, neg=True), r(down), r(x))
+    s.fsetp(2, "GT", r(rem), r(rem_up, neg=True))
+    s.fsetp(3, "LT", r(rem), r(rem_down, neg=True))
+    s.sel(y, r(up), r(y), p(2))
+    s.sel(y, r(down), r(y), p(3))
     s.isetp(4, "EQ", r(x), 0)
     s.sel(d, RZR, r(y), p(4))
 
