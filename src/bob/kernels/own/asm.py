@@ -29,7 +29,7 @@ Register and predicate use is explicit; the routines document what they clobber.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from bob.isa.builder import Builder, Image
@@ -365,6 +365,24 @@ def _divisor_outside(s: Asm, y: int, e: int) -> None:
     s.isetp(0, "GT", r(e), (high - low) << 23 | MANTISSA, combine="OR", other=p(0))
 
 
+def _nearest_of_three(s: Asm, q: int, x: int, factor: Callable[[int], int],
+                      registers: tuple[int, int, int, int, int]) -> None:
+    """q := whichever of q and its neighbours q -+ 1 (in the bits) is nearest the exact
+    value, by the residuals x - c * factor(c) of the three candidates c (x - c |b| for a
+    quotient, x - c^2 for a root): up where r + ru > 0, down where r + rd < 0 (why,
+    in ``_divide_fast`` and ``_square_root_fast``). `registers`: r, qu, qd, ru, rd, all
+    clobbered, with P2 and P3."""
+    rem, up, down, rem_up, rem_down = registers
+    s.add(up, r(q), 1)
+    s.add(down, r(q), -1)
+    for residual, candidate in ((rem, q), (rem_up, up), (rem_down, down)):
+        s.ffma(residual, r(candidate, neg=True), r(factor(candidate)), r(x))
+    s.fsetp(2, "GT", r(rem), r(rem_up, neg=True))
+    s.fsetp(3, "LT", r(rem), r(rem_down, neg=True))
+    s.sel(q, r(up), r(q), p(2))
+    s.sel(q, r(down), r(q), p(3))
+
+
 def _divide_fast(s: Asm, d: int, a: int, b: int, t: Scratch, nudge: int = 0) -> None:
     """d := a / b where P0 is clear: |a| = 0 or in DIVIDE_FAST_A, |b| in DIVIDE_FAST_B,
     their bits' difference in DIVIDE_FAST_SPREAD. Clobbers t(0..8) and P0, P2, P3; d may
@@ -400,16 +418,7 @@ def _divide_fast(s: Asm, d: int, a: int, b: int, t: Scratch, nudge: int = 0) -> 
     s.ffma(q, r(rcp), r(e), r(q))
     if nudge:
         s.add(q, r(q), nudge)
-    # The exact remainders of q and of its neighbours; the nearest of the three.
-    s.add(up, r(q), 1)
-    s.add(down, r(q), -1)
-    s.ffma(rem, r(q, neg=True), r(y), r(x))
-    s.ffma(rem_up, r(up, neg=True), r(y), r(x))
-    s.ffma(rem_down, r(down, neg=True), r(y), r(x))
-    s.fsetp(2, "GT", r(rem), r(rem_up, neg=True))
-    s.fsetp(3, "LT", r(rem), r(rem_down, neg=True))
-    s.sel(q, r(up), r(q), p(2))
-    s.sel(q, r(down), r(q), p(3))
+    _nearest_of_three(s, q, x, lambda _: y, (rem, up, down, rem_up, rem_down))
     s.logic(e, r(a), SIGN, r(b), XOR_AC_AND_B)
     s.logic(d, r(q), r(e), RZR, OR_AB)
 
@@ -605,15 +614,7 @@ def _square_root_fast(s: Asm, d: int, x: int, t: Scratch, nudge: int = 0) -> Non
     s.ffma(y, r(rem), r(half), r(y))
     if nudge:
         s.add(y, r(y), nudge)
-    s.add(up, r(y), 1)
-    s.add(down, r(y), -1)
-    s.ffma(rem, r(y, neg=True), r(y), r(x))
-    s.ffma(rem_up, r(up, neg=True), r(up), r(x))
-    s.ffma(rem_down, r(down, neg=True), r(down), r(x))
-    s.fsetp(2, "GT", r(rem), r(rem_up, neg=True))
-    s.fsetp(3, "LT", r(rem), r(rem_down, neg=True))
-    s.sel(y, r(up), r(y), p(2))
-    s.sel(y, r(down), r(y), p(3))
+    _nearest_of_three(s, y, x, lambda candidate: candidate, (rem, up, down, rem_up, rem_down))
     s.isetp(4, "EQ", r(x), 0)
     s.sel(d, RZR, r(y), p(4))
 
